@@ -1,0 +1,63 @@
+import type { ArgsDef } from "citty";
+import { UsageError } from "../errors.ts";
+
+/** Flags every reporting command takes. */
+export const outputArgs = {
+  json: { type: "boolean", description: "Print one JSON document on stdout and nothing else there" },
+  quiet: { type: "boolean", alias: "q", description: "Print only what is essential (errors, the result path)" },
+  verbose: { type: "boolean", description: "Show the installer's own output and stacks of internal errors" },
+} as const satisfies ArgsDef;
+
+/** Where the environment's packages come from; shared by `env prepare` and `job run`. */
+export const installerArgs = {
+  python: { type: "string", valueHint: "PATH", description: "The worker's Python the env links to (default: the configured one, else python3 on PATH)" },
+  "index-url": { type: "string", valueHint: "URL", description: "Base URL of the package index (pip's --index-url); shuts out pip's own config" },
+  "extra-index-url": { type: "string", valueHint: "URL", description: "Another index to search (repeatable)" },
+  "find-links": { type: "string", valueHint: "DIR|URL", description: "A folder or page of distributions to use (repeatable)" },
+} as const satisfies ArgsDef;
+
+/**
+ * citty keeps only the last value of a repeated flag; collect all of them
+ * from the raw arguments (before `--`).
+ */
+export function repeated(rawArgs: string[], names: string[]): string[] {
+  const values: string[] = [];
+  for (let i = 0; i < rawArgs.length; i++) {
+    const arg = rawArgs[i]!;
+    if (arg === "--") break;
+    for (const name of names) {
+      if (arg === name) {
+        const value = rawArgs[i + 1];
+        if (value === undefined) throw new UsageError(`${name} needs a value`);
+        values.push(value);
+        i++;
+      } else if (name.startsWith("--") && arg.startsWith(`${name}=`)) {
+        values.push(arg.slice(name.length + 1));
+      }
+    }
+  }
+  return values;
+}
+
+/** The arguments after `--`, verbatim. */
+export function afterDoubleDash(rawArgs: string[]): string[] {
+  const i = rawArgs.indexOf("--");
+  return i === -1 ? [] : rawArgs.slice(i + 1);
+}
+
+/** citty accepts any flag; a serious CLI names the unknown one. */
+export function rejectUnknownFlags(rawArgs: string[], args: ArgsDef): void {
+  const known = new Set<string>(["--help", "-h"]);
+  for (const [name, def] of Object.entries(args)) {
+    known.add(`--${name}`);
+    if (def.type === "boolean") known.add(`--no-${name}`);
+    const aliases = "alias" in def && def.alias ? (Array.isArray(def.alias) ? def.alias : [def.alias]) : [];
+    for (const a of aliases) known.add(a.length === 1 ? `-${a}` : `--${a}`);
+  }
+  for (const arg of rawArgs) {
+    if (arg === "--") break;
+    if (!arg.startsWith("-") || arg === "-") continue;
+    const flag = arg.includes("=") ? arg.slice(0, arg.indexOf("=")) : arg;
+    if (!known.has(flag)) throw new UsageError(`unknown option ${flag} (see --help)`);
+  }
+}

@@ -1,0 +1,54 @@
+import { defineCommand } from "citty";
+import prettyBytes from "pretty-bytes";
+import { homeLayout } from "../../config/paths.ts";
+import { prepareEnv } from "../../env/prepare.ts";
+import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
+import { installerArgs, outputArgs, rejectUnknownFlags, repeated } from "../_args.ts";
+import { prepareHooks, prepareFailure } from "../_prepare-ui.ts";
+
+const args = {
+  requirements: { type: "positional", required: false, valueHint: "REQ_FILE", description: "A requirements file (pip's format: -r/-c includes, options, markers)" },
+  package: { type: "string", alias: "p", valueHint: "SPEC", description: "A requirement such as 'numpy<3' (repeatable)" },
+  ...installerArgs,
+  ...outputArgs,
+} as const;
+
+export default defineCommand({
+  meta: {
+    name: "prepare",
+    description: "Build the environment for a request, or find it already built. Prints its path (last line on stdout).",
+  },
+  args,
+  async run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const out = new Output(a);
+    const specs = repeated(rawArgs, ["-p", "--package"]);
+    const layout = homeLayout();
+    try {
+      const result = await prepareEnv(
+        layout,
+        {
+          requirementsFile: a.requirements,
+          specs,
+          python: a.python ?? process.env.GPULAYER_PYTHON,
+          indexUrl: a["index-url"],
+          extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]),
+          findLinks: repeated(rawArgs, ["--find-links"]),
+          cwd: process.cwd(),
+          env: process.env,
+        },
+        { hooks: prepareHooks(out) },
+      );
+      for (const finding of result.check) out.log.warn(`pip check: ${finding}`);
+      const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${prettyBytes(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
+      out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);
+      out.result(
+        { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check },
+        () => result.path,
+        true,
+      );
+    } catch (error) {
+      throw prepareFailure(error);
+    }
+  },
+});

@@ -1,0 +1,38 @@
+import { defineCommand } from "citty";
+import prettyBytes from "pretty-bytes";
+import { homeLayout } from "../../config/paths.ts";
+import { UserError } from "../../errors.ts";
+import { findEnv } from "../../env/inventory.ts";
+import { entryPaths, isReady, lastUsedMs, readMeta } from "../../env/store.ts";
+import { formatSeconds, Output } from "../../ui/output.ts";
+import { outputArgs, rejectUnknownFlags } from "../_args.ts";
+
+const args = { key: { type: "positional", required: true, valueHint: "KEY", description: "Environment key or a unique prefix of it" }, ...outputArgs } as const;
+
+export default defineCommand({
+  meta: { name: "show", description: "Show one environment: its request, interpreter, installed packages, size, last use" },
+  args,
+  run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const out = new Output(a);
+    const layout = homeLayout();
+    const key = findEnv(layout, a.key);
+    const paths = entryPaths(layout, key);
+    const meta = readMeta(paths);
+    if (!meta || !isReady(paths)) throw new UserError(`environment ${key.slice(0, 12)} is not ready (being built, or a failed build not yet cleared)`);
+    const lastUsed = new Date(lastUsedMs(paths)).toISOString();
+    out.result({ ...meta, lastUsed }, () => [
+      `key          ${meta.key}`,
+      `path         ${meta.path}`,
+      `python       ${meta.request.interpreter.path} (${meta.request.interpreter.version}, ${meta.request.interpreter.platform})`,
+      `request      ${meta.request.requirements.join(", ") || "(none)"}`,
+      ...(meta.request.constraints.length ? [`constraints  ${meta.request.constraints.join(", ")}`] : []),
+      `index        ${meta.request.options.index_url ?? (meta.request.installer_config ? "machine pip config" : "pip default")}`,
+      `built        ${meta.created} in ${formatSeconds(meta.buildSeconds)} with ${meta.venvCreator} + ${meta.installer}`,
+      `last used    ${lastUsed}`,
+      `size         ${prettyBytes(meta.sizeBytes)}`,
+      `installed    ${meta.installed.join(", ") || "(nothing: the worker's packages satisfy it)"}`,
+      ...(meta.check.length ? [`pip check    ${meta.check.join("; ")}`] : []),
+    ]);
+  },
+});

@@ -1,0 +1,42 @@
+import { existsSync, readFileSync } from "node:fs";
+import { homedir } from "node:os";
+import { join, resolve } from "node:path";
+import { contentHash } from "./hashing.ts";
+
+/**
+ * What pip picks up on its own when gpulayer does not isolate it: PIP_*
+ * variables, its config files, and the constraint/requirement files those
+ * name. All of it goes into the key as one digest (never in clear: it may
+ * hold credentials), so a change there is a new environment, never a silent
+ * change to a cached one.
+ */
+export function pipConfigFiles(env: NodeJS.ProcessEnv): string[] {
+  if (env.PIP_CONFIG_FILE === "/dev/null") return [];
+  const home = env.HOME || homedir();
+  const xdgDirs = (env.XDG_CONFIG_DIRS || "/etc/xdg").split(":").filter(Boolean);
+  const files = [...xdgDirs.map((d) => join(d, "pip", "pip.conf")), "/etc/pip.conf"];
+  files.push(join(env.XDG_CONFIG_HOME || join(home, ".config"), "pip", "pip.conf"), join(home, ".pip", "pip.conf"));
+  if (env.PIP_CONFIG_FILE) files.push(resolve(env.PIP_CONFIG_FILE));
+  return files;
+}
+
+export function pipConfigDigest(env: NodeJS.ProcessEnv): string {
+  const parts: string[] = [];
+  const referenced: string[] = [];
+  for (const [name, value] of Object.entries(env).sort(([a], [b]) => (a < b ? -1 : 1))) {
+    if (!name.startsWith("PIP_") || value === undefined) continue;
+    parts.push(`env ${name}=${value}`);
+    if (name === "PIP_CONSTRAINT" || name === "PIP_REQUIREMENT") referenced.push(...value.split(/\s+/).filter(Boolean));
+  }
+  for (const file of pipConfigFiles(env)) {
+    if (!existsSync(file)) continue;
+    const text = readFileSync(file, "utf8");
+    parts.push(`file ${file}\n${text}`);
+    for (const m of text.matchAll(/^\s*(constraint|requirement)\s*[=:]\s*(.+)$/gm)) referenced.push(...m[2]!.trim().split(/\s+/));
+  }
+  for (const ref of referenced) {
+    const path = resolve(ref);
+    parts.push(`ref ${path}\n${existsSync(path) ? contentHash(readFileSync(path)) : "missing"}`);
+  }
+  return contentHash(parts.join("\n"));
+}

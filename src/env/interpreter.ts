@@ -1,0 +1,155 @@
+import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, renameSync, statSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { UsageError } from "../errors.ts";
+import { contentHash } from "./hashing.ts";
+import { normalizeName } from "./requirements.ts";
+
+/** What gpulayer knows about a worker's Python; probed once, then cached by file identity. */
+export interface InterpreterInfo {
+  /** The path as the user named it, absolute. */
+  path: string;
+  executable: string;
+  realExecutable: string;
+  prefix: string;
+  basePrefix: string;
+  version: string; // 3.11.7
+  pyVersion: string; // 3.11
+  implementation: string;
+  platform: string; // sysconfig.get_platform()
+  soabi: string;
+  siteDirs: string[];
+  pipVersion: string | null;
+  hasVenvModule: boolean;
+  ensurepipWheel: string | null;
+}
+
+const PROBE = `
+import sys, os, json, site, sysconfig, importlib.util
+dirs = []
+try:
+    dirs += site.getsitepackages()
+except Exception:
+    pass
+if site.ENABLE_USER_SITE:
+    dirs.append(site.getusersitepackages())
+seen = []
+for d in dirs:
+    d = os.path.abspath(d)
+    if os.path.isdir(d) and d not in seen:
+        seen.append(d)
+pip = None
+try:
+    from importlib.metadata import version
+    pip = version("pip") if importlib.util.find_spec("pip") else None
+except Exception:
+    pip = None
+wheel = None
+try:
+    import ensurepip
+    bundled = os.path.join(os.path.dirname(ensurepip.__file__), "_bundled")
+    for f in sorted(os.listdir(bundled)):
+        if f.startswith("pip-") and f.endswith(".whl"):
+            wheel = os.path.join(bundled, f)
+except Exception:
+    pass
+print(json.dumps({
+    "executable": sys.executable,
+    "prefix": sys.prefix,
+    "basePrefix": sys.base_prefix,
+    "version": "%d.%d.%d" % sys.version_info[:3],
+    "pyVersion": "%d.%d" % sys.version_info[:2],
+    "implementation": sys.implementation.name,
+    "platform": sysconfig.get_platform(),
+    "soabi": sysconfig.get_config_var("SOABI") or "",
+    "siteDirs": seen,
+    "pipVersion": pip,
+    "hasVenvModule": importlib.util.find_spec("venv") is not None and importlib.util.find_spec("ensurepip") is not None,
+    "ensurepipWheel": wheel,
+}))
+`;
+
+function statSignature(path: string): string {
+  try {
+    const s = statSync(path);
+    return `${path}:${s.ino}:${s.size}:${s.mtimeMs}`;
+  } catch {
+    return `${path}:missing`;
+  }
+}
+
+/** Cheap proof that the interpreter is the one probed: the file it names, its real binary, its venv config. */
+function signatureOf(path: string, info: Pick<InterpreterInfo, "realExecutable" | "prefix">): string {
+  return [statSignature(path), statSignature(info.realExecutable), statSignature(join(info.prefix, "pyvenv.cfg"))].join("|");
+}
+
+export function resolvePythonPath(python: string | undefined, env: NodeJS.ProcessEnv = process.env): string {
+  const name = python || "python3";
+  if (name.includes("/")) {
+    const abs = resolve(name);
+    if (!existsSync(abs)) throw new UsageError(`--python: not found: ${name}`);
+    return abs;
+  }
+  const found = Bun.which(name, { PATH: env.PATH ?? "" });
+  if (!found) throw new UsageError(`--python: ${name} is not on PATH`);
+  return found;
+}
+
+export function probeInterpreter(pythonPath: string, cacheDir: string): InterpreterInfo {
+  const cacheFile = join(cacheDir, `${contentHash(pythonPath).slice(0, 32)}.json`);
+  try {
+    const cached = JSON.parse(readFileSync(cacheFile, "utf8")) as { signature: string; info: InterpreterInfo };
+    if (cached.signature === signatureOf(pythonPath, cached.info)) return cached.info;
+  } catch {
+    // no cache or stale: probe
+  }
+  let proc: ReturnType<typeof Bun.spawnSync>;
+  try {
+    proc = Bun.spawnSync([pythonPath, "-E", "-c", PROBE], { stdout: "pipe", stderr: "pipe" });
+  } catch (error) {
+    throw new UsageError(`--python: cannot run ${pythonPath}: ${(error as Error).message}`);
+  }
+  if (proc.exitCode !== 0) {
+    const msg = (proc.stderr ?? "").toString().trim().split("\n").pop() ?? "";
+    throw new UsageError(`--python: ${pythonPath} is not a working Python 3 (${msg || `exit ${proc.exitCode}`})`);
+  }
+  let raw: Omit<InterpreterInfo, "path" | "realExecutable">;
+  try {
+    raw = JSON.parse((proc.stdout ?? "").toString());
+  } catch {
+    throw new UsageError(`--python: ${pythonPath} did not answer the probe like a Python 3 interpreter`);
+  }
+  let realExecutable = raw.executable;
+  try {
+    realExecutable = realpathSync(raw.executable);
+  } catch {
+    // keep sys.executable
+  }
+  const info: InterpreterInfo = { ...raw, path: pythonPath, realExecutable };
+  mkdirSync(cacheDir, { recursive: true });
+  const tmp = `${cacheFile}.${process.pid}.tmp`;
+  writeFileSync(tmp, JSON.stringify({ signature: signatureOf(pythonPath, info), info }));
+  renameSync(tmp, cacheFile);
+  return info;
+}
+
+/** The worker's installed `name==version` set, read from dist-info folder names: a readdir, no Python. */
+export function installedSet(siteDirs: string[]): string[] {
+  const set = new Set<string>();
+  for (const dir of siteDirs) {
+    let names: string[];
+    try {
+      names = readdirSync(dir);
+    } catch {
+      continue;
+    }
+    for (const n of names) {
+      const m = /^(.+?)-([^-]+?)(-py\d[\d.]*)?\.(dist-info|egg-info)$/.exec(n);
+      if (m) set.add(`${normalizeName(m[1]!)}==${m[2]}`);
+    }
+  }
+  return [...set].sort();
+}
+
+export function baseFingerprint(siteDirs: string[]): string {
+  return contentHash(installedSet(siteDirs).join("\n"));
+}

@@ -1,0 +1,169 @@
+import { join } from "node:path";
+import type { HomeLayout } from "../config/paths.ts";
+import { UsageError } from "../errors.ts";
+import { type BuildHooks, type BuildOutcome, buildEnv } from "./build.ts";
+import { pipConfigDigest } from "./installer-config.ts";
+import { baseFingerprint, type InterpreterInfo, probeInterpreter, resolvePythonPath } from "./interpreter.ts";
+import { envKey, type KeyDocument, keyDocument, requestSummary } from "./key.ts";
+import { type Lease, takeLease } from "./lease.ts";
+import { sleep, tryLock } from "./lock.ts";
+import { emptyOptions, parseRequirementsFile, parseSpecs, type RequirementSet } from "./requirements.ts";
+import { diskUsage, entryPaths, isReady, markReady, readMeta, removeEntryDir, touchLastUsed } from "./store.ts";
+
+/** What a user asks for: flags of `env prepare`, or the environment section of a job. */
+export interface PrepareRequest {
+  requirementsFile?: string;
+  specs: string[];
+  python?: string;
+  indexUrl?: string;
+  extraIndexUrls: string[];
+  findLinks: string[];
+  /** Relative paths (requirements file, local packages) resolve against this. */
+  cwd: string;
+  env: NodeJS.ProcessEnv;
+  venvCreator?: "uv" | "venv" | "auto";
+}
+
+export interface ResolvedRequest {
+  key: string;
+  doc: KeyDocument;
+  summary: string;
+  requirements: RequirementSet;
+  interpreter: InterpreterInfo;
+  isolated: boolean;
+}
+
+export interface PrepareHooks extends BuildHooks {
+  onResolved?(resolved: ResolvedRequest): void;
+  onWait?(message: string): void;
+}
+
+export interface PrepareResult {
+  key: string;
+  path: string;
+  python: string;
+  status: "built" | "reused";
+  seconds: number;
+  summary: string;
+  build?: BuildOutcome & { sizeBytes: number };
+  check: string[];
+  /** Held when asked for (a job): released by the caller when it is done with the env. */
+  lease?: Lease;
+}
+
+/** From a request to its key: a few stats, a readdir and a hash; no Python is started on the warm path. */
+export function resolveRequest(layout: HomeLayout, req: PrepareRequest): ResolvedRequest {
+  const pythonPath = resolvePythonPath(req.python, req.env);
+  const interpreter = probeInterpreter(pythonPath, layout.interpreters);
+  const ctx = { env: req.env, cwd: req.cwd };
+  const set: RequirementSet = { requirements: [], constraints: [], options: emptyOptions() };
+  if (req.requirementsFile) parseRequirementsFile(req.requirementsFile, ctx, set);
+  if (req.specs.length) parseSpecs(req.specs, ctx, set);
+  const o = set.options;
+  // Flags win over the file's own options, as on pip's command line.
+  if (req.indexUrl) o.indexUrl = req.indexUrl;
+  o.extraIndexUrls.push(...req.extraIndexUrls.filter((u) => !o.extraIndexUrls.includes(u)));
+  o.findLinks.push(...req.findLinks.map((f) => (/^[a-z+]+:\/\//i.test(f) ? f : join(req.cwd, f))).filter((f) => !o.findLinks.includes(f)));
+  for (const u of [o.indexUrl, ...o.extraIndexUrls]) {
+    if (u && !/^(https?|file):\/\//i.test(u)) throw new UsageError(`invalid index URL: ${u} (expected http://, https:// or file://)`);
+  }
+  const isolated = Boolean(o.indexUrl || o.extraIndexUrls.length || o.findLinks.length || o.noIndex);
+  const doc = keyDocument({
+    requirements: set,
+    interpreter,
+    base: baseFingerprint(interpreter.siteDirs),
+    installerConfig: isolated ? null : pipConfigDigest(req.env),
+  });
+  return { key: envKey(doc), doc, summary: requestSummary(doc), requirements: set, interpreter, isolated };
+}
+
+export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: { hooks?: PrepareHooks; leaseHolder?: string } = {}): Promise<PrepareResult> {
+  const started = performance.now();
+  const hooks = opts.hooks ?? {};
+  const resolved = resolveRequest(layout, req);
+  hooks.onResolved?.(resolved);
+  const paths = entryPaths(layout, resolved.key);
+  // The lease comes before the lookup, so gc can never take the env between the two.
+  const lease = opts.leaseHolder ? takeLease(layout, "env", resolved.key, opts.leaseHolder) : undefined;
+  const done = (status: "built" | "reused", build?: PrepareResult["build"]): PrepareResult => ({
+    key: resolved.key,
+    path: paths.dir,
+    python: join(paths.dir, "bin", "python"),
+    status,
+    seconds: (performance.now() - started) / 1000,
+    summary: resolved.summary,
+    build,
+    check: build?.check ?? readMeta(paths)?.check ?? [],
+    lease,
+  });
+  try {
+    let waited = false;
+    for (;;) {
+      if (isReady(paths)) {
+        touchLastUsed(paths);
+        return done("reused");
+      }
+      const release = await tryLock(paths.lock);
+      if (!release) {
+        if (!waited) hooks.onWait?.(`another process is building ${resolved.key.slice(0, 12)}; waiting for it`);
+        waited = true;
+        await sleep(150);
+        continue;
+      }
+      try {
+        if (isReady(paths)) {
+          touchLastUsed(paths);
+          return done("reused");
+        }
+        const build = await buildUnderLock(layout, resolved, req, paths, hooks);
+        return done("built", build);
+      } finally {
+        await release();
+      }
+    }
+  } catch (error) {
+    lease?.release();
+    throw error;
+  }
+}
+
+async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: ReturnType<typeof entryPaths>, hooks: PrepareHooks): Promise<PrepareResult["build"]> {
+  const started = performance.now();
+  // Remains of a build that failed or was killed: never reused, always rebuilt.
+  removeEntryDir(layout, paths.dir);
+  try {
+    const outcome = await buildEnv(
+      {
+        dir: paths.dir,
+        interpreter: resolved.interpreter,
+        requirements: resolved.requirements,
+        isolated: resolved.isolated,
+        env: req.env,
+        toolsDir: layout.tools,
+        cwd: req.cwd,
+        venvCreator: req.venvCreator ?? (req.env.GPULAYER_VENV_CREATOR as "uv" | "venv" | undefined) ?? "auto",
+      },
+      hooks,
+    );
+    const sizeBytes = diskUsage(paths.dir);
+    markReady(paths, {
+      key: resolved.key,
+      path: paths.dir,
+      python: join(paths.dir, "bin", "python"),
+      created: new Date().toISOString(),
+      buildSeconds: (performance.now() - started) / 1000,
+      sizeBytes,
+      venvCreator: outcome.venvCreator,
+      installer: outcome.installer,
+      summary: resolved.summary,
+      request: resolved.doc,
+      installed: outcome.installed,
+      check: outcome.check,
+    });
+    return { ...outcome, sizeBytes };
+  } catch (error) {
+    // A failure is never reused: nothing of it stays in the cache.
+    removeEntryDir(layout, paths.dir);
+    throw error;
+  }
+}

@@ -1,0 +1,146 @@
+import { closeSync, existsSync, fsyncSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync, writeSync } from "node:fs";
+import { join } from "node:path";
+import type { HomeLayout } from "../config/paths.ts";
+import type { KeyDocument } from "./key.ts";
+
+/** Everything recorded about a ready environment (written before the ready marker). */
+export interface EnvMeta {
+  key: string;
+  path: string;
+  python: string;
+  created: string;
+  buildSeconds: number;
+  sizeBytes: number;
+  venvCreator: "uv" | "venv";
+  installer: string;
+  summary: string;
+  request: KeyDocument;
+  installed: string[];
+  check: string[];
+}
+
+export interface EntryPaths {
+  dir: string;
+  stateDir: string;
+  meta: string;
+  ready: string;
+  lastUsed: string;
+  lock: string;
+}
+
+export function entryPaths(layout: HomeLayout, key: string): EntryPaths {
+  const dir = join(layout.envs, key);
+  const stateDir = join(dir, ".gpulayer");
+  return { dir, stateDir, meta: join(stateDir, "meta.json"), ready: join(stateDir, "ready"), lastUsed: join(stateDir, "last-used"), lock: join(layout.locks, key) };
+}
+
+export function isReady(paths: EntryPaths): boolean {
+  return existsSync(paths.ready);
+}
+
+/** Write a file so that a reader sees all of it or none of it: temp, fsync, rename. */
+export function writeFileAtomic(path: string, data: string): void {
+  const tmp = `${path}.${process.pid}.${Math.random().toString(36).slice(2)}.tmp`;
+  const fd = openSync(tmp, "w");
+  try {
+    writeSync(fd, data);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  renameSync(tmp, path);
+}
+
+/** The last step of a build: meta, then the marker that makes the entry usable. */
+export function markReady(paths: EntryPaths, meta: EnvMeta): void {
+  mkdirSync(paths.stateDir, { recursive: true });
+  writeFileAtomic(paths.meta, JSON.stringify(meta, null, 2));
+  writeFileAtomic(paths.lastUsed, new Date().toISOString());
+  writeFileAtomic(paths.ready, `${meta.key}\n`);
+  // The rename must itself be durable before anyone is told the entry is ready.
+  const dirFd = openSync(paths.stateDir, "r");
+  try {
+    fsyncSync(dirFd);
+  } finally {
+    closeSync(dirFd);
+  }
+}
+
+/** One timestamp write per reuse: gc orders by this mtime (atime is not trusted). */
+export function touchLastUsed(paths: EntryPaths, when = new Date()): void {
+  try {
+    utimesSync(paths.lastUsed, when, when);
+  } catch {
+    writeFileSync(paths.lastUsed, when.toISOString());
+  }
+}
+
+export function lastUsedMs(paths: EntryPaths): number {
+  try {
+    return statSync(paths.lastUsed).mtimeMs;
+  } catch {
+    return 0;
+  }
+}
+
+export function readMeta(paths: EntryPaths): EnvMeta | null {
+  try {
+    return JSON.parse(readFileSync(paths.meta, "utf8")) as EnvMeta;
+  } catch {
+    return null;
+  }
+}
+
+export function listKeys(layout: HomeLayout): string[] {
+  try {
+    return readdirSync(layout.envs).filter((n) => /^[0-9a-f]{64}$/.test(n));
+  } catch {
+    return [];
+  }
+}
+
+/** Find a key by a unique prefix. */
+export function resolveKey(layout: HomeLayout, prefix: string): string | "ambiguous" | null {
+  const matches = listKeys(layout).filter((k) => k.startsWith(prefix.toLowerCase()));
+  if (matches.length > 1) return "ambiguous";
+  return matches[0] ?? null;
+}
+
+/**
+ * Take an entry out of the cache: rename it into trash first (atomic, so no
+ * reader ever sees a half-deleted env that looks ready), then delete.
+ */
+export function removeEntryDir(layout: HomeLayout, dir: string): void {
+  if (!existsSync(dir)) return;
+  mkdirSync(layout.trash, { recursive: true });
+  const doomed = join(layout.trash, `${dir.split("/").pop()}.${process.pid}.${Date.now()}`);
+  renameSync(dir, doomed);
+  rmSync(doomed, { recursive: true, force: true });
+}
+
+/** Finish deletions a crash interrupted. */
+export function emptyTrash(layout: HomeLayout): void {
+  if (!existsSync(layout.trash)) return;
+  for (const name of readdirSync(layout.trash)) rmSync(join(layout.trash, name), { recursive: true, force: true });
+}
+
+/** Bytes on disk, each inode once: what deleting the folder frees. */
+export function diskUsage(root: string): number {
+  const seen = new Set<string>();
+  let total = 0;
+  const walk = (p: string) => {
+    let s;
+    try {
+      s = lstatSync(p);
+    } catch {
+      return;
+    }
+    const id = `${s.dev}:${s.ino}`;
+    if (seen.has(id)) return;
+    seen.add(id);
+    total += s.blocks ? s.blocks * 512 : s.size;
+    if (s.isDirectory()) for (const n of readdirSync(p)) walk(join(p, n));
+  };
+  walk(root);
+  return total;
+}

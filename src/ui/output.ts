@@ -1,0 +1,81 @@
+import { createConsola, type ConsolaInstance } from "consola";
+
+export interface OutputFlags {
+  json?: boolean;
+  quiet?: boolean;
+  verbose?: boolean;
+}
+
+/**
+ * What a command prints, in one place: logs and progress on stderr (always,
+ * so stdout carries only the result), the result on stdout as text or one
+ * JSON document.
+ */
+export class Output {
+  readonly log: ConsolaInstance;
+  constructor(readonly flags: OutputFlags) {
+    // consola sends info to stdout by default; all logs belong on stderr.
+    this.log = createConsola({
+      stdout: process.stderr,
+      stderr: process.stderr,
+      level: flags.quiet ? 1 : flags.verbose ? 4 : 3,
+      formatOptions: { date: false, compact: true },
+    });
+  }
+
+  get json(): boolean {
+    return Boolean(this.flags.json);
+  }
+
+  /** The result: JSON with --json, else the human lines (skipped with --quiet unless essential). */
+  result(data: unknown, human: () => string | string[], essential = false): void {
+    if (this.flags.json) {
+      process.stdout.write(`${JSON.stringify(data, null, 2)}\n`);
+      return;
+    }
+    if (this.flags.quiet && !essential) return;
+    const text = human();
+    const lines = Array.isArray(text) ? text : [text];
+    if (lines.length) process.stdout.write(`${lines.join("\n")}\n`);
+  }
+
+  /** A progress line on stderr, not shown with --quiet or --json. */
+  progress(message: string): void {
+    if (this.flags.quiet || this.flags.json) {
+      if (this.flags.verbose) process.stderr.write(`${message}\n`);
+      return;
+    }
+    process.stderr.write(`${message}\n`);
+  }
+
+  /** Raw tool output (pip's), shown only with --verbose. */
+  tool(line: string): void {
+    if (this.flags.verbose) process.stderr.write(`  │ ${line}\n`);
+  }
+}
+
+export function formatSeconds(seconds: number): string {
+  if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
+  if (seconds < 60) return `${seconds.toFixed(2)} s`;
+  const m = Math.floor(seconds / 60);
+  return `${m}m${Math.round(seconds - m * 60)}s`;
+}
+
+export function shortKey(key: string): string {
+  return key.slice(0, 12);
+}
+
+export function formatAgo(ms: number, now = Date.now()): string {
+  const s = Math.max(0, (now - ms) / 1000);
+  if (s < 60) return `${Math.round(s)}s ago`;
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  if (s < 86400) return `${Math.round(s / 3600)} h ago`;
+  return `${Math.round(s / 86400)} days ago`;
+}
+
+/** Left-aligned columns for tables. */
+export function table(rows: string[][]): string[] {
+  const widths: number[] = [];
+  for (const row of rows) row.forEach((c, i) => (widths[i] = Math.max(widths[i] ?? 0, c.length)));
+  return rows.map((row) => row.map((c, i) => (i === row.length - 1 ? c : c.padEnd(widths[i] ?? 0))).join("  ").trimEnd());
+}
