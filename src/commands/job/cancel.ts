@@ -1,0 +1,21 @@
+import { defineCommand } from "citty";
+import { homeLayout } from "../../config/paths.ts";
+import { cancelJob } from "../../jobs/cancel.ts";
+import { JobStore } from "../../jobs/store.ts";
+import { Output } from "../../ui/output.ts";
+import { outputArgs, rejectUnknownFlags } from "../_args.ts";
+
+const args = { id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" }, ...outputArgs } as const;
+
+export default defineCommand({
+  meta: { name: "cancel", description: "Stop a job and all its processes (SIGTERM, then SIGKILL after GPULAYER_CANCEL_GRACE seconds)" },
+  args,
+  async run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const out = new Output(a);
+    const store = new JobStore(homeLayout());
+    const job = await cancelJob(store, store.find(a.id));
+    store.close();
+    out.result({ id: job.id, state: job.state }, () => `job ${job.id} ${job.state}`);
+  },
+});

@@ -1,0 +1,22 @@
+import { defineCommand } from "citty";
+import { homeLayout } from "../../config/paths.ts";
+import { UserError } from "../../errors.ts";
+import { startJob } from "../../jobs/runner.ts";
+import { JobStore } from "../../jobs/store.ts";
+
+/** Internal: the background runner behind `job run --detach`. Output goes to the job's log only. */
+export default defineCommand({
+  meta: { name: "_exec", description: "(internal) run a queued job in the background", hidden: true },
+  args: { id: { type: "positional", required: true } },
+  async run({ args }) {
+    const layout = homeLayout();
+    const store = new JobStore(layout);
+    const job = store.get(args.id);
+    if (!job || job.state !== "queued") throw new UserError(`job ${args.id} is not queued`);
+    const running = startJob(store, layout, job);
+    process.on("SIGTERM", () => running.cancel("job cancel"));
+    process.on("SIGINT", () => running.cancel("SIGINT"));
+    await running.done;
+    store.close();
+  },
+});

@@ -1,0 +1,34 @@
+import { defineCommand } from "citty";
+import { homeLayout } from "../../config/paths.ts";
+import { reconcile } from "../../jobs/detach.ts";
+import { jobStatus } from "../../jobs/status.ts";
+import { JobStore } from "../../jobs/store.ts";
+import { formatAgo, formatSeconds, Output, table } from "../../ui/output.ts";
+import { outputArgs, rejectUnknownFlags } from "../_args.ts";
+
+const args = { limit: { type: "string", default: "50", description: "How many jobs to show" }, ...outputArgs } as const;
+
+export default defineCommand({
+  meta: { name: "list", description: "List jobs, newest first, with state and phase durations" },
+  args,
+  run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const out = new Output(a);
+    const store = new JobStore(homeLayout());
+    const statuses = store.list(Math.max(1, Number(a.limit) || 50)).map((j) => jobStatus(store, reconcile(store, j)));
+    store.close();
+    out.result(
+      statuses.map(({ events: _e, ...s }) => s),
+      () => {
+        if (!statuses.length) return "no jobs yet (gpulayer job run -p tqdm -- python -c 'import tqdm')";
+        const rows = [["ID", "NAME", "STATE", "EXIT", "PREPARE", "RUN", "CREATED"]];
+        for (const s of statuses) {
+          const prep = s.phases.find((p) => p.name === "task.prepare");
+          const run = s.phases.find((p) => p.name === "task.run");
+          rows.push([s.id, s.name, s.state, s.exit_code === null ? "-" : String(s.exit_code), prep?.seconds != null ? `${formatSeconds(prep.seconds)}${prep.cache ? ` ${prep.cache}` : ""}` : "-", run?.seconds != null ? formatSeconds(run.seconds) : "-", formatAgo(Date.parse(s.created))]);
+        }
+        return table(rows);
+      },
+    );
+  },
+});

@@ -1,0 +1,22 @@
+import { defineCommand } from "citty";
+import { homeLayout } from "../../config/paths.ts";
+import { followLog } from "../../jobs/logs.ts";
+import { JobStore } from "../../jobs/store.ts";
+import { rejectUnknownFlags } from "../_args.ts";
+
+const args = {
+  id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" },
+  follow: { type: "boolean", alias: "f", description: "Keep printing new output until the job ends" },
+} as const;
+
+export default defineCommand({
+  meta: { name: "logs", description: "Print a job's output (stdout and stderr as they came)" },
+  args,
+  async run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const store = new JobStore(homeLayout());
+    const job = store.find(a.id);
+    await followLog(store, job.id, Boolean(a.follow), (chunk) => process.stdout.write(chunk));
+    store.close();
+  },
+});

@@ -1,0 +1,89 @@
+import { defineCommand } from "citty";
+import { homeLayout } from "../../config/paths.ts";
+import { ExitError, UsageError } from "../../errors.ts";
+import { spawnDetachedRunner } from "../../jobs/detach.ts";
+import { startJob } from "../../jobs/runner.ts";
+import { buildJobSpec } from "../../jobs/spec.ts";
+import { JobStore } from "../../jobs/store.ts";
+import { jobStatus } from "../../jobs/status.ts";
+import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
+import { afterDoubleDash, installerArgs, outputArgs, rejectUnknownFlags, repeated } from "../_args.ts";
+import { prepareHooks } from "../_prepare-ui.ts";
+
+const args = {
+  file: { type: "string", alias: "f", valueHint: "JOB_FILE", description: "A job file (YAML or JSON): command, workdir, env, environment, resources" },
+  requirements: { type: "string", alias: "r", valueHint: "REQ_FILE", description: "Requirements file for the job's environment (overrides the file's)" },
+  package: { type: "string", alias: "p", valueHint: "SPEC", description: "A requirement such as 'numpy<3' (repeatable; overrides the file's)" },
+  ...installerArgs,
+  workdir: { type: "string", valueHint: "DIR", description: "Working directory of the job (default: the job file's folder, else here)" },
+  env: { type: "string", alias: "e", valueHint: "K=V", description: "An environment variable for the job (repeatable)" },
+  image: { type: "string", valueHint: "REF", description: "Run in this container image" },
+  name: { type: "string", description: "A name for the job" },
+  detach: { type: "boolean", alias: "d", description: "Start in the background and print the job id" },
+  ...outputArgs,
+} as const;
+
+export default defineCommand({
+  meta: {
+    name: "run",
+    description: "Prepare the job's environment (task.prepare), then run it (task.run); exits with the job's own exit code. Command after --.",
+  },
+  args,
+  async run({ args: a, rawArgs }) {
+    const beforeDashes = rawArgs.includes("--") ? rawArgs.slice(0, rawArgs.indexOf("--")) : rawArgs;
+    rejectUnknownFlags(beforeDashes, args);
+    const command = afterDoubleDash(rawArgs);
+    const positionals = (a._ as string[]).length - command.length;
+    if (positionals > 0) throw new UsageError(`unexpected argument ${(a._ as string[])[0]}: put the command after -- (gpulayer job run -p tqdm -- python x.py)`);
+    const out = new Output(a);
+    const layout = homeLayout();
+    const spec = buildJobSpec(
+      {
+        file: a.file,
+        requirementsFile: a.requirements,
+        specs: repeated(rawArgs, ["-p", "--package"]),
+        python: a.python,
+        workdir: a.workdir,
+        env: repeated(rawArgs, ["-e", "--env"]),
+        image: a.image,
+        indexUrl: a["index-url"],
+        extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]),
+        findLinks: repeated(rawArgs, ["--find-links"]),
+        command,
+        name: a.name,
+      },
+      process.cwd(),
+    );
+    const store = new JobStore(layout);
+    const job = store.create(spec);
+    if (a.detach) {
+      spawnDetachedRunner(job.id, process.env);
+      out.result({ id: job.id, state: "queued" }, () => job.id, true);
+      return;
+    }
+    out.progress(`job ${job.id} (${spec.name})`);
+    // With --json, stdout carries only the final document: the job's output goes to stderr.
+    const toStdout = a.json ? (c: Uint8Array) => process.stderr.write(c) : (c: Uint8Array) => process.stdout.write(c);
+    const running = startJob(store, layout, job, {
+      onStdout: toStdout,
+      onStderr: (c) => process.stderr.write(c),
+      prepareHooks: prepareHooks(out),
+      onPrepared: (p) => out.progress(`task.prepare ${p.status} env ${shortKey(p.key)} in ${formatSeconds(p.seconds)}`),
+      onPrepareFailed: (m) => out.log.error(`task.prepare failed: ${m}`),
+    });
+    const onSignal = (signal: string) => {
+      out.progress(`\n${signal}: cancelling job ${job.id}`);
+      running.cancel(`${signal} to gpulayer`);
+    };
+    process.on("SIGINT", onSignal);
+    process.on("SIGTERM", onSignal);
+    const outcome = await running.done;
+    process.off("SIGINT", onSignal);
+    process.off("SIGTERM", onSignal);
+    const status = jobStatus(store, store.get(job.id)!);
+    store.close();
+    if (outcome.runSeconds !== null) out.progress(`task.run exit ${outcome.exitCode} in ${formatSeconds(outcome.runSeconds)} (job ${job.id} ${outcome.state})`);
+    if (a.json) out.result(status, () => "");
+    if (outcome.exitCode !== 0) throw new ExitError(outcome.exitCode);
+  },
+});

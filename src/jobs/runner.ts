@@ -1,0 +1,156 @@
+import { closeSync, openSync, writeSync } from "node:fs";
+import { join } from "node:path";
+import type { HomeLayout } from "../config/paths.ts";
+import { InstallError, UserError } from "../errors.ts";
+import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
+import type { JobRecord, JobState, JobStore } from "./store.ts";
+
+/**
+ * The local runner: prepare (the env cache; timed as task.prepare), then run
+ * the command in the env (task.run), in its own process group so cancel
+ * reaches every child. Never mixes the two phases' time.
+ */
+
+export interface RunnerIO {
+  onStdout?(chunk: Uint8Array): void;
+  onStderr?(chunk: Uint8Array): void;
+  prepareHooks?: PrepareHooks;
+  onPrepared?(info: { status: string; seconds: number; key: string; kind: "env" | "image" }): void;
+  onPrepareFailed?(message: string): void;
+}
+
+export interface JobOutcome {
+  state: JobState;
+  exitCode: number;
+  prepareSeconds: number | null;
+  runSeconds: number | null;
+}
+
+export interface RunningJob {
+  done: Promise<JobOutcome>;
+  /** SIGTERM to the job's process group, SIGKILL after the grace period. */
+  cancel(reason: string): void;
+}
+
+const SIGNALS: Record<string, number> = { SIGHUP: 1, SIGINT: 2, SIGQUIT: 3, SIGKILL: 9, SIGTERM: 15 };
+
+export function cancelGraceMs(env: NodeJS.ProcessEnv = process.env): number {
+  const s = Number(env.GPULAYER_CANCEL_GRACE ?? "10");
+  return Number.isFinite(s) && s >= 0 ? s * 1000 : 10_000;
+}
+
+function killGroup(pid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(-pid, signal);
+  } catch {
+    // the group is gone already
+  }
+}
+
+export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io: RunnerIO = {}): RunningJob {
+  let cancelReason: string | null = null;
+  let child: Bun.Subprocess | null = null;
+  let killTimer: ReturnType<typeof setTimeout> | undefined;
+
+  const cancel = (reason: string) => {
+    if (cancelReason) return;
+    cancelReason = reason;
+    if (child) {
+      const pid = child.pid;
+      killGroup(pid, "SIGTERM");
+      killTimer = setTimeout(() => killGroup(pid, "SIGKILL"), cancelGraceMs());
+    }
+  };
+
+  const finish = (state: JobState, exitCode: number, extra: Partial<JobOutcome> = {}): JobOutcome => {
+    if (state === "cancelled") store.event(job.id, "job.cancelled", { reason: cancelReason });
+    store.update(job.id, { state, exitCode, childPid: null });
+    return { state, exitCode, prepareSeconds: null, runSeconds: null, ...extra };
+  };
+
+  const done = (async (): Promise<JobOutcome> => {
+    const spec = job.spec;
+    store.update(job.id, { state: "preparing", runnerPid: process.pid });
+    store.event(job.id, "task.prepare.started", { image: spec.environment.image ?? null });
+    const prepStart = performance.now();
+    let prepared;
+    try {
+      if (spec.environment.image) throw new UserError("container images (environment.image) are not supported by the local runner yet");
+      prepared = await prepareEnv(
+        layout,
+        {
+          requirementsFile: spec.environment.requirementsFile,
+          specs: spec.environment.specs,
+          python: spec.environment.python ?? process.env.GPULAYER_PYTHON,
+          indexUrl: spec.environment.indexUrl,
+          extraIndexUrls: spec.environment.extraIndexUrls,
+          findLinks: spec.environment.findLinks,
+          cwd: spec.workdir,
+          env: process.env,
+        },
+        { hooks: io.prepareHooks, leaseHolder: `job ${job.id}` },
+      );
+    } catch (error) {
+      const seconds = (performance.now() - prepStart) / 1000;
+      if (!(error instanceof UserError)) throw error;
+      const message = error instanceof InstallError && error.detail ? `${error.message}: ${error.detail}` : error.message;
+      store.event(job.id, "task.prepare.failed", { seconds, message });
+      store.update(job.id, { error: message });
+      io.onPrepareFailed?.(message);
+      return finish(cancelReason ? "cancelled" : "failed", cancelReason ? 130 : error.exitCode, { prepareSeconds: seconds });
+    }
+    const prepareSeconds = (performance.now() - prepStart) / 1000;
+    store.update(job.id, { envKey: prepared.key });
+    store.event(job.id, "task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path });
+    io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
+
+    try {
+      if (cancelReason) return finish("cancelled", 130, { prepareSeconds });
+      const log = openSync(store.logPath(job.id), "a");
+      const env: Record<string, string> = {};
+      for (const [k, val] of Object.entries(process.env)) if (val !== undefined && k !== "PYTHONHOME") env[k] = val;
+      Object.assign(env, spec.env, {
+        PATH: `${join(prepared.path, "bin")}:${process.env.PATH ?? "/usr/bin:/bin"}`,
+        VIRTUAL_ENV: prepared.path,
+        GPULAYER_JOB_ID: job.id,
+      });
+      const runStart = performance.now();
+      try {
+        child = Bun.spawn(spec.argv, { cwd: spec.workdir, env, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: true });
+      } catch (error) {
+        closeSync(log);
+        const message = `cannot start ${spec.argv[0]}: ${(error as Error).message}`;
+        store.event(job.id, "task.run.started", { command: spec.commandText });
+        store.event(job.id, "task.run.finished", { exit_code: 127, seconds: 0, error: message });
+        writeSync(openSync(store.logPath(job.id), "a"), `gpulayer: ${message}\n`);
+        io.onStderr?.(new TextEncoder().encode(`gpulayer: ${message}\n`));
+        return finish("failed", 127, { prepareSeconds, runSeconds: 0 });
+      }
+      store.update(job.id, { state: "running", childPid: child.pid });
+      store.event(job.id, "task.run.started", { pid: child.pid, command: spec.commandText });
+      if (cancelReason) cancel(cancelReason);
+      const pump = async (stream: ReadableStream<Uint8Array>, sink?: (c: Uint8Array) => void) => {
+        for await (const chunk of stream) {
+          writeSync(log, chunk);
+          sink?.(chunk);
+        }
+      };
+      await Promise.all([pump(child.stdout as ReadableStream<Uint8Array>, io.onStdout), pump(child.stderr as ReadableStream<Uint8Array>, io.onStderr)]);
+      await child.exited;
+      // The group may outlive its leader (a backgrounded child); a cancel must reach it too.
+      if (cancelReason) killGroup(child.pid, "SIGKILL");
+      clearTimeout(killTimer);
+      closeSync(log);
+      const runSeconds = (performance.now() - runStart) / 1000;
+      const signal = child.signalCode;
+      const exitCode = child.exitCode ?? 128 + (signal ? (SIGNALS[signal] ?? 0) : 0);
+      store.event(job.id, "task.run.finished", { exit_code: exitCode, seconds: runSeconds, ...(signal ? { signal } : {}) });
+      if (cancelReason) return finish("cancelled", exitCode, { prepareSeconds, runSeconds });
+      return finish(exitCode === 0 ? "succeeded" : "failed", exitCode, { prepareSeconds, runSeconds });
+    } finally {
+      prepared.lease?.release();
+    }
+  })();
+
+  return { done, cancel };
+}

@@ -1,0 +1,142 @@
+import { Database } from "bun:sqlite";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import type { HomeLayout } from "../config/paths.ts";
+import { UsageError, UserError } from "../errors.ts";
+import type { JobSpec } from "./spec.ts";
+
+export type JobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled";
+export const FINAL_STATES: JobState[] = ["succeeded", "failed", "cancelled"];
+
+export interface JobRecord {
+  id: string;
+  name: string;
+  state: JobState;
+  created: number; // ms
+  updated: number;
+  spec: JobSpec;
+  exitCode: number | null;
+  runnerPid: number | null;
+  childPid: number | null;
+  envKey: string | null;
+  error: string | null;
+}
+
+export interface JobEvent {
+  ts: number; // ms
+  type: string;
+  data: Record<string, unknown>;
+}
+
+interface JobRow {
+  id: string;
+  name: string;
+  state: JobState;
+  created: number;
+  updated: number;
+  spec: string;
+  exit_code: number | null;
+  runner_pid: number | null;
+  child_pid: number | null;
+  env_key: string | null;
+  error: string | null;
+}
+
+const SCHEMA = `
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY, name TEXT NOT NULL, state TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+  spec TEXT NOT NULL, exit_code INTEGER, runner_pid INTEGER, child_pid INTEGER, env_key TEXT, error TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created);
+CREATE TABLE IF NOT EXISTS events (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, ts REAL NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_job ON events(job_id, seq);
+`;
+
+/** Jobs and their events in bun:sqlite; WAL and a busy timeout make it safe for many gpulayer processes at once. */
+export class JobStore {
+  readonly db: Database;
+  constructor(readonly layout: HomeLayout) {
+    mkdirSync(layout.jobs, { recursive: true });
+    this.db = new Database(join(layout.jobs, "jobs.db"), { create: true });
+    this.db.exec("PRAGMA busy_timeout = 10000");
+    this.db.exec("PRAGMA journal_mode = WAL");
+    this.db.exec("PRAGMA synchronous = NORMAL");
+    this.db.exec(SCHEMA);
+  }
+
+  logPath(id: string): string {
+    return join(this.layout.jobs, `${id}.log`);
+  }
+
+  create(spec: JobSpec): JobRecord {
+    const id = Buffer.from(crypto.getRandomValues(new Uint8Array(8))).toString("hex");
+    const now = Date.now();
+    this.db.transaction(() => {
+      this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec) VALUES (?, ?, 'queued', ?, ?, ?)").run(id, spec.name, now, now, JSON.stringify(spec));
+      this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, 'job.submitted', ?)").run(id, now, JSON.stringify({ name: spec.name, command: spec.commandText }));
+    })();
+    return this.get(id)!;
+  }
+
+  get(id: string): JobRecord | null {
+    const row = this.db.query<JobRow, [string]>("SELECT * FROM jobs WHERE id = ?").get(id);
+    return row ? toRecord(row) : null;
+  }
+
+  /** A unique prefix of an id is enough. */
+  find(prefix: string): JobRecord {
+    if (!/^[0-9a-f]{1,16}$/i.test(prefix)) throw new UsageError(`not a job id: ${prefix}`);
+    const rows = this.db.query<JobRow, [string]>("SELECT * FROM jobs WHERE id LIKE ? LIMIT 2").all(`${prefix.toLowerCase()}%`);
+    if (rows.length > 1) throw new UsageError(`job id prefix ${prefix} matches several jobs; give more of it`);
+    if (!rows[0]) throw new UserError(`no job with id ${prefix} (see gpulayer job list)`);
+    return toRecord(rows[0]);
+  }
+
+  list(limit = 50): JobRecord[] {
+    return this.db.query<JobRow, [number]>("SELECT * FROM jobs ORDER BY created DESC LIMIT ?").all(limit).map(toRecord);
+  }
+
+  update(id: string, fields: Partial<Pick<JobRecord, "state" | "exitCode" | "runnerPid" | "childPid" | "envKey" | "error">>): void {
+    const columns: Record<string, string> = { state: "state", exitCode: "exit_code", runnerPid: "runner_pid", childPid: "child_pid", envKey: "env_key", error: "error" };
+    const sets: string[] = ["updated = ?"];
+    const values: (string | number | null)[] = [Date.now()];
+    for (const [k, val] of Object.entries(fields)) {
+      sets.push(`${columns[k]} = ?`);
+      values.push(val as string | number | null);
+    }
+    this.db.query(`UPDATE jobs SET ${sets.join(", ")} WHERE id = ?`).run(...values, id);
+  }
+
+  event(id: string, type: string, data: Record<string, unknown> = {}): void {
+    this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)").run(id, Date.now(), type, JSON.stringify(data));
+  }
+
+  events(id: string): JobEvent[] {
+    return this.db
+      .query<{ ts: number; type: string; data: string }, [string]>("SELECT ts, type, data FROM events WHERE job_id = ? ORDER BY seq")
+      .all(id)
+      .map((r) => ({ ts: r.ts, type: r.type, data: JSON.parse(r.data) }));
+  }
+
+  close(): void {
+    this.db.close();
+  }
+}
+
+function toRecord(row: JobRow): JobRecord {
+  return {
+    id: row.id,
+    name: row.name,
+    state: row.state,
+    created: row.created,
+    updated: row.updated,
+    spec: JSON.parse(row.spec),
+    exitCode: row.exit_code,
+    runnerPid: row.runner_pid,
+    childPid: row.child_pid,
+    envKey: row.env_key,
+    error: row.error,
+  };
+}
