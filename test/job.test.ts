@@ -1,0 +1,183 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { existsSync, readdirSync, readFileSync, writeFileSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { PackageIndex } from "./fixtures/index.ts";
+import { cli, sandbox, startCli } from "./helpers.ts";
+
+const box = sandbox();
+const index = new PackageIndex(join(box.root, "index"));
+const work = join(box.root, "work");
+
+beforeAll(() => {
+  mkdirSync(work);
+  index.start();
+  index.wheel({ name: "greet", version: "1.0", files: { "greet/hello.py": "def hello():\n    return 'hello from greet'\n" } });
+});
+afterAll(() => {
+  index.stop();
+  box.cleanup();
+});
+
+const env = () => box.env;
+
+/** Alive and not a zombie (an orphan killed here may wait for a reaper that never comes). */
+function isRunning(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) !== "Z";
+  } catch {
+    return false;
+  }
+}
+const json = <T = any>(text: string): T => JSON.parse(text) as T;
+
+async function lastJob(): Promise<any> {
+  const list = await cli(["job", "list", "--json"], { env: env() });
+  return json(list.stdout)[0];
+}
+
+describe("job run", () => {
+  test("streams output, passes the exit code through, and records both phases", async () => {
+    const r = await cli(["job", "run", "-p", "greet", "--index-url", index.url, "--", "python", "-c", "import greet.hello as h, sys; print(h.hello()); sys.exit(7)"], { env: env(), cwd: work });
+    expect(r.stdout).toContain("hello from greet");
+    expect(r.code).toBe(7);
+    const first = await lastJob();
+    expect(first.state).toBe("failed");
+    expect(first.exit_code).toBe(7);
+
+    const again = await cli(["job", "run", "-p", "greet", "--index-url", index.url, "--", "python", "-c", "print('second')"], { env: env(), cwd: work });
+    expect(again.code).toBe(0);
+    const second = await lastJob();
+    const s1 = json((await cli(["job", "status", first.id, "--json"], { env: env() })).stdout);
+    const s2 = json((await cli(["job", "status", second.id.slice(0, 6), "--json"], { env: env() })).stdout);
+    const phase = (s: any, n: string) => s.phases.find((p: any) => p.name === n);
+    expect(phase(s1, "task.prepare").cache).toBe("miss");
+    expect(phase(s2, "task.prepare").cache).toBe("hit");
+    expect(phase(s2, "task.prepare").env_key).toBe(phase(s1, "task.prepare").env_key);
+    for (const s of [s1, s2]) {
+      expect(typeof phase(s, "task.prepare").seconds).toBe("number");
+      expect(typeof phase(s, "task.run").seconds).toBe("number");
+    }
+    expect(s2.events.map((e: any) => e.type)).toEqual(["job.submitted", "task.prepare.started", "task.prepare.finished", "task.run.started", "task.run.finished"]);
+    const logs = await cli(["job", "logs", first.id], { env: env() });
+    expect(logs.stdout).toContain("hello from greet");
+  });
+
+  test("--json prints the status document alone on stdout; the job's output goes to stderr", async () => {
+    const r = await cli(["job", "run", "--json", "-p", "greet", "--index-url", index.url, "--", "sh", "-c", "echo to-stdout"], { env: env(), cwd: work });
+    expect(r.code).toBe(0);
+    const doc = json(r.stdout);
+    expect(doc.state).toBe("succeeded");
+    expect(doc.phases.map((p: any) => p.name)).toEqual(["task.prepare", "task.run"]);
+    expect(r.stderr).toContain("to-stdout");
+  });
+
+  test("the job runs in its env: bin first on PATH, VIRTUAL_ENV set, env applied, in workdir", async () => {
+    const dir = join(box.root, "wd");
+    mkdirSync(dir);
+    writeFileSync(join(dir, "job.yaml"), `name: probe\ncommand: ["python", "-c", "import os,sys; print(os.getcwd()); print(os.environ['VIRTUAL_ENV']); print(sys.prefix); print(os.environ['GREETING'])"]\nenv: {GREETING: hi-there}\nenvironment:\n  requirements: [greet]\n  index_url: ${index.url}\n`);
+    const r = await cli(["job", "run", "-f", join(dir, "job.yaml")], { env: env(), cwd: work });
+    expect(r.code).toBe(0);
+    const [cwd, venv, prefix, greeting] = r.stdout.trim().split("\n");
+    expect(cwd).toBe(dir);
+    expect(venv).toBe(prefix);
+    expect(venv).toContain(join(box.home, "envs-v1"));
+    expect(greeting).toBe("hi-there");
+  });
+
+  test("a job whose requirement is missing never runs its command and fails in task.prepare", async () => {
+    const marker = join(box.root, "must-not-exist");
+    const r = await cli(["job", "run", "-p", "nosuchpkg-gpl", "--index-url", index.url, "--", "touch", marker], { env: env(), cwd: work });
+    expect(r.code).not.toBe(0);
+    expect(r.stderr).toContain("nosuchpkg-gpl");
+    expect(existsSync(marker)).toBe(false);
+    const s = json((await cli(["job", "status", (await lastJob()).id, "--json"], { env: env() })).stdout);
+    expect(s.state).toBe("failed");
+    const failed = s.events.find((e: any) => e.type === "task.prepare.failed");
+    expect(failed.data.message).toContain("nosuchpkg-gpl");
+    expect(s.events.some((e: any) => e.type === "task.run.started")).toBe(false);
+  });
+
+  test("cancel stops the whole process group, children included, and records cancelled", async () => {
+    const pidFile = join(box.root, "child.pid");
+    const r = await cli(["job", "run", "--detach", "-p", "greet", "--index-url", index.url, "--", "sh", "-c", `sleep 300 & echo $! > ${pidFile}; wait`], { env: env(), cwd: work });
+    expect(r.code).toBe(0);
+    const id = r.stdout.trim();
+    expect(id).toMatch(/^[0-9a-f]{16}$/);
+    for (let i = 0; i < 200 && !existsSync(pidFile); i++) await Bun.sleep(50);
+    const childPid = Number(readFileSync(pidFile, "utf8"));
+    expect(isRunning(childPid)).toBe(true);
+    // While it runs, the job holds a lease on its env.
+    const leases = readdirSync(join(box.home, "leases", "env"));
+    expect(leases.length).toBeGreaterThan(0);
+    const c = await cli(["job", "cancel", id], { env: { ...env(), GPULAYER_CANCEL_GRACE: "2" } });
+    expect(c.code).toBe(0);
+    expect(c.stdout).toContain("cancelled");
+    await Bun.sleep(200);
+    expect(isRunning(childPid)).toBe(false);
+    const s = json((await cli(["job", "status", id, "--json"], { env: env() })).stdout);
+    expect(s.state).toBe("cancelled");
+    expect(s.events.some((e: any) => e.type === "job.cancelled")).toBe(true);
+  });
+
+  test("Ctrl-C (SIGINT) on job run cancels the job", async () => {
+    const proc = startCli(["job", "run", "-p", "greet", "--index-url", index.url, "--", "sh", "-c", "echo started; sleep 300"], { env: { ...env(), GPULAYER_CANCEL_GRACE: "1" }, cwd: work });
+    const reader = proc.stdout.getReader();
+    const { value } = await reader.read();
+    expect(new TextDecoder().decode(value)).toContain("started");
+    proc.kill("SIGINT");
+    const code = await proc.exited;
+    expect(code).not.toBe(0);
+    const s = json((await cli(["job", "status", (await lastJob()).id, "--json"], { env: env() })).stdout);
+    expect(s.state).toBe("cancelled");
+  });
+
+  test("--detach and logs --follow", async () => {
+    const r = await cli(["job", "run", "-d", "-p", "greet", "--index-url", index.url, "--", "sh", "-c", "echo one; sleep 1; echo two"], { env: env(), cwd: work });
+    const id = r.stdout.trim();
+    const logs = await cli(["job", "logs", id, "--follow"], { env: env() });
+    expect(logs.stdout).toBe("one\ntwo\n");
+    const s = json((await cli(["job", "status", id, "--json"], { env: env() })).stdout);
+    expect(s.state).toBe("succeeded");
+  });
+
+  test("two jobs with the same new requirements at once build the environment once", async () => {
+    const counter = join(box.root, "builds.txt");
+    index.sdist({ name: "slowbuild", version: "1.0", counter });
+    const args = ["job", "run", "-p", "slowbuild", "--index-url", index.url, "--", "python", "-c", "import slowbuild; print(slowbuild.__version__)"];
+    const [a, b] = await Promise.all([cli(args, { env: env(), cwd: work }), cli(args, { env: env(), cwd: work })]);
+    expect([a.code, b.code]).toEqual([0, 0]);
+    expect(a.stdout.trim()).toBe("1.0");
+    expect(b.stdout.trim()).toBe("1.0");
+    expect(readFileSync(counter, "utf8").trim().split("\n")).toHaveLength(1);
+  });
+});
+
+describe("job file errors name the key path, and nothing runs", () => {
+  const cases: [string, string, string][] = [
+    ["unknown key", "command: echo hi\nenvironmnt: {}\n", "environmnt: unknown key"],
+    ["unknown nested key", "command: echo hi\nenvironment: {requirement: x}\n", "environment.requirement: unknown key"],
+    ["wrong type", "command: echo hi\nresources: {gpus: two}\n", "resources.gpus"],
+    ["missing requirements file", "command: echo hi\nenvironment: {requirements: req.txt}\n", "environment.requirements: file not found: req.txt"],
+    ["bad env name", "command: echo hi\nenv: {'1X': y}\n", "env.1X"],
+    ["bad framework specifier", "command: echo hi\nresources: {frameworks: {torch: '>>2'}}\n", "resources.frameworks.torch"],
+    ["no command", "name: x\n", "command: is required"],
+  ];
+  for (const [label, yaml, message] of cases) {
+    test(label, async () => {
+      const dir = join(box.root, `bad-${label.replace(/\W+/g, "-")}`);
+      mkdirSync(dir);
+      writeFileSync(join(dir, "job.yaml"), yaml);
+      const r = await cli(["job", "run", "-f", join(dir, "job.yaml")], { env: env(), cwd: dir });
+      expect(r.code).toBe(2);
+      expect(r.stderr).toContain(message);
+      expect(r.stderr.trim().split("\n")).toHaveLength(1);
+    });
+  }
+
+  test("a stray argument before -- is refused with a hint", async () => {
+    const r = await cli(["job", "run", "-p", "greet", "python", "x.py"], { env: env(), cwd: work });
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain("after --");
+  });
+});
