@@ -17,6 +17,8 @@ export interface RunnerIO {
   prepareHooks?: PrepareHooks;
   onPrepared?(info: { status: string; seconds: number; key: string; kind: "env" | "image" }): void;
   onPrepareFailed?(message: string): void;
+  /** Every event as it is recorded (a cluster worker forwards them to the server). */
+  onEvent?(type: string, data: Record<string, unknown>): void;
 }
 
 export interface JobOutcome {
@@ -51,6 +53,10 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
   let cancelReason: string | null = null;
   let child: Bun.Subprocess | null = null;
   let killTimer: ReturnType<typeof setTimeout> | undefined;
+  const emit = (type: string, data: Record<string, unknown> = {}) => {
+    emit(type, data);
+    io.onEvent?.(type, data);
+  };
 
   const cancel = (reason: string) => {
     if (cancelReason) return;
@@ -63,7 +69,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
   };
 
   const finish = (state: JobState, exitCode: number, extra: Partial<JobOutcome> = {}): JobOutcome => {
-    if (state === "cancelled") store.event(job.id, "job.cancelled", { reason: cancelReason });
+    if (state === "cancelled") emit("job.cancelled", { reason: cancelReason });
     store.update(job.id, { state, exitCode, childPid: null });
     return { state, exitCode, prepareSeconds: null, runSeconds: null, ...extra };
   };
@@ -71,7 +77,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
   const done = (async (): Promise<JobOutcome> => {
     const spec = job.spec;
     store.update(job.id, { state: "preparing", runnerPid: process.pid });
-    store.event(job.id, "task.prepare.started", { image: spec.environment.image ?? null });
+    emit("task.prepare.started", { image: spec.environment.image ?? null });
     const prepStart = performance.now();
     let prepared;
     try {
@@ -94,14 +100,14 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
       const seconds = (performance.now() - prepStart) / 1000;
       if (!(error instanceof UserError)) throw error;
       const message = error instanceof InstallError && error.detail ? `${error.message}: ${error.detail}` : error.message;
-      store.event(job.id, "task.prepare.failed", { seconds, message });
+      emit("task.prepare.failed", { seconds, message });
       store.update(job.id, { error: message });
       io.onPrepareFailed?.(message);
       return finish(cancelReason ? "cancelled" : "failed", cancelReason ? 130 : error.exitCode, { prepareSeconds: seconds });
     }
     const prepareSeconds = (performance.now() - prepStart) / 1000;
     store.update(job.id, { envKey: prepared.key });
-    store.event(job.id, "task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path });
+    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path });
     io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
 
     try {
@@ -120,14 +126,14 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
       } catch (error) {
         closeSync(log);
         const message = `cannot start ${spec.argv[0]}: ${(error as Error).message}`;
-        store.event(job.id, "task.run.started", { command: spec.commandText });
-        store.event(job.id, "task.run.finished", { exit_code: 127, seconds: 0, error: message });
+        emit("task.run.started", { command: spec.commandText });
+        emit("task.run.finished", { exit_code: 127, seconds: 0, error: message });
         writeSync(openSync(store.logPath(job.id), "a"), `gpulayer: ${message}\n`);
         io.onStderr?.(new TextEncoder().encode(`gpulayer: ${message}\n`));
         return finish("failed", 127, { prepareSeconds, runSeconds: 0 });
       }
       store.update(job.id, { state: "running", childPid: child.pid });
-      store.event(job.id, "task.run.started", { pid: child.pid, command: spec.commandText });
+      emit("task.run.started", { pid: child.pid, command: spec.commandText });
       if (cancelReason) cancel(cancelReason);
       const pump = async (stream: ReadableStream<Uint8Array>, sink?: (c: Uint8Array) => void) => {
         for await (const chunk of stream) {
@@ -144,7 +150,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
       const runSeconds = (performance.now() - runStart) / 1000;
       const signal = child.signalCode;
       const exitCode = child.exitCode ?? 128 + (signal ? (SIGNALS[signal] ?? 0) : 0);
-      store.event(job.id, "task.run.finished", { exit_code: exitCode, seconds: runSeconds, ...(signal ? { signal } : {}) });
+      emit("task.run.finished", { exit_code: exitCode, seconds: runSeconds, ...(signal ? { signal } : {}) });
       if (cancelReason) return finish("cancelled", exitCode, { prepareSeconds, runSeconds });
       return finish(exitCode === 0 ? "succeeded" : "failed", exitCode, { prepareSeconds, runSeconds });
     } finally {

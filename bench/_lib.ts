@@ -1,0 +1,54 @@
+import { existsSync } from "node:fs";
+import { join, resolve } from "node:path";
+
+export const ROOT = resolve(import.meta.dir, "..");
+
+/** The built binary (bench measures what users run); builds it when missing. */
+export function binary(): string {
+  const bin = join(ROOT, "dist", "gpulayer");
+  if (!existsSync(bin) || process.env.BENCH_REBUILD) {
+    const r = Bun.spawnSync(["bun", "run", "build"], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
+    if (r.exitCode !== 0) throw new Error("bun run build failed");
+  }
+  return bin;
+}
+
+/** Wall time of one whole process, in ms. */
+export function timeProcess(argv: string[], opts: { env?: Record<string, string>; cwd?: string } = {}): number {
+  const t = performance.now();
+  const r = Bun.spawnSync(argv, { env: opts.env, cwd: opts.cwd, stdout: "ignore", stderr: "ignore" });
+  const ms = performance.now() - t;
+  if (r.exitCode !== 0) throw new Error(`${argv.join(" ")} exited ${r.exitCode}`);
+  return ms;
+}
+
+export function stats(samples: number[]) {
+  const s = [...samples].sort((a, b) => a - b);
+  const at = (q: number) => s[Math.min(s.length - 1, Math.floor(q * s.length))]!;
+  return { median: at(0.5), p90: at(0.9), min: s[0]!, n: s.length };
+}
+
+/** Alternate the contenders run by run, so drift in the machine hits both alike. */
+export function sideBySide(contenders: Record<string, () => number>, runs: number, warmup = 3): Record<string, ReturnType<typeof stats>> {
+  const samples: Record<string, number[]> = {};
+  for (const name of Object.keys(contenders)) samples[name] = [];
+  for (let i = 0; i < warmup + runs; i++) {
+    for (const [name, fn] of Object.entries(contenders)) {
+      const ms = fn();
+      if (i >= warmup) samples[name]!.push(ms);
+    }
+  }
+  return Object.fromEntries(Object.entries(samples).map(([k, v]) => [k, stats(v)]));
+}
+
+export function printTable(title: string, rows: [string, ReturnType<typeof stats>][], baseline: string): void {
+  const base = rows.find(([n]) => n === baseline)![1].median;
+  console.log(`\n${title}`);
+  console.log(`${"".padEnd(44)} ${"median".padStart(10)} ${"p90".padStart(10)} ${"ratio".padStart(8)}`);
+  for (const [name, s] of rows) console.log(`${name.padEnd(44)} ${s.median.toFixed(1).padStart(8)}ms ${s.p90.toFixed(1).padStart(8)}ms ${(s.median / base).toFixed(2).padStart(7)}x`);
+}
+
+export function machine(): string {
+  const cpu = Bun.spawnSync(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"]).stdout.toString().trim();
+  return `${navigator.hardwareConcurrency} cores, ${cpu || process.arch}`;
+}
