@@ -54,7 +54,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
   let child: Bun.Subprocess | null = null;
   let killTimer: ReturnType<typeof setTimeout> | undefined;
   const emit = (type: string, data: Record<string, unknown> = {}) => {
-    emit(type, data);
+    store.event(job.id, type, data);
     io.onEvent?.(type, data);
   };
 
