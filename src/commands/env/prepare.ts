@@ -1,14 +1,19 @@
 import { defineCommand } from "citty";
 import prettyBytes from "pretty-bytes";
 import { homeLayout } from "../../config/paths.ts";
+import { ensureImage, parsePullPolicy, refuseImageWithRequirements } from "../../docker/index.ts";
+import { UsageError } from "../../errors.ts";
 import { prepareEnv } from "../../env/prepare.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { installerArgs, outputArgs, rejectUnknownFlags, repeated } from "../_args.ts";
+import { imageHooks, imageJson, imageSummary } from "../_image-ui.ts";
 import { prepareHooks, prepareFailure } from "../_prepare-ui.ts";
 
 const args = {
   requirements: { type: "positional", required: false, valueHint: "REQ_FILE", description: "A requirements file (pip's format: -r/-c includes, options, markers)" },
   package: { type: "string", alias: "p", valueHint: "SPEC", description: "A requirement such as 'numpy<3' (repeatable)" },
+  image: { type: "string", valueHint: "REF", description: "Pull a container image ahead of jobs (Docker or Podman), or find it already here" },
+  pull: { type: "string", valueHint: "missing|always|never", description: "With --image: pull only when missing (default), always, or never" },
   ...installerArgs,
   ...outputArgs,
 } as const;
@@ -24,6 +29,16 @@ export default defineCommand({
     const out = new Output(a);
     const specs = repeated(rawArgs, ["-p", "--package"]);
     const layout = homeLayout();
+    if (a.image !== undefined || a.pull !== undefined) {
+      if (a.image === undefined) throw new UsageError("--pull goes with --image");
+      refuseImageWithRequirements(a.image, Boolean(a.requirements || specs.length), "env prepare");
+      const other = (["python", "index-url", "extra-index-url", "find-links"] as const).find((f) => a[f] !== undefined);
+      if (other) throw new UsageError(`--${other} applies to requirements, not to --image`);
+      const result = await ensureImage(layout, a.image, { pull: parsePullPolicy(a.pull), ...imageHooks(out) });
+      out.progress(imageSummary(result));
+      out.result(imageJson(result), () => result.digest, true);
+      return;
+    }
     try {
       const result = await prepareEnv(
         layout,

@@ -1,0 +1,175 @@
+import type { HomeLayout } from "../config/paths.ts";
+import { UsageError, UserError } from "../errors.ts";
+import { type Lease, takeLease } from "../env/lease.ts";
+import { sleep, tryLock } from "../env/lock.ts";
+import { candidateEngine, detectEngine, type Engine, engineAnswered, forcedEngineName, forgetEngine, probeEngine } from "./engine.ts";
+import { type ImageInfo, type InspectOutcome, inspectImage, validateRef } from "./image.ts";
+import { type ImageRecord, readRecord, type RecordPaths, recordPaths, touchRecord, writeRecord } from "./inventory.ts";
+import { type PullProgress, pullImage } from "./pull.ts";
+
+/**
+ * `missing` (the default): pull only when the engine does not have the
+ * reference, `:latest` included (the engines' own `--pull missing`);
+ * `always`: pull every time (the registry decides whether anything changed);
+ * `never`: fail when it is not here.
+ */
+export type PullPolicy = "missing" | "always" | "never";
+export const PULL_POLICIES: readonly PullPolicy[] = ["missing", "always", "never"];
+
+export function parsePullPolicy(value: string | undefined, origin = "--pull"): PullPolicy {
+  if (value === undefined || value === "") return "missing";
+  if ((PULL_POLICIES as readonly string[]).includes(value)) return value as PullPolicy;
+  throw new UsageError(`${origin} must be one of ${PULL_POLICIES.join(", ")}, not ${JSON.stringify(value)}`);
+}
+
+export interface EnsureHooks {
+  /** A pull starts (after the lock, so a waiter that then reuses never sees this). */
+  onPull?(ref: string, engine: Engine): void;
+  onProgress?(progress: PullProgress): void;
+  /** Every line the engine prints while pulling (for --verbose). */
+  onLine?(line: string): void;
+  onWait?(message: string): void;
+}
+
+export interface EnsureOptions extends EnsureHooks {
+  pull?: PullPolicy;
+  env?: NodeJS.ProcessEnv;
+  /** Take a lease on the record for a job (released by the caller when the job ends). */
+  leaseHolder?: string;
+}
+
+export interface EnsureResult {
+  /** The reference as asked for. */
+  image: string;
+  /** The registry's manifest digest (sha256:...), else the image id. */
+  digest: string;
+  /** The local image id: start containers from this, not from the tag (a tag may move meanwhile). */
+  imageId: string;
+  status: "pulled" | "reused";
+  seconds: number;
+  engine: Engine;
+  sizeBytes: number;
+  pulledByGpulayer: boolean;
+  /** Layers and bytes of the pull, when there was one. */
+  progress?: PullProgress;
+  lease?: Lease;
+}
+
+/** Find the engine and ask it about the image in one go; the warm path costs one engine call. */
+async function locate(layout: HomeLayout, ref: string, env: NodeJS.ProcessEnv): Promise<{ engine: Engine; inspect: InspectOutcome }> {
+  const candidate = candidateEngine(layout, env);
+  if (candidate) {
+    const inspect = await inspectImage(candidate, ref, env);
+    if (inspect.kind !== "failed") {
+      // A forced engine is not remembered: without the variable, detection stays docker-first.
+      if (!forcedEngineName(env)) engineAnswered(layout, candidate);
+      return { engine: candidate, inspect };
+    }
+    if (forcedEngineName(env)) {
+      const problem = await probeEngine(candidate, env);
+      if (problem) throw new UserError(`container engine ${candidate.name} does not work: ${problem} (GPULAYER_CONTAINER_ENGINE chose it)`);
+      throw new UserError(`${candidate.name} image inspect ${ref} failed: ${inspect.message}`);
+    }
+    forgetEngine(layout);
+  }
+  const engine = await detectEngine(layout, env, { fresh: true });
+  const inspect = await inspectImage(engine, ref, env);
+  if (inspect.kind === "failed") throw new UserError(`${engine.name} image inspect ${ref} failed: ${inspect.message}`);
+  return { engine, inspect };
+}
+
+function recordFor(engine: Engine, ref: string, info: ImageInfo, prev: ImageRecord | null, pulled: { before: string | null } | null): ImageRecord {
+  const now = new Date().toISOString();
+  const same = prev?.imageId === info.id;
+  // Ours only when our pull brought this image id here (or it was already ours).
+  const pulledByGpulayer = pulled ? pulled.before !== info.id || Boolean(same && prev?.pulledByGpulayer) : Boolean(same && prev?.pulledByGpulayer);
+  return {
+    schema: 1,
+    engine: engine.name,
+    ref,
+    digest: info.digest,
+    imageId: info.id,
+    repoDigests: info.repoDigests,
+    sizeBytes: info.sizeBytes,
+    firstSeen: same && prev ? prev.firstSeen : now,
+    lastPulled: pulled ? now : same ? prev?.lastPulled : undefined,
+    pulledByGpulayer,
+  };
+}
+
+/** The image is here: keep the record in step with what the engine has, and mark the use. */
+function reuse(paths: RecordPaths, engine: Engine, ref: string, info: ImageInfo): ImageRecord {
+  const prev = readRecord(paths);
+  if (prev && prev.imageId === info.id && prev.digest === info.digest) {
+    touchRecord(paths);
+    return prev;
+  }
+  const record = recordFor(engine, ref, info, prev, null);
+  writeRecord(paths, record);
+  return record;
+}
+
+/**
+ * Make sure an image is on this machine: pull it once per worker, then reuse
+ * it. One pull per engine and reference at a time across processes: a
+ * second request waits for the first and reuses what it pulled.
+ */
+export async function ensureImage(layout: HomeLayout, ref: string, opts: EnsureOptions = {}): Promise<EnsureResult> {
+  const started = performance.now();
+  const startedIso = new Date().toISOString();
+  const image = validateRef(ref);
+  const policy = opts.pull ?? "missing";
+  const env = opts.env ?? process.env;
+  let { engine, inspect } = await locate(layout, image, env);
+  const paths = recordPaths(layout, engine.name, image);
+  const lease = opts.leaseHolder ? takeLease(layout, "image", paths.id, opts.leaseHolder) : undefined;
+  const done = (status: EnsureResult["status"], record: ImageRecord, progress?: PullProgress): EnsureResult => ({
+    image,
+    digest: record.digest,
+    imageId: record.imageId,
+    status,
+    seconds: (performance.now() - started) / 1000,
+    engine,
+    sizeBytes: record.sizeBytes,
+    pulledByGpulayer: record.pulledByGpulayer,
+    progress,
+    lease,
+  });
+  try {
+    if (policy !== "always" && inspect.kind === "present") return done("reused", reuse(paths, engine, image, inspect.info));
+    if (policy === "never") throw new UserError(`image ${image} is not on this machine (${engine.name}) and the pull policy is never`);
+    let waited = false;
+    for (;;) {
+      const release = await tryLock(paths.lock);
+      if (!release) {
+        if (!waited) opts.onWait?.(`another process is pulling ${image}; waiting for it`);
+        waited = true;
+        await sleep(150);
+        continue;
+      }
+      try {
+        if (waited) {
+          // The other process may have pulled it meanwhile: that pull counts as ours too.
+          inspect = await inspectImage(engine, image, env);
+          const prev = readRecord(paths);
+          const fresh = prev?.lastPulled !== undefined && prev.lastPulled >= startedIso;
+          if (inspect.kind === "present" && (policy !== "always" || fresh)) return done("reused", reuse(paths, engine, image, inspect.info));
+        }
+        const before = inspect.kind === "present" ? inspect.info.id : null;
+        opts.onPull?.(image, engine);
+        const pulled = await pullImage(engine, image, { env, onProgress: opts.onProgress, onLine: opts.onLine });
+        if (!pulled.ok) throw new UserError(`cannot pull ${image} with ${engine.name}: ${pulled.message}`);
+        const after = await inspectImage(engine, image, env);
+        if (after.kind !== "present") throw new UserError(`${engine.name} pulled ${image} but cannot inspect it: ${after.kind === "failed" ? after.message : "image not found after the pull"}`);
+        const record = recordFor(engine, image, after.info, readRecord(paths), { before });
+        writeRecord(paths, record);
+        return done("pulled", record, pulled.progress);
+      } finally {
+        await release();
+      }
+    }
+  } catch (error) {
+    lease?.release();
+    throw error;
+  }
+}

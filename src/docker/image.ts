@@ -1,0 +1,72 @@
+import { UsageError } from "../errors.ts";
+import { type Engine, engineExec, engineMessage } from "./engine.ts";
+
+/** An image reference as the engines take it: [registry/]path[:tag][@digest]. */
+const REF = /^[a-z0-9][a-z0-9._\-/:@]*$/i;
+
+export function validateRef(ref: string): string {
+  const r = ref.trim();
+  if (!r || !REF.test(r) || r.includes("//") || r.length > 512) throw new UsageError(`not an image reference: ${JSON.stringify(ref)} (expected [registry/]name[:tag][@sha256:digest])`);
+  return r;
+}
+
+/** The repository part of a reference: without its tag and digest. */
+export function repositoryOf(ref: string): string {
+  const noDigest = ref.split("@")[0]!;
+  const lastSlash = noDigest.lastIndexOf("/");
+  const colon = noDigest.indexOf(":", lastSlash + 1);
+  return colon === -1 ? noDigest : noDigest.slice(0, colon);
+}
+
+/** The digest a reference pins (name@sha256:...), if any. */
+export function pinnedDigest(ref: string): string | undefined {
+  const at = ref.indexOf("@");
+  return at === -1 ? undefined : ref.slice(at + 1);
+}
+
+/** How Docker and Podman spell a repository in full: docker.io/library/busybox for busybox. */
+function normalizeRepository(repo: string): string {
+  const first = repo.split("/")[0]!;
+  const hasRegistry = repo.includes("/") && (first.includes(".") || first.includes(":") || first === "localhost");
+  if (hasRegistry) return repo;
+  return repo.includes("/") ? `docker.io/${repo}` : `docker.io/library/${repo}`;
+}
+
+export interface ImageInfo {
+  /** The local image id (sha256 of its config): what a container is started from. */
+  id: string;
+  /** The registry's manifest digest for this reference when known, else the image id. */
+  digest: string;
+  repoDigests: string[];
+  sizeBytes: number;
+}
+
+export type InspectOutcome = { kind: "present"; info: ImageInfo } | { kind: "absent" } | { kind: "failed"; message: string };
+
+const withPrefix = (id: string) => (id.startsWith("sha256:") ? id : `sha256:${id}`);
+
+export function imageInfoFrom(ref: string, data: Record<string, unknown>): ImageInfo {
+  const id = withPrefix(String(data.Id ?? ""));
+  const repoDigests = Array.isArray(data.RepoDigests) ? (data.RepoDigests as unknown[]).map(String) : [];
+  const want = normalizeRepository(repositoryOf(ref));
+  const match = repoDigests.find((d) => normalizeRepository(d.split("@")[0]!) === want);
+  const digest = pinnedDigest(ref) ?? match?.split("@")[1] ?? (typeof data.Digest === "string" && data.Digest ? data.Digest : undefined) ?? repoDigests[0]?.split("@")[1] ?? id;
+  return { id, digest, repoDigests, sizeBytes: Number(data.Size ?? 0) || 0 };
+}
+
+/** Is the image here? One engine call; "absent" only when the engine itself says so. */
+export async function inspectImage(engine: Engine, ref: string, env: NodeJS.ProcessEnv = process.env): Promise<InspectOutcome> {
+  const r = await engineExec(engine, ["image", "inspect", ref], { env, timeoutMs: 60_000 });
+  if (r.code === 0) {
+    try {
+      const list = JSON.parse(r.stdout) as Record<string, unknown>[];
+      if (list[0]) return { kind: "present", info: imageInfoFrom(ref, list[0]) };
+    } catch {
+      return { kind: "failed", message: `${engine.name} image inspect printed something that is not JSON` };
+    }
+    return { kind: "absent" };
+  }
+  const message = engineMessage(`${r.stderr}\n${r.stdout}`);
+  if (/no such image|image not known|not found|does not exist/i.test(message) && !/cannot connect|connection refused|permission denied/i.test(message)) return { kind: "absent" };
+  return { kind: "failed", message: message || `${engine.name} image inspect exited ${r.code}` };
+}
