@@ -62,7 +62,7 @@ for (const engine of wanted) {
   const job = [bin, "job", "run", "--quiet", "--workdir", workdir, "--image", ref, "--", "true"];
   // src/docker alone (bun + ensureImage + runContainer), for comparison and for before job run has --image.
   const direct = [process.execPath, import.meta.path, "--exec", ref];
-  const modules = `bun: ensureImage + runContainer (${engine}, warm)`;
+  const modules = "src/docker only: ensureImage+runContainer";
   const probe = Bun.spawnSync(job, { env, cwd: workdir, stdout: "pipe", stderr: "pipe" });
   if (probe.exitCode !== 0) {
     console.log(`\n${engine}: \`gpulayer job run --image\` failed (exit ${probe.exitCode}): ${probe.stderr.toString().trim().split("\n").at(-1)}`);
@@ -81,7 +81,7 @@ for (const engine of wanted) {
     continue;
   }
   const plain = `${engine} run --rm --network host REF true`;
-  const ours = `gpulayer job run --image REF -- true (${engine}, warm)`;
+  const ours = `gpulayer job run --image REF -- true (warm)`;
   const results = sideBySide(
     {
       [plain]: () => timeProcess([engine, "run", "--rm", "--network", "host", ref, "true"], { env, cwd: workdir }),
