@@ -20,6 +20,14 @@ export async function cancelJob(store: JobStore, job: JobRecord): Promise<JobRec
     }
     throw new UserError(`job ${job.id} did not stop in time; its runner is pid ${job.runnerPid}`);
   }
+  const started = store.events(job.id).findLast((e) => e.type === "task.run.started");
+  const container = started?.data.container as string | undefined;
+  if (container) {
+    // The runner died; the container lives on in the engine until removed.
+    const { detectEngine, removeContainer } = await import("../docker/index.ts");
+    const engine = await detectEngine(store.layout).catch(() => null);
+    if (engine) await removeContainer(engine, container).catch(() => {});
+  }
   if (job.childPid) {
     try {
       process.kill(-job.childPid, "SIGKILL");

@@ -3,6 +3,7 @@ import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
+import { type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, refuseImageWithRequirements, type RunningContainer, runContainer } from "../docker/index.ts";
 import type { JobRecord, JobState, JobStore } from "./store.ts";
 
 /**
@@ -15,6 +16,7 @@ export interface RunnerIO {
   onStdout?(chunk: Uint8Array): void;
   onStderr?(chunk: Uint8Array): void;
   prepareHooks?: PrepareHooks;
+  imageHooks?: EnsureHooks;
   onPrepared?(info: { status: string; seconds: number; key: string; kind: "env" | "image" }): void;
   onPrepareFailed?(message: string): void;
   /** Every event as it is recorded (a cluster worker forwards them to the server). */
@@ -52,6 +54,7 @@ function killGroup(pid: number, signal: NodeJS.Signals): void {
 export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io: RunnerIO = {}): RunningJob {
   let cancelReason: string | null = null;
   let child: Bun.Subprocess | null = null;
+  let container: RunningContainer | null = null;
   let killTimer: ReturnType<typeof setTimeout> | undefined;
   const emit = (type: string, data: Record<string, unknown> = {}) => {
     store.event(job.id, type, data);
@@ -61,7 +64,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
   const cancel = (reason: string) => {
     if (cancelReason) return;
     cancelReason = reason;
-    if (child) {
+    if (container) void container.stop(cancelGraceMs() / 1000);
+    else if (child) {
       const pid = child.pid;
       killGroup(pid, "SIGTERM");
       killTimer = setTimeout(() => killGroup(pid, "SIGKILL"), cancelGraceMs());
@@ -74,6 +78,44 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
     return { state, exitCode, prepareSeconds: null, runSeconds: null, ...extra };
   };
 
+  /** task.run in a container (the image is here: ensureImage was task.prepare). */
+  const runImage = async (image: EnsureResult, prepareSeconds: number): Promise<JobOutcome> => {
+    const spec = job.spec;
+    emit("task.prepare.finished", { seconds: prepareSeconds, status: image.status, cache: image.status === "reused" ? "hit" : "miss", image: image.image, digest: image.digest, engine: image.engine.name });
+    io.onPrepared?.({ status: image.status, seconds: prepareSeconds, key: image.digest, kind: "image" });
+    try {
+      if (cancelReason) return finish("cancelled", 130, { prepareSeconds });
+      const log = openSync(store.logPath(job.id), "a");
+      const sink = (to?: (c: Uint8Array) => void) => (c: Uint8Array) => {
+        writeSync(log, c);
+        to?.(c);
+      };
+      const runStart = performance.now();
+      container = await runContainer({
+        engine: image.engine,
+        image: image.imageId,
+        workdir: spec.workdir,
+        env: { ...spec.env, GPULAYER_JOB_ID: job.id },
+        command: spec.argv,
+        name: `gpulayer-${job.id}`.replace(/[^a-zA-Z0-9_.-]/g, "-"),
+        gpus: spec.resources.gpus || undefined,
+        onStdout: sink(io.onStdout),
+        onStderr: sink(io.onStderr),
+      });
+      store.update(job.id, { state: "running", childPid: container.pid });
+      emit("task.run.started", { pid: container.pid, container: container.name, engine: image.engine.name, command: spec.commandText });
+      if (cancelReason) void container.stop(cancelGraceMs() / 1000);
+      const exitCode = await container.exited;
+      closeSync(log);
+      const runSeconds = (performance.now() - runStart) / 1000;
+      emit("task.run.finished", { exit_code: exitCode, seconds: runSeconds });
+      if (cancelReason) return finish("cancelled", exitCode, { prepareSeconds, runSeconds });
+      return finish(exitCode === 0 ? "succeeded" : "failed", exitCode, { prepareSeconds, runSeconds });
+    } finally {
+      image.lease?.release();
+    }
+  };
+
   const done = (async (): Promise<JobOutcome> => {
     const spec = job.spec;
     store.update(job.id, { state: "preparing", runnerPid: process.pid });
@@ -81,7 +123,13 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
     const prepStart = performance.now();
     let prepared;
     try {
-      if (spec.environment.image) throw new UserError("container images (environment.image) are not supported by the local runner yet");
+      if (spec.environment.image) {
+        refuseImageWithRequirements(spec.environment.image, Boolean(spec.environment.requirementsFile || spec.environment.specs.length), "the job");
+        const image = await ensureImage(layout, spec.environment.image, { ...io.imageHooks, leaseHolder: `job ${job.id}` });
+        // A machine without the NVIDIA runtime/CDI fails here, in task.prepare, not after the run started.
+        if (spec.resources.gpus) await gpuArgs(image.engine, spec.resources.gpus).catch((e) => (image.lease?.release(), Promise.reject(e)));
+        return await runImage(image, (performance.now() - prepStart) / 1000);
+      }
       prepared = await prepareEnv(
         layout,
         {

@@ -8,6 +8,7 @@ import { JobStore } from "../../jobs/store.ts";
 import { jobStatus } from "../../jobs/status.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { afterDoubleDash, installerArgs, outputArgs, rejectUnknownFlags, repeated } from "../_args.ts";
+import { imageHooks } from "../_image-ui.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
 
 const args = {
@@ -68,7 +69,8 @@ export default defineCommand({
       onStdout: toStdout,
       onStderr: (c) => process.stderr.write(c),
       prepareHooks: prepareHooks(out),
-      onPrepared: (p) => out.progress(`task.prepare ${p.status} env ${shortKey(p.key)} in ${formatSeconds(p.seconds)}`),
+      imageHooks: imageHooks(out),
+      onPrepared: (p) => out.progress(`task.prepare ${p.status} ${p.kind} ${p.kind === "env" ? shortKey(p.key) : p.key.slice(0, 19)} in ${formatSeconds(p.seconds)}`),
       onPrepareFailed: (m) => out.log.error(`task.prepare failed: ${m}`),
     });
     const onSignal = (signal: string) => {

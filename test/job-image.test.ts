@@ -1,0 +1,81 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { engineStatus, type EngineName, pushBusybox, removeRegistryImages, type Registry, startRegistry } from "./fixtures/registry.ts";
+import { cli, sandbox } from "./helpers.ts";
+
+/** `job run` with an image, end to end, on each real engine and a real registry on 127.0.0.1. */
+const ENGINES: EngineName[] = ["docker", "podman"];
+const required = new Set((process.env.GPULAYER_TEST_REQUIRE_ENGINES ?? "").split(",").map((s) => s.trim()));
+const status = Object.fromEntries(await Promise.all(ENGINES.map(async (e) => [e, await engineStatus(e)] as const))) as Record<EngineName, { ok: boolean; reason: string }>;
+const working = ENGINES.filter((e) => status[e].ok);
+for (const e of ENGINES) if (!status[e].ok && !required.has(e)) console.warn(`[job-image.test] skipping ${e}: ${status[e].reason}`);
+
+let registry: Registry | undefined;
+beforeAll(async () => {
+  if (working.length) registry = await startRegistry();
+}, 30_000);
+afterAll(async () => {
+  if (registry) for (const e of working) await removeRegistryImages(e, registry.host);
+  await registry?.stop();
+}, 60_000);
+
+describe.each(ENGINES)("job run --image with %s", (name) => {
+  if (!status[name].ok && required.has(name)) {
+    test(`${name} is required and works`, () => {
+      throw new Error(`${name} does not work: ${status[name].reason}`);
+    });
+    return;
+  }
+  const it = status[name].ok ? test : test.skip;
+
+  it("pulls in task.prepare (miss), reuses on the next job (hit, no registry request), sees workdir and env, passes the exit code", async () => {
+    const repo = `job-${name}`;
+    const ref = await pushBusybox(registry!, repo, "1", working[0]!, [...new Set([working[0]!, name])]);
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    try {
+      const wd = join(box.root, "wd");
+      mkdirSync(wd);
+      writeFileSync(join(wd, "input.txt"), "from-the-host\n");
+      writeFileSync(join(wd, "job.yaml"), `name: boxed\ncommand: "cat input.txt; echo $GREETING; pwd; echo out > made-in-container.txt; exit 5"\nenv: {GREETING: hello-container}\nenvironment: {image: "${ref}"}\n`);
+      const first = await cli(["job", "run", "-f", join(wd, "job.yaml")], { env: box.env });
+      expect(first.code, first.stderr).toBe(5);
+      expect(first.stdout).toContain("from-the-host");
+      expect(first.stdout).toContain("hello-container");
+      expect(first.stdout).toContain(wd);
+      expect(readFileSync(join(wd, "made-in-container.txt"), "utf8")).toBe("out\n");
+      const pulls = registry!.manifestRequests(repo, "1");
+      expect(pulls).toBeGreaterThan(0);
+
+      const second = await cli(["job", "run", "--json", "-f", join(wd, "job.yaml")], { env: box.env });
+      expect(second.code).toBe(5);
+      expect(registry!.manifestRequests(repo, "1")).toBe(pulls);
+      const doc = JSON.parse(second.stdout);
+      const prep = doc.phases.find((p: any) => p.name === "task.prepare");
+      expect(prep.cache).toBe("hit");
+      expect(doc.phases.find((p: any) => p.name === "task.run").exit_code).toBe(5);
+      const list = JSON.parse((await cli(["job", "list", "--json"], { env: box.env })).stdout);
+      const firstPrep = list[1].phases.find((p: any) => p.name === "task.prepare");
+      expect(firstPrep.cache).toBe("miss");
+    } finally {
+      box.cleanup();
+    }
+  }, 120_000);
+
+  it("a missing image fails in task.prepare with the engine's message and never runs", async () => {
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    try {
+      const r = await cli(["job", "run", "--image", `${registry!.host}/nope/missing:1`, "--", "sh", "-c", "echo ran"], { env: box.env, cwd: box.root });
+      expect(r.code).not.toBe(0);
+      expect(r.stdout).not.toContain("ran");
+      expect(r.stderr.toLowerCase()).toMatch(/manifest unknown|not found/);
+      const list = JSON.parse((await cli(["job", "list", "--json"], { env: box.env })).stdout);
+      expect(list[0].state).toBe("failed");
+      expect(list[0].phases.map((p: any) => p.name)).toEqual(["task.prepare"]);
+    } finally {
+      box.cleanup();
+    }
+  }, 120_000);
+});
