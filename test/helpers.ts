@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, mkdirSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 
@@ -39,8 +39,9 @@ export async function cli(args: string[], opts: { env: Record<string, string>; c
   return { code, stdout, stderr };
 }
 
-export function startCli(args: string[], opts: { env: Record<string, string>; cwd?: string }) {
-  return Bun.spawn([...CLI, ...args], { env: opts.env, cwd: opts.cwd, stdout: "pipe", stderr: "pipe", stdin: "ignore" });
+/** Start gpulayer and return the process; `detached` makes it lead its own process group (to SIGKILL it with its children). */
+export function startCli(args: string[], opts: { env: Record<string, string>; cwd?: string; detached?: boolean }) {
+  return Bun.spawn([...CLI, ...args], { env: opts.env, cwd: opts.cwd, stdout: "pipe", stderr: "pipe", stdin: "ignore", detached: opts.detached });
 }
 
 export async function run(argv: string[], opts: { env?: Record<string, string>; cwd?: string } = {}): Promise<CliResult> {
@@ -50,6 +51,26 @@ export async function run(argv: string[], opts: { env?: Record<string, string>; 
 }
 
 export const HAS_UV = Boolean(Bun.which("uv"));
+
+let pipWheelPath: string | undefined;
+/** The pip wheel bundled with python3 (ensurepip): pip for venvs that have none, offline. */
+export async function bundledPipWheel(): Promise<string> {
+  pipWheelPath ??= (await run(["python3", "-c", "import ensurepip,os,glob;print(glob.glob(os.path.join(os.path.dirname(ensurepip.__file__),'_bundled','pip-*.whl'))[0])"])).stdout.trim();
+  return pipWheelPath;
+}
+
+/** `pip install` into a venv with the bundled pip, offline: the worker's set changes under gpulayer. */
+export async function pipInstall(python: string, args: string[], env: Record<string, string>): Promise<void> {
+  const r = await run([python, join(await bundledPipWheel(), "pip"), "install", "--no-index", "--disable-pip-version-check", ...args], { env });
+  if (r.code !== 0) throw new Error(r.stderr + r.stdout);
+}
+
+/** Keys of the entries that carry a ready marker. */
+export function readyKeys(home: string): string[] {
+  const envs = join(home, "envs-v1");
+  if (!existsSync(envs)) return [];
+  return readdirSync(envs).filter((k) => existsSync(join(envs, k, ".gpulayer", "ready")));
+}
 
 /**
  * A worker virtualenv (like /opt/venv on a GPU box). Made with uv when present
@@ -66,7 +87,7 @@ export async function makeWorkerVenv(dir: string, opts: { withPip?: boolean; pac
     if (r.code !== 0) throw new Error(r.stderr);
   }
   const py = join(dir, "bin", "python");
-  const pipWheel = (await run(["python3", "-c", "import ensurepip,os,glob;print(glob.glob(os.path.join(os.path.dirname(ensurepip.__file__),'_bundled','pip-*.whl'))[0])"])).stdout.trim();
+  const pipWheel = await bundledPipWheel();
   const pip = [py, join(pipWheel, "pip")];
   if (opts.withPip) {
     const r = await run([...pip, "install", "--no-index", pipWheel], { env });

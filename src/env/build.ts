@@ -1,7 +1,8 @@
-import { copyFileSync, existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { basename, join } from "node:path";
 import { InstallError, UsageError } from "../errors.ts";
 import { redactUrl } from "./hashing.ts";
+import { NEUTRAL_VARIABLES } from "./installer-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import { installedSet } from "./interpreter.ts";
 import type { RequirementSet } from "./requirements.ts";
@@ -54,6 +55,12 @@ async function runTool(argv: string[], opts: { env: NodeJS.ProcessEnv; cwd: stri
     throw new InstallError(`cannot run ${argv[0]}: ${(error as Error).message}`, "");
   }
   const lines: string[] = [];
+  const emit = (raw: string) => {
+    // pip masks passwords but shows user names; nothing of a URL's credentials leaves gpulayer.
+    const line = redactUrl(raw.replace(/\r$/, ""));
+    lines.push(line);
+    opts.hooks.onOutput?.(line);
+  };
   const pump = async (stream: ReadableStream<Uint8Array>) => {
     const decoder = new TextDecoder();
     let buf = "";
@@ -61,28 +68,38 @@ async function runTool(argv: string[], opts: { env: NodeJS.ProcessEnv; cwd: stri
       buf += decoder.decode(chunk, { stream: true });
       let i: number;
       while ((i = buf.indexOf("\n")) !== -1) {
-        const line = buf.slice(0, i).replace(/\r$/, "");
+        emit(buf.slice(0, i));
         buf = buf.slice(i + 1);
-        lines.push(line);
-        opts.hooks.onOutput?.(line);
       }
     }
-    if (buf) {
-      lines.push(buf);
-      opts.hooks.onOutput?.(buf);
-    }
+    if (buf) emit(buf);
   };
   await Promise.all([pump(proc.stdout), pump(proc.stderr)]);
   return { code: await proc.exited, lines };
 }
 
-/** pip's own words: its ERROR lines, or the tail of what it said. */
-export function installerMessage(lines: string[]): string {
-  const errors = lines.filter((l) => /^(ERROR|error):/.test(l.trim()));
-  const unreachable = lines.find((l) => /NewConnectionError|Connection refused|Failed to establish a new connection|Name or service not known/.test(l));
-  const parts = errors.length ? errors.map((l) => l.trim()) : lines.filter((l) => l.trim()).slice(-5);
-  if (unreachable && !errors.some((e) => /unreachable/.test(e))) parts.unshift(`index unreachable (${unreachable.trim().slice(0, 200)})`);
-  return redactUrl(parts.join("\n"));
+/**
+ * pip's own words, as a headline and the lines under it: its last telling
+ * ERROR line heads the message ("No matching distribution found for x"),
+ * what it said from its first error on follows; without any, the tail.
+ */
+export function installerMessage(lines: string[]): { headline: string; detail: string } {
+  const text = lines.map((l) => l.trimEnd()).filter((l) => l.trim());
+  const firstError = text.findIndex((l) => /^(ERROR|error):/.test(l.trim()));
+  const shown = (firstError === -1 ? text.slice(-8) : text.slice(firstError)).slice(-40);
+  const errors = shown.filter((l) => /^ERROR:/.test(l.trim()));
+  const headline = [...errors].reverse().find((l) => !/ResolutionImpossible/.test(l)) ?? errors[0] ?? "";
+  const detail = shown.filter((l) => l !== headline).map((l) => (l.startsWith(" ") ? l : l.trim()));
+  // pip's retries on a dead index are warnings before its errors: say so, or "no matching distribution" misleads.
+  const unreachable = text.find((l) => /NewConnectionError|Connection refused|Failed to establish a new connection|Name or service not known|Temporary failure in name resolution/.test(l));
+  if (unreachable) detail.push(`(an index did not answer: ${unreachable.trim().slice(0, 200)})`);
+  return { headline: headline.trim(), detail: detail.join("\n") };
+}
+
+/** An installer's failure: what failed, pip's headline after a colon, the rest of what it said under it. */
+function installFailure(what: string, lines: string[]): InstallError {
+  const { headline, detail } = installerMessage(lines);
+  return new InstallError(headline ? `${what}: ${headline}` : what, detail);
 }
 
 /** Environment for the installer: no PYTHONPATH leaking in, and, when isolated, none of pip's own config. */
@@ -91,7 +108,7 @@ function installerEnv(plan: BuildPlan): Record<string, string> {
   for (const [k, v] of Object.entries(plan.env)) {
     if (v === undefined) continue;
     if (k === "PYTHONPATH" || k === "PYTHONHOME" || k === "VIRTUAL_ENV" || k === "PYTHONNOUSERSITE") continue;
-    if (plan.isolated && (k.startsWith("PIP_") || k.startsWith("UV_"))) continue;
+    if (plan.isolated && (k.startsWith("PIP_") || k.startsWith("UV_")) && !NEUTRAL_VARIABLES.has(k)) continue;
     env[k] = v;
   }
   env.PIP_DISABLE_PIP_VERSION_CHECK = "1";
@@ -107,7 +124,6 @@ function installerEnv(plan: BuildPlan): Record<string, string> {
     if (o.extraIndexUrls.length) env.PIP_EXTRA_INDEX_URL = o.extraIndexUrls.join(" ");
     if (o.findLinks.length) env.PIP_FIND_LINKS = o.findLinks.join(" ");
     if (o.noIndex) env.PIP_NO_INDEX = "1";
-    if (o.trustedHosts.length) env.PIP_TRUSTED_HOST = o.trustedHosts.join(" ");
   }
   return env;
 }
@@ -129,19 +145,31 @@ async function checkIndexesReachable(plan: BuildPlan): Promise<void> {
   );
 }
 
-/** pip for the env: the worker's, reached through the .pth, or the one bundled with the interpreter (ensurepip), kept in gpulayer's tools. */
-function pipCommand(plan: BuildPlan, envPython: string): { argv: string[]; name: string } {
-  if (plan.interpreter.pipVersion) return { argv: [envPython, "-m", "pip"], name: `pip ${plan.interpreter.pipVersion}` };
+/**
+ * pip for the env: the worker's, reached through the .pth, or else the one
+ * bundled with the interpreter (ensurepip), unpacked once into gpulayer's
+ * tools (run from the zip, pip recompiles itself on every start: a second).
+ */
+async function pipCommand(plan: BuildPlan, envPython: string, env: Record<string, string>, hooks: BuildHooks): Promise<{ argv: string[]; name: string }> {
+  // Asked of the worker's site dirs now, not of the cached probe: pip may have come or gone since.
+  const workerPip = installedSet(plan.interpreter.siteDirs).find((p) => p.startsWith("pip=="));
+  if (workerPip) return { argv: [envPython, "-m", "pip"], name: `pip ${workerPip.slice(5)}` };
   const wheel = plan.interpreter.ensurepipWheel;
-  if (!wheel) throw new UsageError(`${plan.interpreter.path} has no pip and no bundled pip (ensurepip); install pip for it (e.g. apt-get install python3-pip)`);
-  mkdirSync(plan.toolsDir, { recursive: true });
-  const kept = join(plan.toolsDir, basename(wheel));
-  if (!existsSync(kept)) {
+  if (!wheel || !existsSync(wheel)) throw new UsageError(`${plan.interpreter.path} has no pip and no bundled pip (ensurepip); install pip for it (e.g. apt-get install python3-pip)`);
+  const kept = join(plan.toolsDir, basename(wheel).replace(/\.whl$/, ""));
+  if (!existsSync(join(kept, "pip", "__main__.py"))) {
+    mkdirSync(plan.toolsDir, { recursive: true });
     const tmp = `${kept}.${process.pid}.tmp`;
-    copyFileSync(wheel, tmp);
-    renameSync(tmp, kept);
+    rmSync(tmp, { recursive: true, force: true });
+    const { code, lines } = await runTool([plan.interpreter.executable, "-m", "zipfile", "-e", wheel, tmp], { env, cwd: plan.toolsDir, hooks });
+    if (code !== 0) throw installFailure(`unpacking the bundled pip ${basename(wheel)} failed`, lines);
+    try {
+      renameSync(tmp, kept);
+    } catch {
+      rmSync(tmp, { recursive: true, force: true }); // another build unpacked it first
+    }
   }
-  // pip runs from its own wheel: `python pip-X.whl/pip ...`.
+  // `python DIR/pip` runs pip's __main__, which puts DIR on sys.path.
   return { argv: [envPython, join(kept, "pip")], name: `pip ${basename(wheel).split("-")[1]} (bundled)` };
 }
 
@@ -168,7 +196,7 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
   await timed("creating", `virtual environment with ${venvCreator}`, async () => {
     const argv = uv ? [uv, "venv", "--no-config", "--quiet", "--python", info.executable, plan.dir] : [info.executable, "-m", "venv", "--without-pip", plan.dir];
     const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks });
-    if (code !== 0) throw new InstallError(`creating the virtual environment failed`, installerMessage(lines));
+    if (code !== 0) throw installFailure("creating the virtual environment failed", lines);
   });
 
   const site = envSitePackages(plan.dir, info);
@@ -180,7 +208,7 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
     writeFileSync(join(site, "_gpulayer_worker.pth"), `${lines.join("\n")}\n`);
   });
 
-  const pip = pipCommand(plan, envPython);
+  const pip = await pipCommand(plan, envPython, env, hooks);
   const { requirements, constraints, options: o } = plan.requirements;
   if (requirements.length) {
     await timed("installing", `${requirements.length} requirement(s) with ${pip.name}`, async () => {
@@ -198,9 +226,15 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
       for (const v of o.noBinary) argv.push("--no-binary", v);
       for (const v of o.onlyBinary) argv.push("--only-binary", v);
       if (o.requireHashes) argv.push("--require-hashes");
+      for (const v of o.trustedHosts) argv.push("--trusted-host", v);
       const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks });
-      rmSync(reqFile, { force: true }); // expanded ${VAR}s may hold secrets
-      if (code !== 0) throw new InstallError(`installing the requirements failed`, installerMessage(lines));
+      // Expanded ${VAR}s may hold secrets: what pip was given does not stay.
+      rmSync(reqFile, { force: true });
+      rmSync(join(plan.dir, ".gpulayer", "constraints.in"), { force: true });
+      // pip names our temporary file ("-r …/requirements.in (line 2)"); name the user's own line instead.
+      const ours = new RegExp(`-r ${reqFile.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} \\(line (\\d+)\\)`, "g");
+      const named = lines.map((l) => l.replace(ours, (m, n: string) => requirements[Number(n) - 1]?.origin ?? m));
+      if (code !== 0) throw installFailure("installing the requirements failed", named);
     });
   }
 

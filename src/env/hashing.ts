@@ -31,7 +31,7 @@ export function hideCredentials(url: string): string {
   return url.replace(/^([a-z+]+:\/\/)([^/@\s]+)@/i, (_m, scheme: string, creds: string) => `${scheme}cred-${contentHash(creds).slice(0, 12)}@`);
 }
 
-/** For messages: credentials shown as ***. */
-export function redactUrl(url: string): string {
-  return url.replace(/^([a-z+]+:\/\/)([^/@\s]+)@/i, "$1***@");
+/** For messages: the credentials of every URL in the text shown as *** (pip shows the user name; we do not). */
+export function redactUrl(text: string): string {
+  return text.replace(/([a-z][a-z0-9+.-]*:\/\/)[^/@\s]+@/gi, "$1***@");
 }

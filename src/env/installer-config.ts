@@ -10,6 +10,13 @@ import { contentHash } from "./hashing.ts";
  * hold credentials), so a change there is a new environment, never a silent
  * change to a cached one.
  */
+/**
+ * Variables that say where pip and uv keep their caches or how they talk,
+ * never what they install: passed through even when the installer is
+ * isolated, and kept out of the key (a new cache folder is no new env).
+ */
+export const NEUTRAL_VARIABLES = new Set(["PIP_CACHE_DIR", "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK", "PIP_NO_INPUT", "PIP_PROGRESS_BAR", "PIP_NO_COLOR", "PIP_ROOT_USER_ACTION", "UV_CACHE_DIR", "UV_NO_CACHE"]);
+
 export function pipConfigFiles(env: NodeJS.ProcessEnv): string[] {
   if (env.PIP_CONFIG_FILE === "/dev/null") return [];
   const home = env.HOME || homedir();
@@ -24,7 +31,7 @@ export function pipConfigDigest(env: NodeJS.ProcessEnv): string {
   const parts: string[] = [];
   const referenced: string[] = [];
   for (const [name, value] of Object.entries(env).sort(([a], [b]) => (a < b ? -1 : 1))) {
-    if (!name.startsWith("PIP_") || value === undefined) continue;
+    if (!name.startsWith("PIP_") || value === undefined || NEUTRAL_VARIABLES.has(name)) continue;
     parts.push(`env ${name}=${value}`);
     if (name === "PIP_CONSTRAINT" || name === "PIP_REQUIREMENT") referenced.push(...value.split(/\s+/).filter(Boolean));
   }

@@ -14,22 +14,32 @@ export interface Lease {
 }
 
 /** The process's start time (Linux), so a reused pid is not mistaken for the holder. */
-function processStart(pid: number): string {
+export function processStart(pid: number): string {
+  return procStat(pid)?.[19] ?? "";
+}
+
+/** Fields of /proc/PID/stat after the command name: [0] is the state, [19] the start time. */
+function procStat(pid: number): string[] | null {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19] ?? "";
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ");
   } catch {
-    return "";
+    return null;
   }
 }
 
-function isAlive(pid: number, start: string): boolean {
+/** Whether the process that started at `start` still runs (a zombie, killed but not yet reaped, does not). */
+export function isAlive(pid: number, start: string): boolean {
   try {
     process.kill(pid, 0);
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== "EPERM") return false;
   }
-  return !start || !existsSync("/proc") || processStart(pid) === start;
+  if (!existsSync("/proc")) return true;
+  const stat = procStat(pid);
+  if (!stat) return false;
+  if (stat[0] === "Z" || stat[0] === "X") return false;
+  return !start || stat[19] === start;
 }
 
 export function takeLease(layout: HomeLayout, kind: "env" | "image", id: string, holder: string, pid = process.pid): Lease {

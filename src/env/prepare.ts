@@ -1,7 +1,8 @@
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError } from "../errors.ts";
 import { type BuildHooks, type BuildOutcome, buildEnv } from "./build.ts";
+import { redactUrl } from "./hashing.ts";
 import { pipConfigDigest } from "./installer-config.ts";
 import { baseFingerprint, type InterpreterInfo, probeInterpreter, resolvePythonPath } from "./interpreter.ts";
 import { envKey, type KeyDocument, keyDocument, requestSummary } from "./key.ts";
@@ -63,9 +64,9 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest): Resolve
   // Flags win over the file's own options, as on pip's command line.
   if (req.indexUrl) o.indexUrl = req.indexUrl;
   o.extraIndexUrls.push(...req.extraIndexUrls.filter((u) => !o.extraIndexUrls.includes(u)));
-  o.findLinks.push(...req.findLinks.map((f) => (/^[a-z+]+:\/\//i.test(f) ? f : join(req.cwd, f))).filter((f) => !o.findLinks.includes(f)));
+  o.findLinks.push(...req.findLinks.map((f) => (/^[a-z+]+:\/\//i.test(f) ? f : resolve(req.cwd, f))).filter((f) => !o.findLinks.includes(f)));
   for (const u of [o.indexUrl, ...o.extraIndexUrls]) {
-    if (u && !/^(https?|file):\/\//i.test(u)) throw new UsageError(`invalid index URL: ${u} (expected http://, https:// or file://)`);
+    if (u && !/^(https?:\/\/[^\s/]|file:\/\/)/i.test(u)) throw new UsageError(`invalid index URL: ${redactUrl(u)} (expected http://, https:// or file://)`);
   }
   const isolated = Boolean(o.indexUrl || o.extraIndexUrls.length || o.findLinks.length || o.noIndex);
   const doc = keyDocument({
@@ -80,6 +81,8 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest): Resolve
 export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: { hooks?: PrepareHooks; leaseHolder?: string } = {}): Promise<PrepareResult> {
   const started = performance.now();
   const hooks = opts.hooks ?? {};
+  const venvCreator = req.venvCreator ?? (req.env.GPULAYER_VENV_CREATOR || "auto");
+  if (venvCreator !== "uv" && venvCreator !== "venv" && venvCreator !== "auto") throw new UsageError(`GPULAYER_VENV_CREATOR: expected uv, venv or auto, not '${venvCreator}'`);
   const resolved = resolveRequest(layout, req);
   hooks.onResolved?.(resolved);
   const paths = entryPaths(layout, resolved.key);
@@ -115,7 +118,7 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
           touchLastUsed(paths);
           return done("reused");
         }
-        const build = await buildUnderLock(layout, resolved, req, paths, hooks);
+        const build = await buildUnderLock(layout, resolved, { ...req, venvCreator }, paths, hooks);
         return done("built", build);
       } finally {
         await release();
@@ -141,7 +144,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         env: req.env,
         toolsDir: layout.tools,
         cwd: req.cwd,
-        venvCreator: req.venvCreator ?? (req.env.GPULAYER_VENV_CREATOR as "uv" | "venv" | undefined) ?? "auto",
+        venvCreator: req.venvCreator,
       },
       hooks,
     );

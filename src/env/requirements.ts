@@ -2,7 +2,7 @@ import { existsSync, readFileSync, statSync } from "node:fs";
 import { dirname, isAbsolute, resolve } from "node:path";
 import { clean as cleanVersion, validRange } from "@renovatebot/pep440";
 import { UsageError } from "../errors.ts";
-import { contentHash, treeHash } from "./hashing.ts";
+import { contentHash, hideCredentials, treeHash } from "./hashing.ts";
 
 /**
  * Requirements as pip reads them (pip/_internal/req/req_file.py): `\`
@@ -85,23 +85,26 @@ export function parseSpecs(specs: string[], ctx: Omit<ParseContext, "seen">, int
   return set;
 }
 
+/** pip's join_lines: `\` continues a line (joined with nothing between), a line that starts with a comment ends one. */
 function logicalLines(text: string): { line: string; lineNo: number }[] {
   const out: { line: string; lineNo: number }[] = [];
-  const raw = text.split(/\r?\n/);
-  let buffer = "";
+  let parts: string[] = [];
   let start = 0;
-  raw.forEach((line, i) => {
-    if (!buffer) start = i + 1;
-    // pip drops comments before joining, so a comment line inside a continuation ends nothing.
-    if (line.endsWith("\\") && !COMMENT.test(line)) {
-      buffer += `${line.slice(0, -1)} `;
+  text.split(/\r\n|\n|\r/).forEach((line, i) => {
+    const startsWithComment = /^\s*#/.test(line);
+    if (!line.endsWith("\\") || startsWithComment) {
+      // pip puts a space before a comment line so that it is dropped with the comments later.
+      const piece = startsWithComment ? ` ${line}` : line;
+      if (parts.length) {
+        out.push({ line: parts.join("") + piece, lineNo: start });
+        parts = [];
+      } else out.push({ line: piece, lineNo: i + 1 });
       return;
     }
-    buffer += line;
-    out.push({ line: buffer, lineNo: start });
-    buffer = "";
+    if (!parts.length) start = i + 1;
+    parts.push(line.replace(/^\\+|\\+$/g, ""));
   });
-  if (buffer) out.push({ line: buffer, lineNo: start });
+  if (parts.length) out.push({ line: parts.join(""), lineNo: start });
   return out;
 }
 
@@ -152,7 +155,7 @@ function parseOptionLine(line: string, origin: string, file: string, ctx: ParseC
       const isPath = !/^[a-z+]+:\/\//i.test(target);
       const abs = isPath ? resolve(ctx.cwd, target) : target;
       if (isPath && !existsSync(abs)) throw new UsageError(`${origin}: editable path not found: ${target}`);
-      const identity = isPath ? `${abs}#${projectFilesHash(abs)}` : target;
+      const identity = isPath ? `${abs}#${projectFilesHash(abs)}` : hideCredentials(target);
       set.requirements.push({ canonical: `-e ${identity}`, install: `-e ${abs}`, origin });
       return;
     }
@@ -207,13 +210,24 @@ function splitPerRequirementOptions(line: string, origin: string): { spec: strin
   return { spec, options: options.sort() };
 }
 
+const URL = /^[a-z][a-z0-9+.-]*:\/\//i;
+/** `name @ url` or `name[extra] @ url`: a named URL requirement, never a path. */
+const NAMED_URL = /^[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[^\]]*\])?\s*@/;
+
 function looksLikePath(spec: string): boolean {
+  if (NAMED_URL.test(spec)) return false;
   return /^(\.{1,2}\/|\/|~|file:)/.test(spec) || ARCHIVE.test(spec.split(/\s*;/)[0]!);
 }
 
 export function parseRequirementLine(line: string, origin: string, cwd: string): Requirement {
   const { spec, options } = splitPerRequirementOptions(line, origin);
   const suffix = options.length ? ` ${options.join(" ")}` : "";
+  if (URL.test(spec) && !/^file:/i.test(spec)) {
+    // A bare URL to an archive or a VCS checkout: its text is its identity, credentials hashed.
+    const [url, marker] = spec.split(/\s+;\s*/, 2) as [string, string | undefined];
+    const markerText = marker ? `; ${canonicalMarker(marker)}` : "";
+    return { canonical: `${hideCredentials(url)}${markerText}${suffix}`, install: `${url}${marker ? ` ; ${marker}` : ""}${suffix}`, origin };
+  }
   if (looksLikePath(spec)) {
     const [pathPart, marker] = spec.split(/\s+;\s*/, 2) as [string, string | undefined];
     const raw = pathPart.replace(/^file:(\/\/)?/, "");
@@ -257,7 +271,8 @@ export function parseRequirementLine(line: string, origin: string, cwd: string):
   const extrasText = extras.length ? `[${extras.join(",")}]` : "";
   const markerText = marker ? `; ${canonicalMarker(marker)}` : "";
   const body = url ? `${name}${extrasText} @ ${url}` : `${name}${extrasText}${specifier}`;
-  return { canonical: `${body}${markerText}${suffix}`, install: `${body}${marker ? ` ; ${marker}` : ""}${suffix}`, name, origin };
+  const identity = url ? `${name}${extrasText} @ ${hideCredentials(url)}` : body;
+  return { canonical: `${identity}${markerText}${suffix}`, install: `${body}${marker ? ` ; ${marker}` : ""}${suffix}`, name, origin };
 }
 
 const CLAUSE = /^(~=|===|==|!=|<=|>=|<|>)\s*(\S+)$/;

@@ -1,0 +1,169 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, utimesSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { processStart } from "../src/env/lease.ts";
+import { isLocked, lockWhere, tryLock } from "../src/env/lock.ts";
+import { PackageIndex } from "./fixtures/index.ts";
+import { cli, makeWorkerVenv, readyKeys, sandbox, startCli, tempDir } from "./helpers.ts";
+
+/**
+ * One build per key across processes; a build killed with SIGKILL leaves
+ * nothing that looks ready, and its lock does not block the next one.
+ */
+
+setDefaultTimeout(90_000);
+
+const world = tempDir("gpl-conc-");
+const index = new PackageIndex(join(world, "index"));
+let python: string;
+
+beforeAll(async () => {
+  index.start();
+  const s = sandbox();
+  python = await makeWorkerVenv(join(world, "worker"), { env: s.env });
+  s.cleanup();
+}, 60_000);
+
+afterAll(() => {
+  index.stop();
+  rmSync(world, { recursive: true, force: true });
+});
+
+const counted = (file: string) => (existsSync(file) ? readFileSync(file, "utf8").split("\n").filter(Boolean).length : 0);
+
+async function until(what: string, cond: () => boolean, ms = 30_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await Bun.sleep(50);
+  }
+}
+
+describe("env prepare, concurrently", () => {
+  test("five processes asking for the same new env: one build, all get it", async () => {
+    const s = sandbox();
+    try {
+      const counter = join(s.root, "builds");
+      index.sdist({ name: "counted", version: "1.0", counter, sleep: 1 });
+      const args = ["env", "prepare", "-p", "counted", "--index-url", index.url, "--python", python, "--json"];
+      const results = await Promise.all(Array.from({ length: 5 }, () => cli(args, { env: s.env, cwd: s.root })));
+      for (const r of results) expect(r.code).toBe(0);
+      const docs = results.map((r) => JSON.parse(r.stdout));
+      expect(counted(counter)).toBe(1);
+      expect(docs.filter((d) => d.status === "built")).toHaveLength(1);
+      expect(docs.filter((d) => d.status === "reused")).toHaveLength(4);
+      expect(new Set(docs.map((d) => d.path)).size).toBe(1);
+      expect(readyKeys(s.home)).toEqual([docs[0].key]);
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  test("SIGKILL mid-build leaves nothing ready; the next prepare breaks the lock, rebuilds and succeeds", async () => {
+    const s = sandbox();
+    try {
+      const counter = join(s.root, "builds");
+      index.sdist({ name: "slow-a", version: "1.0", counter, sleep: 120 });
+      const args = ["env", "prepare", "-p", "slow-a", "--index-url", index.url, "--python", python, "--json"];
+      const victim = startCli(args, { env: s.env, cwd: s.root, detached: true });
+      await until("the build to start", () => counted(counter) === 1);
+      process.kill(-victim.pid, "SIGKILL"); // gpulayer, pip and the build backend, all at once
+      await victim.exited;
+
+      expect(readyKeys(s.home)).toEqual([]);
+      const [entry, ...others] = readdirSync(join(s.home, "envs-v1"));
+      expect(others).toEqual([]);
+      const list = JSON.parse((await cli(["env", "list", "--json"], { env: s.env })).stdout);
+      expect(list).toMatchObject([{ key: entry, state: "incomplete" }]);
+      expect((await cli(["env", "show", entry!], { env: s.env })).code).toBe(1);
+
+      // The same sdist, without the sleep: the key does not change.
+      index.sdist({ name: "slow-a", version: "1.0", counter });
+      const t = performance.now();
+      const next = await cli(args, { env: s.env, cwd: s.root });
+      expect(next.code).toBe(0);
+      expect(JSON.parse(next.stdout)).toMatchObject({ key: entry, status: "built" });
+      expect(performance.now() - t).toBeLessThan(20_000);
+      expect(counted(counter)).toBe(2);
+      expect(readyKeys(s.home)).toEqual([entry!]);
+      expect(readdirSync(join(s.home, "locks")).filter((n) => n.startsWith(entry!))).toEqual([]);
+      expect(existsSync(join(s.home, "trash")) ? readdirSync(join(s.home, "trash")) : []).toEqual([]);
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  test("a process waiting on a build that is killed takes over", async () => {
+    const s = sandbox();
+    try {
+      const counter = join(s.root, "builds");
+      index.sdist({ name: "slow-b", version: "1.0", counter, sleep: 120 });
+      const args = ["env", "prepare", "-p", "slow-b", "--index-url", index.url, "--python", python, "--json"];
+      const victim = startCli(args, { env: s.env, cwd: s.root, detached: true });
+      await until("the build to start", () => counted(counter) === 1);
+      const waiter = startCli(args, { env: s.env, cwd: s.root });
+      const waiterErr = new Response(waiter.stderr).text();
+      const waiterOut = new Response(waiter.stdout).text();
+      await Bun.sleep(1500);
+      index.sdist({ name: "slow-b", version: "1.0", counter });
+      process.kill(-victim.pid, "SIGKILL");
+      await victim.exited;
+      expect(await waiter.exited).toBe(0);
+      expect(JSON.parse(await waiterOut).status).toBe("built");
+      expect(await waiterErr).toBe(""); // --json: nothing on stderr either, unless asked
+      expect(counted(counter)).toBe(2);
+      const again = await cli(args, { env: s.env, cwd: s.root });
+      expect(JSON.parse(again.stdout).status).toBe("reused");
+    } finally {
+      s.cleanup();
+    }
+  });
+});
+
+describe("locks", () => {
+  const dir = tempDir("gpl-lock-");
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  test("one holder at a time; released, it can be taken again", async () => {
+    const path = join(dir, "a");
+    const release = await tryLock(path);
+    expect(release).not.toBeNull();
+    expect(await isLocked(path)).toBe(true);
+    expect(await tryLock(path)).toBeNull();
+    await release!();
+    expect(await isLocked(path)).toBe(false);
+    const again = await tryLock(path);
+    expect(again).not.toBeNull();
+    await again!();
+    expect(readdirSync(dir)).toEqual([]);
+  });
+
+  test("a dead holder's lock is broken at once; a live one's is not", async () => {
+    const path = join(dir, "b");
+    const child = Bun.spawn(["sleep", "30"]);
+    // An owner record of this machine: the kernel answers for its pid.
+    mkdirSync(`${path}.lock`);
+    writeFileSync(`${path}.lock/owner`, JSON.stringify({ pid: child.pid, start: processStart(child.pid), where: lockWhere(), token: "t" }));
+    expect(await isLocked(path)).toBe(true);
+    expect(await tryLock(path)).toBeNull();
+    child.kill("SIGKILL");
+    await child.exited;
+    expect(await isLocked(path)).toBe(false);
+    const release = await tryLock(path);
+    expect(release).not.toBeNull();
+    await release!();
+  });
+
+  test("a lock of another machine counts while its heartbeat is fresh", async () => {
+    const path = join(dir, "c");
+    mkdirSync(`${path}.lock`);
+    writeFileSync(`${path}.lock/owner`, JSON.stringify({ pid: 1, start: "1", where: "other-host||", token: "x" }));
+    expect(await isLocked(path)).toBe(true);
+    const old = new Date(Date.now() - 120_000);
+    utimesSync(`${path}.lock/owner`, old, old);
+    expect(await isLocked(path)).toBe(false);
+    const release = await tryLock(path);
+    expect(release).not.toBeNull();
+    await release!();
+  });
+});

@@ -1,0 +1,160 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { homeLayout } from "../src/config/paths.ts";
+import { type PrepareRequest, resolveRequest } from "../src/env/prepare.ts";
+import { PackageIndex } from "./fixtures/index.ts";
+import { cli, makeWorkerVenv, pipInstall, sandbox, tempDir } from "./helpers.ts";
+
+/**
+ * The env key: stable under what pip does not see as a change (order, case,
+ * comments, continuations, how a variable is spelled), changed by all that
+ * changes a build (an included file's content, the index, the interpreter,
+ * the worker's installed set, the machine's pip config when not shut out).
+ */
+
+setDefaultTimeout(60_000);
+
+const world = tempDir("gpl-key-");
+const index = new PackageIndex(join(world, "index"));
+const layout = homeLayout(join(world, "home"));
+let pyA: string;
+let pyB: string;
+const files = join(world, "files");
+
+beforeAll(async () => {
+  index.start();
+  index.wheel({ name: "tiny", version: "1.0" });
+  index.wheel({ name: "extra-pkg", version: "1.0" });
+  mkdirSync(files, { recursive: true });
+  const s = sandbox();
+  [pyA, pyB] = await Promise.all([makeWorkerVenv(join(world, "a"), { env: s.env }), makeWorkerVenv(join(world, "b"), { env: s.env })]);
+  s.cleanup();
+}, 60_000);
+
+afterAll(() => {
+  index.stop();
+  rmSync(world, { recursive: true, force: true });
+});
+
+let n = 0;
+/** The key of a request whose requirements file holds `text` (and any files next to it). */
+function keyOf(text: string, opts: Partial<PrepareRequest> & { files?: Record<string, string> } = {}): string {
+  const dir = join(files, `r${n++}`);
+  mkdirSync(dir, { recursive: true });
+  for (const [name, body] of Object.entries(opts.files ?? {})) writeFileSync(join(dir, name), body);
+  writeFileSync(join(dir, "requirements.txt"), text);
+  const env = { PATH: process.env.PATH ?? "", HOME: world, PIP_CONFIG_FILE: "/dev/null", ...opts.env };
+  return resolveRequest(layout, { requirementsFile: "requirements.txt", specs: [], extraIndexUrls: [], findLinks: [], python: pyA, indexUrl: index.url, cwd: dir, ...opts, env }).key;
+}
+
+describe("env key", () => {
+  test("stable under reordering, case, comments, continuations and ${VAR}", () => {
+    const base = keyOf("numpy<3,>=1.2\ntqdm[notebook]\nrequests ; python_version >= '3.8'\n");
+    expect(keyOf("# the same, shuffled\nTQDM[Notebook]   # bars\nRequests; python_version>='3.8'\n\nNumPy >=1.2, <3\n")).toBe(base);
+    expect(keyOf("tqdm[notebook]\nnum\\\npy>=1.2,\\\n<3\nrequests; python_version >= \"3.8\"\n")).toBe(base);
+    expect(keyOf("${PKG}<3,>=1.2\ntqdm[notebook]\nrequests ; python_version >= '3.8'\n", { env: { PKG: "numpy" } })).toBe(base);
+    expect(keyOf("numpy<3,>=1.2\ntqdm[notebook]\nrequests ; python_version >= '3.8'\n", { env: { UNRELATED: "x" } })).toBe(base);
+    // The same request from the command line.
+    expect(keyOf("", { specs: ["tqdm[notebook]", "numpy>=1.2,<3", "requests; python_version>='3.8'"] })).toBe(base);
+  });
+
+  test("changed by what a requirement says, and by a variable's value", () => {
+    const base = keyOf("numpy<3\n");
+    expect(keyOf("numpy<4\n")).not.toBe(base);
+    expect(keyOf("numpy<3\ntqdm\n")).not.toBe(base);
+    expect(keyOf("numpy[extra]<3\n")).not.toBe(base);
+    expect(keyOf("numpy<${V}\n", { env: { V: "3" } })).toBe(base);
+    expect(keyOf("numpy<${V}\n", { env: { V: "4" } })).not.toBe(base);
+  });
+
+  test("changed by the content of a -r or -c file, not by its name or place", () => {
+    const base = keyOf("-r more.txt\n", { files: { "more.txt": "tqdm\nnumpy\n" } });
+    expect(keyOf("-r other-name.txt\n", { files: { "other-name.txt": "numpy\ntqdm\n" } })).toBe(base);
+    expect(keyOf("tqdm\nnumpy\n")).toBe(base);
+    expect(keyOf("-r more.txt\n", { files: { "more.txt": "tqdm\nnumpy<2\n" } })).not.toBe(base);
+    const constrained = keyOf("-r more.txt\n-c c.txt\n", { files: { "more.txt": "tqdm\nnumpy\n", "c.txt": "numpy<2\n" } });
+    expect(constrained).not.toBe(base);
+    expect(keyOf("-r more.txt\n-c c.txt\n", { files: { "more.txt": "tqdm\nnumpy\n", "c.txt": "numpy<3\n" } })).not.toBe(constrained);
+  });
+
+  test("changed by the index and the installer options", () => {
+    const base = keyOf("tiny\n");
+    expect(keyOf("tiny\n", { indexUrl: index.url.replace("127.0.0.1", "localhost") })).not.toBe(base);
+    expect(keyOf("tiny\n", { extraIndexUrls: ["http://127.0.0.1:9/simple"] })).not.toBe(base);
+    expect(keyOf("tiny\n", { findLinks: ["./wheels"] })).not.toBe(base);
+    expect(keyOf("--pre\ntiny\n")).not.toBe(base);
+    expect(keyOf("--only-binary :all:\ntiny\n")).not.toBe(base);
+    // An index named in the file is the same as one on the command line.
+    expect(keyOf(`--index-url ${index.url}\ntiny\n`, { indexUrl: undefined })).toBe(base);
+  });
+
+  test("credentials count in the key, hashed: never in the key document", () => {
+    const url = (cred: string) => index.url.replace("http://", `http://${cred}@`);
+    const dir = join(files, "cred");
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, "requirements.txt"), "tiny\n");
+    const req = (indexUrl: string) => resolveRequest(layout, { requirementsFile: "requirements.txt", specs: [], extraIndexUrls: [], findLinks: [], python: pyA, indexUrl, cwd: dir, env: { PATH: process.env.PATH ?? "" } });
+    const a = req(url("alice:s3cret"));
+    expect(JSON.stringify(a.doc)).not.toContain("s3cret");
+    expect(JSON.stringify(a.doc)).not.toContain("alice");
+    expect(req(url("alice:s3cret")).key).toBe(a.key);
+    expect(req(url("alice:other")).key).not.toBe(a.key);
+    expect(req(index.url).key).not.toBe(a.key);
+  });
+
+  test("changed by the interpreter: two worker venvs", () => {
+    const a = keyOf("tiny\n");
+    const b = keyOf("tiny\n", { python: pyB });
+    expect(b).not.toBe(a);
+    expect(keyOf("tiny\n", { python: pyB })).toBe(b);
+  });
+
+  test("changed by the worker's installed set", async () => {
+    const s = sandbox();
+    try {
+      const before = keyOf("tiny\n", { python: pyB });
+      await pipInstall(pyB, ["--find-links", index.dir, "extra-pkg"], s.env);
+      const after = keyOf("tiny\n", { python: pyB });
+      expect(after).not.toBe(before);
+      expect(keyOf("tiny\n", { python: pyB })).toBe(after);
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  test("without an index, the machine's pip config counts; with one, it is shut out", () => {
+    const noIndex = { indexUrl: undefined };
+    const base = keyOf("tiny\n", { ...noIndex, env: { PIP_CONFIG_FILE: "" } });
+    expect(keyOf("tiny\n", { ...noIndex, env: { PIP_CONFIG_FILE: "", PIP_INDEX_URL: "https://mirror.example/simple" } })).not.toBe(base);
+    const conf = join(files, "pip.conf");
+    writeFileSync(conf, "[global]\nindex-url = https://mirror.example/simple\n");
+    const withConf = keyOf("tiny\n", { ...noIndex, env: { PIP_CONFIG_FILE: conf } });
+    expect(withConf).not.toBe(base);
+    writeFileSync(conf, "[global]\nindex-url = https://other.example/simple\n");
+    expect(keyOf("tiny\n", { ...noIndex, env: { PIP_CONFIG_FILE: conf } })).not.toBe(withConf);
+    // Where pip keeps its cache changes nothing that is installed.
+    expect(keyOf("tiny\n", { ...noIndex, env: { PIP_CONFIG_FILE: "", PIP_CACHE_DIR: "/elsewhere" } })).toBe(base);
+    // With an index given, pip is isolated: its variables and files cannot change a build.
+    const isolated = keyOf("tiny\n");
+    expect(keyOf("tiny\n", { env: { PIP_CONFIG_FILE: conf, PIP_PRE: "1" } })).toBe(isolated);
+  });
+
+  test("end to end: a reordered, recased, commented file reuses the env", async () => {
+    const s = sandbox();
+    try {
+      writeFileSync(join(s.root, "a.txt"), "tiny\nextra-pkg>=1\n");
+      writeFileSync(join(s.root, "b.txt"), "# same\nExtra_Pkg >= 1   # comment\n\\\nTINY\n");
+      const args = ["--index-url", index.url, "--python", pyA, "--json"];
+      const first = await cli(["env", "prepare", "a.txt", ...args], { env: s.env, cwd: s.root });
+      expect(first.code).toBe(0);
+      const second = await cli(["env", "prepare", "b.txt", ...args], { env: s.env, cwd: s.root });
+      expect(second.code).toBe(0);
+      const [a, b] = [JSON.parse(first.stdout), JSON.parse(second.stdout)];
+      expect(a.status).toBe("built");
+      expect(b).toMatchObject({ key: a.key, path: a.path, status: "reused" });
+    } finally {
+      s.cleanup();
+    }
+  });
+});
