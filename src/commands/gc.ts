@@ -1,6 +1,80 @@
 import { defineCommand } from "citty";
+import prettyBytes from "pretty-bytes";
+import { homeLayout } from "../config/paths.ts";
+import { ExitCode, UserError } from "../errors.ts";
+import { MAX_SIZE_ENV, resolveGcLimits } from "../gc/limits.ts";
+import { type GcItem, type GcReport, runGc } from "../gc/run.ts";
+import { formatAgo, formatSeconds, Output, shortKey, table } from "../ui/output.ts";
+import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
+
+const args = {
+  "max-size": { type: "string", valueHint: "SIZE", description: `Trim the cache to this size, least recently used first (50G, 500MiB; powers of 1024). Else ${MAX_SIZE_ENV}, else cache.max_size in config.yaml` },
+  "dry-run": { type: "boolean", description: "Say what would be removed; remove nothing" },
+  "min-age": { type: "string", valueHint: "AGE", description: "Never remove entries younger than this (default 10m; 30s, 2h, 1d, 0)" },
+  keep: { type: "string", valueHint: "KEY", description: "Never remove entries whose key starts with this (repeatable)" },
+  "high-watermark": { type: "string", valueHint: "PCT", description: "When the cache's filesystem is more than PCT% full, remove until --low-watermark" },
+  "low-watermark": { type: "string", valueHint: "PCT", description: "Filesystem use to get down to once above --high-watermark (default high - 5)" },
+  "refresh-sizes": { type: "boolean", description: "Measure every entry's size again instead of trusting recorded sizes" },
+  strict: { type: "boolean", description: "Exit 1 when the limit cannot be reached (entries in use, kept, or too new)" },
+  ...outputArgs,
+} as const;
+
+const size = (n: number) => prettyBytes(n, { binary: true });
+
+function rows(items: (GcItem & { note: string })[]): string[] {
+  return table(items.map((e) => [`  ${e.kind} ${shortKey(e.id)}`, size(e.sizeBytes), e.state === "incomplete" ? "failed build remains" : e.lastUsed ? `last used ${formatAgo(Date.parse(e.lastUsed))}` : "never used", e.note]));
+}
+
+function human(r: GcReport, entriesWord = (n: number) => `${n} ${n === 1 ? "entry" : "entries"}`): string[] {
+  const lines: string[] = [];
+  const verb = r.dryRun ? "would remove" : "removed";
+  const change = `${size(r.totalBeforeBytes)} -> ${size(r.totalAfterBytes)}`;
+  if (r.removed.length) lines.push(`${verb} ${r.removed.length} of ${entriesWord(r.entries)}, ${change}`);
+  else lines.push(`nothing to remove: ${entriesWord(r.entries)}, ${size(r.totalBeforeBytes)}${r.limitReached && r.limit.maxSizeBytes !== null ? ` (limit ${size(r.limit.maxSizeBytes)})` : ""}`);
+  lines.push(...rows(r.removed.map((e) => ({ ...e, note: e.summary }))));
+  if (r.skipped.length) {
+    lines.push(`${r.dryRun ? "would skip" : "skipped"} ${r.skipped.length} (in use or protected):`);
+    lines.push(...rows(r.skipped.map((e) => ({ ...e, note: e.reasons.map((x) => x.message).join("; ") }))));
+  }
+  if (r.trash.finished) lines.push(`${r.dryRun ? "would finish" : "finished"} ${r.trash.finished} interrupted deletion${r.trash.finished === 1 ? "" : "s"} (${size(r.trash.freedBytes)})`);
+  return lines;
+}
 
 export default defineCommand({
-  meta: { name: "gc", description: "Keep the cache under a size limit" },
-  run() {},
+  meta: { name: "gc", description: "Keep the cache under a size limit: least recently used first, never what is in use" },
+  args,
+  async run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const out = new Output(a);
+    const layout = homeLayout();
+    const limits = resolveGcLimits(
+      { maxSize: a["max-size"], minAge: a["min-age"], keep: repeated(rawArgs, ["--keep"]), highWatermark: a["high-watermark"], lowWatermark: a["low-watermark"] },
+      layout,
+    );
+    const report = await runGc(layout, { ...limits, dryRun: Boolean(a["dry-run"]), refreshSizes: Boolean(a["refresh-sizes"]) });
+    if (!report.ran) {
+      out.log.info("another gc is running on this cache; nothing done");
+      out.result(report, () => [], false);
+      return;
+    }
+    if (!limits.maxSize && !limits.watermark) {
+      out.log.info(`no size limit given (--max-size, ${MAX_SIZE_ENV} or cache.max_size in config.yaml): only failed-build remains and interrupted deletions are cleaned`);
+    } else if (report.limit.watermark) {
+      const w = report.limit.watermark;
+      out.log.debug(`filesystem ${w.path} ${w.usedPercent}% used (high ${w.high}%, low ${w.low}%)${w.excessBytes ? `: ${size(w.excessBytes)} to free` : ""}`);
+    }
+    if (report.sizesRefreshed) out.log.debug(`measured ${report.sizesRefreshed} sizes again`);
+    out.log.debug(`gc took ${formatSeconds(report.seconds)}`);
+    out.result(report, () => human(report));
+    if (!report.limitReached) {
+      const w = report.limit.watermark;
+      const why = `${report.skipped.length} ${report.skipped.length === 1 ? "entry" : "entries"} in use or protected${report.dryRun ? "" : `, ${size(report.freedBytes)} freed`}`;
+      const message =
+        report.limit.maxSizeBytes !== null && report.totalAfterBytes > report.limit.maxSizeBytes
+          ? `could not get the cache down to ${size(report.limit.maxSizeBytes)}: ${size(report.totalAfterBytes)} left, ${why}`
+          : `could not bring ${w?.path} under ${w?.low}% used: ${size(w?.excessBytes ?? 0)} to free, the cache ${report.dryRun ? "would go" : "went"} from ${size(report.totalBeforeBytes)} to ${size(report.totalAfterBytes)}, ${why}`;
+      if (a.strict) throw new UserError(message, ExitCode.failed);
+      out.log.warn(message);
+    }
+  },
 });

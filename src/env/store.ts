@@ -71,7 +71,11 @@ export function touchLastUsed(paths: EntryPaths, when = new Date()): void {
   try {
     utimesSync(paths.lastUsed, when, when);
   } catch {
-    writeFileSync(paths.lastUsed, when.toISOString());
+    try {
+      writeFileSync(paths.lastUsed, when.toISOString());
+    } catch {
+      // The entry was removed (gc) between the ready check and now: a reuse without a lease may lose that race.
+    }
   }
 }
 

@@ -1,0 +1,69 @@
+import { readdirSync, readFileSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import type { HomeLayout } from "../config/paths.ts";
+import { diskUsage } from "../env/store.ts";
+
+/**
+ * Trash items are named `<id>.<pid>.<ms>` by whoever renamed them there
+ * (store.ts removeEntryDir, gc itself). An item whose process is alive is
+ * being deleted right now and is left to it (two deleters racing over one
+ * tree make each other fail); any other item is the remains of a deletion a
+ * crash interrupted, and gc finishes it.
+ */
+const DAY_MS = 86_400_000;
+
+/** Alive, and not a zombie (a killed process its parent has not reaped yet deletes nothing). */
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== "EPERM") return false;
+  }
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return !/^[ZX]/.test(stat.slice(stat.lastIndexOf(")") + 2));
+  } catch {
+    return true; // no /proc: trust kill(0)
+  }
+}
+
+function abandoned(name: string, now: number): boolean {
+  const m = /\.(\d+)\.(\d+)$/.exec(name);
+  if (!m) return true;
+  const pid = Number(m[1]);
+  const since = Number(m[2]);
+  // A pid reused by some long-lived process must not pin trash forever.
+  return pid === process.pid || !pidAlive(pid) || now - since > DAY_MS;
+}
+
+export interface TrashReport {
+  /** Interrupted deletions finished (or, with dryRun, that would be). */
+  finished: number;
+  freedBytes: number;
+}
+
+export function sweepTrash(layout: HomeLayout, opts: { dryRun: boolean; now?: number }): TrashReport {
+  const report: TrashReport = { finished: 0, freedBytes: 0 };
+  let names: string[];
+  try {
+    names = readdirSync(layout.trash);
+  } catch {
+    return report;
+  }
+  const now = opts.now ?? Date.now();
+  for (const name of names) {
+    if (!abandoned(name, now)) continue;
+    const path = join(layout.trash, name);
+    const size = diskUsage(path);
+    if (!opts.dryRun) {
+      try {
+        rmSync(path, { recursive: true, force: true });
+      } catch {
+        continue; // another deleter got there first, or a permission problem: next gc tries again
+      }
+    }
+    report.finished++;
+    report.freedBytes += size;
+  }
+  return report;
+}
