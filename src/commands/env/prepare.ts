@@ -1,12 +1,9 @@
 import { defineCommand } from "citty";
-import prettyBytes from "pretty-bytes";
 import { homeLayout } from "../../config/paths.ts";
-import { ensureImage, parsePullPolicy, refuseImageWithRequirements } from "../../docker/index.ts";
 import { UsageError } from "../../errors.ts";
 import { prepareEnv } from "../../env/prepare.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { installerArgs, outputArgs, rejectUnknownFlags, repeated } from "../_args.ts";
-import { imageHooks, imageJson, imageSummary } from "../_image-ui.ts";
 import { prepareHooks, prepareFailure } from "../_prepare-ui.ts";
 
 const args = {
@@ -30,6 +27,8 @@ export default defineCommand({
     const specs = repeated(rawArgs, ["-p", "--package"]);
     const layout = homeLayout();
     if (a.image !== undefined || a.pull !== undefined) {
+      // Loaded only for images: the container code (and the YAML parser it brings) costs a warm prepare ~2 ms.
+      const [{ ensureImage, parsePullPolicy, refuseImageWithRequirements }, { imageHooks, imageJson, imageSummary }] = await Promise.all([import("../../docker/index.ts"), import("../_image-ui.ts")]);
       if (a.image === undefined) throw new UsageError("--pull goes with --image");
       refuseImageWithRequirements(a.image, Boolean(a.requirements || specs.length), "env prepare");
       const other = (["python", "index-url", "extra-index-url", "find-links"] as const).find((f) => a[f] !== undefined);
@@ -55,7 +54,7 @@ export default defineCommand({
         { hooks: prepareHooks(out) },
       );
       for (const finding of result.check) out.log.warn(`pip check: ${finding}`);
-      const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${prettyBytes(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
+      const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${(await import("pretty-bytes")).default(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
       out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);
       out.result(
         { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check },
