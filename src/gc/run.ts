@@ -134,7 +134,12 @@ export async function runGc(layout: HomeLayout, opts: GcOptions): Promise<GcRepo
     };
 
     // Remains of dead builds are garbage whatever the limit (their lock was free when listed; remove() takes it).
-    for (const e of entries) if (e.state === "incomplete") await remove(e, "incomplete");
+    for (const e of entries) {
+      if (e.state !== "incomplete") continue;
+      const kept = protectedBy(e, { now, minAgeMs: 0, keep: opts.keep });
+      if (kept.length) report.skipped.push({ ...item(e), reasons: kept });
+      else await remove(e, "incomplete");
+    }
 
     if (target !== null) {
       const protection = { now, minAgeMs: opts.minAgeMs, keep: opts.keep };
