@@ -1,0 +1,197 @@
+/**
+ * `gpulayer env prepare`, as whole processes of the built binary, side by side:
+ *   warm: a prepare that finds its env  vs  `python -c pass` (and Bun's own floor)
+ *   cold: a build into a fresh GPULAYER_HOME  vs  `python -m venv --without-pip` + `pip install`
+ * of the same small request (3 tiny wheels, a chain of dependencies) from the same
+ * PEP 503 index on 127.0.0.1. Writes the tables to docs/bench-prepare.md.
+ *
+ * Run: bun run bench/prepare.ts   (BENCH_RUNS=30 warm runs, BENCH_COLD_RUNS=5, BENCH_REBUILD=1)
+ */
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { PackageIndex } from "../test/fixtures/index.ts";
+import { makeWorkerVenv } from "../test/helpers.ts";
+import { ROOT, stats } from "./_lib.ts";
+
+type Stats = ReturnType<typeof stats>;
+
+function newestSource(dir: string): number {
+  let newest = 0;
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    newest = Math.max(newest, e.isDirectory() ? newestSource(p) : statSync(p).mtimeMs);
+  }
+  return newest;
+}
+
+/** dist/gpulayer, built when missing or older than src/ (`bun run build`, else a plain `bun build --compile`). */
+async function ensureBinary(): Promise<{ bin: string; how: string }> {
+  const bin = join(ROOT, "dist", "gpulayer");
+  if (existsSync(bin) && !process.env.BENCH_REBUILD && statSync(bin).mtimeMs >= newestSource(join(ROOT, "src"))) return { bin, how: "dist/gpulayer as found" };
+  const build = await run(["bun", "run", "build"], { cwd: ROOT });
+  if (build.code === 0 && existsSync(bin)) return { bin, how: "bun run build" };
+  console.error(`bun run build failed (${build.err.trim().split("\n").pop()}); falling back to a plain bun build --compile`);
+  mkdirSync(join(ROOT, "dist"), { recursive: true });
+  const plain = ["bun", "build", "--compile", "--minify", "--no-compile-autoload-dotenv", "--no-compile-autoload-bunfig", "src/cli.ts", "--outfile", bin];
+  const r = await run(plain, { cwd: ROOT });
+  if (r.code !== 0) throw new Error(`cannot build dist/gpulayer: ${r.err}`);
+  return { bin, how: plain.join(" ") };
+}
+
+/** One whole process (async: the index server in this process must keep answering). */
+async function run(argv: string[], opts: { env?: Record<string, string>; cwd?: string } = {}) {
+  const p = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdout: "pipe", stderr: "pipe", stdin: "ignore" });
+  const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+  return { out, err, code };
+}
+
+async function timed(argv: string[], opts: { env?: Record<string, string>; cwd?: string } = {}): Promise<number> {
+  const t = performance.now();
+  const p = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdout: "ignore", stderr: "ignore", stdin: "ignore" });
+  const code = await p.exited;
+  const ms = performance.now() - t;
+  if (code !== 0) throw new Error(`${argv.join(" ")} exited ${code}`);
+  return ms;
+}
+
+/** Alternate the contenders run by run, so the machine's drift hits all alike. */
+async function sideBySide(contenders: [string, () => Promise<number>][], runs: number, warmup: number): Promise<[string, Stats][]> {
+  const samples = contenders.map(() => [] as number[]);
+  for (let i = 0; i < warmup + runs; i++) {
+    for (const [j, [, fn]] of contenders.entries()) {
+      const ms = await fn();
+      if (i >= warmup) samples[j]!.push(ms);
+    }
+  }
+  return contenders.map(([name], j) => [name, stats(samples[j]!)]);
+}
+
+function table(rows: [string, Stats][], baseline: string, unit: "ms" | "s"): string[] {
+  const base = rows.find(([n]) => n === baseline)![1].median;
+  const f = (ms: number) => (unit === "s" ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(1)} ms`);
+  return ["| | median | p90 | min | ratio |", "|---|---:|---:|---:|---:|", ...rows.map(([n, s]) => `| ${n} | ${f(s.median)} | ${f(s.p90)} | ${f(s.min)} | ${(s.median / base).toFixed(2)}x |`)];
+}
+
+const sh = (cmd: string) => Bun.spawnSync(["sh", "-c", cmd]).stdout.toString().trim();
+
+const { bin, how } = await ensureBinary();
+const work = mkdtempSync(join(tmpdir(), "gpl-bench-prepare-"));
+const index = new PackageIndex(join(work, "index")).start();
+try {
+  index.wheel({ name: "bench-top", version: "1.0", requires: ["bench-mid>=1"] });
+  index.wheel({ name: "bench-mid", version: "1.0", requires: ["bench-leaf"] });
+  index.wheel({ name: "bench-leaf", version: "1.0" });
+  const base: Record<string, string> = {};
+  for (const [k, v] of Object.entries(process.env)) if (v !== undefined && !/^(PIP_|UV_|GPULAYER_)/.test(k)) base[k] = v;
+  Object.assign(base, { PIP_CONFIG_FILE: "/dev/null", PIP_DISABLE_PIP_VERSION_CHECK: "1", NO_COLOR: "1" });
+  // A worker venv with pip (gpulayer's usual case: the worker's pip through the .pth).
+  const worker = await makeWorkerVenv(join(work, "worker"), { withPip: true, env: { ...base, UV_CACHE_DIR: join(work, "uv-cache") } });
+  const request = ["-p", "bench-top", "--index-url", index.url, "--python", worker];
+
+  // An empty program compiled the same way: Bun's own floor for a compiled binary.
+  writeFileSync(join(work, "empty.ts"), "");
+  const floor = join(work, "empty");
+  await run(["bun", "build", "--compile", "--minify", join(work, "empty.ts"), "--outfile", floor]);
+
+  // Warm: one build, then the prepare that finds it.
+  const warmEnv = { ...base, GPULAYER_HOME: join(work, "home-warm"), PIP_CACHE_DIR: join(work, "pip-cache-warm"), UV_CACHE_DIR: join(work, "uv-cache") };
+  const first = await run([bin, "env", "prepare", ...request, "--json"], { env: warmEnv });
+  if (first.code !== 0) throw new Error(`first prepare failed: ${first.err}`);
+  const runs = Number(process.env.BENCH_RUNS ?? 30);
+  const warm = await sideBySide(
+    [
+      ["`python -c pass` (the worker's python)", () => timed([worker, "-c", "pass"], { env: warmEnv })],
+      ["`gpulayer env prepare` (warm: reused)", () => timed([bin, "env", "prepare", ...request, "--quiet"], { env: warmEnv })],
+      ["`gpulayer --version` (the binary's startup)", () => timed([bin, "--version"], { env: warmEnv })],
+      ["empty program, `bun build --compile` (Bun's floor)", () => timed([floor], { env: warmEnv })],
+    ],
+    runs,
+    3,
+  );
+
+  // Cold: a fresh home and fresh pip/uv caches each run, for both.
+  let n = 0;
+  const fresh = () => {
+    const dir = join(work, `cold-${n++}`);
+    mkdirSync(dir);
+    return { dir, env: { ...base, GPULAYER_HOME: join(dir, "home"), PIP_CACHE_DIR: join(dir, "pip-cache"), UV_CACHE_DIR: join(dir, "uv-cache") } };
+  };
+  const coldRuns = Number(process.env.BENCH_COLD_RUNS ?? 5);
+  let steps = "";
+  const cold = await sideBySide(
+    [
+      ["`gpulayer env prepare` (cold: venv, link, pip install, pip check)", async () => {
+        const { env } = fresh();
+        const t = performance.now();
+        const r = await run([bin, "env", "prepare", ...request], { env });
+        if (r.code !== 0) throw new Error(r.err);
+        steps = r.err.trim();
+        return performance.now() - t;
+      }],
+      ["`python -m venv --without-pip` + `pip --python … install`", async () => {
+        const { dir, env } = fresh();
+        const t = performance.now();
+        await timed([worker, "-m", "venv", "--without-pip", join(dir, "venv")], { env });
+        await timed([worker, "-m", "pip", "--python", join(dir, "venv", "bin", "python"), "install", "--index-url", index.url, "bench-top"], { env });
+        return performance.now() - t;
+      }],
+      ...(Bun.which("uv")
+        ? ([["`uv venv` + `uv pip install` (reference)", async () => {
+            const { dir, env } = fresh();
+            const t = performance.now();
+            await timed(["uv", "venv", "--no-config", "--quiet", "--python", worker, join(dir, "venv")], { env });
+            await timed(["uv", "pip", "install", "--no-config", "--quiet", "--python", join(dir, "venv", "bin", "python"), "--index-url", index.url, "bench-top"], { env });
+            return performance.now() - t;
+          }]] as [string, () => Promise<number>][])
+        : []),
+    ],
+    coldRuns,
+    1,
+  );
+
+  const versions = [
+    `gpulayer ${(await run([bin, "--version"])).out.trim()} (${how})`,
+    `bun ${Bun.version}`,
+    (await run([worker, "--version"])).out.trim(),
+    (await run([worker, "-m", "pip", "--version"])).out.trim().split(" from ")[0]!,
+    Bun.which("uv") ? (await run(["uv", "--version"])).out.trim() : "uv: not on PATH",
+  ];
+  const lines = [
+    "# Benchmark: `gpulayer env prepare`",
+    "",
+    "Made by `bun run bench/prepare.ts` (it rewrites this part; the notes below stay). Whole processes, alternated run by run;",
+    "the request is 3 tiny wheels in a dependency chain (`bench-top` → `bench-mid` → `bench-leaf`) from a PEP 503",
+    "index on 127.0.0.1; the worker is a venv with pip, made with uv.",
+    "",
+    `- machine: ${sh("nproc")} CPUs (nproc), ${sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2") || process.arch}, load average at start ${sh("cut -d' ' -f1-3 /proc/loadavg")}`,
+    `- ${versions.join("; ")}`,
+    `- date: ${new Date().toISOString()}`,
+    "",
+    `## Warm: the env is there (${runs} runs each, after 3 warm-up runs)`,
+    "",
+    ...table(warm, "`python -c pass` (the worker's python)", "ms"),
+    "",
+    `## Cold: a build from nothing (${coldRuns} runs each, after 1 warm-up; fresh GPULAYER_HOME, pip and uv caches every run)`,
+    "",
+    ...table(cold, "`python -m venv --without-pip` + `pip --python … install`", "s"),
+    "",
+    "Steps of the last cold gpulayer run (its progress on stderr):",
+    "",
+    "```",
+    steps,
+    "```",
+  ];
+  const doc = lines.join("\n");
+  console.log(doc);
+  // Only the part between the markers is rewritten: notes kept below them survive a new run.
+  const file = join(ROOT, "docs", "bench-prepare.md");
+  const [begin, end] = ["<!-- bench:begin -->", "<!-- bench:end -->"];
+  const old = existsSync(file) ? await Bun.file(file).text() : "";
+  const kept = old.includes(begin) && old.includes(end) ? [old.slice(0, old.indexOf(begin)), old.slice(old.indexOf(end) + end.length)] : ["", "\n"];
+  mkdirSync(join(ROOT, "docs"), { recursive: true });
+  writeFileSync(file, `${kept[0]}${begin}\n${doc}\n${end}${kept[1]}`);
+} finally {
+  index.stop();
+  rmSync(work, { recursive: true, force: true });
+}
