@@ -70,7 +70,8 @@ export function formatAgo(ms: number, now = Date.now()): string {
   if (s < 60) return `${Math.round(s)}s ago`;
   if (s < 3600) return `${Math.round(s / 60)} min ago`;
   if (s < 86400) return `${Math.round(s / 3600)} h ago`;
-  return `${Math.round(s / 86400)} days ago`;
+  const days = Math.round(s / 86400);
+  return `${days} day${days === 1 ? "" : "s"} ago`;
 }
 
 /** Left-aligned columns for tables. */
