@@ -103,6 +103,8 @@ async function compile(target: Target, outfile: string, info: BuildInfo, cross: 
     // output here because cli.ts uses top-level await (Bun's bytecode default is CJS).
     "--bytecode",
     "--format=esm",
+    // Lazy subcommands become their own chunks: a warm `env prepare` parses only what it runs.
+    "--splitting",
     "--sourcemap=none",
     "--no-compile-autoload-dotenv",
     "--no-compile-autoload-bunfig",

@@ -7,10 +7,10 @@ export function prepareHooks(out: Output): PrepareHooks {
   const started = performance.now();
   const elapsed = () => formatSeconds((performance.now() - started) / 1000);
   return {
-    onResolved: (r) => out.log.debug(`key ${r.key} (${r.summary}) python ${r.interpreter.path} ${r.isolated ? "isolated installer config" : "machine pip config counted in key"}`),
+    onResolved: (r) => out.debug(() => `key ${r.key} (${r.summary}) python ${r.interpreter.path} ${r.isolated ? "isolated installer config" : "machine pip config counted in key"}`),
     onWait: (m) => out.progress(`… ${m}`),
     onStep: (step, detail) => out.progress(`[${elapsed()}] ${step} ${detail}`),
-    onStepDone: (step, s) => out.log.debug(`${step} took ${formatSeconds(s)}`),
+    onStepDone: (step, s) => out.debug(() => `${step} took ${formatSeconds(s)}`),
     onOutput: (line) => out.tool(line),
   };
 }

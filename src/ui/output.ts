@@ -1,4 +1,4 @@
-import { createConsola, type ConsolaInstance } from "consola";
+import type { ConsolaInstance } from "consola";
 
 export interface OutputFlags {
   json?: boolean;
@@ -12,15 +12,27 @@ export interface OutputFlags {
  * JSON document.
  */
 export class Output {
-  readonly log: ConsolaInstance;
-  constructor(readonly flags: OutputFlags) {
-    // consola sends info to stdout by default; all logs belong on stderr.
-    this.log = createConsola({
-      stdout: process.stderr,
-      stderr: process.stderr,
-      level: flags.quiet ? 1 : flags.verbose ? 4 : 3,
-      formatOptions: { date: false, compact: true },
-    });
+  private logger?: ConsolaInstance;
+  constructor(readonly flags: OutputFlags) {}
+
+  /** consola, loaded on first use: it costs ~4 ms of startup that the warm path does not need. */
+  get log(): ConsolaInstance {
+    if (!this.logger) {
+      const { createConsola } = require("consola") as typeof import("consola");
+      // consola sends info to stdout by default; all logs belong on stderr.
+      this.logger = createConsola({
+        stdout: process.stderr,
+        stderr: process.stderr,
+        level: this.flags.quiet ? 1 : this.flags.verbose ? 4 : 3,
+        formatOptions: { date: false, compact: true },
+      });
+    }
+    return this.logger;
+  }
+
+  /** A debug line, built only with --verbose. */
+  debug(message: () => string): void {
+    if (this.flags.verbose) this.log.debug(message());
   }
 
   get json(): boolean {
