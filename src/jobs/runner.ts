@@ -1,6 +1,7 @@
 import { closeSync, openSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
+import { defaultPython } from "../config/python.ts";
 import { InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
 import { type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, refuseImageWithRequirements, type RunningContainer, runContainer } from "../docker/index.ts";
@@ -135,7 +136,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
         {
           requirementsFile: spec.environment.requirementsFile,
           specs: spec.environment.specs,
-          python: spec.environment.python ?? process.env.GPULAYER_PYTHON,
+          python: spec.environment.python ?? defaultPython(layout),
           indexUrl: spec.environment.indexUrl,
           extraIndexUrls: spec.environment.extraIndexUrls,
           findLinks: spec.environment.findLinks,
