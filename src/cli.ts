@@ -13,6 +13,9 @@ const main = defineCommand({
     env: () => import("./commands/env/index.ts").then((m) => m.default),
     job: () => import("./commands/job/index.ts").then((m) => m.default),
     gc: () => import("./commands/gc.ts").then((m) => m.default),
+    server: () => import("./commands/server.ts").then((m) => m.default),
+    join: () => import("./commands/join.ts").then((m) => m.default),
+    workers: () => import("./commands/workers.ts").then((m) => m.default),
     version: () => import("./commands/version.ts").then((m) => m.default),
   },
 });

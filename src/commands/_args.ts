@@ -16,6 +16,17 @@ export const installerArgs = {
   "find-links": { type: "string", valueHint: "DIR|URL", description: "A folder or page of distributions to use (repeatable)" },
 } as const satisfies ArgsDef;
 
+/** Run against a coordinator instead of this machine; shared by `env prepare`, `job …` and `workers`. */
+export const serverArgs = {
+  server: { type: "string", valueHint: "URL", description: "A gpulayer server to run against (else GPULAYER_SERVER; neither: this machine)" },
+  token: { type: "string", valueHint: "TOKEN", description: "The server's token (else GPULAYER_TOKEN)" },
+} as const satisfies ArgsDef;
+
+/** Narrow which workers may take the work (with a server). */
+export const labelArgs = {
+  label: { type: "string", valueHint: "K=V", description: "With a server: only workers with this label (repeatable)" },
+} as const satisfies ArgsDef;
+
 /**
  * citty keeps only the last value of a repeated flag; collect all of them
  * from the raw arguments (before `--`).

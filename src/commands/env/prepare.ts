@@ -3,7 +3,8 @@ import { homeLayout } from "../../config/paths.ts";
 import { UsageError } from "../../errors.ts";
 import { prepareEnv } from "../../env/prepare.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
-import { installerArgs, outputArgs, rejectUnknownFlags, repeated } from "../_args.ts";
+import { remoteTarget } from "../../cluster/client.ts";
+import { installerArgs, labelArgs, outputArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
 import { prepareHooks, prepareFailure } from "../_prepare-ui.ts";
 
 const args = {
@@ -12,6 +13,8 @@ const args = {
   image: { type: "string", valueHint: "REF", description: "Pull a container image ahead of jobs (Docker or Podman), or find it already here" },
   pull: { type: "string", valueHint: "missing|always|never", description: "With --image: pull only when missing (default), always, or never" },
   ...installerArgs,
+  ...serverArgs,
+  ...labelArgs,
   ...outputArgs,
 } as const;
 
@@ -26,6 +29,11 @@ export default defineCommand({
     const out = new Output(a);
     const specs = repeated(rawArgs, ["-p", "--package"]);
     const layout = homeLayout();
+    const remote = remoteTarget(a, rawArgs);
+    if (remote) {
+      const request = { requirementsFile: a.requirements, specs, python: a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), image: a.image, pull: a.pull };
+      return (await import("../../cluster/remote-prepare.ts")).prepareRemote(remote, request, rawArgs, out);
+    }
     if (a.image !== undefined || a.pull !== undefined) {
       // Loaded only for images: the container code (and the YAML parser it brings) costs a warm prepare ~2 ms.
       const [{ ensureImage, parsePullPolicy, refuseImageWithRequirements }, { imageHooks, imageJson, imageSummary }] = await Promise.all([import("../../docker/index.ts"), import("../_image-ui.ts")]);

@@ -3,9 +3,10 @@ import { homeLayout } from "../../config/paths.ts";
 import { cancelJob } from "../../jobs/cancel.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { Output } from "../../ui/output.ts";
-import { outputArgs, rejectUnknownFlags } from "../_args.ts";
+import { remoteTarget } from "../../cluster/client.ts";
+import { outputArgs, rejectUnknownFlags, serverArgs } from "../_args.ts";
 
-const args = { id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" }, ...outputArgs } as const;
+const args = { id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" }, ...serverArgs, ...outputArgs } as const;
 
 export default defineCommand({
   meta: { name: "cancel", description: "Stop a job and all its processes (SIGTERM, then SIGKILL after GPULAYER_CANCEL_GRACE seconds)" },
@@ -13,6 +14,8 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
+    const remote = remoteTarget(a);
+    if (remote) return (await import("../../cluster/remote-views.ts")).remoteCancel(remote, a.id, out);
     const store = new JobStore(homeLayout());
     const job = await cancelJob(store, store.find(a.id));
     store.close();

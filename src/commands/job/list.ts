@@ -4,9 +4,10 @@ import { reconcile } from "../../jobs/detach.ts";
 import { jobStatus } from "../../jobs/status.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { formatAgo, formatSeconds, Output, table } from "../../ui/output.ts";
-import { outputArgs, rejectUnknownFlags } from "../_args.ts";
+import { remoteTarget } from "../../cluster/client.ts";
+import { outputArgs, rejectUnknownFlags, serverArgs } from "../_args.ts";
 
-const args = { limit: { type: "string", default: "50", description: "How many jobs to show" }, ...outputArgs } as const;
+const args = { limit: { type: "string", default: "50", description: "How many jobs to show" }, ...serverArgs, ...outputArgs } as const;
 
 export default defineCommand({
   meta: { name: "list", description: "List jobs, newest first, with state and phase durations" },
@@ -14,6 +15,8 @@ export default defineCommand({
   run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
+    const remote = remoteTarget(a);
+    if (remote) return import("../../cluster/remote-views.ts").then((m) => m.remoteList(remote, Math.max(1, Number(a.limit) || 50), out));
     const store = new JobStore(homeLayout());
     const statuses = store.list(Math.max(1, Number(a.limit) || 50)).map((j) => jobStatus(store, reconcile(store, j)));
     store.close();

@@ -2,11 +2,13 @@ import { defineCommand } from "citty";
 import { homeLayout } from "../../config/paths.ts";
 import { followLog } from "../../jobs/logs.ts";
 import { JobStore } from "../../jobs/store.ts";
-import { rejectUnknownFlags } from "../_args.ts";
+import { remoteTarget } from "../../cluster/client.ts";
+import { rejectUnknownFlags, serverArgs } from "../_args.ts";
 
 const args = {
   id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" },
   follow: { type: "boolean", alias: "f", description: "Keep printing new output until the job ends" },
+  ...serverArgs,
 } as const;
 
 export default defineCommand({
@@ -14,6 +16,8 @@ export default defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
+    const remote = remoteTarget(a);
+    if (remote) return (await import("../../cluster/remote-views.ts")).remoteLogs(remote, a.id, Boolean(a.follow));
     const store = new JobStore(homeLayout());
     const job = store.find(a.id);
     await followLog(store, job.id, Boolean(a.follow), (chunk) => process.stdout.write(chunk));

@@ -7,7 +7,8 @@ import { buildJobSpec } from "../../jobs/spec.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { jobStatus } from "../../jobs/status.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
-import { afterDoubleDash, installerArgs, outputArgs, rejectUnknownFlags, repeated } from "../_args.ts";
+import { remoteTarget } from "../../cluster/client.ts";
+import { afterDoubleDash, installerArgs, labelArgs, outputArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
 import { imageHooks } from "../_image-ui.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
 
@@ -21,6 +22,8 @@ const args = {
   image: { type: "string", valueHint: "REF", description: "Run in this container image" },
   name: { type: "string", description: "A name for the job" },
   detach: { type: "boolean", alias: "d", description: "Start in the background and print the job id" },
+  ...serverArgs,
+  ...labelArgs,
   ...outputArgs,
 } as const;
 
@@ -55,6 +58,8 @@ export default defineCommand({
       },
       process.cwd(),
     );
+    const remote = remoteTarget(a, rawArgs);
+    if (remote) return (await import("../../cluster/remote-job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out });
     const store = new JobStore(layout);
     const job = store.create(spec);
     if (a.detach) {

@@ -1,0 +1,96 @@
+/**
+ * Time from `gpulayer job run` to the job's first output line, on a warm
+ * worker through a server (127.0.0.1), against the same job run locally,
+ * side by side in one run (alternating, so drift hits both alike).
+ * Run: bun run bench/cluster.ts   (BENCH_RUNS=20 by default)
+ */
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { binary, machine, printTable, stats } from "./_lib.ts";
+
+const bin = binary();
+const root = mkdtempSync(join(tmpdir(), "gpl-bench-cluster-"));
+const token = `bench-${crypto.randomUUID()}`;
+const base: Record<string, string> = { ...(process.env as Record<string, string>), GPULAYER_WORKER_ENGINE: "none", PIP_CONFIG_FILE: "/dev/null" };
+for (const k of ["GPULAYER_SERVER", "GPULAYER_TOKEN", "GPULAYER_HOME"]) delete base[k];
+const home = (name: string) => ({ ...base, GPULAYER_HOME: join(root, name) });
+const python = Bun.which("python3")!;
+
+const children: Bun.Subprocess[] = [];
+function start(args: string[], env: Record<string, string>) {
+  const proc = Bun.spawn([bin, ...args], { env, stdin: "ignore", stdout: "pipe", stderr: process.env.BENCH_VERBOSE ? "inherit" : "ignore" });
+  children.push(proc);
+  return proc;
+}
+
+/** The first line, as soon as it arrives; the rest is read on (a closed pipe would break the writer). */
+function firstLine(stream: ReadableStream<Uint8Array>, what: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    let text = "";
+    void (async () => {
+      for await (const chunk of stream) {
+        text += new TextDecoder().decode(chunk);
+        if (text.includes("\n")) resolve(text);
+      }
+      reject(new Error(`${what} ended before printing a line`));
+    })();
+  });
+}
+
+/** Wall time from starting `gpulayer job run` to the job's first line on stdout; then waits for the exit. */
+async function toFirstLine(args: string[], env: Record<string, string>, cwd: string): Promise<number> {
+  const t = performance.now();
+  const proc = Bun.spawn([bin, ...args], { env, cwd, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
+  const line = await firstLine(proc.stdout as ReadableStream<Uint8Array>, args.join(" "));
+  const ms = performance.now() - t;
+  if (!line.startsWith("first")) throw new Error(`unexpected first line: ${line}`);
+  const code = await proc.exited;
+  if (code !== 0) throw new Error(`${args.join(" ")} exited ${code}: ${await new Response(proc.stderr).text()}`);
+  return ms;
+}
+
+try {
+  const server = start(["server", "--listen", "127.0.0.1:0", "--token", token, "--json"], home("server"));
+  let doc = "";
+  for await (const c of server.stdout as ReadableStream<Uint8Array>) {
+    doc += new TextDecoder().decode(c);
+    if (doc.trimEnd().endsWith("}")) break;
+  }
+  const url = JSON.parse(doc).url as string;
+  start(["join", url, "--token", token, "--name", "bench", "--python", python], home("worker"));
+  const client = { ...home("client"), GPULAYER_SERVER: url, GPULAYER_TOKEN: token };
+  for (let i = 0; i < 100; i++) {
+    const r = Bun.spawnSync([bin, "workers", "--json"], { env: client });
+    if (r.exitCode === 0 && JSON.parse(r.stdout.toString()).length) break;
+    await Bun.sleep(100);
+  }
+
+  const work = join(root, "work");
+  mkdirSync(work);
+  writeFileSync(join(work, "job.py"), "print('first', flush=True)\nimport time\ntime.sleep(0.05)\nprint('done')\n");
+  const job = ["job", "run", "--quiet", "--python", python, "--", "python", "job.py"];
+  const remoteJob = ["job", "run", "--quiet", "--", "python", "job.py"];
+  const local = home("local");
+
+  // Warm both: the env built (local home, worker home), the bundle uploaded, the interpreter probed.
+  for (let i = 0; i < 3; i++) {
+    await toFirstLine(job, local, work);
+    await toFirstLine(remoteJob, client, work);
+  }
+  const runs = Number(process.env.BENCH_RUNS ?? 20);
+  const samples: Record<string, number[]> = { "local: gpulayer job run (warm env)": [], "remote: job run via server, warm worker": [] };
+  for (let i = 0; i < runs; i++) {
+    samples["local: gpulayer job run (warm env)"]!.push(await toFirstLine(job, local, work));
+    samples["remote: job run via server, warm worker"]!.push(await toFirstLine(remoteJob, client, work));
+  }
+  const results = Object.entries(samples).map(([k, v]) => [k, stats(v)] as [string, ReturnType<typeof stats>]);
+  console.log(`machine: ${machine()}; ${runs} runs each, alternating; server and worker on 127.0.0.1`);
+  printTable("time from `job run` to the job's first output line", results, "local: gpulayer job run (warm env)");
+  const added = results[1]![1].median - results[0]![1].median;
+  console.log(`\nadded by going through the server: ${added.toFixed(1)} ms (median); includes packing the workdir, the submit, dispatch, the worker's long poll, unpacking, and streaming the line back`);
+} finally {
+  for (const c of children) c.kill("SIGTERM");
+  await Promise.all(children.map((c) => c.exited));
+  rmSync(root, { recursive: true, force: true });
+}

@@ -1,0 +1,234 @@
+import bytes from "bytes";
+import ignore, { type Ignore } from "ignore";
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync } from "node:fs";
+import { dirname, isAbsolute, join, posix, relative, resolve } from "node:path";
+import * as tar from "tar";
+import { UserError } from "../errors.ts";
+
+/**
+ * Bundles: a job's workdir as a tar.gz, packed the same way every time (sorted
+ * entries, no owners, no times), so its sha256 names its content and an
+ * unchanged folder is never sent twice. Unpacking checks every entry before
+ * anything is written.
+ */
+
+/** What is never worth sending, as .gitignore patterns (at any depth). */
+export const DEFAULT_EXCLUDES = [".git/", ".hg/", ".svn/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".mypy_cache/", ".pytest_cache/", ".ruff_cache/", ".tox/", "node_modules/", ".ipynb_checkpoints/", ".DS_Store"];
+const IGNORE_FILES = [".gitignore", ".gpulayerignore"];
+
+export interface BundleLimits {
+  /** The packed bundle (what travels). */
+  maxBytes: number;
+  /** The files inside it, unpacked. */
+  maxUnpackedBytes: number;
+  maxEntries: number;
+}
+
+function sizeSetting(value: string | undefined, fallback: number, name: string): number {
+  if (!value) return fallback;
+  const parsed = bytes.parse(value);
+  if (parsed === null || !Number.isFinite(parsed) || parsed <= 0) throw new UserError(`${name}: not a size: ${value} (e.g. 200MB, 2GB)`);
+  return parsed;
+}
+
+export function bundleLimits(env: NodeJS.ProcessEnv = process.env): BundleLimits {
+  return {
+    maxBytes: sizeSetting(env.GPULAYER_BUNDLE_MAX, 200 * 1024 ** 2, "GPULAYER_BUNDLE_MAX"),
+    maxUnpackedBytes: sizeSetting(env.GPULAYER_BUNDLE_MAX_UNPACKED, 2 * 1024 ** 3, "GPULAYER_BUNDLE_MAX_UNPACKED"),
+    maxEntries: 200_000,
+  };
+}
+
+export class BundleError extends UserError {
+  override name = "BundleError";
+}
+
+interface Rule {
+  base: string;
+  ig: Ignore;
+}
+
+function rulesIn(absDir: string, base: string): Rule[] {
+  const rules: Rule[] = [];
+  for (const name of IGNORE_FILES) {
+    const file = join(absDir, name);
+    if (existsSync(file)) rules.push({ base, ig: ignore().add(readFileSync(file, "utf8")) });
+  }
+  return rules;
+}
+
+/** Deeper files win, and a `!pattern` re-includes, as in git. */
+function ignored(rules: Rule[], rel: string, isDir: boolean): boolean {
+  let out = false;
+  for (const r of rules) {
+    const sub = r.base ? rel.slice(r.base.length + 1) : rel;
+    const res = r.ig.test(isDir ? `${sub}/` : sub);
+    if (res.ignored) out = true;
+    else if (res.unignored) out = false;
+  }
+  return out;
+}
+
+export interface FileList {
+  /** Paths relative to the root, sorted, folders before what they hold. */
+  entries: string[];
+  rawBytes: number;
+  skipped: { path: string; reason: string }[];
+  /** Top-level entries by size, biggest first (for the size-limit message). */
+  sizes: { path: string; bytes: number }[];
+}
+
+/** What a bundle of `root` holds: .gitignore, .gpulayerignore and the default excludes honoured; links kept only when they stay inside. */
+export function listWorkdir(root: string): FileList {
+  const list: FileList = { entries: [], rawBytes: 0, skipped: [], sizes: [] };
+  const top = new Map<string, number>();
+  const walk = (absDir: string, relDir: string, rules: Rule[]) => {
+    const here = [...rules, ...rulesIn(absDir, relDir)];
+    const names = readdirSync(absDir).sort();
+    for (const name of names) {
+      const rel = relDir ? `${relDir}/${name}` : name;
+      const abs = join(absDir, name);
+      const st = lstatSync(abs);
+      const topName = rel.split("/")[0]!;
+      if (st.isSymbolicLink()) {
+        if (ignored(here, rel, false)) continue;
+        const target = readlinkSync(abs);
+        const inside = relative(root, resolve(absDir, target));
+        if (isAbsolute(target) || inside.startsWith("..") || isAbsolute(inside)) list.skipped.push({ path: rel, reason: `link to ${target} points outside the workdir` });
+        else list.entries.push(rel);
+      } else if (st.isDirectory()) {
+        if (ignored(here, rel, true)) continue;
+        list.entries.push(rel);
+        walk(abs, rel, here);
+      } else if (st.isFile()) {
+        if (ignored(here, rel, false)) continue;
+        list.entries.push(rel);
+        list.rawBytes += st.size;
+        top.set(topName, (top.get(topName) ?? 0) + st.size);
+      } else list.skipped.push({ path: rel, reason: "not a file, folder or link" });
+    }
+  };
+  walk(root, "", [{ base: "", ig: ignore().add(DEFAULT_EXCLUDES) }]);
+  list.sizes = [...top.entries()].map(([path, n]) => ({ path, bytes: n })).sort((a, b) => b.bytes - a.bytes);
+  return list;
+}
+
+export interface PackResult {
+  file: string;
+  hash: string;
+  bytes: number;
+  files: number;
+  entries: string[];
+  rawBytes: number;
+  skipped: FileList["skipped"];
+}
+
+function tooBig(what: string, size: number, limit: number, setting: string, sizes: FileList["sizes"]): BundleError {
+  const biggest = sizes
+    .slice(0, 3)
+    .map((s) => `${s.path} ${bytes.format(s.bytes)}`)
+    .join(", ");
+  return new BundleError(`${what} is ${bytes.format(size)}, over the limit of ${bytes.format(limit)} (${setting})${biggest ? `; biggest: ${biggest}` : ""}; leave out what the job does not need with .gpulayerignore`);
+}
+
+/** Pack `root` into `outFile` (tar.gz); its sha256 is the bundle's name. */
+export function packWorkdir(root: string, outFile: string, limits: BundleLimits = bundleLimits()): PackResult {
+  const list = listWorkdir(root);
+  if (list.rawBytes > limits.maxUnpackedBytes) throw tooBig(`the workdir ${root}`, list.rawBytes, limits.maxUnpackedBytes, "GPULAYER_BUNDLE_MAX_UNPACKED", list.sizes);
+  if (list.entries.length > limits.maxEntries) throw new BundleError(`the workdir ${root} has ${list.entries.length} entries, over the limit of ${limits.maxEntries}; leave some out with .gpulayerignore`);
+  mkdirSync(dirname(outFile), { recursive: true });
+  // An empty folder still makes a valid archive: its root entry alone.
+  const paths = list.entries.length ? list.entries : ["."];
+  tar.c({ gzip: { level: 6 }, cwd: root, portable: true, mtime: new Date(0), sync: true, file: outFile, noDirRecurse: true, follow: false }, paths);
+  const data = readFileSync(outFile);
+  if (data.length > limits.maxBytes) {
+    rmSync(outFile, { force: true });
+    throw tooBig(`the packed workdir ${root}`, data.length, limits.maxBytes, "GPULAYER_BUNDLE_MAX", list.sizes);
+  }
+  const hash = new Bun.CryptoHasher("sha256").update(data).digest("hex");
+  return { file: outFile, hash, bytes: data.length, files: list.entries.length, entries: list.entries, rawBytes: list.rawBytes, skipped: list.skipped };
+}
+
+export function isBundleHash(s: string): boolean {
+  return /^[0-9a-f]{64}$/.test(s);
+}
+
+const SAFE_TYPES = new Set(["File", "OldFile", "ContiguousFile", "Directory", "SymbolicLink", "Link"]);
+
+/** Why a path inside a bundle is unsafe, or null. */
+function unsafePath(p: string): string | null {
+  if (p.includes("\0")) return "has a NUL byte";
+  if (p.startsWith("/") || p.startsWith("\\") || /^[A-Za-z]:/.test(p)) return "is absolute";
+  if (p.split(/[\\/]+/).includes("..")) return "climbs out with ..";
+  return null;
+}
+
+/**
+ * Check every entry of a bundle, writing nothing: absolute paths, `..`,
+ * links that point outside (or entries that go through a link), devices and
+ * sizes over the limits are refused, with the first offending entry named.
+ */
+export function inspectBundle(file: string, limits: BundleLimits = bundleLimits()): { entries: number; bytes: number } {
+  const size = statSync(file).size;
+  if (size > limits.maxBytes) throw new BundleError(`bundle refused: ${bytes.format(size)} is over the limit of ${bytes.format(limits.maxBytes)} (GPULAYER_BUNDLE_MAX)`);
+  const problems: string[] = [];
+  const links = new Set<string>();
+  let entries = 0;
+  let total = 0;
+  const refuse = (path: string, why: string) => {
+    if (problems.length < 5) problems.push(`${JSON.stringify(path)} ${why}`);
+  };
+  const throughLink = (p: string) => {
+    const parts = p.split("/");
+    for (let i = 1; i < parts.length; i++) if (links.has(parts.slice(0, i).join("/"))) return true;
+    return false;
+  };
+  try {
+    tar.t({
+      file,
+      sync: true,
+      strict: true,
+      // The raw header path: no stripping of / or .. before these checks see it.
+      preservePaths: true,
+      onReadEntry: (entry) => {
+        entries++;
+        const p = entry.path.replace(/\/+$/, "");
+        total += entry.size ?? 0;
+        const bad = unsafePath(entry.path);
+        if (bad) return refuse(entry.path, bad);
+        if (!SAFE_TYPES.has(entry.type)) return refuse(entry.path, `is a ${entry.type}, not a file, folder or link`);
+        if (throughLink(p)) return refuse(entry.path, "goes through a link");
+        if (entry.type === "SymbolicLink") {
+          const target = entry.linkpath ?? "";
+          const lexical = posix.normalize(posix.join(posix.dirname(p), target));
+          if (!target || target.startsWith("/") || lexical === ".." || lexical.startsWith("../")) return refuse(entry.path, `is a link to ${JSON.stringify(target)}, outside the bundle`);
+          links.add(posix.normalize(p));
+        }
+        if (entry.type === "Link") {
+          const target = entry.linkpath ?? "";
+          const why = unsafePath(target);
+          if (!target || why || throughLink(posix.normalize(target))) return refuse(entry.path, `is a hard link to ${JSON.stringify(target)}, outside the bundle`);
+        }
+      },
+    });
+  } catch (error) {
+    throw new BundleError(`bundle refused: not a valid tar.gz (${(error as Error).message})`);
+  }
+  if (problems.length) throw new BundleError(`bundle refused: ${problems.join("; ")}`);
+  if (entries > limits.maxEntries) throw new BundleError(`bundle refused: ${entries} entries, over the limit of ${limits.maxEntries}`);
+  if (total > limits.maxUnpackedBytes) throw new BundleError(`bundle refused: ${bytes.format(total)} unpacked, over the limit of ${bytes.format(limits.maxUnpackedBytes)} (GPULAYER_BUNDLE_MAX_UNPACKED)`);
+  return { entries, bytes: total };
+}
+
+/** Check, then unpack into `dest` (created; must not exist yet). */
+export function unpackBundle(file: string, dest: string, limits: BundleLimits = bundleLimits()): void {
+  inspectBundle(file, limits);
+  if (existsSync(dest)) throw new BundleError(`cannot unpack into ${dest}: it exists already`);
+  mkdirSync(dest, { recursive: true });
+  try {
+    tar.x({ file, cwd: dest, sync: true, strict: true, preserveOwner: false, noMtime: true });
+  } catch (error) {
+    rmSync(dest, { recursive: true, force: true });
+    throw new BundleError(`unpacking the bundle failed: ${(error as Error).message}`);
+  }
+}

@@ -1,0 +1,98 @@
+import { UsageError, UserError } from "../errors.ts";
+
+/** Where a command runs: this machine (null) or a coordinator. */
+export interface RemoteTarget {
+  url: string;
+  token: string;
+}
+
+/**
+ * --server/--token, else GPULAYER_SERVER/GPULAYER_TOKEN. Null when no server
+ * is named: the command runs on this machine, exactly as without a cluster.
+ */
+export function remoteTarget(args: { server?: string; token?: string }, rawArgs: string[] = [], env: NodeJS.ProcessEnv = process.env): RemoteTarget | null {
+  const url = args.server || env.GPULAYER_SERVER;
+  if (!url) {
+    if (args.token) throw new UsageError("--token needs a server: --server URL or GPULAYER_SERVER");
+    const beforeDashes = rawArgs.includes("--") ? rawArgs.slice(0, rawArgs.indexOf("--")) : rawArgs;
+    if (beforeDashes.some((a) => a === "--label" || a.startsWith("--label="))) throw new UsageError("--label picks among a server's workers: it needs --server URL or GPULAYER_SERVER");
+    return null;
+  }
+  const token = args.token || env.GPULAYER_TOKEN;
+  const origin = args.server ? "--server" : "GPULAYER_SERVER";
+  if (!token) throw new UsageError(`${origin} ${url}: a token is needed too (--token or GPULAYER_TOKEN; the server printed it on its first start)`);
+  return { url: normalizeServerUrl(url, origin), token };
+}
+
+export function normalizeServerUrl(url: string, origin = "server URL"): string {
+  let parsed: URL;
+  try {
+    parsed = new URL(/^[a-z]+:\/\//i.test(url) ? url : `http://${url}`);
+  } catch {
+    throw new UsageError(`${origin}: not a URL: ${url}`);
+  }
+  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") throw new UsageError(`${origin}: expected http:// or https://, got ${url}`);
+  if (parsed.username || parsed.password) throw new UsageError(`${origin}: put the token in --token or GPULAYER_TOKEN, not in the URL`);
+  return `${parsed.protocol}//${parsed.host}${parsed.pathname.replace(/\/+$/, "")}`;
+}
+
+/** An HTTP answer that was not a success, with the server's own message. */
+export class HttpError extends UserError {
+  override name = "HttpError";
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly body: Record<string, unknown> = {},
+  ) {
+    super(message);
+  }
+}
+
+type Body = Record<string, unknown> | Uint8Array | undefined;
+
+/** The coordinator's API: JSON in and out, the token as a bearer credential (never put in a message). */
+export class ClusterClient {
+  constructor(
+    readonly url: string,
+    private readonly token: string,
+  ) {}
+
+  async request(method: string, path: string, body?: Body, opts: { signal?: AbortSignal; raw?: boolean } = {}): Promise<Response> {
+    const headers: Record<string, string> = { authorization: `Bearer ${this.token}` };
+    let payload: string | Uint8Array | undefined;
+    if (body instanceof Uint8Array) {
+      headers["content-type"] = "application/octet-stream";
+      payload = body;
+    } else if (body !== undefined) {
+      headers["content-type"] = "application/json";
+      payload = JSON.stringify(body);
+    }
+    let res: Response;
+    try {
+      res = await fetch(`${this.url}${path}`, { method, headers, body: payload, signal: opts.signal });
+    } catch (error) {
+      if ((error as Error).name === "AbortError") throw error;
+      throw new UserError(`cannot reach the gpulayer server at ${this.url}: ${(error as Error).message}`);
+    }
+    if (res.ok || (opts.raw && res.status === 404)) return res;
+    let data: Record<string, unknown> = {};
+    try {
+      data = (await res.json()) as Record<string, unknown>;
+    } catch {
+      // not JSON
+    }
+    if (res.status === 401) throw new HttpError(401, `the server at ${this.url} refused the token (401): check --token / GPULAYER_TOKEN`, data);
+    const message = typeof data.error === "string" ? data.error : `${method} ${path}: HTTP ${res.status}`;
+    throw new HttpError(res.status, message, data);
+  }
+
+  async json<T>(method: string, path: string, body?: Body, opts: { signal?: AbortSignal } = {}): Promise<T> {
+    const res = await this.request(method, path, body, opts);
+    return (await res.json()) as T;
+  }
+
+  async bytes(path: string, opts: { signal?: AbortSignal } = {}): Promise<{ data: Uint8Array; headers: Headers }> {
+    const res = await this.request("GET", path, undefined, opts);
+    return { data: new Uint8Array(await res.arrayBuffer()), headers: res.headers };
+  }
+}

@@ -1,0 +1,198 @@
+import { UsageError } from "../errors.ts";
+import type { JobStatus } from "../jobs/status.ts";
+
+/**
+ * What the coordinator, its workers and its clients say to each other: the
+ * JSON shapes of the HTTP API under /v1. One place, so the three sides agree.
+ */
+
+export interface GpuInfo {
+  index: number;
+  uuid: string | null;
+  name: string | null;
+  memoryMiB: number | null;
+  driver: string | null;
+}
+
+/** A machine as a worker reports it: read in milliseconds, nothing imported. */
+export interface MachineProbe {
+  hostname: string;
+  os: string;
+  arch: string;
+  cpus: number;
+  memoryBytes: number;
+  gpus: GpuInfo[];
+  python: { path: string; version: string } | null;
+  /** Why the worker's Python could not be probed, if it could not. */
+  pythonError?: string;
+  /** Every distribution the worker's Python has (normalised name → version); torch's from its version.py. */
+  frameworks: Record<string, string>;
+  /** torch.version.cuda, when torch is there. */
+  cuda: string | null;
+  engine: "docker" | "podman" | null;
+  probeMs: number;
+}
+
+export type WorkerState = "idle" | "busy" | "draining" | "lost" | "left";
+
+export interface WorkerView {
+  id: string;
+  name: string;
+  labels: Record<string, string>;
+  state: WorkerState;
+  registered: string;
+  last_seen: string;
+  slots: number;
+  running: number;
+  free_gpus: number[];
+  probe: MachineProbe;
+}
+
+/** A job as it travels: paths inside the bundle are relative to its root. */
+export interface RemoteSpec {
+  name: string;
+  argv: string[];
+  commandText: string;
+  env: Record<string, string>;
+  environment: {
+    requirementsFile?: string;
+    specs: string[];
+    python?: string;
+    indexUrl?: string;
+    extraIndexUrls: string[];
+    findLinks: string[];
+    image?: string;
+  };
+  resources: { gpus: number; frameworks: Record<string, string> };
+}
+
+export interface SubmitRequest {
+  spec: RemoteSpec;
+  bundle: string | null;
+  labels: Record<string, string>;
+  /** The client's folder, for display only. */
+  workdir: string;
+}
+
+export interface SubmitResponse {
+  id: string;
+  state: string;
+  waiting: string | null;
+}
+
+/** What `env prepare` asks of each worker. */
+export interface PrepareRequestPayload {
+  requirementsFile?: string;
+  specs: string[];
+  python?: string;
+  indexUrl?: string;
+  extraIndexUrls: string[];
+  findLinks: string[];
+  image?: string;
+  pull?: string;
+}
+
+export interface PrepareTaskResult {
+  status: "built" | "reused" | "pulled" | "failed";
+  seconds: number;
+  key?: string;
+  path?: string;
+  image?: string;
+  digest?: string;
+  message?: string;
+}
+
+export interface TaskAssignment {
+  id: string;
+  kind: "job" | "prepare";
+  attempt: number;
+  job_id: string | null;
+  bundle: string | null;
+  gpus: number[];
+  spec?: RemoteSpec;
+  prepare?: PrepareRequestPayload;
+}
+
+export interface PollResponse {
+  tasks: TaskAssignment[];
+  cancel: string[];
+}
+
+export interface RegisterResponse {
+  id: string;
+  name: string;
+  credential: string;
+  heartbeat_seconds: number;
+}
+
+export interface TaskEventIn {
+  ts: number;
+  type: string;
+  data: Record<string, unknown>;
+}
+
+export interface FinishRequest {
+  state: "succeeded" | "failed" | "cancelled";
+  exit_code: number | null;
+  error: string | null;
+  result?: PrepareTaskResult;
+}
+
+export interface WatchResponse {
+  state: string;
+  exit_code: number | null;
+  error: string | null;
+  worker: string | null;
+  waiting: string | null;
+  /** New output since the offset asked for, chunk by chunk (base64), each with its stream. */
+  output: { stream: "stdout" | "stderr"; data: string }[];
+  log_offset: number;
+  events: { seq: number; ts: number; type: string; data: Record<string, unknown> }[];
+  done: boolean;
+}
+
+/** What a remote `job status --json` prints: the local shape, plus where it ran. */
+export interface RemoteJobStatus extends JobStatus {
+  worker: string | null;
+  attempts: number;
+  waiting: string | null;
+  labels: Record<string, string>;
+}
+
+export interface PrepareGroupView {
+  id: string;
+  done: boolean;
+  tasks: { id: string; worker: string; state: string; result: PrepareTaskResult | null }[];
+}
+
+export const FINAL_JOB_STATES = ["succeeded", "failed", "cancelled"];
+
+/** K=V pairs from --label flags. */
+export function parseLabels(pairs: string[], origin = "--label"): Record<string, string> {
+  const labels: Record<string, string> = {};
+  for (const pair of pairs) {
+    const i = pair.indexOf("=");
+    const key = i > 0 ? pair.slice(0, i) : "";
+    if (!/^[A-Za-z0-9][A-Za-z0-9_.\/-]{0,62}$/.test(key)) throw new UsageError(`${origin} ${pair}: expected KEY=VALUE (letters, digits, . _ / - in the key)`);
+    labels[key] = pair.slice(i + 1);
+  }
+  return labels;
+}
+
+/** Every `--label K=V` (or `--label=K=V`) before `--`. */
+export function labelsFromArgs(rawArgs: string[]): Record<string, string> {
+  const pairs: string[] = [];
+  for (let i = 0; i < rawArgs.length && rawArgs[i] !== "--"; i++) {
+    const arg = rawArgs[i]!;
+    if (arg === "--label") {
+      if (rawArgs[i + 1] === undefined) throw new UsageError("--label needs a value (K=V)");
+      pairs.push(rawArgs[++i]!);
+    } else if (arg.startsWith("--label=")) pairs.push(arg.slice(8));
+  }
+  return parseLabels(pairs);
+}
+
+export function formatLabels(labels: Record<string, string>): string {
+  const parts = Object.entries(labels).map(([k, v]) => `${k}=${v}`);
+  return parts.length ? parts.join(",") : "-";
+}

@@ -1,0 +1,52 @@
+import { readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { isAbsolute, join, relative, sep } from "node:path";
+import { UsageError } from "../errors.ts";
+import { bundleLimits, type PackResult, packWorkdir } from "./bundle.ts";
+import { type ClusterClient, HttpError } from "./client.ts";
+
+/** A folder packed into a temporary bundle; remove it with `dispose`. */
+export function packTemp(root: string): PackResult & { dispose(): void } {
+  const file = join(tmpdir(), `gpulayer-bundle-${process.pid}-${Date.now()}-${Math.random().toString(16).slice(2)}.tar.gz`);
+  try {
+    return { ...packWorkdir(root, file, bundleLimits()), dispose: () => rmSync(file, { force: true }) };
+  } catch (error) {
+    rmSync(file, { force: true });
+    throw error;
+  }
+}
+
+export const isUrl = (p: string) => /^[a-z+]+:\/\//i.test(p);
+
+/** A client path as the worker will see it: relative to the bundle's root, which it must be inside and part of. */
+export function inBundle(root: string, abs: string, what: string, pack?: PackResult): string {
+  const rel = relative(root, abs);
+  if (rel.startsWith("..") || isAbsolute(rel)) throw new UsageError(`${what} ${abs} is outside ${root}: with a server, what the job reads travels in the bundle of that folder; move it inside`);
+  const posix = rel.split(sep).join("/") || ".";
+  if (pack && posix !== "." && !pack.entries.includes(posix)) throw new UsageError(`${what} ${posix} is left out of the bundle (by .gitignore, .gpulayerignore or the default excludes); the worker would not find it`);
+  return posix;
+}
+
+export interface UploadHooks {
+  onUpload?(pack: PackResult): void;
+  onAlreadyThere?(pack: PackResult): void;
+}
+
+/**
+ * POST a submission that names a bundle. The server answers 409
+ * bundle_missing when it lacks it: only then is it uploaded (once per
+ * content), and the submission sent again. A refusal (422) comes before any
+ * upload.
+ */
+export async function postWithBundle<T>(client: ClusterClient, path: string, body: Record<string, unknown>, pack: PackResult | null, hooks: UploadHooks = {}): Promise<T> {
+  try {
+    const r = await client.json<T>("POST", path, body);
+    if (pack) hooks.onAlreadyThere?.(pack);
+    return r;
+  } catch (error) {
+    if (!(pack && error instanceof HttpError && error.status === 409 && error.body.error === "bundle_missing")) throw error;
+  }
+  hooks.onUpload?.(pack);
+  await client.request("PUT", `/v1/bundles/${pack.hash}`, readFileSync(pack.file));
+  return client.json<T>("POST", path, body);
+}

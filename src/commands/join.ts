@@ -1,0 +1,95 @@
+import { defineCommand } from "citty";
+import prettyBytes from "pretty-bytes";
+import { hostname } from "node:os";
+import { normalizeServerUrl } from "../cluster/client.ts";
+import { formatLabels, type MachineProbe, parseLabels } from "../cluster/protocol.ts";
+import { homeLayout } from "../config/paths.ts";
+import { UsageError } from "../errors.ts";
+import { Agent } from "../worker/agent.ts";
+import { probeMachine } from "../worker/probe.ts";
+import { loadWorkerSettings, mergeWorkerSettings, saveWorkerSettings } from "../worker/settings.ts";
+import { Output } from "../ui/output.ts";
+import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
+
+const args = {
+  server: { type: "positional", required: false, valueHint: "SERVER_URL", description: "The coordinator to work for; without it, save this machine's worker settings and show its probe" },
+  token: { type: "string", valueHint: "TOKEN", description: "The server's join token (else GPULAYER_TOKEN)" },
+  python: { type: "string", valueHint: "PATH", description: "The worker's default Python (its torch/CUDA); jobs' envs link to it" },
+  name: { type: "string", description: "This worker's name (default: the host name)" },
+  label: { type: "string", valueHint: "K=V", description: "A label jobs can ask for with --label (repeatable)" },
+  ...outputArgs,
+} as const;
+
+function probeLines(p: MachineProbe, labels: Record<string, string>, name: string): string[] {
+  const gpus = p.gpus.length
+    ? p.gpus.map((g) => `${g.index}: ${g.name ?? "unknown GPU"}${g.memoryMiB !== null ? ` (${g.memoryMiB} MiB` : " ("}${g.driver ? `, driver ${g.driver})` : ")"}`)
+    : ["none (no nvidia-smi, or it sees no GPU)"];
+  const torch = p.frameworks.torch ? `${p.frameworks.torch}${p.cuda ? ` (CUDA ${p.cuda})` : " (no CUDA)"}` : "not installed";
+  return [
+    `name      ${name}`,
+    `host      ${p.hostname} (${p.os}, ${p.arch}, ${p.cpus} CPUs, ${prettyBytes(p.memoryBytes, { binary: true })})`,
+    `gpus      ${gpus[0]}`,
+    ...gpus.slice(1).map((g) => `          ${g}`),
+    `python    ${p.python ? `${p.python.path} (${p.python.version})` : `not usable: ${p.pythonError}`}`,
+    `torch     ${torch}`,
+    `packages  ${Object.keys(p.frameworks).length} in the worker's site-packages`,
+    `engine    ${p.engine ?? "none (no working docker or podman)"}`,
+    `labels    ${formatLabels(labels)}`,
+    `probe     ${p.probeMs} ms`,
+  ];
+}
+
+function positiveEnv(name: string, fallback: number): number {
+  const raw = process.env[name];
+  if (!raw) return fallback;
+  const n = Number(raw);
+  if (!Number.isFinite(n) || n < 0) throw new UsageError(`${name} must be a number of 0 or more, not ${JSON.stringify(raw)}`);
+  return n;
+}
+
+export default defineCommand({
+  meta: { name: "join", description: "Make this machine a worker: with a server URL, register and run its jobs until stopped; without, save the worker settings and show the probe" },
+  args,
+  async run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const out = new Output(a);
+    const layout = homeLayout();
+    const saved = loadWorkerSettings(layout);
+    const settings = mergeWorkerSettings(saved, { python: a.python, name: a.name, labels: parseLabels(repeated(rawArgs, ["--label"])) });
+    const name = settings.name ?? hostname().split(".")[0]!;
+    const labels = settings.labels ?? {};
+    const probe = await probeMachine(layout, settings.python, process.env);
+
+    if (!a.server) {
+      const file = saveWorkerSettings(layout, settings);
+      out.progress(`saved worker settings to ${file}`);
+      out.result({ settings_file: file, name, python: settings.python ?? null, labels, probe }, () => probeLines(probe, labels, name), true);
+      return;
+    }
+
+    const url = normalizeServerUrl(a.server, "SERVER_URL");
+    const token = a.token || process.env.GPULAYER_TOKEN;
+    if (!token) throw new UsageError("joining needs the server's token: --token or GPULAYER_TOKEN (the server printed it on its first start)");
+    // Jobs inherit this process's environment: the server's token is not theirs to see.
+    delete process.env.GPULAYER_TOKEN;
+    if (!probe.python) out.log.warn(`the worker's Python is not usable (${probe.pythonError}); jobs that name no Python of their own will not be sent here`);
+    for (const line of probeLines(probe, labels, name)) out.progress(line);
+    const agent = new Agent({
+      url,
+      token,
+      name,
+      labels,
+      python: settings.python,
+      slots: Math.max(1, Math.floor(positiveEnv("GPULAYER_WORKER_SLOTS", Math.max(1, probe.gpus.length)))),
+      probe,
+      layout,
+      env: process.env,
+      drainSeconds: positiveEnv("GPULAYER_WORKER_DRAIN_SECONDS", 30),
+      onLog: (m) => out.log.info(m),
+    });
+    process.on("SIGINT", () => agent.stop("SIGINT"));
+    process.on("SIGTERM", () => agent.stop("SIGTERM"));
+    await agent.run();
+    if (a.json) out.result({ name, url, left: true }, () => "");
+  },
+});

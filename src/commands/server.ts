@@ -1,0 +1,51 @@
+import { defineCommand } from "citty";
+import { hostname } from "node:os";
+import { join } from "node:path";
+import { homeLayout } from "../config/paths.ts";
+import { serverSettings, serverToken, startServer } from "../server/server.ts";
+import { Output } from "../ui/output.ts";
+import { outputArgs, rejectUnknownFlags } from "./_args.ts";
+
+const args = {
+  listen: { type: "string", valueHint: "HOST:PORT", description: "Where to listen (default 127.0.0.1:7070; 0.0.0.0:7070 for other machines)" },
+  token: { type: "string", valueHint: "TOKEN", description: "The token clients and joining workers must give (else GPULAYER_TOKEN, else the one generated on first start)" },
+  ...outputArgs,
+} as const;
+
+export default defineCommand({
+  meta: { name: "server", description: "Coordinate workers: an HTTP API that matches jobs to workers, streams their output, and warms environments everywhere" },
+  args,
+  async run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const out = new Output(a);
+    const layout = homeLayout();
+    const dir = join(layout.root, "server");
+    const settings = serverSettings(a.listen);
+    const token = serverToken(dir, a.token ?? (process.env.GPULAYER_TOKEN || undefined));
+    const server = startServer(dir, token.token, settings, (m) => out.log.info(m));
+    // 0.0.0.0 is where it listens, not an address to give others: name this host instead.
+    const where = new URL(server.url);
+    if (where.hostname === "0.0.0.0" || where.hostname === "[::]") where.hostname = hostname();
+    const reachable = where.origin;
+    const joinHint = `gpulayer join ${reachable} --token ${token.generated ? token.token : "<token>"}`;
+    out.result(
+      { url: server.url, port: server.port, state: dir, token_file: token.file, ...(token.generated ? { token: token.token } : {}) },
+      () => [
+        `gpulayer server listening on ${server.url} (state in ${dir})`,
+        token.generated ? `join token (shown once; kept in ${token.file}): ${token.token}` : `token: ${token.file ? `kept in ${token.file}` : "as given"}`,
+        `workers: ${joinHint}`,
+        `clients: export GPULAYER_SERVER=${reachable} GPULAYER_TOKEN=…`,
+      ],
+      true,
+    );
+    out.progress(`worker lost after ${settings.lostSeconds} s without a heartbeat; jobs re-queued up to ${settings.maxAttempts} attempt(s)`);
+    await new Promise<void>((resolve) => {
+      const stop = (signal: string) => {
+        out.progress(`${signal}: stopping the server`);
+        void server.stop().then(resolve);
+      };
+      process.once("SIGINT", () => stop("SIGINT"));
+      process.once("SIGTERM", () => stop("SIGTERM"));
+    });
+  },
+});

@@ -1,0 +1,38 @@
+import { defineCommand } from "citty";
+import { ClusterClient, remoteTarget } from "../cluster/client.ts";
+import { formatLabels, type WorkerView } from "../cluster/protocol.ts";
+import { UsageError } from "../errors.ts";
+import { formatAgo, Output, table } from "../ui/output.ts";
+import { outputArgs, rejectUnknownFlags, serverArgs } from "./_args.ts";
+
+const args = {
+  all: { type: "boolean", alias: "a", description: "Also workers that left or were lost" },
+  ...serverArgs,
+  ...outputArgs,
+} as const;
+
+export default defineCommand({
+  meta: { name: "workers", description: "List the server's workers: GPUs, torch/CUDA, state, last seen, labels" },
+  args,
+  async run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const out = new Output(a);
+    const remote = remoteTarget(a);
+    if (!remote) throw new UsageError("gpulayer workers asks a server: --server URL or GPULAYER_SERVER (and --token or GPULAYER_TOKEN)");
+    const client = new ClusterClient(remote.url, remote.token);
+    const all = await client.json<WorkerView[]>("GET", "/v1/workers");
+    const workers = a.all ? all : all.filter((w) => w.state !== "left" && w.state !== "lost");
+    out.result(workers, () => {
+      if (!workers.length) return `no workers${a.all ? "" : " connected"} (on a GPU box: gpulayer join ${remote.url} --token …)`;
+      const rows = [["NAME", "GPUS", "TORCH/CUDA", "PYTHON", "STATE", "LAST SEEN", "LABELS"]];
+      for (const w of workers) {
+        const p = w.probe;
+        const gpus = p.gpus.length ? `${w.free_gpus.length}/${p.gpus.length} free${p.gpus[0]?.name ? ` ${p.gpus[0].name}` : ""}` : "0";
+        const torch = p.frameworks.torch ? `${p.frameworks.torch}/${p.cuda ?? "cpu"}` : "-";
+        const state = w.running ? `${w.state} (${w.running}/${w.slots})` : w.state;
+        rows.push([w.name, gpus, torch, p.python?.version ?? "-", state, formatAgo(Date.parse(w.last_seen)), formatLabels(w.labels)]);
+      }
+      return table(rows);
+    });
+  },
+});

@@ -1,0 +1,282 @@
+import type { FinishRequest, MachineProbe, PollResponse, RegisterResponse, TaskAssignment, TaskEventIn } from "../cluster/protocol.ts";
+import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
+import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
+
+/**
+ * The coordinator's rules: workers come, beat and go (or are lost), queued
+ * jobs are dispatched to a worker that matches and has room, a lost worker's
+ * jobs are re-queued a bounded number of times, and everyone waiting on a
+ * change (a worker's long poll, a client watching a job) is woken when it
+ * happens. The HTTP routes are only a skin over this.
+ */
+
+export class HttpFail extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly extra: Record<string, unknown> = {},
+  ) {
+    super(message);
+  }
+}
+
+/** Wake-ups by key: a long poll waits on its key until something happens or time runs out. */
+export class Notifier {
+  private waiters = new Map<string, Set<() => void>>();
+  wait(key: string, ms: number, signal?: AbortSignal): Promise<void> {
+    return new Promise((resolve) => {
+      const set = this.waiters.get(key) ?? new Set();
+      this.waiters.set(key, set);
+      const done = () => {
+        clearTimeout(timer);
+        set.delete(done);
+        if (!set.size) this.waiters.delete(key);
+        signal?.removeEventListener("abort", done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      set.add(done);
+      signal?.addEventListener("abort", done);
+    });
+  }
+  wake(key: string): void {
+    for (const fn of [...(this.waiters.get(key) ?? [])]) fn();
+  }
+}
+
+export interface CoordinatorOptions {
+  heartbeatSeconds: number;
+  lostSeconds: number;
+  maxAttempts: number;
+}
+
+export function sha256(s: string): string {
+  return new Bun.CryptoHasher("sha256").update(s).digest("hex");
+}
+
+export class Coordinator {
+  readonly notify = new Notifier();
+  private sweeper: ReturnType<typeof setInterval>;
+
+  constructor(
+    readonly store: ServerStore,
+    readonly opts: CoordinatorOptions,
+    private readonly log: (message: string) => void = () => {},
+  ) {
+    this.sweeper = setInterval(() => this.sweep(), Math.min(1000, Math.max(100, (opts.lostSeconds * 1000) / 4)));
+  }
+
+  close(): void {
+    clearInterval(this.sweeper);
+  }
+
+  private wakeJob(id: string | null): void {
+    if (id) this.notify.wake(`job:${id}`);
+  }
+
+  // Workers
+
+  register(body: { name: string; labels: Record<string, string>; slots: number; probe: MachineProbe }): RegisterResponse {
+    for (const old of this.store.workers({ present: true }).filter((w) => w.name === body.name)) {
+      // The same machine back (restarted): the old registration is gone for good. Another machine: refuse.
+      if (old.probe.hostname !== body.probe.hostname) throw new HttpFail(409, `a worker named ${body.name} is already connected from ${old.probe.hostname}; give this one another --name`);
+      this.markLost(old, `worker ${old.name} registered again`);
+    }
+    const id = newId(6);
+    const credential = `gplw_${newId(24)}`;
+    const now = Date.now();
+    this.store.addWorker({ id, name: body.name, labels: body.labels, probe: body.probe, slots: body.slots, state: "idle", registered: now, lastSeen: now }, sha256(credential));
+    this.log(`worker ${body.name} joined (${body.probe.hostname}, ${body.probe.gpus.length} GPU(s), labels ${Object.entries(body.labels).map(([k, v]) => `${k}=${v}`).join(",") || "-"})`);
+    this.dispatch();
+    return { id, name: body.name, credential, heartbeat_seconds: this.opts.heartbeatSeconds };
+  }
+
+  /** A request from a worker: it is alive. A lost or departed one is told so (409) and must register again. */
+  private seen(w: WorkerRow): void {
+    if (w.state === "lost" || w.state === "left") throw new HttpFail(409, `worker ${w.name} is ${w.state}; register again`, { lost: true });
+    this.store.updateWorker(w.id, { lastSeen: Date.now() });
+  }
+
+  heartbeat(w: WorkerRow, body: { running: string[]; free_gpus?: number[] }): { cancel: string[] } {
+    this.seen(w);
+    if (body.free_gpus) this.store.updateWorker(w.id, { freeGpus: body.free_gpus });
+    return { cancel: this.store.activeTasks(w.id).filter((t) => t.cancel).map((t) => t.id) };
+  }
+
+  async poll(w: WorkerRow, waitMs: number, signal?: AbortSignal): Promise<PollResponse> {
+    const deadline = Date.now() + waitMs;
+    for (;;) {
+      // A poll cut off (the worker died) is no sign of life.
+      if (signal?.aborted) return { tasks: [], cancel: [] };
+      this.seen(this.store.worker(w.id)!);
+      const active = this.store.activeTasks(w.id);
+      const tasks = active.filter((t) => !t.delivered);
+      const cancel = active.filter((t) => t.cancel && !t.cancelSent);
+      if (tasks.length || cancel.length || Date.now() >= deadline) {
+        for (const t of tasks) this.store.updateTask(t.id, { delivered: true });
+        for (const t of cancel) this.store.updateTask(t.id, { cancelSent: true });
+        return { tasks: tasks.map((t) => this.assignment(t)), cancel: cancel.map((t) => t.id) };
+      }
+      await this.notify.wait(`worker:${w.id}`, deadline - Date.now(), signal);
+    }
+  }
+
+  private assignment(t: TaskRow): TaskAssignment {
+    const job = t.jobId ? this.store.job(t.jobId) : null;
+    return { id: t.id, kind: t.kind, attempt: t.attempt, job_id: t.jobId, bundle: job?.bundle ?? t.bundle, gpus: t.gpus, ...(job ? { spec: job.spec } : {}), ...(t.prepare ? { prepare: t.prepare } : {}) };
+  }
+
+  leave(w: WorkerRow, final: boolean): void {
+    this.seen(w);
+    if (!final) {
+      this.store.updateWorker(w.id, { state: "draining" });
+      this.log(`worker ${w.name} is draining: no new work`);
+      return;
+    }
+    for (const t of this.store.activeTasks(w.id)) this.releaseTask(t, `worker ${w.name} left`, false);
+    this.store.updateWorker(w.id, { state: "left" });
+    this.log(`worker ${w.name} left`);
+    this.dispatch();
+  }
+
+  /** Workers silent for longer than lostSeconds are lost; what they ran is re-queued or failed. */
+  sweep(): void {
+    const now = Date.now();
+    for (const w of this.store.workers({ present: true })) {
+      const silent = (now - w.lastSeen) / 1000;
+      if (silent > this.opts.lostSeconds) this.markLost(w, `worker ${w.name} lost: no heartbeat for ${silent.toFixed(1)} s`);
+    }
+  }
+
+  markLost(w: WorkerRow, reason: string): void {
+    this.store.updateWorker(w.id, { state: "lost" });
+    this.log(reason);
+    for (const t of this.store.activeTasks(w.id)) this.releaseTask(t, reason, true);
+    this.notify.wake(`worker:${w.id}`);
+    this.dispatch();
+  }
+
+  /** A task its worker no longer runs: a job goes back to the queue (a lost attempt counts), a prepare fails. */
+  private releaseTask(t: TaskRow, reason: string, lost: boolean): void {
+    this.store.updateTask(t.id, { state: lost ? "lost" : "handed_back" });
+    if (t.kind === "prepare") {
+      this.store.updateTask(t.id, { result: { status: "failed", seconds: (Date.now() - t.created) / 1000, message: reason } });
+      this.notify.wake(`group:${t.groupId}`);
+      return;
+    }
+    const job = this.store.job(t.jobId!);
+    if (!job || ["succeeded", "failed", "cancelled"].includes(job.state)) return;
+    if (job.cancelRequested) {
+      this.store.event(job.id, "job.cancelled", { reason: `job cancel (${reason})` });
+      this.store.updateJob(job.id, { state: "cancelled", exitCode: 130 });
+    } else if (lost && job.attempts >= this.opts.maxAttempts) {
+      const error = `${reason}; gave up after ${job.attempts} attempt(s) (GPULAYER_JOB_MAX_ATTEMPTS=${this.opts.maxAttempts})`;
+      this.store.event(job.id, "job.lost", { message: error, worker: this.store.worker(t.workerId)?.name ?? null });
+      this.store.updateJob(job.id, { state: "failed", error, exitCode: 1 });
+    } else {
+      this.store.event(job.id, "job.requeued", { reason, attempt: job.attempts, worker: this.store.worker(t.workerId)?.name ?? null });
+      this.store.updateJob(job.id, { state: "queued", workerId: null });
+    }
+    this.wakeJob(job.id);
+  }
+
+  // Tasks, as their worker reports them
+
+  ownTask(w: WorkerRow, taskId: string): TaskRow {
+    const t = this.store.task(taskId);
+    if (!t || t.workerId !== w.id) throw new HttpFail(404, "no such task for this worker");
+    this.seen(w);
+    if (t.state !== "assigned" && t.state !== "running") throw new HttpFail(409, `task ${t.id} is no longer yours (${t.state})`, { revoked: true });
+    return t;
+  }
+
+  taskEvents(w: WorkerRow, taskId: string, events: TaskEventIn[]): void {
+    const t = this.ownTask(w, taskId);
+    if (t.state === "assigned") this.store.updateTask(t.id, { state: "running" });
+    if (!t.jobId) return;
+    for (const e of events) {
+      // The server's clock, so running phases measure against the same clock that reads them.
+      this.store.event(t.jobId, e.type, e.data);
+      if (e.type === "task.prepare.started") this.store.updateJob(t.jobId, { state: "preparing" });
+      if (e.type === "task.prepare.finished" && typeof e.data.env_key === "string") this.store.updateJob(t.jobId, { envKey: e.data.env_key });
+      if (e.type === "task.run.started") this.store.updateJob(t.jobId, { state: "running" });
+    }
+    this.wakeJob(t.jobId);
+  }
+
+  taskOutput(w: WorkerRow, taskId: string, data: Uint8Array, stream: "stdout" | "stderr"): void {
+    const t = this.ownTask(w, taskId);
+    if (t.jobId && data.length) {
+      this.store.appendLog(t.jobId, data, stream === "stderr" ? 2 : 1);
+      this.wakeJob(t.jobId);
+    }
+  }
+
+  taskFinish(w: WorkerRow, taskId: string, body: FinishRequest): void {
+    const t = this.ownTask(w, taskId);
+    this.store.updateTask(t.id, { state: "done", result: body.result ? { ...body.result, state: body.state } : null });
+    if (t.jobId) {
+      this.store.updateJob(t.jobId, { state: body.state, exitCode: body.exit_code, error: body.error });
+      this.wakeJob(t.jobId);
+    }
+    if (t.groupId) this.notify.wake(`group:${t.groupId}`);
+    this.dispatch();
+  }
+
+  handback(w: WorkerRow, taskId: string, reason: string): void {
+    this.releaseTask(this.ownTask(w, taskId), reason, false);
+    this.dispatch();
+  }
+
+  // Dispatch
+
+  private loads(workers: WorkerRow[]): Map<string, Load> {
+    const loads = new Map<string, Load>(workers.map((w) => [w.id, { running: 0, usedGpus: new Set<number>() }]));
+    for (const t of this.store.activeTasks()) {
+      const load = loads.get(t.workerId);
+      if (!load || t.kind !== "job") continue;
+      load.running++;
+      for (const g of t.gpus) load.usedGpus.add(g);
+    }
+    return loads;
+  }
+
+  /** Give each queued job, oldest first, to a matching worker with room; the others say what they wait for. */
+  dispatch(): void {
+    const workers = this.store.workers({ present: true });
+    const loads = this.loads(workers);
+    for (const job of this.store.queuedJobs()) {
+      const needs = jobNeeds(job.spec, job.labels);
+      const w = choose(needs, workers, loads);
+      if (!w) {
+        this.setWaiting(job, this.waitingFor(job, workers, loads));
+        continue;
+      }
+      const load = loads.get(w.id)!;
+      const gpus = pickGpus(needs, w, load);
+      load.running++;
+      for (const g of gpus) load.usedGpus.add(g);
+      const attempt = job.attempts + 1;
+      const id = newId(8);
+      this.store.addTask({ id, kind: "job", jobId: job.id, groupId: null, workerId: w.id, attempt, gpus, prepare: null, bundle: job.bundle });
+      this.store.updateJob(job.id, { attempts: attempt, workerId: w.id, waiting: null });
+      this.store.event(job.id, "job.assigned", { worker: w.name, worker_id: w.id, attempt, gpus });
+      this.notify.wake(`worker:${w.id}`);
+      this.wakeJob(job.id);
+    }
+  }
+
+  private waitingFor(job: JobRow, workers: WorkerRow[], loads: Map<string, Load>): string {
+    const needs = jobNeeds(job.spec, job.labels);
+    const able = workers.filter((w) => !neverReason(needs, w));
+    if (!able.length) return workers.length ? `a worker that can run it (${reasons(workers, (w) => neverReason(needs, w))})` : "a worker to join";
+    return `room on a worker (${reasons(able, (w) => busyReason(needs, w, loads.get(w.id)!))})`;
+  }
+
+  private setWaiting(job: JobRow, reason: string): void {
+    if (job.waiting === reason) return;
+    this.store.updateJob(job.id, { waiting: reason });
+    this.store.event(job.id, "job.waiting", { for: reason });
+    this.wakeJob(job.id);
+  }
+}

@@ -1,0 +1,152 @@
+import type { PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, SubmitRequest, SubmitResponse, WatchResponse } from "../cluster/protocol.ts";
+import { FINAL_JOB_STATES } from "../cluster/protocol.ts";
+import { phasesOf } from "../jobs/status.ts";
+import { Coordinator, HttpFail } from "./coordinator.ts";
+import { jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
+import { type JobRow, newId, type WorkerRow } from "./store.ts";
+
+const NO_WORKERS = "no workers have joined this server (on a GPU box: gpulayer join URL --token …)";
+
+/** Jobs and prepares as clients see them: submit, look, watch, cancel. */
+export class JobsApi {
+  constructor(readonly c: Coordinator) {}
+
+  private get store() {
+    return this.c.store;
+  }
+
+  /** Refused (422) when no worker present could ever run it; asks for the bundle (409) when the server lacks it. */
+  submit(body: SubmitRequest): SubmitResponse {
+    const workers = this.store.workers({ present: true });
+    if (!workers.length) throw new HttpFail(422, `job refused: ${NO_WORKERS}`);
+    const needs = jobNeeds(body.spec, body.labels);
+    if (workers.every((w) => neverReason(needs, w))) throw new HttpFail(422, `job refused: no worker can run it: ${reasons(workers, (w) => neverReason(needs, w))}`);
+    if (body.bundle && !this.store.hasBundle(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
+    if (body.bundle) this.store.touchBundle(body.bundle);
+    const id = newId(8);
+    this.store.addJob({ id, name: body.spec.name, spec: body.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir });
+    this.store.event(id, "job.submitted", { name: body.spec.name, command: body.spec.commandText, labels: body.labels });
+    this.c.dispatch();
+    const job = this.store.job(id)!;
+    return { id, state: job.state, waiting: job.waiting };
+  }
+
+  find(prefix: string): JobRow {
+    if (!/^[0-9a-f]{1,16}$/i.test(prefix)) throw new HttpFail(400, `not a job id: ${prefix}`);
+    const rows = this.store.jobsByPrefix(prefix.toLowerCase());
+    if (rows.length > 1) throw new HttpFail(400, `job id prefix ${prefix} matches several jobs; give more of it`);
+    if (!rows[0]) throw new HttpFail(404, `no job with id ${prefix} on this server (see gpulayer job list)`);
+    return rows[0];
+  }
+
+  status(job: JobRow, withEvents = true): RemoteJobStatus {
+    const events = this.store.events(job.id).map(({ seq: _s, ...e }) => ({ ...e, time: new Date(e.ts).toISOString() }));
+    // Phases of the latest attempt only: a re-queued job's lost attempt stays in its events.
+    const lastAssigned = events.findLastIndex((e) => e.type === "job.assigned");
+    const worker = job.workerId ? this.store.worker(job.workerId) : null;
+    return {
+      id: job.id,
+      name: job.name,
+      state: job.state,
+      exit_code: job.exitCode,
+      command: job.spec.commandText,
+      workdir: job.workdir,
+      created: new Date(job.created).toISOString(),
+      env_key: job.envKey,
+      error: job.error,
+      phases: phasesOf(lastAssigned >= 0 ? events.slice(lastAssigned) : events),
+      events: withEvents ? events : [],
+      worker: worker?.name ?? null,
+      attempts: job.attempts,
+      waiting: job.waiting,
+      labels: job.labels,
+    };
+  }
+
+  list(limit: number): Omit<RemoteJobStatus, "events">[] {
+    return this.store.jobs(limit).map((j) => {
+      const { events: _e, ...s } = this.status(j, false);
+      return s;
+    });
+  }
+
+  /** Queued: cancelled at once. Running: its worker is told (on its long poll) and reports the outcome. */
+  cancel(job: JobRow): { id: string; state: string } {
+    if (FINAL_JOB_STATES.includes(job.state)) throw new HttpFail(409, `job ${job.id} has already ended (${job.state})`);
+    const task = this.store.activeTaskOfJob(job.id);
+    if (!task) {
+      this.store.event(job.id, "job.cancelled", { reason: "job cancel" });
+      this.store.updateJob(job.id, { state: "cancelled", exitCode: 130, cancelRequested: true });
+    } else {
+      this.store.updateJob(job.id, { cancelRequested: true });
+      this.store.updateTask(task.id, { cancel: true });
+      this.store.event(job.id, "job.cancel.requested", { worker: this.store.worker(task.workerId)?.name ?? null });
+      this.c.notify.wake(`worker:${task.workerId}`);
+    }
+    this.c.notify.wake(`job:${job.id}`);
+    const now = this.store.job(job.id)!;
+    return { id: now.id, state: now.state };
+  }
+
+  /** New output and events since the client's marks; waits (long poll) while there are none and the job runs. */
+  async watch(jobId: string, logOffset: number, afterSeq: number, waitMs: number, signal?: AbortSignal): Promise<WatchResponse> {
+    const deadline = Date.now() + waitMs;
+    for (;;) {
+      const job = this.store.job(jobId)!;
+      const chunks = job.logSize > logOffset ? this.store.readChunks(jobId, logOffset) : [];
+      const size = chunks.reduce((n, c) => n + c.data.length, 0);
+      const events = this.store.events(jobId, afterSeq);
+      const final = FINAL_JOB_STATES.includes(job.state);
+      if (size || events.length || final || Date.now() >= deadline || signal?.aborted) {
+        const worker = job.workerId ? this.store.worker(job.workerId) : null;
+        return {
+          state: job.state,
+          exit_code: job.exitCode,
+          error: job.error,
+          worker: worker?.name ?? null,
+          waiting: job.waiting,
+          output: chunks.map((c) => ({ stream: c.stream === 2 ? "stderr" : "stdout", data: Buffer.from(c.data).toString("base64") })),
+          log_offset: logOffset + size,
+          events,
+          done: final && logOffset + size >= job.logSize,
+        };
+      }
+      await this.c.notify.wait(`job:${jobId}`, deadline - Date.now(), signal);
+    }
+  }
+
+  /** A prepare task on every present worker that matches the labels (and, for an image, has an engine). */
+  prepare(body: { request: PrepareRequestPayload; bundle: string | null; labels: Record<string, string> }): { id: string; workers: string[] } {
+    const workers = this.store.workers({ present: true });
+    if (!workers.length) throw new HttpFail(422, `prepare refused: ${NO_WORKERS}`);
+    const why = (w: WorkerRow) => (w.state === "draining" ? "draining" : null) ?? labelsMatch(body.labels, w.labels) ?? (body.request.image ? (w.probe.engine ? null : "no working container engine") : null);
+    const chosen = workers.filter((w) => !why(w));
+    if (!chosen.length) throw new HttpFail(422, `prepare refused: no worker matches: ${reasons(workers, why)}`);
+    if (body.bundle && !this.store.hasBundle(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
+    const id = newId(8);
+    for (const w of chosen) {
+      this.store.addTask({ id: newId(8), kind: "prepare", jobId: null, groupId: id, workerId: w.id, attempt: 1, gpus: [], prepare: body.request, bundle: body.bundle });
+      this.c.notify.wake(`worker:${w.id}`);
+    }
+    return { id, workers: chosen.map((w) => w.name) };
+  }
+
+  /** The prepare's tasks; waits while none finished beyond the `known` the client has seen. */
+  async group(id: string, known: number, waitMs: number, signal?: AbortSignal): Promise<PrepareGroupView> {
+    const deadline = Date.now() + waitMs;
+    for (;;) {
+      const tasks = this.store.groupTasks(id);
+      if (!tasks.length) throw new HttpFail(404, `no prepare ${id}`);
+      const finished = tasks.filter((t) => t.state !== "assigned" && t.state !== "running");
+      if (finished.length > known || finished.length === tasks.length || Date.now() >= deadline || signal?.aborted) {
+        const names = new Map(this.store.workers().map((w) => [w.id, w.name]));
+        return {
+          id,
+          done: finished.length === tasks.length,
+          tasks: tasks.map((t) => ({ id: t.id, worker: names.get(t.workerId) ?? t.workerId, state: t.state, result: t.result })),
+        };
+      }
+      await this.c.notify.wait(`group:${id}`, deadline - Date.now(), signal);
+    }
+  }
+}

@@ -1,0 +1,99 @@
+import { satisfies } from "@renovatebot/pep440";
+import type { RemoteSpec } from "../cluster/protocol.ts";
+import { normalizeName } from "../env/requirements.ts";
+import type { WorkerRow } from "./store.ts";
+
+/**
+ * Matching, apart from everything else: what a job needs, whether a worker
+ * could ever give it (labels, GPUs it has, frameworks it reported, a
+ * container engine), and whether it can now (free slot, free GPUs).
+ */
+
+export interface Needs {
+  gpus: number;
+  frameworks: Record<string, string>;
+  labels: Record<string, string>;
+  image: boolean;
+  /** The job relies on the worker's own Python (it names none). */
+  workerPython: boolean;
+}
+
+export interface Load {
+  running: number;
+  usedGpus: Set<number>;
+}
+
+export function jobNeeds(spec: RemoteSpec, labels: Record<string, string>): Needs {
+  return { gpus: spec.resources.gpus, frameworks: spec.resources.frameworks, labels, image: Boolean(spec.environment.image), workerPython: !spec.environment.image && !spec.environment.python };
+}
+
+export function labelsMatch(want: Record<string, string>, have: Record<string, string>): string | null {
+  for (const [k, v] of Object.entries(want)) {
+    if (!(k in have)) return `no label ${k}`;
+    if (have[k] !== v) return `label ${k}=${have[k]}, not ${v}`;
+  }
+  return null;
+}
+
+/** Why this worker can never run the job, or null when it can (now or later). */
+export function neverReason(needs: Needs, w: WorkerRow): string | null {
+  const labels = labelsMatch(needs.labels, w.labels);
+  if (labels) return labels;
+  const gpus = w.probe.gpus.length;
+  if (needs.gpus > gpus) return `has ${gpus} GPU${gpus === 1 ? "" : "s"}, the job needs ${needs.gpus}`;
+  for (const [name, spec] of Object.entries(needs.frameworks)) {
+    const have = w.probe.frameworks[normalizeName(name)];
+    if (!have) return `${name} is not installed`;
+    const range = spec.trim();
+    if (range && range !== "*" && !safeSatisfies(have, range)) return `${name} ${have} does not satisfy ${range}`;
+  }
+  if (needs.image && !w.probe.engine) return "no working container engine (docker or podman)";
+  if (needs.workerPython && !w.probe.python) return `its Python does not work (${w.probe.pythonError ?? "not probed"})`;
+  return null;
+}
+
+function safeSatisfies(version: string, range: string): boolean {
+  try {
+    return satisfies(version, range);
+  } catch {
+    return false;
+  }
+}
+
+/** Why a worker that could run the job cannot take it now, or null. */
+export function busyReason(needs: Needs, w: WorkerRow, load: Load): string | null {
+  if (w.state === "draining") return "draining";
+  if (load.running >= w.slots) return `${load.running === 1 ? "its slot is" : `all ${w.slots} slots are`} busy`;
+  const free = w.probe.gpus.filter((g) => !load.usedGpus.has(g.index)).length;
+  if (needs.gpus > free) return `${free} of ${w.probe.gpus.length} GPUs free, the job needs ${needs.gpus}`;
+  return null;
+}
+
+/** The GPUs to give: the free ones with the lowest indices. */
+export function pickGpus(needs: Needs, w: WorkerRow, load: Load): number[] {
+  return w.probe.gpus
+    .map((g) => g.index)
+    .filter((i) => !load.usedGpus.has(i))
+    .sort((a, b) => a - b)
+    .slice(0, needs.gpus);
+}
+
+/** Of the workers that can take the job now: the least loaded, then the one with the fewest spare GPUs, then by name. */
+export function choose(needs: Needs, workers: WorkerRow[], loads: Map<string, Load>): WorkerRow | null {
+  const ready = workers.filter((w) => !neverReason(needs, w) && !busyReason(needs, w, loads.get(w.id)!));
+  ready.sort((a, b) => {
+    const la = loads.get(a.id)!;
+    const lb = loads.get(b.id)!;
+    return la.running / a.slots - lb.running / b.slots || a.probe.gpus.length - b.probe.gpus.length || a.name.localeCompare(b.name);
+  });
+  return ready[0] ?? null;
+}
+
+/** One line over all workers: "w1: torch is not installed; w2: has 0 GPUs, the job needs 1". */
+export function reasons(workers: WorkerRow[], why: (w: WorkerRow) => string | null): string {
+  return workers
+    .map((w) => [w.name, why(w)] as const)
+    .filter(([, r]) => r)
+    .map(([n, r]) => `${n}: ${r}`)
+    .join("; ");
+}

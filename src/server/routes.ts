@@ -1,0 +1,179 @@
+import { renameSync, rmSync, writeFileSync } from "node:fs";
+import { timingSafeEqual } from "node:crypto";
+import type * as v from "valibot";
+import { BundleError, type BundleLimits, inspectBundle, isBundleHash } from "../cluster/bundle.ts";
+import type { WorkerView } from "../cluster/protocol.ts";
+import { type Coordinator, HttpFail, sha256 } from "./coordinator.ts";
+import type { JobsApi } from "./jobs-api.ts";
+import * as S from "./schemas.ts";
+import type { WorkerRow } from "./store.ts";
+
+/**
+ * The HTTP API under /v1. Every request carries a bearer token: the
+ * server's (clients, and workers registering) or a worker's own credential
+ * (given at registration; good only for that worker's routes). A missing or
+ * wrong one gets a bare 401 before anything else is looked at.
+ */
+
+type Caller = { role: "admin" } | { role: "worker"; worker: WorkerRow };
+
+export interface RouteContext {
+  coord: Coordinator;
+  jobs: JobsApi;
+  token: string;
+  limits: BundleLimits;
+  /** JSON bodies (output chunks included). */
+  maxBodyBytes: number;
+  onError(error: unknown): void;
+}
+
+const reply = (data: unknown, status = 200) => Response.json(data, { status });
+const MAX_WAIT_MS = 30_000;
+
+function tokenEquals(given: string, token: string): boolean {
+  return timingSafeEqual(Buffer.from(sha256(given), "hex"), Buffer.from(sha256(token), "hex"));
+}
+
+function authenticate(req: Request, ctx: RouteContext): Caller | null {
+  const m = /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "");
+  if (!m) return null;
+  if (tokenEquals(m[1]!, ctx.token)) return { role: "admin" };
+  const worker = ctx.coord.store.workerBySecret(sha256(m[1]!));
+  return worker ? { role: "worker", worker } : null;
+}
+
+/** The body, refused (413) past the limit, counted as it arrives rather than trusted from Content-Length. */
+async function readBody(req: Request, limit: number): Promise<Uint8Array> {
+  const declared = Number(req.headers.get("content-length") ?? "0");
+  if (declared > limit) throw new HttpFail(413, `request body too large (limit ${limit} bytes)`);
+  if (!req.body) return new Uint8Array();
+  const parts: Uint8Array[] = [];
+  let total = 0;
+  for await (const chunk of req.body as unknown as AsyncIterable<Uint8Array>) {
+    total += chunk.length;
+    if (total > limit) throw new HttpFail(413, `request body too large (limit ${limit} bytes)`);
+    parts.push(chunk);
+  }
+  return Buffer.concat(parts);
+}
+
+async function jsonBody<Sch extends v.GenericSchema>(req: Request, ctx: RouteContext, schema: Sch): Promise<v.InferOutput<Sch>> {
+  const raw = await readBody(req, ctx.maxBodyBytes);
+  let data: unknown;
+  try {
+    data = JSON.parse(new TextDecoder().decode(raw));
+  } catch {
+    throw new HttpFail(400, "the body is not JSON");
+  }
+  const parsed = S.parseBody(schema, data);
+  if (!parsed.ok) throw new HttpFail(400, parsed.message);
+  return parsed.value;
+}
+
+function workerView(ctx: RouteContext): WorkerView[] {
+  const active = ctx.coord.store.activeTasks();
+  return ctx.coord.store.workers().map((w) => {
+    const mine = active.filter((t) => t.workerId === w.id && t.kind === "job");
+    const used = new Set(mine.flatMap((t) => t.gpus));
+    const state = w.state === "idle" && mine.length ? "busy" : w.state;
+    return { id: w.id, name: w.name, labels: w.labels, state, registered: new Date(w.registered).toISOString(), last_seen: new Date(w.lastSeen).toISOString(), slots: w.slots, running: mine.length, free_gpus: w.probe.gpus.map((g) => g.index).filter((i) => !used.has(i)), probe: w.probe };
+  });
+}
+
+async function putBundle(req: Request, ctx: RouteContext, hash: string): Promise<Response> {
+  const store = ctx.coord.store;
+  if (store.hasBundle(hash)) return reply({ hash, stored: false });
+  const data = await readBody(req, ctx.limits.maxBytes);
+  if (sha256Bytes(data) !== hash) throw new HttpFail(400, "bundle refused: its content does not match its hash");
+  const tmp = `${store.bundlePath(hash)}.${process.pid}.${Date.now()}.tmp`;
+  writeFileSync(tmp, data);
+  try {
+    inspectBundle(tmp, ctx.limits);
+  } catch (error) {
+    rmSync(tmp, { force: true });
+    if (error instanceof BundleError) throw new HttpFail(400, error.message);
+    throw error;
+  }
+  renameSync(tmp, store.bundlePath(hash));
+  store.addBundle(hash, data.length);
+  return reply({ hash, stored: true }, 201);
+}
+
+function sha256Bytes(data: Uint8Array): string {
+  return new Bun.CryptoHasher("sha256").update(data).digest("hex");
+}
+
+const waitMs = (url: URL, fallback = 25) => Math.min(MAX_WAIT_MS, Math.max(0, Number(url.searchParams.get("wait") ?? fallback) * 1000 || 0));
+const intParam = (url: URL, name: string) => Math.max(0, Math.floor(Number(url.searchParams.get(name) ?? "0")) || 0);
+
+async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<Response> {
+  const url = new URL(req.url);
+  const parts = url.pathname.split("/").filter(Boolean);
+  const { coord, jobs } = ctx;
+  const method = req.method;
+  const admin = caller.role === "admin";
+  const asWorker = (id?: string): WorkerRow => {
+    if (caller.role !== "worker" || (id !== undefined && caller.worker.id !== id)) throw new HttpFail(403, "only the worker itself may do this");
+    return caller.worker;
+  };
+  const needAdmin = () => {
+    if (!admin) throw new HttpFail(403, "this needs the server token");
+  };
+  if (parts[0] !== "v1") throw new HttpFail(404, "not found");
+  const [, kind, id, action] = parts;
+
+  if (kind === "health" && method === "GET") return reply({ ok: true });
+  if (kind === "workers") {
+    if (!id && method === "GET") return needAdmin(), reply(workerView(ctx));
+    if (id === "register" && method === "POST") return needAdmin(), reply(coord.register(await jsonBody(req, ctx, S.RegisterSchema)), 201);
+    if (id && action === "heartbeat" && method === "POST") return reply(coord.heartbeat(asWorker(id), await jsonBody(req, ctx, S.HeartbeatSchema)));
+    if (id && action === "tasks" && method === "GET") return reply(await coord.poll(asWorker(id), waitMs(url), req.signal));
+    if (id && action === "leave" && method === "POST") return coord.leave(asWorker(id), (await jsonBody(req, ctx, S.LeaveSchema)).final), reply({ ok: true });
+  }
+  if (kind === "tasks" && id) {
+    const w = asWorker();
+    if (action === "events" && method === "POST") return coord.taskEvents(w, id, (await jsonBody(req, ctx, S.EventsSchema)).events), reply({ ok: true });
+    if (action === "output" && method === "POST") return coord.taskOutput(w, id, await readBody(req, ctx.maxBodyBytes), url.searchParams.get("stream") === "stderr" ? "stderr" : "stdout"), reply({ ok: true });
+    if (action === "finish" && method === "POST") return coord.taskFinish(w, id, await jsonBody(req, ctx, S.FinishSchema)), reply({ ok: true });
+    if (action === "handback" && method === "POST") return coord.handback(w, id, (await jsonBody(req, ctx, S.HandbackSchema)).reason), reply({ ok: true });
+  }
+  if (kind === "bundles" && id) {
+    if (!isBundleHash(id)) throw new HttpFail(400, "not a bundle hash");
+    const path = coord.store.bundlePath(id);
+    if (method === "HEAD") return new Response(null, { status: coord.store.hasBundle(id) ? 200 : 404 });
+    if (method === "GET") return coord.store.hasBundle(id) ? new Response(Bun.file(path)) : reply({ error: "no such bundle" }, 404);
+    if (method === "PUT") return needAdmin(), await putBundle(req, ctx, id);
+  }
+  if (kind === "jobs") {
+    needAdmin();
+    if (!id && method === "POST") return reply(jobs.submit(await jsonBody(req, ctx, S.SubmitSchema)), 201);
+    if (!id && method === "GET") return reply(jobs.list(Math.min(1000, intParam(url, "limit") || 50)));
+    if (id && !action && method === "GET") return reply(jobs.status(jobs.find(id)));
+    if (id && action === "cancel" && method === "POST") return reply(jobs.cancel(jobs.find(id)));
+    if (id && action === "log" && method === "GET") {
+      const job = jobs.find(id);
+      return new Response(coord.store.readLog(job.id, intParam(url, "offset"), Number.MAX_SAFE_INTEGER), { headers: { "content-type": "application/octet-stream", "x-gpulayer-job": job.id } });
+    }
+    if (id && action === "watch" && method === "GET") return reply(await jobs.watch(jobs.find(id).id, intParam(url, "log"), intParam(url, "after"), waitMs(url, 20), req.signal));
+  }
+  if (kind === "prepares") {
+    needAdmin();
+    if (!id && method === "POST") return reply(jobs.prepare(await jsonBody(req, ctx, S.PrepareSchema)), 201);
+    if (id && method === "GET") return reply(await jobs.group(id, intParam(url, "known"), waitMs(url, 20), req.signal));
+  }
+  throw new HttpFail(404, `no route ${method} ${url.pathname}`);
+}
+
+export function handler(ctx: RouteContext): (req: Request) => Promise<Response> {
+  return async (req) => {
+    const caller = authenticate(req, ctx);
+    if (!caller) return reply({ error: "unauthorized" }, 401);
+    try {
+      return await route(req, ctx, caller);
+    } catch (error) {
+      if (error instanceof HttpFail) return reply({ error: error.message, ...error.extra }, error.status);
+      ctx.onError(error);
+      return reply({ error: "internal error in the gpulayer server (see its log)" }, 500);
+    }
+  };
+}

@@ -1,0 +1,126 @@
+import * as v from "valibot";
+
+/** What the API accepts, checked before anything is stored: a malformed body is a 400 naming the field. */
+
+const Str = v.pipe(v.string(), v.maxLength(64 * 1024));
+const Name = v.pipe(v.string(), v.minLength(1), v.maxLength(200));
+const StrList = v.pipe(v.array(Str), v.maxLength(1000));
+const Labels = v.record(v.pipe(v.string(), v.regex(/^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}$/)), v.pipe(v.string(), v.maxLength(200)));
+/** Paths inside a bundle: relative, no `..`. */
+const RelPath = v.pipe(
+  v.string(),
+  v.maxLength(4096),
+  v.check((p) => !p.startsWith("/") && !p.split("/").includes(".."), "must be a path inside the bundle"),
+);
+
+export const RemoteSpecSchema = v.strictObject({
+  name: Name,
+  argv: v.pipe(v.array(Str), v.minLength(1), v.maxLength(10_000)),
+  commandText: Str,
+  env: v.record(v.pipe(v.string(), v.regex(/^[A-Za-z_][A-Za-z0-9_]*$/)), Str),
+  environment: v.strictObject({
+    requirementsFile: v.optional(RelPath),
+    specs: StrList,
+    python: v.optional(Str),
+    indexUrl: v.optional(Str),
+    extraIndexUrls: StrList,
+    findLinks: StrList,
+    image: v.optional(Str),
+  }),
+  resources: v.strictObject({
+    gpus: v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(1024)),
+    frameworks: v.record(v.string(), v.string()),
+  }),
+});
+
+const BundleHash = v.nullable(v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/)));
+
+export const SubmitSchema = v.strictObject({
+  spec: RemoteSpecSchema,
+  bundle: BundleHash,
+  labels: Labels,
+  workdir: Str,
+});
+
+export const PrepareSchema = v.strictObject({
+  request: v.strictObject({
+    requirementsFile: v.optional(RelPath),
+    specs: StrList,
+    python: v.optional(Str),
+    indexUrl: v.optional(Str),
+    extraIndexUrls: StrList,
+    findLinks: StrList,
+    image: v.optional(Str),
+    pull: v.optional(v.picklist(["missing", "always", "never"])),
+  }),
+  bundle: BundleHash,
+  labels: Labels,
+});
+
+const Gpu = v.object({
+  index: v.number(),
+  uuid: v.nullable(v.string()),
+  name: v.nullable(v.string()),
+  memoryMiB: v.nullable(v.number()),
+  driver: v.nullable(v.string()),
+});
+
+export const RegisterSchema = v.strictObject({
+  name: v.pipe(v.string(), v.regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/, "must be letters, digits, . _ - (up to 63)")),
+  labels: Labels,
+  slots: v.pipe(v.number(), v.integer(), v.minValue(1), v.maxValue(1024)),
+  probe: v.object({
+    hostname: v.string(),
+    os: v.string(),
+    arch: v.string(),
+    cpus: v.number(),
+    memoryBytes: v.number(),
+    gpus: v.pipe(v.array(Gpu), v.maxLength(1024)),
+    python: v.nullable(v.object({ path: v.string(), version: v.string() })),
+    pythonError: v.optional(v.string()),
+    frameworks: v.record(v.string(), v.string()),
+    cuda: v.nullable(v.string()),
+    engine: v.nullable(v.picklist(["docker", "podman"])),
+    probeMs: v.number(),
+  }),
+});
+
+export const HeartbeatSchema = v.object({
+  running: v.pipe(v.array(v.string()), v.maxLength(10_000)),
+  free_gpus: v.optional(v.array(v.number())),
+});
+
+export const EventsSchema = v.object({
+  events: v.pipe(
+    v.array(v.object({ ts: v.number(), type: v.pipe(v.string(), v.maxLength(100)), data: v.record(v.string(), v.unknown()) })),
+    v.maxLength(10_000),
+  ),
+});
+
+export const FinishSchema = v.object({
+  state: v.picklist(["succeeded", "failed", "cancelled"]),
+  exit_code: v.nullable(v.number()),
+  error: v.nullable(Str),
+  result: v.optional(
+    v.object({
+      status: v.picklist(["built", "reused", "pulled", "failed"]),
+      seconds: v.number(),
+      key: v.optional(v.string()),
+      path: v.optional(v.string()),
+      image: v.optional(v.string()),
+      digest: v.optional(v.string()),
+      message: v.optional(Str),
+    }),
+  ),
+});
+
+export const HandbackSchema = v.object({ reason: v.pipe(v.string(), v.maxLength(1000)) });
+export const LeaveSchema = v.object({ final: v.boolean() });
+
+/** Parse or explain: the first issue with its key path. */
+export function parseBody<S extends v.GenericSchema>(schema: S, data: unknown): { ok: true; value: v.InferOutput<S> } | { ok: false; message: string } {
+  const result = v.safeParse(schema, data);
+  if (result.success) return { ok: true, value: result.output };
+  const issue = result.issues[0];
+  return { ok: false, message: `${v.getDotPath(issue) ?? "body"}: ${issue.message}` };
+}

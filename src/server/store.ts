@@ -1,0 +1,308 @@
+import { Database } from "bun:sqlite";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import type { MachineProbe, PrepareRequestPayload, PrepareTaskResult, RemoteSpec, WorkerState } from "../cluster/protocol.ts";
+
+/**
+ * The coordinator's state in one bun:sqlite file in its home: workers, jobs,
+ * their tasks (one per attempt, or one per worker for a prepare), events,
+ * output and the bundles uploaded (their bytes sit next to it, by hash).
+ */
+
+export interface WorkerRow {
+  id: string;
+  name: string;
+  labels: Record<string, string>;
+  probe: MachineProbe;
+  slots: number;
+  state: WorkerState;
+  registered: number;
+  lastSeen: number;
+  freeGpus: number[];
+}
+
+export type ServerJobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled";
+
+export interface JobRow {
+  id: string;
+  name: string;
+  state: ServerJobState;
+  created: number;
+  updated: number;
+  spec: RemoteSpec;
+  bundle: string | null;
+  labels: Record<string, string>;
+  workdir: string;
+  exitCode: number | null;
+  error: string | null;
+  envKey: string | null;
+  workerId: string | null;
+  attempts: number;
+  waiting: string | null;
+  cancelRequested: boolean;
+  logSize: number;
+}
+
+export type TaskState = "assigned" | "running" | "done" | "lost" | "handed_back";
+
+export interface TaskRow {
+  id: string;
+  kind: "job" | "prepare";
+  jobId: string | null;
+  groupId: string | null;
+  workerId: string;
+  state: TaskState;
+  attempt: number;
+  gpus: number[];
+  prepare: PrepareRequestPayload | null;
+  bundle: string | null;
+  result: (PrepareTaskResult & { state?: string }) | null;
+  delivered: boolean;
+  cancel: boolean;
+  cancelSent: boolean;
+  created: number;
+  updated: number;
+}
+
+export interface StoredEvent {
+  seq: number;
+  ts: number;
+  type: string;
+  data: Record<string, unknown>;
+}
+
+const SCHEMA = `
+CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, name TEXT NOT NULL, secret TEXT NOT NULL UNIQUE, labels TEXT NOT NULL, probe TEXT NOT NULL,
+  slots INTEGER NOT NULL, state TEXT NOT NULL, registered REAL NOT NULL, last_seen REAL NOT NULL, free_gpus TEXT NOT NULL DEFAULT '[]');
+CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, state TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, spec TEXT NOT NULL,
+  bundle TEXT, labels TEXT NOT NULL, workdir TEXT NOT NULL, exit_code INTEGER, error TEXT, env_key TEXT, worker_id TEXT, attempts INTEGER NOT NULL DEFAULT 0,
+  waiting TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0, log_size INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, created);
+CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, kind TEXT NOT NULL, job_id TEXT, group_id TEXT, worker_id TEXT NOT NULL, state TEXT NOT NULL,
+  attempt INTEGER NOT NULL, gpus TEXT NOT NULL, prepare TEXT, bundle TEXT, result TEXT, delivered INTEGER NOT NULL DEFAULT 0, cancel INTEGER NOT NULL DEFAULT 0,
+  cancel_sent INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, updated REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS tasks_worker ON tasks(worker_id, state);
+CREATE INDEX IF NOT EXISTS tasks_group ON tasks(group_id);
+CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, ts REAL NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_job ON events(job_id, seq);
+CREATE TABLE IF NOT EXISTS logs (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, start INTEGER NOT NULL, stream INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS logs_job ON logs(job_id, start);
+CREATE TABLE IF NOT EXISTS bundles (hash TEXT PRIMARY KEY, bytes INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL);
+`;
+
+type Row = Record<string, unknown>;
+const json = <T>(s: unknown): T => JSON.parse(String(s)) as T;
+
+function toWorker(r: Row): WorkerRow {
+  return { id: r.id as string, name: r.name as string, labels: json(r.labels), probe: json(r.probe), slots: r.slots as number, state: r.state as WorkerState, registered: r.registered as number, lastSeen: r.last_seen as number, freeGpus: json(r.free_gpus) };
+}
+
+function toJob(r: Row): JobRow {
+  return {
+    id: r.id as string,
+    name: r.name as string,
+    state: r.state as ServerJobState,
+    created: r.created as number,
+    updated: r.updated as number,
+    spec: json(r.spec),
+    bundle: r.bundle as string | null,
+    labels: json(r.labels),
+    workdir: r.workdir as string,
+    exitCode: r.exit_code as number | null,
+    error: r.error as string | null,
+    envKey: r.env_key as string | null,
+    workerId: r.worker_id as string | null,
+    attempts: r.attempts as number,
+    waiting: r.waiting as string | null,
+    cancelRequested: Boolean(r.cancel_requested),
+    logSize: r.log_size as number,
+  };
+}
+
+function toTask(r: Row): TaskRow {
+  return {
+    id: r.id as string,
+    kind: r.kind as TaskRow["kind"],
+    jobId: r.job_id as string | null,
+    groupId: r.group_id as string | null,
+    workerId: r.worker_id as string,
+    state: r.state as TaskState,
+    attempt: r.attempt as number,
+    gpus: json(r.gpus),
+    prepare: r.prepare ? json(r.prepare) : null,
+    bundle: r.bundle as string | null,
+    result: r.result ? json(r.result) : null,
+    delivered: Boolean(r.delivered),
+    cancel: Boolean(r.cancel),
+    cancelSent: Boolean(r.cancel_sent),
+    created: r.created as number,
+    updated: r.updated as number,
+  };
+}
+
+const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_code", error: "error", envKey: "env_key", workerId: "worker_id", attempts: "attempts", waiting: "waiting", cancelRequested: "cancel_requested" };
+const TASK_COLUMNS: Record<string, string> = { state: "state", result: "result", delivered: "delivered", cancel: "cancel", cancelSent: "cancel_sent" };
+const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots" };
+
+function sqlValue(v: unknown): string | number | null {
+  if (v === null || v === undefined) return null;
+  if (typeof v === "boolean") return v ? 1 : 0;
+  if (typeof v === "object") return JSON.stringify(v);
+  return v as string | number;
+}
+
+export const newId = (n = 8) => Buffer.from(crypto.getRandomValues(new Uint8Array(n))).toString("hex");
+
+export class ServerStore {
+  readonly db: Database;
+  readonly bundlesDir: string;
+
+  constructor(readonly dir: string) {
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    this.bundlesDir = join(dir, "bundles");
+    mkdirSync(this.bundlesDir, { recursive: true });
+    this.db = new Database(join(dir, "server.db"), { create: true });
+    this.db.exec("PRAGMA busy_timeout = 10000");
+    this.db.exec("PRAGMA journal_mode = WAL");
+    this.db.exec("PRAGMA synchronous = NORMAL");
+    this.db.exec(SCHEMA);
+  }
+
+  private update(table: string, columns: Record<string, string>, id: string, fields: Record<string, unknown>, touch: boolean): void {
+    const sets: string[] = touch ? ["updated = ?"] : [];
+    const values: (string | number | null)[] = touch ? [Date.now()] : [];
+    for (const [k, val] of Object.entries(fields)) {
+      if (!columns[k]) throw new Error(`${table}: no column for ${k}`);
+      sets.push(`${columns[k]} = ?`);
+      values.push(sqlValue(val));
+    }
+    if (sets.length) this.db.query(`UPDATE ${table} SET ${sets.join(", ")} WHERE id = ?`).run(...values, id);
+  }
+
+  // Workers
+  addWorker(w: Omit<WorkerRow, "freeGpus">, secretHash: string): void {
+    this.db
+      .query("INSERT INTO workers (id, name, secret, labels, probe, slots, state, registered, last_seen, free_gpus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+      .run(w.id, w.name, secretHash, JSON.stringify(w.labels), JSON.stringify(w.probe), w.slots, w.state, w.registered, w.lastSeen, JSON.stringify(w.probe.gpus.map((g) => g.index)));
+  }
+  worker(id: string): WorkerRow | null {
+    const r = this.db.query<Row, [string]>("SELECT * FROM workers WHERE id = ?").get(id);
+    return r ? toWorker(r) : null;
+  }
+  workerBySecret(secretHash: string): WorkerRow | null {
+    const r = this.db.query<Row, [string]>("SELECT * FROM workers WHERE secret = ?").get(secretHash);
+    return r ? toWorker(r) : null;
+  }
+  workers(opts: { present?: boolean } = {}): WorkerRow[] {
+    const where = opts.present ? "WHERE state NOT IN ('lost', 'left')" : "";
+    return this.db.query<Row, []>(`SELECT * FROM workers ${where} ORDER BY name, registered`).all().map(toWorker);
+  }
+  updateWorker(id: string, fields: Partial<Pick<WorkerRow, "state" | "lastSeen" | "freeGpus" | "probe" | "labels" | "slots">>): void {
+    this.update("workers", WORKER_COLUMNS, id, fields, false);
+  }
+
+  // Jobs
+  addJob(j: Pick<JobRow, "id" | "name" | "spec" | "bundle" | "labels" | "workdir">): void {
+    const now = Date.now();
+    this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec, bundle, labels, workdir) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?)").run(j.id, j.name, now, now, JSON.stringify(j.spec), j.bundle, JSON.stringify(j.labels), j.workdir);
+  }
+  job(id: string): JobRow | null {
+    const r = this.db.query<Row, [string]>("SELECT * FROM jobs WHERE id = ?").get(id);
+    return r ? toJob(r) : null;
+  }
+  jobsByPrefix(prefix: string): JobRow[] {
+    return this.db.query<Row, [string]>("SELECT * FROM jobs WHERE id LIKE ? LIMIT 2").all(`${prefix}%`).map(toJob);
+  }
+  jobs(limit: number): JobRow[] {
+    return this.db.query<Row, [number]>("SELECT * FROM jobs ORDER BY created DESC LIMIT ?").all(limit).map(toJob);
+  }
+  queuedJobs(): JobRow[] {
+    return this.db.query<Row, []>("SELECT * FROM jobs WHERE state = 'queued' ORDER BY created").all().map(toJob);
+  }
+  updateJob(id: string, fields: Partial<Pick<JobRow, "state" | "exitCode" | "error" | "envKey" | "workerId" | "attempts" | "waiting" | "cancelRequested">>): void {
+    this.update("jobs", JOB_COLUMNS, id, fields, true);
+  }
+
+  // Tasks
+  addTask(t: Omit<TaskRow, "state" | "result" | "delivered" | "cancel" | "cancelSent" | "created" | "updated">): void {
+    const now = Date.now();
+    this.db
+      .query("INSERT INTO tasks (id, kind, job_id, group_id, worker_id, state, attempt, gpus, prepare, bundle, created, updated) VALUES (?, ?, ?, ?, ?, 'assigned', ?, ?, ?, ?, ?, ?)")
+      .run(t.id, t.kind, t.jobId, t.groupId, t.workerId, t.attempt, JSON.stringify(t.gpus), t.prepare ? JSON.stringify(t.prepare) : null, t.bundle, now, now);
+  }
+  task(id: string): TaskRow | null {
+    const r = this.db.query<Row, [string]>("SELECT * FROM tasks WHERE id = ?").get(id);
+    return r ? toTask(r) : null;
+  }
+  /** Tasks a worker holds now (assigned or running). */
+  activeTasks(workerId?: string): TaskRow[] {
+    if (workerId) return this.db.query<Row, [string]>("SELECT * FROM tasks WHERE worker_id = ? AND state IN ('assigned', 'running') ORDER BY created").all(workerId).map(toTask);
+    return this.db.query<Row, []>("SELECT * FROM tasks WHERE state IN ('assigned', 'running') ORDER BY created").all().map(toTask);
+  }
+  activeTaskOfJob(jobId: string): TaskRow | null {
+    const r = this.db.query<Row, [string]>("SELECT * FROM tasks WHERE job_id = ? AND state IN ('assigned', 'running') ORDER BY created DESC LIMIT 1").get(jobId);
+    return r ? toTask(r) : null;
+  }
+  groupTasks(groupId: string): TaskRow[] {
+    return this.db.query<Row, [string]>("SELECT * FROM tasks WHERE group_id = ? ORDER BY created").all(groupId).map(toTask);
+  }
+  updateTask(id: string, fields: Partial<Pick<TaskRow, "state" | "result" | "delivered" | "cancel" | "cancelSent">>): void {
+    this.update("tasks", TASK_COLUMNS, id, fields, true);
+  }
+
+  // Events and output
+  event(jobId: string, type: string, data: Record<string, unknown> = {}, ts = Date.now()): void {
+    this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)").run(jobId, ts, type, JSON.stringify(data));
+  }
+  events(jobId: string, afterSeq = 0): StoredEvent[] {
+    return this.db
+      .query<{ seq: number; ts: number; type: string; data: string }, [string, number]>("SELECT seq, ts, type, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq")
+      .all(jobId, afterSeq)
+      .map((r) => ({ seq: r.seq, ts: r.ts, type: r.type, data: JSON.parse(r.data) }));
+  }
+  /** Output as it came, stdout (1) and stderr (2) interleaved in one log with byte offsets. */
+  appendLog(jobId: string, data: Uint8Array, stream: 1 | 2 = 1): number {
+    return this.db.transaction(() => {
+      const size = this.db.query<{ log_size: number }, [string]>("SELECT log_size FROM jobs WHERE id = ?").get(jobId)?.log_size ?? 0;
+      this.db.query("INSERT INTO logs (job_id, start, stream, data) VALUES (?, ?, ?, ?)").run(jobId, size, stream, data);
+      this.db.query("UPDATE jobs SET log_size = ? WHERE id = ?").run(size + data.length, jobId);
+      return size + data.length;
+    })();
+  }
+  /** Output from byte `offset` on, chunk by chunk with its stream, at most about `max` bytes. */
+  readChunks(jobId: string, offset: number, max = 1024 * 1024): { stream: 1 | 2; data: Uint8Array }[] {
+    const rows = this.db.query<{ start: number; stream: 1 | 2; data: Uint8Array }, [string, number]>("SELECT start, stream, data FROM logs WHERE job_id = ? AND start + length(data) > ? ORDER BY start").all(jobId, offset);
+    const chunks: { stream: 1 | 2; data: Uint8Array }[] = [];
+    let total = 0;
+    for (const r of rows) {
+      const piece = r.data.subarray(Math.max(0, offset - r.start));
+      chunks.push({ stream: r.stream, data: piece });
+      total += piece.length;
+      if (total >= max) break;
+    }
+    return chunks;
+  }
+
+  readLog(jobId: string, offset: number, max?: number): Uint8Array {
+    return Buffer.concat(this.readChunks(jobId, offset, max).map((c) => c.data));
+  }
+
+  // Bundles
+  bundlePath(hash: string): string {
+    return join(this.bundlesDir, `${hash}.tar.gz`);
+  }
+  hasBundle(hash: string): boolean {
+    return Boolean(this.db.query<Row, [string]>("SELECT hash FROM bundles WHERE hash = ?").get(hash));
+  }
+  addBundle(hash: string, bytes: number): void {
+    const now = Date.now();
+    this.db.query("INSERT OR REPLACE INTO bundles (hash, bytes, created, last_used) VALUES (?, ?, ?, ?)").run(hash, bytes, now, now);
+  }
+  touchBundle(hash: string): void {
+    this.db.query("UPDATE bundles SET last_used = ? WHERE hash = ?").run(Date.now(), hash);
+  }
+
+  close(): void {
+    this.db.close();
+  }
+}

@@ -1,0 +1,198 @@
+import { ClusterClient, HttpError } from "../cluster/client.ts";
+import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment } from "../cluster/protocol.ts";
+import type { HomeLayout } from "../config/paths.ts";
+import { UserError } from "../errors.ts";
+import { sleep } from "../env/lock.ts";
+import { cancelGraceMs } from "../jobs/runner.ts";
+import { startJobTask, startPrepareTask, type TaskHandle, type WorkerContext } from "./tasks.ts";
+
+/**
+ * The worker's loop (`gpulayer join URL`): register with the probe, beat,
+ * long-poll for tasks and run them; on the first SIGINT/SIGTERM take no more
+ * work and let what runs finish (up to the drain time), then hand back what
+ * is left and leave; a second signal hands back at once.
+ */
+
+export interface AgentOptions {
+  url: string;
+  token: string;
+  name: string;
+  labels: Record<string, string>;
+  python?: string;
+  slots: number;
+  probe: MachineProbe;
+  layout: HomeLayout;
+  env: NodeJS.ProcessEnv;
+  drainSeconds: number;
+  onLog(message: string): void;
+}
+
+function seconds(env: NodeJS.ProcessEnv, name: string): number | undefined {
+  const n = Number(env[name]);
+  return env[name] && Number.isFinite(n) && n > 0 ? n : undefined;
+}
+
+/** A sleep that does not keep the process alive on its own. */
+const nap = (ms: number) => new Promise<void>((r) => setTimeout(r, Math.max(0, ms)).unref());
+
+export class Agent {
+  private readonly tasks = new Map<string, TaskHandle>();
+  private stopping = false;
+  private urgent = false;
+  private pollAbort = new AbortController();
+  private wake: (() => void) | null = null;
+  private client: ClusterClient | null = null;
+  private workerId = "";
+  private heartbeatMs = 2000;
+  private left = false;
+  private beatWake: (() => void) | null = null;
+  private rejoining: Promise<void> | null = null;
+
+  constructor(private readonly opts: AgentOptions) {}
+
+  private log(message: string): void {
+    this.opts.onLog(message);
+  }
+
+  /** First call: drain. Second: hand back now. */
+  stop(signal: string): void {
+    if (this.stopping) {
+      this.urgent = true;
+      this.log(`${signal} again: handing back ${this.tasks.size} task(s) now`);
+    } else this.log(`${signal}: taking no more work${this.tasks.size ? `; letting ${this.tasks.size} task(s) finish (up to ${this.opts.drainSeconds} s, ${signal} again to hand them back now)` : ""}`);
+    this.stopping = true;
+    this.pollAbort.abort();
+    this.wake?.();
+  }
+
+  private async register(): Promise<void> {
+    const admin = new ClusterClient(this.opts.url, this.opts.token);
+    let delay = 1000;
+    for (;;) {
+      try {
+        const r = await admin.json<RegisterResponse>("POST", "/v1/workers/register", { name: this.opts.name, labels: this.opts.labels, slots: this.opts.slots, probe: this.opts.probe });
+        this.workerId = r.id;
+        this.client = new ClusterClient(this.opts.url, r.credential);
+        this.heartbeatMs = (seconds(this.opts.env, "GPULAYER_HEARTBEAT_SECONDS") ?? r.heartbeat_seconds) * 1000;
+        this.log(`joined ${this.opts.url} as ${r.name}; waiting for work`);
+        return;
+      } catch (error) {
+        // A wrong token or a taken name will not fix itself; a server that is not up yet may.
+        if (error instanceof HttpError || this.stopping) throw error;
+        this.log(`${(error as Error).message}; retrying in ${delay / 1000} s`);
+        await sleep(delay);
+        delay = Math.min(delay * 2, 30_000);
+      }
+    }
+  }
+
+  private context(): WorkerContext {
+    return { layout: this.opts.layout, client: this.client!, python: this.opts.python, gpus: this.opts.probe.gpus, env: this.opts.env, log: (m) => this.log(m) };
+  }
+
+  private start(task: TaskAssignment): void {
+    if (this.tasks.has(task.id)) return;
+    if (this.stopping) {
+      void this.client!.request("POST", `/v1/tasks/${task.id}/handback`, { reason: `worker ${this.opts.name} is leaving` }).catch(() => {});
+      return;
+    }
+    const handle = task.kind === "job" ? startJobTask(this.context(), task) : startPrepareTask(this.context(), task);
+    this.log(task.kind === "job" ? `job ${task.job_id} (${task.spec?.name}): started (attempt ${task.attempt}${task.gpus.length ? `, GPUs ${task.gpus.join(",")}` : ""})` : `prepare task ${task.id}: started`);
+    this.tasks.set(task.id, handle);
+    void handle.done.finally(() => {
+      this.tasks.delete(task.id);
+      this.log(task.kind === "job" ? `job ${task.job_id}: done` : `prepare task ${task.id}: done`);
+      this.wake?.();
+    });
+  }
+
+  private cancel(ids: string[]): void {
+    for (const id of ids) this.tasks.get(id)?.cancel("job cancel");
+  }
+
+  private freeGpus(): number[] {
+    const used = new Set([...this.tasks.values()].flatMap((t) => t.task.gpus));
+    return this.opts.probe.gpus.map((g) => g.index).filter((i) => !used.has(i));
+  }
+
+  /** Lost (the server stopped hearing us): what runs here now runs elsewhere; stop it and join again. */
+  private rejoin(): Promise<void> {
+    this.rejoining ??= (async () => {
+      this.log("the server declared this worker lost; stopping its tasks and joining again");
+      for (const t of this.tasks.values()) void t.handBack("worker declared lost");
+      await this.register();
+    })().finally(() => {
+      this.rejoining = null;
+    });
+    return this.rejoining;
+  }
+
+  private pause(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      this.beatWake = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+  }
+
+  private async heartbeats(): Promise<void> {
+    let failing = false;
+    for (;;) {
+      await this.pause(this.heartbeatMs);
+      if (this.left) return;
+      try {
+        const r = await this.client!.json<{ cancel: string[] }>("POST", `/v1/workers/${this.workerId}/heartbeat`, { running: [...this.tasks.keys()], free_gpus: this.freeGpus() });
+        this.cancel(r.cancel);
+        if (failing) this.log("the server answers again");
+        failing = false;
+      } catch (error) {
+        if (this.left) return;
+        if (error instanceof HttpError && error.status === 409 && !this.stopping) await this.rejoin().catch((e) => this.log(`joining again failed: ${(e as Error).message}`));
+        else if (!failing) this.log(`heartbeat failed: ${(error as Error).message}`);
+        failing = true;
+      }
+    }
+  }
+
+  async run(): Promise<void> {
+    await this.register();
+    const beats = this.heartbeats();
+    while (!this.stopping) {
+      try {
+        const r = await this.client!.json<PollResponse>("GET", `/v1/workers/${this.workerId}/tasks?wait=25`, undefined, { signal: this.pollAbort.signal });
+        this.cancel(r.cancel);
+        for (const t of r.tasks) this.start(t);
+      } catch (error) {
+        if (this.stopping) break;
+        if (error instanceof HttpError && error.status === 409) await this.rejoin();
+        else if (error instanceof HttpError && error.status === 401) throw new UserError(`the server no longer accepts this worker's credential: ${error.message}`);
+        else {
+          this.log(`waiting for work failed: ${(error as Error).message}; retrying`);
+          await sleep(1000);
+        }
+      }
+    }
+    await this.leave();
+    await beats.catch(() => {});
+  }
+
+  private async leave(): Promise<void> {
+    const post = (final: boolean) => this.client!.request("POST", `/v1/workers/${this.workerId}/leave`, { final }).catch((e) => this.log(`telling the server failed: ${(e as Error).message}`));
+    await post(false);
+    const deadline = Date.now() + this.opts.drainSeconds * 1000;
+    while (this.tasks.size && !this.urgent && Date.now() < deadline) {
+      await Promise.race([nap(deadline - Date.now()), new Promise<void>((r) => (this.wake = r))]);
+    }
+    if (this.tasks.size) {
+      this.log(`handing back ${this.tasks.size} task(s)`);
+      const all = Promise.all([...this.tasks.values()].map((t) => t.handBack(`worker ${this.opts.name} left`)));
+      await Promise.race([all, nap(cancelGraceMs(this.opts.env) + 5000)]);
+    }
+    await post(true);
+    this.left = true;
+    this.beatWake?.();
+    this.log("left the server");
+  }
+}

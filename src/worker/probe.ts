@@ -1,0 +1,137 @@
+import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { availableParallelism, hostname, release, totalmem } from "node:os";
+import { join } from "node:path";
+import type { GpuInfo, MachineProbe } from "../cluster/protocol.ts";
+import type { HomeLayout } from "../config/paths.ts";
+import { detectEngine } from "../docker/engine.ts";
+import { probeInterpreter, resolvePythonPath } from "../env/interpreter.ts";
+import { normalizeName } from "../env/requirements.ts";
+
+/**
+ * The machine probe: what a worker tells the coordinator about itself. Read
+ * from files and two short commands; torch and friends are never imported
+ * (an `import torch` costs seconds), their versions come from site-packages.
+ */
+
+/** Run a command with a deadline; null when it is missing, fails or is too slow. */
+async function quietRun(argv: string[], timeoutMs: number, env: NodeJS.ProcessEnv): Promise<string | null> {
+  const bin = argv[0]!.includes("/") ? argv[0]! : Bun.which(argv[0]!, { PATH: env.PATH ?? "" });
+  if (!bin) return null;
+  let proc: Bun.Subprocess<"ignore", "pipe", "ignore">;
+  try {
+    proc = Bun.spawn([bin, ...argv.slice(1)], { env: env as Record<string, string>, stdin: "ignore", stdout: "pipe", stderr: "ignore" });
+  } catch {
+    return null;
+  }
+  const timer = setTimeout(() => proc.kill("SIGKILL"), timeoutMs);
+  try {
+    const [out, code] = await Promise.all([new Response(proc.stdout).text(), proc.exited]);
+    return code === 0 ? out : null;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+const na = (s: string | undefined): string | null => {
+  const v = (s ?? "").trim();
+  return !v || /^\[?N\/A\]?$/i.test(v) || /^\[Not Supported\]$/i.test(v) ? null : v;
+};
+
+/** `nvidia-smi --query-gpu=index,uuid,name,memory.total,driver_version --format=csv,noheader,nounits` lines. */
+export function parseNvidiaSmi(text: string): GpuInfo[] {
+  const gpus: GpuInfo[] = [];
+  for (const line of text.split("\n")) {
+    if (!line.trim()) continue;
+    const [index, uuid, name, memory, driver] = line.split(",").map((c) => c.trim());
+    const i = Number(na(index));
+    if (!Number.isInteger(i)) continue;
+    const mem = Number(na(memory));
+    gpus.push({ index: i, uuid: na(uuid), name: na(name), memoryMiB: na(memory) !== null && Number.isFinite(mem) ? mem : null, driver: na(driver) });
+  }
+  return gpus;
+}
+
+export async function probeGpus(env: NodeJS.ProcessEnv = process.env): Promise<GpuInfo[]> {
+  const out = await quietRun(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,driver_version", "--format=csv,noheader,nounits"], 5000, env);
+  return out ? parseNvidiaSmi(out) : [];
+}
+
+/** `__version__ = "2.4.1"` and `cuda = "12.1"` (or `cuda: Optional[str] = None`) from torch/version.py. */
+export function parseTorchVersionPy(text: string): { version: string | null; cuda: string | null } {
+  const value = (name: string) => {
+    const m = new RegExp(`^${name}\\s*(?::[^=\\n]*)?=\\s*(?:['"]([^'"]*)['"]|None)`, "m").exec(text);
+    return m?.[1] ? m[1] : null;
+  };
+  return { version: value("__version__"), cuda: value("cuda") };
+}
+
+/** Every distribution in the site dirs (dist-info/egg-info names), and torch's own version.py over its dist-info. */
+export function readFrameworks(siteDirs: string[]): { frameworks: Record<string, string>; cuda: string | null } {
+  const frameworks: Record<string, string> = {};
+  let cuda: string | null = null;
+  let torchRead = false;
+  for (const dir of siteDirs) {
+    let names: string[];
+    try {
+      names = readdirSync(dir);
+    } catch {
+      continue;
+    }
+    for (const n of names) {
+      const m = /^(.+?)-([^-]+?)(-py\d[\d.]*)?\.(dist-info|egg-info)$/.exec(n);
+      if (m && !(normalizeName(m[1]!) in frameworks)) frameworks[normalizeName(m[1]!)] = m[2]!;
+    }
+    const torchVersion = join(dir, "torch", "version.py");
+    if (!torchRead && existsSync(torchVersion)) {
+      torchRead = true;
+      try {
+        const parsed = parseTorchVersionPy(readFileSync(torchVersion, "utf8"));
+        if (parsed.version) frameworks.torch = parsed.version;
+        cuda = parsed.cuda;
+      } catch {
+        // unreadable: the dist-info's version stands
+      }
+    }
+  }
+  return { frameworks, cuda };
+}
+
+async function probeEngineName(layout: HomeLayout, env: NodeJS.ProcessEnv, timeoutMs: number): Promise<MachineProbe["engine"]> {
+  const timeout = new Promise<null>((r) => setTimeout(() => r(null), timeoutMs).unref());
+  try {
+    const engine = await Promise.race([detectEngine(layout, env).catch(() => null), timeout]);
+    return engine?.name ?? null;
+  } catch {
+    return null;
+  }
+}
+
+export async function probeMachine(layout: HomeLayout, python: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<MachineProbe> {
+  const started = performance.now();
+  const [gpus, engine] = await Promise.all([probeGpus(env), env.GPULAYER_WORKER_ENGINE === "none" ? Promise.resolve(null) : probeEngineName(layout, env, 5000)]);
+  let pythonInfo: MachineProbe["python"] = null;
+  let pythonError: string | undefined;
+  let frameworks: Record<string, string> = {};
+  let cuda: string | null = null;
+  try {
+    const info = probeInterpreter(resolvePythonPath(python, env), layout.interpreters);
+    pythonInfo = { path: info.path, version: info.version };
+    ({ frameworks, cuda } = readFrameworks(info.siteDirs));
+  } catch (error) {
+    pythonError = (error as Error).message;
+  }
+  return {
+    hostname: hostname(),
+    os: `${process.platform} ${release()}`,
+    arch: process.arch,
+    cpus: availableParallelism(),
+    memoryBytes: totalmem(),
+    gpus,
+    python: pythonInfo,
+    ...(pythonError ? { pythonError } : {}),
+    frameworks,
+    cuda,
+    engine,
+    probeMs: Math.round((performance.now() - started) * 10) / 10,
+  };
+}

@@ -1,0 +1,60 @@
+import { mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import * as v from "valibot";
+import type { HomeLayout } from "../config/paths.ts";
+import { UsageError } from "../errors.ts";
+
+/**
+ * This machine's worker settings, saved by `gpulayer join` (without a server
+ * URL) in $GPULAYER_HOME/worker.json and used by every later `join`: flags
+ * win over GPULAYER_* variables, which win over this file.
+ */
+const WorkerSettingsSchema = v.strictObject({
+  python: v.optional(v.string()),
+  name: v.optional(v.string()),
+  labels: v.optional(v.record(v.string(), v.string())),
+});
+
+export type WorkerSettings = v.InferOutput<typeof WorkerSettingsSchema>;
+
+export function workerSettingsFile(layout: HomeLayout): string {
+  return join(layout.root, "worker.json");
+}
+
+export function loadWorkerSettings(layout: HomeLayout): WorkerSettings {
+  const file = workerSettingsFile(layout);
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch {
+    return {};
+  }
+  let data: unknown;
+  try {
+    data = JSON.parse(text);
+  } catch (error) {
+    throw new UsageError(`${file}: not valid JSON: ${(error as Error).message}`);
+  }
+  const parsed = v.safeParse(WorkerSettingsSchema, data);
+  if (!parsed.success) throw new UsageError(`${file}: ${v.getDotPath(parsed.issues[0]) ?? ""}: ${parsed.issues[0].message}`);
+  return parsed.output;
+}
+
+export function saveWorkerSettings(layout: HomeLayout, settings: WorkerSettings): string {
+  const file = workerSettingsFile(layout);
+  mkdirSync(dirname(file), { recursive: true });
+  const tmp = `${file}.${process.pid}.tmp`;
+  writeFileSync(tmp, `${JSON.stringify(settings, null, 2)}\n`);
+  renameSync(tmp, file);
+  return file;
+}
+
+/** Flags over GPULAYER_PYTHON over the saved file; labels merge, a flag's value winning per key. */
+export function mergeWorkerSettings(saved: WorkerSettings, flags: { python?: string; name?: string; labels: Record<string, string> }, env: NodeJS.ProcessEnv = process.env): WorkerSettings {
+  const python = flags.python ?? env.GPULAYER_PYTHON ?? saved.python;
+  return {
+    python: python && python.includes("/") ? resolve(python) : python,
+    name: flags.name ?? saved.name,
+    labels: { ...(saved.labels ?? {}), ...flags.labels },
+  };
+}

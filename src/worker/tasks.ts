@@ -1,0 +1,219 @@
+import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { BundleError, bundleLimits, unpackBundle } from "../cluster/bundle.ts";
+import type { ClusterClient } from "../cluster/client.ts";
+import type { GpuInfo, PrepareTaskResult, RemoteSpec, TaskAssignment } from "../cluster/protocol.ts";
+import type { HomeLayout } from "../config/paths.ts";
+import { ensureImage, parsePullPolicy } from "../docker/index.ts";
+import { InstallError, UserError } from "../errors.ts";
+import { prepareEnv } from "../env/prepare.ts";
+import { type RunningJob, startJob } from "../jobs/runner.ts";
+import type { JobSpec } from "../jobs/spec.ts";
+import { JobStore } from "../jobs/store.ts";
+import { TaskChannel } from "./channel.ts";
+
+/**
+ * A task on this worker: a job (fetch its bundle, unpack it, run it with the
+ * local runner and its env cache, forward events and output) or a prepare
+ * (build or find the env, or pull the image, and say which).
+ */
+
+export interface WorkerContext {
+  layout: HomeLayout;
+  client: ClusterClient;
+  python?: string;
+  gpus: GpuInfo[];
+  env: NodeJS.ProcessEnv;
+  log(message: string): void;
+}
+
+export interface TaskHandle {
+  task: TaskAssignment;
+  done: Promise<void>;
+  cancel(reason: string): void;
+  /** Stop it here and give it back to the server (to be run elsewhere); resolves once the server knows. */
+  handBack(reason: string): Promise<void>;
+}
+
+const isUrl = (p: string) => /^[a-z+]+:\/\//i.test(p);
+
+function clusterDir(ctx: WorkerContext, ...parts: string[]): string {
+  return join(ctx.layout.root, "cluster", ...parts);
+}
+
+/** The bundle's tar.gz, fetched once per worker and checked against its hash. */
+async function fetchBundle(ctx: WorkerContext, hash: string): Promise<string> {
+  const file = clusterDir(ctx, "bundles", `${hash}.tar.gz`);
+  if (existsSync(file)) return file;
+  const { data } = await ctx.client.bytes(`/v1/bundles/${hash}`);
+  if (new Bun.CryptoHasher("sha256").update(data).digest("hex") !== hash) throw new BundleError(`bundle ${hash.slice(0, 12)} arrived damaged (hash mismatch)`);
+  mkdirSync(clusterDir(ctx, "bundles"), { recursive: true });
+  const tmp = `${file}.${process.pid}.${Date.now()}.tmp`;
+  writeFileSync(tmp, data);
+  renameSync(tmp, file);
+  return file;
+}
+
+/**
+ * The bundle unpacked once at a path named by its hash: requirements files and
+ * local find-links are read from here, so the env key is the same for every
+ * job of an unchanged folder.
+ */
+function sharedCopy(ctx: WorkerContext, hash: string, file: string): string {
+  const dir = clusterDir(ctx, "bundles", hash);
+  if (existsSync(dir)) return dir;
+  const tmp = `${dir}.${process.pid}.${Date.now()}.tmp`;
+  unpackBundle(file, tmp, bundleLimits(ctx.env));
+  try {
+    renameSync(tmp, dir);
+  } catch {
+    rmSync(tmp, { recursive: true, force: true }); // another task got there first
+  }
+  return dir;
+}
+
+function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: WorkerContext, gpus: number[]): JobSpec {
+  const env = { ...spec.env };
+  // The GPUs the server gave this job, and no others (none when it asked for none).
+  if (ctx.gpus.length) env.CUDA_VISIBLE_DEVICES = gpus.map((i) => ctx.gpus.find((g) => g.index === i)?.uuid ?? String(i)).join(",");
+  const e = spec.environment;
+  return {
+    name: spec.name,
+    argv: spec.argv,
+    commandText: spec.commandText,
+    workdir,
+    env,
+    environment: {
+      requirementsFile: e.requirementsFile ? join(source, e.requirementsFile) : undefined,
+      specs: e.specs,
+      python: e.python ?? ctx.python,
+      indexUrl: e.indexUrl,
+      extraIndexUrls: e.extraIndexUrls,
+      findLinks: e.findLinks.map((f) => (isUrl(f) ? f : join(source, f))),
+      image: e.image,
+    },
+    resources: spec.resources,
+  };
+}
+
+const messageOf = (error: unknown) => (error instanceof InstallError && error.detail ? `${error.message}: ${error.detail}` : error instanceof Error ? error.message : String(error));
+
+export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHandle {
+  let running: RunningJob | null = null;
+  let stopReason: string | null = null;
+  let handedBack: string | null = null;
+  const channel = new TaskChannel(ctx.client, task.id, (m) => {
+    ctx.log(`task ${task.id} (job ${task.job_id}) taken back by the server: ${m}; stopping it`);
+    stopReason = "taken back by the server";
+    running?.cancel(stopReason);
+  }, ctx.log);
+  const workdir = clusterDir(ctx, "work", `${task.job_id}-${task.attempt}`);
+  const finish = (body: Record<string, unknown>) => channel.send(`/v1/tasks/${task.id}/finish`, body);
+
+  const done = (async () => {
+    try {
+      let source = workdir;
+      rmSync(workdir, { recursive: true, force: true });
+      if (task.bundle) {
+        const file = await fetchBundle(ctx, task.bundle);
+        source = sharedCopy(ctx, task.bundle, file);
+        unpackBundle(file, workdir, bundleLimits(ctx.env));
+      } else mkdirSync(workdir, { recursive: true });
+      if (stopReason) {
+        if (handedBack) return;
+        channel.event("job.cancelled", { reason: stopReason });
+        await channel.flush();
+        await finish({ state: "cancelled", exit_code: 130, error: null });
+        return;
+      }
+      const store = new JobStore(ctx.layout);
+      const job = store.create(localSpec(task.spec!, workdir, source, ctx, task.gpus));
+      running = startJob(store, ctx.layout, job, {
+        onEvent: (type, data) => channel.event(type, { ...data, local_job: job.id }),
+        onStdout: (c) => channel.output(c, "stdout"),
+        onStderr: (c) => channel.output(c, "stderr"),
+      });
+      if (stopReason) running.cancel(stopReason);
+      const outcome = await running.done;
+      const error = store.get(job.id)?.error ?? null;
+      store.close();
+      await channel.flush();
+      if (!handedBack && !channel.muted) await finish({ state: outcome.state === "succeeded" ? "succeeded" : outcome.state === "cancelled" ? "cancelled" : "failed", exit_code: outcome.exitCode, error });
+    } catch (error) {
+      const message = messageOf(error);
+      ctx.log(`task ${task.id} (job ${task.job_id}) failed on this worker: ${message}`);
+      if (!handedBack && !channel.muted) {
+        channel.event("task.bundle.failed", { message });
+        await channel.flush();
+        await finish({ state: "failed", exit_code: error instanceof UserError ? error.exitCode : 1, error: message });
+      }
+    } finally {
+      if (handedBack) await channel.send(`/v1/tasks/${task.id}/handback`, { reason: handedBack });
+      if (!ctx.env.GPULAYER_KEEP_WORKDIRS) rmSync(workdir, { recursive: true, force: true });
+    }
+  })();
+
+  return {
+    task,
+    done,
+    cancel(reason) {
+      stopReason ??= reason;
+      running?.cancel(reason);
+    },
+    async handBack(reason) {
+      handedBack = reason;
+      channel.muted = true;
+      stopReason ??= reason;
+      running?.cancel(reason);
+      await done;
+    },
+  };
+}
+
+export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): TaskHandle {
+  let handedBack: string | null = null;
+  const channel = new TaskChannel(ctx.client, task.id, () => {}, ctx.log);
+  const req = task.prepare!;
+  const done = (async () => {
+    const started = performance.now();
+    let body: { state: string; exit_code: number; error: string | null; result: PrepareTaskResult };
+    try {
+      let cwd = clusterDir(ctx);
+      mkdirSync(cwd, { recursive: true });
+      if (task.bundle) cwd = sharedCopy(ctx, task.bundle, await fetchBundle(ctx, task.bundle));
+      let result: PrepareTaskResult;
+      if (req.image) {
+        const r = await ensureImage(ctx.layout, req.image, { pull: parsePullPolicy(req.pull), env: ctx.env });
+        result = { status: r.status, seconds: r.seconds, image: r.image, digest: r.digest };
+      } else {
+        const r = await prepareEnv(ctx.layout, {
+          requirementsFile: req.requirementsFile ? join(cwd, req.requirementsFile) : undefined,
+          specs: req.specs,
+          python: req.python ?? ctx.python,
+          indexUrl: req.indexUrl,
+          extraIndexUrls: req.extraIndexUrls,
+          findLinks: req.findLinks.map((f) => (isUrl(f) ? f : join(cwd, f))),
+          cwd,
+          env: ctx.env,
+        });
+        result = { status: r.status, seconds: r.seconds, key: r.key, path: r.path };
+      }
+      body = { state: "succeeded", exit_code: 0, error: null, result };
+    } catch (error) {
+      const message = error instanceof UserError ? messageOf(error) : `internal error: ${messageOf(error)}`;
+      body = { state: "failed", exit_code: error instanceof UserError ? error.exitCode : 70, error: message, result: { status: "failed", seconds: (performance.now() - started) / 1000, message } };
+    }
+    if (!handedBack) await channel.send(`/v1/tasks/${task.id}/finish`, body);
+  })();
+  return {
+    task,
+    done,
+    cancel() {},
+    // A build cannot be stopped halfway without leaving work for the next one; the server is told now, the build ends with the process.
+    async handBack(reason) {
+      if (handedBack) return;
+      handedBack = reason;
+      await channel.send(`/v1/tasks/${task.id}/handback`, { reason });
+    },
+  };
+}

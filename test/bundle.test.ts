@@ -1,0 +1,133 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { chmodSync, existsSync, mkdirSync, readFileSync, statSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { BundleError, inspectBundle, listWorkdir, packWorkdir, unpackBundle } from "../src/cluster/bundle.ts";
+import { run, tempDir } from "./helpers.ts";
+
+const root = tempDir("gpl-bundle-");
+afterAll(() => Bun.spawn(["rm", "-rf", root]));
+
+function tree(dir: string, files: Record<string, string>): string {
+  for (const [path, content] of Object.entries(files)) {
+    mkdirSync(join(dir, path, ".."), { recursive: true });
+    writeFileSync(join(dir, path), content);
+  }
+  return dir;
+}
+
+/** A tar.gz written by Python's tarfile, entry by entry: what a hostile client could send. */
+async function craft(name: string, entries: [string, "file" | "sym" | "hard" | "dir" | "fifo", string][]): Promise<string> {
+  const file = join(root, `${name}.tar.gz`);
+  const script = `
+import io, json, sys, tarfile
+kinds = {"sym": tarfile.SYMTYPE, "hard": tarfile.LNKTYPE, "dir": tarfile.DIRTYPE, "fifo": tarfile.FIFOTYPE}
+with tarfile.open(sys.argv[1], "w:gz") as t:
+    for name, kind, extra in json.loads(sys.argv[2]):
+        ti = tarfile.TarInfo(name)
+        if kind == "file":
+            data = b"0" * int(extra[6:]) if extra.startswith("zeros:") else extra.encode()
+            ti.size = len(data); t.addfile(ti, io.BytesIO(data))
+        else:
+            ti.type = kinds[kind]; ti.linkname = extra; t.addfile(ti)
+`;
+  const r = await run(["python3", "-c", script, file, JSON.stringify(entries)]);
+  if (r.code !== 0) throw new Error(r.stderr);
+  return file;
+}
+
+describe("packing a workdir", () => {
+  const dir = tree(join(root, "proj"), {
+    "train.py": "print('train')\n",
+    "run.sh": "#!/bin/sh\necho run\n",
+    ".gitignore": "*.log\ndata/\n!keep.log\n",
+    ".gpulayerignore": "secrets.env\n",
+    "secrets.env": "TOKEN=x\n",
+    "debug.log": "noise\n",
+    "keep.log": "kept\n",
+    "data/big.bin": "0".repeat(1000),
+    "pkg/mod.py": "x = 1\n",
+    "pkg/.gitignore": "local.py\n",
+    "pkg/local.py": "y = 2\n",
+    ".git/HEAD": "ref: refs/heads/main\n",
+    ".venv/bin/python": "",
+    "pkg/__pycache__/mod.cpython-311.pyc": "",
+    "node_modules/x/index.js": "",
+  });
+  chmodSync(join(dir, "run.sh"), 0o755);
+  symlinkSync("train.py", join(dir, "link-inside.py"));
+  symlinkSync("/etc/passwd", join(dir, "link-outside"));
+
+  test("honours .gitignore (nested, negated), .gpulayerignore and the default excludes; keeps links that stay inside", () => {
+    const list = listWorkdir(dir);
+    expect(list.entries).toEqual([".gitignore", ".gpulayerignore", "keep.log", "link-inside.py", "pkg", "pkg/.gitignore", "pkg/mod.py", "run.sh", "train.py"]);
+    expect(list.skipped).toEqual([{ path: "link-outside", reason: "link to /etc/passwd points outside the workdir" }]);
+  });
+
+  test("the same content packs to the same hash; times do not count, content does", () => {
+    const a = packWorkdir(dir, join(root, "a.tar.gz"));
+    utimesSync(join(dir, "train.py"), new Date(), new Date(Date.now() + 5000));
+    const b = packWorkdir(dir, join(root, "b.tar.gz"));
+    expect(b.hash).toBe(a.hash);
+    writeFileSync(join(dir, "pkg", "mod.py"), "x = 2\n");
+    const c = packWorkdir(dir, join(root, "c.tar.gz"));
+    expect(c.hash).not.toBe(a.hash);
+    expect(a.hash).toBe(new Bun.CryptoHasher("sha256").update(readFileSync(a.file)).digest("hex"));
+  });
+
+  test("unpacks what was packed: contents, the executable bit, links", () => {
+    const packed = packWorkdir(dir, join(root, "d.tar.gz"));
+    const out = join(root, "unpacked");
+    unpackBundle(packed.file, out);
+    expect(readFileSync(join(out, "train.py"), "utf8")).toBe("print('train')\n");
+    expect(statSync(join(out, "run.sh")).mode & 0o111).not.toBe(0);
+    expect(readFileSync(join(out, "link-inside.py"), "utf8")).toBe("print('train')\n");
+    expect(existsSync(join(out, "secrets.env"))).toBe(false);
+    expect(existsSync(join(out, "data"))).toBe(false);
+  });
+
+  test("an empty folder packs and unpacks", () => {
+    const empty = join(root, "empty");
+    mkdirSync(empty);
+    const packed = packWorkdir(empty, join(root, "e.tar.gz"));
+    unpackBundle(packed.file, join(root, "e-out"));
+    expect(existsSync(join(root, "e-out"))).toBe(true);
+  });
+
+  test("a workdir over the size limit is refused with its biggest entries named", () => {
+    const big = tree(join(root, "big"), { "weights/model.bin": "x".repeat(200_000), "small.py": "pass\n" });
+    const limits = { maxBytes: 1024 ** 3, maxUnpackedBytes: 100_000, maxEntries: 1000 };
+    expect(() => packWorkdir(big, join(root, "big.tar.gz"), limits)).toThrow(/over the limit of .*GPULAYER_BUNDLE_MAX_UNPACKED.*weights/);
+  });
+});
+
+describe("unpacking refuses unsafe bundles before anything is written", () => {
+  const cases: [string, [string, "file" | "sym" | "hard" | "dir" | "fifo", string][], RegExp][] = [
+    ["an absolute path", [["ok.txt", "file", "fine"], [join(root, "escaped-abs"), "file", "x"]], /is absolute/],
+    ["a path with ..", [["ok.txt", "file", "fine"], ["a/../../escaped-dotdot", "file", "x"]], /climbs out with \.\./],
+    ["a link pointing outside", [["ok.txt", "file", "fine"], ["l", "sym", root], ["l/escaped-link", "file", "x"]], /link to .* outside the bundle/],
+    ["a chain of links that climbs out", [["d", "dir", ""], ["d/x", "sym", ".."], ["d/x/z", "sym", ".."], ["d/x/z/escaped-chain", "file", "x"]], /goes through a link/],
+    ["a hard link outside", [["ok.txt", "file", "fine"], ["h", "hard", "../../etc/passwd"]], /hard link/],
+    ["a device or fifo", [["ok.txt", "file", "fine"], ["f", "fifo", ""]], /FIFO/],
+  ];
+  for (const [label, entries, message] of cases) {
+    test(label, async () => {
+      const file = await craft(label.replace(/\W+/g, "-"), entries);
+      const dest = join(root, `dest-${label.replace(/\W+/g, "-")}`);
+      expect(() => inspectBundle(file)).toThrow(BundleError);
+      expect(() => unpackBundle(file, dest)).toThrow(message);
+      expect(existsSync(dest)).toBe(false);
+      for (const name of ["escaped-abs", "escaped-dotdot", "escaped-link", "escaped-chain"]) expect(existsSync(join(root, name))).toBe(false);
+    });
+  }
+
+  test("garbage is not a bundle", () => {
+    const file = join(root, "garbage.tar.gz");
+    writeFileSync(file, "not a tarball at all");
+    expect(() => inspectBundle(file)).toThrow(/not a valid tar.gz/);
+  });
+
+  test("a bundle over the unpacked limit is refused (a gzip bomb stays compressed)", async () => {
+    const file = await craft("bomb", [["zeros.bin", "file", "zeros:500000"]]);
+    expect(() => inspectBundle(file, { maxBytes: 1024 ** 3, maxUnpackedBytes: 100_000, maxEntries: 10 })).toThrow(/unpacked, over the limit/);
+  });
+});

@@ -1,0 +1,146 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { cli, sandbox, startCli } from "./helpers.ts";
+
+/**
+ * Workers that die or leave: a server and workers as separate processes on
+ * 127.0.0.1, each with its own home. A worker killed with SIGKILL mid-job is
+ * declared lost and its job runs again elsewhere (up to the attempt limit);
+ * one stopped with SIGTERM drains, then hands back what is left.
+ */
+
+const TOKEN = "failover-test-token-0123456789";
+const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.3", GPULAYER_WORKER_LOST_SECONDS: "2", GPULAYER_WORKER_ENGINE: "none", GPULAYER_CANCEL_GRACE: "1", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
+const T = 90_000;
+const box = sandbox();
+const procs: { proc: ReturnType<typeof startCli>; out: () => string }[] = [];
+const workers = new Map<string, (typeof procs)[number]>();
+let url = "";
+
+function keep(proc: ReturnType<typeof startCli>) {
+  let text = "";
+  const pump = async (s: ReadableStream<Uint8Array>) => {
+    for await (const c of s) text += new TextDecoder().decode(c);
+  };
+  void pump(proc.stdout as ReadableStream<Uint8Array>);
+  void pump(proc.stderr as ReadableStream<Uint8Array>);
+  const entry = { proc, out: () => text };
+  procs.push(entry);
+  return entry;
+}
+
+async function waitFor<T>(what: string, fn: () => Promise<T | null | undefined | false> | T | null | undefined | false, ms = 30_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await Bun.sleep(100);
+  }
+}
+
+const env = () => ({ ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN });
+const gpl = (args: string[]) => cli(args, { env: env(), cwd: box.root });
+const json = <T = any>(text: string): T => JSON.parse(text) as T;
+
+async function startWorker(name: string): Promise<void> {
+  const home = join(box.root, `home-${name}`);
+  workers.set(name, keep(startCli(["join", url, "--token", TOKEN, "--name", name, "--python", "python3"], { env: { ...box.env, ...FAST, GPULAYER_HOME: home } })));
+  await waitFor(`worker ${name}`, async () => json<any[]>((await gpl(["workers", "--json"])).stdout).some((w) => w.name === name));
+}
+
+/** Every attempt's shell records its pid: killed at the end, since a SIGKILLed worker leaves its job's process group behind. */
+const pids = join(box.root, "pids");
+const job = (body: string) => ["job", "run", "--", "sh", "-c", `echo $$ >> ${pids}; ${body}`];
+
+async function runningOn(): Promise<string> {
+  return waitFor("a running job", async () => {
+    const [j] = json<any[]>((await gpl(["job", "list", "--json", "--limit", "1"])).stdout);
+    return j?.state === "running" && j.worker;
+  });
+}
+
+beforeAll(async () => {
+  const server = keep(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...box.env, ...FAST, GPULAYER_JOB_MAX_ATTEMPTS: "2" } }));
+  url = (await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
+  await Promise.all([startWorker("wa"), startWorker("wb")]);
+}, T);
+
+afterAll(async () => {
+  for (const p of procs.reverse()) p.proc.kill("SIGTERM");
+  const killer = setTimeout(() => procs.forEach((p) => p.proc.kill("SIGKILL")), 10_000);
+  await Promise.all(procs.map((p) => p.proc.exited));
+  clearTimeout(killer);
+  if (existsSync(pids)) {
+    for (const pid of readFileSync(pids, "utf8").trim().split("\n").map(Number)) {
+      try {
+        process.kill(-pid, "SIGKILL");
+      } catch {
+        // ended already
+      }
+    }
+  }
+  box.cleanup();
+}, 30_000);
+
+describe("a worker that dies", () => {
+  test("killed with SIGKILL mid-job: declared lost, the job re-queued on another worker, its output and exit code reach the client", async () => {
+    const client = keep(startCli(job('echo "attempt on $(hostname)"; sleep 2; echo finished; exit 5'), { env: env(), cwd: box.root }));
+    const first = await runningOn();
+    await waitFor("the first output", () => client.out().includes("attempt on"));
+    workers.get(first)!.proc.kill("SIGKILL");
+    const code = await client.proc.exited;
+    expect(code).toBe(5);
+    expect(client.out()).toContain(`re-queued: worker ${first} lost: no heartbeat`);
+    expect(client.out()).toContain("finished");
+    const [j] = json<any[]>((await gpl(["job", "list", "--json", "--limit", "1"])).stdout);
+    const s = json((await gpl(["job", "status", j.id, "--json"])).stdout);
+    expect(s.worker).not.toBe(first);
+    expect(s.attempts).toBe(2);
+    const types = s.events.map((e: any) => e.type);
+    expect(types.filter((t: string) => t === "job.assigned")).toHaveLength(2);
+    expect(types).toContain("job.requeued");
+    expect(s.phases.map((p: any) => [p.name, p.state])).toEqual([["task.prepare", "finished"], ["task.run", "finished"]]);
+    const all = json<any[]>((await gpl(["workers", "--all", "--json"])).stdout);
+    expect(all.find((w) => w.name === first).state).toBe("lost");
+  }, T);
+
+  test("lost again and again: failed after the attempt limit, visibly in its events", async () => {
+    await startWorker("wc");
+    const client = keep(startCli(job("echo go; sleep 30"), { env: env(), cwd: box.root }));
+    for (let attempt = 1; attempt <= 2; attempt++) {
+      const on = await waitFor(`attempt ${attempt}`, async () => {
+        const [j] = json<any[]>((await gpl(["job", "list", "--json", "--limit", "1"])).stdout);
+        return j?.state === "running" && j.attempts === attempt && j.worker;
+      });
+      workers.get(on)!.proc.kill("SIGKILL");
+    }
+    expect(await client.proc.exited).toBe(1);
+    expect(client.out()).toContain("gave up after 2 attempt(s)");
+    const [j] = json<any[]>((await gpl(["job", "list", "--json", "--limit", "1"])).stdout);
+    expect(j.state).toBe("failed");
+    const s = json((await gpl(["job", "status", j.id, "--json"])).stdout);
+    expect(s.events.map((e: any) => e.type)).toContain("job.lost");
+  }, T);
+});
+
+describe("a worker that is stopped", () => {
+  test("SIGTERM: no new work, the job is handed back after the drain time and finishes elsewhere; the worker leaves", async () => {
+    await Promise.all([startWorker("wd"), startWorker("we")]);
+    const marker = join(box.root, "ran-once");
+    const client = keep(startCli(job(`if [ -e ${marker} ]; then echo second-run; else touch ${marker}; echo first-run; sleep 30; fi`), { env: env(), cwd: box.root }));
+    const first = await runningOn();
+    const w = workers.get(first)!;
+    w.proc.kill("SIGTERM");
+    expect(await w.proc.exited).toBe(0);
+    expect(w.out()).toContain("taking no more work");
+    expect(w.out()).toContain("handing back 1 task(s)");
+    expect(await client.proc.exited).toBe(0);
+    expect(client.out()).toContain("first-run");
+    expect(client.out()).toContain("second-run");
+    expect(client.out()).toContain(`re-queued: worker ${first} left`);
+    const all = json<any[]>((await gpl(["workers", "--all", "--json"])).stdout);
+    expect(all.find((x) => x.name === first).state).toBe("left");
+  }, T);
+});
