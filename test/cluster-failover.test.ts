@@ -122,6 +122,8 @@ describe("a worker that dies", () => {
     expect(j.state).toBe("failed");
     const s = json((await gpl(["job", "status", j.id, "--json"])).stdout);
     expect(s.events.map((e: any) => e.type)).toContain("job.lost");
+    // The lost attempt's run never ended: it is in the events, not shown as a phase still running.
+    expect(s.phases).toEqual([]);
   }, T);
 });
 

@@ -271,6 +271,18 @@ describe("env prepare against the server", () => {
     expect(job.code).toBe(0);
     expect(job.stderr).toContain("hello from greet");
     expect(json(job.stdout).phases[0]).toMatchObject({ name: "task.prepare", cache: "hit" });
+    // A requirements file travels with its folder (includes too); the key is by content, so a job's copy hits the same env.
+    const reqDir = join(boxes.client.root, "reqs");
+    mkdirSync(reqDir);
+    writeFileSync(join(reqDir, "base.txt"), "greet\n");
+    writeFileSync(join(reqDir, "requirements.txt"), "-r base.txt\n");
+    const viaFile = await gpl(["env", "prepare", join(reqDir, "requirements.txt"), "--index-url", index.url, "--label", "zone=b"]);
+    expect(viaFile.code).toBe(0);
+    expect(viaFile.stdout).toMatch(/^w3\s+(built|reused)/);
+    const file = await jobFile(reqDir, `command: python -c "import greet; print(greet.hello())"\nenvironment: {requirements: requirements.txt, index_url: "${index.url}"}\n`);
+    const fromFile = await gpl(["job", "run", "--json", "--label", "zone=b", "-f", file]);
+    expect(fromFile.code).toBe(0);
+    expect(json(fromFile.stdout).phases[0]).toMatchObject({ name: "task.prepare", cache: "hit" });
     const failed = await gpl(["env", "prepare", "-p", "nosuchpkg-gpl", "--index-url", index.url, "--label", "zone=b"]);
     expect(failed.code).toBe(1);
     expect(failed.stdout).toMatch(/^w3\s+failed\s+.*nosuchpkg-gpl/);

@@ -41,8 +41,8 @@ export class JobsApi {
 
   status(job: JobRow, withEvents = true): RemoteJobStatus {
     const events = this.store.events(job.id).map(({ seq: _s, ...e }) => ({ ...e, time: new Date(e.ts).toISOString() }));
-    // Phases of the latest attempt only: a re-queued job's lost attempt stays in its events.
-    const lastAssigned = events.findLastIndex((e) => e.type === "job.assigned");
+    // Phases of the latest attempt only: a lost attempt stays in the events, not in the phases.
+    const lastAssigned = events.findLastIndex((e) => e.type === "job.assigned" || e.type === "job.requeued" || e.type === "job.lost");
     const worker = job.workerId ? this.store.worker(job.workerId) : null;
     return {
       id: job.id,
