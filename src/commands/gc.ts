@@ -11,7 +11,7 @@ const args = {
   "max-size": { type: "string", valueHint: "SIZE", description: `Trim the cache to this size, least recently used first (50G, 500MiB; powers of 1024). Else ${MAX_SIZE_ENV}, else cache.max_size in config.yaml` },
   "dry-run": { type: "boolean", description: "Say what would be removed; remove nothing" },
   "min-age": { type: "string", valueHint: "AGE", description: "Never remove entries younger than this (default 10m; 30s, 2h, 1d, 0)" },
-  keep: { type: "string", valueHint: "KEY", description: "Never remove entries whose key starts with this (repeatable)" },
+  keep: { type: "string", valueHint: "KEY", description: "Never remove entries whose key, image id or image reference starts with this (repeatable)" },
   "high-watermark": { type: "string", valueHint: "PCT", description: "When the cache's filesystem is more than PCT% full, remove until --low-watermark" },
   "low-watermark": { type: "string", valueHint: "PCT", description: "Filesystem use to get down to once above --high-watermark (default high - 5)" },
   "refresh-sizes": { type: "boolean", description: "Measure every entry's size again instead of trusting recorded sizes" },
@@ -21,8 +21,15 @@ const args = {
 
 const size = (n: number) => prettyBytes(n, { binary: true });
 
+/** An env by its key, an image by its references. */
+const label = (e: GcItem) => (e.image ? `  image ${e.image.refs.join(", ")}` : `  ${e.kind} ${shortKey(e.id)}`);
+/** What a removed entry was: an env's request, an image's engine and id. */
+const what = (e: GcItem) => (e.image ? `${e.image.engine} ${shortKey(e.id.replace(/^sha256:/, ""))}` : e.summary);
+/** Not gc's to remove, and not counted: images gpulayer did not pull. */
+const notCounted = (e: { reasons: { code: string }[] }) => e.reasons.some((r) => r.code === "not-pulled");
+
 function rows(items: (GcItem & { note: string })[]): string[] {
-  return table(items.map((e) => [`  ${e.kind} ${shortKey(e.id)}`, size(e.sizeBytes), e.state === "incomplete" ? "failed build remains" : e.lastUsed ? `last used ${formatAgo(Date.parse(e.lastUsed))}` : "never used", e.note]));
+  return table(items.map((e) => [label(e), size(e.sizeBytes), e.state === "incomplete" ? "failed build remains" : e.lastUsed ? `last used ${formatAgo(Date.parse(e.lastUsed))}` : "never used", e.note]));
 }
 
 function human(r: GcReport, entriesWord = (n: number) => `${n} ${n === 1 ? "entry" : "entries"}`): string[] {
@@ -31,10 +38,16 @@ function human(r: GcReport, entriesWord = (n: number) => `${n} ${n === 1 ? "entr
   const change = `${size(r.totalBeforeBytes)} -> ${size(r.totalAfterBytes)}`;
   if (r.removed.length) lines.push(`${verb} ${r.removed.length} of ${entriesWord(r.entries)}, ${change}`);
   else lines.push(`nothing to remove: ${entriesWord(r.entries)}, ${size(r.totalBeforeBytes)}${r.limitReached && r.limit.maxSizeBytes !== null ? ` (limit ${size(r.limit.maxSizeBytes)})` : ""}`);
-  lines.push(...rows(r.removed.map((e) => ({ ...e, note: e.summary }))));
-  if (r.skipped.length) {
-    lines.push(`${r.dryRun ? "would skip" : "skipped"} ${r.skipped.length} (in use or protected):`);
-    lines.push(...rows(r.skipped.map((e) => ({ ...e, note: e.reasons.map((x) => x.message).join("; ") }))));
+  lines.push(...rows(r.removed.map((e) => ({ ...e, note: what(e) }))));
+  const skipped = r.skipped.filter((e) => !notCounted(e));
+  const ignored = r.skipped.filter(notCounted);
+  if (skipped.length) {
+    lines.push(`${r.dryRun ? "would skip" : "skipped"} ${skipped.length} (in use or protected):`);
+    lines.push(...rows(skipped.map((e) => ({ ...e, note: e.reasons.map((x) => x.message).join("; ") }))));
+  }
+  if (ignored.length) {
+    lines.push(`not counted, never removed: ${ignored.length} image${ignored.length === 1 ? "" : "s"} gpulayer did not pull:`);
+    lines.push(...rows(ignored.map((e) => ({ ...e, note: e.reasons.map((x) => x.message).join("; ") }))));
   }
   if (r.trash.finished) lines.push(`${r.dryRun ? "would finish" : "finished"} ${r.trash.finished} interrupted deletion${r.trash.finished === 1 ? "" : "s"} (${size(r.trash.freedBytes)})`);
   return lines;
@@ -68,7 +81,8 @@ export default defineCommand({
     out.result(report, () => human(report));
     if (!report.limitReached) {
       const w = report.limit.watermark;
-      const why = `${report.skipped.length} ${report.skipped.length === 1 ? "entry" : "entries"} in use or protected${report.dryRun ? "" : `, ${size(report.freedBytes)} freed`}`;
+      const held = report.skipped.filter((e) => !notCounted(e)).length;
+      const why = `${held} ${held === 1 ? "entry" : "entries"} in use or protected${report.dryRun ? "" : `, ${size(report.freedBytes)} freed`}`;
       const message =
         report.limit.maxSizeBytes !== null && report.totalAfterBytes > report.limit.maxSizeBytes
           ? `could not get the cache down to ${size(report.limit.maxSizeBytes)}: ${size(report.totalAfterBytes)} left, ${why}`

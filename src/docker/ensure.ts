@@ -1,7 +1,7 @@
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
 import { type Lease, takeLease } from "../env/lease.ts";
-import { sleep, tryLock } from "../env/lock.ts";
+import { isLocked, sleep, tryLock } from "../env/lock.ts";
 import { candidateEngine, detectEngine, type Engine, engineAnswered, forcedEngineName, forgetEngine, probeEngine } from "./engine.ts";
 import { type ImageInfo, type InspectOutcome, inspectImage, validateRef } from "./image.ts";
 import { type ImageRecord, readRecord, type RecordPaths, recordPaths, touchRecord, writeRecord } from "./inventory.ts";
@@ -136,8 +136,11 @@ export async function ensureImage(layout: HomeLayout, ref: string, opts: EnsureO
     lease,
   });
   try {
-    if (policy !== "always" && inspect.kind === "present") return done("reused", reuse(paths, engine, image, inspect.info));
-    if (policy === "never") throw new UserError(`image ${image} is not on this machine (${engine.name}) and the pull policy is never`);
+    // The lease is down before the lock is looked at, and gc takes the lock before it checks leases:
+    // while gc (or a pull) holds it, the image may be going, so wait for it and look again.
+    const busy = inspect.kind === "present" && (await isLocked(paths.lock));
+    if (policy !== "always" && inspect.kind === "present" && !busy) return done("reused", reuse(paths, engine, image, inspect.info));
+    if (policy === "never" && !busy) throw new UserError(`image ${image} is not on this machine (${engine.name}) and the pull policy is never`);
     let waited = false;
     for (;;) {
       const release = await tryLock(paths.lock);
@@ -148,12 +151,13 @@ export async function ensureImage(layout: HomeLayout, ref: string, opts: EnsureO
         continue;
       }
       try {
-        if (waited) {
+        if (waited || busy) {
           // The other process may have pulled it meanwhile: that pull counts as ours too.
           inspect = await inspectImage(engine, image, env);
           const prev = readRecord(paths);
           const fresh = prev?.lastPulled !== undefined && prev.lastPulled >= startedIso;
           if (inspect.kind === "present" && (policy !== "always" || fresh)) return done("reused", reuse(paths, engine, image, inspect.info));
+          if (policy === "never") throw new UserError(`image ${image} is not on this machine (${engine.name}) and the pull policy is never`);
         }
         const before = inspect.kind === "present" ? inspect.info.id : null;
         opts.onPull?.(image, engine);

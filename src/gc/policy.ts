@@ -73,7 +73,12 @@ export interface Protection {
 /** What the policy itself protects: kept keys, and entries too new to judge. In-use checks come from the entry. */
 export function protectedBy(entry: GcEntry, p: Protection): SkipReason[] {
   const reasons: SkipReason[] = [];
-  const kept = p.keep.find((k) => entry.id.startsWith(k.toLowerCase()));
+  // Keys and ids are lowercase hex (an image id with or without sha256:); image references as written.
+  const id = entry.id.replace(/^sha256:/, "");
+  const kept = p.keep.find((k) => {
+    const prefix = k.toLowerCase().replace(/^sha256:/, "");
+    return (prefix !== "" && id.startsWith(prefix)) || entry.names?.some((n) => n.startsWith(k));
+  });
   if (kept !== undefined) reasons.push({ code: "keep", message: `kept (--keep ${kept})` });
   const age = p.now - entry.createdMs;
   if (age < p.minAgeMs) reasons.push({ code: "min-age", message: `younger than the minimum age (${Math.max(0, Math.round(age / 1000))}s old)` });

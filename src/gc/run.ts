@@ -25,6 +25,8 @@ export interface GcItem {
   lastUsed: string | null;
   created: string | null;
   summary: string;
+  /** Images: the engine and the references gpulayer recorded for it. */
+  image?: { engine: string; refs: string[]; digest: string };
 }
 
 export interface GcReport {
@@ -40,6 +42,7 @@ export interface GcReport {
   };
   /** The total the cache had to get down to; null without any limit. */
   targetBytes: number | null;
+  /** Entries counted in the total (images gpulayer did not pull are not: they are listed in `skipped`). */
   entries: number;
   totalBeforeBytes: number;
   totalAfterBytes: number;
@@ -56,7 +59,8 @@ export interface GcReport {
 const iso = (ms: number) => (ms ? new Date(ms).toISOString() : null);
 
 function item(e: GcEntry): GcItem {
-  return { kind: e.kind, id: e.id, state: e.state, sizeBytes: e.sizeBytes, lastUsed: iso(e.lastUsedMs), created: iso(e.createdMs), summary: e.summary };
+  const base: GcItem = { kind: e.kind, id: e.id, state: e.state, sizeBytes: e.sizeBytes, lastUsed: iso(e.lastUsedMs), created: iso(e.createdMs), summary: e.summary };
+  return e.image ? { ...base, image: e.image } : base;
 }
 
 /** The lock that keeps two gc runs from working on one cache at once. */
@@ -94,8 +98,11 @@ export async function runGc(layout: HomeLayout, opts: GcOptions): Promise<GcRepo
   if (!opts.dryRun && !release) return { ...report, ran: false, limitReached: false, seconds: (performance.now() - started) / 1000 };
   try {
     report.trash = sweepTrash(layout, { dryRun: opts.dryRun, now });
-    const entries: GcEntry[] = [];
-    for (const source of opts.sources ?? gcSources(layout)) entries.push(...(await source.list({ refreshSizes: opts.refreshSizes, persistSizes: !opts.dryRun })));
+    const listed: GcEntry[] = [];
+    for (const source of opts.sources ?? gcSources(layout)) listed.push(...(await source.list({ refreshSizes: opts.refreshSizes, persistSizes: !opts.dryRun })));
+    // Not gc's to remove (images gpulayer did not pull): reported, never counted.
+    const excluded = listed.filter((e) => e.excluded);
+    const entries = listed.filter((e) => !e.excluded);
     report.entries = entries.length;
     report.sizesRefreshed = entries.filter((e) => e.sizeRefreshed).length;
     report.totalBeforeBytes = entries.reduce((sum, e) => sum + e.sizeBytes, 0);
@@ -153,6 +160,7 @@ export async function runGc(layout: HomeLayout, opts: GcOptions): Promise<GcRepo
         await remove(e, "lru");
       }
     }
+    for (const e of excluded) report.skipped.push({ ...item(e), reasons: [e.excluded!] });
     report.totalAfterBytes = current;
     // Both limits must hold: the size limit, and the watermark's bytes actually freed (other files may fill the disk).
     report.limitReached = (opts.maxSize === undefined || current <= opts.maxSize.bytes) && report.totalBeforeBytes - current >= excess;

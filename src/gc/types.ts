@@ -1,12 +1,8 @@
 /**
- * What gc works on. Every kind of cached thing (Python environments now,
- * container images later) is offered to the policy as GcEntry values by a
- * GcSource; the policy never knows how an entry is stored, measured, leased
- * or deleted. To add images: write src/gc/image-source.ts implementing
- * GcSource with kind "image" (sizes and last use from gpulayer's own image
- * records, in-use from leases of kind "image" and running containers,
- * remove() that untags/removes only images gpulayer pulled) and list it in
- * gcSources() in src/gc/sources.ts.
+ * What gc works on. Every kind of cached thing (Python environments in
+ * env-source.ts, container images in image-source.ts) is offered to the
+ * policy as GcEntry values by a GcSource; the policy never knows how an entry
+ * is stored, measured, leased or deleted.
  */
 export type GcKind = "env" | "image";
 
@@ -20,7 +16,15 @@ export type GcState = "ready" | "incomplete" | "building";
 
 /** Why an entry is not removed: a code for scripts, a message for people. */
 export interface SkipReason {
-  code: "leased" | "locked" | "min-age" | "keep" | "changed";
+  /**
+   * leased: a running job holds it; locked: a build, a pull or a removal is at
+   * work on it; min-age, keep: the policy protects it; changed: it changed
+   * under gc (not reported). Images only: container: a container (running or
+   * stopped) uses it; engine: its engine does not answer; not-pulled: gpulayer
+   * did not pull it (never removed, never counted); failed: the engine refused
+   * to remove it.
+   */
+  code: "leased" | "locked" | "min-age" | "keep" | "changed" | "container" | "engine" | "not-pulled" | "failed";
   message: string;
 }
 
@@ -28,7 +32,7 @@ export type RemoveOutcome = { removed: true; freedBytes: number } | { removed: f
 
 export interface GcEntry {
   kind: GcKind;
-  /** env key, or an image digest. */
+  /** env key, or an image's local id (sha256:...). */
   id: string;
   state: GcState;
   /** Bytes deleting it frees (unique bytes on disk, hard links once). */
@@ -40,6 +44,15 @@ export interface GcEntry {
   summary: string;
   /** The size was measured again in this run (its files changed since, or --refresh-sizes). */
   sizeRefreshed?: boolean;
+  /** Other names --keep matches by prefix, besides the id (an image's references). */
+  names?: string[];
+  /** Images: the engine that holds it and the references gpulayer recorded for it. */
+  image?: { engine: string; refs: string[]; digest: string };
+  /**
+   * Never the policy's to remove, and not part of the cache's total (an
+   * image gpulayer did not pull): reported as skipped with this reason.
+   */
+  excluded?: SkipReason;
   /**
    * Why it must not be removed now (held by a running job, being built).
    * Cheap and advisory, for planning and --dry-run; remove() checks again
