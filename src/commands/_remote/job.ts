@@ -1,11 +1,11 @@
 import prettyBytes from "pretty-bytes";
-import { ExitError, UserError } from "../errors.ts";
-import { sleep } from "../env/lock.ts";
-import type { JobSpec } from "../jobs/spec.ts";
-import { formatSeconds, type Output, shortKey } from "../ui/output.ts";
-import { ClusterClient, HttpError, type RemoteTarget } from "./client.ts";
-import { formatLabels, labelsFromArgs, type RemoteJobStatus, type RemoteSpec, type SubmitResponse, type WatchResponse } from "./protocol.ts";
-import { inBundle, isUrl, packTemp, postWithBundle } from "./upload.ts";
+import { ExitError, UserError } from "../../errors.ts";
+import { sleep } from "../../env/lock.ts";
+import type { JobSpec } from "../../jobs/spec.ts";
+import { formatSeconds, type Output, shortKey } from "../../ui/output.ts";
+import { ClusterClient, HttpError, type RemoteTarget } from "../../cluster/client.ts";
+import { formatLabels, labelsFromArgs, type RemoteJobStatus, type RemoteSpec, type SubmitResponse, type WatchResponse } from "../../cluster/protocol.ts";
+import { inBundle, isUrl, packTemp, postWithBundle } from "../../cluster/upload.ts";
 
 /**
  * `job run` against a server: the command layer of the remote branch (it

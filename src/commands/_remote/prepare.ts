@@ -1,9 +1,9 @@
 import { dirname, resolve } from "node:path";
-import { ExitError, UsageError } from "../errors.ts";
-import { formatSeconds, type Output, shortKey } from "../ui/output.ts";
-import { ClusterClient, type RemoteTarget } from "./client.ts";
-import { formatLabels, labelsFromArgs, type PrepareGroupView, type PrepareRequestPayload, type PrepareTaskResult } from "./protocol.ts";
-import { inBundle, isUrl, packTemp, postWithBundle } from "./upload.ts";
+import { ExitError, UsageError } from "../../errors.ts";
+import { formatSeconds, type Output, shortKey } from "../../ui/output.ts";
+import { ClusterClient, type RemoteTarget } from "../../cluster/client.ts";
+import { formatLabels, labelsFromArgs, type PrepareGroupView, type PrepareRequestPayload, type PrepareTaskResult } from "../../cluster/protocol.ts";
+import { inBundle, isUrl, packTemp, postWithBundle } from "../../cluster/upload.ts";
 
 /**
  * `env prepare` against a server: the command layer of its remote branch. A

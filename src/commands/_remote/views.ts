@@ -1,8 +1,8 @@
-import { cancelGraceMs } from "../jobs/runner.ts";
-import { formatAgo, formatSeconds, type Output, shortKey, table } from "../ui/output.ts";
-import { ClusterClient, type RemoteTarget } from "./client.ts";
-import type { RemoteJobStatus } from "./protocol.ts";
-import { cancelRemoteJob, followJob } from "./remote-job.ts";
+import { cancelGraceMs } from "../../jobs/runner.ts";
+import { formatAgo, formatSeconds, type Output, shortKey, table } from "../../ui/output.ts";
+import { ClusterClient, type RemoteTarget } from "../../cluster/client.ts";
+import type { RemoteJobStatus } from "../../cluster/protocol.ts";
+import { cancelRemoteJob, followJob } from "./job.ts";
 
 /**
  * `job status/list/logs/cancel` against a server: the command layer of the

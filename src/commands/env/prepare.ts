@@ -32,7 +32,7 @@ export default defineCommand({
     const remote = remoteTarget(a, rawArgs);
     if (remote) {
       const request = { requirementsFile: a.requirements, specs, python: a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), image: a.image, pull: a.pull };
-      return (await import("../../cluster/remote-prepare.ts")).prepareRemote(remote, request, rawArgs, out);
+      return (await import("../_remote/prepare.ts")).prepareRemote(remote, request, rawArgs, out);
     }
     if (a.image !== undefined || a.pull !== undefined) {
       // Loaded only for images: the container code (and the YAML parser it brings) costs a warm prepare ~2 ms.

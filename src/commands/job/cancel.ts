@@ -15,7 +15,7 @@ export default defineCommand({
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
     const remote = remoteTarget(a);
-    if (remote) return (await import("../../cluster/remote-views.ts")).remoteCancel(remote, a.id, out);
+    if (remote) return (await import("../_remote/views.ts")).remoteCancel(remote, a.id, out);
     const store = new JobStore(homeLayout());
     const job = await cancelJob(store, store.find(a.id));
     store.close();

@@ -16,7 +16,7 @@ export default defineCommand({
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
     const remote = remoteTarget(a);
-    if (remote) return import("../../cluster/remote-views.ts").then((m) => m.remoteList(remote, Math.max(1, Number(a.limit) || 50), out));
+    if (remote) return import("../_remote/views.ts").then((m) => m.remoteList(remote, Math.max(1, Number(a.limit) || 50), out));
     const store = new JobStore(homeLayout());
     const statuses = store.list(Math.max(1, Number(a.limit) || 50)).map((j) => jobStatus(store, reconcile(store, j)));
     store.close();

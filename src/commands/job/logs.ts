@@ -17,7 +17,7 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const remote = remoteTarget(a);
-    if (remote) return (await import("../../cluster/remote-views.ts")).remoteLogs(remote, a.id, Boolean(a.follow));
+    if (remote) return (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow));
     const store = new JobStore(homeLayout());
     const job = store.find(a.id);
     await followLog(store, job.id, Boolean(a.follow), (chunk) => process.stdout.write(chunk));

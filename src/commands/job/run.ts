@@ -59,7 +59,7 @@ export default defineCommand({
       process.cwd(),
     );
     const remote = remoteTarget(a, rawArgs);
-    if (remote) return (await import("../../cluster/remote-job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out });
+    if (remote) return (await import("../_remote/job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out });
     const store = new JobStore(layout);
     const job = store.create(spec);
     if (a.detach) {

@@ -16,7 +16,7 @@ export default defineCommand({
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
     const remote = remoteTarget(a);
-    if (remote) return import("../../cluster/remote-views.ts").then((m) => m.remoteStatus(remote, a.id, out));
+    if (remote) return import("../_remote/views.ts").then((m) => m.remoteStatus(remote, a.id, out));
     const store = new JobStore(homeLayout());
     const status = jobStatus(store, reconcile(store, store.find(a.id)));
     store.close();
