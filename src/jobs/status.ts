@@ -7,6 +7,9 @@ export interface Phase {
   cache?: "hit" | "miss";
   status?: string;
   env_key?: string;
+  /** Image jobs: what ran, pulled or reused. */
+  image?: string;
+  digest?: string;
   exit_code?: number;
   message?: string;
 }
@@ -33,7 +36,14 @@ export function phasesOf(events: JobEvent[], now = Date.now()): Phase[] {
     const d = e.data as Record<string, unknown>;
     if (e.type === "task.prepare.started" || e.type === "task.run.started") started[e.type] = e.ts;
     if (e.type === "task.prepare.finished") {
-      phases.push({ name: "task.prepare", seconds: d.seconds as number, state: "finished", cache: d.cache as "hit" | "miss", status: d.status as string, env_key: d.env_key as string });
+      phases.push({
+        name: "task.prepare",
+        seconds: d.seconds as number,
+        state: "finished",
+        cache: d.cache as "hit" | "miss",
+        status: d.status as string,
+        ...(d.image ? { image: d.image as string, digest: d.digest as string } : { env_key: d.env_key as string }),
+      });
     }
     if (e.type === "task.prepare.failed") phases.push({ name: "task.prepare", seconds: d.seconds as number, state: "failed", message: d.message as string });
     if (e.type === "task.run.finished") phases.push({ name: "task.run", seconds: d.seconds as number, state: "finished", exit_code: d.exit_code as number });

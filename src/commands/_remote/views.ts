@@ -1,30 +1,15 @@
 import { cancelGraceMs } from "../../jobs/runner.ts";
-import { formatAgo, formatSeconds, type Output, shortKey, table } from "../../ui/output.ts";
+import { formatAgo, formatSeconds, type Output, table } from "../../ui/output.ts";
 import { ClusterClient, type RemoteTarget } from "../../cluster/client.ts";
 import type { RemoteJobStatus } from "../../cluster/protocol.ts";
 import { cancelRemoteJob, followJob } from "./job.ts";
+import { statusLines } from "../job/_lines.ts";
 
 /**
  * `job status/list/logs/cancel` against a server: the command layer of the
  * remote branches. Same JSON shapes as the local ones (src/jobs/status.ts),
  * plus where each job ran.
  */
-
-function statusLines(s: RemoteJobStatus): string[] {
-  const lines = [`job ${s.id} ${s.name}: ${s.state}${s.exit_code !== null ? `, exit ${s.exit_code}` : ""}`, `  command  ${s.command}`, `  worker   ${s.worker ?? "-"}${s.attempts > 1 ? ` (attempt ${s.attempts})` : ""}`];
-  if (s.waiting && s.state === "queued") lines.push(`  waiting  for ${s.waiting}`);
-  if (s.error) lines.push(`  error    ${s.error}`);
-  for (const p of s.phases) {
-    const secs = p.seconds !== null ? formatSeconds(p.seconds) : "-";
-    if (p.name === "task.prepare") {
-      lines.push(`  prepare  ${secs} ${p.state === "finished" ? `(${p.status}, cache ${p.cache}, env ${shortKey(p.env_key ?? "")})` : `(${p.state})`}`);
-      if (p.message) lines.push(...p.message.split("\n").map((l) => `           ${l}`));
-    } else lines.push(`  run      ${secs} ${p.state === "finished" ? `(exit ${p.exit_code})` : `(${p.state})`}`);
-  }
-  lines.push("  events");
-  for (const e of s.events) lines.push(`    ${e.time}  ${e.type}${typeof e.data.worker === "string" ? ` ${e.data.worker}` : ""}${typeof e.data.reason === "string" ? `: ${e.data.reason}` : ""}`);
-  return lines;
-}
 
 export async function remoteStatus(target: RemoteTarget, id: string, out: Output): Promise<void> {
   const client = new ClusterClient(target.url, target.token);
