@@ -1,4 +1,7 @@
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+
+// Real pip builds and real containers on a busy 2-core machine: seconds, not milliseconds.
+setDefaultTimeout(120_000);
 import { existsSync, readdirSync, readFileSync, writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
