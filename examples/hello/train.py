@@ -6,7 +6,7 @@ import time
 from tqdm import tqdm
 
 total = 0
-for step in tqdm(range(20), desc="train", file=sys.stdout, mininterval=0):
+for step in tqdm(range(20), desc="train", ncols=70):
     total += step
     time.sleep(0.01)
 
