@@ -1,42 +1,52 @@
-import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { basename, join } from "node:path";
+import { existsSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { InstallError, UsageError } from "../errors.ts";
+import { FAST_PATH, prereleasesInstalled, requestRefusal, UvFailed, uvCheck, uvEnv, uvInstall, uvVersion, workerRefusal } from "./fast-path.ts";
 import { redactUrl } from "./hashing.ts";
 import { NEUTRAL_VARIABLES } from "./installer-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import { installedSet } from "./interpreter.ts";
+import { pipCheck, pipCommand, pipInstall } from "./pip-path.ts";
 import type { RequirementSet } from "./requirements.ts";
+import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-tool.ts";
+import { removePlaceholders, scanWorker, type WorkerScan, writePlaceholders } from "./worker-mirror.ts";
+
+export type { BuildHooks, BuildStep } from "./run-tool.ts";
+export { installerMessage } from "./run-tool.ts";
 
 /**
  * The build, as the ADR decided: a bare venv, a .pth that adds the worker's
  * site directories with site.addsitedir (so its editable installs work too),
- * then pip run by the env's own interpreter, whose resolver sees the worker's
- * packages as installed and installs only what they do not satisfy.
+ * then an installer that sees the worker's packages as installed and installs
+ * only what they do not satisfy: uv with the worker's distributions shown to
+ * it (fast-path.ts) where that gives what pip gives, else pip run by the
+ * env's own interpreter (pip-path.ts).
  */
 
-export type BuildStep = "creating" | "linking" | "installing" | "checking";
-
-export interface BuildHooks {
-  onStep?(step: BuildStep, detail: string): void;
-  onStepDone?(step: BuildStep, seconds: number): void;
-  onOutput?(line: string): void;
-}
+/** auto: the fast path where it can promise pip's result, else pip; uv / pip: that one or an error. */
+export type InstallerSetting = "auto" | "uv" | "pip";
+export type InstallerPath = typeof FAST_PATH | "pip";
 
 export interface BuildPlan {
   dir: string;
   interpreter: InterpreterInfo;
   requirements: RequirementSet;
-  /** Shut pip off from the machine's config and PIP_* variables (an index was given). */
+  /** Shut the installer off from the machine's config and its PIP_ and UV_ variables (an index was given). */
   isolated: boolean;
   env: NodeJS.ProcessEnv;
   toolsDir: string;
   cwd: string;
   venvCreator?: "uv" | "venv" | "auto";
+  installer?: InstallerSetting;
 }
 
 export interface BuildOutcome {
   venvCreator: "uv" | "venv";
+  /** The installer and its version: `uv 0.13.9 (fast path)`, `pip 23.2.1`, `pip 24.0 (bundled)`. */
   installer: string;
+  installerPath: InstallerPath;
+  /** Why auto built with pip rather than the fast path; null when it did not have to. */
+  fallback: string | null;
   installed: string[];
   check: string[];
   steps: { step: BuildStep; seconds: number }[];
@@ -44,62 +54,6 @@ export interface BuildOutcome {
 
 export function envSitePackages(dir: string, info: InterpreterInfo): string {
   return join(dir, "lib", `python${info.pyVersion}`, "site-packages");
-}
-
-/** Run a process, streaming its lines to the hooks, keeping them for the error message. */
-async function runTool(argv: string[], opts: { env: NodeJS.ProcessEnv; cwd: string; hooks: BuildHooks }): Promise<{ code: number; lines: string[] }> {
-  let proc: Bun.Subprocess<"ignore", "pipe", "pipe">;
-  try {
-    proc = Bun.spawn(argv, { env: opts.env as Record<string, string>, cwd: opts.cwd, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
-  } catch (error) {
-    throw new InstallError(`cannot run ${argv[0]}: ${(error as Error).message}`, "");
-  }
-  const lines: string[] = [];
-  const emit = (raw: string) => {
-    // pip masks passwords but shows user names; nothing of a URL's credentials leaves gpulayer.
-    const line = redactUrl(raw.replace(/\r$/, ""));
-    lines.push(line);
-    opts.hooks.onOutput?.(line);
-  };
-  const pump = async (stream: ReadableStream<Uint8Array>) => {
-    const decoder = new TextDecoder();
-    let buf = "";
-    for await (const chunk of stream) {
-      buf += decoder.decode(chunk, { stream: true });
-      let i: number;
-      while ((i = buf.indexOf("\n")) !== -1) {
-        emit(buf.slice(0, i));
-        buf = buf.slice(i + 1);
-      }
-    }
-    if (buf) emit(buf);
-  };
-  await Promise.all([pump(proc.stdout), pump(proc.stderr)]);
-  return { code: await proc.exited, lines };
-}
-
-/**
- * pip's own words, as a headline and the lines under it: its last telling
- * ERROR line heads the message ("No matching distribution found for x"),
- * what it said from its first error on follows; without any, the tail.
- */
-export function installerMessage(lines: string[]): { headline: string; detail: string } {
-  const text = lines.map((l) => l.trimEnd()).filter((l) => l.trim());
-  const firstError = text.findIndex((l) => /^(ERROR|error):/.test(l.trim()));
-  const shown = (firstError === -1 ? text.slice(-8) : text.slice(firstError)).slice(-40);
-  const errors = shown.filter((l) => /^ERROR:/.test(l.trim()));
-  const headline = [...errors].reverse().find((l) => !/ResolutionImpossible/.test(l)) ?? errors[0] ?? "";
-  const detail = shown.filter((l) => l !== headline).map((l) => (l.startsWith(" ") ? l : l.trim()));
-  // pip's retries on a dead index are warnings before its errors: say so, or "no matching distribution" misleads.
-  const unreachable = text.find((l) => /NewConnectionError|Connection refused|Failed to establish a new connection|Name or service not known|Temporary failure in name resolution/.test(l));
-  if (unreachable) detail.push(`(an index did not answer: ${unreachable.trim().slice(0, 200)})`);
-  return { headline: headline.trim(), detail: detail.join("\n") };
-}
-
-/** An installer's failure: what failed, pip's headline after a colon, the rest of what it said under it. */
-function installFailure(what: string, lines: string[]): InstallError {
-  const { headline, detail } = installerMessage(lines);
-  return new InstallError(headline ? `${what}: ${headline}` : what, detail);
 }
 
 /** Environment for the installer: no PYTHONPATH leaking in, and, when isolated, none of pip's own config. */
@@ -113,8 +67,6 @@ function installerEnv(plan: BuildPlan): Record<string, string> {
   }
   env.PIP_DISABLE_PIP_VERSION_CHECK = "1";
   env.PIP_NO_INPUT = "1";
-  env.PYTHONDONTWRITEBYTECODE = env.PYTHONDONTWRITEBYTECODE ?? "";
-  if (!env.PYTHONDONTWRITEBYTECODE) delete env.PYTHONDONTWRITEBYTECODE;
   const o = plan.requirements.options;
   if (plan.isolated) {
     // /dev/null is the one value that makes pip skip every config file, site-wide ones too.
@@ -145,36 +97,32 @@ async function checkIndexesReachable(plan: BuildPlan): Promise<void> {
   );
 }
 
-/**
- * pip for the env: the worker's, reached through the .pth, or else the one
- * bundled with the interpreter (ensurepip), unpacked once into gpulayer's
- * tools (run from the zip, pip recompiles itself on every start: a second).
- */
-async function pipCommand(plan: BuildPlan, envPython: string, env: Record<string, string>, hooks: BuildHooks): Promise<{ argv: string[]; name: string }> {
-  // Asked of the worker's site dirs now, not of the cached probe: pip may have come or gone since.
-  const workerPip = installedSet(plan.interpreter.siteDirs).find((p) => p.startsWith("pip=="));
-  if (workerPip) return { argv: [envPython, "-m", "pip"], name: `pip ${workerPip.slice(5)}` };
-  const wheel = plan.interpreter.ensurepipWheel;
-  if (!wheel || !existsSync(wheel)) throw new UsageError(`${plan.interpreter.path} has no pip and no bundled pip (ensurepip); install pip for it (e.g. apt-get install python3-pip)`);
-  const kept = join(plan.toolsDir, basename(wheel).replace(/\.whl$/, ""));
-  if (!existsSync(join(kept, "pip", "__main__.py"))) {
-    mkdirSync(plan.toolsDir, { recursive: true });
-    const tmp = `${kept}.${process.pid}.tmp`;
-    rmSync(tmp, { recursive: true, force: true });
-    const { code, lines } = await runTool([plan.interpreter.executable, "-m", "zipfile", "-e", wheel, tmp], { env, cwd: plan.toolsDir, hooks });
-    if (code !== 0) throw installFailure(`unpacking the bundled pip ${basename(wheel)} failed`, lines);
-    try {
-      renameSync(tmp, kept);
-    } catch {
-      rmSync(tmp, { recursive: true, force: true }); // another build unpacked it first
-    }
+export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise<BuildOutcome> {
+  const setting = plan.installer ?? "auto";
+  const uv = Bun.which("uv", { PATH: plan.env.PATH ?? "" });
+  if (plan.venvCreator === "uv" && !uv) throw new UsageError("GPULAYER_VENV_CREATOR=uv but uv is not on PATH");
+  if (!(plan.venvCreator !== "venv" && uv) && !plan.interpreter.hasVenvModule) throw new UsageError(`--python: ${plan.interpreter.path} has no venv module (on Debian: apt-get install python3-venv), and uv is not on PATH`);
+  const refusal = setting === "pip" ? null : requestRefusal(plan, uv);
+  if (setting === "uv" && refusal) throw new UsageError(`GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${refusal}`);
+
+  await checkIndexesReachable(plan);
+
+  const steps: BuildOutcome["steps"] = [];
+  if (setting === "pip" || refusal || !uv) return attempt(plan, hooks, steps, null, refusal);
+  try {
+    return await attempt(plan, hooks, steps, uv, null);
+  } catch (error) {
+    if (!(error instanceof UvFailed)) throw error;
+    if (setting === "uv") throw error.failure;
+    // What uv tried is gone; pip builds the env from the start, and says why.
+    rmSync(plan.dir, { recursive: true, force: true });
+    return attempt(plan, hooks, steps, null, error.reason);
   }
-  // `python DIR/pip` runs pip's __main__, which puts DIR on sys.path.
-  return { argv: [envPython, join(kept, "pip")], name: `pip ${basename(wheel).split("-")[1]} (bundled)` };
 }
 
-export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise<BuildOutcome> {
-  const steps: BuildOutcome["steps"] = [];
+/** One build from nothing: with uv when given one (unless the worker's packages rule it out), else with pip. */
+async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["steps"], uv: string | null, reason: string | null): Promise<BuildOutcome> {
+  let fallback = reason;
   const timed = async <T>(step: BuildStep, detail: string, fn: () => Promise<T>): Promise<T> => {
     hooks.onStep?.(step, detail);
     const t = performance.now();
@@ -186,62 +134,52 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
   };
   const env = installerEnv(plan);
   const info = plan.interpreter;
-  const uv = plan.venvCreator === "venv" ? null : Bun.which("uv", { PATH: plan.env.PATH ?? "" });
-  if (plan.venvCreator === "uv" && !uv) throw new UsageError("GPULAYER_VENV_CREATOR=uv but uv is not on PATH");
-  const venvCreator = uv ? "uv" : "venv";
-  if (!uv && !info.hasVenvModule) throw new UsageError(`--python: ${info.path} has no venv module (on Debian: apt-get install python3-venv), and uv is not on PATH`);
+  const venvUv = plan.venvCreator === "venv" ? null : Bun.which("uv", { PATH: plan.env.PATH ?? "" });
+  const venvCreator = venvUv ? "uv" : "venv";
+  const fastEnv = uv ? uvEnv(plan, env) : null;
 
-  await checkIndexesReachable(plan);
-
-  await timed("creating", `virtual environment with ${venvCreator}`, async () => {
-    const argv = uv ? [uv, "venv", "--no-config", "--quiet", "--python", info.executable, plan.dir] : [info.executable, "-m", "venv", "--without-pip", plan.dir];
-    const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks });
+  // What pip in the env would find of the worker: asked while the venv is made.
+  const scan = await timed("creating", `virtual environment with ${venvCreator}`, async (): Promise<WorkerScan | null> => {
+    const argv = venvUv ? [venvUv, "venv", "--no-config", "--quiet", "--python", info.executable, plan.dir] : [info.executable, "-m", "venv", "--without-pip", plan.dir];
+    const [{ code, lines }, scanned] = await Promise.all([runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks }), uv ? scanWorker(info.path, info.siteDirs, env) : null]);
     if (code !== 0) throw installFailure("creating the virtual environment failed", lines);
+    return scanned;
   });
+  const dists = scan && "dists" in scan ? scan.dists : null;
+  if (scan && "unsupported" in scan) fallback = scan.unsupported;
+  const refusal = dists ? workerRefusal(plan.requirements.requirements, dists) : null;
+  if (refusal) fallback = refusal;
+  const fast = Boolean(uv && dists && !refusal);
+  if (plan.installer === "uv" && !fast) throw new UsageError(`GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${fallback}`);
 
   const site = envSitePackages(plan.dir, info);
   const envPython = join(plan.dir, "bin", "python");
-  await timed("linking", `${info.siteDirs.length} site dir(s) of ${info.path}`, async () => {
+  let placeholders: string[] = [];
+  await timed("linking", `${info.siteDirs.length} site dir(s) of ${info.path}${fast ? `; ${dists!.length} of its packages shown to uv` : ""}`, async () => {
     if (!existsSync(site)) throw new InstallError(`the new environment has no ${site}`, "");
     // addsitedir (not a bare path line) also runs the worker's own .pth files: editable installs keep working.
     const lines = info.siteDirs.map((d) => `import site; site.addsitedir(${JSON.stringify(d)})`);
     writeFileSync(join(site, "_gpulayer_worker.pth"), `${lines.join("\n")}\n`);
+    if (fast) placeholders = writePlaceholders(site, dists!);
   });
 
-  const pip = await pipCommand(plan, envPython, env, hooks);
-  const { requirements, constraints, options: o } = plan.requirements;
-  if (requirements.length) {
-    await timed("installing", `${requirements.length} requirement(s) with ${pip.name}`, async () => {
-      const reqFile = join(plan.dir, ".gpulayer", "requirements.in");
-      mkdirSync(join(plan.dir, ".gpulayer"), { recursive: true });
-      writeFileSync(reqFile, `${requirements.map((r) => r.install).join("\n")}\n`, { mode: 0o600 });
-      const argv = [...pip.argv, "install", "--no-warn-script-location", "--progress-bar", "off", "-r", reqFile];
-      if (constraints.length) {
-        const cFile = join(plan.dir, ".gpulayer", "constraints.in");
-        writeFileSync(cFile, `${constraints.map((r) => r.install).join("\n")}\n`, { mode: 0o600 });
-        argv.push("-c", cFile);
-      }
-      if (o.pre) argv.push("--pre");
-      if (o.preferBinary) argv.push("--prefer-binary");
-      for (const v of o.noBinary) argv.push("--no-binary", v);
-      for (const v of o.onlyBinary) argv.push("--only-binary", v);
-      if (o.requireHashes) argv.push("--require-hashes");
-      for (const v of o.trustedHosts) argv.push("--trusted-host", v);
-      const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks });
-      // Expanded ${VAR}s may hold secrets: what pip was given does not stay.
-      rmSync(reqFile, { force: true });
-      rmSync(join(plan.dir, ".gpulayer", "constraints.in"), { force: true });
-      // pip names our temporary file ("-r …/requirements.in (line 2)"); name the user's own line instead.
-      const ours = new RegExp(`-r ${reqFile.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} \\(line (\\d+)\\)`, "g");
-      const named = lines.map((l) => l.replace(ours, (m, n: string) => requirements[Number(n) - 1]?.origin ?? m));
-      if (code !== 0) throw installFailure("installing the requirements failed", named);
-    });
+  const { requirements } = plan.requirements;
+  let installer: string;
+  let check: string[];
+  if (fast) {
+    installer = `uv ${await uvVersion(uv!, plan.dir)} (fast path)`;
+    if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, fastEnv!, hooks));
+    const pre = plan.installer === "uv" || plan.requirements.options.pre ? [] : prereleasesInstalled(site);
+    if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
+    check = await timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks));
+    // The env keeps its own packages and the .pth link, exactly as pip leaves it.
+    removePlaceholders(site, placeholders);
+  } else {
+    const pip = await pipCommand(plan, envPython, env, hooks);
+    installer = pip.name;
+    const why = fallback ? ` (not uv: ${fallback})` : "";
+    if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${pip.name}${why}`, () => pipInstall(plan, pip, env, hooks));
+    check = await timed("checking", "pip check", () => pipCheck(plan, pip, env, hooks));
   }
-
-  const check = await timed("checking", "pip check", async () => {
-    const { code, lines } = await runTool([...pip.argv, "check"], { env, cwd: plan.cwd, hooks });
-    return code === 0 ? [] : lines.filter((l) => l.trim() && !/^No broken requirements/.test(l));
-  });
-
-  return { venvCreator, installer: pip.name, installed: installedSet([site]), check, steps };
+  return { venvCreator, installer, installerPath: fast ? FAST_PATH : "pip", fallback: fast ? null : fallback, installed: installedSet([site]), check, steps };
 }

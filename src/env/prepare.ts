@@ -1,7 +1,7 @@
 import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError } from "../errors.ts";
-import { type BuildHooks, type BuildOutcome, buildEnv } from "./build.ts";
+import { type BuildHooks, type BuildOutcome, buildEnv, type InstallerSetting } from "./build.ts";
 import { redactUrl } from "./hashing.ts";
 import { pipConfigDigest } from "./installer-config.ts";
 import { baseFingerprint, type InterpreterInfo, probeInterpreter, resolvePythonPath } from "./interpreter.ts";
@@ -23,6 +23,8 @@ export interface PrepareRequest {
   cwd: string;
   env: NodeJS.ProcessEnv;
   venvCreator?: "uv" | "venv" | "auto";
+  /** Else GPULAYER_INSTALLER, else auto. Not in the key: either path builds the same env. */
+  installer?: InstallerSetting;
 }
 
 export interface ResolvedRequest {
@@ -48,6 +50,10 @@ export interface PrepareResult {
   summary: string;
   build?: BuildOutcome & { sizeBytes: number };
   check: string[];
+  /** Which installer built the env (`uv (fast path)` or `pip`); null for an env built before this was recorded. */
+  installerPath: string | null;
+  /** Why the fast path was not taken for it, when it was not. */
+  installerFallback: string | null;
   /** Held when asked for (a job): released by the caller when it is done with the env. */
   lease?: Lease;
 }
@@ -83,22 +89,29 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
   const hooks = opts.hooks ?? {};
   const venvCreator = req.venvCreator ?? (req.env.GPULAYER_VENV_CREATOR || "auto");
   if (venvCreator !== "uv" && venvCreator !== "venv" && venvCreator !== "auto") throw new UsageError(`GPULAYER_VENV_CREATOR: expected uv, venv or auto, not '${venvCreator}'`);
+  const installer = req.installer ?? (req.env.GPULAYER_INSTALLER || "auto");
+  if (installer !== "uv" && installer !== "pip" && installer !== "auto") throw new UsageError(`GPULAYER_INSTALLER: expected auto, uv or pip, not '${installer}'`);
   const resolved = resolveRequest(layout, req);
   hooks.onResolved?.(resolved);
   const paths = entryPaths(layout, resolved.key);
   // The lease comes before the lookup, so gc can never take the env between the two.
   const lease = opts.leaseHolder ? takeLease(layout, "env", resolved.key, opts.leaseHolder) : undefined;
-  const done = (status: "built" | "reused", build?: PrepareResult["build"]): PrepareResult => ({
-    key: resolved.key,
-    path: paths.dir,
-    python: join(paths.dir, "bin", "python"),
-    status,
-    seconds: (performance.now() - started) / 1000,
-    summary: resolved.summary,
-    build,
-    check: build?.check ?? readMeta(paths)?.check ?? [],
-    lease,
-  });
+  const done = (status: "built" | "reused", build?: PrepareResult["build"]): PrepareResult => {
+    const meta = build ? null : readMeta(paths);
+    return {
+      key: resolved.key,
+      path: paths.dir,
+      python: join(paths.dir, "bin", "python"),
+      status,
+      seconds: (performance.now() - started) / 1000,
+      summary: resolved.summary,
+      build,
+      check: build?.check ?? meta?.check ?? [],
+      installerPath: build?.installerPath ?? meta?.installerPath ?? null,
+      installerFallback: build ? build.fallback : (meta?.installerFallback ?? null),
+      lease,
+    };
+  };
   try {
     let waited = false;
     for (;;) {
@@ -118,7 +131,7 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
           touchLastUsed(paths);
           return done("reused");
         }
-        const build = await buildUnderLock(layout, resolved, { ...req, venvCreator }, paths, hooks);
+        const build = await buildUnderLock(layout, resolved, { ...req, venvCreator, installer }, paths, hooks);
         return done("built", build);
       } finally {
         await release();
@@ -145,6 +158,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         toolsDir: layout.tools,
         cwd: req.cwd,
         venvCreator: req.venvCreator,
+        installer: req.installer,
       },
       hooks,
     );
@@ -158,6 +172,8 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
       sizeBytes,
       venvCreator: outcome.venvCreator,
       installer: outcome.installer,
+      installerPath: outcome.installerPath,
+      installerFallback: outcome.fallback,
       summary: resolved.summary,
       request: resolved.doc,
       installed: outcome.installed,

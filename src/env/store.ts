@@ -13,6 +13,10 @@ export interface EnvMeta {
   sizeBytes: number;
   venvCreator: "uv" | "venv";
   installer: string;
+  /** `uv (fast path)` or `pip` (absent in envs built before it was recorded). */
+  installerPath?: string;
+  /** Why the fast path was not taken, when it was not. */
+  installerFallback?: string | null;
   summary: string;
   request: KeyDocument;
   installed: string[];

@@ -156,7 +156,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
     }
     const prepareSeconds = (performance.now() - prepStart) / 1000;
     store.update(job.id, { envKey: prepared.key });
-    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path });
+    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath });
     io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
 
     try {

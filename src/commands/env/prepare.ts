@@ -65,7 +65,7 @@ export default defineCommand({
       const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${(await import("pretty-bytes")).default(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
       out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);
       out.result(
-        { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check },
+        { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath },
         () => result.path,
         true,
       );

@@ -1,0 +1,156 @@
+import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { basename, join } from "node:path";
+import { explain } from "@renovatebot/pep440";
+import type { InstallError } from "../errors.ts";
+import type { BuildPlan } from "./build.ts";
+import { NEUTRAL_VARIABLES, pipConfigFiles } from "./installer-config.ts";
+import { requestFiles } from "./pip-path.ts";
+import { normalizeName, type Requirement } from "./requirements.ts";
+import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
+import { MIRROR_MARK, type WorkerDist } from "./worker-mirror.ts";
+
+/**
+ * The fast path: uv installs, with the worker's distributions shown to it as
+ * placeholders (worker-mirror.ts), so that it keeps what the worker has and
+ * satisfies, and installs into the env (shadowing) what needs another
+ * version, as pip does. Used only where it gives what pip gives; else pip.
+ */
+
+export const FAST_PATH = "uv (fast path)";
+
+/** uv failed on a request the fast path took on, or chose what pip might not: under auto, pip builds it instead. */
+export class UvFailed extends Error {
+  constructor(
+    readonly failure: InstallError,
+    readonly reason: string,
+  ) {
+    super(failure.message);
+  }
+}
+
+/** Which of the machine's pip settings pip would read when no index is given (names only: values may hold secrets). */
+export function machinePipConfig(env: NodeJS.ProcessEnv): string[] {
+  const vars = Object.keys(env).filter((k) => k.startsWith("PIP_") && env[k] !== undefined && !NEUTRAL_VARIABLES.has(k) && !(k === "PIP_CONFIG_FILE" && env[k] === "/dev/null"));
+  return [...vars.sort(), ...pipConfigFiles(env).filter((f) => existsSync(f))];
+}
+
+/** Why the fast path cannot promise pip's result for this request, or null when it can. */
+export function requestRefusal(plan: BuildPlan, uv: string | null): string | null {
+  if (!uv) return "uv is not on PATH";
+  if (!plan.isolated) {
+    // Without an index, the machine's pip config counts (it is in the key) and only pip reads it.
+    const config = machinePipConfig(plan.env);
+    if (config.length) return `the machine's pip configuration applies (${config.join(", ")}), and only pip reads it`;
+  }
+  const o = plan.requirements.options;
+  if (o.preferBinary) return "--prefer-binary has no uv equivalent";
+  if (o.noBinary.length || o.onlyBinary.length) return "--no-binary/--only-binary are left to pip";
+  if (o.requireHashes) return "--require-hashes is left to pip";
+  if (o.trustedHosts.length) return "--trusted-host is left to pip";
+  const perRequirement = [...plan.requirements.requirements, ...plan.requirements.constraints].find((r) => /\s--(hash|config-settings|global-option)=/.test(r.install));
+  if (perRequirement) return `options on a requirement (${perRequirement.origin}) are left to pip`;
+  return null;
+}
+
+const WHEEL_FILE = /^([^-/]+)-([^-/]+)(-\d[^-/]*)?-[^-/]+-[^-/]+-[^-/]+\.whl$/i;
+
+/**
+ * A direct reference (path or URL) to something the worker already has: pip
+ * keeps the worker's copy when the version is the same and the reference is a
+ * wheel or a remote URL (resolver.py: "already installed with the same
+ * version"), uv installs it again. Local folders, sdists and editables are
+ * installed by both.
+ */
+export function workerRefusal(requirements: Requirement[], dists: WorkerDist[]): string | null {
+  const have = new Map(dists.map((d) => [normalizeName(d.name), d.version]));
+  for (const r of requirements) {
+    if (r.install.startsWith("-e ")) continue;
+    const at = r.name ? r.install.indexOf(" @ ") : -1;
+    if (r.name && at === -1) continue; // a name and a specifier: uv and pip agree
+    const target = (at === -1 ? r.install : r.install.slice(at + 3)).split(/\s+;\s*|\s+--/, 1)[0]!.trim();
+    const isLocal = target.startsWith("/") || /^file:/i.test(target);
+    const file = basename(target.replace(/^file:(\/\/)?/i, "").split(/[?#]/, 1)[0]!);
+    const wheel = WHEEL_FILE.exec(file);
+    if (isLocal && !wheel) continue; // a local folder or sdist: both install it
+    const name = r.name ?? (wheel ? normalizeName(wheel[1]!) : /[#&]egg=([A-Za-z0-9._-]+)/.exec(target)?.[1]);
+    if (!name) return `a URL requirement whose name is known only once built (${r.origin}) is left to pip`;
+    const workerVersion = have.get(normalizeName(name));
+    if (workerVersion === undefined) continue;
+    if (wheel && wheel[2] !== workerVersion) continue; // another version: both install it
+    return `${r.origin} names ${name}, which the worker has (${workerVersion}); pip keeps the worker's copy of the same version, uv would not`;
+  }
+  return null;
+}
+
+/** uv's version: from the env's pyvenv.cfg when uv made it, else asked. */
+export async function uvVersion(uv: string, envDir: string): Promise<string> {
+  try {
+    const m = /^uv\s*=\s*(\S+)/m.exec(readFileSync(join(envDir, "pyvenv.cfg"), "utf8"));
+    if (m) return m[1]!;
+  } catch {
+    // not made by uv
+  }
+  const proc = Bun.spawn([uv, "--version"], { stdin: "ignore", stdout: "pipe", stderr: "ignore" });
+  const out = await new Response(proc.stdout).text();
+  await proc.exited;
+  return out.trim().split(/\s+/)[1] ?? "?";
+}
+
+/**
+ * uv's environment: never its own config (uv.toml, UV_* variables: none of it
+ * is in the key), the same index options pip would get, as variables (so
+ * credentials stay out of `ps`), and no colours or spinners in its lines.
+ */
+export function uvEnv(plan: BuildPlan, base: Record<string, string>): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const [k, v] of Object.entries(base)) if (!k.startsWith("UV_") || NEUTRAL_VARIABLES.has(k)) env[k] = v;
+  Object.assign(env, { NO_COLOR: "1", UV_NO_PROGRESS: "1", UV_INDEX_STRATEGY: "unsafe-best-match" });
+  const o = plan.requirements.options;
+  if (o.indexUrl) env.UV_INDEX_URL = o.indexUrl;
+  if (o.extraIndexUrls.length) env.UV_EXTRA_INDEX_URL = o.extraIndexUrls.join(" ");
+  if (o.noIndex) env.UV_NO_INDEX = "1";
+  // uv splits this variable at commas; a path with one goes on the command line instead (uvInstall).
+  if (o.findLinks.length && !o.findLinks.some((f) => f.includes(","))) env.UV_FIND_LINKS = o.findLinks.join(",");
+  if (o.pre) env.UV_PRERELEASE = "allow";
+  return env;
+}
+
+/** `uv pip install` into the env; a failure is UvFailed (uv's own words in it). */
+export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks): Promise<void> {
+  const files = requestFiles(plan.dir, plan.requirements);
+  // --index-strategy unsafe-best-match: every index counts, as in pip (uv's default takes the first index that has a name).
+  const argv = [uv, "pip", "install", "--python", envPython, "--no-config", ...files.args];
+  if (!env.UV_FIND_LINKS) for (const f of plan.requirements.options.findLinks) argv.push("--find-links", f);
+  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks });
+  files.done();
+  if (code !== 0) {
+    const failure = installFailure("installing the requirements with uv failed", files.named(lines));
+    throw new UvFailed(failure, `uv failed: ${failure.message.replace(/^installing the requirements with uv failed:? ?/, "") || "(no message)"}`);
+  }
+}
+
+/**
+ * Pre-releases uv put into the env. Without --pre, uv takes one where nothing
+ * else fits (`x>1` with only 2.0b1 above 1); pip takes one only when the
+ * specifier names a pre-release or the name has no specifier and nothing else.
+ * Rather than guess which, auto leaves such a request to pip.
+ */
+export function prereleasesInstalled(site: string): string[] {
+  return readdirSync(site).flatMap((n) => {
+    const m = /^(.+)-([^-]+)\.dist-info$/.exec(n);
+    if (!m || !explain(m[2]!)?.is_prerelease) return [];
+    try {
+      if (readFileSync(join(site, n, "INSTALLER"), "utf8").trim() === MIRROR_MARK) return []; // the worker's own
+    } catch {
+      // no INSTALLER: not a placeholder
+    }
+    return [`${normalizeName(m[1]!)}==${m[2]}`];
+  });
+}
+
+/** `uv pip check` while the placeholders are there: what pip check would say, the worker's packages included. */
+export async function uvCheck(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks): Promise<string[]> {
+  const { code, lines } = await runTool([uv, "pip", "check", "--python", envPython, "--no-config"], { env, cwd: plan.cwd, hooks });
+  if (code === 0) return [];
+  return lines.map((l) => l.trim()).filter((l) => l && !/^(Using Python|Checked \d+ package|Found \d+ incompatibilit|All installed packages are compatible)/.test(l));
+}

@@ -1,0 +1,69 @@
+import { InstallError } from "../errors.ts";
+import { redactUrl } from "./hashing.ts";
+
+/** What a build tells whoever watches it: steps with their times, and the installers' own lines. */
+export type BuildStep = "creating" | "linking" | "installing" | "checking";
+
+export interface BuildHooks {
+  onStep?(step: BuildStep, detail: string): void;
+  onStepDone?(step: BuildStep, seconds: number): void;
+  onOutput?(line: string): void;
+}
+
+/** Run a process, streaming its lines to the hooks, keeping them for the error message. */
+export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks }): Promise<{ code: number; lines: string[] }> {
+  let proc: Bun.Subprocess<"ignore", "pipe", "pipe">;
+  try {
+    proc = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
+  } catch (error) {
+    throw new InstallError(`cannot run ${argv[0]}: ${(error as Error).message}`, "");
+  }
+  const lines: string[] = [];
+  const emit = (raw: string) => {
+    // pip masks passwords but shows user names, uv may show either; nothing of a URL's credentials leaves gpulayer.
+    const line = redactUrl(raw.replace(/\r$/, ""));
+    lines.push(line);
+    opts.hooks.onOutput?.(line);
+  };
+  const pump = async (stream: ReadableStream<Uint8Array>) => {
+    const decoder = new TextDecoder();
+    let buf = "";
+    for await (const chunk of stream) {
+      buf += decoder.decode(chunk, { stream: true });
+      let i: number;
+      while ((i = buf.indexOf("\n")) !== -1) {
+        emit(buf.slice(0, i));
+        buf = buf.slice(i + 1);
+      }
+    }
+    if (buf) emit(buf);
+  };
+  await Promise.all([pump(proc.stdout), pump(proc.stderr)]);
+  return { code: await proc.exited, lines };
+}
+
+/**
+ * pip's own words, as a headline and the lines under it: its last telling
+ * ERROR line heads the message ("No matching distribution found for x"),
+ * what it said from its first error on follows; without any, the tail.
+ * uv's words the same way: its first `error:` or `×` line heads the message.
+ */
+export function installerMessage(lines: string[]): { headline: string; detail: string } {
+  const text = lines.map((l) => l.trimEnd()).filter((l) => l.trim());
+  const firstError = text.findIndex((l) => /^(ERROR|error):|^\s*×/.test(l.trim()));
+  const shown = (firstError === -1 ? text.slice(-8) : text.slice(firstError)).slice(-40);
+  const errors = shown.filter((l) => /^ERROR:/.test(l.trim()));
+  const uvError = shown.find((l) => /^(error:|×)/.test(l.trim()));
+  const headline = [...errors].reverse().find((l) => !/ResolutionImpossible/.test(l)) ?? errors[0] ?? uvError ?? "";
+  const detail = shown.filter((l) => l !== headline).map((l) => (l.startsWith(" ") ? l : l.trim()));
+  // pip's retries on a dead index are warnings before its errors: say so, or "no matching distribution" misleads.
+  const unreachable = text.find((l) => /NewConnectionError|Connection refused|Failed to establish a new connection|Name or service not known|Temporary failure in name resolution/.test(l));
+  if (unreachable) detail.push(`(an index did not answer: ${unreachable.trim().slice(0, 200)})`);
+  return { headline: headline.trim().replace(/^×\s*/, ""), detail: detail.join("\n") };
+}
+
+/** An installer's failure: what failed, the installer's headline after a colon, the rest of what it said under it. */
+export function installFailure(what: string, lines: string[]): InstallError {
+  const { headline, detail } = installerMessage(lines);
+  return new InstallError(headline ? `${what}: ${headline}` : what, detail);
+}
