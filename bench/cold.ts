@@ -1,0 +1,279 @@
+/**
+ * Cold builds, side by side in one run: `gpulayer env prepare` by the uv fast
+ * path (auto) and by the pip path (GPULAYER_INSTALLER=pip, the ADR's build),
+ * against raw `uv venv` + `uv pip install` and raw `python -m venv
+ * --without-pip` + `pip install` of the same request from the same local index
+ * (file:///opt/pypi/simple, a PEP 503 folder on this machine). Every run has a
+ * fresh GPULAYER_HOME and fresh pip and uv caches. Then the warm reuse.
+ *
+ * Cases: `tqdm` (the ADR's own) and `requests` on a small worker venv with pip;
+ * `torchmetrics` (needs torch>=2) on a worker venv with torch 2.13.0 installed.
+ * The torch worker is made once with the machine's own pip config (which
+ * serves torch from a local file) and kept at $TMPDIR/gpulayer-bench-cold.
+ *
+ * Run: bun run bench/cold.ts   (BENCH_COLD_RUNS=5, BENCH_TORCH_RUNS=3, BENCH_WARM_RUNS=30, BENCH_REBUILD=1)
+ */
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { makeWorkerVenv } from "../test/helpers.ts";
+import { ROOT, stats } from "./_lib.ts";
+
+type Stats = ReturnType<typeof stats>;
+type Env = Record<string, string>;
+
+async function run(argv: string[], env?: Env) {
+  const p = Bun.spawn(argv, { env, stdout: "pipe", stderr: "pipe", stdin: "ignore" });
+  const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+  return { out, err, code };
+}
+
+async function must(argv: string[], env?: Env) {
+  const r = await run(argv, env);
+  if (r.code !== 0) throw new Error(`${argv.join(" ")} exited ${r.code}: ${r.err.slice(-2000)}`);
+  return r;
+}
+
+function newestSource(dir: string): number {
+  let newest = 0;
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    newest = Math.max(newest, e.isDirectory() ? newestSource(p) : statSync(p).mtimeMs);
+  }
+  return newest;
+}
+
+/** dist/gpulayer, rebuilt when older than src/. */
+async function ensureBinary(): Promise<string> {
+  const bin = join(ROOT, "dist", "gpulayer");
+  if (existsSync(bin) && !process.env.BENCH_REBUILD && statSync(bin).mtimeMs >= newestSource(join(ROOT, "src"))) return bin;
+  const build = await run(["bun", "run", "build"]);
+  if (build.code === 0 && existsSync(bin)) return bin;
+  mkdirSync(join(ROOT, "dist"), { recursive: true });
+  await must(["bun", "build", "--compile", "--minify", join(ROOT, "src", "cli.ts"), "--outfile", bin]);
+  return bin;
+}
+
+/** uv itself, not a pyenv shim (a bash script that costs ~0.1 s a call): every contender gets the same binary. */
+function realUv(): string {
+  const found = Bun.which("uv");
+  if (!found) throw new Error("uv is not on PATH");
+  if (readFileSync(found).subarray(0, 2).toString() !== "#!") return found;
+  const r = Bun.spawnSync(["pyenv", "which", "uv"]);
+  const real = r.stdout.toString().trim();
+  if (r.exitCode !== 0 || !real) throw new Error(`uv on PATH is a script (${found}) and pyenv does not name the binary`);
+  return real;
+}
+
+/** Alternate the contenders run by run, so the machine's drift hits all alike. */
+async function sideBySide(contenders: [string, () => Promise<number>][], runs: number): Promise<[string, Stats][]> {
+  const samples = contenders.map(() => [] as number[]);
+  for (let i = 0; i < runs; i++) for (const [j, [, fn]] of contenders.entries()) samples[j]!.push(await fn());
+  return contenders.map(([name], j) => [name, stats(samples[j]!)]);
+}
+
+function table(rows: [string, Stats][], baseline: string, unit: "ms" | "s"): string[] {
+  const base = rows.find(([n]) => n === baseline)![1].median;
+  const f = (ms: number) => (unit === "s" ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(1)} ms`);
+  return ["| | median | min | p90 | vs raw uv |", "|---|---:|---:|---:|---:|", ...rows.map(([n, s]) => `| ${n} | ${f(s.median)} | ${f(s.min)} | ${f(s.p90)} | ${(s.median / base).toFixed(2)}x |`)];
+}
+
+const sh = (cmd: string) => Bun.spawnSync(["sh", "-c", cmd]).stdout.toString().trim();
+const INDEX = "file:///opt/pypi/simple";
+const RAW_UV = "`uv venv` + `uv pip install` (raw)";
+
+const bin = await ensureBinary();
+const uv = realUv();
+const keep = join(tmpdir(), "gpulayer-bench-cold");
+const work = mkdtempSync(join(tmpdir(), "gpl-bench-cold-"));
+mkdirSync(join(work, "bin"));
+symlinkSync(uv, join(work, "bin", "uv"));
+const base: Env = {};
+for (const [k, v] of Object.entries(process.env)) if (v !== undefined && !/^(PIP_|UV_|GPULAYER_)/.test(k)) base[k] = v;
+Object.assign(base, { PATH: `${join(work, "bin")}:${process.env.PATH}`, PIP_DISABLE_PIP_VERSION_CHECK: "1", NO_COLOR: "1" });
+
+// The torch worker: made once with the machine's own pip config (not isolated: it serves torch 2.13.0 from a local file).
+const torchWorker = join(keep, "worker-torch");
+const torchPy = join(torchWorker, "bin", "python");
+let torchSetup = "kept from an earlier run";
+if (!existsSync(join(torchWorker, ".ready"))) {
+  rmSync(torchWorker, { recursive: true, force: true });
+  mkdirSync(keep, { recursive: true });
+  const t = performance.now();
+  await must(["python3", "-m", "venv", torchWorker]);
+  await must([join(torchWorker, "bin", "pip"), "install", "-q", "torch==2.13.0"], process.env as Env);
+  torchSetup = `made in ${((performance.now() - t) / 1000).toFixed(0)} s (python3 -m venv; pip install torch==2.13.0)`;
+  writeFileSync(join(torchWorker, ".ready"), "");
+}
+const smallPy = await makeWorkerVenv(join(work, "worker-small"), { withPip: true, env: { ...base, UV_CACHE_DIR: join(work, "uv-setup") } });
+
+let n = 0;
+const fresh = () => {
+  const dir = join(work, `cold-${n++}`);
+  mkdirSync(dir);
+  return { dir, env: { ...base, GPULAYER_HOME: join(dir, "home"), PIP_CACHE_DIR: join(dir, "pip-cache"), UV_CACHE_DIR: join(dir, "uv-cache") } };
+};
+const sitePackages = (venv: string) => join(venv, "lib", "python3.11", "site-packages");
+const hasTorch = (venv: string) => existsSync(join(sitePackages(venv), "torch"));
+const du = (dir: string) => sh(`du -sh ${dir} | cut -f1`);
+
+interface Notes {
+  steps: Record<string, string>;
+  torch: Record<string, string>;
+}
+
+/** A home that has built before: only its interpreter probe is kept (envs and pip/uv caches are fresh every run). */
+const seedHome = join(work, "seed-home");
+
+async function coldCase(worker: string, spec: string, indexArgs: string[], runs: number, notes: Notes): Promise<[string, Stats][]> {
+  await must([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker, "--quiet"], { ...base, GPULAYER_HOME: seedHome, UV_CACHE_DIR: join(work, "uv-seed"), PIP_CACHE_DIR: join(work, "pip-seed") });
+  const gpulayer = (installer: "auto" | "pip", seeded = false) => async () => {
+    const { env } = fresh();
+    if (seeded) cpSync(join(seedHome, "interpreters-v1"), join(env.GPULAYER_HOME, "interpreters-v1"), { recursive: true });
+    const t = performance.now();
+    const r = await run([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker], { ...env, GPULAYER_INSTALLER: installer });
+    const ms = performance.now() - t;
+    if (r.code !== 0) throw new Error(r.err);
+    const path = r.out.trim().split("\n").pop()!;
+    const meta = JSON.parse(readFileSync(join(path, ".gpulayer", "meta.json"), "utf8"));
+    if (installer === "auto" && meta.installerPath !== "uv (fast path)") throw new Error(`auto did not take the fast path: ${meta.installerFallback}`);
+    notes.steps[installer] = r.err.trim();
+    notes.torch[installer === "auto" ? "gpulayer, fast path" : "gpulayer, pip path"] = `${hasTorch(path) ? "torch INSTALLED again" : "no torch"} in the env's own site-packages; installed: ${meta.installed.join(", ")}; ${du(path)}`;
+    return ms;
+  };
+  const rawUv = async () => {
+    const { dir, env } = fresh();
+    const venv = join(dir, "venv");
+    const t = performance.now();
+    await must(["uv", "venv", "--no-config", "--quiet", "--python", worker, venv], env);
+    await must(["uv", "pip", "install", "--no-config", "--quiet", "--python", join(venv, "bin", "python"), ...indexArgs, spec], env);
+    const ms = performance.now() - t;
+    notes.torch["raw uv"] = `${hasTorch(venv) ? "torch installed again" : "no torch"}; ${du(venv)}`;
+    return ms;
+  };
+  const rawPip = async () => {
+    const { dir, env } = fresh();
+    const venv = join(dir, "venv");
+    const t = performance.now();
+    await must([worker, "-m", "venv", "--without-pip", venv], env);
+    await must([worker, "-m", "pip", "--python", join(venv, "bin", "python"), "install", "-q", ...indexArgs, spec], { ...env, PIP_CONFIG_FILE: "/dev/null" });
+    const ms = performance.now() - t;
+    notes.torch["raw pip"] = `${hasTorch(venv) ? "torch installed again" : "no torch"}; ${du(venv)}`;
+    return ms;
+  };
+  const rows = await sideBySide(
+    [
+      ["`gpulayer env prepare`, uv fast path (auto)", gpulayer("auto")],
+      ["`gpulayer env prepare`, uv fast path, on a home that has built before (interpreter probe kept)", gpulayer("auto", true)],
+      ["`gpulayer env prepare`, pip path (GPULAYER_INSTALLER=pip, the ADR's build)", gpulayer("pip")],
+      [RAW_UV, rawUv],
+      ["`python -m venv --without-pip` + `pip install` (raw)", rawPip],
+    ],
+    runs,
+  );
+  for (const d of readdirSync(work)) if (d.startsWith("cold-")) rmSync(join(work, d), { recursive: true, force: true });
+  return rows;
+}
+
+try {
+  const runs = Number(process.env.BENCH_COLD_RUNS ?? 5);
+  const torchRuns = Number(process.env.BENCH_TORCH_RUNS ?? 3);
+  const warmRuns = Number(process.env.BENCH_WARM_RUNS ?? 30);
+  const idx = ["--index-url", INDEX];
+  // One warm-up of each, not counted: the page cache holds the index and the interpreters after it.
+  await coldCase(smallPy, "tqdm", idx, 1, { steps: {}, torch: {} });
+  const tqdmNotes: Notes = { steps: {}, torch: {} };
+  const tqdm = await coldCase(smallPy, "tqdm", idx, runs, tqdmNotes);
+  const requests = await coldCase(smallPy, "requests", idx, runs, { steps: {}, torch: {} });
+  // torch comes from the machine's wheel folder for whoever installs it; gpulayer gets the same options.
+  const torchNotes: Notes = { steps: {}, torch: {} };
+  const torchIdx = [...idx, "--find-links", "/opt/wheels"];
+  const torch = await coldCase(torchPy, "torchmetrics", torchIdx, torchRuns, torchNotes);
+
+  // Warm: the tqdm env built once (fast path), then whole processes that find it.
+  const warmEnv = { ...base, GPULAYER_HOME: join(work, "home-warm"), PIP_CACHE_DIR: join(work, "pip-warm"), UV_CACHE_DIR: join(work, "uv-warm") };
+  const request = ["env", "prepare", "-p", "tqdm", ...idx, "--python", smallPy];
+  await must([bin, ...request], warmEnv);
+  const warmSamples = { reuse: [] as number[], python: [] as number[] };
+  for (let i = 0; i < warmRuns + 3; i++) {
+    let t = performance.now();
+    await must([bin, ...request, "--quiet"], warmEnv);
+    if (i >= 3) warmSamples.reuse.push(performance.now() - t);
+    t = performance.now();
+    await must([smallPy, "-c", "pass"], warmEnv);
+    if (i >= 3) warmSamples.python.push(performance.now() - t);
+  }
+  const warm: [string, Stats][] = [
+    ["`python -c pass` (the worker's python)", stats(warmSamples.python)],
+    ["`gpulayer env prepare -p tqdm` (warm: reused)", stats(warmSamples.reuse)],
+  ];
+
+  const versions = [`bun ${Bun.version}`, (await run([smallPy, "--version"])).out.trim(), (await run([smallPy, "-m", "pip", "--version"])).out.trim().split(" from ")[0]!, (await run([uv, "--version"])).out.trim()];
+  const ratio = (rows: [string, Stats][], a: string, b: string) => rows.find(([x]) => x.startsWith(a))![1].median / rows.find(([x]) => x.startsWith(b))![1].median;
+  const summary = (name: string, rows: [string, Stats][]) =>
+    `- ${name}: fast path ${ratio(rows, "`gpulayer env prepare`, uv fast path (auto)", RAW_UV).toFixed(2)}x raw uv (${ratio(rows, "`gpulayer env prepare`, uv fast path, on", RAW_UV).toFixed(2)}x on a home that has built before); pip path ${ratio(rows, "`gpulayer env prepare`, pip", "`gpulayer env prepare`, uv fast path (auto)").toFixed(1)}x the fast path`;
+  const doc = [
+    "# Benchmark: cold builds, the uv fast path against the pip path (the ADR), raw uv and raw pip",
+    "",
+    "Made by `bun run bench/cold.ts` (it rewrites this part; the notes below stay). Whole processes, alternated run by",
+    "run, each with a fresh GPULAYER_HOME (one row keeps only the interpreter probe of an earlier build) and fresh pip and",
+    "uv caches; every contender gets the same request from the same",
+    `local index (\`${INDEX}\`, a PEP 503 folder on this machine) and the same uv binary (${uv}, not a pyenv shim).`,
+    "",
+    `- machine: ${sh("nproc")} CPUs (nproc), ${sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2") || process.arch}, ${sh("free -g | awk '/Mem:/{print $2}'")} GiB, load average at start ${sh("cut -d' ' -f1-3 /proc/loadavg")}`,
+    `- gpulayer ${(await run([bin, "--version"])).out.trim()} (dist/gpulayer); ${versions.join("; ")}`,
+    `- date: ${new Date().toISOString()}`,
+    `- torch worker: ${torchWorker} (${torchSetup}); small worker: a venv with pip, made with uv`,
+    "",
+    summary("tqdm", tqdm),
+    summary("requests", requests),
+    summary("torchmetrics on the torch worker", torch),
+    `- warm reuse: median ${stats(warmSamples.reuse).median.toFixed(1)} ms whole-process`,
+    "",
+    `## \`tqdm\` (the ADR's case; ${runs} runs each, after one warm-up)`,
+    "",
+    ...table(tqdm, RAW_UV, "s"),
+    "",
+    `## \`requests\` (5 packages; ${runs} runs each)`,
+    "",
+    ...table(requests, RAW_UV, "s"),
+    "",
+    `## \`torchmetrics\` on a worker with torch 2.13.0 (${torchRuns} runs each; \`--find-links /opt/wheels\` offers torch to all)`,
+    "",
+    ...table(torch, RAW_UV, "s"),
+    "",
+    "What each left (last run):",
+    "",
+    ...Object.entries(torchNotes.torch).map(([k, v]) => `- ${k}: ${v}`),
+    "",
+    `## Warm: the \`tqdm\` env is there (${warmRuns} runs each, after 3 warm-up runs)`,
+    "",
+    "| | median | min | p90 |",
+    "|---|---:|---:|---:|",
+    ...warm.map(([name, s]) => `| ${name} | ${s.median.toFixed(1)} ms | ${s.min.toFixed(1)} ms | ${s.p90.toFixed(1)} ms |`),
+    "",
+    "Steps of the last cold `tqdm` builds (gpulayer's progress on stderr):",
+    "",
+    "```",
+    tqdmNotes.steps.auto ?? "",
+    "",
+    tqdmNotes.steps.pip ?? "",
+    "```",
+    "",
+    "Steps of the last cold `torchmetrics` builds:",
+    "",
+    "```",
+    torchNotes.steps.auto ?? "",
+    "",
+    torchNotes.steps.pip ?? "",
+    "```",
+  ].join("\n");
+  console.log(doc);
+  const file = join(ROOT, "docs", "bench-cold.md");
+  const [begin, end] = ["<!-- bench:begin -->", "<!-- bench:end -->"];
+  const old = existsSync(file) ? readFileSync(file, "utf8") : "";
+  const kept = old.includes(begin) && old.includes(end) ? [old.slice(0, old.indexOf(begin)), old.slice(old.indexOf(end) + end.length)] : ["", "\n"];
+  writeFileSync(file, `${kept[0]}${begin}\n${doc}\n${end}${kept[1]}`);
+} finally {
+  rmSync(work, { recursive: true, force: true });
+}
