@@ -85,7 +85,7 @@ describe("env prepare", () => {
   test("what the worker has and satisfies the request is not installed again; what it does not satisfy is", async () => {
     const s = sandbox();
     try {
-      const ok = await prepare(s, ["-p", "needs-b1", "--index-url", index.url, "--python", bPy, "--json"]);
+      const ok = await prepare(s, ["-p", "needs-b1", "--index-url", index.url, "--python", bPy, "--json"], { GPULAYER_INSTALLER: "pip" });
       expect(ok.code).toBe(0);
       const env1 = JSON.parse(ok.stdout);
       const show = JSON.parse((await cli(["env", "show", env1.key, "--json"], { env: s.env })).stdout);
@@ -242,7 +242,7 @@ describe("env prepare", () => {
   test("a worker without pip uses the interpreter's bundled pip", async () => {
     const s = sandbox();
     try {
-      const r = await prepare(s, ["-p", "tiny", "--index-url", index.url, "--python", plainPy, "--json"], { GPULAYER_VENV_CREATOR: "venv" });
+      const r = await prepare(s, ["-p", "tiny", "--index-url", index.url, "--python", plainPy, "--json"], { GPULAYER_VENV_CREATOR: "venv", GPULAYER_INSTALLER: "pip" });
       expect(r.code).toBe(0);
       const { key, path } = JSON.parse(r.stdout);
       const meta = JSON.parse((await cli(["env", "show", key, "--json"], { env: s.env })).stdout);
