@@ -1,4 +1,5 @@
 import { UsageError } from "../errors.ts";
+import type { JobSpec } from "../jobs/spec.ts";
 import type { JobStatus } from "../jobs/status.ts";
 
 /**
@@ -48,23 +49,8 @@ export interface WorkerView {
   probe: MachineProbe;
 }
 
-/** A job as it travels: paths inside the bundle are relative to its root. */
-export interface RemoteSpec {
-  name: string;
-  argv: string[];
-  commandText: string;
-  env: Record<string, string>;
-  environment: {
-    requirementsFile?: string;
-    specs: string[];
-    python?: string;
-    indexUrl?: string;
-    extraIndexUrls: string[];
-    findLinks: string[];
-    image?: string;
-  };
-  resources: { gpus: number; frameworks: Record<string, string> };
-}
+/** A job as it travels: the local JobSpec without its folder; paths inside the bundle are relative to its root. */
+export type RemoteSpec = Omit<JobSpec, "workdir">;
 
 export interface SubmitRequest {
   spec: RemoteSpec;
@@ -80,17 +66,8 @@ export interface SubmitResponse {
   waiting: string | null;
 }
 
-/** What `env prepare` asks of each worker. */
-export interface PrepareRequestPayload {
-  requirementsFile?: string;
-  specs: string[];
-  python?: string;
-  indexUrl?: string;
-  extraIndexUrls: string[];
-  findLinks: string[];
-  image?: string;
-  pull?: string;
-}
+/** What `env prepare` asks of each worker: a job's environment section, and the image pull policy. */
+export type PrepareRequestPayload = JobSpec["environment"] & { pull?: string };
 
 export interface PrepareTaskResult {
   status: "built" | "reused" | "pulled" | "failed";

@@ -1,8 +1,8 @@
 import { createHash } from "node:crypto";
-import { mkdirSync, readdirSync, readFileSync, statSync, utimesSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { writeFileAtomic } from "../env/store.ts";
+import { touchFile, writeFileAtomic } from "../env/store.ts";
 import type { EngineName } from "./engine.ts";
 
 /**
@@ -66,15 +66,7 @@ export function writeRecord(paths: RecordPaths, record: ImageRecord): void {
 }
 
 export function touchRecord(paths: RecordPaths, when = new Date()): void {
-  try {
-    utimesSync(paths.lastUsed, when, when);
-  } catch {
-    try {
-      writeFileSync(paths.lastUsed, when.toISOString());
-    } catch {
-      // the record itself is gone (gc); nothing to touch
-    }
-  }
+  touchFile(paths.lastUsed, when);
 }
 
 export function recordLastUsedMs(paths: RecordPaths): number {

@@ -132,9 +132,10 @@ export function probeInterpreter(pythonPath: string, cacheDir: string): Interpre
   return info;
 }
 
-/** The worker's installed `name==version` set, read from dist-info folder names: a readdir, no Python. */
-export function installedSet(siteDirs: string[]): string[] {
-  const set = new Set<string>();
+/** Distributions in site dirs, from dist-info/egg-info folder names (a readdir, no Python); the first of a name wins, as on sys.path. */
+export function distributions(siteDirs: string[]): { name: string; version: string; dir: string }[] {
+  const seen = new Set<string>();
+  const found: { name: string; version: string; dir: string }[] = [];
   for (const dir of siteDirs) {
     let names: string[];
     try {
@@ -144,9 +145,20 @@ export function installedSet(siteDirs: string[]): string[] {
     }
     for (const n of names) {
       const m = /^(.+?)-([^-]+?)(-py\d[\d.]*)?\.(dist-info|egg-info)$/.exec(n);
-      if (m) set.add(`${normalizeName(m[1]!)}==${m[2]}`);
+      if (!m) continue;
+      const name = normalizeName(m[1]!);
+      if (seen.has(name)) continue;
+      seen.add(name);
+      found.push({ name, version: m[2]!, dir });
     }
   }
+  return found;
+}
+
+/** The worker's installed `name==version` set. */
+export function installedSet(siteDirs: string[]): string[] {
+  const set = new Set<string>();
+  for (const dir of siteDirs) for (const d of distributions([dir])) set.add(`${d.name}==${d.version}`);
   return [...set].sort();
 }
 

@@ -72,11 +72,16 @@ export function markReady(paths: EntryPaths, meta: EnvMeta): void {
 
 /** One timestamp write per reuse: gc orders by this mtime (atime is not trusted). */
 export function touchLastUsed(paths: EntryPaths, when = new Date()): void {
+  touchFile(paths.lastUsed, when);
+}
+
+/** Set a file's mtime, creating it if needed; a file whose folder is gone (gc took the entry) is left alone. */
+export function touchFile(path: string, when = new Date()): void {
   try {
-    utimesSync(paths.lastUsed, when, when);
+    utimesSync(path, when, when);
   } catch {
     try {
-      writeFileSync(paths.lastUsed, when.toISOString());
+      writeFileSync(path, when.toISOString());
     } catch {
       // The entry was removed (gc) between the ready check and now: a reuse without a lease may lose that race.
     }

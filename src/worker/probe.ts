@@ -1,11 +1,10 @@
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { availableParallelism, hostname, release, totalmem } from "node:os";
 import { join } from "node:path";
 import type { GpuInfo, MachineProbe } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { detectEngine } from "../docker/engine.ts";
-import { probeInterpreter, resolvePythonPath } from "../env/interpreter.ts";
-import { normalizeName } from "../env/requirements.ts";
+import { distributions, probeInterpreter, resolvePythonPath } from "../env/interpreter.ts";
 
 /**
  * The machine probe: what a worker tells the coordinator about itself. Read
@@ -70,17 +69,8 @@ export function readFrameworks(siteDirs: string[]): { frameworks: Record<string,
   const frameworks: Record<string, string> = {};
   let cuda: string | null = null;
   let torchRead = false;
+  for (const d of distributions(siteDirs)) frameworks[d.name] = d.version;
   for (const dir of siteDirs) {
-    let names: string[];
-    try {
-      names = readdirSync(dir);
-    } catch {
-      continue;
-    }
-    for (const n of names) {
-      const m = /^(.+?)-([^-]+?)(-py\d[\d.]*)?\.(dist-info|egg-info)$/.exec(n);
-      if (m && !(normalizeName(m[1]!) in frameworks)) frameworks[normalizeName(m[1]!)] = m[2]!;
-    }
     const torchVersion = join(dir, "torch", "version.py");
     if (!torchRead && existsSync(torchVersion)) {
       torchRead = true;

@@ -11,16 +11,8 @@ import { inBundle, isUrl, packTemp, postWithBundle } from "../../cluster/upload.
  * ends: built / reused / failed (with the installer's message), and seconds.
  */
 
-export interface RemotePrepareRequest {
-  requirementsFile?: string;
-  specs: string[];
-  python?: string;
-  indexUrl?: string;
-  extraIndexUrls: string[];
-  findLinks: string[];
-  image?: string;
-  pull?: string;
-}
+/** The same fields a worker receives (requirements, python, indexes, image, pull). */
+export type RemotePrepareRequest = PrepareRequestPayload;
 
 function line(worker: string, r: PrepareTaskResult | null): string {
   if (!r) return `${worker}  failed  -  no result`;
