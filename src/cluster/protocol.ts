@@ -74,6 +74,8 @@ export interface PrepareTaskResult {
   seconds: number;
   key?: string;
   path?: string;
+  /** Which build made the env: "uv (fast path)" or "pip". */
+  installer_path?: string | null;
   image?: string;
   digest?: string;
   message?: string;

@@ -196,7 +196,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
           cwd,
           env: ctx.env,
         });
-        result = { status: r.status, seconds: r.seconds, key: r.key, path: r.path };
+        result = { status: r.status, seconds: r.seconds, key: r.key, path: r.path, installer_path: r.installerPath };
       }
       body = { state: "succeeded", exit_code: 0, error: null, result };
     } catch (error) {
