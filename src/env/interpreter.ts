@@ -18,13 +18,12 @@ export interface InterpreterInfo {
   platform: string; // sysconfig.get_platform()
   soabi: string;
   siteDirs: string[];
-  pipVersion: string | null;
   hasVenvModule: boolean;
   ensurepipWheel: string | null;
 }
 
 const PROBE = `
-import sys, os, json, site, sysconfig, importlib.util
+import sys, os, json, site, sysconfig
 dirs = []
 try:
     dirs += site.getsitepackages()
@@ -37,20 +36,15 @@ for d in dirs:
     d = os.path.abspath(d)
     if os.path.isdir(d) and d not in seen:
         seen.append(d)
-pip = None
-try:
-    from importlib.metadata import version
-    pip = version("pip") if importlib.util.find_spec("pip") else None
-except Exception:
-    pip = None
+# Found by path, not by import: importing ensurepip or importlib.metadata would double the probe's time.
+stdlib = sysconfig.get_paths()["stdlib"]
+bundled = os.path.join(stdlib, "ensurepip", "_bundled")
 wheel = None
 try:
-    import ensurepip
-    bundled = os.path.join(os.path.dirname(ensurepip.__file__), "_bundled")
     for f in sorted(os.listdir(bundled)):
         if f.startswith("pip-") and f.endswith(".whl"):
             wheel = os.path.join(bundled, f)
-except Exception:
+except OSError:
     pass
 print(json.dumps({
     "executable": sys.executable,
@@ -62,8 +56,7 @@ print(json.dumps({
     "platform": sysconfig.get_platform(),
     "soabi": sysconfig.get_config_var("SOABI") or "",
     "siteDirs": seen,
-    "pipVersion": pip,
-    "hasVenvModule": importlib.util.find_spec("venv") is not None and importlib.util.find_spec("ensurepip") is not None,
+    "hasVenvModule": os.path.isdir(os.path.join(stdlib, "venv")) and os.path.isdir(os.path.join(stdlib, "ensurepip")),
     "ensurepipWheel": wheel,
 }))
 `;
