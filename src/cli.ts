@@ -21,22 +21,25 @@ const main = defineCommand({
 });
 
 /** Walk the subcommands named in argv to the one --help is about. */
-async function resolveCommand(cmd: CommandDef, args: string[], parent?: CommandDef): Promise<[CommandDef, CommandDef | undefined]> {
+async function resolveCommand(cmd: CommandDef, args: string[], parent?: CommandDef, path: string[] = []): Promise<[CommandDef, CommandDef | undefined, string[]]> {
   const subs = typeof cmd.subCommands === "function" ? await cmd.subCommands() : await cmd.subCommands;
   const name = args.find((a) => !a.startsWith("-"));
   if (subs && name && name in subs) {
     const entry = subs[name]!;
     const sub = (typeof entry === "function" ? await entry() : await entry) as CommandDef;
-    return resolveCommand(sub, args.slice(args.indexOf(name) + 1), cmd);
+    return resolveCommand(sub, args.slice(args.indexOf(name) + 1), cmd, [...path, name]);
   }
-  return [cmd, parent];
+  return [cmd, parent, path];
 }
 
 async function run(argv: string[]): Promise<number> {
   const beforeDashes = argv.includes("--") ? argv.slice(0, argv.indexOf("--")) : argv;
   if (beforeDashes.includes("--help") || beforeDashes.includes("-h") || argv.length === 0) {
-    const [cmd, parent] = await resolveCommand(main, beforeDashes);
+    const [cmd, parent, path] = await resolveCommand(main, beforeDashes);
     await showUsage(cmd, parent);
+    const { EXAMPLES } = await import("./commands/_examples.ts");
+    const examples = EXAMPLES[path.join(" ")];
+    if (examples) process.stdout.write(`EXAMPLES\n\n${examples.map((e) => `  ${e}`).join("\n")}\n\n`);
     return ExitCode.ok;
   }
   if (argv.length === 1 && (argv[0] === "--version" || argv[0] === "-v")) {
