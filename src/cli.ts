@@ -52,6 +52,7 @@ async function run(argv: string[]): Promise<number> {
     return ExitCode.ok;
   } catch (error) {
     if (error instanceof ExitError) return error.exitCode;
+    if (isBrokenPipe(error)) return ExitCode.ok;
     if (error instanceof UserError) {
       process.stderr.write(`error: ${error.message}\n`);
       return error.exitCode;
@@ -69,4 +70,15 @@ async function run(argv: string[]): Promise<number> {
   }
 }
 
-process.exitCode = await run(process.argv.slice(2));
+/** `gpulayer job list | head`: a reader that went away is not an error. */
+function isBrokenPipe(error: unknown): boolean {
+  return (error as NodeJS.ErrnoException | null)?.code === "EPIPE";
+}
+process.stdout.on("error", (error) => {
+  if (isBrokenPipe(error)) process.exit(0);
+});
+
+process.exitCode = await run(process.argv.slice(2)).catch((error) => {
+  if (isBrokenPipe(error)) return ExitCode.ok;
+  throw error;
+});
