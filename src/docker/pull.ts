@@ -135,12 +135,14 @@ export async function pullImage(engine: Engine, ref: string, opts: { env?: NodeJ
   const argv = [engine.bin, "pull", ref];
   const env = { ...(opts.env ?? process.env), TERM: "dumb", NO_COLOR: "1" };
   let code: number;
+  let signal: string | number | null = null;
   if (typeof Bun.Terminal === "function") {
     // A pseudo-terminal: the engines print per-layer bytes only to one.
     let eof!: () => void;
     const closed = new Promise<void>((r) => (eof = r));
     const proc = Bun.spawn(argv, { env, stdin: "ignore", terminal: { cols: 160, rows: 40, data: (_t, d) => splitter.push(d), exit: () => eof() } });
     code = await proc.exited;
+    signal = proc.signalCode;
     // The terminal's last bytes may arrive just after the exit.
     let timer: ReturnType<typeof setTimeout> | undefined;
     await Promise.race([closed, new Promise<void>((r) => (timer = setTimeout(r, 2000)))]);
@@ -153,8 +155,11 @@ export async function pullImage(engine: Engine, ref: string, opts: { env?: NodeJ
     };
     await Promise.all([pump(proc.stdout), pump(proc.stderr)]);
     code = await proc.exited;
+    signal = proc.signalCode;
   }
   splitter.end();
   const ok = code === 0;
-  return { ok, code, message: ok ? "" : engineMessage(tail.join("\n")) || `${engine.name} pull exited ${code}`, progress: parser.snapshot() };
+  // Killed mid-pull, its last line is progress, not a reason: say what happened.
+  const died = signal ? `the ${engine.name} process died mid-pull (${signal})` : "";
+  return { ok, code, message: ok ? "" : died || engineMessage(tail.join("\n")) || `${engine.name} pull exited ${code}`, progress: parser.snapshot() };
 }
