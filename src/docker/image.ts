@@ -1,3 +1,6 @@
+import { existsSync, readFileSync } from "node:fs";
+import { homedir } from "node:os";
+import { join } from "node:path";
 import { UsageError } from "../errors.ts";
 import { type Engine, engineExec, engineMessage } from "./engine.ts";
 
@@ -56,6 +59,10 @@ export function imageInfoFrom(ref: string, data: Record<string, unknown>): Image
 
 /** Is the image here? One engine call; "absent" only when the engine itself says so. */
 export async function inspectImage(engine: Engine, ref: string, env: NodeJS.ProcessEnv = process.env): Promise<InspectOutcome> {
+  if (engine.name === "docker") {
+    const fast = await inspectViaDockerSocket(ref, env);
+    if (fast) return fast;
+  }
   const r = await engineExec(engine, ["image", "inspect", ref], { env, timeoutMs: 60_000 });
   if (r.code === 0) {
     try {
@@ -69,4 +76,37 @@ export async function inspectImage(engine: Engine, ref: string, env: NodeJS.Proc
   const message = engineMessage(`${r.stderr}\n${r.stdout}`);
   if (/no such image|image not known|not found|does not exist/i.test(message) && !/cannot connect|connection refused|permission denied/i.test(message)) return { kind: "absent" };
   return { kind: "failed", message: message || `${engine.name} image inspect exited ${r.code}` };
+}
+
+const DOCKER_SOCKET = "/var/run/docker.sock";
+
+/** The default local daemon, as the docker CLI would reach it: no DOCKER_HOST, no other context. */
+function defaultDockerSocket(env: NodeJS.ProcessEnv): string | null {
+  if (env.DOCKER_HOST || (env.DOCKER_CONTEXT && env.DOCKER_CONTEXT !== "default") || !existsSync(DOCKER_SOCKET)) return null;
+  try {
+    const config = JSON.parse(readFileSync(join(env.DOCKER_CONFIG || join(env.HOME || homedir(), ".docker"), "config.json"), "utf8")) as { currentContext?: string };
+    if (config.currentContext && config.currentContext !== "default") return null;
+  } catch {
+    // no config: the default context
+  }
+  return DOCKER_SOCKET;
+}
+
+/**
+ * `docker image inspect` through the daemon's socket: the same document in
+ * about 1 ms instead of the CLI's ~15, which a warm image job pays on every
+ * run. null when the socket is not the CLI's default or does not answer: the
+ * caller then asks the CLI.
+ */
+async function inspectViaDockerSocket(ref: string, env: NodeJS.ProcessEnv): Promise<InspectOutcome | null> {
+  const socket = defaultDockerSocket(env);
+  if (!socket) return null;
+  try {
+    const r = await fetch(`http://docker/images/${encodeURI(ref)}/json`, { unix: socket, signal: AbortSignal.timeout(5000) } as RequestInit);
+    if (r.status === 404) return { kind: "absent" };
+    if (!r.ok) return null;
+    return { kind: "present", info: imageInfoFrom(ref, (await r.json()) as Record<string, unknown>) };
+  } catch {
+    return null;
+  }
 }
