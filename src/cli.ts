@@ -1,4 +1,5 @@
 #!/usr/bin/env bun
+import { existsSync } from "node:fs";
 import { defineCommand, runCommand, showUsage, type CommandDef } from "citty";
 import { ExitCode, ExitError, UserError } from "./errors.ts";
 import { versionInfo } from "./version.ts";
@@ -48,6 +49,7 @@ async function run(argv: string[]): Promise<number> {
   }
   const verbose = beforeDashes.includes("--verbose");
   try {
+    await applyConfigFile();
     await runCommand(main, { rawArgs: argv });
     return ExitCode.ok;
   } catch (error) {
@@ -68,6 +70,15 @@ async function run(argv: string[]): Promise<number> {
     else process.stderr.write("(run again with --verbose for the stack; this is a bug in gpulayer)\n");
     return ExitCode.internal;
   }
+}
+
+/** config.yaml's settings become defaults of their GPULAYER_* variables; read only when the file exists (the warm path pays one stat). */
+async function applyConfigFile(): Promise<void> {
+  const { homeLayout } = await import("./config/paths.ts");
+  const file = homeLayout().configFile;
+  if (!existsSync(file)) return;
+  const { loadSettings, settingsAsEnvDefaults } = await import("./config/settings.ts");
+  Object.assign(process.env, settingsAsEnvDefaults(loadSettings(file), process.env));
 }
 
 /** `gpulayer job list | head`: a reader that went away is not an error. */

@@ -14,8 +14,19 @@ import { homeLayout } from "./paths.ts";
  *
  *   cache:
  *     max_size: 200G        # gpulayer gc's limit when --max-size is not given
+ *   python: /opt/venv/bin/python   # the worker's Python (GPULAYER_PYTHON)
+ *   installer: auto          # auto | uv | pip (GPULAYER_INSTALLER)
+ *   venv_creator: auto       # auto | uv | venv (GPULAYER_VENV_CREATOR)
+ *   cancel_grace: 10         # seconds between SIGTERM and SIGKILL (GPULAYER_CANCEL_GRACE)
+ *   container:
+ *     engine: docker         # docker | podman (GPULAYER_CONTAINER_ENGINE)
+ *     network: host          # (GPULAYER_CONTAINER_NETWORK)
+ *     options: "--shm-size 8g"   # extra engine options (GPULAYER_CONTAINER_OPTIONS)
+ *   server: http://coord:7070    # (GPULAYER_SERVER)
  */
 const Size = v.union([v.pipe(v.string(), v.check((s) => parseSize(s) !== null, `must be ${SIZE_HINT}`)), v.pipe(v.number(), v.minValue(0, "must be 0 or more"))], `must be ${SIZE_HINT}`);
+
+const Text = v.pipe(v.string("must be a string"), v.minLength(1, "must not be empty"));
 
 export const SettingsSchema = v.strictObject({
   cache: v.optional(
@@ -23,7 +34,40 @@ export const SettingsSchema = v.strictObject({
       max_size: v.optional(Size),
     }),
   ),
+  python: v.optional(Text),
+  installer: v.optional(v.picklist(["auto", "uv", "pip"], "must be auto, uv or pip")),
+  venv_creator: v.optional(v.picklist(["auto", "uv", "venv"], "must be auto, uv or venv")),
+  cancel_grace: v.optional(v.pipe(v.number("must be a number of seconds"), v.minValue(0, "must be 0 or more"))),
+  container: v.optional(
+    v.strictObject({
+      engine: v.optional(v.picklist(["docker", "podman"], "must be docker or podman")),
+      network: v.optional(Text),
+      options: v.optional(v.string("must be a string")),
+    }),
+  ),
+  server: v.optional(Text),
 });
+
+/**
+ * The config file's settings as defaults for their GPULAYER_* variables: a
+ * variable already set wins (flag > variable > file > default), and every
+ * module keeps reading one place, the environment.
+ */
+export function settingsAsEnvDefaults(settings: Settings, env: NodeJS.ProcessEnv): Record<string, string> {
+  const pairs: [string, string | number | undefined][] = [
+    ["GPULAYER_PYTHON", settings.python],
+    ["GPULAYER_INSTALLER", settings.installer],
+    ["GPULAYER_VENV_CREATOR", settings.venv_creator],
+    ["GPULAYER_CANCEL_GRACE", settings.cancel_grace],
+    ["GPULAYER_CONTAINER_ENGINE", settings.container?.engine],
+    ["GPULAYER_CONTAINER_NETWORK", settings.container?.network],
+    ["GPULAYER_CONTAINER_OPTIONS", settings.container?.options],
+    ["GPULAYER_SERVER", settings.server],
+  ];
+  const defaults: Record<string, string> = {};
+  for (const [name, value] of pairs) if (value !== undefined && !env[name]) defaults[name] = String(value);
+  return defaults;
+}
 
 export type Settings = v.InferOutput<typeof SettingsSchema>;
 
