@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 
@@ -44,10 +44,14 @@ const env = () => ({ ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN });
 const gpl = (args: string[]) => cli(args, { env: env(), cwd: box.root });
 const json = <T = any>(text: string): T => JSON.parse(text) as T;
 
-async function startWorker(name: string): Promise<void> {
-  const home = join(box.root, `home-${name}`);
-  workers.set(name, keep(startCli(["join", url, "--token", TOKEN, "--name", name, "--python", "python3"], { env: { ...box.env, ...FAST, GPULAYER_HOME: home } })));
-  await waitFor(`worker ${name}`, async () => json<any[]>((await gpl(["workers", "--json"])).stdout).some((w) => w.name === name));
+const homeOf = (name: string) => join(box.root, `home-${name}`);
+const joinArgs = (name: string, extra: string[] = []) => ["join", url, "--token", TOKEN, "--name", name, "--python", "python3", ...extra];
+
+/** Start `gpulayer join` and wait until it has joined (its own log says so). */
+async function startWorker(name: string, extra: string[] = []): Promise<void> {
+  const w = keep(startCli(joinArgs(name, extra), { env: { ...box.env, ...FAST, GPULAYER_HOME: homeOf(name) } }));
+  workers.set(name, w);
+  await waitFor(`worker ${name}`, () => w.out().includes(`as ${name}`));
 }
 
 /** Every attempt's shell records its pid: killed at the end, since a SIGKILLed worker leaves its job's process group behind. */
@@ -144,5 +148,104 @@ describe("a worker that is stopped", () => {
     expect(client.out()).toContain(`re-queued: worker ${first} left`);
     const all = json<any[]>((await gpl(["workers", "--all", "--json"])).stdout);
     expect(all.find((x) => x.name === first).state).toBe("left");
+  }, T);
+});
+
+describe("a worker started again", () => {
+  // A folder of its own: box.root holds the workers' homes by now, too big a bundle to send around.
+  const small = join(box.root, "small");
+  mkdirSync(small, { recursive: true });
+  const mine = async () => json<any[]>((await gpl(["workers", "--all", "--json"])).stdout).filter((w) => w.name === "wr");
+  const identityFiles = () => {
+    const dir = join(homeOf("wr"), "cluster", "identity");
+    return readdirSync(dir).map((f) => join(dir, f));
+  };
+
+  test("killed with SIGKILL and started again on the same home: the same worker, idle, no lost duplicate; its job re-queued", async () => {
+    await startWorker("wr", ["--label", "restart=yes"]);
+    const [before] = await mine();
+    expect(before.state).toBe("idle");
+    // The id and credential are kept in the worker's home, readable by its owner only, and never printed.
+    const [file, ...more] = identityFiles();
+    expect(more).toEqual([]);
+    expect(statSync(file!).mode & 0o777).toBe(0o600);
+    expect(statSync(join(file!, "..")).mode & 0o777).toBe(0o700);
+    const saved = json(readFileSync(file!, "utf8"));
+    expect(saved).toMatchObject({ server: url, name: "wr", id: before.id });
+    expect(saved.credential).toStartWith("gplw_");
+
+    const marker = join(box.root, "restart-ran-once");
+    const client = keep(startCli(["job", "run", "--label", "restart=yes", "--", "sh", "-c", `echo $$ >> ${pids}; if [ -e ${marker} ]; then echo second-run; else touch ${marker}; echo first-run; sleep 30; fi`], { env: env(), cwd: small }));
+    expect(await runningOn()).toBe("wr");
+    await waitFor("the first output", () => client.out().includes("first-run"));
+    workers.get("wr")!.proc.kill("SIGKILL");
+    await startWorker("wr", ["--label", "restart=yes"]);
+    expect(workers.get("wr")!.out()).toContain(`joined ${url} as wr again (the same worker, ${before.id})`);
+
+    expect(await client.proc.exited).toBe(0);
+    expect(client.out()).toContain("second-run");
+    // Re-queued when it came back (or, had it taken longer, when it was declared lost), as for any lost worker.
+    expect(client.out()).toMatch(/re-queued: worker wr (restarted|lost)/);
+    const [j] = json<any[]>((await gpl(["job", "list", "--json", "--limit", "1"])).stdout);
+    expect(j).toMatchObject({ state: "succeeded", worker: "wr", attempts: 2 });
+
+    const after = await waitFor("wr idle", async () => {
+      const ws = await mine();
+      return ws.length === 1 && ws[0].state === "idle" && ws;
+    });
+    expect(after[0].id).toBe(before.id);
+    const now = json(readFileSync(file!, "utf8"));
+    expect(now.id).toBe(before.id);
+    // A new credential each time it registers: the old process's, had it survived, would no longer work.
+    expect(now.credential).not.toBe(saved.credential);
+    for (const p of procs) {
+      expect(p.out()).not.toContain(saved.credential);
+      expect(p.out()).not.toContain(now.credential);
+    }
+  }, T);
+
+  test("a second join with the same name and home while the first runs is refused; the first keeps its worker", async () => {
+    const [before] = await mine();
+    const second = await cli(joinArgs("wr", ["--label", "restart=yes"]), { env: { ...box.env, ...FAST, GPULAYER_HOME: homeOf("wr") } });
+    expect(second.code).toBe(1);
+    expect(second.stderr).toContain("worker wr is already running");
+    expect(second.stderr).toContain("stop it first");
+    const ws = await mine();
+    expect(ws).toHaveLength(1);
+    expect(ws[0]).toMatchObject({ id: before.id, state: "idle" });
+    const r = await cli(["job", "run", "--label", "restart=yes", "--", "echo", "still-here"], { env: env(), cwd: small });
+    expect(r.code).toBe(0);
+    expect(r.stdout).toBe("still-here\n");
+    expect(workers.get("wr")!.out()).not.toContain("taken over");
+  }, T);
+
+  test("a first process frozen long enough to count as gone is taken over; when it wakes it stops instead of polling too", async () => {
+    const [before] = await mine();
+    const first = workers.get("wr")!;
+    first.proc.kill("SIGSTOP");
+    await Bun.sleep(1200);
+    await startWorker("wr", ["--label", "restart=yes"]);
+    first.proc.kill("SIGCONT");
+    expect(await first.proc.exited).toBe(1);
+    expect(first.out()).toContain("worker wr was taken over by another gpulayer join with the same name and GPULAYER_HOME");
+    const ws = await mine();
+    expect(ws).toHaveLength(1);
+    expect(ws[0]).toMatchObject({ id: before.id, state: "idle" });
+    const r = await cli(["job", "run", "--label", "restart=yes", "--", "echo", "on the new one"], { env: env(), cwd: small });
+    expect(r.stdout).toBe("on the new one\n");
+  }, T);
+
+  test("an identity the server does not know (its state was wiped) joins as a new worker", async () => {
+    const { saveIdentity } = await import("../src/worker/identity.ts");
+    const layout = { root: homeOf("wn") } as Parameters<typeof saveIdentity>[0];
+    const file = saveIdentity(layout, { server: url, name: "wn", id: "0123456789ab", credential: "gplw_not-a-credential-this-server-gave" });
+    await startWorker("wn");
+    expect(workers.get("wn")!.out()).not.toContain("again");
+    const ws = json<any[]>((await gpl(["workers", "--json"])).stdout).filter((w) => w.name === "wn");
+    expect(ws).toHaveLength(1);
+    const saved = json(readFileSync(file, "utf8"));
+    expect(saved.id).toBe(ws[0].id);
+    expect(saved.id).not.toBe("0123456789ab");
+    expect(saved.credential).not.toContain("not-a-credential");
   }, T);
 });

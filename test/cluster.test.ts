@@ -1,6 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { homeLayout } from "../src/config/paths.ts";
+import { JobStore } from "../src/jobs/store.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, run, sandbox, startCli } from "./helpers.ts";
 
@@ -188,6 +190,32 @@ describe("matching", () => {
     expect(tooMany.stderr).toContain("w3: has 2 GPUs, the job needs 3");
     const image = await gpl(["job", "run", "--image", "busybox", "--", "true"]);
     expect(image.stderr).toContain("no working container engine");
+  }, T);
+
+  test("job run --gpus N overrides resources.gpus, remotely (matching, GPUs given) and locally", async () => {
+    const file = await jobFile(join(boxes.client.root, "gpuflag"), `command: echo "visible=$CUDA_VISIBLE_DEVICES"\nresources: {gpus: 1}\n`);
+    const two = await gpl(["job", "run", "--gpus", "2", "--json", "-f", file]);
+    const s = json(two.stdout);
+    expect([two.code, s.worker, s.events.find((e: any) => e.type === "job.assigned").data.gpus]).toEqual([0, "w3", [0, 1]]);
+    expect(two.stderr).toContain("visible=GPU-aaaa-1111,GPU-bbbb-2222\n");
+    // --gpus 0 over the file's 1: none of w3's GPUs are visible.
+    expect((await gpl(["job", "run", "--gpus", "0", "--label", "zone=b", "-f", file])).stdout).toBe("visible=\n");
+    // Two one-GPU jobs at once on the two-GPU worker: one GPU each, each job given to a worker once.
+    const cmd = ["job", "run", "--gpus", "1", "--", "sh", "-c", 'sleep 1; echo "$CUDA_VISIBLE_DEVICES"'];
+    const pair = await Promise.all([gpl(cmd), gpl(cmd)]);
+    expect(pair.map((r) => r.stdout.trim()).sort()).toEqual(["GPU-aaaa-1111", "GPU-bbbb-2222"]);
+    for (const r of pair) expect(r.stderr).toContain("assigned to worker w3");
+    for (const j of json<any[]>((await gpl(["job", "list", "--json", "--limit", "2"])).stdout)) expect(j.attempts).toBe(1);
+    const tooMany = await gpl(["job", "run", "--gpus", "3", "--", "true"]);
+    expect(tooMany.stderr).toContain("no worker can run it: w1: has 0 GPUs, the job needs 3");
+    expect(tooMany.stderr).toContain("w3: has 2 GPUs, the job needs 3");
+    const bad = await gpl(["job", "run", "--gpus", "two", "--", "true"]);
+    expect([bad.code, bad.stderr]).toEqual([2, expect.stringContaining("--gpus two: expected a whole number of GPUs")]);
+    // Locally: the job's spec carries it (what a container job's --gpus is made from).
+    const local = await cli(["job", "run", "--gpus", "1", "--json", "-f", file], { env: boxes.client.env });
+    const store = new JobStore(homeLayout(boxes.client.home));
+    expect(store.get(json(local.stdout).id)!.spec.resources.gpus).toBe(1);
+    store.close();
   }, T);
 });
 

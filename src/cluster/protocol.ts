@@ -102,6 +102,8 @@ export interface RegisterResponse {
   name: string;
   credential: string;
   heartbeat_seconds: number;
+  /** Taken back as the worker it was (it presented a credential the server knows). */
+  resumed?: boolean;
 }
 
 export interface TaskEventIn {

@@ -34,19 +34,28 @@ export interface UploadHooks {
 
 /**
  * POST a submission that names a bundle. The server answers 409
- * bundle_missing when it lacks it: only then is it uploaded (once per
- * content), and the submission sent again. A refusal (422) comes before any
- * upload.
+ * bundle_missing when it lacks it (never had it, or removed it since, unused):
+ * only then is it uploaded (once per content), and the submission sent again.
+ * A refusal (422) comes before any upload.
  */
 export async function postWithBundle<T>(client: ClusterClient, path: string, body: Record<string, unknown>, pack: PackResult | null, hooks: UploadHooks = {}): Promise<T> {
+  const missing = (error: unknown) => pack && error instanceof HttpError && error.status === 409 && error.body.error === "bundle_missing";
   try {
     const r = await client.json<T>("POST", path, body);
     if (pack) hooks.onAlreadyThere?.(pack);
     return r;
   } catch (error) {
-    if (!(pack && error instanceof HttpError && error.status === 409 && error.body.error === "bundle_missing")) throw error;
+    if (!missing(error)) throw error;
   }
-  hooks.onUpload?.(pack);
-  await client.request("PUT", `/v1/bundles/${pack.hash}`, readFileSync(pack.file));
-  return client.json<T>("POST", path, body);
+  hooks.onUpload?.(pack!);
+  const data = readFileSync(pack!.file);
+  // The server's cleanup can run between the upload and the submission (with GPULAYER_BUNDLE_RETENTION=0): once more then.
+  for (let attempt = 1; ; attempt++) {
+    await client.request("PUT", `/v1/bundles/${pack!.hash}`, data);
+    try {
+      return await client.json<T>("POST", path, body);
+    } catch (error) {
+      if (!missing(error) || attempt >= 2) throw error;
+    }
+  }
 }

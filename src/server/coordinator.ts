@@ -1,5 +1,6 @@
-import type { FinishRequest, MachineProbe, PollResponse, RegisterResponse, TaskAssignment, TaskEventIn } from "../cluster/protocol.ts";
+import type { FinishRequest, PollResponse, RegisterResponse, TaskAssignment, TaskEventIn } from "../cluster/protocol.ts";
 import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
+import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
 
 /**
@@ -61,7 +62,7 @@ export class Coordinator {
   constructor(
     readonly store: ServerStore,
     readonly opts: CoordinatorOptions,
-    private readonly log: (message: string) => void = () => {},
+    readonly log: (message: string) => void = () => {},
   ) {
     this.sweeper = setInterval(() => this.sweep(), Math.min(1000, Math.max(100, (opts.lostSeconds * 1000) / 4)));
   }
@@ -76,19 +77,9 @@ export class Coordinator {
 
   // Workers
 
-  register(body: { name: string; labels: Record<string, string>; slots: number; probe: MachineProbe }): RegisterResponse {
-    for (const old of this.store.workers({ present: true }).filter((w) => w.name === body.name)) {
-      // The same machine back (restarted): the old registration is gone for good. Another machine: refuse.
-      if (old.probe.hostname !== body.probe.hostname) throw new HttpFail(409, `a worker named ${body.name} is already connected from ${old.probe.hostname}; give this one another --name`);
-      this.markLost(old, `worker ${old.name} registered again`);
-    }
-    const id = newId(6);
-    const credential = `gplw_${newId(24)}`;
-    const now = Date.now();
-    this.store.addWorker({ id, name: body.name, labels: body.labels, probe: body.probe, slots: body.slots, state: "idle", registered: now, lastSeen: now }, sha256(credential));
-    this.log(`worker ${body.name} joined (${body.probe.hostname}, ${body.probe.gpus.length} GPU(s), labels ${Object.entries(body.labels).map(([k, v]) => `${k}=${v}`).join(",") || "-"})`);
-    this.dispatch();
-    return { id, name: body.name, credential, heartbeat_seconds: this.opts.heartbeatSeconds };
+  /** A worker joins, or one that has been here before comes back with its saved credential (see register.ts). */
+  register(body: RegisterBody): RegisterResponse {
+    return registerWorker(this, body);
   }
 
   /** A request from a worker: it is alive. A lost or departed one is told so (409) and must register again. */
@@ -103,11 +94,13 @@ export class Coordinator {
     return { cancel: this.store.activeTasks(w.id).filter((t) => t.cancel).map((t) => t.id) };
   }
 
-  async poll(w: WorkerRow, waitMs: number, signal?: AbortSignal): Promise<PollResponse> {
+  /** Waits for work; `secretHash` is the credential it came with, which a restarted worker replaces (the old process's poll then ends with 401). */
+  async poll(w: WorkerRow, waitMs: number, signal?: AbortSignal, secretHash?: string): Promise<PollResponse> {
     const deadline = Date.now() + waitMs;
     for (;;) {
       // A poll cut off (the worker died) is no sign of life.
       if (signal?.aborted) return { tasks: [], cancel: [] };
+      if (secretHash && this.store.workerBySecret(secretHash)?.id !== w.id) throw new HttpFail(401, "unauthorized");
       this.seen(this.store.worker(w.id)!);
       const active = this.store.activeTasks(w.id);
       const tasks = active.filter((t) => !t.delivered);
@@ -157,7 +150,7 @@ export class Coordinator {
   }
 
   /** A task its worker no longer runs: a job goes back to the queue (a lost attempt counts), a prepare fails. */
-  private releaseTask(t: TaskRow, reason: string, lost: boolean): void {
+  releaseTask(t: TaskRow, reason: string, lost: boolean): void {
     this.store.updateTask(t.id, { state: lost ? "lost" : "handed_back" });
     if (t.kind === "prepare") {
       this.store.updateTask(t.id, { result: { status: "failed", seconds: (Date.now() - t.created) / 1000, message: reason } });

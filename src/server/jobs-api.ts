@@ -21,8 +21,8 @@ export class JobsApi {
     if (!workers.length) throw new HttpFail(422, `job refused: ${NO_WORKERS}`);
     const needs = jobNeeds(body.spec, body.labels);
     if (workers.every((w) => neverReason(needs, w))) throw new HttpFail(422, `job refused: no worker can run it: ${reasons(workers, (w) => neverReason(needs, w))}`);
-    if (body.bundle && !this.store.hasBundle(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
-    if (body.bundle) this.store.touchBundle(body.bundle);
+    if (body.bundle && !this.store.bundles.has(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
+    if (body.bundle) this.store.bundles.touch(body.bundle);
     const id = newId(8);
     this.store.addJob({ id, name: body.spec.name, spec: body.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir });
     this.store.event(id, "job.submitted", { name: body.spec.name, command: body.spec.commandText, labels: body.labels });
@@ -122,7 +122,8 @@ export class JobsApi {
     const why = (w: WorkerRow) => (w.state === "draining" ? "draining" : null) ?? labelsMatch(body.labels, w.labels) ?? (body.request.image ? (w.probe.engine ? null : "no working container engine") : null);
     const chosen = workers.filter((w) => !why(w));
     if (!chosen.length) throw new HttpFail(422, `prepare refused: no worker matches: ${reasons(workers, why)}`);
-    if (body.bundle && !this.store.hasBundle(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
+    if (body.bundle && !this.store.bundles.has(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
+    if (body.bundle) this.store.bundles.touch(body.bundle);
     const id = newId(8);
     for (const w of chosen) {
       this.store.addTask({ id: newId(8), kind: "prepare", jobId: null, groupId: id, workerId: w.id, attempt: 1, gpus: [], prepare: body.request, bundle: body.bundle });

@@ -15,7 +15,7 @@ import type { WorkerRow } from "./store.ts";
  * wrong one gets a bare 401 before anything else is looked at.
  */
 
-type Caller = { role: "admin" } | { role: "worker"; worker: WorkerRow };
+type Caller = { role: "admin" } | { role: "worker"; worker: WorkerRow; secretHash: string };
 
 export interface RouteContext {
   coord: Coordinator;
@@ -38,8 +38,9 @@ function authenticate(req: Request, ctx: RouteContext): Caller | null {
   const m = /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "");
   if (!m) return null;
   if (tokenEquals(m[1]!, ctx.token)) return { role: "admin" };
-  const worker = ctx.coord.store.workerBySecret(sha256(m[1]!));
-  return worker ? { role: "worker", worker } : null;
+  const secretHash = sha256(m[1]!);
+  const worker = ctx.coord.store.workerBySecret(secretHash);
+  return worker ? { role: "worker", worker, secretHash } : null;
 }
 
 /** The body, refused (413) past the limit, counted as it arrives rather than trusted from Content-Length. */
@@ -81,11 +82,11 @@ function workerView(ctx: RouteContext): WorkerView[] {
 }
 
 async function putBundle(req: Request, ctx: RouteContext, hash: string): Promise<Response> {
-  const store = ctx.coord.store;
-  if (store.hasBundle(hash)) return reply({ hash, stored: false });
+  const store = ctx.coord.store.bundles;
+  if (store.has(hash)) return reply({ hash, stored: false });
   const data = await readBody(req, ctx.limits.maxBytes);
   if (sha256Bytes(data) !== hash) throw new HttpFail(400, "bundle refused: its content does not match its hash");
-  const tmp = `${store.bundlePath(hash)}.${process.pid}.${Date.now()}.tmp`;
+  const tmp = `${store.path(hash)}.${process.pid}.${Date.now()}.tmp`;
   writeFileSync(tmp, data);
   try {
     inspectBundle(tmp, ctx.limits);
@@ -94,8 +95,8 @@ async function putBundle(req: Request, ctx: RouteContext, hash: string): Promise
     if (error instanceof BundleError) throw new HttpFail(400, error.message);
     throw error;
   }
-  renameSync(tmp, store.bundlePath(hash));
-  store.addBundle(hash, data.length);
+  renameSync(tmp, store.path(hash));
+  store.add(hash, data.length);
   return reply({ hash, stored: true }, 201);
 }
 
@@ -127,7 +128,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
     if (!id && method === "GET") return needAdmin(), reply(workerView(ctx));
     if (id === "register" && method === "POST") return needAdmin(), reply(coord.register(await jsonBody(req, ctx, S.RegisterSchema)), 201);
     if (id && action === "heartbeat" && method === "POST") return reply(coord.heartbeat(asWorker(id), await jsonBody(req, ctx, S.HeartbeatSchema)));
-    if (id && action === "tasks" && method === "GET") return reply(await coord.poll(asWorker(id), waitMs(url), req.signal));
+    if (id && action === "tasks" && method === "GET") return reply(await coord.poll(asWorker(id), waitMs(url), req.signal, caller.role === "worker" ? caller.secretHash : undefined));
     if (id && action === "leave" && method === "POST") return coord.leave(asWorker(id), (await jsonBody(req, ctx, S.LeaveSchema)).final), reply({ ok: true });
   }
   if (kind === "tasks" && id) {
@@ -139,9 +140,9 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   }
   if (kind === "bundles" && id) {
     if (!isBundleHash(id)) throw new HttpFail(400, "not a bundle hash");
-    const path = coord.store.bundlePath(id);
-    if (method === "HEAD") return new Response(null, { status: coord.store.hasBundle(id) ? 200 : 404 });
-    if (method === "GET") return coord.store.hasBundle(id) ? new Response(Bun.file(path)) : reply({ error: "no such bundle" }, 404);
+    const bundles = coord.store.bundles;
+    if (method === "HEAD") return new Response(null, { status: bundles.has(id) ? 200 : 404 });
+    if (method === "GET") return bundles.has(id) ? (bundles.touch(id), new Response(Bun.file(bundles.path(id)))) : reply({ error: "no such bundle" }, 404);
     if (method === "PUT") return needAdmin(), await putBundle(req, ctx, id);
   }
   if (kind === "jobs") {

@@ -83,6 +83,8 @@ export const RegisterSchema = v.strictObject({
     engine: v.nullable(v.picklist(["docker", "podman"])),
     probeMs: v.number(),
   }),
+  /** The id and credential it was given before (kept in its home): the same worker, back. */
+  resume: v.optional(v.strictObject({ id: v.pipe(v.string(), v.maxLength(100)), credential: v.pipe(v.string(), v.maxLength(200)) })),
 });
 
 export const HeartbeatSchema = v.object({

@@ -2,6 +2,7 @@ import { Database } from "bun:sqlite";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { MachineProbe, PrepareRequestPayload, PrepareTaskResult, RemoteSpec, WorkerState } from "../cluster/protocol.ts";
+import { BundleStore } from "./bundles.ts";
 
 /**
  * The coordinator's state in one bun:sqlite file in its home: workers, jobs,
@@ -83,6 +84,7 @@ CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, kind TEXT NOT NULL, job_i
   cancel_sent INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, updated REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS tasks_worker ON tasks(worker_id, state);
 CREATE INDEX IF NOT EXISTS tasks_group ON tasks(group_id);
+CREATE INDEX IF NOT EXISTS tasks_job ON tasks(job_id, state);
 CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, ts REAL NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, seq);
 CREATE TABLE IF NOT EXISTS logs (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, start INTEGER NOT NULL, stream INTEGER NOT NULL, data BLOB NOT NULL);
@@ -155,17 +157,16 @@ export const newId = (n = 8) => Buffer.from(crypto.getRandomValues(new Uint8Arra
 
 export class ServerStore {
   readonly db: Database;
-  readonly bundlesDir: string;
+  readonly bundles: BundleStore;
 
   constructor(readonly dir: string) {
     mkdirSync(dir, { recursive: true, mode: 0o700 });
-    this.bundlesDir = join(dir, "bundles");
-    mkdirSync(this.bundlesDir, { recursive: true });
     this.db = new Database(join(dir, "server.db"), { create: true });
     this.db.exec("PRAGMA busy_timeout = 10000");
     this.db.exec("PRAGMA journal_mode = WAL");
     this.db.exec("PRAGMA synchronous = NORMAL");
     this.db.exec(SCHEMA);
+    this.bundles = new BundleStore(this.db, dir);
   }
 
   private update(table: string, columns: Record<string, string>, id: string, fields: Record<string, unknown>, touch: boolean): void {
@@ -193,6 +194,10 @@ export class ServerStore {
     const r = this.db.query<Row, [string]>("SELECT * FROM workers WHERE secret = ?").get(secretHash);
     return r ? toWorker(r) : null;
   }
+  /** A worker's credential is replaced when it registers again (the one it had stops working). */
+  setWorkerSecret(id: string, secretHash: string): void {
+    this.db.query("UPDATE workers SET secret = ? WHERE id = ?").run(secretHash, id);
+  }
   workers(opts: { present?: boolean } = {}): WorkerRow[] {
     const where = opts.present ? "WHERE state NOT IN ('lost', 'left')" : "";
     return this.db.query<Row, []>(`SELECT * FROM workers ${where} ORDER BY name, registered`).all().map(toWorker);
@@ -216,8 +221,9 @@ export class ServerStore {
   jobs(limit: number): JobRow[] {
     return this.db.query<Row, [number]>("SELECT * FROM jobs ORDER BY created DESC LIMIT ?").all(limit).map(toJob);
   }
+  /** Queued and not yet given to a worker (an assigned job stays "queued" until its worker starts preparing it). */
   queuedJobs(): JobRow[] {
-    return this.db.query<Row, []>("SELECT * FROM jobs WHERE state = 'queued' ORDER BY created").all().map(toJob);
+    return this.db.query<Row, []>("SELECT * FROM jobs WHERE state = 'queued' AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id AND tasks.state IN ('assigned', 'running')) ORDER BY created").all().map(toJob);
   }
   updateJob(id: string, fields: Partial<Pick<JobRow, "state" | "exitCode" | "error" | "envKey" | "workerId" | "attempts" | "waiting" | "cancelRequested">>): void {
     this.update("jobs", JOB_COLUMNS, id, fields, true);
@@ -285,21 +291,6 @@ export class ServerStore {
 
   readLog(jobId: string, offset: number, max?: number): Uint8Array {
     return Buffer.concat(this.readChunks(jobId, offset, max).map((c) => c.data));
-  }
-
-  // Bundles
-  bundlePath(hash: string): string {
-    return join(this.bundlesDir, `${hash}.tar.gz`);
-  }
-  hasBundle(hash: string): boolean {
-    return Boolean(this.db.query<Row, [string]>("SELECT hash FROM bundles WHERE hash = ?").get(hash));
-  }
-  addBundle(hash: string, bytes: number): void {
-    const now = Date.now();
-    this.db.query("INSERT OR REPLACE INTO bundles (hash, bytes, created, last_used) VALUES (?, ?, ?, ?)").run(hash, bytes, now, now);
-  }
-  touchBundle(hash: string): void {
-    this.db.query("UPDATE bundles SET last_used = ? WHERE hash = ?").run(Date.now(), hash);
   }
 
   close(): void {

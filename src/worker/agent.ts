@@ -4,10 +4,12 @@ import type { HomeLayout } from "../config/paths.ts";
 import { UserError } from "../errors.ts";
 import { sleep } from "../env/lock.ts";
 import { cancelGraceMs } from "../jobs/runner.ts";
+import { loadIdentity, saveIdentity } from "./identity.ts";
 import { startJobTask, startPrepareTask, type TaskHandle, type WorkerContext } from "./tasks.ts";
 
 /**
- * The worker's loop (`gpulayer join URL`): register with the probe, beat,
+ * The worker's loop (`gpulayer join URL`): register with the probe (as the
+ * worker it was, when its home keeps an identity from this server), beat,
  * long-poll for tasks and run them; on the first SIGINT/SIGTERM take no more
  * work and let what runs finish (up to the drain time), then hand back what
  * is left and leave; a second signal hands back at once.
@@ -43,6 +45,7 @@ export class Agent {
   private wake: (() => void) | null = null;
   private client: ClusterClient | null = null;
   private workerId = "";
+  private credential = "";
   private heartbeatMs = 2000;
   private left = false;
   private beatWake: (() => void) | null = null;
@@ -67,16 +70,30 @@ export class Agent {
 
   private async register(): Promise<void> {
     const admin = new ClusterClient(this.opts.url, this.opts.token);
+    const { url, name, layout } = this.opts;
     let delay = 1000;
+    let waitedForOld = false;
     for (;;) {
+      const saved = loadIdentity(layout, url, name);
       try {
-        const r = await admin.json<RegisterResponse>("POST", "/v1/workers/register", { name: this.opts.name, labels: this.opts.labels, slots: this.opts.slots, probe: this.opts.probe });
+        const body = { name, labels: this.opts.labels, slots: this.opts.slots, probe: this.opts.probe, ...(saved ? { resume: { id: saved.id, credential: saved.credential } } : {}) };
+        const r = await admin.json<RegisterResponse>("POST", "/v1/workers/register", body);
+        saveIdentity(layout, { server: url, name: r.name, id: r.id, credential: r.credential });
         this.workerId = r.id;
-        this.client = new ClusterClient(this.opts.url, r.credential);
+        this.credential = r.credential;
+        this.client = new ClusterClient(url, r.credential);
         this.heartbeatMs = (seconds(this.opts.env, "GPULAYER_HEARTBEAT_SECONDS") ?? r.heartbeat_seconds) * 1000;
-        this.log(`joined ${this.opts.url} as ${r.name}; waiting for work`);
+        this.log(`joined ${url} as ${r.name}${r.resumed ? ` again (the same worker, ${r.id})` : ""}; waiting for work`);
         return;
       } catch (error) {
+        // Heard from moments ago: a process that has just died (restarted after a crash) or one still running. Ask once more when it would count as gone.
+        const retryAfter = error instanceof HttpError && error.status === 409 ? Number(error.body.retry_after) : Number.NaN;
+        if (!waitedForOld && !this.stopping && Number.isFinite(retryAfter)) {
+          waitedForOld = true;
+          this.log(`the server heard from a worker ${name} moments ago; asking again in ${retryAfter.toFixed(1)} s, in case that process has just stopped`);
+          await sleep(retryAfter * 1000 + 300);
+          continue;
+        }
         // A wrong token or a taken name will not fix itself; a server that is not up yet may.
         if (error instanceof HttpError || this.stopping) throw error;
         this.log(`${(error as Error).message}; retrying in ${delay / 1000} s`);
@@ -115,10 +132,10 @@ export class Agent {
     return this.opts.probe.gpus.map((g) => g.index).filter((i) => !used.has(i));
   }
 
-  /** Lost (the server stopped hearing us): what runs here now runs elsewhere; stop it and join again. */
-  private rejoin(): Promise<void> {
+  /** Lost (the server stopped hearing us), or forgotten: what runs here now runs elsewhere; stop it and join again. */
+  private rejoin(why = "the server declared this worker lost"): Promise<void> {
     this.rejoining ??= (async () => {
-      this.log("the server declared this worker lost; stopping its tasks and joining again");
+      this.log(`${why}; stopping its tasks and joining again`);
       for (const t of this.tasks.values()) void t.handBack("worker declared lost");
       await this.register();
     })().finally(() => {
@@ -150,31 +167,57 @@ export class Agent {
       } catch (error) {
         if (this.left) return;
         if (error instanceof HttpError && error.status === 409 && !this.stopping) await this.rejoin().catch((e) => this.log(`joining again failed: ${(e as Error).message}`));
-        else if (!failing) this.log(`heartbeat failed: ${(error as Error).message}`);
+        // A refused credential is the poll loop's to deal with.
+        else if (!failing && !(error instanceof HttpError && error.status === 401)) this.log(`heartbeat failed: ${(error as Error).message}`);
         failing = true;
       }
     }
   }
 
+  /**
+   * The server no longer takes our credential. Another `gpulayer join` on
+   * this home took the worker over (the saved credential is no longer ours):
+   * stop. Else the server forgot us (its state was wiped): join again.
+   */
+  private async credentialRefused(): Promise<void> {
+    const saved = loadIdentity(this.opts.layout, this.opts.url, this.opts.name);
+    if (saved && saved.credential !== this.credential) {
+      const stopping = Promise.all([...this.tasks.values()].map((t) => t.handBack("worker taken over by another process")));
+      await Promise.race([stopping, nap(cancelGraceMs(this.opts.env) + 5000)]);
+      throw new UserError(`worker ${this.opts.name} was taken over by another gpulayer join with the same name and GPULAYER_HOME (${this.opts.layout.root}); this one stops`);
+    }
+    await this.rejoin("the server no longer knows this worker (was its state wiped?)");
+  }
+
   async run(): Promise<void> {
     await this.register();
     const beats = this.heartbeats();
-    while (!this.stopping) {
-      try {
-        const r = await this.client!.json<PollResponse>("GET", `/v1/workers/${this.workerId}/tasks?wait=25`, undefined, { signal: this.pollAbort.signal });
-        this.cancel(r.cancel);
-        for (const t of r.tasks) this.start(t);
-      } catch (error) {
-        if (this.stopping) break;
-        if (error instanceof HttpError && error.status === 409) await this.rejoin();
-        else if (error instanceof HttpError && error.status === 401) throw new UserError(`the server no longer accepts this worker's credential: ${error.message}`);
-        else {
-          this.log(`waiting for work failed: ${(error as Error).message}; retrying`);
-          await sleep(1000);
+    try {
+      while (!this.stopping) {
+        const credential = this.credential;
+        try {
+          const r = await this.client!.json<PollResponse>("GET", `/v1/workers/${this.workerId}/tasks?wait=25`, undefined, { signal: this.pollAbort.signal });
+          this.cancel(r.cancel);
+          for (const t of r.tasks) this.start(t);
+        } catch (error) {
+          if (this.stopping) break;
+          // Joining again (lost) gives a new credential: whatever a poll sent with the old one got is stale; poll again.
+          if (this.rejoining) await this.rejoining.catch(() => {});
+          if (credential !== this.credential) continue;
+          if (error instanceof HttpError && error.status === 409) await this.rejoin();
+          else if (error instanceof HttpError && error.status === 401) await this.credentialRefused();
+          else {
+            this.log(`waiting for work failed: ${(error as Error).message}; retrying`);
+            await sleep(1000);
+          }
         }
       }
+      await this.leave();
+    } finally {
+      // Also when giving up: no heartbeat keeps the process alive.
+      this.left = true;
+      this.beatWake?.();
     }
-    await this.leave();
     await beats.catch(() => {});
   }
 

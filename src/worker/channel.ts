@@ -12,7 +12,8 @@ const MAX_OUTPUT_POST = 1024 * 1024;
  * happened: one request at a time, and whatever piled up meanwhile goes in the
  * next one (so a chatty job costs few requests, and a quiet one's first line
  * leaves at once). Network trouble is retried; a 409 means the server took the
- * task back (its worker was declared lost), and the task is stopped.
+ * task back (its worker was declared lost), and the task is stopped, as it is
+ * on a 401 (the worker's credential was replaced).
  */
 export class TaskChannel {
   private queue: Item[] = [];
@@ -80,11 +81,13 @@ export class TaskChannel {
         return true;
       } catch (error) {
         if (error instanceof HttpError) {
-          if (error.status === 409 && !this.muted) {
+          // 409: the server took the task back. 401: this worker's credential was replaced (it joined again); the agent deals with that.
+          const revoked = error.status === 409 || error.status === 401;
+          if (revoked && !this.muted) {
             this.muted = true;
             this.queue = [];
             this.onRevoked(error.message);
-          } else if (error.status !== 409) this.log(`task ${this.taskId}: the server refused ${path.split("/").pop()}: ${error.message}`);
+          } else if (!revoked) this.log(`task ${this.taskId}: the server refused ${path.split("/").pop()}: ${error.message}`);
           return false;
         }
         if (Date.now() > deadline) {

@@ -12,6 +12,11 @@ import { afterDoubleDash, installerArgs, labelArgs, outputArgs, rejectUnknownFla
 import { imageHooks } from "../_image-ui.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
 
+function parseGpus(value: string): number {
+  if (!/^\d{1,4}$/.test(value.trim())) throw new UsageError(`--gpus ${value}: expected a whole number of GPUs (0 or more)`);
+  return Number(value.trim());
+}
+
 const args = {
   file: { type: "string", alias: "f", valueHint: "JOB_FILE", description: "A job file (YAML or JSON): command, workdir, env, environment, resources" },
   requirements: { type: "string", alias: "r", valueHint: "REQ_FILE", description: "Requirements file for the job's environment (overrides the file's)" },
@@ -21,6 +26,7 @@ const args = {
   env: { type: "string", alias: "e", valueHint: "K=V", description: "An environment variable for the job (repeatable)" },
   image: { type: "string", valueHint: "REF", description: "Run in this container image" },
   name: { type: "string", description: "A name for the job" },
+  gpus: { type: "string", valueHint: "N", description: "GPUs the job needs (overrides resources.gpus); with a server, only a worker with N free GPUs takes it" },
   detach: { type: "boolean", alias: "d", description: "Start in the background and print the job id" },
   ...serverArgs,
   ...labelArgs,
@@ -55,6 +61,7 @@ export default defineCommand({
         findLinks: repeated(rawArgs, ["--find-links"]),
         command,
         name: a.name,
+        gpus: a.gpus === undefined ? undefined : parseGpus(a.gpus),
       },
       process.cwd(),
     );

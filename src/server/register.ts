@@ -1,0 +1,70 @@
+import type { MachineProbe, RegisterResponse } from "../cluster/protocol.ts";
+import { type Coordinator, HttpFail, sha256 } from "./coordinator.ts";
+import { newId, type WorkerRow } from "./store.ts";
+
+/**
+ * Workers joining. A worker keeps the id and credential it was given in its
+ * home and presents them when it starts again: the server takes it back as
+ * the same worker (new probe, idle, a new credential; what the dead process
+ * ran goes back to the queue) instead of adding a second one. A credential
+ * it does not know (its home was wiped) is a new worker. Two live processes
+ * never hold one worker, nor one name on a host: while the one there still
+ * beats, the newcomer is refused (409) and told when to try again.
+ */
+
+export interface RegisterBody {
+  name: string;
+  labels: Record<string, string>;
+  slots: number;
+  probe: MachineProbe;
+  resume?: { id: string; credential: string };
+}
+
+/** A worker heard from within this window still runs: a few heartbeats, at most the time after which it is lost. */
+export function liveWindowMs(opts: { heartbeatSeconds: number; lostSeconds: number }): number {
+  return Math.min(opts.lostSeconds, 3 * opts.heartbeatSeconds) * 1000;
+}
+
+const ago = (ms: number) => `${(ms / 1000).toFixed(1)} s ago`;
+
+function refuseIfLive(c: Coordinator, w: WorkerRow, now: number, message: (silentMs: number) => string): void {
+  if (w.state === "lost" || w.state === "left") return;
+  const silent = now - w.lastSeen;
+  const window = liveWindowMs(c.opts);
+  if (silent < window) throw new HttpFail(409, message(silent), { live: true, retry_after: Math.ceil(window - silent) / 1000 });
+}
+
+export function registerWorker(c: Coordinator, body: RegisterBody): RegisterResponse {
+  const now = Date.now();
+  const known = body.resume ? c.store.workerBySecret(sha256(body.resume.credential)) : null;
+  const same = known && known.id === body.resume?.id && known.name === body.name ? known : null;
+  if (same) {
+    refuseIfLive(c, same, now, (s) => `worker ${body.name} is already running (the server heard from it ${ago(s)}): another gpulayer join with this name and GPULAYER_HOME is still running; stop it first, or give this one another --name and GPULAYER_HOME`);
+  }
+  for (const old of c.store.workers({ present: true }).filter((w) => w.name === body.name && w.id !== same?.id)) {
+    if (old.probe.hostname !== body.probe.hostname) throw new HttpFail(409, `a worker named ${body.name} is already connected from ${old.probe.hostname}; give this one another --name`);
+    refuseIfLive(c, old, now, (s) => `a worker named ${body.name} is already running on ${old.probe.hostname} (the server heard from it ${ago(s)}); stop it first, or give this one another --name`);
+    // The same machine back without its credential (a wiped home), the old process gone: that registration is over.
+    c.markLost(old, `worker ${old.name} registered again`);
+  }
+  const credential = `gplw_${newId(24)}`;
+  const gpus = body.probe.gpus.map((g) => g.index);
+  const labels = Object.entries(body.labels).map(([k, v]) => `${k}=${v}`).join(",") || "-";
+  let id: string;
+  if (same) {
+    id = same.id;
+    // The process that held these died: what it ran is gone with it.
+    for (const t of c.store.activeTasks(id)) c.releaseTask(t, `worker ${same.name} restarted`, true);
+    c.store.setWorkerSecret(id, sha256(credential));
+    c.store.updateWorker(id, { state: "idle", lastSeen: now, probe: body.probe, labels: body.labels, slots: body.slots, freeGpus: gpus });
+    // A poll still open for the old credential ends now.
+    c.notify.wake(`worker:${id}`);
+    c.log(`worker ${body.name} is back (same worker ${id}, was ${same.state}; ${body.probe.hostname}, ${gpus.length} GPU(s), labels ${labels})`);
+  } else {
+    id = newId(6);
+    c.store.addWorker({ id, name: body.name, labels: body.labels, probe: body.probe, slots: body.slots, state: "idle", registered: now, lastSeen: now }, sha256(credential));
+    c.log(`worker ${body.name} joined (${body.probe.hostname}, ${gpus.length} GPU(s), labels ${labels})`);
+  }
+  c.dispatch();
+  return { id, name: body.name, credential, heartbeat_seconds: c.opts.heartbeatSeconds, resumed: Boolean(same) };
+}
