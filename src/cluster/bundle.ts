@@ -164,13 +164,11 @@ function unsafePath(p: string): string | null {
 }
 
 /**
- * Check every entry of a bundle, writing nothing: absolute paths, `..`,
- * links that point outside (or entries that go through a link), devices and
- * sizes over the limits are refused, with the first offending entry named.
+ * The entry checks of a bundle: absolute paths, `..`, links that point
+ * outside (or entries that go through a link), devices and sizes over the
+ * limits are refused, with the first offending entries named.
  */
-export function inspectBundle(file: string, limits: BundleLimits = bundleLimits()): { entries: number; bytes: number } {
-  const size = statSync(file).size;
-  if (size > limits.maxBytes) throw new BundleError(`bundle refused: ${bytes.format(size)} is over the limit of ${bytes.format(limits.maxBytes)} (GPULAYER_BUNDLE_MAX)`);
+function bundleChecker(limits: BundleLimits) {
   const problems: string[] = [];
   const links = new Set<string>();
   let entries = 0;
@@ -183,50 +181,69 @@ export function inspectBundle(file: string, limits: BundleLimits = bundleLimits(
     for (let i = 1; i < parts.length; i++) if (links.has(parts.slice(0, i).join("/"))) return true;
     return false;
   };
+  const onReadEntry = (entry: tar.ReadEntry) => {
+    entries++;
+    const p = entry.path.replace(/\/+$/, "");
+    total += entry.size ?? 0;
+    const bad = unsafePath(entry.path);
+    if (bad) return refuse(entry.path, bad);
+    if (!SAFE_TYPES.has(entry.type)) return refuse(entry.path, `is a ${entry.type}, not a file, folder or link`);
+    if (throughLink(p)) return refuse(entry.path, "goes through a link");
+    if (entry.type === "SymbolicLink") {
+      const target = entry.linkpath ?? "";
+      const lexical = posix.normalize(posix.join(posix.dirname(p), target));
+      if (!target || target.startsWith("/") || lexical === ".." || lexical.startsWith("../")) return refuse(entry.path, `is a link to ${JSON.stringify(target)}, outside the bundle`);
+      links.add(posix.normalize(p));
+    }
+    if (entry.type === "Link") {
+      const target = entry.linkpath ?? "";
+      const why = unsafePath(target);
+      if (!target || why || throughLink(posix.normalize(target))) return refuse(entry.path, `is a hard link to ${JSON.stringify(target)}, outside the bundle`);
+    }
+  };
+  const verdict = () => {
+    if (problems.length) throw new BundleError(`bundle refused: ${problems.join("; ")}`);
+    if (entries > limits.maxEntries) throw new BundleError(`bundle refused: ${entries} entries, over the limit of ${limits.maxEntries}`);
+    if (total > limits.maxUnpackedBytes) throw new BundleError(`bundle refused: ${bytes.format(total)} unpacked, over the limit of ${bytes.format(limits.maxUnpackedBytes)} (GPULAYER_BUNDLE_MAX_UNPACKED)`);
+    return { entries, bytes: total };
+  };
+  return { onReadEntry, verdict };
+}
+
+function checkSize(file: string, limits: BundleLimits): void {
+  const size = statSync(file).size;
+  if (size > limits.maxBytes) throw new BundleError(`bundle refused: ${bytes.format(size)} is over the limit of ${bytes.format(limits.maxBytes)} (GPULAYER_BUNDLE_MAX)`);
+}
+
+// The raw header path (preservePaths): no stripping of / or .. before the checks see it.
+const LIST = { strict: true, preservePaths: true } as const;
+
+/** Check every entry of a bundle, writing nothing. */
+export function inspectBundle(file: string, limits: BundleLimits = bundleLimits()): { entries: number; bytes: number } {
+  checkSize(file, limits);
+  const checker = bundleChecker(limits);
   try {
-    tar.t({
-      file,
-      sync: true,
-      strict: true,
-      // The raw header path: no stripping of / or .. before these checks see it.
-      preservePaths: true,
-      onReadEntry: (entry) => {
-        entries++;
-        const p = entry.path.replace(/\/+$/, "");
-        total += entry.size ?? 0;
-        const bad = unsafePath(entry.path);
-        if (bad) return refuse(entry.path, bad);
-        if (!SAFE_TYPES.has(entry.type)) return refuse(entry.path, `is a ${entry.type}, not a file, folder or link`);
-        if (throughLink(p)) return refuse(entry.path, "goes through a link");
-        if (entry.type === "SymbolicLink") {
-          const target = entry.linkpath ?? "";
-          const lexical = posix.normalize(posix.join(posix.dirname(p), target));
-          if (!target || target.startsWith("/") || lexical === ".." || lexical.startsWith("../")) return refuse(entry.path, `is a link to ${JSON.stringify(target)}, outside the bundle`);
-          links.add(posix.normalize(p));
-        }
-        if (entry.type === "Link") {
-          const target = entry.linkpath ?? "";
-          const why = unsafePath(target);
-          if (!target || why || throughLink(posix.normalize(target))) return refuse(entry.path, `is a hard link to ${JSON.stringify(target)}, outside the bundle`);
-        }
-      },
-    });
+    tar.t({ file, sync: true, ...LIST, onReadEntry: checker.onReadEntry });
   } catch (error) {
     throw new BundleError(`bundle refused: not a valid tar.gz (${(error as Error).message})`);
   }
-  if (problems.length) throw new BundleError(`bundle refused: ${problems.join("; ")}`);
-  if (entries > limits.maxEntries) throw new BundleError(`bundle refused: ${entries} entries, over the limit of ${limits.maxEntries}`);
-  if (total > limits.maxUnpackedBytes) throw new BundleError(`bundle refused: ${bytes.format(total)} unpacked, over the limit of ${bytes.format(limits.maxUnpackedBytes)} (GPULAYER_BUNDLE_MAX_UNPACKED)`);
-  return { entries, bytes: total };
+  return checker.verdict();
 }
 
-/** Check, then unpack into `dest` (created; must not exist yet). */
-export function unpackBundle(file: string, dest: string, limits: BundleLimits = bundleLimits()): void {
-  inspectBundle(file, limits);
+/** Check, then unpack into `dest` (created; must not exist yet). Asynchronous: a worker keeps heartbeating meanwhile. */
+export async function unpackBundle(file: string, dest: string, limits: BundleLimits = bundleLimits()): Promise<void> {
+  checkSize(file, limits);
+  const checker = bundleChecker(limits);
+  try {
+    await tar.t({ file, ...LIST, onReadEntry: checker.onReadEntry });
+  } catch (error) {
+    throw new BundleError(`bundle refused: not a valid tar.gz (${(error as Error).message})`);
+  }
+  checker.verdict();
   if (existsSync(dest)) throw new BundleError(`cannot unpack into ${dest}: it exists already`);
   mkdirSync(dest, { recursive: true });
   try {
-    tar.x({ file, cwd: dest, sync: true, strict: true, preserveOwner: false, noMtime: true });
+    await tar.x({ file, cwd: dest, strict: true, preserveOwner: false, noMtime: true });
   } catch (error) {
     rmSync(dest, { recursive: true, force: true });
     throw new BundleError(`unpacking the bundle failed: ${(error as Error).message}`);

@@ -27,7 +27,7 @@ export async function pipCommand(plan: BuildPlan, envPython: string, env: Record
   const kept = join(plan.toolsDir, basename(wheel).replace(/\.whl$/, ""));
   if (!existsSync(join(kept, "pip", "__main__.py"))) {
     mkdirSync(plan.toolsDir, { recursive: true });
-    const tmp = `${kept}.${process.pid}.tmp`;
+    const tmp = `${kept}.${process.pid}.${crypto.randomUUID()}.tmp`;
     rmSync(tmp, { recursive: true, force: true });
     const { code, lines } = await runTool([plan.interpreter.executable, "-m", "zipfile", "-e", wheel, tmp], { env, cwd: plan.toolsDir, hooks });
     if (code !== 0) throw installFailure(`unpacking the bundled pip ${basename(wheel)} failed`, lines);

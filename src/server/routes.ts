@@ -86,7 +86,7 @@ async function putBundle(req: Request, ctx: RouteContext, hash: string): Promise
   if (store.has(hash)) return reply({ hash, stored: false });
   const data = await readBody(req, ctx.limits.maxBytes);
   if (sha256Bytes(data) !== hash) throw new HttpFail(400, "bundle refused: its content does not match its hash");
-  const tmp = `${store.path(hash)}.${process.pid}.${Date.now()}.tmp`;
+  const tmp = `${store.path(hash)}.${process.pid}.${crypto.randomUUID()}.tmp`;
   writeFileSync(tmp, data);
   try {
     inspectBundle(tmp, ctx.limits);

@@ -48,7 +48,7 @@ async function fetchBundle(ctx: WorkerContext, hash: string): Promise<string> {
   const { data } = await ctx.client.bytes(`/v1/bundles/${hash}`);
   if (new Bun.CryptoHasher("sha256").update(data).digest("hex") !== hash) throw new BundleError(`bundle ${hash.slice(0, 12)} arrived damaged (hash mismatch)`);
   mkdirSync(clusterDir(ctx, "bundles"), { recursive: true });
-  const tmp = `${file}.${process.pid}.${Date.now()}.tmp`;
+  const tmp = `${file}.${process.pid}.${crypto.randomUUID()}.tmp`;
   writeFileSync(tmp, data);
   renameSync(tmp, file);
   return file;
@@ -59,11 +59,11 @@ async function fetchBundle(ctx: WorkerContext, hash: string): Promise<string> {
  * local find-links are read from here, so the env key is the same for every
  * job of an unchanged folder.
  */
-function sharedCopy(ctx: WorkerContext, hash: string, file: string): string {
+async function sharedCopy(ctx: WorkerContext, hash: string, file: string): Promise<string> {
   const dir = clusterDir(ctx, "bundles", hash);
   if (existsSync(dir)) return dir;
-  const tmp = `${dir}.${process.pid}.${Date.now()}.tmp`;
-  unpackBundle(file, tmp, bundleLimits(ctx.env));
+  const tmp = `${dir}.${process.pid}.${crypto.randomUUID()}.tmp`;
+  await unpackBundle(file, tmp, bundleLimits(ctx.env));
   try {
     renameSync(tmp, dir);
   } catch {
@@ -116,8 +116,8 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       rmSync(workdir, { recursive: true, force: true });
       if (task.bundle) {
         const file = await fetchBundle(ctx, task.bundle);
-        source = sharedCopy(ctx, task.bundle, file);
-        unpackBundle(file, workdir, bundleLimits(ctx.env));
+        source = await sharedCopy(ctx, task.bundle, file);
+        await unpackBundle(file, workdir, bundleLimits(ctx.env));
       } else mkdirSync(workdir, { recursive: true });
       if (stopReason) {
         if (handedBack) return;
@@ -180,7 +180,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
     try {
       let cwd = clusterDir(ctx);
       mkdirSync(cwd, { recursive: true });
-      if (task.bundle) cwd = sharedCopy(ctx, task.bundle, await fetchBundle(ctx, task.bundle));
+      if (task.bundle) cwd = await sharedCopy(ctx, task.bundle, await fetchBundle(ctx, task.bundle));
       let result: PrepareTaskResult;
       if (req.image) {
         const r = await ensureImage(ctx.layout, req.image, { pull: parsePullPolicy(req.pull), env: ctx.env });
