@@ -3,6 +3,7 @@ import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync } from "nod
 import { join } from "node:path";
 import { packTemp } from "../src/cluster/upload.ts";
 import { cli, sandbox, startCli } from "./helpers.ts";
+import { keepOutput, waitFor } from "./fixtures/processes.ts";
 
 /**
  * The server's uploaded bundles are cleaned up: a server and a worker as
@@ -22,27 +23,8 @@ let server: (typeof procs)[number];
 let port = 0;
 let url = "";
 
-function keep(proc: ReturnType<typeof startCli>) {
-  let text = "";
-  const pump = async (s: ReadableStream<Uint8Array>) => {
-    for await (const c of s) text += new TextDecoder().decode(c);
-  };
-  void pump(proc.stdout as ReadableStream<Uint8Array>);
-  void pump(proc.stderr as ReadableStream<Uint8Array>);
-  const entry = { proc, out: () => text };
-  procs.push(entry);
-  return entry;
-}
+const keep = (proc: ReturnType<typeof startCli>) => keepOutput(proc, procs);
 
-async function waitFor<T>(what: string, fn: () => Promise<T | null | undefined | false> | T | null | undefined | false, ms = 30_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await Bun.sleep(100);
-  }
-}
 
 const env = () => ({ ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN });
 const gpl = (args: string[], cwd = box.root) => cli(args, { env: env(), cwd });

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
+import { keepOutput, waitFor } from "./fixtures/processes.ts";
 
 /**
  * Workers that die or leave: a server and workers as separate processes on
@@ -18,27 +19,8 @@ const procs: { proc: ReturnType<typeof startCli>; out: () => string }[] = [];
 const workers = new Map<string, (typeof procs)[number]>();
 let url = "";
 
-function keep(proc: ReturnType<typeof startCli>) {
-  let text = "";
-  const pump = async (s: ReadableStream<Uint8Array>) => {
-    for await (const c of s) text += new TextDecoder().decode(c);
-  };
-  void pump(proc.stdout as ReadableStream<Uint8Array>);
-  void pump(proc.stderr as ReadableStream<Uint8Array>);
-  const entry = { proc, out: () => text };
-  procs.push(entry);
-  return entry;
-}
+const keep = (proc: ReturnType<typeof startCli>) => keepOutput(proc, procs);
 
-async function waitFor<T>(what: string, fn: () => Promise<T | null | undefined | false> | T | null | undefined | false, ms = 30_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await Bun.sleep(100);
-  }
-}
 
 const env = () => ({ ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN });
 const gpl = (args: string[]) => cli(args, { env: env(), cwd: box.root });

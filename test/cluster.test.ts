@@ -5,6 +5,7 @@ import { homeLayout } from "../src/config/paths.ts";
 import { JobStore } from "../src/jobs/store.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, run, sandbox, startCli } from "./helpers.ts";
+import { keepOutput, waitFor } from "./fixtures/processes.ts";
 
 /**
  * A server and three workers as separate processes on 127.0.0.1, each with
@@ -24,28 +25,8 @@ let url = "";
 
 const json = <T = any>(text: string): T => JSON.parse(text) as T;
 
-/** Keep reading a process's output (so its pipes never fill) and keep it for the asserts. */
-function keep(proc: ReturnType<typeof startCli>) {
-  let text = "";
-  const pump = async (s: ReadableStream<Uint8Array>) => {
-    for await (const c of s) text += new TextDecoder().decode(c);
-  };
-  void pump(proc.stdout as ReadableStream<Uint8Array>);
-  void pump(proc.stderr as ReadableStream<Uint8Array>);
-  const entry = { proc, out: () => text };
-  procs.push(entry);
-  return entry;
-}
+const keep = (proc: ReturnType<typeof startCli>) => keepOutput(proc, procs);
 
-async function waitFor<T>(what: string, fn: () => Promise<T | null | undefined | false>, ms = 20_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await Bun.sleep(100);
-  }
-}
 
 const clientEnv = () => ({ ...boxes.client.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN });
 const gpl = (args: string[], cwd?: string) => cli(args, { env: clientEnv(), cwd: cwd ?? boxes.client.root });

@@ -6,7 +6,7 @@ import { type Engine, ensureImage, gpuArgs, listImageRecords, runContainer } fro
 import { containerExists } from "../src/docker/run.ts";
 import { PullParser } from "../src/docker/pull.ts";
 import { shellSplit } from "../src/docker/shellwords.ts";
-import { engineStatus, type EngineName, pushBusybox, removeRegistryImages, type Registry, startRegistry } from "./fixtures/registry.ts";
+import { type EngineName, pushBusybox, removeRegistryImages, type Registry, startRegistry, engineMatrix, ENGINES } from "./fixtures/registry.ts";
 import { cli, sandbox, tempDir } from "./helpers.ts";
 
 /**
@@ -14,11 +14,7 @@ import { cli, sandbox, tempDir } from "./helpers.ts";
  * against Docker and against Podman; an engine that does not answer is
  * skipped with its reason, or fails when GPULAYER_TEST_REQUIRE_ENGINES names it.
  */
-const ENGINES: EngineName[] = ["docker", "podman"];
-const required = new Set((process.env.GPULAYER_TEST_REQUIRE_ENGINES ?? "").split(",").map((s) => s.trim()));
-const status = Object.fromEntries(await Promise.all(ENGINES.map(async (e) => [e, await engineStatus(e)] as const))) as Record<EngineName, { ok: boolean; reason: string }>;
-const working = ENGINES.filter((e) => status[e].ok);
-for (const e of ENGINES) if (!status[e].ok && !required.has(e)) console.warn(`[docker.test] skipping ${e} tests: ${status[e].reason}`);
+const { required, status, working } = await engineMatrix("docker.test");
 
 let registry: Registry | undefined;
 beforeAll(async () => {

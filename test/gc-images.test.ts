@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
 import { listImageRecords } from "../src/docker/index.ts";
 import { recordPaths, writeRecord } from "../src/docker/inventory.ts";
-import { busyboxTar, engineStatus, type EngineName, removeRegistryImages, type Registry, startRegistry } from "./fixtures/registry.ts";
+import { busyboxTar, type EngineName, removeRegistryImages, type Registry, startRegistry, engineMatrix, ENGINES } from "./fixtures/registry.ts";
 import { cli, ROOT, run, sandbox, tempDir } from "./helpers.ts";
 
 /**
@@ -14,11 +14,7 @@ import { cli, ROOT, run, sandbox, tempDir } from "./helpers.ts";
  * Podman; an engine that does not answer is skipped with its reason, or fails
  * when GPULAYER_TEST_REQUIRE_ENGINES names it.
  */
-const ENGINES: EngineName[] = ["docker", "podman"];
-const required = new Set((process.env.GPULAYER_TEST_REQUIRE_ENGINES ?? "").split(",").map((s) => s.trim()));
-const status = Object.fromEntries(await Promise.all(ENGINES.map(async (e) => [e, await engineStatus(e)] as const))) as Record<EngineName, { ok: boolean; reason: string }>;
-const working = ENGINES.filter((e) => status[e].ok);
-for (const e of ENGINES) if (!status[e].ok && !required.has(e)) console.warn(`[gc-images.test] skipping ${e} tests: ${status[e].reason}`);
+const { required, status, working } = await engineMatrix("gc-images.test");
 
 let registry: Registry | undefined;
 const sandboxes: ReturnType<typeof sandbox>[] = [];

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { readdirSync, readFileSync } from "node:fs";
 import { homeLayout } from "../src/config/paths.ts";
 import { listImageRecords } from "../src/docker/index.ts";
-import { engineStatus, type EngineName, pushBusybox, removeRegistryImages, type Registry, startRegistry } from "./fixtures/registry.ts";
+import { type EngineName, pushBusybox, removeRegistryImages, type Registry, startRegistry, engineMatrix, ENGINES } from "./fixtures/registry.ts";
 import { cli, sandbox, startCli } from "./helpers.ts";
 
 setDefaultTimeout(120_000);
@@ -13,11 +13,7 @@ setDefaultTimeout(120_000);
  * engine's process. gpulayer must say so in one line, fail the job in
  * task.prepare, and record nothing.
  */
-const ENGINES: EngineName[] = ["docker", "podman"];
-const required = new Set((process.env.GPULAYER_TEST_REQUIRE_ENGINES ?? "").split(",").map((s) => s.trim()));
-const status = Object.fromEntries(await Promise.all(ENGINES.map(async (e) => [e, await engineStatus(e)] as const))) as Record<EngineName, { ok: boolean; reason: string }>;
-const working = ENGINES.filter((e) => status[e].ok);
-for (const e of ENGINES) if (!status[e].ok && !required.has(e)) console.warn(`[image-errors.test] skipping ${e}: ${status[e].reason}`);
+const { required, status, working } = await engineMatrix("image-errors.test");
 
 let registry: Registry | undefined;
 let proxy: ReturnType<typeof Bun.serve> | undefined;

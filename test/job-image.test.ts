@@ -4,15 +4,11 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 setDefaultTimeout(120_000);
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { engineStatus, type EngineName, pushBusybox, removeRegistryImages, type Registry, startRegistry } from "./fixtures/registry.ts";
+import { type EngineName, pushBusybox, removeRegistryImages, type Registry, startRegistry, engineMatrix, ENGINES } from "./fixtures/registry.ts";
 import { cli, sandbox } from "./helpers.ts";
 
 /** `job run` with an image, end to end, on each real engine and a real registry on 127.0.0.1. */
-const ENGINES: EngineName[] = ["docker", "podman"];
-const required = new Set((process.env.GPULAYER_TEST_REQUIRE_ENGINES ?? "").split(",").map((s) => s.trim()));
-const status = Object.fromEntries(await Promise.all(ENGINES.map(async (e) => [e, await engineStatus(e)] as const))) as Record<EngineName, { ok: boolean; reason: string }>;
-const working = ENGINES.filter((e) => status[e].ok);
-for (const e of ENGINES) if (!status[e].ok && !required.has(e)) console.warn(`[job-image.test] skipping ${e}: ${status[e].reason}`);
+const { required, status, working } = await engineMatrix("job-image.test");
 
 let registry: Registry | undefined;
 beforeAll(async () => {
