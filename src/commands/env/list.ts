@@ -1,3 +1,4 @@
+import { existsSync } from "node:fs";
 import { defineCommand } from "citty";
 import prettyBytes from "pretty-bytes";
 import { homeLayout } from "../../config/paths.ts";
@@ -5,22 +6,35 @@ import { listEnvs } from "../../env/inventory.ts";
 import { formatAgo, Output, shortKey, table } from "../../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "../_args.ts";
 
+const ago = (iso: string | null | undefined) => (iso ? formatAgo(Date.parse(iso)) : "-");
+
 export default defineCommand({
-  meta: { name: "list", description: "List cached environments, most recently used first" },
+  meta: { name: "list", description: "List cached environments and the images gpulayer recorded, most recently used first" },
   args: { ...outputArgs },
   async run({ args, rawArgs }) {
     rejectUnknownFlags(rawArgs, outputArgs);
     const out = new Output(args);
-    const entries = await listEnvs(homeLayout());
+    const layout = homeLayout();
+    const envs = await listEnvs(layout);
+    // The container code loads only when there is an image inventory to read.
+    const images = existsSync(layout.images) ? (await import("../../docker/inventory.ts")).listImageRecords(layout) : [];
     out.result(
-      entries.map(({ meta: _meta, ...e }) => e),
+      [...envs.map(({ meta: _meta, ...e }) => ({ kind: "env", ...e })), ...images.map((i) => ({ kind: "image", ...i }))],
       () => {
-        if (!entries.length) return "no environments yet (gpulayer env prepare REQ_FILE builds one)";
-        const rows = [["KEY", "STATE", "SIZE", "CREATED", "LAST USED", "REQUEST"]];
-        for (const e of entries) {
-          rows.push([shortKey(e.key), e.state, prettyBytes(e.sizeBytes), e.created ? formatAgo(Date.parse(e.created)) : "-", e.lastUsed ? formatAgo(Date.parse(e.lastUsed)) : "-", e.summary]);
+        if (!envs.length && !images.length) return "no environments yet (gpulayer env prepare REQ_FILE builds one)";
+        const lines: string[] = [];
+        if (envs.length) {
+          const rows = [["KEY", "STATE", "SIZE", "CREATED", "LAST USED", "REQUEST"]];
+          for (const e of envs) rows.push([shortKey(e.key), e.state, prettyBytes(e.sizeBytes), ago(e.created), ago(e.lastUsed), e.summary]);
+          lines.push(...table(rows));
         }
-        return table(rows);
+        if (images.length) {
+          if (lines.length) lines.push("");
+          const rows = [["IMAGE", "ENGINE", "SIZE", "FIRST SEEN", "LAST USED", "ID"]];
+          for (const i of images) rows.push([i.ref, i.engine, prettyBytes(i.sizeBytes), ago(i.firstSeen), ago(i.lastUsed), `${i.imageId.replace(/^sha256:/, "").slice(0, 12)}${i.pulledByGpulayer ? "" : " (not pulled by gpulayer)"}`]);
+          lines.push(...table(rows));
+        }
+        return lines;
       },
     );
   },
