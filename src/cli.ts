@@ -2,6 +2,7 @@
 import { existsSync } from "node:fs";
 import { defineCommand, runCommand, showUsage, type CommandDef } from "citty";
 import { ExitCode, ExitError, UserError } from "./errors.ts";
+import { onBrokenPipe } from "./ui/output.ts";
 import { versionInfo } from "./version.ts";
 
 const main = defineCommand({
@@ -86,7 +87,7 @@ function isBrokenPipe(error: unknown): boolean {
   return (error as NodeJS.ErrnoException | null)?.code === "EPIPE";
 }
 process.stdout.on("error", (error) => {
-  if (isBrokenPipe(error)) process.exit(0);
+  if (isBrokenPipe(error)) onBrokenPipe.handler();
 });
 
 process.exitCode = await run(process.argv.slice(2)).catch((error) => {

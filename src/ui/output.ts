@@ -92,3 +92,10 @@ export function table(rows: string[][]): string[] {
   for (const row of rows) row.forEach((c, i) => (widths[i] = Math.max(widths[i] ?? 0, c.length)));
   return rows.map((row) => row.map((c, i) => (i === row.length - 1 ? c : c.padEnd(widths[i] ?? 0))).join("  ").trimEnd());
 }
+
+/**
+ * What to do when the reader of stdout goes away (`gpulayer job list | head`):
+ * by default end quietly; a running job is cancelled instead, as SIGPIPE would
+ * end a plain command, so it is never left orphaned.
+ */
+export const onBrokenPipe = { handler: (): void => process.exit(0) };

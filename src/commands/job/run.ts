@@ -6,7 +6,7 @@ import { startJob } from "../../jobs/runner.ts";
 import { buildJobSpec } from "../../jobs/spec.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { jobStatus } from "../../jobs/status.ts";
-import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
+import { formatSeconds, onBrokenPipe, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { afterDoubleDash, installerArgs, labelArgs, outputArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
 import { imageHooks } from "../_image-ui.ts";
@@ -76,7 +76,8 @@ export default defineCommand({
     }
     out.progress(`job ${job.id} (${spec.name})`);
     // With --json, stdout carries only the final document: the job's output goes to stderr.
-    const toStdout = a.json ? (c: Uint8Array) => process.stderr.write(c) : (c: Uint8Array) => process.stdout.write(c);
+    let stdoutGone = false;
+    const toStdout = a.json ? (c: Uint8Array) => process.stderr.write(c) : (c: Uint8Array) => void (stdoutGone || process.stdout.write(c));
     const running = startJob(store, layout, job, {
       onStdout: toStdout,
       onStderr: (c) => process.stderr.write(c),
@@ -85,15 +86,20 @@ export default defineCommand({
       onPrepared: (p) => out.progress(`task.prepare ${p.status} ${p.kind} ${p.kind === "env" ? shortKey(p.key) : p.key.slice(0, 19)} in ${formatSeconds(p.seconds)}`),
       onPrepareFailed: (m) => out.log.error(`task.prepare failed: ${m}`),
     });
+    // The reader of our stdout went away: the job is cancelled (as SIGPIPE ends a plain command), never orphaned.
+    onBrokenPipe.handler = () => {
+      stdoutGone = true;
+      running.cancel("stdout closed");
+    };
     const onSignal = (signal: string) => {
       out.progress(`\n${signal}: cancelling job ${job.id}`);
       running.cancel(`${signal} to gpulayer`);
     };
-    process.on("SIGINT", onSignal);
-    process.on("SIGTERM", onSignal);
+    // SIGHUP too: a closed terminal must not leave the job running on, orphaned in its own process group.
+    const signals = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
+    for (const s of signals) process.on(s, onSignal);
     const outcome = await running.done;
-    process.off("SIGINT", onSignal);
-    process.off("SIGTERM", onSignal);
+    for (const s of signals) process.off(s, onSignal);
     const status = jobStatus(store, store.get(job.id)!);
     store.close();
     if (outcome.runSeconds !== null) out.progress(`task.run exit ${outcome.exitCode} in ${formatSeconds(outcome.runSeconds)} (job ${job.id} ${outcome.state})`);
