@@ -135,6 +135,19 @@ describe("job run", () => {
     expect(s.state).toBe("cancelled");
   });
 
+  test("a reader that goes away (| head) cancels the job, never orphans it", async () => {
+    const proc = startCli(["job", "run", "-p", "greet", "--index-url", index.url, "--", "sh", "-c", "while true; do echo tick; sleep 0.05; done"], { env: { ...env(), GPULAYER_CANCEL_GRACE: "1" }, cwd: work });
+    const reader = proc.stdout.getReader();
+    const { value } = await reader.read();
+    expect(new TextDecoder().decode(value)).toContain("tick");
+    await reader.cancel(); // closes our end of the pipe, as `head` does once it has its lines
+    const code = await proc.exited;
+    expect(code).not.toBe(0);
+    const s = json((await cli(["job", "status", (await lastJob()).id, "--json"], { env: env() })).stdout);
+    expect(s.state).toBe("cancelled");
+    expect(s.events.find((e: any) => e.type === "job.cancelled").data.reason).toBe("stdout closed");
+  });
+
   test("--detach and logs --follow", async () => {
     const r = await cli(["job", "run", "-d", "-p", "greet", "--index-url", index.url, "--", "sh", "-c", "echo one; sleep 1; echo two"], { env: env(), cwd: work });
     const id = r.stdout.trim();
