@@ -1,6 +1,5 @@
-import prettyBytes from "pretty-bytes";
 import type { EnsureHooks, EnsureResult, PullProgress } from "../docker/index.ts";
-import { formatSeconds, type Output } from "../ui/output.ts";
+import { formatBytes, formatSeconds, type Output } from "../ui/output.ts";
 
 /** How a pull is reported: which engine, layers and bytes (throttled), the engine's own lines with --verbose. */
 export function imageHooks(out: Output): EnsureHooks {
@@ -14,7 +13,7 @@ export function imageHooks(out: Output): EnsureHooks {
     if (!force && p.layersDone === lastDone && now - lastPrint < 2000) return;
     lastPrint = now;
     lastDone = p.layersDone;
-    const bytes = p.bytesTotal ? `, ${prettyBytes(p.bytesDone)} of ${prettyBytes(p.bytesTotal)}` : p.bytesDone ? `, ${prettyBytes(p.bytesDone)}` : "";
+    const bytes = p.bytesTotal ? `, ${formatBytes(p.bytesDone)} of ${formatBytes(p.bytesTotal)}` : p.bytesDone ? `, ${formatBytes(p.bytesDone)}` : "";
     out.progress(`[${elapsed()}] ${image}: ${p.layersDone}/${p.layers} layers${bytes}`);
   };
   return {
@@ -33,7 +32,7 @@ export function imageHooks(out: Output): EnsureHooks {
 
 /** The stderr summary line of an image prepare. */
 export function imageSummary(r: EnsureResult): string {
-  const what = `image ${r.image} (${r.engine.name}, ${prettyBytes(r.sizeBytes)}, ${r.digest.slice(0, 19)}…)`;
+  const what = `image ${r.image} (${r.engine.name}, ${formatBytes(r.sizeBytes)}, ${r.digest.slice(0, 19)}…)`;
   if (r.status === "reused") return `${what} reused (${formatSeconds(r.seconds)})`;
   const layers = r.progress?.layers ? `, ${r.progress.layers} layer${r.progress.layers === 1 ? "" : "s"}` : "";
   return `${what} pulled in ${formatSeconds(r.seconds)}${layers}`;

@@ -1,10 +1,9 @@
 import { defineCommand } from "citty";
-import prettyBytes from "pretty-bytes";
 import { homeLayout } from "../config/paths.ts";
 import { ExitCode, UserError } from "../errors.ts";
 import { MAX_SIZE_ENV, resolveGcLimits } from "../gc/limits.ts";
 import { type GcItem, type GcReport, runGc } from "../gc/run.ts";
-import { formatAgo, formatSeconds, Output, shortKey, table } from "../ui/output.ts";
+import { formatBytes, formatAgo, formatSeconds, Output, shortKey, table } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
 
 const args = {
@@ -19,7 +18,7 @@ const args = {
   ...outputArgs,
 } as const;
 
-const size = (n: number) => prettyBytes(n, { binary: true });
+const size = (n: number) => formatBytes(n);
 
 /** An env by its key, an image by its references. */
 const label = (e: GcItem) => (e.image ? `  image ${e.image.refs.join(", ")}` : `  ${e.kind} ${shortKey(e.id)}`);

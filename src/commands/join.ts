@@ -1,5 +1,4 @@
 import { defineCommand } from "citty";
-import prettyBytes from "pretty-bytes";
 import { hostname } from "node:os";
 import { normalizeServerUrl } from "../cluster/client.ts";
 import { formatLabels, type MachineProbe, parseLabels } from "../cluster/protocol.ts";
@@ -8,7 +7,7 @@ import { UsageError } from "../errors.ts";
 import { Agent } from "../worker/agent.ts";
 import { probeMachine } from "../worker/probe.ts";
 import { loadWorkerSettings, mergeWorkerSettings, saveWorkerSettings } from "../worker/settings.ts";
-import { Output } from "../ui/output.ts";
+import { formatBytes, Output } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
 
 const args = {
@@ -27,7 +26,7 @@ function probeLines(p: MachineProbe, labels: Record<string, string>, name: strin
   const torch = p.frameworks.torch ? `${p.frameworks.torch}${p.cuda ? ` (CUDA ${p.cuda})` : " (no CUDA)"}` : "not installed";
   return [
     `name      ${name}`,
-    `host      ${p.hostname} (${p.os}, ${p.arch}, ${p.cpus} CPUs, ${prettyBytes(p.memoryBytes, { binary: true })})`,
+    `host      ${p.hostname} (${p.os}, ${p.arch}, ${p.cpus} CPUs, ${formatBytes(p.memoryBytes)})`,
     `gpus      ${gpus[0]}`,
     ...gpus.slice(1).map((g) => `          ${g}`),
     `python    ${p.python ? `${p.python.path} (${p.python.version})` : `not usable: ${p.pythonError}`}`,

@@ -1,6 +1,6 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import prettyBytes from "pretty-bytes";
+import { formatBytes } from "../ui/output.ts";
 import { bundleLimits } from "../cluster/bundle.ts";
 import { UsageError } from "../errors.ts";
 import { parseDuration, parseSize, SIZE_HINT } from "../gc/units.ts";
@@ -114,7 +114,7 @@ export function startServer(dir: string, token: string, settings: ServerSettings
       const freed = r.removed.reduce((n, b) => n + b.bytes, 0);
       const expired = r.removed.filter((b) => b.why === "expired").length;
       const why = [expired && `${expired} unused past GPULAYER_BUNDLE_RETENTION (${formatMs(settings.bundles.retentionMs)})`, r.removed.length - expired && `${r.removed.length - expired} over GPULAYER_BUNDLE_MAX_SIZE`, r.strays && `${r.strays} left from interrupted uploads`].filter(Boolean).join(", ");
-      log(`removed ${r.removed.length + r.strays} bundle file(s) (${why}), ${prettyBytes(freed)} freed, ${prettyBytes(r.keptBytes)} kept`);
+      log(`removed ${r.removed.length + r.strays} bundle file(s) (${why}), ${formatBytes(freed)} freed, ${formatBytes(r.keptBytes)} kept`);
     } catch (error) {
       log(`bundle cleanup failed: ${(error as Error).message}`);
     }

@@ -99,3 +99,9 @@ export function table(rows: string[][]): string[] {
  * end a plain command, so it is never left orphaned.
  */
 export const onBrokenPipe = { handler: (): void => process.exit(0) };
+
+/** Sizes as gc reads them (powers of 1024: 50G = 50 GiB), the same unit in every command. */
+export function formatBytes(n: number): string {
+  const prettyBytes = (require("pretty-bytes") as typeof import("pretty-bytes")).default;
+  return prettyBytes(n, { binary: true });
+}

@@ -1,8 +1,7 @@
-import prettyBytes from "pretty-bytes";
 import { ExitError, UserError } from "../../errors.ts";
 import { sleep } from "../../env/lock.ts";
 import type { JobSpec } from "../../jobs/spec.ts";
-import { formatSeconds, type Output, shortKey } from "../../ui/output.ts";
+import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import { ClusterClient, HttpError, type RemoteTarget } from "../../cluster/client.ts";
 import { formatLabels, labelsFromArgs, type RemoteJobStatus, type RemoteSpec, type SubmitResponse, type WatchResponse } from "../../cluster/protocol.ts";
 import { inBundle, isUrl, packTemp, postWithBundle } from "../../cluster/upload.ts";
@@ -90,7 +89,7 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
     for (const s of pack.skipped) out.log.warn(`not sent: ${s.path}: ${s.reason}`);
     const body = { spec: remoteSpec(spec, pack), bundle: pack.hash, labels, workdir: spec.workdir };
     submitted = await postWithBundle<SubmitResponse>(client, "/v1/jobs", body, pack, {
-      onUpload: (p) => out.progress(`uploading ${spec.workdir} (${p.files} entries, ${prettyBytes(p.bytes)} packed, bundle ${shortKey(p.hash)})`),
+      onUpload: (p) => out.progress(`uploading ${spec.workdir} (${p.files} entries, ${formatBytes(p.bytes)} packed, bundle ${shortKey(p.hash)})`),
       onAlreadyThere: (p) => out.log.debug(`bundle ${shortKey(p.hash)} of ${spec.workdir} is already on the server; not sent again`),
     });
   } finally {

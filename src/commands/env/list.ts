@@ -1,9 +1,8 @@
 import { existsSync } from "node:fs";
 import { defineCommand } from "citty";
-import prettyBytes from "pretty-bytes";
 import { homeLayout } from "../../config/paths.ts";
 import { listEnvs } from "../../env/inventory.ts";
-import { formatAgo, Output, shortKey, table } from "../../ui/output.ts";
+import { formatBytes, formatAgo, Output, shortKey, table } from "../../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "../_args.ts";
 
 const ago = (iso: string | null | undefined) => (iso ? formatAgo(Date.parse(iso)) : "-");
@@ -25,13 +24,13 @@ export default defineCommand({
         const lines: string[] = [];
         if (envs.length) {
           const rows = [["KEY", "STATE", "SIZE", "CREATED", "LAST USED", "REQUEST"]];
-          for (const e of envs) rows.push([shortKey(e.key), e.state, prettyBytes(e.sizeBytes), ago(e.created), ago(e.lastUsed), e.summary]);
+          for (const e of envs) rows.push([shortKey(e.key), e.state, formatBytes(e.sizeBytes), ago(e.created), ago(e.lastUsed), e.summary]);
           lines.push(...table(rows));
         }
         if (images.length) {
           if (lines.length) lines.push("");
           const rows = [["IMAGE", "ENGINE", "SIZE", "FIRST SEEN", "LAST USED", "ID"]];
-          for (const i of images) rows.push([i.ref, i.engine, prettyBytes(i.sizeBytes), ago(i.firstSeen), ago(i.lastUsed), `${i.imageId.replace(/^sha256:/, "").slice(0, 12)}${i.pulledByGpulayer ? "" : " (not pulled by gpulayer)"}`]);
+          for (const i of images) rows.push([i.ref, i.engine, formatBytes(i.sizeBytes), ago(i.firstSeen), ago(i.lastUsed), `${i.imageId.replace(/^sha256:/, "").slice(0, 12)}${i.pulledByGpulayer ? "" : " (not pulled by gpulayer)"}`]);
           lines.push(...table(rows));
         }
         return lines;

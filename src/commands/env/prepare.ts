@@ -2,7 +2,7 @@ import { defineCommand } from "citty";
 import { homeLayout } from "../../config/paths.ts";
 import { UsageError } from "../../errors.ts";
 import { prepareEnv } from "../../env/prepare.ts";
-import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
+import { formatBytes, formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { installerArgs, labelArgs, outputArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
 import { prepareHooks, prepareFailure } from "../_prepare-ui.ts";
@@ -62,7 +62,7 @@ export default defineCommand({
         { hooks: prepareHooks(out) },
       );
       for (const finding of result.check) out.log.warn(`pip check: ${finding}`);
-      const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${(await import("pretty-bytes")).default(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
+      const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${formatBytes(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
       out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);
       out.result(
         { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath },

@@ -1,10 +1,9 @@
 import { defineCommand } from "citty";
-import prettyBytes from "pretty-bytes";
 import { homeLayout } from "../../config/paths.ts";
 import { UserError } from "../../errors.ts";
 import { findEnv } from "../../env/inventory.ts";
 import { entryPaths, isReady, lastUsedMs, readMeta } from "../../env/store.ts";
-import { formatSeconds, Output } from "../../ui/output.ts";
+import { formatBytes, formatSeconds, Output } from "../../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "../_args.ts";
 
 const args = { key: { type: "positional", required: true, valueHint: "KEY", description: "Environment key or a unique prefix of it" }, ...outputArgs } as const;
@@ -30,7 +29,7 @@ export default defineCommand({
       `index        ${meta.request.options.index_url ?? (meta.request.installer_config ? "machine pip config" : "pip default")}`,
       `built        ${meta.created} in ${formatSeconds(meta.buildSeconds)} with ${meta.venvCreator} + ${meta.installer}`,
       `last used    ${lastUsed}`,
-      `size         ${prettyBytes(meta.sizeBytes)}`,
+      `size         ${formatBytes(meta.sizeBytes)}`,
       `installed    ${meta.installed.join(", ") || "(nothing: the worker's packages satisfy it)"}`,
       ...(meta.check.length ? [`pip check    ${meta.check.join("; ")}`] : []),
     ]);
