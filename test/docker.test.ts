@@ -6,7 +6,7 @@ import { type Engine, ensureImage, gpuArgs, listImageRecords, runContainer } fro
 import { containerExists } from "../src/docker/run.ts";
 import { PullParser } from "../src/docker/pull.ts";
 import { shellSplit } from "../src/docker/shellwords.ts";
-import { type EngineName, pushBusybox, removeRegistryImages, type Registry, startRegistry, engineMatrix, ENGINES } from "./fixtures/registry.ts";
+import { type EngineName, pushBusybox, engineMatrix, engineTest, useRegistry, ENGINES } from "./fixtures/registry.ts";
 import { cli, sandbox, tempDir } from "./helpers.ts";
 
 /**
@@ -14,19 +14,13 @@ import { cli, sandbox, tempDir } from "./helpers.ts";
  * against Docker and against Podman; an engine that does not answer is
  * skipped with its reason, or fails when GPULAYER_TEST_REQUIRE_ENGINES names it.
  */
-const { required, status, working } = await engineMatrix("docker.test");
+const matrix = await engineMatrix("docker.test");
+const { status, working } = matrix;
 
-let registry: Registry | undefined;
-beforeAll(async () => {
-  if (working.length) registry = await startRegistry();
-}, 30_000);
-afterAll(async () => {
-  if (registry) for (const e of working) await removeRegistryImages(e, registry.host);
-  await registry?.stop();
-}, 60_000);
+const registryOf = useRegistry(working);
 
 /** Push with whichever engine works (docker first); the image is then absent from the engine under test. */
-const push = (repo: string, engine: EngineName, tag = "1") => pushBusybox(registry!, repo, tag, working[0]!, [...new Set([working[0]!, engine])]);
+const push = (repo: string, engine: EngineName, tag = "1") => pushBusybox(registryOf(), repo, tag, working[0]!, [...new Set([working[0]!, engine])]);
 
 function sandboxFor(engine: EngineName) {
   const box = sandbox();
@@ -42,14 +36,8 @@ const prepare = async (env: Record<string, string>, ...args: string[]) => {
 const T = 60_000;
 
 describe.each(ENGINES)("%s", (name) => {
-  const ok = status[name].ok;
-  if (!ok && required.has(name)) {
-    test(`${name} is required (GPULAYER_TEST_REQUIRE_ENGINES) and works`, () => {
-      throw new Error(`${name} does not work: ${status[name].reason}`);
-    });
-    return;
-  }
-  const it = ok ? test : test.skip;
+  const it = engineTest(matrix, name);
+  if (!it) return;
   let manifestsPerPull = 0;
 
   it("the first prepare pulls (the registry sees it), the second reuses without asking the registry", async () => {
@@ -64,7 +52,7 @@ describe.each(ENGINES)("%s", (name) => {
       expect(human.stderr).toMatch(new RegExp(`image ${ref.replace(/[.:/]/g, "\\$&")} \\(${name}, .*\\) pulled in`));
       const digest = human.stdout.trim();
       expect(digest).toMatch(/^sha256:[0-9a-f]{64}$/);
-      manifestsPerPull = registry!.manifestRequests(`first-${name}`, "1");
+      manifestsPerPull = registryOf().manifestRequests(`first-${name}`, "1");
       expect(manifestsPerPull).toBeGreaterThan(0);
       const records = listImageRecords(homeLayout(box.home));
       expect(records).toHaveLength(1);
@@ -76,13 +64,13 @@ describe.each(ENGINES)("%s", (name) => {
       expect(second.json).toMatchObject({ image: ref, status: "reused", digest, engine: name });
       expect(second.json!.seconds).toBeLessThan(5);
       expect(second.stderr).not.toContain("pulling");
-      expect(registry!.manifestRequests(`first-${name}`, "1")).toBe(manifestsPerPull);
+      expect(registryOf().manifestRequests(`first-${name}`, "1")).toBe(manifestsPerPull);
 
       // --pull always goes to the registry again.
       const again = await prepare(box.env, "--image", ref, "--pull", "always");
       expect(again.code, again.stderr).toBe(0);
       expect(again.json).toMatchObject({ status: "pulled", digest, pulled_by_gpulayer: true });
-      expect(registry!.manifestRequests(`first-${name}`, "1")).toBeGreaterThan(manifestsPerPull);
+      expect(registryOf().manifestRequests(`first-${name}`, "1")).toBeGreaterThan(manifestsPerPull);
     } finally {
       box.cleanup();
     }
@@ -91,11 +79,11 @@ describe.each(ENGINES)("%s", (name) => {
   it("an image the registry does not have, or a registry that does not answer: one line with the engine's message, nothing recorded", async () => {
     const box = sandboxFor(name);
     try {
-      const missing = await prepare(box.env, "--image", `${registry!.host}/no-such-image:1`);
+      const missing = await prepare(box.env, "--image", `${registryOf().host}/no-such-image:1`);
       expect(missing.code).toBe(1);
       expect(missing.stdout).toBe("");
       const line = missing.stderr.trim().split("\n").at(-1)!;
-      expect(line).toStartWith(`error: cannot pull ${registry!.host}/no-such-image:1 with ${name}: `);
+      expect(line).toStartWith(`error: cannot pull ${registryOf().host}/no-such-image:1 with ${name}: `);
       expect(line).toMatch(/manifest unknown|not found/);
 
       const dead = await prepare(box.env, "--image", "127.0.0.1:1/nothing:1");
@@ -117,7 +105,7 @@ describe.each(ENGINES)("%s", (name) => {
       expect(both[0]!.json!.digest).toBe(both[1]!.json!.digest!);
       // As many manifest requests as one pull makes (measured by the first case).
       expect(manifestsPerPull).toBeGreaterThan(0);
-      expect(registry!.manifestRequests(`twice-${name}`, "1")).toBe(manifestsPerPull);
+      expect(registryOf().manifestRequests(`twice-${name}`, "1")).toBe(manifestsPerPull);
       expect(listImageRecords(homeLayout(box.home))).toHaveLength(1);
     } finally {
       box.cleanup();
@@ -129,7 +117,7 @@ describe.each(ENGINES)("%s", (name) => {
     let imageId: string;
     const box = sandboxFor(name);
     beforeAll(async () => {
-      if (!ok) return;
+      if (!status[name].ok) return;
       const ref = await push(`run-${name}`, name);
       const r = await ensureImage(homeLayout(box.home), ref, { env: box.env });
       engine = r.engine;

@@ -1,10 +1,10 @@
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, test } from "bun:test";
 import { copyFileSync, existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
 import { listImageRecords } from "../src/docker/index.ts";
 import { recordPaths, writeRecord } from "../src/docker/inventory.ts";
-import { busyboxTar, type EngineName, removeRegistryImages, type Registry, startRegistry, engineMatrix, ENGINES } from "./fixtures/registry.ts";
+import { busyboxTar, type EngineName, engineMatrix, engineTest, useRegistry, ENGINES } from "./fixtures/registry.ts";
 import { cli, ROOT, run, sandbox, tempDir } from "./helpers.ts";
 
 /**
@@ -14,18 +14,14 @@ import { cli, ROOT, run, sandbox, tempDir } from "./helpers.ts";
  * Podman; an engine that does not answer is skipped with its reason, or fails
  * when GPULAYER_TEST_REQUIRE_ENGINES names it.
  */
-const { required, status, working } = await engineMatrix("gc-images.test");
+const matrix = await engineMatrix("gc-images.test");
+const { status, working } = matrix;
 
-let registry: Registry | undefined;
+const registryOf = useRegistry(working);
 const sandboxes: ReturnType<typeof sandbox>[] = [];
-beforeAll(async () => {
-  if (working.length) registry = await startRegistry();
-}, 30_000);
-afterAll(async () => {
-  if (registry) for (const e of working) await removeRegistryImages(e, registry.host);
-  await registry?.stop();
+afterAll(() => {
   for (const sb of sandboxes) sb.cleanup();
-}, 60_000);
+});
 
 async function must(argv: string[]): Promise<string> {
   const r = await run(argv);
@@ -43,7 +39,7 @@ async function pushDistinct(engine: EngineName, repo: string): Promise<string> {
   mkdirSync(join(dir, "add"));
   writeFileSync(join(dir, "add", "which-image"), `${repo}\n`);
   await must(["tar", "-C", join(dir, "add"), "-rf", tar, "./which-image"]);
-  const ref = `${registry!.host}/${repo}:1`;
+  const ref = `${registryOf().host}/${repo}:1`;
   await must([engine, "import", tar, ref]);
   await must([engine, "push", ...(engine === "podman" ? ["--tls-verify=false"] : []), ref]);
   await must([engine, "rmi", ref]);
@@ -96,14 +92,8 @@ async function leaseHolder(box: Box, recordId: string) {
 const T = 60_000;
 
 describe.each(ENGINES)("gc images: %s", (name) => {
-  const ok = status[name].ok;
-  if (!ok && required.has(name)) {
-    test(`${name} is required (GPULAYER_TEST_REQUIRE_ENGINES) and works`, () => {
-      throw new Error(`${name} does not work: ${status[name].reason}`);
-    });
-    return;
-  }
-  const it = ok ? test : test.skip;
+  const it = engineTest(matrix, name);
+  if (!it) return;
 
   it("the least recently used image goes through the engine's rmi, the other stays; --dry-run removes nothing; no engine: skipped, gc still works", async () => {
     const box = sandboxFor(name);

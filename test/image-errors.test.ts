@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { readdirSync, readFileSync } from "node:fs";
 import { homeLayout } from "../src/config/paths.ts";
 import { listImageRecords } from "../src/docker/index.ts";
-import { type EngineName, pushBusybox, removeRegistryImages, type Registry, startRegistry, engineMatrix, ENGINES } from "./fixtures/registry.ts";
+import { pushBusybox, removeRegistryImages, type Registry, startRegistry, engineMatrix, engineTest, ENGINES } from "./fixtures/registry.ts";
 import { cli, sandbox, startCli } from "./helpers.ts";
 
 setDefaultTimeout(120_000);
@@ -13,7 +13,8 @@ setDefaultTimeout(120_000);
  * engine's process. gpulayer must say so in one line, fail the job in
  * task.prepare, and record nothing.
  */
-const { required, status, working } = await engineMatrix("image-errors.test");
+const matrix = await engineMatrix("image-errors.test");
+const { status, working } = matrix;
 
 let registry: Registry | undefined;
 let proxy: ReturnType<typeof Bun.serve> | undefined;
@@ -66,13 +67,8 @@ function pullProcesses(needle: string): number[] {
 }
 
 describe.each(ENGINES)("%s dies mid-pull", (name) => {
-  if (!status[name].ok && required.has(name)) {
-    test(`${name} is required and works`, () => {
-      throw new Error(`${name} does not work: ${status[name].reason}`);
-    });
-    return;
-  }
-  const it = status[name].ok ? test : test.skip;
+  const it = engineTest(matrix, name);
+  if (!it) return;
 
   it("one clear line, the job failed in task.prepare, nothing recorded", async () => {
     const repo = `dies-${name}`;

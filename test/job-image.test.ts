@@ -1,36 +1,25 @@
-import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { describe, expect, setDefaultTimeout, test } from "bun:test";
 
 // Real pip builds and real containers on a busy 2-core machine: seconds, not milliseconds.
 setDefaultTimeout(120_000);
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type EngineName, pushBusybox, removeRegistryImages, type Registry, startRegistry, engineMatrix, ENGINES } from "./fixtures/registry.ts";
+import { pushBusybox, engineMatrix, engineTest, useRegistry, ENGINES } from "./fixtures/registry.ts";
 import { cli, sandbox } from "./helpers.ts";
 
 /** `job run` with an image, end to end, on each real engine and a real registry on 127.0.0.1. */
-const { required, status, working } = await engineMatrix("job-image.test");
+const matrix = await engineMatrix("job-image.test");
+const { status, working } = matrix;
 
-let registry: Registry | undefined;
-beforeAll(async () => {
-  if (working.length) registry = await startRegistry();
-}, 30_000);
-afterAll(async () => {
-  if (registry) for (const e of working) await removeRegistryImages(e, registry.host);
-  await registry?.stop();
-}, 60_000);
+const registryOf = useRegistry(working);
 
 describe.each(ENGINES)("job run --image with %s", (name) => {
-  if (!status[name].ok && required.has(name)) {
-    test(`${name} is required and works`, () => {
-      throw new Error(`${name} does not work: ${status[name].reason}`);
-    });
-    return;
-  }
-  const it = status[name].ok ? test : test.skip;
+  const it = engineTest(matrix, name);
+  if (!it) return;
 
   it("pulls in task.prepare (miss), reuses on the next job (hit, no registry request), sees workdir and env, passes the exit code", async () => {
     const repo = `job-${name}`;
-    const ref = await pushBusybox(registry!, repo, "1", working[0]!, [...new Set([working[0]!, name])]);
+    const ref = await pushBusybox(registryOf(), repo, "1", working[0]!, [...new Set([working[0]!, name])]);
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;
     try {
@@ -44,7 +33,7 @@ describe.each(ENGINES)("job run --image with %s", (name) => {
       expect(first.stdout).toContain("hello-container");
       expect(first.stdout).toContain(wd);
       expect(readFileSync(join(wd, "made-in-container.txt"), "utf8")).toBe("out\n");
-      const pulls = registry!.manifestRequests(repo, "1");
+      const pulls = registryOf().manifestRequests(repo, "1");
       expect(pulls).toBeGreaterThan(0);
       // env list shows the recorded image beside the envs.
       const listed = JSON.parse((await cli(["env", "list", "--json"], { env: box.env })).stdout);
@@ -52,7 +41,7 @@ describe.each(ENGINES)("job run --image with %s", (name) => {
 
       const second = await cli(["job", "run", "--json", "-f", join(wd, "job.yaml")], { env: box.env });
       expect(second.code).toBe(5);
-      expect(registry!.manifestRequests(repo, "1")).toBe(pulls);
+      expect(registryOf().manifestRequests(repo, "1")).toBe(pulls);
       const doc = JSON.parse(second.stdout);
       const prep = doc.phases.find((p: any) => p.name === "task.prepare");
       expect(prep.cache).toBe("hit");
@@ -69,7 +58,7 @@ describe.each(ENGINES)("job run --image with %s", (name) => {
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;
     try {
-      const r = await cli(["job", "run", "--image", `${registry!.host}/nope/missing:1`, "--", "sh", "-c", "echo ran"], { env: box.env, cwd: box.root });
+      const r = await cli(["job", "run", "--image", `${registryOf().host}/nope/missing:1`, "--", "sh", "-c", "echo ran"], { env: box.env, cwd: box.root });
       expect(r.code).not.toBe(0);
       expect(r.stdout).not.toContain("ran");
       expect(r.stderr.toLowerCase()).toMatch(/manifest unknown|not found/);
