@@ -1,16 +1,44 @@
-import { existsSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { join, resolve } from "node:path";
 
 export const ROOT = resolve(import.meta.dir, "..");
 
-/** The built binary (bench measures what users run); builds it when missing. */
-export function binary(): string {
-  const bin = join(ROOT, "dist", "gpulayer");
-  if (!existsSync(bin) || process.env.BENCH_REBUILD) {
-    const r = Bun.spawnSync(["bun", "run", "build"], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
-    if (r.exitCode !== 0) throw new Error("bun run build failed");
+function newestSource(dir: string): number {
+  let newest = 0;
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    newest = Math.max(newest, e.isDirectory() ? newestSource(p) : statSync(p).mtimeMs);
   }
-  return bin;
+  return newest;
+}
+
+/**
+ * The built binary (benchmarks measure what users run): dist/gpulayer, built
+ * with `bun run build` when missing, older than src/, or BENCH_REBUILD is set;
+ * `how` says which, for the reports.
+ */
+export function ensureBinary(): { bin: string; how: string } {
+  const bin = join(ROOT, "dist", "gpulayer");
+  if (existsSync(bin) && !process.env.BENCH_REBUILD && statSync(bin).mtimeMs >= newestSource(join(ROOT, "src"))) return { bin, how: "dist/gpulayer as found" };
+  const build = Bun.spawnSync(["bun", "run", "build"], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
+  if (build.exitCode === 0 && existsSync(bin)) return { bin, how: "bun run build" };
+  mkdirSync(join(ROOT, "dist"), { recursive: true });
+  const plain = ["bun", "build", "--compile", "--minify", "--no-compile-autoload-dotenv", "--no-compile-autoload-bunfig", "src/cli.ts", "--outfile", bin];
+  if (Bun.spawnSync(plain, { cwd: ROOT, stdout: "inherit", stderr: "inherit" }).exitCode !== 0) throw new Error("cannot build dist/gpulayer");
+  return { bin, how: plain.join(" ") };
+}
+
+export function binary(): string {
+  return ensureBinary().bin;
+}
+
+/** uv itself, not a pyenv shim (a bash script that costs ~0.1 s a call): every contender gets the same binary. */
+export function realUv(): string | null {
+  const found = Bun.which("uv");
+  if (!found) return null;
+  if (readFileSync(found).subarray(0, 2).toString() !== "#!") return found;
+  const real = Bun.spawnSync(["pyenv", "which", "uv"]).stdout.toString().trim();
+  return real || null;
 }
 
 /** Wall time of one whole process, in ms. */

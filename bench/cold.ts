@@ -17,7 +17,7 @@ import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, 
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { makeWorkerVenv } from "../test/helpers.ts";
-import { ROOT, stats } from "./_lib.ts";
+import { ensureBinary, realUv, ROOT, stats } from "./_lib.ts";
 
 type Stats = ReturnType<typeof stats>;
 type Env = Record<string, string>;
@@ -34,36 +34,8 @@ async function must(argv: string[], env?: Env) {
   return r;
 }
 
-function newestSource(dir: string): number {
-  let newest = 0;
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    newest = Math.max(newest, e.isDirectory() ? newestSource(p) : statSync(p).mtimeMs);
-  }
-  return newest;
-}
 
-/** dist/gpulayer, rebuilt when older than src/. */
-async function ensureBinary(): Promise<string> {
-  const bin = join(ROOT, "dist", "gpulayer");
-  if (existsSync(bin) && !process.env.BENCH_REBUILD && statSync(bin).mtimeMs >= newestSource(join(ROOT, "src"))) return bin;
-  const build = await run(["bun", "run", "build"]);
-  if (build.code === 0 && existsSync(bin)) return bin;
-  mkdirSync(join(ROOT, "dist"), { recursive: true });
-  await must(["bun", "build", "--compile", "--minify", join(ROOT, "src", "cli.ts"), "--outfile", bin]);
-  return bin;
-}
 
-/** uv itself, not a pyenv shim (a bash script that costs ~0.1 s a call): every contender gets the same binary. */
-function realUv(): string {
-  const found = Bun.which("uv");
-  if (!found) throw new Error("uv is not on PATH");
-  if (readFileSync(found).subarray(0, 2).toString() !== "#!") return found;
-  const r = Bun.spawnSync(["pyenv", "which", "uv"]);
-  const real = r.stdout.toString().trim();
-  if (r.exitCode !== 0 || !real) throw new Error(`uv on PATH is a script (${found}) and pyenv does not name the binary`);
-  return real;
-}
 
 /** Alternate the contenders run by run, so the machine's drift hits all alike. */
 async function sideBySide(contenders: [string, () => Promise<number>][], runs: number): Promise<[string, Stats][]> {
@@ -82,8 +54,10 @@ const sh = (cmd: string) => Bun.spawnSync(["sh", "-c", cmd]).stdout.toString().t
 const INDEX = "file:///opt/pypi/simple";
 const RAW_UV = "`uv venv` + `uv pip install` (raw)";
 
-const bin = await ensureBinary();
-const uv = realUv();
+const { bin } = ensureBinary();
+const uv = realUv() ?? (() => {
+  throw new Error("uv is not on PATH (the cold benchmark compares against it)");
+})();
 const keep = join(tmpdir(), "gpulayer-bench-cold");
 const work = mkdtempSync(join(tmpdir(), "gpl-bench-cold-"));
 mkdirSync(join(work, "bin"));

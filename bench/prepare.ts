@@ -12,32 +12,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { PackageIndex } from "../test/fixtures/index.ts";
 import { makeWorkerVenv } from "../test/helpers.ts";
-import { ROOT, stats } from "./_lib.ts";
+import { ensureBinary, ROOT, stats } from "./_lib.ts";
 
 type Stats = ReturnType<typeof stats>;
 
-function newestSource(dir: string): number {
-  let newest = 0;
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    newest = Math.max(newest, e.isDirectory() ? newestSource(p) : statSync(p).mtimeMs);
-  }
-  return newest;
-}
 
-/** dist/gpulayer, built when missing or older than src/ (`bun run build`, else a plain `bun build --compile`). */
-async function ensureBinary(): Promise<{ bin: string; how: string }> {
-  const bin = join(ROOT, "dist", "gpulayer");
-  if (existsSync(bin) && !process.env.BENCH_REBUILD && statSync(bin).mtimeMs >= newestSource(join(ROOT, "src"))) return { bin, how: "dist/gpulayer as found" };
-  const build = await run(["bun", "run", "build"], { cwd: ROOT });
-  if (build.code === 0 && existsSync(bin)) return { bin, how: "bun run build" };
-  console.error(`bun run build failed (${build.err.trim().split("\n").pop()}); falling back to a plain bun build --compile`);
-  mkdirSync(join(ROOT, "dist"), { recursive: true });
-  const plain = ["bun", "build", "--compile", "--minify", "--no-compile-autoload-dotenv", "--no-compile-autoload-bunfig", "src/cli.ts", "--outfile", bin];
-  const r = await run(plain, { cwd: ROOT });
-  if (r.code !== 0) throw new Error(`cannot build dist/gpulayer: ${r.err}`);
-  return { bin, how: plain.join(" ") };
-}
 
 /** One whole process (async: the index server in this process must keep answering). */
 async function run(argv: string[], opts: { env?: Record<string, string>; cwd?: string } = {}) {
@@ -75,7 +54,7 @@ function table(rows: [string, Stats][], baseline: string, unit: "ms" | "s"): str
 
 const sh = (cmd: string) => Bun.spawnSync(["sh", "-c", cmd]).stdout.toString().trim();
 
-const { bin, how } = await ensureBinary();
+const { bin, how } = ensureBinary();
 const work = mkdtempSync(join(tmpdir(), "gpl-bench-prepare-"));
 const index = new PackageIndex(join(work, "index")).start();
 try {

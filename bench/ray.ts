@@ -23,7 +23,7 @@
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
-import { ROOT, stats } from "./_lib.ts";
+import { ensureBinary, realUv, ROOT, stats } from "./_lib.ts";
 
 type Stats = ReturnType<typeof stats>;
 type Env = Record<string, string>;
@@ -43,32 +43,8 @@ async function must(argv: string[], env?: Env, timeoutMs?: number) {
   return r;
 }
 
-function newestSource(dir: string): number {
-  let newest = 0;
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    newest = Math.max(newest, e.isDirectory() ? newestSource(p) : statSync(p).mtimeMs);
-  }
-  return newest;
-}
 
-/** dist/gpulayer, built when missing or older than src/. */
-async function ensureBinary(): Promise<string> {
-  const bin = join(ROOT, "dist", "gpulayer");
-  if (existsSync(bin) && !process.env.BENCH_REBUILD && statSync(bin).mtimeMs >= newestSource(join(ROOT, "src"))) return bin;
-  await must(["bun", "run", "build"]);
-  if (!existsSync(bin)) throw new Error("bun run build made no dist/gpulayer");
-  return bin;
-}
 
-/** uv itself, not a pyenv shim (a bash script, ~0.1 s a call), as in bench/cold.ts. */
-function realUv(): string | null {
-  const found = Bun.which("uv");
-  if (!found) return null;
-  if (readFileSync(found).subarray(0, 2).toString() !== "#!") return found;
-  const real = Bun.spawnSync(["pyenv", "which", "uv"]).stdout.toString().trim();
-  return real || null;
-}
 
 const sh = (cmd: string) => Bun.spawnSync(["sh", "-c", cmd]).stdout.toString().trim();
 const du = (p: string) => sh(`du -sh '${p}' | cut -f1`);
@@ -81,7 +57,7 @@ const WHEELS = "/opt/wheels"; // torch 2.13.0+cpu (the machine's wheel folder): 
 const keep = join(tmpdir(), "gpulayer-bench-ray");
 const rayTemp = join(keep, "rt"); // Ray's _temp_dir: sessions (and their runtime_resources) land here
 const work = mkdtempSync(join(tmpdir(), "gpl-bench-ray-"));
-const bin = await ensureBinary();
+const { bin } = ensureBinary();
 const uv = realUv();
 
 // One environment for every contender: none of the machine's PIP_*/UV_*/GPULAYER_* settings, pip's config files shut out.
