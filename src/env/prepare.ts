@@ -11,14 +11,18 @@ import { sleep, tryLock } from "./lock.ts";
 import { emptyOptions, parseRequirementsFile, parseSpecs, type RequirementSet } from "./requirements.ts";
 import { diskUsage, entryPaths, isReady, markReady, readMeta, removeEntryDir, touchLastUsed } from "./store.ts";
 
-/** What a user asks for: flags of `env prepare`, or the environment section of a job. */
-export interface PrepareRequest {
+/** Where an environment's packages come from: the flags of `env prepare`, or the environment section of a job. */
+export interface EnvironmentSource {
   requirementsFile?: string;
   specs: string[];
   python?: string;
   indexUrl?: string;
   extraIndexUrls: string[];
   findLinks: string[];
+}
+
+/** What a user asks for, and where: relative paths resolve against `cwd`; `env` is the installers' environment. */
+export interface PrepareRequest extends EnvironmentSource {
   /** Relative paths (requirements file, local packages) resolve against this. */
   cwd: string;
   env: NodeJS.ProcessEnv;

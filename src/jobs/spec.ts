@@ -1,6 +1,7 @@
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
 import { type JobFile, loadJobFile } from "../config/jobfile.ts";
+import type { EnvironmentSource } from "../env/prepare.ts";
 import { UsageError } from "../errors.ts";
 
 /** A job with every path resolved and flags merged over its file: what a runner needs, nothing else. */
@@ -11,15 +12,7 @@ export interface JobSpec {
   commandText: string;
   workdir: string;
   env: Record<string, string>;
-  environment: {
-    requirementsFile?: string;
-    specs: string[];
-    python?: string;
-    indexUrl?: string;
-    extraIndexUrls: string[];
-    findLinks: string[];
-    image?: string;
-  };
+  environment: EnvironmentSource & { image?: string };
   resources: { gpus: number; frameworks: Record<string, string> };
 }
 

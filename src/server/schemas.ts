@@ -13,20 +13,23 @@ const RelPath = v.pipe(
   v.check((p) => !p.startsWith("/") && !p.split("/").includes(".."), "must be a path inside the bundle"),
 );
 
+/** A job's environment section, as it travels (requirements paths relative to the bundle). */
+const Environment = v.strictObject({
+  requirementsFile: v.optional(RelPath),
+  specs: StrList,
+  python: v.optional(Str),
+  indexUrl: v.optional(Str),
+  extraIndexUrls: StrList,
+  findLinks: StrList,
+  image: v.optional(Str),
+});
+
 export const RemoteSpecSchema = v.strictObject({
   name: Name,
   argv: v.pipe(v.array(Str), v.minLength(1), v.maxLength(10_000)),
   commandText: Str,
   env: v.record(v.pipe(v.string(), v.regex(/^[A-Za-z_][A-Za-z0-9_]*$/)), Str),
-  environment: v.strictObject({
-    requirementsFile: v.optional(RelPath),
-    specs: StrList,
-    python: v.optional(Str),
-    indexUrl: v.optional(Str),
-    extraIndexUrls: StrList,
-    findLinks: StrList,
-    image: v.optional(Str),
-  }),
+  environment: Environment,
   resources: v.strictObject({
     gpus: v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(1024)),
     frameworks: v.record(v.string(), v.string()),
@@ -43,16 +46,7 @@ export const SubmitSchema = v.strictObject({
 });
 
 export const PrepareSchema = v.strictObject({
-  request: v.strictObject({
-    requirementsFile: v.optional(RelPath),
-    specs: StrList,
-    python: v.optional(Str),
-    indexUrl: v.optional(Str),
-    extraIndexUrls: StrList,
-    findLinks: StrList,
-    image: v.optional(Str),
-    pull: v.optional(v.picklist(["missing", "always", "never"])),
-  }),
+  request: v.strictObject({ ...Environment.entries, pull: v.optional(v.picklist(["missing", "always", "never"])) }),
   bundle: BundleHash,
   labels: Labels,
 });
