@@ -75,14 +75,7 @@ async function persistSize(paths: EntryPaths, meta: SizedMeta, sizeBytes: number
   }
 }
 
-interface EntryFacts {
-  state: GcState;
-  sizeBytes: number;
-  lastUsedMs: number;
-  createdMs: number;
-  summary: string;
-  sizeRefreshed?: boolean;
-}
+type EntryFacts = Pick<GcEntry, "state" | "sizeBytes" | "lastUsedMs" | "createdMs" | "summary" | "sizeRefreshed">;
 
 function leaseReason(holders: string[]): SkipReason {
   return { code: "leased", message: `in use by ${holders.join(", ")}` };
