@@ -80,3 +80,26 @@ export function machine(): string {
   const cpu = Bun.spawnSync(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"]).stdout.toString().trim();
   return `${navigator.hardwareConcurrency} cores, ${cpu || process.arch}`;
 }
+
+/**
+ * The package index the benchmarks install from, and a folder of wheels (torch)
+ * offered beside it: BENCH_INDEX and BENCH_FIND_LINKS, so no machine's paths
+ * are written into the code. Every contender gets the same ones.
+ */
+export function benchIndex(): { index: string; findLinks: string | null } {
+  const index = process.env.BENCH_INDEX;
+  if (!index) {
+    console.error("set BENCH_INDEX to a PEP 503 index every contender installs from (a local mirror, file:///…/simple, or https://pypi.org/simple), and BENCH_FIND_LINKS to a folder holding the torch wheel for the torch rows");
+    process.exit(2);
+  }
+  return { index, findLinks: process.env.BENCH_FIND_LINKS || null };
+}
+
+/** For reports: the index and wheel folder by their variable names, not this machine's paths. */
+export function redactBenchPaths(text: string): string {
+  const { BENCH_INDEX: index, BENCH_FIND_LINKS: links } = process.env;
+  let out = text;
+  if (index) out = out.split(index).join("$BENCH_INDEX");
+  if (links) out = out.split(links).join("$BENCH_FIND_LINKS");
+  return out.replace(/\/tmp\/gpl-bench-[A-Za-z0-9-]+/g, "<tmp>").replace(/\/root\/\.pyenv\/versions\/[^/\s]+/g, "<pyenv>");
+}

@@ -3,7 +3,7 @@
  * path (auto) and by the pip path (GPULAYER_INSTALLER=pip, the ADR's build),
  * against raw `uv venv` + `uv pip install` and raw `python -m venv
  * --without-pip` + `pip install` of the same request from the same local index
- * (file:///opt/pypi/simple, a PEP 503 folder on this machine). Every run has a
+ * ($BENCH_INDEX, e.g. a local PEP 503 mirror). Every run has a
  * fresh GPULAYER_HOME and fresh pip and uv caches. Then the warm reuse.
  *
  * Cases: `tqdm` (the ADR's own) and `requests` on a small worker venv with pip;
@@ -17,7 +17,7 @@ import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, 
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { makeWorkerVenv } from "../test/helpers.ts";
-import { ensureBinary, realUv, ROOT, stats } from "./_lib.ts";
+import { benchIndex, redactBenchPaths, ensureBinary, realUv, ROOT, stats } from "./_lib.ts";
 
 type Stats = ReturnType<typeof stats>;
 type Env = Record<string, string>;
@@ -51,7 +51,7 @@ function table(rows: [string, Stats][], baseline: string, unit: "ms" | "s"): str
 }
 
 const sh = (cmd: string) => Bun.spawnSync(["sh", "-c", cmd]).stdout.toString().trim();
-const INDEX = "file:///opt/pypi/simple";
+const { index: INDEX, findLinks: BENCH_WHEELS } = benchIndex();
 const RAW_UV = "`uv venv` + `uv pip install` (raw)";
 
 const { bin } = ensureBinary();
@@ -161,7 +161,7 @@ try {
   const requests = await coldCase(smallPy, "requests", idx, runs, { steps: {}, torch: {} });
   // torch comes from the machine's wheel folder for whoever installs it; gpulayer gets the same options.
   const torchNotes: Notes = { steps: {}, torch: {} };
-  const torchIdx = [...idx, "--find-links", "/opt/wheels"];
+  const torchIdx = [...idx, ...(BENCH_WHEELS ? ["--find-links", BENCH_WHEELS] : [])];
   const torch = await coldCase(torchPy, "torchmetrics", torchIdx, torchRuns, torchNotes);
 
   // Warm: the tqdm env built once (fast path), then whole processes that find it.
@@ -212,7 +212,7 @@ try {
     "",
     ...table(requests, RAW_UV, "s"),
     "",
-    `## \`torchmetrics\` on a worker with torch 2.13.0 (${torchRuns} runs each; \`--find-links /opt/wheels\` offers torch to all)`,
+    `## \`torchmetrics\` on a worker with torch 2.13.0 (${torchRuns} runs each; \`--find-links $BENCH_FIND_LINKS\` offers torch to all)`,
     "",
     ...table(torch, RAW_UV, "s"),
     "",
@@ -247,7 +247,7 @@ try {
   const [begin, end] = ["<!-- bench:begin -->", "<!-- bench:end -->"];
   const old = existsSync(file) ? readFileSync(file, "utf8") : "";
   const kept = old.includes(begin) && old.includes(end) ? [old.slice(0, old.indexOf(begin)), old.slice(old.indexOf(end) + end.length)] : ["", "\n"];
-  writeFileSync(file, `${kept[0]}${begin}\n${doc}\n${end}${kept[1]}`);
+  writeFileSync(file, `${kept[0]}${begin}\n${redactBenchPaths(doc)}\n${end}${kept[1]}`);
 } finally {
   rmSync(work, { recursive: true, force: true });
 }

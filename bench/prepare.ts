@@ -12,7 +12,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { PackageIndex } from "../test/fixtures/index.ts";
 import { makeWorkerVenv } from "../test/helpers.ts";
-import { ensureBinary, ROOT, stats } from "./_lib.ts";
+import { ensureBinary, redactBenchPaths, ROOT, stats } from "./_lib.ts";
 
 type Stats = ReturnType<typeof stats>;
 
@@ -169,7 +169,7 @@ try {
   const old = existsSync(file) ? await Bun.file(file).text() : "";
   const kept = old.includes(begin) && old.includes(end) ? [old.slice(0, old.indexOf(begin)), old.slice(old.indexOf(end) + end.length)] : ["", "\n"];
   mkdirSync(join(ROOT, "docs"), { recursive: true });
-  writeFileSync(file, `${kept[0]}${begin}\n${doc}\n${end}${kept[1]}`);
+  writeFileSync(file, `${kept[0]}${begin}\n${redactBenchPaths(doc)}\n${end}${kept[1]}`);
 } finally {
   index.stop();
   rmSync(work, { recursive: true, force: true });

@@ -1,6 +1,6 @@
 /**
  * gpulayer against Ray's runtime_env `pip` (the anchor in DESIGN.md, "Anchors and what they lack"), side by side in
- * one run, on the same requests from the same local index (file:///opt/pypi/simple, a PEP 503 folder on this machine).
+ * one run, on the same requests from the same local index ($BENCH_INDEX, e.g. a local PEP 503 mirror).
  *
  * Ray: a venv with ray (+ virtualenv, which Ray's pip plugin imports) made once and kept at
  * $TMPDIR/gpulayer-bench-ray/ray-venv; bench/ray_job.py starts a local Ray (ray.init(num_cpus=1,
@@ -23,7 +23,7 @@
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
-import { ensureBinary, realUv, ROOT, stats } from "./_lib.ts";
+import { benchIndex, redactBenchPaths, ensureBinary, realUv, ROOT, stats } from "./_lib.ts";
 
 type Stats = ReturnType<typeof stats>;
 type Env = Record<string, string>;
@@ -52,8 +52,11 @@ const sitePackages = (venv: string) => join(venv, "lib", "python3.11", "site-pac
 const median = (xs: number[]) => stats(xs).median;
 const fmt = (ms: number) => (ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(1)} ms`);
 
-const INDEX = "file:///opt/pypi/simple";
-const WHEELS = "/opt/wheels"; // torch 2.13.0+cpu (the machine's wheel folder): offered to Ray and gpulayer alike
+const { index: INDEX, findLinks: BENCH_WHEELS } = benchIndex();
+// torch's wheel folder, offered to Ray and gpulayer alike.
+const WHEELS = BENCH_WHEELS ?? (() => {
+  throw new Error("set BENCH_FIND_LINKS to a folder with the torch wheel");
+})();
 const keep = join(tmpdir(), "gpulayer-bench-ray");
 const rayTemp = join(keep, "rt"); // Ray's _temp_dir: sessions (and their runtime_resources) land here
 const work = mkdtempSync(join(tmpdir(), "gpl-bench-ray-"));
@@ -421,7 +424,7 @@ try {
   const [begin, end] = ["<!-- bench:begin -->", "<!-- bench:end -->"];
   const old = existsSync(file) ? readFileSync(file, "utf8") : "";
   const kept = old.includes(begin) && old.includes(end) ? [old.slice(0, old.indexOf(begin)), old.slice(old.indexOf(end) + end.length)] : ["", "\n"];
-  writeFileSync(file, `${kept[0]}${begin}\n${doc}\n${end}${kept[1]}`);
+  writeFileSync(file, `${kept[0]}${begin}\n${redactBenchPaths(doc)}\n${end}${kept[1]}`);
 } finally {
   rmSync(work, { recursive: true, force: true });
 }
