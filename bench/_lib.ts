@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 
 export const ROOT = resolve(import.meta.dir, "..");
@@ -102,4 +102,14 @@ export function redactBenchPaths(text: string): string {
   if (index) out = out.split(index).join("$BENCH_INDEX");
   if (links) out = out.split(links).join("$BENCH_FIND_LINKS");
   return out.replace(/\/tmp\/gpl-bench-[A-Za-z0-9-]+/g, "<tmp>").replace(/\/root\/\.pyenv\/versions\/[^/\s]+/g, "<pyenv>");
+}
+
+/** Rewrite only the part of a report between its markers: notes kept around them survive a new run. */
+export function writeReport(name: string, doc: string): void {
+  const file = join(ROOT, "docs", name);
+  const [begin, end] = ["<!-- bench:begin -->", "<!-- bench:end -->"];
+  const old = existsSync(file) ? readFileSync(file, "utf8") : "";
+  const kept = old.includes(begin) && old.includes(end) ? [old.slice(0, old.indexOf(begin)), old.slice(old.indexOf(end) + end.length)] : ["", "\n"];
+  mkdirSync(join(ROOT, "docs"), { recursive: true });
+  writeFileSync(file, `${kept[0]}${begin}\n${redactBenchPaths(doc)}\n${end}${kept[1]}`);
 }

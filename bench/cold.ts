@@ -17,7 +17,7 @@ import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, 
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { makeWorkerVenv } from "../test/helpers.ts";
-import { benchIndex, redactBenchPaths, ensureBinary, realUv, ROOT, stats } from "./_lib.ts";
+import { benchIndex, ensureBinary, realUv, ROOT, stats, writeReport } from "./_lib.ts";
 
 type Stats = ReturnType<typeof stats>;
 type Env = Record<string, string>;
@@ -243,11 +243,7 @@ try {
     "```",
   ].join("\n");
   console.log(doc);
-  const file = join(ROOT, "docs", "bench-cold.md");
-  const [begin, end] = ["<!-- bench:begin -->", "<!-- bench:end -->"];
-  const old = existsSync(file) ? readFileSync(file, "utf8") : "";
-  const kept = old.includes(begin) && old.includes(end) ? [old.slice(0, old.indexOf(begin)), old.slice(old.indexOf(end) + end.length)] : ["", "\n"];
-  writeFileSync(file, `${kept[0]}${begin}\n${redactBenchPaths(doc)}\n${end}${kept[1]}`);
+  writeReport("bench-cold.md", doc);
 } finally {
   rmSync(work, { recursive: true, force: true });
 }

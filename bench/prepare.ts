@@ -12,7 +12,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { PackageIndex } from "../test/fixtures/index.ts";
 import { makeWorkerVenv } from "../test/helpers.ts";
-import { ensureBinary, redactBenchPaths, ROOT, stats } from "./_lib.ts";
+import { ensureBinary, ROOT, stats, writeReport } from "./_lib.ts";
 
 type Stats = ReturnType<typeof stats>;
 
@@ -163,13 +163,7 @@ try {
   ];
   const doc = lines.join("\n");
   console.log(doc);
-  // Only the part between the markers is rewritten: notes kept below them survive a new run.
-  const file = join(ROOT, "docs", "bench-prepare.md");
-  const [begin, end] = ["<!-- bench:begin -->", "<!-- bench:end -->"];
-  const old = existsSync(file) ? await Bun.file(file).text() : "";
-  const kept = old.includes(begin) && old.includes(end) ? [old.slice(0, old.indexOf(begin)), old.slice(old.indexOf(end) + end.length)] : ["", "\n"];
-  mkdirSync(join(ROOT, "docs"), { recursive: true });
-  writeFileSync(file, `${kept[0]}${begin}\n${redactBenchPaths(doc)}\n${end}${kept[1]}`);
+  writeReport("bench-prepare.md", doc);
 } finally {
   index.stop();
   rmSync(work, { recursive: true, force: true });

@@ -23,7 +23,7 @@
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
-import { benchIndex, redactBenchPaths, ensureBinary, realUv, ROOT, stats } from "./_lib.ts";
+import { benchIndex, ensureBinary, realUv, ROOT, stats, writeReport } from "./_lib.ts";
 
 type Stats = ReturnType<typeof stats>;
 type Env = Record<string, string>;
@@ -420,11 +420,7 @@ try {
     "running every job as a new process, has no counterpart for.",
   ].join("\n");
   console.log(doc);
-  const file = join(ROOT, "docs", "bench-ray.md");
-  const [begin, end] = ["<!-- bench:begin -->", "<!-- bench:end -->"];
-  const old = existsSync(file) ? readFileSync(file, "utf8") : "";
-  const kept = old.includes(begin) && old.includes(end) ? [old.slice(0, old.indexOf(begin)), old.slice(old.indexOf(end) + end.length)] : ["", "\n"];
-  writeFileSync(file, `${kept[0]}${begin}\n${redactBenchPaths(doc)}\n${end}${kept[1]}`);
+  writeReport("bench-ray.md", doc);
 } finally {
   rmSync(work, { recursive: true, force: true });
 }

@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync } from "nod
 import { join } from "node:path";
 import { packTemp } from "../src/cluster/upload.ts";
 import { cli, sandbox, startCli } from "./helpers.ts";
-import { keepOutput, waitFor } from "./fixtures/processes.ts";
+import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 
 /**
  * The server's uploaded bundles are cleaned up: a server and a worker as
@@ -67,10 +67,7 @@ beforeAll(async () => {
 }, T);
 
 afterAll(async () => {
-  for (const p of procs.reverse()) p.proc.kill("SIGTERM");
-  const killer = setTimeout(() => procs.forEach((p) => p.proc.kill("SIGKILL")), 10_000);
-  await Promise.all(procs.map((p) => p.proc.exited));
-  clearTimeout(killer);
+  await stopAll(procs);
   box.cleanup();
 }, 30_000);
 

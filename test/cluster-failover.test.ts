@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
-import { keepOutput, waitFor } from "./fixtures/processes.ts";
+import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 
 /**
  * Workers that die or leave: a server and workers as separate processes on
@@ -54,10 +54,7 @@ beforeAll(async () => {
 }, T);
 
 afterAll(async () => {
-  for (const p of procs.reverse()) p.proc.kill("SIGTERM");
-  const killer = setTimeout(() => procs.forEach((p) => p.proc.kill("SIGKILL")), 10_000);
-  await Promise.all(procs.map((p) => p.proc.exited));
-  clearTimeout(killer);
+  await stopAll(procs);
   if (existsSync(pids)) {
     for (const pid of readFileSync(pids, "utf8").trim().split("\n").map(Number)) {
       try {

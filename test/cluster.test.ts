@@ -5,7 +5,7 @@ import { homeLayout } from "../src/config/paths.ts";
 import { JobStore } from "../src/jobs/store.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, run, sandbox, startCli } from "./helpers.ts";
-import { keepOutput, waitFor } from "./fixtures/processes.ts";
+import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 
 /**
  * A server and three workers as separate processes on 127.0.0.1, each with
@@ -63,10 +63,7 @@ beforeAll(async () => {
 }, T);
 
 afterAll(async () => {
-  for (const p of procs.reverse()) p.proc.kill("SIGTERM");
-  const killer = setTimeout(() => procs.forEach((p) => p.proc.kill("SIGKILL")), 10_000);
-  await Promise.all(procs.map((p) => p.proc.exited));
-  clearTimeout(killer);
+  await stopAll(procs);
   index.stop();
   for (const b of Object.values(boxes)) b.cleanup();
 }, 30_000);
