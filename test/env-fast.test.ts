@@ -165,7 +165,7 @@ describe.if(HAS_UV)("the uv fast path gives what the pip path gives", () => {
       writeFileSync(join(dir, "req.txt"), `--no-index\n--find-links ${index.dir}\nneeds-b2\n`);
       const pair = await both([join(dir, "req.txt"), "--python", wB]);
       expect(pair.uv.installed).toEqual(["b==2.0", "needs-b2==1.0"]);
-      expect(pair.uv.meta.request.options).toMatchObject({ no_index: true, find_links: [index.dir] });
+      expect(pair.uv.meta.inputs.find_links).toMatchObject([{ origin: `${join(dir, "req.txt")}:2`, path: index.dir }]);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
@@ -221,12 +221,12 @@ describe.if(HAS_UV)("what the fast path leaves to pip", () => {
     try {
       writeFileSync(join(dir, "req.txt"), "--prefer-binary\nneeds-b1\n");
       const auto = await build("auto", [join(dir, "req.txt"), ...idx(), "--python", wB]);
-      expect(auto.meta).toMatchObject({ installerPath: "pip", installerFallback: "--prefer-binary has no uv equivalent" });
+      expect(auto.meta).toMatchObject({ installerPath: "pip", installerFallback: `${join(dir, "req.txt")}:1: --prefer-binary is left to pip` });
       expect(auto.json.installer_path).toBe("pip");
       expect(auto.installed).toEqual(["needs-b1==1.0"]);
       const forced = await build("uv", [join(dir, "req.txt"), ...idx(), "--python", wB]);
       expect(forced.code).toBe(2);
-      expect(forced.stderr).toBe("error: GPULAYER_INSTALLER=uv, but the fast path cannot build this request: --prefer-binary has no uv equivalent\n");
+      expect(forced.stderr).toBe(`error: GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${join(dir, "req.txt")}:1: --prefer-binary is left to pip\n`);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -49,33 +49,49 @@ function keyOf(text: string, opts: Partial<PrepareRequest> & { files?: Record<st
 }
 
 describe("env key", () => {
-  test("stable under reordering, case, comments, continuations and ${VAR}", () => {
+  test("stable only where pip certainly reads alike: line order, name case, whitespace, comments, continuations, equal versions", () => {
     const base = keyOf("numpy<3,>=1.2\ntqdm[notebook]\nrequests ; python_version >= '3.8'\n");
-    expect(keyOf("# the same, shuffled\nTQDM[Notebook]   # bars\nRequests; python_version>='3.8'\n\nNumPy >=1.2, <3\n")).toBe(base);
-    expect(keyOf("tqdm[notebook]\nnum\\\npy>=1.2,\\\n<3\nrequests; python_version >= \"3.8\"\n")).toBe(base);
-    expect(keyOf("${PKG}<3,>=1.2\ntqdm[notebook]\nrequests ; python_version >= '3.8'\n", { env: { PKG: "numpy" } })).toBe(base);
+    expect(keyOf("# the same, shuffled\nrequests ; python_version >= '3.8'\nTQDM[notebook]   # bars\n\nNumPy >=1.2, <3\n")).toBe(base);
+    expect(keyOf("tqdm[notebook]\nnum\\\npy>=1.2,\\\n<3\nrequests ; python_version >= '3.8'\n")).toBe(base);
+    expect(keyOf("numpy<3.0,>=1.2.0\ntqdm[notebook]\nrequests ; python_version >= '3.8'\n")).toBe(base);
     expect(keyOf("numpy<3,>=1.2\ntqdm[notebook]\nrequests ; python_version >= '3.8'\n", { env: { UNRELATED: "x" } })).toBe(base);
-    // The same request from the command line.
-    expect(keyOf("", { specs: ["tqdm[notebook]", "numpy>=1.2,<3", "requests; python_version>='3.8'"] })).toBe(base);
   });
 
-  test("changed by what a requirement says, and by a variable's value", () => {
+  test("anything not certainly equal is keyed by its exact text: extras' spelling, markers, ~= lengths, local versions", () => {
+    const base = keyOf("tqdm[notebook]\n");
+    // pip before 23.3 does not normalise extras: [dev_tools] and [dev-tools] may install different things.
+    expect(keyOf("bar[dev_tools]\n")).not.toBe(keyOf("bar[dev-tools]\n"));
+    expect(keyOf("tqdm[Notebook]\n")).not.toBe(base);
+    expect(keyOf("foo; python_version<'3'\n")).not.toBe(keyOf("foo; python_version < '3'\n"));
+    expect(keyOf("foo~=1.0\n")).not.toBe(keyOf("foo~=1.0.0\n"));
+    expect(keyOf("torch==2.1.0+rocm5.7\n")).not.toBe(keyOf("torch==2.1.0+rocm5.8\n"));
+    expect(keyOf("torch==2.1.0+rocm5.7\n")).not.toBe(keyOf("torch==2.1.0\n"));
+  });
+
+  test("changed by what a requirement says, and by a variable's value (held by digest)", () => {
     const base = keyOf("numpy<3\n");
     expect(keyOf("numpy<4\n")).not.toBe(base);
     expect(keyOf("numpy<3\ntqdm\n")).not.toBe(base);
     expect(keyOf("numpy[extra]<3\n")).not.toBe(base);
-    expect(keyOf("numpy<${V}\n", { env: { V: "3" } })).toBe(base);
-    expect(keyOf("numpy<${V}\n", { env: { V: "4" } })).not.toBe(base);
+    const v3 = keyOf("numpy<${V}\n", { env: { V: "3" } });
+    expect(keyOf("numpy<${V}\n", { env: { V: "3" } })).toBe(v3);
+    expect(keyOf("numpy<${V}\n", { env: { V: "4" } })).not.toBe(v3);
+    // pip leaves an unset or empty variable as written: both are "unset".
+    expect(keyOf("numpy<${V}\n", { env: { V: "" } })).toBe(keyOf("numpy<${V}\n"));
   });
 
-  test("changed by the content of a -r or -c file, not by its name or place", () => {
+  test("changed by the content of a -r or -c file", () => {
     const base = keyOf("-r more.txt\n", { files: { "more.txt": "tqdm\nnumpy\n" } });
-    expect(keyOf("-r other-name.txt\n", { files: { "other-name.txt": "numpy\ntqdm\n" } })).toBe(base);
-    expect(keyOf("tqdm\nnumpy\n")).toBe(base);
+    expect(keyOf("-r more.txt\n", { files: { "more.txt": "numpy\ntqdm\n" } })).toBe(base);
     expect(keyOf("-r more.txt\n", { files: { "more.txt": "tqdm\nnumpy<2\n" } })).not.toBe(base);
     const constrained = keyOf("-r more.txt\n-c c.txt\n", { files: { "more.txt": "tqdm\nnumpy\n", "c.txt": "numpy<2\n" } });
     expect(constrained).not.toBe(base);
     expect(keyOf("-r more.txt\n-c c.txt\n", { files: { "more.txt": "tqdm\nnumpy\n", "c.txt": "numpy<3\n" } })).not.toBe(constrained);
+    // Every spelling pip takes: attached, =value, quoted, several options on a line.
+    for (const spelling of ["-rmore.txt", "--requirement=more.txt", "--requirement 'more.txt'", "--pre -r more.txt"]) {
+      const a = keyOf(`${spelling}\n`, { files: { "more.txt": "tqdm\n" } });
+      expect(keyOf(`${spelling}\n`, { files: { "more.txt": "tqdm<5\n" } })).not.toBe(a);
+    }
   });
 
   test("changed by the index and the installer options", () => {
@@ -85,8 +101,9 @@ describe("env key", () => {
     expect(keyOf("tiny\n", { findLinks: ["./wheels"] })).not.toBe(base);
     expect(keyOf("--pre\ntiny\n")).not.toBe(base);
     expect(keyOf("--only-binary :all:\ntiny\n")).not.toBe(base);
-    // An index named in the file is the same as one on the command line.
-    expect(keyOf(`--index-url ${index.url}\ntiny\n`, { indexUrl: undefined })).toBe(base);
+    // Every option of a line counts, not only the first.
+    expect(keyOf("--no-index --find-links ./a\ntiny\n")).not.toBe(keyOf("--no-index --find-links ./b\ntiny\n"));
+    expect(keyOf("--trusted-host a --trusted-host b\ntiny\n")).not.toBe(keyOf("--trusted-host a --trusted-host c\ntiny\n"));
   });
 
   test("credentials count in the key, hashed: never in the key document", () => {
@@ -95,10 +112,16 @@ describe("env key", () => {
     mkdirSync(dir, { recursive: true });
     writeFileSync(join(dir, "requirements.txt"), "tiny\n");
     const req = (indexUrl: string) => resolveRequest(layout, { requirementsFile: "requirements.txt", specs: [], extraIndexUrls: [], findLinks: [], python: pyA, indexUrl, cwd: dir, env: { PATH: process.env.PATH ?? "" } });
-    const a = req(url("alice:s3cret"));
-    expect(JSON.stringify(a.doc)).not.toContain("s3cret");
+    const a = req(url("alice:s3cr@tpw"));
+    expect(JSON.stringify(a.doc)).not.toContain("s3cr");
+    expect(JSON.stringify(a.doc)).not.toContain("tpw");
     expect(JSON.stringify(a.doc)).not.toContain("alice");
-    expect(req(url("alice:s3cret")).key).toBe(a.key);
+    expect(req(url("alice:s3cr@tpw")).key).toBe(a.key);
+    // In the file too: the line is keyed with its credentials as a digest.
+    writeFileSync(join(dir, "requirements.txt"), `-i ${url("bob:pa@ss:wd")}\ntiny\n`);
+    const inFile = resolveRequest(layout, { requirementsFile: "requirements.txt", specs: [], extraIndexUrls: [], findLinks: [], python: pyA, cwd: dir, env: { PATH: process.env.PATH ?? "" } });
+    expect(JSON.stringify(inFile.doc)).not.toMatch(/bob|pa@ss|ss:wd/);
+    writeFileSync(join(dir, "requirements.txt"), "tiny\n");
     expect(req(url("alice:other")).key).not.toBe(a.key);
     expect(req(index.url).key).not.toBe(a.key);
   });
@@ -144,7 +167,7 @@ describe("env key", () => {
     const s = sandbox();
     try {
       writeFileSync(join(s.root, "a.txt"), "tiny\nextra-pkg>=1\n");
-      writeFileSync(join(s.root, "b.txt"), "# same\nExtra_Pkg >= 1   # comment\n\\\nTINY\n");
+      writeFileSync(join(s.root, "b.txt"), "# same\nExtra_Pkg >= 1.0   # comment\n\\\nTINY\n");
       const args = ["--index-url", index.url, "--python", pyA, "--json"];
       const first = await cli(["env", "prepare", "a.txt", ...args], { env: s.env, cwd: s.root });
       expect(first.code).toBe(0);

@@ -152,9 +152,11 @@ describe("env prepare", () => {
       expect(missing.stderr).toBe("error: requirements file not found: nope.txt\n");
 
       writeFileSync(join(s.root, "req.txt"), "tiny\n# fine\nthis is not a requirement\n");
+      // The installer reads the user's own file and names the line itself; nothing is left in the cache.
       const invalid = await prepare(s, ["req.txt", "--python", plainPy]);
-      expect(invalid.code).toBe(2);
-      expect(invalid.stderr).toMatch(/^error: .*req\.txt:3: invalid requirement: this is not a requirement\n$/);
+      expect(invalid.code).toBe(1);
+      expect(invalid.stderr).toMatch(/^error: installing the requirements failed: ERROR: Invalid requirement: 'this is not a requirement' \(from line 3 of .*req\.txt\)\n/);
+      expect(readyKeys(s.home)).toEqual([]);
 
       const noPython = await prepare(s, ["-p", "tiny", "--python", "/nonexistent/bin/python"]);
       expect(noPython.code).toBe(2);

@@ -10,6 +10,7 @@ export const EXAMPLES: Record<string, string[]> = {
     "gpulayer env prepare -p tqdm -p 'numpy<3' --json           # {key, path, status: built|reused, seconds}",
     "gpulayer env prepare -r req.txt --index-url http://mirror/simple --python /opt/venv/bin/python",
     "gpulayer env prepare --image registry.local/team/train:1   # pull ahead of jobs",
+    "gpulayer env prepare requirements.txt --dry-run            # the key, reuse or build, and every input it covers",
     "GPULAYER_INSTALLER=pip gpulayer env prepare req.txt        # force the pip build (default: uv fast path when possible)",
   ],
   "env list": ["gpulayer env list", "gpulayer env list --json"],

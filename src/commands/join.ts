@@ -58,6 +58,8 @@ export default defineCommand({
     const name = settings.name ?? hostname().split(".")[0]!;
     const labels = settings.labels ?? {};
     const probe = await probeMachine(layout, settings.python, process.env);
+    // A Python named now must work now: a bad path is never saved.
+    if (a.python !== undefined && !probe.python) throw new UsageError(probe.pythonError ?? `--python: ${a.python} is not a working Python 3`);
 
     if (!a.server) {
       const file = saveWorkerSettings(layout, settings);

@@ -16,6 +16,8 @@ export interface HomeLayout {
   leases: string;
   trash: string;
   interpreters: string;
+  /** Stat caches of local inputs' content digests (path, size, mtime, inode → sha256), as git's index. */
+  digests: string;
   tools: string;
   jobs: string;
   images: string;
@@ -30,6 +32,7 @@ export function homeLayout(root: string = gpulayerHome()): HomeLayout {
     leases: join(root, "leases"),
     trash: join(root, "trash"),
     interpreters: join(root, "interpreters-v1"),
+    digests: join(root, "digests-v1"),
     tools: join(root, "tools"),
     jobs: join(root, "jobs"),
     images: join(root, "images-v1"),

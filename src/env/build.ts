@@ -7,7 +7,8 @@ import { NEUTRAL_VARIABLES } from "./installer-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import { installedSet } from "./interpreter.ts";
 import { pipCheck, pipCommand, pipInstall } from "./pip-path.ts";
-import type { RequirementSet } from "./requirements.ts";
+import type { FlagOptions } from "./key.ts";
+import type { RequestInputs } from "./requirements.ts";
 import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-tool.ts";
 import { removePlaceholders, scanWorker, type WorkerScan, writePlaceholders } from "./worker-mirror.ts";
 
@@ -30,7 +31,9 @@ export type InstallerPath = typeof FAST_PATH | "pip";
 export interface BuildPlan {
   dir: string;
   interpreter: InterpreterInfo;
-  requirements: RequirementSet;
+  /** What the request makes the installer read; the installer reads the user's own files. */
+  inputs: RequestInputs;
+  flags: FlagOptions;
   /** Shut the installer off from the machine's config and its PIP_ and UV_ variables (an index was given). */
   isolated: boolean;
   env: NodeJS.ProcessEnv;
@@ -67,24 +70,29 @@ function installerEnv(plan: BuildPlan): Record<string, string> {
   }
   env.PIP_DISABLE_PIP_VERSION_CHECK = "1";
   env.PIP_NO_INPUT = "1";
-  const o = plan.requirements.options;
+  const o = plan.flags;
   if (plan.isolated) {
     // /dev/null is the one value that makes pip skip every config file, site-wide ones too.
     env.PIP_CONFIG_FILE = "/dev/null";
-    // Index URLs travel as variables, not argv: credentials stay out of `ps`.
+    // Index URLs travel as variables, not argv: credentials stay out of `ps`. The files' own options stay in the files.
     if (o.indexUrl) env.PIP_INDEX_URL = o.indexUrl;
     if (o.extraIndexUrls.length) env.PIP_EXTRA_INDEX_URL = o.extraIndexUrls.join(" ");
-    if (o.findLinks.length) env.PIP_FIND_LINKS = o.findLinks.join(" ");
-    if (o.noIndex) env.PIP_NO_INDEX = "1";
+    const links = flagFindLinks(plan);
+    if (links.length) env.PIP_FIND_LINKS = links.join(" ");
   }
   return env;
 }
 
+/** --find-links flags as the installer takes them: local folders by path, URLs as given. */
+export function flagFindLinks(plan: BuildPlan): string[] {
+  return plan.flags.findLinks.map((f) => f.path ?? f.url!);
+}
+
 /** Fail fast and clearly when an index does not answer, instead of after pip's retries. */
 async function checkIndexesReachable(plan: BuildPlan): Promise<void> {
-  const o = plan.requirements.options;
-  if (o.noIndex) return;
-  const urls = [o.indexUrl, ...o.extraIndexUrls, ...o.findLinks].filter((u): u is string => Boolean(u && /^https?:\/\//.test(u)));
+  if (plan.inputs.noIndex) return;
+  const o = plan.flags;
+  const urls = [o.indexUrl, ...o.extraIndexUrls, ...plan.inputs.indexUrls].filter((u): u is string => Boolean(u && /^https?:\/\//.test(u)));
   await Promise.all(
     urls.map(async (url) => {
       const bare = url.replace(/^(https?:\/\/)[^/@]+@/, "$1");
@@ -147,7 +155,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   });
   const dists = scan && "dists" in scan ? scan.dists : null;
   if (scan && "unsupported" in scan) fallback = scan.unsupported;
-  const refusal = dists ? workerRefusal(plan.requirements.requirements, dists) : null;
+  const refusal = dists ? workerRefusal(plan.inputs.requirements, dists) : null;
   if (refusal) fallback = refusal;
   const fast = Boolean(uv && dists && !refusal);
   if (plan.installer === "uv" && !fast) throw new UsageError(`GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${fallback}`);
@@ -163,13 +171,13 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     if (fast) placeholders = writePlaceholders(site, dists!);
   });
 
-  const { requirements } = plan.requirements;
+  const { requirements } = plan.inputs;
   let installer: string;
   let check: string[];
   if (fast) {
     installer = `uv ${await uvVersion(uv!, plan.dir)} (fast path)`;
     if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, fastEnv!, hooks));
-    const pre = plan.installer === "uv" || plan.requirements.options.pre ? [] : prereleasesInstalled(site);
+    const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") ? [] : prereleasesInstalled(site);
     if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
     check = await timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks));
     // The env keeps its own packages and the .pth link, exactly as pip leaves it.

@@ -2,10 +2,11 @@ import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { basename, join } from "node:path";
 import { explain } from "@renovatebot/pep440";
 import type { InstallError } from "../errors.ts";
-import type { BuildPlan } from "./build.ts";
+import { type BuildPlan, flagFindLinks } from "./build.ts";
 import { NEUTRAL_VARIABLES, pipConfigFiles } from "./installer-config.ts";
 import { requestFiles } from "./pip-path.ts";
-import { normalizeName, type Requirement } from "./requirements.ts";
+import { normalizeName } from "./canonical.ts";
+import type { Requirement } from "./requirements.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
 import { MIRROR_MARK, type WorkerDist } from "./worker-mirror.ts";
 
@@ -42,13 +43,9 @@ export function requestRefusal(plan: BuildPlan, uv: string | null): string | nul
     const config = machinePipConfig(plan.env);
     if (config.length) return `the machine's pip configuration applies (${config.join(", ")}), and only pip reads it`;
   }
-  const o = plan.requirements.options;
-  if (o.preferBinary) return "--prefer-binary has no uv equivalent";
-  if (o.noBinary.length || o.onlyBinary.length) return "--no-binary/--only-binary are left to pip";
-  if (o.requireHashes) return "--require-hashes is left to pip";
-  if (o.trustedHosts.length) return "--trusted-host is left to pip";
-  const perRequirement = [...plan.requirements.requirements, ...plan.requirements.constraints].find((r) => /\s--(hash|config-settings|global-option)=/.test(r.install));
-  if (perRequirement) return `options on a requirement (${perRequirement.origin}) are left to pip`;
+  if (plan.inputs.uvDiffers) return plan.inputs.uvDiffers;
+  // Which of a flag and a file's own -i wins is pip's rule; uv's may differ.
+  if (plan.flags.indexUrl && plan.inputs.optionsSeen.has("--index-url")) return "--index-url given both as a flag and in a file is left to pip";
   return null;
 }
 
@@ -68,7 +65,7 @@ export function workerRefusal(requirements: Requirement[], dists: WorkerDist[]):
     const at = r.name ? r.install.indexOf(" @ ") : -1;
     if (r.name && at === -1) continue; // a name and a specifier: uv and pip agree
     const target = (at === -1 ? r.install : r.install.slice(at + 3)).split(/\s+;\s*|\s+--/, 1)[0]!.trim();
-    const isLocal = target.startsWith("/") || /^file:/i.test(target);
+    const isLocal = !/^[a-z][a-z0-9+.-]*:\/\//i.test(target) || /^file:/i.test(target);
     const file = basename(target.replace(/^file:(\/\/)?/i, "").split(/[?#]/, 1)[0]!);
     const wheel = WHEEL_FILE.exec(file);
     if (isLocal && !wheel) continue; // a local folder or sdist: both install it
@@ -105,22 +102,21 @@ export function uvEnv(plan: BuildPlan, base: Record<string, string>): Record<str
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries(base)) if (!k.startsWith("UV_") || NEUTRAL_VARIABLES.has(k)) env[k] = v;
   Object.assign(env, { NO_COLOR: "1", UV_NO_PROGRESS: "1", UV_INDEX_STRATEGY: "unsafe-best-match" });
-  const o = plan.requirements.options;
+  const o = plan.flags;
   if (o.indexUrl) env.UV_INDEX_URL = o.indexUrl;
   if (o.extraIndexUrls.length) env.UV_EXTRA_INDEX_URL = o.extraIndexUrls.join(" ");
-  if (o.noIndex) env.UV_NO_INDEX = "1";
   // uv splits this variable at commas; a path with one goes on the command line instead (uvInstall).
-  if (o.findLinks.length && !o.findLinks.some((f) => f.includes(","))) env.UV_FIND_LINKS = o.findLinks.join(",");
-  if (o.pre) env.UV_PRERELEASE = "allow";
+  const links = flagFindLinks(plan);
+  if (links.length && !links.some((f) => f.includes(","))) env.UV_FIND_LINKS = links.join(",");
   return env;
 }
 
 /** `uv pip install` into the env; a failure is UvFailed (uv's own words in it). */
 export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks): Promise<void> {
-  const files = requestFiles(plan.dir, plan.requirements);
+  const files = requestFiles(plan.dir, plan.inputs);
   // --index-strategy unsafe-best-match: every index counts, as in pip (uv's default takes the first index that has a name).
   const argv = [uv, "pip", "install", "--python", envPython, "--no-config", ...files.args];
-  if (!env.UV_FIND_LINKS) for (const f of plan.requirements.options.findLinks) argv.push("--find-links", f);
+  if (!env.UV_FIND_LINKS) for (const f of flagFindLinks(plan)) argv.push("--find-links", f);
   const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks });
   files.done();
   if (code !== 0) {

@@ -1,6 +1,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
+import { folderDigest } from "./content-digest.ts";
 import { contentHash } from "./hashing.ts";
 
 /**
@@ -27,23 +28,28 @@ export function pipConfigFiles(env: NodeJS.ProcessEnv): string[] {
   return files;
 }
 
-export function pipConfigDigest(env: NodeJS.ProcessEnv): string {
+export function pipConfigDigest(env: NodeJS.ProcessEnv, digestCache: string | null): string {
   const parts: string[] = [];
   const referenced: string[] = [];
+  const folders: string[] = [];
   for (const [name, value] of Object.entries(env).sort(([a], [b]) => (a < b ? -1 : 1))) {
     if (!name.startsWith("PIP_") || value === undefined || NEUTRAL_VARIABLES.has(name)) continue;
     parts.push(`env ${name}=${value}`);
     if (name === "PIP_CONSTRAINT" || name === "PIP_REQUIREMENT") referenced.push(...value.split(/\s+/).filter(Boolean));
+    if (name === "PIP_FIND_LINKS") folders.push(...value.split(/\s+/).filter(Boolean));
   }
   for (const file of pipConfigFiles(env)) {
     if (!existsSync(file)) continue;
     const text = readFileSync(file, "utf8");
     parts.push(`file ${file}\n${text}`);
     for (const m of text.matchAll(/^\s*(constraint|requirement)\s*[=:]\s*(.+)$/gm)) referenced.push(...m[2]!.trim().split(/\s+/));
+    for (const m of text.matchAll(/^\s*find[-_]links\s*[=:]\s*(.+)$/gm)) folders.push(...m[1]!.trim().split(/\s+/));
   }
   for (const ref of referenced) {
     const path = resolve(ref);
     parts.push(`ref ${path}\n${existsSync(path) ? contentHash(readFileSync(path)) : "missing"}`);
   }
+  // A wheel dropped into a find-links folder changes what an unpinned request gets.
+  for (const f of folders) if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && existsSync(f)) parts.push(`folder ${f}\n${folderDigest(resolve(f), digestCache)}`);
   return contentHash(parts.join("\n"));
 }

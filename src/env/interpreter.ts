@@ -2,7 +2,8 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, renameS
 import { join, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
 import { contentHash } from "./hashing.ts";
-import { normalizeName } from "./requirements.ts";
+import { normalizeName } from "./canonical.ts";
+import { type ResolvedInterpreter, resolveInterpreter } from "./shims.ts";
 
 /** What gpulayer knows about a worker's Python; probed once, then cached by file identity. */
 export interface InterpreterInfo {
@@ -157,4 +158,10 @@ export function installedSet(siteDirs: string[]): string[] {
 
 export function baseFingerprint(siteDirs: string[]): string {
   return contentHash(installedSet(siteDirs).join("\n"));
+}
+
+/** The interpreter a name runs (PATH looked up, shims resolved), probed: what every request and the worker probe use. */
+export function runningInterpreter(python: string | undefined, env: NodeJS.ProcessEnv, cwd: string, cacheDir: string): { info: InterpreterInfo; resolved: ResolvedInterpreter } {
+  const resolved = resolveInterpreter(resolvePythonPath(python, env), env, cwd);
+  return { info: probeInterpreter(resolved.path, cacheDir), resolved };
 }

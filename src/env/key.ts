@@ -1,40 +1,50 @@
 import { contentHash, hideCredentials } from "./hashing.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
-import type { InstallerOptions, RequirementSet } from "./requirements.ts";
+import { type RequestInputs, variableDigests } from "./requirements.ts";
 
 /** Bumped whenever the key document or the build changes meaning; old entries are then never reused. */
-export const KEY_SCHEMA = 1;
+export const KEY_SCHEMA = 2;
+
+/** Installer options given as flags (not in a file): they travel to the installer as variables. */
+export interface FlagOptions {
+  indexUrl?: string;
+  extraIndexUrls: string[];
+  /** Local folders already read by content (`digest`), URLs as given. */
+  findLinks: { url?: string; path?: string; digest?: string }[];
+}
 
 export interface KeyInput {
-  requirements: RequirementSet;
+  inputs: RequestInputs;
+  flags: FlagOptions;
   interpreter: InterpreterInfo;
   base: string; // fingerprint of the worker's installed set
   /** null when gpulayer isolates the installer from the machine's own config. */
   installerConfig: string | null;
 }
 
-/** The key document: canonical, credential-free, stable across reorderings. Stored beside the env. */
+/**
+ * The key document: every input the installer reads, by content, and no
+ * path that does not change the result (a bundle unpacked elsewhere is the
+ * same request). Credential-free: URLs' credentials and `${VAR}` values are
+ * digests. Stored beside the env.
+ */
 export function keyDocument(input: KeyInput) {
-  const o: InstallerOptions = input.requirements.options;
+  const { inputs, flags } = input;
   return {
     schema: KEY_SCHEMA,
-    requirements: input.requirements.requirements.map((r) => r.canonical).sort(),
-    constraints: input.requirements.constraints.map((r) => r.canonical).sort(),
-    options: {
-      index_url: o.indexUrl ? hideCredentials(o.indexUrl) : null,
-      extra_index_urls: o.extraIndexUrls.map(hideCredentials),
-      find_links: o.findLinks.map(hideCredentials),
-      no_index: o.noIndex,
-      pre: o.pre,
-      prefer_binary: o.preferBinary,
-      no_binary: [...o.noBinary].sort(),
-      only_binary: [...o.onlyBinary].sort(),
-      trusted_hosts: [...o.trustedHosts].sort(),
-      require_hashes: o.requireHashes,
+    specs: inputs.specLines,
+    files: inputs.files.map((f) => ({ kind: f.kind, lines: f.lines, requirements: f.requirements })),
+    variables: variableDigests(inputs.variables),
+    // An editable project is linked, not copied: its place is part of what is built.
+    locals: inputs.locals.map((l) => (l.kind === "editable" ? { kind: l.kind, digest: l.digest, path: l.path } : { kind: l.kind, digest: l.digest })),
+    find_links: inputs.findLinks.map((f) => (f.url ? { url: f.url } : { digest: f.digest })),
+    flags: {
+      index_url: flags.indexUrl ? hideCredentials(flags.indexUrl) : null,
+      extra_index_urls: flags.extraIndexUrls.map(hideCredentials),
+      find_links: flags.findLinks.map((f) => (f.url ? { url: hideCredentials(f.url) } : { digest: f.digest })),
     },
     installer_config: input.installerConfig,
     interpreter: {
-      path: input.interpreter.path,
       executable: input.interpreter.realExecutable,
       prefix: input.interpreter.prefix,
       version: input.interpreter.version,
@@ -52,8 +62,10 @@ export function envKey(doc: KeyDocument): string {
   return contentHash(JSON.stringify(doc));
 }
 
-/** The request in short, for listings: `tqdm, numpy<3`. */
-export function requestSummary(doc: KeyDocument, max = 60): string {
-  const text = doc.requirements.map((r) => r.replace(/ --hash=\S+/g, "")).join(", ") || "(no requirements)";
+/** The request in short, for listings: `tqdm, numpy<3, requirements.txt`. */
+export function requestSummary(inputs: RequestInputs, max = 60): string {
+  const parts = [...inputs.specLines.requirements, ...inputs.specLines.lines];
+  if (inputs.topFile) parts.push(inputs.topFile.split("/").pop()!);
+  const text = parts.join(", ") || "(no requirements)";
   return text.length > max ? `${text.slice(0, max - 1)}…` : text;
 }

@@ -3,7 +3,8 @@ import { basename, join } from "node:path";
 import { UsageError } from "../errors.ts";
 import type { BuildPlan } from "./build.ts";
 import { installedSet } from "./interpreter.ts";
-import type { Requirement, RequirementSet } from "./requirements.ts";
+import { quote as shlexQuote } from "shlex";
+import type { RequestInputs } from "./requirements.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
 
 /**
@@ -42,42 +43,32 @@ export async function pipCommand(plan: BuildPlan, envPython: string, env: Record
 }
 
 /**
- * The request as files an installer reads with -r/-c, readable by us alone;
- * `done` removes them (expanded ${VAR}s may hold secrets), `named` puts the
- * user's own line in place of ours in what the installer said.
+ * What the installer is told to read: the user's own file, unchanged, as
+ * `-r FILE`; with -p specs, a small top file (readable by us alone) that
+ * holds the specs and `-r` the user's file. `done` removes it, `named` puts
+ * the user's own names in place of ours in what the installer said.
  */
-export function requestFiles(dir: string, set: RequirementSet) {
+export function requestFiles(dir: string, inputs: RequestInputs) {
+  if (!inputs.specs.length) return { args: inputs.topFile ? ["-r", inputs.topFile] : [], done() {}, named: (lines: string[]) => lines };
   const stateDir = join(dir, ".gpulayer");
   mkdirSync(stateDir, { recursive: true });
-  const reqFile = join(stateDir, "requirements.in");
-  const cFile = join(stateDir, "constraints.in");
-  const write = (file: string, reqs: Requirement[]) => writeFileSync(file, `${reqs.map((r) => r.install).join("\n")}\n`, { mode: 0o600 });
-  write(reqFile, set.requirements);
-  if (set.constraints.length) write(cFile, set.constraints);
-  const ours = new RegExp(`-r ${reqFile.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} \\(line (\\d+)\\)`, "g");
+  const top = join(stateDir, "request.txt");
+  const lines = [...inputs.specs, ...(inputs.topFile ? [`-r ${shlexQuote(inputs.topFile)}`] : [])];
+  writeFileSync(top, `${lines.join("\n")}\n`, { mode: 0o600 });
+  const ours = new RegExp(`-r ${top.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} \\(line (\\d+)\\)`, "g");
   return {
-    args: ["-r", reqFile, ...(set.constraints.length ? ["-c", cFile] : [])],
-    done() {
-      rmSync(reqFile, { force: true });
-      rmSync(cFile, { force: true });
-    },
-    named: (lines: string[]) => lines.map((l) => l.replace(ours, (m, n: string) => set.requirements[Number(n) - 1]?.origin ?? m)),
+    args: ["-r", top],
+    done: () => rmSync(top, { force: true }),
+    named: (out: string[]) => out.map((l) => l.replace(ours, (m, n: string) => (Number(n) <= inputs.specs.length ? `-p ${inputs.specs[Number(n) - 1]}` : m))),
   };
 }
 
 export async function pipInstall(plan: BuildPlan, pip: { argv: string[] }, env: Record<string, string>, hooks: BuildHooks): Promise<void> {
-  const o = plan.requirements.options;
-  const files = requestFiles(plan.dir, plan.requirements);
+  const files = requestFiles(plan.dir, plan.inputs);
+  // The files carry their own options (--pre, --hash, ...): pip reads them there, as the user wrote them.
   const argv = [...pip.argv, "install", "--no-warn-script-location", "--progress-bar", "off", ...files.args];
-  if (o.pre) argv.push("--pre");
-  if (o.preferBinary) argv.push("--prefer-binary");
-  for (const v of o.noBinary) argv.push("--no-binary", v);
-  for (const v of o.onlyBinary) argv.push("--only-binary", v);
-  if (o.requireHashes) argv.push("--require-hashes");
-  for (const v of o.trustedHosts) argv.push("--trusted-host", v);
   const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks });
   files.done();
-  // pip names our temporary file ("-r …/requirements.in (line 2)"); name the user's own line instead.
   if (code !== 0) throw installFailure("installing the requirements failed", files.named(lines));
 }
 

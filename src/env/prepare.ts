@@ -1,14 +1,17 @@
+import { statSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError } from "../errors.ts";
 import { type BuildHooks, type BuildOutcome, buildEnv, type InstallerSetting } from "./build.ts";
 import { redactUrl } from "./hashing.ts";
 import { pipConfigDigest } from "./installer-config.ts";
-import { baseFingerprint, type InterpreterInfo, probeInterpreter, resolvePythonPath } from "./interpreter.ts";
-import { envKey, type KeyDocument, keyDocument, requestSummary } from "./key.ts";
+import { baseFingerprint, type InterpreterInfo, runningInterpreter } from "./interpreter.ts";
+import { envKey, type FlagOptions, type KeyDocument, keyDocument, requestSummary } from "./key.ts";
 import { type Lease, takeLease } from "./lease.ts";
 import { sleep, tryLock } from "./lock.ts";
-import { emptyOptions, parseRequirementsFile, parseSpecs, type RequirementSet } from "./requirements.ts";
+import { type RequestInputs, scanRequest } from "./requirements.ts";
+import { fileDigest, folderDigest } from "./content-digest.ts";
+import { inputsReport } from "./inputs-report.ts";
 import { diskUsage, entryPaths, isReady, markReady, readMeta, removeEntryDir, touchLastUsed } from "./store.ts";
 
 /** Where an environment's packages come from: the flags of `env prepare`, or the environment section of a job. */
@@ -26,6 +29,8 @@ export interface PrepareRequest extends EnvironmentSource {
   /** Relative paths (requirements file, local packages) resolve against this. */
   cwd: string;
   env: NodeJS.ProcessEnv;
+  /** How messages name the specs: `-p` on the command line, `environment.requirements` in a job file. */
+  specOrigin?: string;
   venvCreator?: "uv" | "venv" | "auto";
   /** Else GPULAYER_INSTALLER, else auto. Not in the key: either path builds the same env. */
   installer?: InstallerSetting;
@@ -35,8 +40,11 @@ export interface ResolvedRequest {
   key: string;
   doc: KeyDocument;
   summary: string;
-  requirements: RequirementSet;
+  inputs: RequestInputs;
+  flags: FlagOptions;
   interpreter: InterpreterInfo;
+  /** How a shim or wrapper was resolved to the interpreter that runs, when it was one. */
+  interpreterVia: string | null;
   isolated: boolean;
 }
 
@@ -62,30 +70,43 @@ export interface PrepareResult {
   lease?: Lease;
 }
 
-/** From a request to its key: a few stats, a readdir and a hash; no Python is started on the warm path. */
+/** From a request to its key: stats, readdirs and a hash; no Python is started on the warm path (a wrapper script aside). */
 export function resolveRequest(layout: HomeLayout, req: PrepareRequest): ResolvedRequest {
-  const pythonPath = resolvePythonPath(req.python, req.env);
-  const interpreter = probeInterpreter(pythonPath, layout.interpreters);
-  const ctx = { env: req.env, cwd: req.cwd };
-  const set: RequirementSet = { requirements: [], constraints: [], options: emptyOptions() };
-  if (req.requirementsFile) parseRequirementsFile(req.requirementsFile, ctx, set);
-  if (req.specs.length) parseSpecs(req.specs, ctx, set);
-  const o = set.options;
-  // Flags win over the file's own options, as on pip's command line.
-  if (req.indexUrl) o.indexUrl = req.indexUrl;
-  o.extraIndexUrls.push(...req.extraIndexUrls.filter((u) => !o.extraIndexUrls.includes(u)));
-  o.findLinks.push(...req.findLinks.map((f) => (/^[a-z+]+:\/\//i.test(f) ? f : resolve(req.cwd, f))).filter((f) => !o.findLinks.includes(f)));
-  for (const u of [o.indexUrl, ...o.extraIndexUrls]) {
+  const { info: interpreter, resolved } = runningInterpreter(req.python, req.env, req.cwd, layout.interpreters);
+  const ctx = { env: req.env, cwd: req.cwd, digestCache: layout.digests };
+  const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
+  for (const u of [req.indexUrl, ...req.extraIndexUrls]) {
     if (u && !/^(https?:\/\/[^\s/]|file:\/\/)/i.test(u)) throw new UsageError(`invalid index URL: ${redactUrl(u)} (expected http://, https:// or file://)`);
   }
-  const isolated = Boolean(o.indexUrl || o.extraIndexUrls.length || o.findLinks.length || o.noIndex);
+  const flagLinks = req.findLinks.map((f) => {
+    if (/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && !/^file:/i.test(f)) return { url: f };
+    const path = resolve(req.cwd, f.replace(/^file:\/\//i, ""));
+    let digest = "missing";
+    try {
+      digest = statSync(path).isDirectory() ? folderDigest(path, layout.digests) : fileDigest(path, layout.digests);
+    } catch {
+      // pip warns and goes on; the key says it was missing
+    }
+    return { path, digest };
+  });
+  const flags: FlagOptions = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: flagLinks };
+  const fileIndexOptions = ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o));
+  const isolated = Boolean(req.indexUrl || req.extraIndexUrls.length || req.findLinks.length || fileIndexOptions);
   const doc = keyDocument({
-    requirements: set,
+    inputs,
+    flags,
     interpreter,
     base: baseFingerprint(interpreter.siteDirs),
-    installerConfig: isolated ? null : pipConfigDigest(req.env),
+    installerConfig: isolated ? null : pipConfigDigest(req.env, layout.digests),
   });
-  return { key: envKey(doc), doc, summary: requestSummary(doc), requirements: set, interpreter, isolated };
+  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated };
+}
+
+/** What `env prepare` would do, without building or locking: the key, reuse or build, and the inputs the key covers. */
+export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest) {
+  const resolved = resolveRequest(layout, req);
+  const paths = entryPaths(layout, resolved.key);
+  return { key: resolved.key, would: isReady(paths) ? ("reuse" as const) : ("build" as const), path: paths.dir, summary: resolved.summary, inputs: inputsReport(resolved) };
 }
 
 export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: { hooks?: PrepareHooks; leaseHolder?: string } = {}): Promise<PrepareResult> {
@@ -156,7 +177,8 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
       {
         dir: paths.dir,
         interpreter: resolved.interpreter,
-        requirements: resolved.requirements,
+        inputs: resolved.inputs,
+        flags: resolved.flags,
         isolated: resolved.isolated,
         env: req.env,
         toolsDir: layout.tools,
@@ -180,6 +202,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
       installerFallback: outcome.fallback,
       summary: resolved.summary,
       request: resolved.doc,
+      inputs: inputsReport(resolved),
       installed: outcome.installed,
       check: outcome.check,
     });

@@ -1,307 +1,347 @@
-import { existsSync, readFileSync, statSync } from "node:fs";
-import { dirname, isAbsolute, resolve } from "node:path";
-import { clean as cleanVersion, validRange } from "@renovatebot/pep440";
+import { closeSync, constants, existsSync, fstatSync, openSync, readSync, realpathSync, statSync } from "node:fs";
+import { dirname, isAbsolute, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { quote as shlexQuote } from "shlex";
 import { UsageError } from "../errors.ts";
-import { contentHash, hideCredentials, treeHash } from "./hashing.ts";
+import { fileDigest, folderDigest, treeDigest } from "./content-digest.ts";
+import { canonicalPlainRequirement, normalizeName } from "./canonical.ts";
+import { contentHash, hideCredentials, redactUrl } from "./hashing.ts";
+import { LineRefused, type PipLine, readPipLines } from "./pip-lines.ts";
 
 /**
- * Requirements as pip reads them (pip/_internal/req/req_file.py): `\`
- * continuations joined, comments dropped, `${VAR}` expanded, `-r`/`-c`
- * inlined, options collected. Each requirement is brought to one canonical
- * text so that reordering, case and whitespace do not change the key.
+ * What a request makes the installer read, found by reading the user's files
+ * as pip reads them (pip-lines.ts): every requirements and constraints file,
+ * every `${VAR}`, every local project, archive and find-links folder. The
+ * installer is handed the user's own files, unchanged; this only tells the
+ * key what they reach.
  */
 
-export interface InstallerOptions {
-  indexUrl?: string;
-  extraIndexUrls: string[];
-  findLinks: string[];
-  noIndex: boolean;
-  pre: boolean;
-  preferBinary: boolean;
-  noBinary: string[];
-  onlyBinary: string[];
-  trustedHosts: string[];
-  requireHashes: boolean;
+
+export interface RequestFile {
+  path: string;
+  kind: "requirements" | "constraints";
+  /** `REQ_FILE`, or the file and line that included it. */
+  via: string;
+  /** In the key: option lines as written (credentials hidden), plain requirements canonical and sorted. */
+  lines: string[];
+  requirements: string[];
 }
 
-export interface Requirement {
-  /** Canonical text: the identity that goes into the key. */
-  canonical: string;
-  /** What pip is given: local paths made absolute, options kept. */
-  install: string;
-  /** PEP 503 name when known (absent for bare paths and URLs). */
-  name?: string;
-  /** file:line, for messages. */
+export interface LocalInput {
+  kind: "project" | "editable" | "archive";
+  path: string;
+  digest: string;
   origin: string;
+  files?: number;
 }
 
-export interface RequirementSet {
+export interface FindLinksInput {
+  origin: string;
+  /** A URL (credentials hidden), or a local folder read by content. */
+  url?: string;
+  path?: string;
+  digest?: string;
+}
+
+/** One requirement line, as the fast path's checks need it; `install` may hold an expanded secret: never stored. */
+export interface Requirement {
+  origin: string;
+  install: string;
+  name?: string;
+}
+
+export interface RequestInputs {
+  topFile?: string;
+  specs: string[];
+  specLines: { lines: string[]; requirements: string[] };
+  files: RequestFile[];
+  /** `${VAR}` names pip would read, with their values (never stored; the key holds digests). */
+  variables: Map<string, string | undefined>;
+  locals: LocalInput[];
+  findLinks: FindLinksInput[];
   requirements: Requirement[];
-  constraints: Requirement[];
-  options: InstallerOptions;
+  /** Index URLs and options the files set (expanded), for reachability checks and isolation. */
+  indexUrls: string[];
+  noIndex: boolean;
+  optionsSeen: Set<string>;
+  /** Why uv might read these files otherwise than pip does; null when it reads them alike. */
+  uvDiffers: string | null;
 }
 
-export function emptyOptions(): InstallerOptions {
-  return { extraIndexUrls: [], findLinks: [], noIndex: false, pre: false, preferBinary: false, noBinary: [], onlyBinary: [], trustedHosts: [], requireHashes: false };
-}
-
-/** PEP 503 normalisation. */
-export function normalizeName(name: string): string {
-  return name.toLowerCase().replace(/[-_.]+/g, "-");
-}
-
-const NAME = /^([A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9]|[A-Za-z0-9])/;
-const ENV_VAR = /\$\{([A-Z0-9_]+)\}/g; // pip expands only this form
-const COMMENT = /(^|\s+)#.*$/;
-const ARCHIVE = /\.(whl|tar\.gz|tgz|zip|tar\.bz2|tar)$/i;
-
-interface ParseContext {
+export interface ScanContext {
   env: Record<string, string | undefined>;
-  cwd: string; // pip resolves local package paths against the working directory
-  seen: Set<string>;
+  /** pip resolves local package paths against the working directory. */
+  cwd: string;
+  digestCache: string | null;
 }
 
-/** Parse a requirements file, inlining what it includes. */
-export function parseRequirementsFile(path: string, ctx: Omit<ParseContext, "seen"> & { seen?: Set<string> }, into?: RequirementSet): RequirementSet {
-  const set = into ?? { requirements: [], constraints: [], options: emptyOptions() };
-  const abs = resolve(ctx.cwd, path);
-  if (!existsSync(abs) || !statSync(abs).isFile()) throw new UsageError(`requirements file not found: ${path}`);
-  const seen = ctx.seen ?? new Set<string>();
-  if (seen.has(abs)) throw new UsageError(`requirements file includes itself: ${path}`);
-  seen.add(abs);
-  parseLines(readFileSync(abs, "utf8"), abs, { ...ctx, seen }, set, "requirements");
-  seen.delete(abs);
-  return set;
+/** More than any requirements file; a bigger one is not a requirements file (a device, a data file). */
+export const MAX_REQUIREMENTS_FILE = 8 * 1024 * 1024;
+
+/** Characters Python splits lines on, or that no requirement holds: in a -p spec, they would smuggle lines into what pip reads. */
+const SPEC_FORBIDDEN = /[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]/;
+/** In a file, pip splits on the line breaks itself; these others are never in a real requirements file. */
+const FILE_FORBIDDEN = /[\x00-\x08\x0e-\x1b\x1f\x7f\ufeff]/;
+
+const ARCHIVE = /\.(whl|tar\.gz|tgz|tar|zip|tar\.bz2|tbz|tar\.xz|txz|tlz|tar\.lz|tar\.lzma)$/i;
+const SCHEME = /^[a-z][a-z0-9+.-]*:/i;
+const NAME_AT_URL = /^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*@\s*(\S+)/;
+const UV_SAFE_OPTIONS = new Set(["--requirement", "--constraint", "--editable", "--index-url", "--extra-index-url", "--find-links", "--no-index"]);
+
+/** Read a file that may be a requirements file: a regular file, not too big, UTF-8. */
+function readRequirementsText(path: string, shown: string): string {
+  let fd: number;
+  try {
+    // Non-blocking: opening a FIFO for reading would otherwise wait for a writer forever.
+    fd = openSync(path, constants.O_RDONLY | constants.O_NONBLOCK);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    throw new UsageError(code === "ENOENT" ? `requirements file not found: ${shown}` : `cannot read requirements file ${shown}: ${(error as Error).message}`);
+  }
+  try {
+    const st = fstatSync(fd);
+    if (!st.isFile()) throw new UsageError(`${shown} is not a regular file (a requirements file is a text file)`);
+    if (st.size > MAX_REQUIREMENTS_FILE) throw new UsageError(`${shown} is ${st.size} bytes: too big for a requirements file (at most ${MAX_REQUIREMENTS_FILE})`);
+    const buf = Buffer.alloc(st.size);
+    let got = 0;
+    while (got < st.size) {
+      const n = readSync(fd, buf, got, st.size - got, got);
+      if (n === 0) break;
+      got += n;
+    }
+    let bytes = buf.subarray(0, got);
+    if (bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf) bytes = bytes.subarray(3);
+    else if ((bytes[0] === 0xff && bytes[1] === 0xfe) || (bytes[0] === 0xfe && bytes[1] === 0xff)) throw new UsageError(`${shown} is UTF-16: save it as UTF-8`);
+    let text: string;
+    try {
+      text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+    } catch {
+      throw new UsageError(`${shown} is not UTF-8 text`);
+    }
+    const coding = /^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)/m.exec(text.split(/\n/, 2).join("\n"));
+    if (coding && !/^utf-?8$/i.test(coding[1]!)) throw new UsageError(`${shown} declares the encoding ${coding[1]}: save it as UTF-8 and drop the coding line`);
+    const bad = FILE_FORBIDDEN.exec(text);
+    if (bad) throw new UsageError(`${shown} holds a control character (U+${bad[0].charCodeAt(0).toString(16).padStart(4, "0").toUpperCase()}): not a requirements file`);
+    return text;
+  } finally {
+    closeSync(fd);
+  }
 }
 
-/** Parse specs given on the command line (`-p SPEC`) or as a list in a job file. */
-export function parseSpecs(specs: string[], ctx: Omit<ParseContext, "seen">, into?: RequirementSet, origin = "-p"): RequirementSet {
-  const set = into ?? { requirements: [], constraints: [], options: emptyOptions() };
-  specs.forEach((spec, i) => {
-    if (!spec.trim()) throw new UsageError(`${origin}: empty requirement`);
-    const req = parseRequirementLine(spec.trim(), `${origin}[${i}]`, ctx.cwd);
-    set.requirements.push(req);
-  });
-  return set;
+function localPathOf(target: string): string | null {
+  if (/^file:/i.test(target)) {
+    try {
+      return fileURLToPath(target.split("#", 1)[0]!.replace(/^file:(?!\/\/)/i, "file://"));
+    } catch {
+      return null;
+    }
+  }
+  return SCHEME.test(target) ? null : target;
 }
 
-/** pip's join_lines: `\` continues a line (joined with nothing between), a line that starts with a comment ends one. */
-function logicalLines(text: string): { line: string; lineNo: number }[] {
-  const out: { line: string; lineNo: number }[] = [];
-  let parts: string[] = [];
-  let start = 0;
-  text.split(/\r\n|\n|\r/).forEach((line, i) => {
-    const startsWithComment = /^\s*#/.test(line);
-    if (!line.endsWith("\\") || startsWithComment) {
-      // pip puts a space before a comment line so that it is dropped with the comments later.
-      const piece = startsWithComment ? ` ${line}` : line;
-      if (parts.length) {
-        out.push({ line: parts.join("") + piece, lineNo: start });
-        parts = [];
-      } else out.push({ line: piece, lineNo: i + 1 });
+class Scanner {
+  readonly inputs: RequestInputs;
+  private readonly open = new Set<string>();
+
+  constructor(private readonly ctx: ScanContext) {
+    this.inputs = { specs: [], specLines: { lines: [], requirements: [] }, files: [], variables: new Map(), locals: [], findLinks: [], requirements: [], indexUrls: [], noIndex: false, optionsSeen: new Set(), uvDiffers: null };
+  }
+
+  private uvDiffers(reason: string) {
+    this.inputs.uvDiffers ??= reason;
+  }
+
+  private noteVariables(line: PipLine) {
+    for (const name of line.variables) this.inputs.variables.set(name, this.ctx.env[name] || undefined);
+    if (line.variables.length) this.uvDiffers("${VAR} in a requirement is expanded by uv's own rules");
+  }
+
+  file(path: string, kind: RequestFile["kind"], via: string, shown: string): void {
+    const abs = resolve(this.ctx.cwd, path);
+    let real = abs;
+    try {
+      real = realpathSync(abs);
+    } catch {
+      // reported by the read below
+    }
+    if (this.open.has(real)) throw new UsageError(`${via}: ${shown} includes itself`);
+    const text = readRequirementsText(abs, shown);
+    this.open.add(real);
+    const entry: RequestFile = { path: abs, kind, via, lines: [], requirements: [] };
+    this.inputs.files.push(entry);
+    let lines: PipLine[];
+    try {
+      lines = readPipLines(text, shown, this.ctx.env);
+    } catch (error) {
+      if (error instanceof LineRefused) throw new UsageError(error.message);
+      throw error;
+    }
+    for (const line of lines) this.line(line, `${shown}:${line.lineNo}`, entry, abs);
+    entry.requirements.sort();
+    this.open.delete(real);
+  }
+
+  private line(line: PipLine, origin: string, into: { lines: string[]; requirements: string[] }, file: string | null): void {
+    this.noteVariables(line);
+    const kind = into === this.inputs.specLines ? "requirements" : (into as RequestFile).kind;
+    const fileDir = file ? dirname(file) : this.ctx.cwd;
+    for (const o of line.options) {
+      this.inputs.optionsSeen.add(o.name);
+      if (!UV_SAFE_OPTIONS.has(o.name)) this.uvDiffers(`${origin}: ${o.name} is left to pip`);
+      if (o.spelling === "attached") this.uvDiffers(`${origin}: uv does not read the attached spelling of ${o.name}`);
+    }
+    if (/["'\\]/.test(line.text.slice(line.args.length))) this.uvDiffers(`${origin}: quoted option values are left to pip`);
+    const editable = line.args ? undefined : line.options.find((o) => o.name === "--editable");
+    if (line.args || editable) {
+      const plain = line.args && !line.options.length && !line.variables.length ? canonicalPlainRequirement(line.args) : null;
+      if (plain) into.requirements.push(plain);
+      else into.lines.push(hideCredentialsIn(line.text));
+      if (kind === "requirements") this.requirement(line, origin, editable?.value, file);
+      else if (editable) this.requirement(line, origin, editable.value, file);
       return;
     }
-    if (!parts.length) start = i + 1;
-    parts.push(line.replace(/^\\+|\\+$/g, ""));
-  });
-  if (parts.length) out.push({ line: parts.join(""), lineNo: start });
+    into.lines.push(hideCredentialsIn(line.text));
+    const nested = line.options.filter((o) => o.name === "--requirement" || o.name === "--constraint");
+    const links = line.options.filter((o) => o.name === "--find-links");
+    if (nested.length > 1) throw new UsageError(`${origin}: pip reads only the first -r/-c of a line; put each on its own line`);
+    if (links.length > 1) throw new UsageError(`${origin}: pip uses only the first --find-links of a line; put each on its own line`);
+    for (const o of line.options) {
+      if (o.name === "--index-url" || o.name === "--extra-index-url") this.inputs.indexUrls.push(o.value!);
+      if (o.name === "--no-index") this.inputs.noIndex = true;
+    }
+    if (links[0]) this.findLinks(links[0].value!, origin, fileDir);
+    if (nested[0]) {
+      const target = nested[0].value!;
+      if (!target) throw new UsageError(`${origin}: ${nested[0].name} needs a value`);
+      const local = localPathOf(target);
+      if (local === null) throw new UsageError(`${origin}: ${redactUrl(target)} is a remote file, which gpulayer cannot key by content; download it and name the copy`);
+      const nestedKind = nested[0].name === "--requirement" ? "requirements" : "constraints";
+      this.file(isAbsolute(local) ? local : join(fileDir, local), nestedKind, origin, local);
+    }
+  }
+
+  findLinks(value: string, origin: string, fileDir: string | null): void {
+    const local = localPathOf(value);
+    if (local === null) {
+      this.inputs.findLinks.push({ origin, url: hideCredentials(value) });
+      return;
+    }
+    // pip: relative to the requirements file when it exists there, else as given (the working directory).
+    const nearFile = fileDir ? join(fileDir, local) : null;
+    const path = nearFile && !isAbsolute(local) && existsSync(nearFile) ? nearFile : resolve(this.ctx.cwd, local);
+    if (fileDir && !isAbsolute(local) && resolve(fileDir) !== resolve(this.ctx.cwd)) this.uvDiffers(`${origin}: a relative --find-links outside the working directory is left to pip`);
+    let digest: string;
+    try {
+      digest = statSync(path).isDirectory() ? folderDigest(path, this.ctx.digestCache) : fileDigest(path, this.ctx.digestCache);
+    } catch {
+      digest = "missing";
+    }
+    this.inputs.findLinks.push({ origin, path, digest });
+  }
+
+  private requirement(line: PipLine, origin: string, editableTarget: string | undefined, file: string | null): void {
+    if (file && resolve(dirname(file)) !== resolve(this.ctx.cwd) && /(^|[\s@=])\.{1,2}\//.test(line.args || editableTarget || "")) this.uvDiffers(`${origin}: a relative path in a file outside the working directory is left to pip`);
+    if (editableTarget !== undefined) {
+      const target = editableTarget.replace(/\[[^\]]+\]$/, "");
+      const local = localPathOf(target);
+      this.inputs.requirements.push({ origin, install: `-e ${editableTarget}` });
+      if (local === null) return; // a VCS URL: its text is its identity
+      const path = resolve(this.ctx.cwd, local);
+      if (!existsSync(path) || !statSync(path).isDirectory()) throw new UsageError(`${origin}: editable project not found: ${local}`);
+      const tree = treeDigest(realpathSync(path), { editable: true, cacheDir: this.ctx.digestCache });
+      this.inputs.locals.push({ kind: "editable", path, digest: tree.digest, origin, files: tree.files });
+      return;
+    }
+    const args = line.args;
+    const named = NAME_AT_URL.exec(args);
+    if (named) {
+      this.inputs.requirements.push({ origin, install: args, name: normalizeName(named[1]!) });
+      const local = localPathOf(named[3]!.replace(/;$/, ""));
+      if (local !== null && /^file:/i.test(named[3]!)) this.local(local, origin);
+      return;
+    }
+    const isUrl = SCHEME.test(args) && !/^[A-Za-z0-9._-]+\s*[<>=!~;[(]/.test(args);
+    const spec = (isUrl ? args.split("; ", 1)[0]! : args.split(";", 1)[0]!).trim();
+    if (isUrl) {
+      this.inputs.requirements.push({ origin, install: args });
+      const local = localPathOf(spec);
+      if (local !== null) this.local(local, origin);
+      return;
+    }
+    const path = spec.replace(/\[[^\]]+\]$/, "");
+    const looksLikePath = path.includes("/") || path.startsWith(".");
+    if (looksLikePath || (ARCHIVE.test(path) && existsSync(resolve(this.ctx.cwd, path)))) {
+      this.inputs.requirements.push({ origin, install: args });
+      this.local(path, origin);
+      return;
+    }
+    const name = /^[A-Za-z0-9][A-Za-z0-9._-]*/.exec(args)?.[0];
+    this.inputs.requirements.push({ origin, install: args, name: name ? normalizeName(name) : undefined });
+  }
+
+  private local(path: string, origin: string): void {
+    const abs = resolve(this.ctx.cwd, path);
+    let st: ReturnType<typeof statSync>;
+    try {
+      st = statSync(abs);
+    } catch {
+      throw new UsageError(`${origin}: local package not found: ${path}`);
+    }
+    if (st.isDirectory()) {
+      const tree = treeDigest(realpathSync(abs), { editable: false, cacheDir: this.ctx.digestCache });
+      this.inputs.locals.push({ kind: "project", path: abs, digest: tree.digest, origin, files: tree.files });
+    } else this.inputs.locals.push({ kind: "archive", path: abs, digest: fileDigest(abs, this.ctx.digestCache), origin });
+  }
+
+  specs(specs: string[], originPrefix: string): void {
+    specs.forEach((spec, i) => {
+      const origin = `${originPrefix}[${i}]`;
+      const bad = SPEC_FORBIDDEN.exec(spec);
+      if (bad) throw new UsageError(`${origin}: a requirement holds a control character or line break (U+${bad[0].charCodeAt(0).toString(16).padStart(4, "0").toUpperCase()})`);
+      const text = spec.trim();
+      if (!text) throw new UsageError(`${origin}: empty requirement`);
+      if (text.startsWith("-")) throw new UsageError(`${origin}: '${text.split(/\s/, 1)[0]}' is an option, not a requirement; options go in a requirements file`);
+      if (text.endsWith("\\") || /(^|\s)#/.test(text)) throw new UsageError(`${origin}: a requirement may not end with \\ or hold a comment`);
+      let lines: PipLine[];
+      try {
+        lines = readPipLines(text, origin, this.ctx.env);
+      } catch (error) {
+        if (error instanceof LineRefused) throw new UsageError(error.message);
+        throw error;
+      }
+      for (const line of lines) {
+        if (line.options.some((o) => !["--hash", "--config-settings", "--global-option"].includes(o.name))) throw new UsageError(`${origin}: only --hash, --config-settings and --global-option may follow a requirement`);
+        this.line(line, origin, this.inputs.specLines, null);
+      }
+      this.inputs.specs.push(text);
+    });
+    this.inputs.specLines.requirements.sort();
+  }
+}
+
+/** URLs in a line with their credentials replaced by a digest of them (user and password both). */
+export function hideCredentialsIn(text: string): string {
+  return text.replace(/[a-z][a-z0-9+.-]*:\/\/[^\s'"]+/gi, (url) => hideCredentials(url));
+}
+
+/** Everything a request makes the installer read. */
+export function scanRequest(source: { requirementsFile?: string; specs: string[]; specOrigin?: string }, ctx: ScanContext): RequestInputs {
+  const scanner = new Scanner(ctx);
+  if (source.specs.length) scanner.specs(source.specs, source.specOrigin ?? "-p");
+  if (source.requirementsFile) {
+    scanner.file(source.requirementsFile, "requirements", "REQ_FILE", source.requirementsFile);
+    scanner.inputs.topFile = resolve(ctx.cwd, source.requirementsFile);
+    if (source.specs.length && shlexQuote(scanner.inputs.topFile) !== scanner.inputs.topFile) scanner.inputs.uvDiffers ??= "a requirements file whose path needs quoting is left to pip";
+  }
+  return scanner.inputs;
+}
+
+/** `${VAR}` values by digest only: a change is a new env, the value is never stored. */
+export function variableDigests(vars: Map<string, string | undefined>): Record<string, string | null> {
+  const out: Record<string, string | null> = {};
+  for (const name of [...vars.keys()].sort()) {
+    const value = vars.get(name);
+    out[name] = value === undefined ? null : contentHash(`var\0${name}\0${value}`);
+  }
   return out;
-}
-
-function parseLines(text: string, file: string, ctx: ParseContext, set: RequirementSet, kind: "requirements" | "constraints"): void {
-  for (const { line: rawLine, lineNo } of logicalLines(text)) {
-    const origin = `${file}:${lineNo}`;
-    const line = rawLine.replace(COMMENT, "").replace(ENV_VAR, (whole, name: string) => ctx.env[name] ?? whole).trim();
-    if (!line) continue;
-    if (line.startsWith("-")) {
-      parseOptionLine(line, origin, file, ctx, set, kind);
-      continue;
-    }
-    const req = parseRequirementLine(line, origin, ctx.cwd);
-    (kind === "constraints" ? set.constraints : set.requirements).push(req);
-  }
-}
-
-function splitOption(line: string): [string, string] {
-  const m = /^(--?[A-Za-z-]+)(?:[=\s]\s*(.*))?$/.exec(line);
-  if (!m) return [line, ""];
-  return [m[1]!, (m[2] ?? "").trim()];
-}
-
-function parseOptionLine(line: string, origin: string, file: string, ctx: ParseContext, set: RequirementSet, kind: "requirements" | "constraints"): void {
-  const [flag, value] = splitOption(line);
-  const need = () => {
-    if (!value) throw new UsageError(`${origin}: ${flag} needs a value`);
-    return value;
-  };
-  const o = set.options;
-  switch (flag) {
-    case "-r":
-    case "--requirement":
-    case "-c":
-    case "--constraint": {
-      const target = resolve(dirname(file), need());
-      if (!existsSync(target)) throw new UsageError(`${origin}: file not found: ${value}`);
-      const nestedKind = flag === "-c" || flag === "--constraint" || kind === "constraints" ? "constraints" : "requirements";
-      if (ctx.seen.has(target)) throw new UsageError(`${origin}: ${value} includes itself`);
-      ctx.seen.add(target);
-      parseLines(readFileSync(target, "utf8"), target, ctx, set, nestedKind);
-      ctx.seen.delete(target);
-      return;
-    }
-    case "-e":
-    case "--editable": {
-      const target = need();
-      const isPath = !/^[a-z+]+:\/\//i.test(target);
-      const abs = isPath ? resolve(ctx.cwd, target) : target;
-      if (isPath && !existsSync(abs)) throw new UsageError(`${origin}: editable path not found: ${target}`);
-      const identity = isPath ? `${abs}#${projectFilesHash(abs)}` : hideCredentials(target);
-      set.requirements.push({ canonical: `-e ${identity}`, install: `-e ${abs}`, origin });
-      return;
-    }
-    case "-i":
-    case "--index-url":
-      o.indexUrl = need();
-      return;
-    case "--extra-index-url":
-      o.extraIndexUrls.push(need());
-      return;
-    case "-f":
-    case "--find-links":
-      o.findLinks.push(/^[a-z+]+:\/\//i.test(need()) ? value : resolve(dirname(file), value));
-      return;
-    case "--no-index":
-      o.noIndex = true;
-      return;
-    case "--pre":
-      o.pre = true;
-      return;
-    case "--prefer-binary":
-      o.preferBinary = true;
-      return;
-    case "--no-binary":
-      o.noBinary.push(need());
-      return;
-    case "--only-binary":
-      o.onlyBinary.push(need());
-      return;
-    case "--trusted-host":
-      o.trustedHosts.push(need());
-      return;
-    case "--require-hashes":
-      o.requireHashes = true;
-      return;
-    case "--use-feature":
-      return; // changes pip's behaviour, not what is installed
-    default:
-      throw new UsageError(`${origin}: unsupported option ${flag}`);
-  }
-}
-
-/** Split `spec --hash=... --config-settings=...` into the spec and its per-requirement options. */
-function splitPerRequirementOptions(line: string, origin: string): { spec: string; options: string[] } {
-  const idx = line.search(/\s--?[a-z]/i);
-  if (idx === -1) return { spec: line, options: [] };
-  const spec = line.slice(0, idx).trim();
-  const options = line.slice(idx).trim().split(/\s+(?=--)/).map((o) => o.trim().replace(/\s+/, "="));
-  for (const opt of options) {
-    if (!/^--(hash|config-settings|global-option)=\S+$/.test(opt)) throw new UsageError(`${origin}: unsupported option on a requirement: ${opt}`);
-  }
-  return { spec, options: options.sort() };
-}
-
-const URL = /^[a-z][a-z0-9+.-]*:\/\//i;
-/** `name @ url` or `name[extra] @ url`: a named URL requirement, never a path. */
-const NAMED_URL = /^[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[^\]]*\])?\s*@/;
-
-function looksLikePath(spec: string): boolean {
-  if (NAMED_URL.test(spec)) return false;
-  return /^(\.{1,2}\/|\/|~|file:)/.test(spec) || ARCHIVE.test(spec.split(/\s*;/)[0]!);
-}
-
-export function parseRequirementLine(line: string, origin: string, cwd: string): Requirement {
-  const { spec, options } = splitPerRequirementOptions(line, origin);
-  const suffix = options.length ? ` ${options.join(" ")}` : "";
-  if (URL.test(spec) && !/^file:/i.test(spec)) {
-    // A bare URL to an archive or a VCS checkout: its text is its identity, credentials hashed.
-    const [url, marker] = spec.split(/\s+;\s*/, 2) as [string, string | undefined];
-    const markerText = marker ? `; ${canonicalMarker(marker)}` : "";
-    return { canonical: `${hideCredentials(url)}${markerText}${suffix}`, install: `${url}${marker ? ` ; ${marker}` : ""}${suffix}`, origin };
-  }
-  if (looksLikePath(spec)) {
-    const [pathPart, marker] = spec.split(/\s+;\s*/, 2) as [string, string | undefined];
-    const raw = pathPart.replace(/^file:(\/\/)?/, "");
-    const abs = isAbsolute(raw) ? raw : resolve(cwd, raw);
-    if (!existsSync(abs)) throw new UsageError(`${origin}: local package not found: ${pathPart}`);
-    const markerText = marker ? `; ${canonicalMarker(marker)}` : "";
-    const identity = statSync(abs).isDirectory() ? treeHash(abs) : contentHash(readFileSync(abs));
-    // The key holds the content, not the path: the same wheel anywhere is the same request.
-    return { canonical: `file#sha256=${identity}${markerText}${suffix}`, install: `${abs}${marker ? ` ; ${marker}` : ""}${suffix}`, origin };
-  }
-  const m = NAME.exec(spec);
-  if (!m) throw new UsageError(`${origin}: invalid requirement: ${line}`);
-  const name = normalizeName(m[0]);
-  let rest = spec.slice(m[0].length).trim();
-  let extras: string[] = [];
-  if (rest.startsWith("[")) {
-    const close = rest.indexOf("]");
-    if (close === -1) throw new UsageError(`${origin}: invalid requirement (unclosed extras): ${line}`);
-    extras = rest.slice(1, close).split(",").map((e) => e.trim()).filter(Boolean);
-    for (const e of extras) if (!NAME.test(e) || NAME.exec(e)![0] !== e) throw new UsageError(`${origin}: invalid extra '${e}' in: ${line}`);
-    extras = [...new Set(extras.map(normalizeName))].sort();
-    rest = rest.slice(close + 1).trim();
-  }
-  let marker = "";
-  let url = "";
-  let specifier = "";
-  if (rest.startsWith("@")) {
-    const afterAt = rest.slice(1).trim();
-    const sp = afterAt.split(/\s+;\s*/, 2);
-    url = sp[0]!;
-    marker = sp[1] ?? "";
-    if (!/^[a-z+]+:\/\/\S+$/i.test(url) && !url.startsWith("file:")) throw new UsageError(`${origin}: invalid URL in requirement: ${line}`);
-  } else {
-    const semi = rest.indexOf(";");
-    specifier = (semi === -1 ? rest : rest.slice(0, semi)).trim();
-    marker = semi === -1 ? "" : rest.slice(semi + 1).trim();
-    if (specifier.startsWith("(") && specifier.endsWith(")")) specifier = specifier.slice(1, -1).trim();
-    if (specifier) specifier = canonicalSpecifier(specifier, origin, line);
-  }
-  if (rest.includes(";") && !marker) throw new UsageError(`${origin}: empty environment marker in: ${line}`);
-  const extrasText = extras.length ? `[${extras.join(",")}]` : "";
-  const markerText = marker ? `; ${canonicalMarker(marker)}` : "";
-  const body = url ? `${name}${extrasText} @ ${url}` : `${name}${extrasText}${specifier}`;
-  const identity = url ? `${name}${extrasText} @ ${hideCredentials(url)}` : body;
-  return { canonical: `${identity}${markerText}${suffix}`, install: `${body}${marker ? ` ; ${marker}` : ""}${suffix}`, name, origin };
-}
-
-const CLAUSE = /^(~=|===|==|!=|<=|>=|<|>)\s*(\S+)$/;
-
-function canonicalSpecifier(specifier: string, origin: string, line: string): string {
-  const clauses = specifier.split(",").map((c) => c.trim());
-  const out: string[] = [];
-  for (const clause of clauses) {
-    const m = CLAUSE.exec(clause);
-    if (!m) throw new UsageError(`${origin}: invalid requirement: ${line}`);
-    const [, op, version] = m as unknown as [string, string, string];
-    const normalized = version.endsWith(".*") || op === "===" ? version : cleanVersion(version);
-    if (!normalized || (op !== "===" && !validRange(`${op}${version}`))) throw new UsageError(`${origin}: invalid version '${version}' in: ${line}`);
-    out.push(`${op}${normalized}`);
-  }
-  return [...new Set(out)].sort().join(",");
-}
-
-/** Markers in one spelling: single spaces, double quotes. */
-function canonicalMarker(marker: string): string {
-  return marker.replace(/'/g, '"').replace(/\s+/g, " ").replace(/\s*(==|!=|<=|>=|<|>|~=)\s*/g, " $1 ").trim();
-}
-
-/** A local project's identity: its build files, so an edit to them changes the key. */
-function projectFilesHash(dir: string): string {
-  const parts: string[] = [];
-  for (const f of ["pyproject.toml", "setup.py", "setup.cfg"]) {
-    const p = resolve(dir, f);
-    if (existsSync(p)) parts.push(`${f}:${contentHash(readFileSync(p))}`);
-  }
-  return contentHash(parts.join("\n"));
 }

@@ -1,6 +1,7 @@
 import { closeSync, existsSync, fsyncSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
+import type { InputsReport } from "./inputs-report.ts";
 import type { KeyDocument } from "./key.ts";
 
 /** Everything recorded about a ready environment (written before the ready marker). */
@@ -19,6 +20,8 @@ export interface EnvMeta {
   installerFallback?: string | null;
   summary: string;
   request: KeyDocument;
+  /** The inputs the key covers, for people (paths, digests, variable names). */
+  inputs?: InputsReport;
   installed: string[];
   check: string[];
 }

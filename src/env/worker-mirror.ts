@@ -1,7 +1,7 @@
 import { copyFileSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { valid as validVersion } from "@renovatebot/pep440";
-import { normalizeName } from "./requirements.ts";
+import { normalizeName } from "./canonical.ts";
 
 /**
  * What the env sees of the worker, told to uv. uv looks at nothing but the

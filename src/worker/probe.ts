@@ -4,7 +4,7 @@ import { join } from "node:path";
 import type { GpuInfo, MachineProbe } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { detectEngine } from "../docker/engine.ts";
-import { distributions, probeInterpreter, resolvePythonPath } from "../env/interpreter.ts";
+import { distributions, runningInterpreter } from "../env/interpreter.ts";
 
 /**
  * The machine probe: what a worker tells the coordinator about itself. Read
@@ -104,7 +104,7 @@ export async function probeMachine(layout: HomeLayout, python: string | undefine
   let frameworks: Record<string, string> = {};
   let cuda: string | null = null;
   try {
-    const info = probeInterpreter(resolvePythonPath(python, env), layout.interpreters);
+    const { info } = runningInterpreter(python, env, process.cwd(), layout.interpreters);
     pythonInfo = { path: info.path, version: info.version };
     ({ frameworks, cuda } = readFrameworks(info.siteDirs));
   } catch (error) {

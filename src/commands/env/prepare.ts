@@ -1,7 +1,9 @@
 import { defineCommand } from "citty";
 import { homeLayout } from "../../config/paths.ts";
 import { UsageError } from "../../errors.ts";
-import { prepareEnv } from "../../env/prepare.ts";
+import { dryRunPrepare, prepareEnv } from "../../env/prepare.ts";
+import { defaultPython } from "../../config/python.ts";
+import { inputsLines } from "../../env/inputs-report.ts";
 import { formatBytes, formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { installerArgs, labelArgs, outputArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
@@ -12,6 +14,7 @@ const args = {
   package: { type: "string", alias: "p", valueHint: "SPEC", description: "A requirement such as 'numpy<3' (repeatable)" },
   image: { type: "string", valueHint: "REF", description: "Pull a container image ahead of jobs (Docker or Podman), or find it already here" },
   pull: { type: "string", valueHint: "missing|always|never", description: "With --image: pull only when missing (default), always, or never" },
+  "dry-run": { type: "boolean", description: "Show the key, whether it would reuse or build, and every input the key covers; build nothing" },
   ...installerArgs,
   ...serverArgs,
   ...labelArgs,
@@ -30,6 +33,7 @@ export default defineCommand({
     const specs = repeated(rawArgs, ["-p", "--package"]);
     const layout = homeLayout();
     const remote = remoteTarget(a, rawArgs);
+    if (a["dry-run"] && (remote || a.image !== undefined)) throw new UsageError("--dry-run shows a local request's key; it does not go with --server or --image");
     if (remote) {
       const request = { requirementsFile: a.requirements, specs, python: a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), image: a.image, pull: a.pull };
       return (await import("../_remote/prepare.ts")).prepareRemote(remote, request, rawArgs, out);
@@ -46,21 +50,24 @@ export default defineCommand({
       out.result(imageJson(result), () => result.digest, true);
       return;
     }
+    const request = {
+      requirementsFile: a.requirements,
+      specs,
+      // One default everywhere: --python > GPULAYER_PYTHON > config file > `join --python` > python3 on PATH.
+      python: a.python ?? defaultPython(layout),
+      indexUrl: a["index-url"],
+      extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]),
+      findLinks: repeated(rawArgs, ["--find-links"]),
+      cwd: process.cwd(),
+      env: process.env,
+    };
+    if (a["dry-run"]) {
+      const plan = dryRunPrepare(layout, request);
+      out.result(plan, () => [`key          ${plan.key}`, `would        ${plan.would} (${plan.path})`, ...inputsLines(plan.inputs)]);
+      return;
+    }
     try {
-      const result = await prepareEnv(
-        layout,
-        {
-          requirementsFile: a.requirements,
-          specs,
-          python: a.python ?? process.env.GPULAYER_PYTHON,
-          indexUrl: a["index-url"],
-          extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]),
-          findLinks: repeated(rawArgs, ["--find-links"]),
-          cwd: process.cwd(),
-          env: process.env,
-        },
-        { hooks: prepareHooks(out) },
-      );
+      const result = await prepareEnv(layout, request, { hooks: prepareHooks(out) });
       for (const finding of result.check) out.log.warn(`pip check: ${finding}`);
       const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${formatBytes(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
       out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);

@@ -4,6 +4,7 @@ import { UserError } from "../../errors.ts";
 import { findEnv } from "../../env/inventory.ts";
 import { entryPaths, isReady, lastUsedMs, readMeta } from "../../env/store.ts";
 import { formatBytes, formatSeconds, Output } from "../../ui/output.ts";
+import { inputsLines } from "../../env/inputs-report.ts";
 import { outputArgs, rejectUnknownFlags } from "../_args.ts";
 
 const args = { key: { type: "positional", required: true, valueHint: "KEY", description: "Environment key or a unique prefix of it" }, ...outputArgs } as const;
@@ -23,10 +24,7 @@ export default defineCommand({
     out.result({ ...meta, lastUsed }, () => [
       `key          ${meta.key}`,
       `path         ${meta.path}`,
-      `python       ${meta.request.interpreter.path} (${meta.request.interpreter.version}, ${meta.request.interpreter.platform})`,
-      `request      ${meta.request.requirements.join(", ") || "(none)"}`,
-      ...(meta.request.constraints.length ? [`constraints  ${meta.request.constraints.join(", ")}`] : []),
-      `index        ${meta.request.options.index_url ?? (meta.request.installer_config ? "machine pip config" : "pip default")}`,
+      ...(meta.inputs ? inputsLines(meta.inputs) : [`request      ${meta.summary}`]),
       `built        ${meta.created} in ${formatSeconds(meta.buildSeconds)} with ${meta.venvCreator} + ${meta.installer}`,
       `last used    ${lastUsed}`,
       `size         ${formatBytes(meta.sizeBytes)}`,

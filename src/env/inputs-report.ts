@@ -1,0 +1,46 @@
+import { contentHash, hideCredentials } from "./hashing.ts";
+import type { ResolvedRequest } from "./prepare.ts";
+import { hideCredentialsIn } from "./requirements.ts";
+
+/**
+ * The inputs a key covers, for people: which files (with digests), which
+ * variables (by name), local projects, find-links folders, the interpreter
+ * that runs and the base. What `env prepare --dry-run` prints and `env show`
+ * lists; it answers "why did it rebuild, or not". Never a secret in it.
+ */
+export function inputsReport(r: ResolvedRequest) {
+  const { inputs, flags, interpreter } = r;
+  return {
+    files: inputs.files.map((f) => ({ path: f.path, kind: f.kind, via: f.via, digest: contentHash(JSON.stringify([f.lines, f.requirements])) })),
+    specs: inputs.specs.map(hideCredentialsIn),
+    variables: [...inputs.variables.entries()].map(([name, value]) => ({ name, set: value !== undefined })).sort((a, b) => (a.name < b.name ? -1 : 1)),
+    locals: inputs.locals.map((l) => ({ kind: l.kind, path: l.path, digest: l.digest, ...(l.files === undefined ? {} : { files: l.files }), origin: l.origin })),
+    find_links: <{ origin: string; url?: string; path?: string; digest?: string }[]>[
+      ...inputs.findLinks.map((f) => ({ origin: f.origin, ...(f.url ? { url: f.url } : { path: f.path, digest: f.digest }) })),
+      ...flags.findLinks.map((f) => ({ origin: "--find-links", ...(f.url ? { url: hideCredentials(f.url) } : { path: f.path, digest: f.digest }) })),
+    ],
+    index: {
+      index_url: flags.indexUrl ? hideCredentials(flags.indexUrl) : null,
+      extra_index_urls: flags.extraIndexUrls.map(hideCredentials),
+      machine_pip_config: r.doc.installer_config !== null,
+    },
+    interpreter: { path: interpreter.path, via: r.interpreterVia, executable: interpreter.realExecutable, version: interpreter.version, platform: interpreter.platform },
+    base: r.doc.base,
+  };
+}
+
+export type InputsReport = ReturnType<typeof inputsReport>;
+
+/** The report as lines for a terminal. */
+export function inputsLines(report: InputsReport): string[] {
+  const out: string[] = [];
+  out.push(`python       ${report.interpreter.path} (${report.interpreter.version}, ${report.interpreter.platform})${report.interpreter.via ? ` via ${report.interpreter.via}` : ""}`);
+  for (const s of report.specs) out.push(`spec         ${s}`);
+  for (const f of report.files) out.push(`file         ${f.path} (${f.kind}${f.via === "REQ_FILE" ? "" : `, from ${f.via}`}) sha256:${f.digest.slice(0, 12)}`);
+  for (const v of report.variables) out.push(`variable     \${${v.name}} ${v.set ? "(set; its value by digest)" : "(unset: left as written)"}`);
+  for (const l of report.locals) out.push(`local        ${l.kind} ${l.path}${l.files === undefined ? "" : ` (${l.files} files)`} sha256:${l.digest.slice(0, 12)}`);
+  for (const f of report.find_links) out.push(`find-links   ${f.url ?? `${f.path} sha256:${f.digest?.slice(0, 12)}`}`);
+  out.push(`index        ${report.index.index_url ?? (report.index.machine_pip_config ? "the machine's pip configuration (in the key)" : "pip's default")}${report.index.extra_index_urls.length ? ` + ${report.index.extra_index_urls.join(", ")}` : ""}`);
+  out.push(`base         sha256:${report.base.slice(0, 12)} (the interpreter's installed name==version set)`);
+  return out;
+}
