@@ -116,6 +116,9 @@ export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, 
   const files = requestFiles(plan.dir, plan.inputs);
   // --index-strategy unsafe-best-match: every index counts, as in pip (uv's default takes the first index that has a name).
   const argv = [uv, "pip", "install", "--python", envPython, "--no-config", ...files.args];
+  // uv reuses its own build of a local project while the project's pyproject.toml/setup.py look unchanged
+  // (its cache-keys); gpulayer's key has already seen a change elsewhere in it: build it afresh.
+  if (plan.inputs.locals.some((l) => l.kind !== "archive")) argv.push("--refresh");
   if (!env.UV_FIND_LINKS) for (const f of flagFindLinks(plan)) argv.push("--find-links", f);
   const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks });
   files.done();

@@ -1,0 +1,280 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { makeDist, PackageIndex } from "./fixtures/index.ts";
+import { cli, makeWorkerVenv, run, sandbox, tempDir } from "./helpers.ts";
+
+/**
+ * The cache hands back only what a fresh build would give. For each class of
+ * input: build, change that one input, prepare again, and import from the env
+ * handed back. Real pip and real uv (both installer paths), a real index on
+ * 127.0.0.1, a real C compiler for the extension.
+ */
+
+setDefaultTimeout(180_000);
+
+const world = tempDir("gpl-reuse-");
+const index = new PackageIndex(join(world, "index"));
+let py: string;
+
+/** An in-tree PEP 517/660 backend like setuptools' for a project with a C library: dependencies read from requirements.txt, native/value.c compiled by gcc. */
+const BACKEND = String.raw`
+import base64, hashlib, io, os, subprocess, zipfile
+NAME, VERSION = "proj", "0.1"
+def _requires():
+    return [l.strip() for l in open("requirements.txt") if l.strip() and not l.startswith("#")] if os.path.exists("requirements.txt") else []
+def _compile(out):
+    subprocess.check_call(["gcc", "-shared", "-fPIC", "-o", out, os.path.join("native", "value.c")])
+def _wheel(wd, files, tag="py3-none-any"):
+    dist = f"{NAME}-{VERSION}.dist-info"
+    files[f"{dist}/METADATA"] = ("Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (NAME, VERSION) + "".join("Requires-Dist: %s\n" % r for r in _requires())).encode()
+    files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    rec = []
+    for p, d in files.items():
+        rec.append("%s,sha256=%s,%d" % (p, base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode(), len(d)))
+    files[f"{dist}/RECORD"] = ("\n".join(rec + [f"{dist}/RECORD,,"]) + "\n").encode()
+    name = f"{NAME}-{VERSION}-{tag}.whl"
+    with zipfile.ZipFile(os.path.join(wd, name), "w") as z:
+        for p, d in files.items():
+            z.writestr(p, d)
+    return name
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+get_requires_for_build_editable = get_requires_for_build_wheel
+def build_wheel(wd, config_settings=None, metadata_directory=None):
+    files = {}
+    for root, dirs, names in os.walk(NAME, followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for n in names:
+            if not n.endswith((".pyc", ".so")):
+                files[os.path.join(root, n)] = open(os.path.join(root, n), "rb").read()
+    _compile("/tmp/_gpl_%d.so" % os.getpid())
+    files[f"{NAME}/libvalue.so"] = open("/tmp/_gpl_%d.so" % os.getpid(), "rb").read()
+    return _wheel(wd, files)
+def build_editable(wd, config_settings=None, metadata_directory=None):
+    _compile(os.path.join(NAME, "libvalue.so"))  # in place, as build_ext --inplace does
+    return _wheel(wd, {f"__editable__.{NAME}.pth": (os.path.abspath(".") + "\n").encode()})
+`;
+
+const INIT = `import ctypes, os\ndef native():\n    return ctypes.CDLL(os.path.join(os.path.dirname(__file__), "libvalue.so")).value()\n`;
+
+function makeProject(dir: string): string {
+  mkdirSync(join(dir, "proj"), { recursive: true });
+  mkdirSync(join(dir, "native"), { recursive: true });
+  writeFileSync(join(dir, "pyproject.toml"), '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n');
+  writeFileSync(join(dir, "backend.py"), BACKEND);
+  writeFileSync(join(dir, ".gitignore"), "*.so\n");
+  writeFileSync(join(dir, "requirements.txt"), "dep-a\n");
+  writeFileSync(join(dir, "native", "value.c"), "int value(void) { return 1; }\n");
+  writeFileSync(join(dir, "proj", "__init__.py"), INIT);
+  return dir;
+}
+
+beforeAll(async () => {
+  index.start();
+  for (const name of ["dep-a", "dep-b"]) index.wheel({ name, version: "1.0" });
+  const s = sandbox();
+  py = await makeWorkerVenv(join(world, "worker"), { env: s.env });
+  s.cleanup();
+}, 120_000);
+
+afterAll(() => {
+  index.stop();
+  rmSync(world, { recursive: true, force: true });
+});
+
+/** Python of the env, run from outside any project folder (so only the env's own links serve imports). */
+async function inEnv(envPath: string, code: string): Promise<string> {
+  const r = await run([join(envPath, "bin", "python"), "-c", code], { cwd: "/" });
+  if (r.code !== 0) throw new Error(r.stderr);
+  return r.stdout.trim();
+}
+
+for (const installer of ["pip", "auto"] as const) {
+  describe(`reuse is never wrong (${installer === "pip" ? "pip path" : "fast path where it applies"})`, () => {
+    const s = sandbox();
+    afterAll(() => s.cleanup());
+    const prepare = async (args: string[], env: Record<string, string> = {}) => {
+      const r = await cli(["env", "prepare", ...args, "--python", py, "--json"], { env: { ...s.env, GPULAYER_INSTALLER: installer, ...env }, cwd: s.root });
+      if (r.code !== 0) throw new Error(r.stderr);
+      return JSON.parse(r.stdout) as { key: string; path: string; status: string };
+    };
+
+    test("-e ./proj: a dependency added to its requirements.txt, a changed C source rebuild; a pure-Python edit is served live", async () => {
+      const proj = makeProject(join(s.root, "proj-e"));
+      writeFileSync(join(s.root, "req-e.txt"), "-e ./proj-e\n");
+      const idx = ["req-e.txt", "--index-url", index.url];
+      const first = await prepare(idx);
+      expect(first.status).toBe("built");
+      expect(await inEnv(first.path, "import proj, dep_a; print(proj.native())")).toBe("1");
+      expect((await prepare(idx)).status).toBe("reused");
+
+      writeFileSync(join(proj, "requirements.txt"), "dep-a\ndep-b\n");
+      const deps = await prepare(idx);
+      expect(deps.status).toBe("built");
+      expect(await inEnv(deps.path, "import dep_b; print(dep_b.__version__)")).toBe("1.0");
+
+      writeFileSync(join(proj, "native", "value.c"), "int value(void) { return 2; }\n");
+      const native = await prepare(idx);
+      expect(native.status).toBe("built");
+      expect(await inEnv(native.path, "import proj; print(proj.native())")).toBe("2");
+
+      writeFileSync(join(proj, "proj", "__init__.py"), `${INIT}LIVE = 7\n`);
+      const live = await prepare(idx);
+      expect(live).toMatchObject({ status: "reused", key: native.key });
+      expect(await inEnv(live.path, "import proj; print(proj.LIVE)")).toBe("7");
+    });
+
+    test("./proj (copied): a subpackage named build/ and a symlinked module count by content", async () => {
+      const proj = makeProject(join(s.root, "proj-c"));
+      mkdirSync(join(proj, "proj", "build"), { recursive: true });
+      writeFileSync(join(proj, "proj", "build", "__init__.py"), "V = 1\n");
+      mkdirSync(join(s.root, "shared"), { recursive: true });
+      writeFileSync(join(s.root, "shared", "linked.py"), "L = 1\n");
+      symlinkSync(join(s.root, "shared", "linked.py"), join(proj, "proj", "linked.py"));
+      const args = ["-p", "./proj-c", "--index-url", index.url];
+      const first = await prepare(args);
+      expect(await inEnv(first.path, "import proj.build, proj.linked; print(proj.build.V, proj.linked.L)")).toBe("1 1");
+      expect((await prepare(args)).status).toBe("reused");
+      writeFileSync(join(proj, "proj", "build", "__init__.py"), "V = 2\n");
+      const sub = await prepare(args);
+      expect(sub.status).toBe("built");
+      expect(await inEnv(sub.path, "import proj.build; print(proj.build.V)")).toBe("2");
+      writeFileSync(join(s.root, "shared", "linked.py"), "L = 2\n");
+      const linked = await prepare(args);
+      expect(linked.status).toBe("built");
+      expect(await inEnv(linked.path, "import proj.linked; print(proj.linked.L)")).toBe("2");
+    });
+
+    test("name @ file:///…/x.whl: a wheel rebuilt at the same path is picked up", async () => {
+      const dir = join(s.root, "wheelhouse");
+      const whl = makeDist("wheel", dir, { name: "atwheel", version: "1.0" });
+      writeFileSync(join(s.root, "req-w.txt"), `atwheel @ file://${whl}\n`);
+      const first = await prepare(["req-w.txt", "--index-url", index.url]);
+      expect(await inEnv(first.path, "import atwheel, os; print(os.path.exists(os.path.join(os.path.dirname(atwheel.__file__), 'new.py')))")).toBe("False");
+      rmSync(whl);
+      makeDist("wheel", dir, { name: "atwheel", version: "1.0", files: { "atwheel/new.py": "N = 1\n" } });
+      const again = await prepare(["req-w.txt", "--index-url", index.url]);
+      expect(again.status).toBe("built");
+      expect(await inEnv(again.path, "import atwheel.new; print(atwheel.new.N)")).toBe("1");
+    });
+
+    test("a local --find-links folder: a newer wheel dropped in it is what an unpinned request gets", async () => {
+      const dir = join(s.root, "links");
+      makeDist("wheel", dir, { name: "linked-pkg", version: "1.0" });
+      writeFileSync(join(s.root, "req-f.txt"), "--no-index --find-links ./links\nlinked-pkg\n");
+      const first = await prepare(["req-f.txt"]);
+      expect(await inEnv(first.path, "import linked_pkg; print(linked_pkg.__version__)")).toBe("1.0");
+      expect((await prepare(["req-f.txt"])).status).toBe("reused");
+      makeDist("wheel", dir, { name: "linked-pkg", version: "2.0" });
+      const newer = await prepare(["req-f.txt"]);
+      expect(newer.status).toBe("built");
+      expect(await inEnv(newer.path, "import linked_pkg; print(linked_pkg.__version__)")).toBe("2.0");
+    });
+
+    test("an --index-url after another option on the same line is the index the build uses", async () => {
+      writeFileSync(join(s.root, "req-i.txt"), `--pre --index-url ${index.url}\ndep-a\n`);
+      // No index flag: without the file's own -i, pip would go to the machine's (here: none) and fail.
+      const r = await prepare(["req-i.txt"]);
+      expect(await inEnv(r.path, "import dep_a; print(dep_a.__version__)")).toBe("1.0");
+    });
+  });
+}
+
+describe("credentials and variables never stored", () => {
+  test("-i https://alice:s3cr@tpw@host and ${TOKEN}: nothing under GPULAYER_HOME holds any part of them", async () => {
+    const s = sandbox();
+    try {
+      const withCreds = index.url.replace("http://", "http://alice:s3cr@tpw@");
+      writeFileSync(join(s.root, "req.txt"), `-i ${withCreds}\n--extra-index-url ${index.url.replace("http://", "http://bob:${TOKEN}@")}\ndep-a\n`);
+      const r = await cli(["env", "prepare", "req.txt", "--python", py, "--json"], { env: { ...s.env, TOKEN: "tok-98765" }, cwd: s.root });
+      expect(r.code).toBe(0);
+      const dry = await cli(["env", "prepare", "req.txt", "--python", py, "--dry-run", "--json"], { env: { ...s.env, TOKEN: "tok-98765" }, cwd: s.root });
+      expect(JSON.parse(dry.stdout).would).toBe("reuse");
+      const found: string[] = [];
+      const walk = (dir: string) => {
+        for (const n of readdirSync(dir)) {
+          const p = join(dir, n);
+          const st = statSync(p);
+          if (st.isDirectory()) walk(p);
+          else if (st.isFile() && st.size < 4_000_000) {
+            const text = readFileSync(p, "latin1");
+            for (const secret of ["s3cr", "tpw@", "tok-98765"]) if (text.includes(secret)) found.push(`${p}: ${secret}`);
+          }
+        }
+      };
+      walk(s.home);
+      expect(found).toEqual([]);
+      expect(`${r.stdout}${r.stderr}${dry.stdout}${dry.stderr}`).not.toMatch(/s3cr|tpw@|tok-98765/);
+    } finally {
+      s.cleanup();
+    }
+  });
+});
+
+const PYENV_ROOT = process.env.PYENV_ROOT ?? join(process.env.HOME ?? "/root", ".pyenv");
+const pyenvVersions = existsSync(join(PYENV_ROOT, "versions")) ? readdirSync(join(PYENV_ROOT, "versions")).filter((v) => /^3\.(1[0-9])\.\d+$/.test(v)) : [];
+
+describe("the interpreter behind a shim", () => {
+  test.skipIf(pyenvVersions.length < 2 || !existsSync(join(PYENV_ROOT, "shims", "python3")))("a pyenv shim with PYENV_VERSION=A, then B: two envs, each of its own Python", async () => {
+    const s = sandbox();
+    try {
+      const [a, b] = pyenvVersions.slice(-2) as [string, string];
+      const shim = join(PYENV_ROOT, "shims", "python3");
+      // uv may itself be a pyenv shim (pip install uv under pyenv): a PYENV_VERSION without it would hide it.
+      const uvDir = join(s.root, "uv-bin");
+      mkdirSync(uvDir);
+      const realUv = Bun.spawnSync(["pyenv", "which", "uv"]).stdout.toString().trim() || Bun.which("uv");
+      if (realUv) symlinkSync(realUv, join(uvDir, "uv"));
+      const PATH = `${uvDir}:${s.env.PATH}`;
+      const prep = async (version: string) => {
+        const r = await cli(["env", "prepare", "-p", "dep-a", "--index-url", index.url, "--python", shim, "--json"], { env: { ...s.env, PATH, PYENV_ROOT, PYENV_VERSION: version }, cwd: s.root });
+        if (r.code !== 0) throw new Error(r.stderr);
+        return JSON.parse(r.stdout) as { key: string; path: string; status: string };
+      };
+      const ea = await prep(a);
+      const eb = await prep(b);
+      expect(eb.key).not.toBe(ea.key);
+      expect(await inEnv(eb.path, "import sys; print('%d.%d.%d' % sys.version_info[:3])")).toBe(b);
+      expect(await inEnv(ea.path, "import sys; print('%d.%d.%d' % sys.version_info[:3])")).toBe(a);
+      expect(await prep(a)).toMatchObject({ key: ea.key, status: "reused" });
+    } finally {
+      s.cleanup();
+    }
+  });
+});
+
+describe("one default Python", () => {
+  test("join --python, then env prepare, then job run: the job's task.prepare is a cache hit", async () => {
+    const s = sandbox();
+    try {
+      const joined = await cli(["join", "--python", py, "--json"], { env: s.env, cwd: s.root });
+      expect(joined.code).toBe(0);
+      writeFileSync(join(s.root, "requirements.txt"), "dep-a\n");
+      const warm = await cli(["env", "prepare", "requirements.txt", "--index-url", index.url, "--json"], { env: s.env, cwd: s.root });
+      expect(warm.code).toBe(0);
+      expect(JSON.parse(warm.stdout).status).toBe("built");
+      const job = await cli(["job", "run", "-r", "requirements.txt", "--index-url", index.url, "--json", "--", "python", "-c", "import sys, dep_a; print(sys.prefix)"], { env: s.env, cwd: s.root });
+      expect(job.code).toBe(0);
+      const doc = JSON.parse(job.stdout);
+      expect(doc.phases.find((p: { name: string }) => p.name === "task.prepare").cache).toBe("hit");
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  test("join --python with a path that is no Python 3 saves nothing and exits 2", async () => {
+    const s = sandbox();
+    try {
+      for (const bad of ["/nope/python", "/bin/false"]) {
+        const r = await cli(["join", "--python", bad], { env: s.env, cwd: s.root });
+        expect(r.code).toBe(2);
+        expect(r.stderr).toMatch(/^error: --python: /);
+        expect(r.stderr.trim().split("\n")).toHaveLength(1);
+      }
+      expect(readdirSync(s.home).filter((n) => n.includes("worker"))).toEqual([]);
+    } finally {
+      s.cleanup();
+    }
+  });
+});
