@@ -9,8 +9,8 @@
  */
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { PackageIndex } from "../test/fixtures/index.ts";
+import { join, relative } from "node:path";
+import { makeDist, PackageIndex } from "../test/fixtures/index.ts";
 import { makeWorkerVenv } from "../test/helpers.ts";
 import { ensureBinary, ROOT, stats, writeReport } from "./_lib.ts";
 
@@ -89,6 +89,28 @@ try {
     3,
   );
 
+  // Warm, with the inputs that cost the key work: a local project of 2,000 files (every one stat'ed,
+  // digests from the stat cache) and an interpreter named through a pyenv shim (resolved before keying).
+  const proj = makeDist("project", join(work, "proj2k"), { name: "bench-proj", version: "1.0" });
+  mkdirSync(join(proj, "data"), { recursive: true });
+  for (let i = 0; i < 1_997; i++) writeFileSync(join(proj, "data", `f${i}.txt`), `file ${i}\n`);
+  const projRequest = ["-p", "bench-top", "-p", `./${relative(work, proj)}`, "--index-url", index.url, "--python", worker];
+  const projFirst = await run([bin, "env", "prepare", ...projRequest, "--json"], { env: warmEnv, cwd: work });
+  if (projFirst.code !== 0) throw new Error(`project prepare failed: ${projFirst.err}`);
+  const pyenvRoot = process.env.PYENV_ROOT ?? join(process.env.HOME ?? "", ".pyenv");
+  const shim = join(pyenvRoot, "shims", "python3");
+  const shimRequest = ["-p", "bench-top", "--index-url", index.url, "--python", shim];
+  const hasShim = existsSync(shim) && (await run([bin, "env", "prepare", ...shimRequest, "--json"], { env: { ...warmEnv, PYENV_ROOT: pyenvRoot } })).code === 0;
+  const inputs = await sideBySide(
+    [
+      ["`gpulayer env prepare` (warm, plain request)", () => timed([bin, "env", "prepare", ...request, "--quiet"], { env: warmEnv })],
+      ["warm, with a local project of 2,000 files", () => timed([bin, "env", "prepare", ...projRequest, "--quiet"], { env: warmEnv, cwd: work })],
+      ...(hasShim ? ([["warm, `--python` a pyenv shim", () => timed([bin, "env", "prepare", ...shimRequest, "--quiet"], { env: { ...warmEnv, PYENV_ROOT: pyenvRoot } })]] as [string, () => Promise<number>][]) : []),
+    ],
+    runs,
+    3,
+  );
+
   // Cold: a fresh home and fresh pip/uv caches each run, for both.
   let n = 0;
   const fresh = () => {
@@ -150,6 +172,10 @@ try {
     `## Warm: the env is there (${runs} runs each, after 3 warm-up runs)`,
     "",
     ...table(warm, "`python -c pass` (the worker's python)", "ms"),
+    "",
+    `## Warm, with inputs that cost the key work (${runs} runs each; aim: within 1.5x of the plain request)`,
+    "",
+    ...table(inputs, "`gpulayer env prepare` (warm, plain request)", "ms"),
     "",
     `## Cold: a build from nothing (${coldRuns} runs each, after 1 warm-up; fresh GPULAYER_HOME, pip and uv caches every run)`,
     "",

@@ -155,7 +155,7 @@ describe("env prepare", () => {
       // The installer reads the user's own file and names the line itself; nothing is left in the cache.
       const invalid = await prepare(s, ["req.txt", "--python", plainPy]);
       expect(invalid.code).toBe(1);
-      expect(invalid.stderr).toMatch(/^error: installing the requirements failed: ERROR: Invalid requirement: 'this is not a requirement' \(from line 3 of .*req\.txt\)\n/);
+      expect(invalid.stderr).toMatch(/(^|\n)error: installing the requirements failed: ERROR: Invalid requirement: 'this is not a requirement' \(from line 3 of .*req\.txt\)\n/);
       expect(readyKeys(s.home)).toEqual([]);
 
       const noPython = await prepare(s, ["-p", "tiny", "--python", "/nonexistent/bin/python"]);

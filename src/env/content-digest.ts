@@ -36,13 +36,14 @@ export class DigestCache {
     }
   }
 
-  digest(path: string, stat: Stats): string {
+  /** `id` names the file within this cache's root (shorter than its path: the cache is read on every warm run). */
+  digest(path: string, stat: Stats, id: string = path): string {
     const sig = signature(stat);
-    const hit = this.entries[path];
+    const hit = this.entries[id];
     if (hit && hit[0] === sig) return hit[1];
     const digest = contentHash(readFileSync(path));
     if (this.now() - Math.max(stat.mtimeMs, stat.ctimeMs) > RACY_MS) {
-      this.entries[path] = [sig, digest];
+      this.entries[id] = [sig, digest];
       this.dirty = true;
     }
     return digest;
@@ -95,7 +96,7 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
   const hasher = new Bun.CryptoHasher("sha256");
   const seenDirs = new Set<string>();
   let files = 0;
-  const walk = (dir: string, rules: { base: string; ig: Ignore }[]) => {
+  const walk = (dir: string, rel: string, rules: { base: string; ig: Ignore }[]) => {
     let real: string;
     try {
       real = realpathSync(dir);
@@ -115,32 +116,32 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
     const isPackage = opts.editable && dir !== root && names.includes("__init__.py");
     for (const name of names) {
       const path = join(dir, name);
-      let stat: Stats;
-      try {
-        stat = statSync(path); // follows symlinks: their target's content is what gets installed
-      } catch {
-        hasher.update(`dangling\0${relative(root, path)}\0`);
+      const relPath = rel ? `${rel}/${name}` : name;
+      // Follows symlinks: their target's content is what gets installed.
+      const stat = statSync(path, { throwIfNoEntry: false });
+      if (!stat) {
+        hasher.update(`dangling\0${relPath}\0`);
         continue;
       }
       const isDir = stat.isDirectory();
       if (isDir && (NEVER_READ_DIRS.has(name) || name.endsWith(".egg-info"))) continue;
       if (!isDir && /\.py[co]$/.test(name)) continue;
       if (isDir && dir === root && name === "build" && readdirSync(path).every((e) => SETUPTOOLS_BUILD_ENTRY.test(e))) continue;
-      if (rules.some(({ base, ig }) => ig.ignores(relative(base, path) + (isDir ? "/" : "")))) continue;
+      if (rules.length && rules.some(({ base, ig }) => ig.ignores(relative(base, path) + (isDir ? "/" : "")))) continue;
       if (isDir) {
-        walk(path, rules);
+        walk(path, relPath, rules);
         continue;
       }
       if (!stat.isFile()) continue; // sockets, FIFOs: nothing an installer copies
       if (isPackage && name.endsWith(".py")) {
-        hasher.update(`live\0${relative(root, path)}\0`); // served by the live link: its name counts, not its content
+        hasher.update(`live\0${relPath}\0`); // served by the live link: its name counts, not its content
         continue;
       }
-      hasher.update(`file\0${relative(root, path)}\0${cache.digest(path, stat)}\0`);
+      hasher.update(`file\0${relPath}\0${cache.digest(path, stat, relPath)}\0`);
       files++;
     }
   };
-  walk(root, []);
+  walk(root, "", []);
   cache.save();
   return { digest: hasher.digest("hex"), files };
 }
@@ -158,7 +159,7 @@ export function folderDigest(dir: string, cacheDir: string | null): string {
       } catch {
         continue;
       }
-      hasher.update(stat.isFile() ? `file\0${name}\0${cache.digest(path, stat)}\0` : `other\0${name}\0`);
+      hasher.update(stat.isFile() ? `file\0${name}\0${cache.digest(path, stat, name)}\0` : `other\0${name}\0`);
     }
   } else hasher.update("missing");
   cache.save();
