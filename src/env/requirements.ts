@@ -1,4 +1,5 @@
-import { closeSync, constants, existsSync, fstatSync, openSync, readSync, realpathSync, statSync } from "node:fs";
+import { existsSync, realpathSync, statSync } from "node:fs";
+import { readRequirementsText } from "./requirements-file.ts";
 import { dirname, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { quote as shlexQuote } from "shlex";
@@ -75,58 +76,13 @@ export interface ScanContext {
   digestCache: string | null;
 }
 
-/** More than any requirements file; a bigger one is not a requirements file (a device, a data file). */
-export const MAX_REQUIREMENTS_FILE = 8 * 1024 * 1024;
-
 /** Characters Python splits lines on, or that no requirement holds: in a -p spec, they would smuggle lines into what pip reads. */
 const SPEC_FORBIDDEN = /[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]/;
-/** In a file, pip splits on the line breaks itself; these others are never in a real requirements file. */
-const FILE_FORBIDDEN = /[\x00-\x08\x0e-\x1b\x1f\x7f\ufeff]/;
 
 const ARCHIVE = /\.(whl|tar\.gz|tgz|tar|zip|tar\.bz2|tbz|tar\.xz|txz|tlz|tar\.lz|tar\.lzma)$/i;
 const SCHEME = /^[a-z][a-z0-9+.-]*:/i;
 const NAME_AT_URL = /^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*@\s*(\S+)/;
 const UV_SAFE_OPTIONS = new Set(["--requirement", "--constraint", "--editable", "--index-url", "--extra-index-url", "--find-links", "--no-index"]);
-
-/** Read a file that may be a requirements file: a regular file, not too big, UTF-8. */
-function readRequirementsText(path: string, shown: string): string {
-  let fd: number;
-  try {
-    // Non-blocking: opening a FIFO for reading would otherwise wait for a writer forever.
-    fd = openSync(path, constants.O_RDONLY | constants.O_NONBLOCK);
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code;
-    throw new UsageError(code === "ENOENT" ? `requirements file not found: ${shown}` : `cannot read requirements file ${shown}: ${(error as Error).message}`);
-  }
-  try {
-    const st = fstatSync(fd);
-    if (!st.isFile()) throw new UsageError(`${shown} is not a regular file (a requirements file is a text file)`);
-    if (st.size > MAX_REQUIREMENTS_FILE) throw new UsageError(`${shown} is ${st.size} bytes: too big for a requirements file (at most ${MAX_REQUIREMENTS_FILE})`);
-    const buf = Buffer.alloc(st.size);
-    let got = 0;
-    while (got < st.size) {
-      const n = readSync(fd, buf, got, st.size - got, got);
-      if (n === 0) break;
-      got += n;
-    }
-    let bytes = buf.subarray(0, got);
-    if (bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf) bytes = bytes.subarray(3);
-    else if ((bytes[0] === 0xff && bytes[1] === 0xfe) || (bytes[0] === 0xfe && bytes[1] === 0xff)) throw new UsageError(`${shown} is UTF-16: save it as UTF-8`);
-    let text: string;
-    try {
-      text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
-    } catch {
-      throw new UsageError(`${shown} is not UTF-8 text`);
-    }
-    const coding = /^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)/m.exec(text.split(/\n/, 2).join("\n"));
-    if (coding && !/^utf-?8$/i.test(coding[1]!)) throw new UsageError(`${shown} declares the encoding ${coding[1]}: save it as UTF-8 and drop the coding line`);
-    const bad = FILE_FORBIDDEN.exec(text);
-    if (bad) throw new UsageError(`${shown} holds a control character (U+${bad[0].charCodeAt(0).toString(16).padStart(4, "0").toUpperCase()}): not a requirements file`);
-    return text;
-  } finally {
-    closeSync(fd);
-  }
-}
 
 function localPathOf(target: string): string | null {
   if (/^file:/i.test(target)) {
@@ -145,6 +101,16 @@ class Scanner {
 
   constructor(private readonly ctx: ScanContext) {
     this.inputs = { specs: [], specLines: { lines: [], requirements: [] }, files: [], variables: new Map(), locals: [], findLinks: [], requirements: [], indexUrls: [], noIndex: false, optionsSeen: new Set(), uvDiffers: null };
+  }
+
+  /** pip's reading of one text; what it refuses is the user's to fix. */
+  private read(text: string, name: string): PipLine[] {
+    try {
+      return readPipLines(text, name, this.ctx.env);
+    } catch (error) {
+      if (error instanceof LineRefused) throw new UsageError(error.message);
+      throw error;
+    }
   }
 
   private uvDiffers(reason: string) {
@@ -169,14 +135,7 @@ class Scanner {
     this.open.add(real);
     const entry: RequestFile = { path: abs, kind, via, lines: [], requirements: [] };
     this.inputs.files.push(entry);
-    let lines: PipLine[];
-    try {
-      lines = readPipLines(text, shown, this.ctx.env);
-    } catch (error) {
-      if (error instanceof LineRefused) throw new UsageError(error.message);
-      throw error;
-    }
-    for (const line of lines) this.line(line, `${shown}:${line.lineNo}`, entry, abs);
+    for (const line of this.read(text, shown)) this.line(line, `${shown}:${line.lineNo}`, entry, abs);
     entry.requirements.sort();
     this.open.delete(real);
   }
@@ -302,14 +261,7 @@ class Scanner {
       if (!text) throw new UsageError(`${origin}: empty requirement`);
       if (text.startsWith("-")) throw new UsageError(`${origin}: '${text.split(/\s/, 1)[0]}' is an option, not a requirement; options go in a requirements file`);
       if (text.endsWith("\\") || /(^|\s)#/.test(text)) throw new UsageError(`${origin}: a requirement may not end with \\ or hold a comment`);
-      let lines: PipLine[];
-      try {
-        lines = readPipLines(text, origin, this.ctx.env);
-      } catch (error) {
-        if (error instanceof LineRefused) throw new UsageError(error.message);
-        throw error;
-      }
-      for (const line of lines) {
+      for (const line of this.read(text, origin)) {
         if (line.options.some((o) => !["--hash", "--config-settings", "--global-option"].includes(o.name))) throw new UsageError(`${origin}: only --hash, --config-settings and --global-option may follow a requirement`);
         this.line(line, origin, this.inputs.specLines, null);
       }
