@@ -57,7 +57,7 @@ export default defineCommand({
     const settings = mergeWorkerSettings(saved, { python: a.python, name: a.name, labels: parseLabels(repeated(rawArgs, ["--label"])) });
     const name = settings.name ?? hostname().split(".")[0]!;
     const labels = settings.labels ?? {};
-    const probe = await probeMachine(layout, settings.python, process.env);
+    const probe = await probeMachine(layout, settings.python, process.env, process.cwd());
     // A Python named now must work now: a bad path is never saved.
     if (a.python !== undefined && !probe.python) throw new UsageError(probe.pythonError ?? `--python: ${a.python} is not a working Python 3`);
 

@@ -146,6 +146,13 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
   return { digest: hasher.digest("hex"), files };
 }
 
+/** A find-links location on disk: a folder by its files, a file by its bytes, "missing" when absent (pip warns and goes on). */
+export function findLinksDigest(path: string, cacheDir: string | null): string {
+  const stat = statSync(path, { throwIfNoEntry: false });
+  if (!stat) return "missing";
+  return stat.isDirectory() ? folderDigest(path, cacheDir) : fileDigest(path, cacheDir);
+}
+
 /** A local find-links folder: the names and content of what pip would pick from (its files; pip does not descend). */
 export function folderDigest(dir: string, cacheDir: string | null): string {
   const cache = new DigestCache(cacheDir, `folder:${dir}`);

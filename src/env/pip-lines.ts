@@ -104,11 +104,11 @@ export function logicalLines(text: string): { lineNo: number; text: string }[] {
 }
 
 /** `${VAR}` as pip expands it: set and non-empty is replaced, anything else stays as written. */
-export function expandVariables(line: string, env: Record<string, string | undefined>): string {
+function expandVariables(line: string, env: Record<string, string | undefined>): string {
   return line.replace(ENV_VAR, (whole, name: string) => env[name] || whole);
 }
 
-export function variablesOf(line: string): string[] {
+function variablesOf(line: string): string[] {
   return [...line.matchAll(ENV_VAR)].map((m) => m[1]!);
 }
 
@@ -170,8 +170,4 @@ export function readPipLines(text: string, name: string, env: Record<string, str
     }
     return { lineNo, text: line, args: args.trim(), options: parseOptions(tokens, where), variables: variablesOf(line) };
   });
-}
-
-export function optionSpec(name: string): OptionSpec | undefined {
-  return BY_LONG.get(name);
 }

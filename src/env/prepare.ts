@@ -1,4 +1,3 @@
-import { statSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError } from "../errors.ts";
@@ -10,7 +9,7 @@ import { envKey, type FlagOptions, type KeyDocument, keyDocument, requestSummary
 import { type Lease, takeLease } from "./lease.ts";
 import { sleep, tryLock } from "./lock.ts";
 import { type RequestInputs, scanRequest } from "./requirements.ts";
-import { fileDigest, folderDigest } from "./content-digest.ts";
+import { findLinksDigest } from "./content-digest.ts";
 import { inputsReport } from "./inputs-report.ts";
 import { diskUsage, entryPaths, isReady, markReady, readMeta, removeEntryDir, touchLastUsed } from "./store.ts";
 
@@ -81,13 +80,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest): Resolve
   const flagLinks = req.findLinks.map((f) => {
     if (/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && !/^file:/i.test(f)) return { url: f };
     const path = resolve(req.cwd, f.replace(/^file:\/\//i, ""));
-    let digest = "missing";
-    try {
-      digest = statSync(path).isDirectory() ? folderDigest(path, layout.digests) : fileDigest(path, layout.digests);
-    } catch {
-      // pip warns and goes on; the key says it was missing
-    }
-    return { path, digest };
+    return { path, digest: findLinksDigest(path, layout.digests) };
   });
   const flags: FlagOptions = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: flagLinks };
   const fileIndexOptions = ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o));

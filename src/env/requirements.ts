@@ -4,7 +4,7 @@ import { dirname, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { quote as shlexQuote } from "shlex";
 import { UsageError } from "../errors.ts";
-import { fileDigest, folderDigest, treeDigest } from "./content-digest.ts";
+import { fileDigest, findLinksDigest, treeDigest } from "./content-digest.ts";
 import { canonicalPlainRequirement, normalizeName } from "./canonical.ts";
 import { contentHash, hideCredentials, redactUrl } from "./hashing.ts";
 import { LineRefused, type PipLine, readPipLines } from "./pip-lines.ts";
@@ -189,13 +189,7 @@ class Scanner {
     const nearFile = fileDir ? join(fileDir, local) : null;
     const path = nearFile && !isAbsolute(local) && existsSync(nearFile) ? nearFile : resolve(this.ctx.cwd, local);
     if (fileDir && !isAbsolute(local) && resolve(fileDir) !== resolve(this.ctx.cwd)) this.uvDiffers(`${origin}: a relative --find-links outside the working directory is left to pip`);
-    let digest: string;
-    try {
-      digest = statSync(path).isDirectory() ? folderDigest(path, this.ctx.digestCache) : fileDigest(path, this.ctx.digestCache);
-    } catch {
-      digest = "missing";
-    }
-    this.inputs.findLinks.push({ origin, path, digest });
+    this.inputs.findLinks.push({ origin, path, digest: findLinksDigest(path, this.ctx.digestCache) });
   }
 
   private requirement(line: PipLine, origin: string, editableTarget: string | undefined, file: string | null): void {

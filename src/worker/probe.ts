@@ -96,7 +96,7 @@ async function probeEngineName(layout: HomeLayout, env: NodeJS.ProcessEnv, timeo
   }
 }
 
-export async function probeMachine(layout: HomeLayout, python: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<MachineProbe> {
+export async function probeMachine(layout: HomeLayout, python: string | undefined, env: NodeJS.ProcessEnv, cwd: string): Promise<MachineProbe> {
   const started = performance.now();
   const [gpus, engine] = await Promise.all([probeGpus(env), env.GPULAYER_WORKER_ENGINE === "none" ? Promise.resolve(null) : probeEngineName(layout, env, 5000)]);
   let pythonInfo: MachineProbe["python"] = null;
@@ -104,7 +104,7 @@ export async function probeMachine(layout: HomeLayout, python: string | undefine
   let frameworks: Record<string, string> = {};
   let cuda: string | null = null;
   try {
-    const { info } = runningInterpreter(python, env, process.cwd(), layout.interpreters);
+    const { info } = runningInterpreter(python, env, cwd, layout.interpreters);
     pythonInfo = { path: info.path, version: info.version };
     ({ frameworks, cuda } = readFrameworks(info.siteDirs));
   } catch (error) {
