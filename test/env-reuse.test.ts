@@ -212,6 +212,37 @@ describe("credentials and variables never stored", () => {
   });
 });
 
+describe("credentials never in job records", () => {
+  test("a private index: foreground and --detach jobs build with the credentials, and the job store holds none of them", async () => {
+    const s = sandbox();
+    const priv = new PackageIndex(join(s.root, "private"), { basicAuth: "alice:s3cr@tpw" }).start();
+    try {
+      priv.wheel({ name: "priv-pkg", version: "2.0" });
+      const url = priv.url.replace("http://", "http://alice:s3cr@tpw@");
+      const fg = await cli(["job", "run", "-p", "priv-pkg", "--index-url", url, "--python", py, "--", "python", "-c", "import priv_pkg; print(priv_pkg.__version__)"], { env: s.env, cwd: s.root });
+      expect(fg.stderr).not.toMatch(/s3cr|tpw@/);
+      expect(fg.stdout.trim()).toBe("2.0");
+      // A new env (another version asked for): the detached runner must have the credentials to build it.
+      priv.wheel({ name: "priv-pkg", version: "2.1" });
+      const bg = await cli(["job", "run", "--detach", "-p", "priv-pkg==2.1", "--index-url", url, "--python", py, "--", "python", "-c", "import priv_pkg; print(priv_pkg.__version__)"], { env: s.env, cwd: s.root });
+      expect(bg.code).toBe(0);
+      const id = bg.stdout.trim();
+      const logs = await cli(["job", "logs", id, "--follow"], { env: s.env });
+      expect(logs.stdout.trim()).toBe("2.1");
+      const status = await cli(["job", "status", id, "--json"], { env: s.env });
+      expect(JSON.parse(status.stdout).state).toBe("succeeded");
+      const list = await cli(["job", "list", "--json"], { env: s.env });
+      for (const text of [status.stdout, list.stdout, logs.stdout, logs.stderr, bg.stderr]) expect(text).not.toMatch(/s3cr|tpw@/);
+      const stored = readdirSync(join(s.home, "jobs")).map((n) => readFileSync(join(s.home, "jobs", n), "latin1")).join("");
+      expect(stored.includes("***@127.0.0.1")).toBe(true); // the record is there, without the credentials
+      expect(stored.match(/s3cr|tpw@/)?.[0] ?? null).toBeNull();
+    } finally {
+      priv.stop();
+      s.cleanup();
+    }
+  });
+});
+
 const PYENV_ROOT = process.env.PYENV_ROOT ?? join(process.env.HOME ?? "/root", ".pyenv");
 const pyenvVersions = existsSync(join(PYENV_ROOT, "versions")) ? readdirSync(join(PYENV_ROOT, "versions")).filter((v) => /^3\.(1[0-9])\.\d+$/.test(v)) : [];
 

@@ -32,7 +32,7 @@ export function homeLayout(root: string = gpulayerHome()): HomeLayout {
     leases: join(root, "leases"),
     trash: join(root, "trash"),
     interpreters: join(root, "interpreters-v1"),
-    digests: join(root, "digests-v1"),
+    digests: join(root, "digests-v2"),
     tools: join(root, "tools"),
     jobs: join(root, "jobs"),
     images: join(root, "images-v1"),

@@ -13,12 +13,14 @@ import { contentHash } from "./hashing.ts";
 
 const RACY_MS = 2_000;
 
-type Signature = string;
-const signature = (s: Stats): Signature => `${s.size}:${s.mtimeMs}:${s.ctimeMs}:${s.ino}:${s.dev}`;
+/** size, mtime, ctime, inode, device: compared as numbers (formatting floats per file costs more than the stat). */
+type Signature = [number, number, number, number, number];
+type Entry = [...Signature, string];
+const sameFile = (e: Entry, s: Stats): boolean => e[0] === s.size && e[1] === s.mtimeMs && e[2] === s.ctimeMs && e[3] === s.ino && e[4] === s.dev;
 
 /** One cache file per root; loaded once, written back only when something changed. */
 export class DigestCache {
-  private entries: Record<string, [Signature, string]> = {};
+  private entries: Record<string, Entry> = {};
   private dirty = false;
   private readonly file: string | null;
 
@@ -38,12 +40,11 @@ export class DigestCache {
 
   /** `id` names the file within this cache's root (shorter than its path: the cache is read on every warm run). */
   digest(path: string, stat: Stats, id: string = path): string {
-    const sig = signature(stat);
     const hit = this.entries[id];
-    if (hit && hit[0] === sig) return hit[1];
+    if (Array.isArray(hit) && sameFile(hit, stat)) return hit[5];
     const digest = contentHash(readFileSync(path));
     if (this.now() - Math.max(stat.mtimeMs, stat.ctimeMs) > RACY_MS) {
-      this.entries[id] = [sig, digest];
+      this.entries[id] = [stat.size, stat.mtimeMs, stat.ctimeMs, stat.ino, stat.dev, digest];
       this.dirty = true;
     }
     return digest;
@@ -93,7 +94,8 @@ export interface TreeDigest {
  */
 export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
   const cache = new DigestCache(opts.cacheDir, `tree:${root}`);
-  const hasher = new Bun.CryptoHasher("sha256");
+  // Hashed once at the end: one update per file costs more than the stat.
+  const parts: string[] = [];
   const seenDirs = new Set<string>();
   let files = 0;
   const walk = (dir: string, rel: string, rules: { base: string; ig: Ignore }[]) => {
@@ -115,17 +117,17 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
     }
     const isPackage = opts.editable && dir !== root && names.includes("__init__.py");
     for (const name of names) {
-      const path = join(dir, name);
+      const path = `${dir}/${name}`; // not join(): it normalises, and this runs per file
       const relPath = rel ? `${rel}/${name}` : name;
       // Follows symlinks: their target's content is what gets installed.
       const stat = statSync(path, { throwIfNoEntry: false });
       if (!stat) {
-        hasher.update(`dangling\0${relPath}\0`);
+        parts.push("dangling", relPath);
         continue;
       }
       const isDir = stat.isDirectory();
       if (isDir && (NEVER_READ_DIRS.has(name) || name.endsWith(".egg-info"))) continue;
-      if (!isDir && /\.py[co]$/.test(name)) continue;
+      if (!isDir && (name.endsWith(".pyc") || name.endsWith(".pyo"))) continue;
       if (isDir && dir === root && name === "build" && readdirSync(path).every((e) => SETUPTOOLS_BUILD_ENTRY.test(e))) continue;
       if (rules.length && rules.some(({ base, ig }) => ig.ignores(relative(base, path) + (isDir ? "/" : "")))) continue;
       if (isDir) {
@@ -134,16 +136,16 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
       }
       if (!stat.isFile()) continue; // sockets, FIFOs: nothing an installer copies
       if (isPackage && name.endsWith(".py")) {
-        hasher.update(`live\0${relPath}\0`); // served by the live link: its name counts, not its content
+        parts.push("live", relPath); // served by the live link: its name counts, not its content
         continue;
       }
-      hasher.update(`file\0${relPath}\0${cache.digest(path, stat, relPath)}\0`);
+      parts.push("file", relPath, cache.digest(path, stat, relPath));
       files++;
     }
   };
   walk(root, "", []);
   cache.save();
-  return { digest: hasher.digest("hex"), files };
+  return { digest: contentHash(parts.join("\0")), files };
 }
 
 /** A find-links location on disk: a folder by its files, a file by its bytes, "missing" when absent (pip warns and goes on). */

@@ -10,9 +10,13 @@ export function selfCommand(): string[] {
   return [process.execPath];
 }
 
-/** Start `gpulayer job _exec ID` in its own session, detached from this terminal. */
-export function spawnDetachedRunner(jobId: string, env: NodeJS.ProcessEnv): number {
-  const proc = Bun.spawn([...selfCommand(), "job", "_exec", jobId], { env: env as Record<string, string>, stdin: "ignore", stdout: "ignore", stderr: "ignore", detached: true });
+/**
+ * Start `gpulayer job _exec ID` in its own session, detached from this terminal.
+ * The whole spec goes on its stdin: the store holds it without credentials, and
+ * process arguments are readable by every user.
+ */
+export function spawnDetachedRunner(job: JobRecord, env: NodeJS.ProcessEnv): number {
+  const proc = Bun.spawn([...selfCommand(), "job", "_exec", job.id], { env: env as Record<string, string>, stdin: new Blob([JSON.stringify(job.spec)]), stdout: "ignore", stderr: "ignore", detached: true });
   proc.unref();
   return proc.pid;
 }

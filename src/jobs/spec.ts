@@ -3,6 +3,7 @@ import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
 import { type JobFile, loadJobFile } from "../config/jobfile.ts";
 import type { EnvironmentSource } from "../env/prepare.ts";
 import { UsageError } from "../errors.ts";
+import { redactUrl } from "../env/hashing.ts";
 
 /** A job with every path resolved and flags merged over its file: what a runner needs, nothing else. */
 export interface JobSpec {
@@ -108,5 +109,20 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
     env,
     environment,
     resources: { gpus: flags.gpus ?? file.resources?.gpus ?? 0, frameworks: file.resources?.frameworks ?? {} },
+  };
+}
+
+/** The spec as it may be stored: every URL's user and password shown as ***. */
+export function withoutCredentials(spec: JobSpec): JobSpec {
+  const e = spec.environment;
+  return {
+    ...spec,
+    environment: {
+      ...e,
+      specs: e.specs.map(redactUrl),
+      indexUrl: e.indexUrl === undefined ? undefined : redactUrl(e.indexUrl),
+      extraIndexUrls: e.extraIndexUrls.map(redactUrl),
+      findLinks: e.findLinks.map(redactUrl),
+    },
   };
 }

@@ -3,7 +3,7 @@ import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
-import type { JobSpec } from "./spec.ts";
+import { type JobSpec, withoutCredentials } from "./spec.ts";
 
 export type JobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled";
 export const FINAL_STATES: JobState[] = ["succeeded", "failed", "cancelled"];
@@ -70,14 +70,19 @@ export class JobStore {
     return join(this.layout.jobs, `${id}.log`);
   }
 
+  /**
+   * Records a job without the credentials in its URLs (the database is read by
+   * `job list`, backups, anyone with the file). The record returned holds the
+   * whole spec, in memory only: a detached runner gets it on its stdin.
+   */
   create(spec: JobSpec): JobRecord {
     const id = Buffer.from(crypto.getRandomValues(new Uint8Array(8))).toString("hex");
     const now = Date.now();
     this.db.transaction(() => {
-      this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec) VALUES (?, ?, 'queued', ?, ?, ?)").run(id, spec.name, now, now, JSON.stringify(spec));
+      this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec) VALUES (?, ?, 'queued', ?, ?, ?)").run(id, spec.name, now, now, JSON.stringify(withoutCredentials(spec)));
       this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, 'job.submitted', ?)").run(id, now, JSON.stringify({ name: spec.name, command: spec.commandText }));
     })();
-    return this.get(id)!;
+    return { ...this.get(id)!, spec };
   }
 
   get(id: string): JobRecord | null {

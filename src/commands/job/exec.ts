@@ -13,7 +13,9 @@ export default defineCommand({
     const store = new JobStore(layout);
     const job = store.get(args.id);
     if (!job || job.state !== "queued") throw new UserError(`job ${args.id} is not queued`);
-    const running = startJob(store, layout, job);
+    // The spec with its credentials comes on stdin (see spawnDetachedRunner); the stored one is a fallback.
+    const piped = await Bun.stdin.text().catch(() => "");
+    const running = startJob(store, layout, piped ? { ...job, spec: JSON.parse(piped) } : job);
     process.on("SIGTERM", () => running.cancel("job cancel"));
     process.on("SIGINT", () => running.cancel("SIGINT"));
     await running.done;

@@ -70,7 +70,7 @@ export default defineCommand({
     const store = new JobStore(layout);
     const job = store.create(spec);
     if (a.detach) {
-      spawnDetachedRunner(job.id, process.env);
+      spawnDetachedRunner(job, process.env);
       out.result({ id: job.id, state: "queued" }, () => job.id, true);
       return;
     }
