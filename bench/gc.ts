@@ -78,7 +78,7 @@ for (const n of counts.length ? counts : [1000, 10000]) {
   const total = makeEntries(home, n);
   console.log(`\n${n} entries (${(total / 2 ** 20).toFixed(0)} MiB recorded), made in ${ms((performance.now() - t0) / 1000)}`);
   const layout = homeLayout(home);
-  const base = { minAgeMs: 10 * 60_000, keep: [], dryRun: false, refreshSizes: false };
+  const base = { minAgeMs: 10 * 60_000, keep: [], dryRun: false, refreshSizes: false, engineEnv: process.env };
 
   const runs: number[] = [];
   for (let i = 0; i < 3; i++) {

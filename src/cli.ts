@@ -1,5 +1,4 @@
 #!/usr/bin/env bun
-import { existsSync } from "node:fs";
 import { defineCommand, runCommand, showUsage, type CommandDef } from "citty";
 import { ExitCode, ExitError, UserError } from "./errors.ts";
 import { onBrokenPipe } from "./ui/output.ts";
@@ -15,6 +14,7 @@ const main = defineCommand({
     env: () => import("./commands/env/index.ts").then((m) => m.default),
     job: () => import("./commands/job/index.ts").then((m) => m.default),
     gc: () => import("./commands/gc.ts").then((m) => m.default),
+    config: () => import("./commands/config.ts").then((m) => m.default),
     server: () => import("./commands/server.ts").then((m) => m.default),
     join: () => import("./commands/join.ts").then((m) => m.default),
     workers: () => import("./commands/workers.ts").then((m) => m.default),
@@ -50,7 +50,6 @@ async function run(argv: string[]): Promise<number> {
   }
   const verbose = beforeDashes.includes("--verbose");
   try {
-    await applyConfigFile();
     await runCommand(main, { rawArgs: argv });
     return ExitCode.ok;
   } catch (error) {
@@ -71,15 +70,6 @@ async function run(argv: string[]): Promise<number> {
     else process.stderr.write("(run again with --verbose for the stack; this is a bug in gpulayer)\n");
     return ExitCode.internal;
   }
-}
-
-/** config.yaml's settings become defaults of their GPULAYER_* variables; read only when the file exists (the warm path pays one stat). */
-async function applyConfigFile(): Promise<void> {
-  const { homeLayout } = await import("./config/paths.ts");
-  const file = homeLayout().configFile;
-  if (!existsSync(file)) return;
-  const { loadSettings, settingsAsEnvDefaults } = await import("./config/settings.ts");
-  Object.assign(process.env, settingsAsEnvDefaults(loadSettings(file), process.env));
 }
 
 /** `gpulayer job list | head`: a reader that went away is not an error. */

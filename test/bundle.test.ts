@@ -4,6 +4,8 @@ import { join } from "node:path";
 import { BundleError, inspectBundle, listWorkdir, packWorkdir, unpackBundle } from "../src/cluster/bundle.ts";
 import { run, tempDir } from "./helpers.ts";
 
+const LIMITS = { maxBytes: 200 * 1024 ** 2, maxUnpackedBytes: 2 * 1024 ** 3, maxEntries: 200_000 };
+
 const root = tempDir("gpl-bundle-");
 afterAll(() => Bun.spawn(["rm", "-rf", root]));
 
@@ -64,20 +66,20 @@ describe("packing a workdir", () => {
   });
 
   test("the same content packs to the same hash; times do not count, content does", () => {
-    const a = packWorkdir(dir, join(root, "a.tar.gz"));
+    const a = packWorkdir(dir, join(root, "a.tar.gz"), LIMITS);
     utimesSync(join(dir, "train.py"), new Date(), new Date(Date.now() + 5000));
-    const b = packWorkdir(dir, join(root, "b.tar.gz"));
+    const b = packWorkdir(dir, join(root, "b.tar.gz"), LIMITS);
     expect(b.hash).toBe(a.hash);
     writeFileSync(join(dir, "pkg", "mod.py"), "x = 2\n");
-    const c = packWorkdir(dir, join(root, "c.tar.gz"));
+    const c = packWorkdir(dir, join(root, "c.tar.gz"), LIMITS);
     expect(c.hash).not.toBe(a.hash);
     expect(a.hash).toBe(new Bun.CryptoHasher("sha256").update(readFileSync(a.file)).digest("hex"));
   });
 
   test("unpacks what was packed: contents, the executable bit, links", async () => {
-    const packed = packWorkdir(dir, join(root, "d.tar.gz"));
+    const packed = packWorkdir(dir, join(root, "d.tar.gz"), LIMITS);
     const out = join(root, "unpacked");
-    await unpackBundle(packed.file, out);
+    await unpackBundle(packed.file, out, LIMITS);
     expect(readFileSync(join(out, "train.py"), "utf8")).toBe("print('train')\n");
     expect(statSync(join(out, "run.sh")).mode & 0o111).not.toBe(0);
     expect(readFileSync(join(out, "link-inside.py"), "utf8")).toBe("print('train')\n");
@@ -88,8 +90,8 @@ describe("packing a workdir", () => {
   test("an empty folder packs and unpacks", async () => {
     const empty = join(root, "empty");
     mkdirSync(empty);
-    const packed = packWorkdir(empty, join(root, "e.tar.gz"));
-    await unpackBundle(packed.file, join(root, "e-out"));
+    const packed = packWorkdir(empty, join(root, "e.tar.gz"), LIMITS);
+    await unpackBundle(packed.file, join(root, "e-out"), LIMITS);
     expect(existsSync(join(root, "e-out"))).toBe(true);
   });
 
@@ -113,8 +115,8 @@ describe("unpacking refuses unsafe bundles before anything is written", () => {
     test(label, async () => {
       const file = await craft(label.replace(/\W+/g, "-"), entries);
       const dest = join(root, `dest-${label.replace(/\W+/g, "-")}`);
-      expect(() => inspectBundle(file)).toThrow(BundleError);
-      await expect(unpackBundle(file, dest)).rejects.toThrow(message);
+      expect(() => inspectBundle(file, LIMITS)).toThrow(BundleError);
+      await expect(unpackBundle(file, dest, LIMITS)).rejects.toThrow(message);
       expect(existsSync(dest)).toBe(false);
       for (const name of ["escaped-abs", "escaped-dotdot", "escaped-link", "escaped-chain"]) expect(existsSync(join(root, name))).toBe(false);
     });
@@ -123,7 +125,7 @@ describe("unpacking refuses unsafe bundles before anything is written", () => {
   test("garbage is not a bundle", () => {
     const file = join(root, "garbage.tar.gz");
     writeFileSync(file, "not a tarball at all");
-    expect(() => inspectBundle(file)).toThrow(/not a valid tar.gz/);
+    expect(() => inspectBundle(file, LIMITS)).toThrow(/not a valid tar.gz/);
   });
 
   test("a bundle over the unpacked limit is refused (a gzip bomb stays compressed)", async () => {

@@ -49,7 +49,7 @@ function project(name: string, content: string): { dir: string; hash: string } {
   const dir = join(box.root, name);
   mkdirSync(dir, { recursive: true });
   writeFileSync(join(dir, "data.txt"), content);
-  const pack = packTemp(dir);
+  const pack = packTemp(dir, { maxBytes: 200 * 1024 ** 2, maxUnpackedBytes: 2 * 1024 ** 3, maxEntries: 200_000 });
   pack.dispose();
   return { dir, hash: pack.hash };
 }
@@ -143,8 +143,7 @@ describe("bundle cleanup on the server", () => {
     for (const [name, value] of [["GPULAYER_BUNDLE_RETENTION", "soon"], ["GPULAYER_BUNDLE_MAX_SIZE", "lots"]] as const) {
       const r = await cli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN], { env: { ...box.env, GPULAYER_HOME: serverHome, [name]: value } });
       expect(r.code).toBe(2);
-      expect(r.stderr).toContain(`${name} must be`);
-      expect(r.stderr).toContain(JSON.stringify(value));
+      expect(r.stderr).toStartWith(`error: ${name}=${value} (environment): not a`);
     }
   }, T);
 });

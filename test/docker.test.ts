@@ -119,7 +119,7 @@ describe.each(ENGINES)("%s", (name) => {
     beforeAll(async () => {
       if (!status[name].ok) return;
       const ref = await push(`run-${name}`, name);
-      const r = await ensureImage(homeLayout(box.home), ref, { env: box.env });
+      const r = await ensureImage(homeLayout(box.home), ref, { host: { env: box.env } });
       engine = r.engine;
       imageId = r.imageId;
       expect(engine.name).toBe(name);
@@ -156,7 +156,7 @@ describe.each(ENGINES)("%s", (name) => {
       expect(await containerExists(engine, containerName, box.env)).toBe(false);
 
       // A list command runs as is; the exit code comes through again.
-      const list = await runContainer({ engine, image: imageId, workdir, env: {}, command: ["sh", "-c", "exit 3"], name: `${containerName}b`, engineEnv: box.env });
+      const list = await runContainer({ engine, image: imageId, workdir, env: {}, command: ["sh", "-c", "exit 3"], name: `${containerName}b`, engineEnv: box.env, network: "host", extraOptions: [] });
       expect(await list.exited).toBe(3);
     }, T);
 
@@ -173,7 +173,7 @@ describe.each(ENGINES)("%s", (name) => {
         env: {},
         command: ["sh", "-c", "echo started; sleep 60"],
         name: containerName,
-        engineEnv: box.env,
+        engineEnv: box.env, network: "host", extraOptions: [],
         onStdout: (b) => {
           stdout += new TextDecoder().decode(b);
           if (stdout.includes("started")) started();
@@ -211,9 +211,9 @@ describe("without an engine", () => {
     try {
       const r = await cli(["env", "prepare", "--image", "busybox:1"], { env: { ...box.env, PATH: join(box.root, "empty") } });
       expect(r.code).toBe(1);
-      expect(r.stderr.trim()).toBe("error: no working container engine; tried docker: not installed (not found on PATH); podman: not installed (not found on PATH) (GPULAYER_CONTAINER_ENGINE=docker|podman picks one)");
+      expect(r.stderr.trim()).toBe("error: no working container engine; tried docker: not installed (not found on PATH); podman: not installed (not found on PATH) (GPULAYER_CONTAINER_ENGINE=docker|podman or container.engine in the config file picks one)");
       const forced = await cli(["env", "prepare", "--image", "busybox:1"], { env: { ...box.env, PATH: join(box.root, "empty"), GPULAYER_CONTAINER_ENGINE: "podman" } });
-      expect(forced.stderr.trim()).toBe("error: GPULAYER_CONTAINER_ENGINE=podman, but podman is not installed (not found on PATH)");
+      expect(forced.stderr.trim()).toBe("error: GPULAYER_CONTAINER_ENGINE chose podman, but podman is not installed (not found on PATH)");
       expect(existsSync(join(box.home, "images-v1")) ? readdirSync(join(box.home, "images-v1")) : []).toEqual([]);
     } finally {
       box.cleanup();

@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { processStart } from "../src/env/lease.ts";
-import { isLocked, lockWhere, tryLock } from "../src/env/lock.ts";
+import { processStart } from "../src/core/process.ts";
+import { isLocked, lockWhere, tryLock } from "../src/core/lock.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, readyKeys, sandbox, startCli, tempDir } from "./helpers.ts";
 

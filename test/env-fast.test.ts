@@ -297,7 +297,7 @@ describe.if(HAS_UV)("what the fast path leaves to pip", () => {
   test("GPULAYER_INSTALLER takes auto, uv or pip", async () => {
     const r = await build("bogus" as "auto", ["-p", "tiny", ...idx(), "--python", wB]);
     expect(r.code).toBe(2);
-    expect(r.stderr).toBe("error: GPULAYER_INSTALLER: expected auto, uv or pip, not 'bogus'\n");
+    expect(r.stderr).toBe("error: GPULAYER_INSTALLER=bogus (environment): must be auto, uv or pip\n");
   });
 });
 

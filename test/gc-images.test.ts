@@ -83,7 +83,7 @@ const present = async (engine: EngineName, ref: string) => (await run([engine, "
 
 /** A separate process holding a lease on an image record (a running job) until killed. */
 async function leaseHolder(box: Box, recordId: string) {
-  const proc = Bun.spawn([process.execPath, "-e", `import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { takeLease } from "${ROOT}/src/env/lease.ts"; takeLease(homeLayout(), "image", "${recordId}", "job test-7"); console.log("held"); setInterval(() => {}, 1000);`], { env: box.env, stdout: "pipe", stderr: "inherit" });
+  const proc = Bun.spawn([process.execPath, "-e", `import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { takeLease } from "${ROOT}/src/env/lease.ts"; takeLease(homeLayout(process.env.GPULAYER_HOME), "image", "${recordId}", "job test-7"); console.log("held"); setInterval(() => {}, 1000);`], { env: box.env, stdout: "pipe", stderr: "inherit" });
   const { value } = await proc.stdout.getReader().read();
   expect(new TextDecoder().decode(value)).toContain("held");
   return proc;
@@ -171,7 +171,7 @@ describe.each(ENGINES)("gc images: %s", (name) => {
     const lock = recordPaths(homeLayout(box.home), name, e).lock;
     expect(record(box, e).pulledByGpulayer).toBe(true);
     // gc between its lease check and its rmi: the lock held, the image about to go.
-    const gcAtWork = Bun.spawn([process.execPath, "-e", `import { tryLock } from "${ROOT}/src/env/lock.ts"; await tryLock(${JSON.stringify(lock)}); console.log("held"); setInterval(() => {}, 1000);`], { env: box.env, stdout: "pipe", stderr: "inherit" });
+    const gcAtWork = Bun.spawn([process.execPath, "-e", `import { tryLock } from "${ROOT}/src/core/lock.ts"; await tryLock(${JSON.stringify(lock)}); console.log("held"); setInterval(() => {}, 1000);`], { env: box.env, stdout: "pipe", stderr: "inherit" });
     try {
       expect(new TextDecoder().decode((await gcAtWork.stdout.getReader().read()).value)).toContain("held");
       const job = cli(["env", "prepare", "--json", "--image", e], { env: box.env });

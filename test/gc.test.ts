@@ -70,7 +70,7 @@ const hexKey = (c: string) => c.repeat(64);
 
 /** A separate process holding a lease (a running job) or a lock (a build, another gc) until killed. */
 async function holder(sb: Sandbox, code: string) {
-  const proc = Bun.spawn([process.execPath, "-e", `import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { takeLease } from "${ROOT}/src/env/lease.ts"; import { tryLock } from "${ROOT}/src/env/lock.ts"; const layout = homeLayout(); ${code}; console.log("held"); setInterval(() => {}, 1000);`], { env: sb.env, stdout: "pipe", stderr: "inherit" });
+  const proc = Bun.spawn([process.execPath, "-e", `import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { takeLease } from "${ROOT}/src/env/lease.ts"; import { tryLock } from "${ROOT}/src/core/lock.ts"; const layout = homeLayout(process.env.GPULAYER_HOME); ${code}; console.log("held"); setInterval(() => {}, 1000);`], { env: sb.env, stdout: "pipe", stderr: "inherit" });
   const reader = proc.stdout.getReader();
   const { value } = await reader.read();
   expect(new TextDecoder().decode(value)).toContain("held");
@@ -215,7 +215,7 @@ describe("gc: safe deletion", () => {
     // A job: lease, prepare, check the env is whole while leased, release.
     const jobScript = join(sb.root, "job.ts");
     writeFileSync(jobScript, `import { existsSync } from "node:fs"; import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { prepareEnv } from "${ROOT}/src/env/prepare.ts";
-const r = await prepareEnv(homeLayout(), { specs: [process.argv[2]], indexUrl: process.argv[3], extraIndexUrls: [], findLinks: [], cwd: process.cwd(), env: process.env }, { leaseHolder: "job " + process.pid });
+const r = await prepareEnv(homeLayout(process.env.GPULAYER_HOME), { specs: [process.argv[2]], indexUrl: process.argv[3], extraIndexUrls: [], findLinks: [], cwd: process.cwd(), env: process.env }, { leaseHolder: "job " + process.pid });
 for (let i = 0; i < 10; i++) { if (!existsSync(r.path + "/.gpulayer/ready") || !existsSync(r.python)) { console.error("env vanished under its lease"); process.exit(3); } await Bun.sleep(20); }
 r.lease.release();`);
     const job = (i: number) => run([process.execPath, jobScript, PKGS[i % PKGS.length]!, index.url], { env: sb.env });
@@ -251,15 +251,15 @@ describe("gc: limits, sizes and errors", () => {
     const sb = fresh();
     const lots = await cli(["gc", "--max-size", "lots"], { env: sb.env });
     expect(lots.code).toBe(2);
-    expect(lots.stderr).toBe('error: --max-size: not a size: "lots" (expected a size such as 50G, 500MiB, 1.5T or a number of bytes)\n');
-    expect((await cli(["gc"], { env: { ...sb.env, GPULAYER_CACHE_MAX_SIZE: "huge" } })).stderr).toContain("GPULAYER_CACHE_MAX_SIZE: not a size");
+    expect(lots.stderr).toBe("error: --max-size lots: not a size (expected a size such as 50G, 500MiB, 1.5T or a number of bytes)\n");
+    expect((await cli(["gc"], { env: { ...sb.env, GPULAYER_CACHE_MAX_SIZE: "huge" } })).stderr).toContain("GPULAYER_CACHE_MAX_SIZE=huge (environment): not a size");
     expect((await cli(["gc", "--min-age", "soon"], { env: sb.env })).code).toBe(2);
     expect((await cli(["gc", "--high-watermark", "80", "--low-watermark", "90"], { env: sb.env })).code).toBe(2);
     expect((await cli(["gc", "--max-sise", "5G"], { env: sb.env })).code).toBe(2);
     writeFileSync(join(sb.home, "config.yaml"), "cache:\n  max_size: lots\n");
     const badConfig = await cli(["gc"], { env: sb.env });
     expect(badConfig.code).toBe(2);
-    expect(badConfig.stderr).toContain("cache.max_size: must be a size");
+    expect(badConfig.stderr).toContain("cache.max_size: lots (in ");
     writeFileSync(join(sb.home, "config.yaml"), "cache:\n  max_sizes: 5G\n");
     expect((await cli(["gc"], { env: sb.env })).stderr).toContain("cache.max_sizes: unknown key");
   });
@@ -282,7 +282,7 @@ describe("gc: limits, sizes and errors", () => {
     expect(keep.report.skipped).toMatchObject([{ id: hexKey("1"), reasons: [{ code: "keep" }] }]);
     // 90% used of 1000 MiB, high 85 / low 80: 100 MiB must go, least recently used first.
     const fsUsage = (path: string) => ({ path, usedBytes: 900 * 2 ** 20, availBytes: 100 * 2 ** 20 });
-    const wm = await runGc(homeLayout(sb.home), { minAgeMs: 0, keep: [], dryRun: false, refreshSizes: false, watermark: { high: 85, low: 80 }, fsUsage });
+    const wm = await runGc(homeLayout(sb.home), { minAgeMs: 0, keep: [], dryRun: false, refreshSizes: false, watermark: { high: 85, low: 80 }, fsUsage, engineEnv: process.env });
     expect(wm.removed.map((e) => e.id)).toEqual([hexKey("1")]);
     expect(wm.limit.watermark).toMatchObject({ usedPercent: 90, excessBytes: 100 * 2 ** 20 });
     // A file added after the size was recorded is noticed (site-packages changed) and measured; --dry-run records nothing.

@@ -3,6 +3,7 @@ import ignore, { type Ignore } from "ignore";
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync } from "node:fs";
 import { dirname, isAbsolute, join, posix, relative, resolve } from "node:path";
 import * as tar from "tar";
+import type { SettingValues } from "../config/table.ts";
 import { UserError } from "../errors.ts";
 
 /**
@@ -24,19 +25,9 @@ export interface BundleLimits {
   maxEntries: number;
 }
 
-function sizeSetting(value: string | undefined, fallback: number, name: string): number {
-  if (!value) return fallback;
-  const parsed = bytes.parse(value);
-  if (parsed === null || !Number.isFinite(parsed) || parsed <= 0) throw new UserError(`${name}: not a size: ${value} (e.g. 200MB, 2GB)`);
-  return parsed;
-}
-
-export function bundleLimits(env: NodeJS.ProcessEnv = process.env): BundleLimits {
-  return {
-    maxBytes: sizeSetting(env.GPULAYER_BUNDLE_MAX, 200 * 1024 ** 2, "GPULAYER_BUNDLE_MAX"),
-    maxUnpackedBytes: sizeSetting(env.GPULAYER_BUNDLE_MAX_UNPACKED, 2 * 1024 ** 3, "GPULAYER_BUNDLE_MAX_UNPACKED"),
-    maxEntries: 200_000,
-  };
+/** From the bundle.max_size and bundle.max_unpacked settings. */
+export function bundleLimits(values: Pick<SettingValues, "bundle.max_size" | "bundle.max_unpacked">): BundleLimits {
+  return { maxBytes: values["bundle.max_size"], maxUnpackedBytes: values["bundle.max_unpacked"], maxEntries: 200_000 };
 }
 
 export class BundleError extends UserError {
@@ -132,7 +123,7 @@ function tooBig(what: string, size: number, limit: number, setting: string, size
 }
 
 /** Pack `root` into `outFile` (tar.gz); its sha256 is the bundle's name. */
-export function packWorkdir(root: string, outFile: string, limits: BundleLimits = bundleLimits()): PackResult {
+export function packWorkdir(root: string, outFile: string, limits: BundleLimits): PackResult {
   const list = listWorkdir(root);
   if (list.rawBytes > limits.maxUnpackedBytes) throw tooBig(`the workdir ${root}`, list.rawBytes, limits.maxUnpackedBytes, "GPULAYER_BUNDLE_MAX_UNPACKED", list.sizes);
   if (list.entries.length > limits.maxEntries) throw new BundleError(`the workdir ${root} has ${list.entries.length} entries, over the limit of ${limits.maxEntries}; leave some out with .gpulayerignore`);
@@ -204,7 +195,7 @@ function bundleChecker(limits: BundleLimits) {
   const verdict = () => {
     if (problems.length) throw new BundleError(`bundle refused: ${problems.join("; ")}`);
     if (entries > limits.maxEntries) throw new BundleError(`bundle refused: ${entries} entries, over the limit of ${limits.maxEntries}`);
-    if (total > limits.maxUnpackedBytes) throw new BundleError(`bundle refused: ${bytes.format(total)} unpacked, over the limit of ${bytes.format(limits.maxUnpackedBytes)} (GPULAYER_BUNDLE_MAX_UNPACKED)`);
+    if (total > limits.maxUnpackedBytes) throw new BundleError(`bundle refused: ${bytes.format(total)} unpacked, over the limit of ${bytes.format(limits.maxUnpackedBytes)} (bundle.max_unpacked, GPULAYER_BUNDLE_MAX_UNPACKED)`);
     return { entries, bytes: total };
   };
   return { onReadEntry, verdict };
@@ -212,14 +203,14 @@ function bundleChecker(limits: BundleLimits) {
 
 function checkSize(file: string, limits: BundleLimits): void {
   const size = statSync(file).size;
-  if (size > limits.maxBytes) throw new BundleError(`bundle refused: ${bytes.format(size)} is over the limit of ${bytes.format(limits.maxBytes)} (GPULAYER_BUNDLE_MAX)`);
+  if (size > limits.maxBytes) throw new BundleError(`bundle refused: ${bytes.format(size)} is over the limit of ${bytes.format(limits.maxBytes)} (bundle.max_size, GPULAYER_BUNDLE_MAX)`);
 }
 
 // The raw header path (preservePaths): no stripping of / or .. before the checks see it.
 const LIST = { strict: true, preservePaths: true } as const;
 
 /** Check every entry of a bundle, writing nothing. */
-export function inspectBundle(file: string, limits: BundleLimits = bundleLimits()): { entries: number; bytes: number } {
+export function inspectBundle(file: string, limits: BundleLimits): { entries: number; bytes: number } {
   checkSize(file, limits);
   const checker = bundleChecker(limits);
   try {
@@ -231,7 +222,7 @@ export function inspectBundle(file: string, limits: BundleLimits = bundleLimits(
 }
 
 /** Check, then unpack into `dest` (created; must not exist yet). Asynchronous: a worker keeps heartbeating meanwhile. */
-export async function unpackBundle(file: string, dest: string, limits: BundleLimits = bundleLimits()): Promise<void> {
+export async function unpackBundle(file: string, dest: string, limits: BundleLimits): Promise<void> {
   checkSize(file, limits);
   const checker = bundleChecker(limits);
   try {

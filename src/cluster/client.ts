@@ -1,27 +1,33 @@
+import type { ResolvedSettings } from "../config/resolve.ts";
+import { type BundleLimits, bundleLimits } from "./bundle.ts";
 import { UsageError, UserError } from "../errors.ts";
 
 /** Where a command runs: this machine (null) or a coordinator. */
 export interface RemoteTarget {
   url: string;
   token: string;
+  /** What a bundle sent there may hold (bundle.max_size, bundle.max_unpacked). */
+  bundleLimits: BundleLimits;
+  /** cancel_grace: how long a remote cancel waits for the job to stop. */
+  cancelGraceMs: number;
 }
 
 /**
- * --server/--token, else GPULAYER_SERVER/GPULAYER_TOKEN. Null when no server
- * is named: the command runs on this machine, exactly as without a cluster.
+ * The `server` and `token` settings (--server/--token, GPULAYER_SERVER/GPULAYER_TOKEN,
+ * config file). Null when no server is named: the command runs on this
+ * machine, exactly as without a cluster.
  */
-export function remoteTarget(args: { server?: string; token?: string }, rawArgs: string[] = [], env: NodeJS.ProcessEnv = process.env): RemoteTarget | null {
-  const url = args.server || env.GPULAYER_SERVER;
+export function remoteTarget(settings: ResolvedSettings, rawArgs: string[] = []): RemoteTarget | null {
+  const { server: url, token } = settings.values;
+  const origin = settings.origins.server.name;
   if (!url) {
-    if (args.token) throw new UsageError("--token needs a server: --server URL or GPULAYER_SERVER");
+    if (settings.origins.token.source === "flag") throw new UsageError("--token needs a server: --server URL or GPULAYER_SERVER");
     const beforeDashes = rawArgs.includes("--") ? rawArgs.slice(0, rawArgs.indexOf("--")) : rawArgs;
     if (beforeDashes.some((a) => a === "--label" || a.startsWith("--label="))) throw new UsageError("--label picks among a server's workers: it needs --server URL or GPULAYER_SERVER");
     return null;
   }
-  const token = args.token || env.GPULAYER_TOKEN;
-  const origin = args.server ? "--server" : "GPULAYER_SERVER";
   if (!token) throw new UsageError(`${origin} ${url}: a token is needed too (--token or GPULAYER_TOKEN; the server printed it on its first start)`);
-  return { url: normalizeServerUrl(url, origin), token };
+  return { url, token, bundleLimits: bundleLimits(settings.values), cancelGraceMs: settings.values.cancel_grace };
 }
 
 export function normalizeServerUrl(url: string, origin = "server URL"): string {

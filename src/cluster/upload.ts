@@ -2,21 +2,19 @@ import { readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { isAbsolute, join, relative, sep } from "node:path";
 import { UsageError } from "../errors.ts";
-import { bundleLimits, type PackResult, packWorkdir } from "./bundle.ts";
+import { type BundleLimits, type PackResult, packWorkdir } from "./bundle.ts";
 import { type ClusterClient, HttpError } from "./client.ts";
 
 /** A folder packed into a temporary bundle; remove it with `dispose`. */
-export function packTemp(root: string): PackResult & { dispose(): void } {
+export function packTemp(root: string, limits: BundleLimits): PackResult & { dispose(): void } {
   const file = join(tmpdir(), `gpulayer-bundle-${process.pid}-${Date.now()}-${Math.random().toString(16).slice(2)}.tar.gz`);
   try {
-    return { ...packWorkdir(root, file, bundleLimits()), dispose: () => rmSync(file, { force: true }) };
+    return { ...packWorkdir(root, file, limits), dispose: () => rmSync(file, { force: true }) };
   } catch (error) {
     rmSync(file, { force: true });
     throw error;
   }
 }
-
-export const isUrl = (p: string) => /^[a-z+]+:\/\//i.test(p);
 
 /** A client path as the worker will see it: relative to the bundle's root, which it must be inside and part of. */
 export function inBundle(root: string, abs: string, what: string, pack?: PackResult): string {

@@ -1,13 +1,13 @@
 import { defineCommand } from "citty";
-import { homeLayout } from "../config/paths.ts";
+import { commandContext, originText } from "./_context.ts";
 import { ExitCode, UserError } from "../errors.ts";
-import { MAX_SIZE_ENV, resolveGcLimits } from "../gc/limits.ts";
+import { resolveGcLimits } from "../gc/limits.ts";
 import { type GcItem, type GcReport, runGc } from "../gc/run.ts";
 import { formatBytes, formatAgo, formatSeconds, Output, shortKey, table } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
 
 const args = {
-  "max-size": { type: "string", valueHint: "SIZE", description: `Trim the cache to this size, least recently used first (50G, 500MiB; powers of 1024). Else ${MAX_SIZE_ENV}, else cache.max_size in config.yaml` },
+  "max-size": { type: "string", valueHint: "SIZE", description: `Trim the cache to this size, least recently used first (50G, 500MiB; powers of 1024). Else GPULAYER_CACHE_MAX_SIZE, else cache.max_size in config.yaml` },
   "dry-run": { type: "boolean", description: "Say what would be removed; remove nothing" },
   "min-age": { type: "string", valueHint: "AGE", description: "Never remove entries younger than this (default 10m; 30s, 2h, 1d, 0)" },
   keep: { type: "string", valueHint: "KEY", description: "Never remove entries whose key, image id or image reference starts with this (repeatable)" },
@@ -58,19 +58,21 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const layout = homeLayout();
+    const ctx = commandContext({ "cache.max_size": a["max-size"] });
+    const { layout } = ctx;
+    const maxSize = ctx.values["cache.max_size"];
     const limits = resolveGcLimits(
-      { maxSize: a["max-size"], minAge: a["min-age"], keep: repeated(rawArgs, ["--keep"]), highWatermark: a["high-watermark"], lowWatermark: a["low-watermark"] },
-      layout,
+      { minAge: a["min-age"], keep: repeated(rawArgs, ["--keep"]), highWatermark: a["high-watermark"], lowWatermark: a["low-watermark"] },
+      maxSize === undefined ? undefined : { bytes: maxSize, origin: originText(ctx, "cache.max_size") },
     );
-    const report = await runGc(layout, { ...limits, dryRun: Boolean(a["dry-run"]), refreshSizes: Boolean(a["refresh-sizes"]) });
+    const report = await runGc(layout, { ...limits, dryRun: Boolean(a["dry-run"]), refreshSizes: Boolean(a["refresh-sizes"]), engineEnv: ctx.childEnv });
     if (!report.ran) {
       out.log.info("another gc is running on this cache; nothing done");
       out.result(report, () => [], false);
       return;
     }
     if (!limits.maxSize && !limits.watermark) {
-      out.log.info(`no size limit given (--max-size, ${MAX_SIZE_ENV} or cache.max_size in config.yaml): only failed-build remains and interrupted deletions are cleaned`);
+      out.log.info(`no size limit given (--max-size, GPULAYER_CACHE_MAX_SIZE or cache.max_size in config.yaml): only failed-build remains and interrupted deletions are cleaned`);
     } else if (report.limit.watermark) {
       const w = report.limit.watermark;
       out.log.debug(`filesystem ${w.path} ${w.usedPercent}% used (high ${w.high}%, low ${w.low}%)${w.excessBytes ? `: ${size(w.excessBytes)} to free` : ""}`);

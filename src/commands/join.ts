@@ -2,7 +2,8 @@ import { defineCommand } from "citty";
 import { hostname } from "node:os";
 import { normalizeServerUrl } from "../cluster/client.ts";
 import { formatLabels, type MachineProbe, parseLabels } from "../cluster/protocol.ts";
-import { homeLayout } from "../config/paths.ts";
+import { bundleLimits } from "../cluster/bundle.ts";
+import { commandContext, runnerSettings } from "./_context.ts";
 import { UsageError } from "../errors.ts";
 import { Agent } from "../worker/agent.ts";
 import { probeMachine } from "../worker/probe.ts";
@@ -38,26 +39,20 @@ function probeLines(p: MachineProbe, labels: Record<string, string>, name: strin
   ];
 }
 
-function positiveEnv(name: string, fallback: number): number {
-  const raw = process.env[name];
-  if (!raw) return fallback;
-  const n = Number(raw);
-  if (!Number.isFinite(n) || n < 0) throw new UsageError(`${name} must be a number of 0 or more, not ${JSON.stringify(raw)}`);
-  return n;
-}
-
 export default defineCommand({
   meta: { name: "join", description: "Make this machine a worker: with a server URL, register and run its jobs until stopped; without, save the worker settings and show the probe" },
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const layout = homeLayout();
+    const ctx = commandContext({ python: a.python, token: a.token });
+    const { layout, values } = ctx;
     const saved = loadWorkerSettings(layout);
-    const settings = mergeWorkerSettings(saved, { python: a.python, name: a.name, labels: parseLabels(repeated(rawArgs, ["--label"])) });
+    const settings = mergeWorkerSettings(saved, { python: values.python, name: a.name, labels: parseLabels(repeated(rawArgs, ["--label"])) });
     const name = settings.name ?? hostname().split(".")[0]!;
     const labels = settings.labels ?? {};
-    const probe = await probeMachine(layout, settings.python, process.env, process.cwd());
+    const runner = { ...runnerSettings(ctx), defaultPython: settings.python };
+    const probe = await probeMachine(layout, settings.python, { env: ctx.childEnv, engine: values["worker.engine"] === "none" ? null : runner.engine }, ctx.cwd);
     // A Python named now must work now: a bad path is never saved.
     if (a.python !== undefined && !probe.python) throw new UsageError(probe.pythonError ?? `--python: ${a.python} is not a working Python 3`);
 
@@ -69,10 +64,8 @@ export default defineCommand({
     }
 
     const url = normalizeServerUrl(a.server, "SERVER_URL");
-    const token = a.token || process.env.GPULAYER_TOKEN;
+    const token = values.token;
     if (!token) throw new UsageError("joining needs the server's token: --token or GPULAYER_TOKEN (the server printed it on its first start)");
-    // Jobs inherit this process's environment: the server's token is not theirs to see.
-    delete process.env.GPULAYER_TOKEN;
     if (!probe.python) out.log.warn(`the worker's Python is not usable (${probe.pythonError}); jobs that name no Python of their own will not be sent here`);
     for (const line of probeLines(probe, labels, name)) out.progress(line);
     const agent = new Agent({
@@ -80,12 +73,15 @@ export default defineCommand({
       token,
       name,
       labels,
-      python: settings.python,
-      slots: Math.max(1, Math.floor(positiveEnv("GPULAYER_WORKER_SLOTS", Math.max(1, probe.gpus.length)))),
+      slots: values["worker.slots"] ?? Math.max(1, probe.gpus.length),
       probe,
       layout,
-      env: process.env,
-      drainSeconds: positiveEnv("GPULAYER_WORKER_DRAIN_SECONDS", 30),
+      // Jobs inherit ctx.childEnv: the server's token is not theirs to see.
+      runner,
+      bundleLimits: bundleLimits(values),
+      keepWorkdirs: values["worker.keep_workdirs"],
+      heartbeatMs: ctx.settings.origins["coordinator.heartbeat"].source === "default" ? undefined : values["coordinator.heartbeat"],
+      drainSeconds: values["worker.drain"] / 1000,
       onLog: (m) => out.log.info(m),
     });
     process.on("SIGINT", () => agent.stop("SIGINT"));

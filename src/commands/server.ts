@@ -1,7 +1,7 @@
 import { defineCommand } from "citty";
 import { hostname } from "node:os";
 import { join } from "node:path";
-import { homeLayout } from "../config/paths.ts";
+import { commandContext } from "./_context.ts";
 import { serverSettings, serverToken, startServer } from "../server/server.ts";
 import { Output } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "./_args.ts";
@@ -18,10 +18,10 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const layout = homeLayout();
-    const dir = join(layout.root, "server");
-    const settings = serverSettings(a.listen);
-    const token = serverToken(dir, a.token ?? (process.env.GPULAYER_TOKEN || undefined));
+    const ctx = commandContext({ "coordinator.listen": a.listen, token: a.token });
+    const dir = join(ctx.layout.root, "server");
+    const settings = serverSettings(ctx.values);
+    const token = serverToken(dir, ctx.values.token);
     const server = startServer(dir, token.token, settings, (m) => out.log.info(m));
     // 0.0.0.0 is where it listens, not an address to give others: name this host instead.
     const where = new URL(server.url);

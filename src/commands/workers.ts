@@ -4,6 +4,7 @@ import { formatLabels, type WorkerView } from "../cluster/protocol.ts";
 import { UsageError } from "../errors.ts";
 import { formatAgo, Output, table } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags, serverArgs } from "./_args.ts";
+import { commandContext } from "./_context.ts";
 
 const args = {
   all: { type: "boolean", alias: "a", description: "Also workers that left or were lost" },
@@ -17,7 +18,7 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const remote = remoteTarget(a);
+    const remote = remoteTarget(commandContext({ server: a.server, token: a.token }).settings);
     if (!remote) throw new UsageError("gpulayer workers asks a server: --server URL or GPULAYER_SERVER (and --token or GPULAYER_TOKEN)");
     const client = new ClusterClient(remote.url, remote.token);
     const all = await client.json<WorkerView[]>("GET", "/v1/workers");

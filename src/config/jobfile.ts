@@ -1,4 +1,4 @@
-import { existsSync, readFileSync, statSync } from "node:fs";
+import { closeSync, constants, fstatSync, openSync, readSync, type Stats, statSync } from "node:fs";
 import { basename } from "node:path";
 import * as v from "valibot";
 import { validRange } from "@renovatebot/pep440";
@@ -49,9 +49,65 @@ export function validateJobFile(data: unknown, source: string): JobFile {
   return result.output;
 }
 
+/**
+ * A job file is a few lines; one far larger is a mistake (or an attack: a 100 MB
+ * YAML string once peaked at 4.25 GB of memory in the parser). Refused before
+ * a byte of it is parsed.
+ */
+export const JOB_FILE_MAX_BYTES = 1024 * 1024;
+
+const mib = (n: number) => `${(n / (1024 * 1024)).toFixed(n < 10 * 1024 * 1024 ? 1 : 0)} MiB`;
+
+function tooBig(path: string, size: number, growing = false): UsageError {
+  return new UsageError(`job file ${path} is ${growing ? "over " : ""}${mib(size)} (${size} bytes); the limit is ${mib(JOB_FILE_MAX_BYTES)} (${JOB_FILE_MAX_BYTES} bytes)`);
+}
+
+function notRegular(path: string, st: Stats): UsageError {
+  const kind = st.isDirectory() ? "a directory" : st.isFIFO() ? "a FIFO" : st.isCharacterDevice() ? "a character device" : st.isBlockDevice() ? "a block device" : st.isSocket() ? "a socket" : "not a plain file";
+  return new UsageError(`job file ${path} is ${kind}, not a regular file`);
+}
+
+/**
+ * The file's text, read only if it is a regular file within the limit: stat
+ * first (a FIFO or /dev/zero is refused before it is opened), then open without
+ * blocking, check the open file again, and read at most the limit and one byte
+ * (a file that grows meanwhile is refused too, never read whole).
+ */
+function readJobFileText(path: string): string {
+  let st: Stats;
+  try {
+    st = statSync(path);
+  } catch {
+    throw new UsageError(`job file not found: ${path}`);
+  }
+  if (!st.isFile()) throw notRegular(path, st);
+  if (st.size > JOB_FILE_MAX_BYTES) throw tooBig(path, st.size);
+  let fd: number;
+  try {
+    fd = openSync(path, constants.O_RDONLY | constants.O_NONBLOCK);
+  } catch (error) {
+    throw new UsageError(`job file ${path}: cannot read it: ${(error as Error).message}`);
+  }
+  try {
+    const opened = fstatSync(fd);
+    if (!opened.isFile()) throw notRegular(path, opened);
+    if (opened.size > JOB_FILE_MAX_BYTES) throw tooBig(path, opened.size);
+    const buf = Buffer.alloc(JOB_FILE_MAX_BYTES + 1);
+    let n = 0;
+    while (n < buf.length) {
+      const got = readSync(fd, buf, n, buf.length - n, n);
+      if (got <= 0) break;
+      n += got;
+    }
+    if (n > JOB_FILE_MAX_BYTES) throw tooBig(path, JOB_FILE_MAX_BYTES, true);
+    return buf.toString("utf8", 0, n);
+  } finally {
+    closeSync(fd);
+  }
+}
+
 export function loadJobFile(path: string): JobFile {
-  if (!existsSync(path) || !statSync(path).isFile()) throw new UsageError(`job file not found: ${path}`);
-  const text = readFileSync(path, "utf8");
+  const text = readJobFileText(path);
   let data: unknown;
   try {
     data = path.endsWith(".json") ? JSON.parse(text) : parseYaml(text);

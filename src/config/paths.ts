@@ -1,12 +1,4 @@
-import { homedir } from "node:os";
-import { join, resolve } from "node:path";
-
-/** Where everything lives: GPULAYER_HOME, else $XDG_CACHE_HOME/gpulayer, else ~/.cache/gpulayer. */
-export function gpulayerHome(env: NodeJS.ProcessEnv = process.env): string {
-  if (env.GPULAYER_HOME) return resolve(env.GPULAYER_HOME);
-  if (env.XDG_CACHE_HOME) return join(resolve(env.XDG_CACHE_HOME), "gpulayer");
-  return join(env.HOME || homedir(), ".cache", "gpulayer");
-}
+import { join } from "node:path";
 
 /** Versioned buckets (as uv's cache does): a layout change bumps the bucket, never reinterprets old entries. */
 export interface HomeLayout {
@@ -24,7 +16,8 @@ export interface HomeLayout {
   configFile: string;
 }
 
-export function homeLayout(root: string = gpulayerHome()): HomeLayout {
+/** `root` is the `home` setting (src/config/table.ts): GPULAYER_HOME, else $XDG_CACHE_HOME/gpulayer, else ~/.cache/gpulayer. */
+export function homeLayout(root: string, configFile: string = join(root, "config.yaml")): HomeLayout {
   return {
     root,
     envs: join(root, "envs-v1"),
@@ -36,6 +29,6 @@ export function homeLayout(root: string = gpulayerHome()): HomeLayout {
     tools: join(root, "tools"),
     jobs: join(root, "jobs"),
     images: join(root, "images-v1"),
-    configFile: process.env.GPULAYER_CONFIG || join(root, "config.yaml"),
+    configFile,
   };
 }

@@ -2,7 +2,7 @@ import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
-import { writeFileAtomic } from "../env/store.ts";
+import { writeFileAtomic } from "../core/atomic.ts";
 
 /**
  * The container engine: Docker or Podman, whichever answers. A binary on
@@ -25,8 +25,8 @@ export interface ExecResult {
 }
 
 /** Run the engine's CLI to completion (never spawnSync: callers may serve a registry in this process). */
-export async function engineExec(engine: Engine, args: string[], opts: { env?: Record<string, string | undefined>; timeoutMs?: number } = {}): Promise<ExecResult> {
-  const proc = Bun.spawn([engine.bin, ...args], { env: opts.env ?? process.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
+export async function engineExec(engine: Engine, args: string[], opts: { env: EngineEnv; timeoutMs?: number }): Promise<ExecResult> {
+  const proc = Bun.spawn([engine.bin, ...args], { env: opts.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
   const timer = opts.timeoutMs ? setTimeout(() => proc.kill("SIGKILL"), opts.timeoutMs) : undefined;
   try {
     const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
@@ -56,21 +56,24 @@ export function engineMessage(output: string): string {
     .trim();
 }
 
-function engineFor(name: EngineName, env: NodeJS.ProcessEnv): Engine | null {
-  const bin = Bun.which(name, { PATH: env.PATH ?? process.env.PATH ?? "" });
+function engineFor(name: EngineName, env: EngineEnv): Engine | null {
+  const bin = Bun.which(name, { PATH: env.PATH ?? "" });
   return bin ? { name, bin } : null;
 }
 
-/** GPULAYER_CONTAINER_ENGINE=docker|podman, validated; undefined when not set. */
-export function forcedEngineName(env: NodeJS.ProcessEnv = process.env): EngineName | undefined {
-  const value = env.GPULAYER_CONTAINER_ENGINE?.trim().toLowerCase();
-  if (!value) return undefined;
-  if (value !== "docker" && value !== "podman") throw new UsageError(`GPULAYER_CONTAINER_ENGINE must be docker or podman, not ${JSON.stringify(env.GPULAYER_CONTAINER_ENGINE)}`);
-  return value;
+/** The environment of the engine's CLI (PATH, DOCKER_HOST, CONTAINER_HOST, ...). */
+export type EngineEnv = Record<string, string | undefined>;
+
+/** How to reach an engine: its CLI's environment, and the `container.engine` setting when one is chosen. */
+export interface EngineHost {
+  env: EngineEnv;
+  forced?: EngineName;
+  /** Where the choice came from, for messages (GPULAYER_CONTAINER_ENGINE, the config file). */
+  forcedBy?: string;
 }
 
 /** `info` succeeded: the engine works. Otherwise its own message, for the error that lists what was tried. */
-export async function probeEngine(engine: Engine, env: NodeJS.ProcessEnv = process.env): Promise<string | null> {
+export async function probeEngine(engine: Engine, env: EngineEnv): Promise<string | null> {
   // A format that needs the server: `docker info --format '{{json .}}'` exits 0 with client data alone.
   const format = engine.name === "docker" ? "{{.ServerVersion}}" : "{{.Host.OCIRuntime.Name}}";
   const r = await engineExec(engine, ["info", "--format", format], { env, timeoutMs: 20_000 });
@@ -84,7 +87,7 @@ function cacheFile(layout: HomeLayout): string {
 }
 
 /** The engine that worked last time (unverified: the caller's first real command verifies it). */
-export function rememberedEngine(layout: HomeLayout, env: NodeJS.ProcessEnv = process.env): Engine | null {
+export function rememberedEngine(layout: HomeLayout, env: EngineEnv): Engine | null {
   try {
     const data = JSON.parse(readFileSync(cacheFile(layout), "utf8")) as { name?: string; bin?: string };
     if (data.name !== "docker" && data.name !== "podman") return null;
@@ -106,11 +109,11 @@ export function rememberEngine(layout: HomeLayout, engine: Engine): void {
 const perProcess = new Map<string, Engine>();
 
 /** The first candidate an engine command should try: the forced one, else the one that worked last. */
-export function candidateEngine(layout: HomeLayout, env: NodeJS.ProcessEnv = process.env): Engine | null {
-  const forced = forcedEngineName(env);
+export function candidateEngine(layout: HomeLayout, host: EngineHost): Engine | null {
+  const { forced, env } = host;
   if (forced) {
     const engine = engineFor(forced, env);
-    if (!engine) throw new UserError(`GPULAYER_CONTAINER_ENGINE=${forced}, but ${forced} is not installed (not found on PATH)`);
+    if (!engine) throw new UserError(`${host.forcedBy ?? "container.engine"} chose ${forced}, but ${forced} is not installed (not found on PATH)`);
     return engine;
   }
   return perProcess.get(layout.root) ?? rememberedEngine(layout, env);
@@ -121,8 +124,8 @@ export function candidateEngine(layout: HomeLayout, env: NodeJS.ProcessEnv = pro
  * docker, else podman (the one that worked last time is tried first). The
  * answer is kept for this process and remembered on disk.
  */
-export async function detectEngine(layout: HomeLayout, env: NodeJS.ProcessEnv = process.env, opts: { fresh?: boolean } = {}): Promise<Engine> {
-  const forced = forcedEngineName(env);
+export async function detectEngine(layout: HomeLayout, host: EngineHost, opts: { fresh?: boolean } = {}): Promise<Engine> {
+  const { forced, env } = host;
   const cached = perProcess.get(layout.root);
   if (!opts.fresh && cached && !forced) return cached;
   const order: EngineName[] = forced ? [forced] : [...ENGINE_NAMES];
@@ -146,7 +149,7 @@ export async function detectEngine(layout: HomeLayout, env: NodeJS.ProcessEnv = 
     }
     tried.push(`${name}: ${problem}`);
   }
-  const hint = forced ? " (GPULAYER_CONTAINER_ENGINE chose it)" : " (GPULAYER_CONTAINER_ENGINE=docker|podman picks one)";
+  const hint = forced ? ` (${host.forcedBy ?? "container.engine"} chose it)` : " (GPULAYER_CONTAINER_ENGINE=docker|podman or container.engine in the config file picks one)";
   throw new UserError(`no working container engine; tried ${tried.join("; ")}${hint}`);
 }
 
@@ -156,9 +159,9 @@ export function forgetEngine(layout: HomeLayout): void {
 }
 
 /** Record that an engine just answered a command (so later calls in this process skip detection). */
-export function engineAnswered(layout: HomeLayout, engine: Engine): void {
+export function engineAnswered(layout: HomeLayout, engine: Engine, env: EngineEnv): void {
   if (perProcess.get(layout.root)?.bin === engine.bin) return;
   perProcess.set(layout.root, engine);
-  const remembered = rememberedEngine(layout);
+  const remembered = rememberedEngine(layout, env);
   if (remembered?.name !== engine.name || remembered.bin !== engine.bin) rememberEngine(layout, engine);
 }

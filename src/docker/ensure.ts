@@ -1,8 +1,9 @@
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
 import { type Lease, takeLease } from "../env/lease.ts";
-import { isLocked, sleep, tryLock } from "../env/lock.ts";
-import { candidateEngine, detectEngine, type Engine, engineAnswered, forcedEngineName, forgetEngine, probeEngine } from "./engine.ts";
+import { isLocked, tryLock } from "../core/lock.ts";
+import { sleep } from "../core/sleep.ts";
+import { candidateEngine, detectEngine, type Engine, engineAnswered, type EngineHost, forgetEngine, probeEngine } from "./engine.ts";
 import { type ImageInfo, type InspectOutcome, inspectImage, validateRef } from "./image.ts";
 import { type ImageRecord, readRecord, type RecordPaths, recordPaths, touchRecord, writeRecord } from "./inventory.ts";
 import { type PullProgress, pullImage } from "./pull.ts";
@@ -33,7 +34,7 @@ export interface EnsureHooks {
 
 export interface EnsureOptions extends EnsureHooks {
   pull?: PullPolicy;
-  env?: NodeJS.ProcessEnv;
+  host: EngineHost;
   /** Take a lease on the record for a job (released by the caller when the job ends). */
   leaseHolder?: string;
 }
@@ -56,23 +57,24 @@ export interface EnsureResult {
 }
 
 /** Find the engine and ask it about the image in one go; the warm path costs one engine call. */
-async function locate(layout: HomeLayout, ref: string, env: NodeJS.ProcessEnv): Promise<{ engine: Engine; inspect: InspectOutcome }> {
-  const candidate = candidateEngine(layout, env);
+async function locate(layout: HomeLayout, ref: string, host: EngineHost): Promise<{ engine: Engine; inspect: InspectOutcome }> {
+  const { env } = host;
+  const candidate = candidateEngine(layout, host);
   if (candidate) {
     const inspect = await inspectImage(candidate, ref, env);
     if (inspect.kind !== "failed") {
       // A forced engine is not remembered: without the variable, detection stays docker-first.
-      if (!forcedEngineName(env)) engineAnswered(layout, candidate);
+      if (!host.forced) engineAnswered(layout, candidate, env);
       return { engine: candidate, inspect };
     }
-    if (forcedEngineName(env)) {
+    if (host.forced) {
       const problem = await probeEngine(candidate, env);
-      if (problem) throw new UserError(`container engine ${candidate.name} does not work: ${problem} (GPULAYER_CONTAINER_ENGINE chose it)`);
+      if (problem) throw new UserError(`container engine ${candidate.name} does not work: ${problem} (${host.forcedBy ?? "container.engine"} chose it)`);
       throw new UserError(`${candidate.name} image inspect ${ref} failed: ${inspect.message}`);
     }
     forgetEngine(layout);
   }
-  const engine = await detectEngine(layout, env, { fresh: true });
+  const engine = await detectEngine(layout, host, { fresh: true });
   const inspect = await inspectImage(engine, ref, env);
   if (inspect.kind === "failed") throw new UserError(`${engine.name} image inspect ${ref} failed: ${inspect.message}`);
   return { engine, inspect };
@@ -114,13 +116,13 @@ function reuse(paths: RecordPaths, engine: Engine, ref: string, info: ImageInfo)
  * it. One pull per engine and reference at a time across processes: a
  * second request waits for the first and reuses what it pulled.
  */
-export async function ensureImage(layout: HomeLayout, ref: string, opts: EnsureOptions = {}): Promise<EnsureResult> {
+export async function ensureImage(layout: HomeLayout, ref: string, opts: EnsureOptions): Promise<EnsureResult> {
   const started = performance.now();
   const startedIso = new Date().toISOString();
   const image = validateRef(ref);
   const policy = opts.pull ?? "missing";
-  const env = opts.env ?? process.env;
-  let { engine, inspect } = await locate(layout, image, env);
+  const env = opts.host.env;
+  let { engine, inspect } = await locate(layout, image, opts.host);
   const paths = recordPaths(layout, engine.name, image);
   const lease = opts.leaseHolder ? takeLease(layout, "image", paths.id, opts.leaseHolder) : undefined;
   const done = (status: EnsureResult["status"], record: ImageRecord, progress?: PullProgress): EnsureResult => ({

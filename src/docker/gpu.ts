@@ -2,7 +2,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { UserError } from "../errors.ts";
-import { type Engine, engineExec } from "./engine.ts";
+import { type Engine, engineExec, type EngineEnv } from "./engine.ts";
 
 /**
  * GPUs in a container. Docker: `--gpus` through the NVIDIA runtime (the
@@ -57,7 +57,7 @@ async function dockerHasNvidia(engine: Engine, env: NodeJS.ProcessEnv): Promise<
 }
 
 /** The engine options that give a container `gpus` GPUs (a count, or device ids/UUIDs); a clear error when the machine cannot. */
-export async function gpuArgs(engine: Engine, gpus: number | string[], env: NodeJS.ProcessEnv = process.env, cdiDirs: string[] = CDI_DIRS): Promise<string[]> {
+export async function gpuArgs(engine: Engine, gpus: number | string[], env: EngineEnv, cdiDirs: string[] = CDI_DIRS): Promise<string[]> {
   const devices = Array.isArray(gpus) ? gpus : null;
   if (devices ? devices.length === 0 : !(gpus as number > 0)) return [];
   if (engine.name === "docker") {

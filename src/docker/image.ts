@@ -2,7 +2,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import { UsageError } from "../errors.ts";
-import { type Engine, engineExec, engineMessage } from "./engine.ts";
+import { type Engine, engineExec, engineMessage, type EngineEnv } from "./engine.ts";
 
 /** An image reference as the engines take it: [registry/]path[:tag][@digest]. */
 const REF = /^[a-z0-9][a-z0-9._\-/:@]*$/i;
@@ -58,7 +58,7 @@ export function imageInfoFrom(ref: string, data: Record<string, unknown>): Image
 }
 
 /** Is the image here? One engine call; "absent" only when the engine itself says so. */
-export async function inspectImage(engine: Engine, ref: string, env: NodeJS.ProcessEnv = process.env): Promise<InspectOutcome> {
+export async function inspectImage(engine: Engine, ref: string, env: EngineEnv): Promise<InspectOutcome> {
   if (engine.name === "docker") {
     const fast = await inspectViaDockerSocket(ref, env);
     if (fast) return fast;

@@ -5,7 +5,7 @@
  */
 import { UsageError } from "../errors.ts";
 
-export { detectEngine, type Engine, type EngineName, forcedEngineName } from "./engine.ts";
+export { detectEngine, type Engine, type EngineEnv, type EngineHost, type EngineName } from "./engine.ts";
 export { type EnsureHooks, type EnsureOptions, type EnsureResult, ensureImage, parsePullPolicy, type PullPolicy } from "./ensure.ts";
 export { cdiGpuDevices, gpuArgs } from "./gpu.ts";
 export { type ImageEntry, type ImageRecord, listImageRecords, recordPaths } from "./inventory.ts";

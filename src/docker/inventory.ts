@@ -2,7 +2,8 @@ import { createHash } from "node:crypto";
 import { mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { touchFile, writeFileAtomic } from "../env/store.ts";
+import { writeFileAtomic } from "../core/atomic.ts";
+import { touchFile } from "../env/store.ts";
 import type { EngineName } from "./engine.ts";
 
 /**

@@ -1,4 +1,4 @@
-import { type Engine, engineMessage } from "./engine.ts";
+import { type Engine, engineMessage, type EngineEnv } from "./engine.ts";
 
 /**
  * A pull through the engine's own CLI (it knows the user's registry
@@ -120,7 +120,7 @@ function lineSplitter(onLine: (line: string) => void) {
 }
 
 /** `<engine> pull REF`, streaming progress; never throws for the engine's own failure (see `ok`). */
-export async function pullImage(engine: Engine, ref: string, opts: { env?: NodeJS.ProcessEnv; onProgress?: (p: PullProgress) => void; onLine?: (line: string) => void } = {}): Promise<PullOutcome> {
+export async function pullImage(engine: Engine, ref: string, opts: { env: EngineEnv; onProgress?: (p: PullProgress) => void; onLine?: (line: string) => void }): Promise<PullOutcome> {
   const parser = new PullParser();
   const tail: string[] = [];
   const splitter = lineSplitter((raw) => {
@@ -133,7 +133,7 @@ export async function pullImage(engine: Engine, ref: string, opts: { env?: NodeJ
     if (p) opts.onProgress?.(p);
   });
   const argv = [engine.bin, "pull", ref];
-  const env = { ...(opts.env ?? process.env), TERM: "dumb", NO_COLOR: "1" };
+  const env = { ...opts.env, TERM: "dumb", NO_COLOR: "1" };
   let code: number;
   let signal: string | number | null = null;
   if (typeof Bun.Terminal === "function") {

@@ -2,21 +2,20 @@ import { chmodSync, mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs
 import { tmpdir } from "node:os";
 import { isAbsolute, join, resolve } from "node:path";
 import { UsageError, UserError } from "../errors.ts";
-import { sleep } from "../env/lock.ts";
-import { type Engine, engineExec, engineMessage } from "./engine.ts";
+import { sleep } from "../core/sleep.ts";
+import { type Engine, type EngineEnv, engineExec, engineMessage } from "./engine.ts";
 import { gpuArgs } from "./gpu.ts";
 import { shellSplit } from "./shellwords.ts";
 
-/** Settings of container runs, from the environment: GPULAYER_CONTAINER_NETWORK (default host), GPULAYER_CONTAINER_OPTIONS (shell-split). */
+/** Settings of container runs: container.network and container.options (shell-split). */
 export interface ContainerSettings {
   network: string;
   extraOptions: string[];
 }
 
-export function containerSettings(env: NodeJS.ProcessEnv = process.env): ContainerSettings {
-  const network = env.GPULAYER_CONTAINER_NETWORK?.trim() || "host";
-  if (network.startsWith("-") || /\s/.test(network)) throw new UsageError(`GPULAYER_CONTAINER_NETWORK: not a network mode: ${JSON.stringify(network)}`);
-  return { network, extraOptions: shellSplit(env.GPULAYER_CONTAINER_OPTIONS ?? "", "GPULAYER_CONTAINER_OPTIONS") };
+export function containerSettings(network: string, options: string): ContainerSettings {
+  if (network.startsWith("-") || /\s/.test(network)) throw new UsageError(`container.network: not a network mode: ${JSON.stringify(network)}`);
+  return { network, extraOptions: shellSplit(options, "container.options") };
 }
 
 export interface RunContainerOptions {
@@ -32,11 +31,11 @@ export interface RunContainerOptions {
   name: string;
   /** A count, or device ids/UUIDs. */
   gpus?: number | string[];
-  /** Default from containerSettings(). */
-  network?: string;
-  extraOptions?: string[];
-  /** Environment of the engine's CLI itself (DOCKER_HOST, CONTAINER_HOST...); default process.env. */
-  engineEnv?: NodeJS.ProcessEnv;
+  /** From containerSettings(). */
+  network: string;
+  extraOptions: string[];
+  /** Environment of the engine's CLI itself (DOCKER_HOST, CONTAINER_HOST...). */
+  engineEnv: EngineEnv;
   onStdout?(chunk: Uint8Array): void;
   onStderr?(chunk: Uint8Array): void;
 }
@@ -56,12 +55,10 @@ const SIGNALS: Record<string, number> = { SIGHUP: 1, SIGINT: 2, SIGKILL: 9, SIGT
 
 /** Build the `run` arguments (exported for tests and for the bench). */
 export async function containerRunArgs(opts: RunContainerOptions, envFile: string | null, passThrough: string[]): Promise<string[]> {
-  const settings = opts.network === undefined || opts.extraOptions === undefined ? containerSettings(opts.engineEnv) : null;
-  const network = opts.network ?? settings!.network;
-  const extra = opts.extraOptions ?? settings!.extraOptions;
+  const { network, extraOptions: extra } = opts;
   const command = typeof opts.command === "string" ? ["/bin/sh", "-c", opts.command] : opts.command;
   if (!command.length) throw new UsageError("the container's command is empty");
-  const gpus = opts.gpus === undefined ? [] : await gpuArgs(opts.engine, opts.gpus, opts.engineEnv ?? process.env);
+  const gpus = opts.gpus === undefined ? [] : await gpuArgs(opts.engine, opts.gpus, opts.engineEnv);
   return [
     "run",
     "--rm",
@@ -119,7 +116,7 @@ export async function runContainer(opts: RunContainerOptions): Promise<RunningCo
   let proc: Bun.Subprocess<"ignore", "pipe", "pipe">;
   try {
     const args = await containerRunArgs({ ...opts, workdir }, envFile, passThrough);
-    const cliEnv: Record<string, string | undefined> = { ...(opts.engineEnv ?? process.env) };
+    const cliEnv: Record<string, string | undefined> = { ...(opts.engineEnv) };
     for (const k of passThrough) cliEnv[k] = opts.env[k];
     proc = Bun.spawn([opts.engine.bin, ...args], { env: cliEnv, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
   } catch (error) {
@@ -148,7 +145,7 @@ export async function runContainer(opts: RunContainerOptions): Promise<RunningCo
     const grace = Math.max(0, Math.round(graceSeconds));
     const started = Date.now();
     for (;;) {
-      const r = await engineExec(opts.engine, ["stop", "-t", String(grace), opts.name], { env: opts.engineEnv ?? process.env, timeoutMs: (grace + 30) * 1000 });
+      const r = await engineExec(opts.engine, ["stop", "-t", String(grace), opts.name], { env: opts.engineEnv, timeoutMs: (grace + 30) * 1000 });
       if (r.code === 0 || ended) break;
       const message = engineMessage(`${r.stderr}\n${r.stdout}`);
       // Not created yet (stop came right after start): try again for a while.
@@ -157,7 +154,7 @@ export async function runContainer(opts: RunContainerOptions): Promise<RunningCo
         continue;
       }
       proc.kill("SIGKILL");
-      await engineExec(opts.engine, ["rm", "-f", opts.name], { env: opts.engineEnv ?? process.env, timeoutMs: 30_000 });
+      await engineExec(opts.engine, ["rm", "-f", opts.name], { env: opts.engineEnv, timeoutMs: 30_000 });
       break;
     }
     let timer: ReturnType<typeof setTimeout> | undefined;
@@ -173,12 +170,12 @@ export async function runContainer(opts: RunContainerOptions): Promise<RunningCo
 }
 
 /** Force-remove a container by name (after a runner died); no error when it is already gone. */
-export async function removeContainer(engine: Engine, name: string, env: NodeJS.ProcessEnv = process.env): Promise<void> {
+export async function removeContainer(engine: Engine, name: string, env: EngineEnv): Promise<void> {
   await engineExec(engine, ["rm", "-f", name], { env, timeoutMs: 30_000 });
 }
 
 /** Is a container of this name still there (running or not)? */
-export async function containerExists(engine: Engine, name: string, env: NodeJS.ProcessEnv = process.env): Promise<boolean> {
+export async function containerExists(engine: Engine, name: string, env: EngineEnv): Promise<boolean> {
   const r = await engineExec(engine, ["container", "inspect", name], { env, timeoutMs: 30_000 });
   return r.code === 0;
 }

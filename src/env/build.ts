@@ -1,14 +1,13 @@
 import { existsSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { InstallError, UsageError } from "../errors.ts";
+import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
 import { FAST_PATH, prereleasesInstalled, requestRefusal, UvFailed, uvCheck, uvEnv, uvInstall, uvVersion, workerRefusal } from "./fast-path.ts";
-import { redactUrl } from "./hashing.ts";
+import { redactUrl } from "./url-credentials.ts";
 import { NEUTRAL_VARIABLES } from "./installer-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import { installedSet } from "./interpreter.ts";
 import { pipCheck, pipCommand, pipInstall } from "./pip-path.ts";
-import type { FlagOptions } from "./key.ts";
-import type { RequestInputs } from "./requirements.ts";
 import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-tool.ts";
 import { removePlaceholders, scanWorker, type WorkerScan, writePlaceholders } from "./worker-mirror.ts";
 
@@ -24,24 +23,7 @@ export { installerMessage } from "./run-tool.ts";
  * env's own interpreter (pip-path.ts).
  */
 
-/** auto: the fast path where it can promise pip's result, else pip; uv / pip: that one or an error. */
-export type InstallerSetting = "auto" | "uv" | "pip";
 export type InstallerPath = typeof FAST_PATH | "pip";
-
-export interface BuildPlan {
-  dir: string;
-  interpreter: InterpreterInfo;
-  /** What the request makes the installer read; the installer reads the user's own files. */
-  inputs: RequestInputs;
-  flags: FlagOptions;
-  /** Shut the installer off from the machine's config and its PIP_ and UV_ variables (an index was given). */
-  isolated: boolean;
-  env: NodeJS.ProcessEnv;
-  toolsDir: string;
-  cwd: string;
-  venvCreator?: "uv" | "venv" | "auto";
-  installer?: InstallerSetting;
-}
 
 export interface BuildOutcome {
   venvCreator: "uv" | "venv";
@@ -81,11 +63,6 @@ function installerEnv(plan: BuildPlan): Record<string, string> {
     if (links.length) env.PIP_FIND_LINKS = links.join(" ");
   }
   return env;
-}
-
-/** --find-links flags as the installer takes them: local folders by path, URLs as given. */
-export function flagFindLinks(plan: BuildPlan): string[] {
-  return plan.flags.findLinks.map((f) => f.path ?? f.url!);
 }
 
 /** Fail fast and clearly when an index does not answer, instead of after pip's retries. */

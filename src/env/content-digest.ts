@@ -1,7 +1,8 @@
-import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, renameSync, type Stats, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, type Stats, statSync } from "node:fs";
 import { join, relative } from "node:path";
 import ignore, { type Ignore } from "ignore";
-import { contentHash } from "./hashing.ts";
+import { writeFileAtomic } from "../core/atomic.ts";
+import { contentHash } from "../core/hashing.ts";
 
 /**
  * Local inputs by content: files, project folders, find-links folders. A stat
@@ -54,9 +55,7 @@ export class DigestCache {
     if (!this.file || !this.dirty) return;
     try {
       mkdirSync(join(this.file, ".."), { recursive: true });
-      const tmp = `${this.file}.${process.pid}.tmp`;
-      writeFileSync(tmp, JSON.stringify(this.entries));
-      renameSync(tmp, this.file);
+      writeFileAtomic(this.file, JSON.stringify(this.entries));
     } catch {
       // a cache that cannot be written only costs the next run a rehash
     }

@@ -2,7 +2,7 @@ import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { basename, join } from "node:path";
 import { explain } from "@renovatebot/pep440";
 import type { InstallError } from "../errors.ts";
-import { type BuildPlan, flagFindLinks } from "./build.ts";
+import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
 import { NEUTRAL_VARIABLES, pipConfigFiles } from "./installer-config.ts";
 import { requestFiles } from "./pip-path.ts";
 import { normalizeName } from "./canonical.ts";

@@ -1,5 +1,6 @@
-import { contentHash, hideCredentials } from "./hashing.ts";
-import type { ResolvedRequest } from "./prepare.ts";
+import { contentHash } from "../core/hashing.ts";
+import { hideCredentials } from "./url-credentials.ts";
+import type { ResolvedRequest } from "./key.ts";
 import { hideCredentialsIn } from "./requirements.ts";
 
 /**

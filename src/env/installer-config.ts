@@ -2,7 +2,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { folderDigest } from "./content-digest.ts";
-import { contentHash } from "./hashing.ts";
+import { contentHash } from "../core/hashing.ts";
 
 /**
  * What pip picks up on its own when gpulayer does not isolate it: PIP_*

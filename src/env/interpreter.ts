@@ -1,7 +1,7 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
-import { contentHash } from "./hashing.ts";
+import { contentHash } from "../core/hashing.ts";
 import { normalizeName } from "./canonical.ts";
 import { type ResolvedInterpreter, resolveInterpreter } from "./shims.ts";
 
@@ -76,7 +76,7 @@ function signatureOf(path: string, info: Pick<InterpreterInfo, "realExecutable" 
   return [statSignature(path), statSignature(info.realExecutable), statSignature(join(info.prefix, "pyvenv.cfg"))].join("|");
 }
 
-export function resolvePythonPath(python: string | undefined, env: NodeJS.ProcessEnv = process.env): string {
+export function resolvePythonPath(python: string | undefined, env: NodeJS.ProcessEnv): string {
   const name = python || "python3";
   if (name.includes("/")) {
     const abs = resolve(name);

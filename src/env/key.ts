@@ -1,4 +1,5 @@
-import { contentHash, hideCredentials } from "./hashing.ts";
+import { contentHash } from "../core/hashing.ts";
+import { hideCredentials } from "./url-credentials.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import { type RequestInputs, variableDigests } from "./requirements.ts";
 
@@ -57,6 +58,19 @@ export function keyDocument(input: KeyInput) {
 }
 
 export type KeyDocument = ReturnType<typeof keyDocument>;
+
+/** A request resolved to its key (prepare.ts's resolveRequest): the key, its document and what went into them. */
+export interface ResolvedRequest {
+  key: string;
+  doc: KeyDocument;
+  summary: string;
+  inputs: RequestInputs;
+  flags: FlagOptions;
+  interpreter: InterpreterInfo;
+  /** How a shim or wrapper was resolved to the interpreter that runs, when it was one. */
+  interpreterVia: string | null;
+  isolated: boolean;
+}
 
 export function envKey(doc: KeyDocument): string {
   return contentHash(JSON.stringify(doc));

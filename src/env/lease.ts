@@ -1,6 +1,7 @@
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
+import { isAlive, processStart } from "../core/process.ts";
 
 /**
  * A lease says "a live process uses this entry": a file named after the
@@ -11,35 +12,6 @@ import type { HomeLayout } from "../config/paths.ts";
 export interface Lease {
   file: string;
   release(): void;
-}
-
-/** The process's start time (Linux), so a reused pid is not mistaken for the holder. */
-export function processStart(pid: number): string {
-  return procStat(pid)?.[19] ?? "";
-}
-
-/** Fields of /proc/PID/stat after the command name: [0] is the state, [19] the start time. */
-function procStat(pid: number): string[] | null {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  } catch {
-    return null;
-  }
-}
-
-/** Whether the process that started at `start` still runs (a zombie, killed but not yet reaped, does not). */
-export function isAlive(pid: number, start: string): boolean {
-  try {
-    process.kill(pid, 0);
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code !== "EPERM") return false;
-  }
-  if (!existsSync("/proc")) return true;
-  const stat = procStat(pid);
-  if (!stat) return false;
-  if (stat[0] === "Z" || stat[0] === "X") return false;
-  return !start || stat[19] === start;
 }
 
 export function takeLease(layout: HomeLayout, kind: "env" | "image", id: string, holder: string, pid = process.pid): Lease {

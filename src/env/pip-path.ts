@@ -1,7 +1,7 @@
 import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { basename, join } from "node:path";
 import { UsageError } from "../errors.ts";
-import type { BuildPlan } from "./build.ts";
+import type { BuildPlan } from "./build-plan.ts";
 import { installedSet } from "./interpreter.ts";
 import { quote as shlexQuote } from "shlex";
 import type { RequestInputs } from "./requirements.ts";

@@ -1,27 +1,20 @@
 import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError } from "../errors.ts";
-import { type BuildHooks, type BuildOutcome, buildEnv, type InstallerSetting } from "./build.ts";
-import { redactUrl } from "./hashing.ts";
+import { type BuildHooks, type BuildOutcome, buildEnv } from "./build.ts";
+import type { InstallerSetting } from "./build-plan.ts";
+import { redactUrl } from "./url-credentials.ts";
 import { pipConfigDigest } from "./installer-config.ts";
-import { baseFingerprint, type InterpreterInfo, runningInterpreter } from "./interpreter.ts";
-import { envKey, type FlagOptions, type KeyDocument, keyDocument, requestSummary } from "./key.ts";
+import { baseFingerprint, runningInterpreter } from "./interpreter.ts";
+import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedRequest } from "./key.ts";
 import { type Lease, takeLease } from "./lease.ts";
-import { sleep, tryLock } from "./lock.ts";
-import { type RequestInputs, scanRequest } from "./requirements.ts";
+import { tryLock } from "../core/lock.ts";
+import { sleep } from "../core/sleep.ts";
+import { scanRequest } from "./requirements.ts";
+import type { EnvironmentSource } from "./request.ts";
 import { findLinksDigest } from "./content-digest.ts";
 import { inputsReport } from "./inputs-report.ts";
 import { diskUsage, entryPaths, isReady, markReady, readMeta, removeEntryDir, touchLastUsed } from "./store.ts";
-
-/** Where an environment's packages come from: the flags of `env prepare`, or the environment section of a job. */
-export interface EnvironmentSource {
-  requirementsFile?: string;
-  specs: string[];
-  python?: string;
-  indexUrl?: string;
-  extraIndexUrls: string[];
-  findLinks: string[];
-}
 
 /** What a user asks for, and where: relative paths resolve against `cwd`; `env` is the installers' environment. */
 export interface PrepareRequest extends EnvironmentSource {
@@ -31,20 +24,8 @@ export interface PrepareRequest extends EnvironmentSource {
   /** How messages name the specs: `-p` on the command line, `environment.requirements` in a job file. */
   specOrigin?: string;
   venvCreator?: "uv" | "venv" | "auto";
-  /** Else GPULAYER_INSTALLER, else auto. Not in the key: either path builds the same env. */
+  /** The `installer` setting; auto when not given. Not in the key: either path builds the same env. */
   installer?: InstallerSetting;
-}
-
-export interface ResolvedRequest {
-  key: string;
-  doc: KeyDocument;
-  summary: string;
-  inputs: RequestInputs;
-  flags: FlagOptions;
-  interpreter: InterpreterInfo;
-  /** How a shim or wrapper was resolved to the interpreter that runs, when it was one. */
-  interpreterVia: string | null;
-  isolated: boolean;
 }
 
 export interface PrepareHooks extends BuildHooks {
@@ -105,10 +86,8 @@ export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest) {
 export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: { hooks?: PrepareHooks; leaseHolder?: string } = {}): Promise<PrepareResult> {
   const started = performance.now();
   const hooks = opts.hooks ?? {};
-  const venvCreator = req.venvCreator ?? (req.env.GPULAYER_VENV_CREATOR || "auto");
-  if (venvCreator !== "uv" && venvCreator !== "venv" && venvCreator !== "auto") throw new UsageError(`GPULAYER_VENV_CREATOR: expected uv, venv or auto, not '${venvCreator}'`);
-  const installer = req.installer ?? (req.env.GPULAYER_INSTALLER || "auto");
-  if (installer !== "uv" && installer !== "pip" && installer !== "auto") throw new UsageError(`GPULAYER_INSTALLER: expected auto, uv or pip, not '${installer}'`);
+  const venvCreator = req.venvCreator ?? "auto";
+  const installer = req.installer ?? "auto";
   const resolved = resolveRequest(layout, req);
   hooks.onResolved?.(resolved);
   const paths = entryPaths(layout, resolved.key);

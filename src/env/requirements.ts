@@ -1,12 +1,13 @@
 import { existsSync, realpathSync, statSync } from "node:fs";
 import { readRequirementsText } from "./requirements-file.ts";
-import { dirname, isAbsolute, join, resolve } from "node:path";
+import { dirname, isAbsolute, join, relative, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { quote as shlexQuote } from "shlex";
 import { UsageError } from "../errors.ts";
 import { fileDigest, findLinksDigest, treeDigest } from "./content-digest.ts";
 import { canonicalPlainRequirement, normalizeName } from "./canonical.ts";
-import { contentHash, hideCredentials, redactUrl } from "./hashing.ts";
+import { contentHash } from "../core/hashing.ts";
+import { hideCredentials, redactUrl } from "./url-credentials.ts";
 import { LineRefused, type PipLine, readPipLines } from "./pip-lines.ts";
 
 /**
@@ -275,7 +276,9 @@ export function scanRequest(source: { requirementsFile?: string; specs: string[]
   const scanner = new Scanner(ctx);
   if (source.specs.length) scanner.specs(source.specs, source.specOrigin ?? "-p");
   if (source.requirementsFile) {
-    scanner.file(source.requirementsFile, "requirements", "REQ_FILE", source.requirementsFile);
+    // Named in messages as the user would: relative to where they are, when it is under it.
+    const shown = relative(ctx.cwd, resolve(ctx.cwd, source.requirementsFile));
+    scanner.file(source.requirementsFile, "requirements", "REQ_FILE", shown && !shown.startsWith("..") && !isAbsolute(shown) ? shown : source.requirementsFile);
     scanner.inputs.topFile = resolve(ctx.cwd, source.requirementsFile);
     if (source.specs.length && shlexQuote(scanner.inputs.topFile) !== scanner.inputs.topFile) scanner.inputs.uvDiffers ??= "a requirements file whose path needs quoting is left to pip";
   }

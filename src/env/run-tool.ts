@@ -1,5 +1,5 @@
 import { InstallError } from "../errors.ts";
-import { redactUrl } from "./hashing.ts";
+import { redactUrl } from "./url-credentials.ts";
 
 /** What a build tells whoever watches it: steps with their times, and the installers' own lines. */
 export type BuildStep = "creating" | "linking" | "installing" | "checking";

@@ -1,6 +1,7 @@
-import { closeSync, existsSync, fsyncSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, existsSync, fsyncSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
+import { writeFileAtomic } from "../core/atomic.ts";
 import type { InputsReport } from "./inputs-report.ts";
 import type { KeyDocument } from "./key.ts";
 
@@ -43,19 +44,6 @@ export function entryPaths(layout: HomeLayout, key: string): EntryPaths {
 
 export function isReady(paths: EntryPaths): boolean {
   return existsSync(paths.ready);
-}
-
-/** Write a file so that a reader sees all of it or none of it: temp, fsync, rename. */
-export function writeFileAtomic(path: string, data: string): void {
-  const tmp = `${path}.${process.pid}.${Math.random().toString(36).slice(2)}.tmp`;
-  const fd = openSync(tmp, "w");
-  try {
-    writeSync(fd, data);
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
-  renameSync(tmp, path);
 }
 
 /** The last step of a build: meta, then the marker that makes the entry usable. */

@@ -2,8 +2,9 @@ import { mkdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { liveLeases } from "../env/lease.ts";
-import { isLocked, tryLock } from "../env/lock.ts";
-import { diskUsage, type EntryPaths, type EnvMeta, entryPaths, isReady, listKeys, writeFileAtomic } from "../env/store.ts";
+import { isLocked, tryLock } from "../core/lock.ts";
+import { writeFileAtomic } from "../core/atomic.ts";
+import { diskUsage, type EntryPaths, type EnvMeta, entryPaths, isReady, listKeys } from "../env/store.ts";
 import { changedSince } from "./sizes.ts";
 import type { GcEntry, GcSource, GcState, ListOptions, RemoveOutcome, SkipReason } from "./types.ts";
 

@@ -1,11 +1,11 @@
 import { mkdirSync, renameSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { type Engine, type EngineName, engineExec, engineMessage } from "../docker/engine.ts";
+import { type Engine, type EngineEnv, type EngineName, engineExec, engineMessage } from "../docker/engine.ts";
 import { inspectImage } from "../docker/image.ts";
 import { type ImageEntry, listImageRecords, type RecordPaths, readRecord, recordPaths } from "../docker/inventory.ts";
 import { liveLeases } from "../env/lease.ts";
-import { isLocked, type Release, tryLock } from "../env/lock.ts";
+import { isLocked, type Release, tryLock } from "../core/lock.ts";
 import type { GcEntry, GcSource, RemoveOutcome, SkipReason } from "./types.ts";
 
 /**
@@ -25,7 +25,8 @@ import type { GcEntry, GcSource, RemoveOutcome, SkipReason } from "./types.ts";
  * has no images, costs no engine call. The engine is asked only about
  * images the policy reaches.
  */
-export function imageSource(layout: HomeLayout, env: NodeJS.ProcessEnv = process.env): GcSource {
+/** `env`: the engine CLI's environment. */
+export function imageSource(layout: HomeLayout, env: EngineEnv): GcSource {
   return { kind: "image", list: async () => listImageEntries(layout, new Engines(env)) };
 }
 
@@ -37,7 +38,7 @@ interface Rec {
 /** The engines of one gc run: found once, and given up on for the run once one fails to answer. */
 class Engines {
   private down = new Map<EngineName, SkipReason>();
-  constructor(readonly env: NodeJS.ProcessEnv) {}
+  constructor(readonly env: EngineEnv) {}
 
   get(name: EngineName): Engine | SkipReason {
     const down = this.down.get(name);
@@ -138,7 +139,7 @@ async function inUse(layout: HomeLayout, engines: Engines, recs: Rec[], facts: F
 }
 
 /** What the engine says about a reference or an id: its id and tags, absent, or its error. */
-async function lookup(engine: Engine, ref: string, env: NodeJS.ProcessEnv): Promise<{ kind: "present"; id: string; tags: string[] } | { kind: "absent" } | { kind: "failed"; message: string }> {
+async function lookup(engine: Engine, ref: string, env: EngineEnv): Promise<{ kind: "present"; id: string; tags: string[] } | { kind: "absent" } | { kind: "failed"; message: string }> {
   const r = await inspectImage(engine, ref, env);
   if (r.kind !== "present") return r;
   const tags = await engineExec(engine, ["image", "inspect", "--format", "{{json .RepoTags}}", ref], { env, timeoutMs: 60_000 });

@@ -1,13 +1,9 @@
-import { join } from "node:path";
-import type { HomeLayout } from "../config/paths.ts";
-import { configCacheMaxSize, layered, loadSettings } from "../config/settings.ts";
 import { UsageError } from "../errors.ts";
 import type { Watermark } from "./policy.ts";
-import { parseDuration, parsePercent, parseSize, SIZE_HINT } from "./units.ts";
+import { parseDuration, parsePercent } from "./units.ts";
 
-/** gc's flags as typed, before validation. */
+/** gc's flags as typed, before validation (--max-size is a setting: cache.max_size). */
 export interface GcFlags {
-  maxSize?: string;
   minAge?: string;
   keep: string[];
   highWatermark?: string;
@@ -24,19 +20,10 @@ export interface GcLimits {
 
 /** Never remove what was just built. */
 export const DEFAULT_MIN_AGE_MS = 10 * 60_000;
-export const MAX_SIZE_ENV = "GPULAYER_CACHE_MAX_SIZE";
 
-/** Merge flags, GPULAYER_CACHE_MAX_SIZE and config.yaml (in that order of precedence), then validate once. */
-export function resolveGcLimits(flags: GcFlags, layout: HomeLayout, env: NodeJS.ProcessEnv = process.env): GcLimits {
-  const settings = loadSettings(layout.configFile);
-  const configName = `cache.max_size in ${layout.configFile.startsWith(layout.root) ? join("$GPULAYER_HOME", layout.configFile.slice(layout.root.length)) : layout.configFile}`;
-  const chosen = layered<string | number>({ name: "--max-size", value: flags.maxSize }, { name: MAX_SIZE_ENV, value: env[MAX_SIZE_ENV] }, { name: configName, value: configCacheMaxSize(settings) });
-  let maxSize: GcLimits["maxSize"];
-  if (chosen) {
-    const bytes = parseSize(chosen.value);
-    if (bytes === null) throw new UsageError(`${chosen.origin}: not a size: ${JSON.stringify(String(chosen.value))} (expected ${SIZE_HINT})`);
-    maxSize = { bytes, origin: chosen.origin };
-  }
+/** gc's own flags, validated, with cache.max_size (--max-size > GPULAYER_CACHE_MAX_SIZE > config file) resolved at the top. */
+export function resolveGcLimits(flags: GcFlags, cacheMaxSize: { bytes: number; origin: string } | undefined): GcLimits {
+  const maxSize = cacheMaxSize;
 
   let minAgeMs = DEFAULT_MIN_AGE_MS;
   if (flags.minAge !== undefined) {

@@ -1,8 +1,9 @@
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { tryLock } from "../env/lock.ts";
+import { tryLock } from "../core/lock.ts";
 import type { GcLimits } from "./limits.ts";
 import { cacheTarget, type FsUsage, fsUsage, lruOrder, protectedBy, usedPercent, watermarkExcess } from "./policy.ts";
+import type { EngineEnv } from "../docker/engine.ts";
 import { gcSources } from "./sources.ts";
 import { sweepTrash, type TrashReport } from "./trash.ts";
 import type { GcEntry, GcKind, GcSource, GcState, SkipReason } from "./types.ts";
@@ -11,6 +12,8 @@ export interface GcOptions extends GcLimits {
   dryRun: boolean;
   /** Measure every entry's size again instead of trusting recorded sizes. */
   refreshSizes: boolean;
+  /** The container engine CLI's environment (for the images gpulayer pulled). */
+  engineEnv: EngineEnv;
   /** For tests and benchmarks: other sources, a fixed clock, a fake filesystem. */
   sources?: GcSource[];
   now?: number;
@@ -99,7 +102,7 @@ export async function runGc(layout: HomeLayout, opts: GcOptions): Promise<GcRepo
   try {
     report.trash = sweepTrash(layout, { dryRun: opts.dryRun, now });
     const listed: GcEntry[] = [];
-    for (const source of opts.sources ?? gcSources(layout)) listed.push(...(await source.list({ refreshSizes: opts.refreshSizes, persistSizes: !opts.dryRun })));
+    for (const source of opts.sources ?? gcSources(layout, opts.engineEnv)) listed.push(...(await source.list({ refreshSizes: opts.refreshSizes, persistSizes: !opts.dryRun })));
     // Not gc's to remove (images gpulayer did not pull): reported, never counted.
     const excluded = listed.filter((e) => e.excluded);
     const entries = listed.filter((e) => !e.excluded);

@@ -1,4 +1,5 @@
 import type { HomeLayout } from "../config/paths.ts";
+import type { EngineEnv } from "../docker/engine.ts";
 import { envSource } from "./env-source.ts";
 import { imageSource } from "./image-source.ts";
 import type { GcSource } from "./types.ts";
@@ -7,6 +8,6 @@ import type { GcSource } from "./types.ts";
  * Everything gc looks after, one source per kind: environments and the
  * images gpulayer pulled, weighed against one limit, by last use.
  */
-export function gcSources(layout: HomeLayout): GcSource[] {
-  return [envSource(layout), imageSource(layout)];
+export function gcSources(layout: HomeLayout, engineEnv: EngineEnv): GcSource[] {
+  return [envSource(layout), imageSource(layout, engineEnv)];
 }

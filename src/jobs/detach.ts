@@ -1,7 +1,6 @@
 import { existsSync } from "node:fs";
 import type { JobRecord, JobStore } from "./store.ts";
-import { runnerAlive } from "./status.ts";
-import { FINAL_STATES } from "./store.ts";
+import { shownJob } from "./status.ts";
 
 /** How to start this same gpulayer again: the compiled binary alone, or bun plus the entry script. */
 export function selfCommand(): string[] {
@@ -21,18 +20,12 @@ export function spawnDetachedRunner(job: JobRecord, env: NodeJS.ProcessEnv): num
   return proc.pid;
 }
 
-/** A job whose runner died (SIGKILL, reboot) is recorded as failed the next time anyone looks. */
-export function reconcile(store: JobStore, job: JobRecord): JobRecord {
-  if (FINAL_STATES.includes(job.state) || !job.runnerPid || runnerAlive(job)) return job;
-  if (job.childPid) {
-    try {
-      process.kill(-job.childPid, "SIGKILL");
-    } catch {
-      // gone
-    }
-  }
-  const error = "the gpulayer process running this job died";
-  store.event(job.id, "job.lost", { message: error });
-  store.update(job.id, { state: "failed", error, childPid: null });
-  return store.get(job.id)!;
+/**
+ * A job whose runner died (SIGKILL, OOM, reboot) as readers show it: failed, with
+ * the reason (see shownJob). Reads never write and never signal: no event, no
+ * update, no kill; a pid is only ever taken for the runner when its start time
+ * matches the recorded one. Ending what is left of the job is `job cancel`'s.
+ */
+export function reconcile(_store: JobStore, job: JobRecord): JobRecord {
+  return shownJob(job);
 }

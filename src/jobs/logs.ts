@@ -1,7 +1,7 @@
 import { closeSync, existsSync, openSync, readSync } from "node:fs";
 import { reconcile } from "./detach.ts";
 import { FINAL_STATES, type JobStore } from "./store.ts";
-import { sleep } from "../env/lock.ts";
+import { sleep } from "../core/sleep.ts";
 
 /** Read a job's log from the start; with follow, keep reading until the job has ended and the log is drained. */
 export async function followLog(store: JobStore, id: string, follow: boolean, write: (chunk: Uint8Array) => void): Promise<void> {

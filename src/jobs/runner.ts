@@ -1,11 +1,12 @@
 import { closeSync, openSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { defaultPython } from "../config/python.ts";
 import { InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
-import { type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, refuseImageWithRequirements, type RunningContainer, runContainer } from "../docker/index.ts";
+import { type ContainerSettings, type EngineHost, type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, refuseImageWithRequirements, type RunningContainer, runContainer } from "../docker/index.ts";
+import type { InstallerSetting } from "../env/build-plan.ts";
 import type { JobRecord, JobState, JobStore } from "./store.ts";
+import { bootId, processStartTime } from "../core/process-identity.ts";
 
 /**
  * The local runner: prepare (the env cache; timed as task.prepare), then run
@@ -39,9 +40,18 @@ export interface RunningJob {
 
 const SIGNALS: Record<string, number> = { SIGHUP: 1, SIGINT: 2, SIGQUIT: 3, SIGKILL: 9, SIGTERM: 15 };
 
-export function cancelGraceMs(env: NodeJS.ProcessEnv = process.env): number {
-  const s = Number(env.GPULAYER_CANCEL_GRACE ?? "10");
-  return Number.isFinite(s) && s >= 0 ? s * 1000 : 10_000;
+/** What the runner takes from the settings, resolved once at the top. */
+export interface RunnerSettings {
+  /** What the job and its tools inherit: the caller's environment minus gpulayer's own secrets. */
+  env: Record<string, string>;
+  engine: EngineHost;
+  container: ContainerSettings;
+  /** cancel_grace: SIGTERM, then SIGKILL this much later. */
+  cancelGraceMs: number;
+  installer: InstallerSetting;
+  venvCreator: "auto" | "uv" | "venv";
+  /** For a job that names no Python: the one default (see environmentRequest). */
+  defaultPython?: string;
 }
 
 function killGroup(pid: number, signal: NodeJS.Signals): void {
@@ -52,7 +62,7 @@ function killGroup(pid: number, signal: NodeJS.Signals): void {
   }
 }
 
-export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io: RunnerIO = {}): RunningJob {
+export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, settings: RunnerSettings, io: RunnerIO = {}): RunningJob {
   let cancelReason: string | null = null;
   let child: Bun.Subprocess | null = null;
   let container: RunningContainer | null = null;
@@ -65,17 +75,17 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
   const cancel = (reason: string) => {
     if (cancelReason) return;
     cancelReason = reason;
-    if (container) void container.stop(cancelGraceMs() / 1000);
+    if (container) void container.stop(settings.cancelGraceMs / 1000);
     else if (child) {
       const pid = child.pid;
       killGroup(pid, "SIGTERM");
-      killTimer = setTimeout(() => killGroup(pid, "SIGKILL"), cancelGraceMs());
+      killTimer = setTimeout(() => killGroup(pid, "SIGKILL"), settings.cancelGraceMs);
     }
   };
 
   const finish = (state: JobState, exitCode: number, extra: Partial<JobOutcome> = {}): JobOutcome => {
     if (state === "cancelled") emit("job.cancelled", { reason: cancelReason });
-    store.update(job.id, { state, exitCode, childPid: null });
+    store.update(job.id, { state, exitCode, childPid: null, childStart: null });
     return { state, exitCode, prepareSeconds: null, runSeconds: null, ...extra };
   };
 
@@ -100,12 +110,15 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
         command: spec.argv,
         name: `gpulayer-${job.id}`.replace(/[^a-zA-Z0-9_.-]/g, "-"),
         gpus: spec.resources.gpus || undefined,
+        network: settings.container.network,
+        extraOptions: settings.container.extraOptions,
+        engineEnv: settings.engine.env,
         onStdout: sink(io.onStdout),
         onStderr: sink(io.onStderr),
       });
-      store.update(job.id, { state: "running", childPid: container.pid });
+      store.update(job.id, { state: "running", childPid: container.pid, childStart: processStartTime(container.pid) });
       emit("task.run.started", { pid: container.pid, container: container.name, engine: image.engine.name, command: spec.commandText });
-      if (cancelReason) void container.stop(cancelGraceMs() / 1000);
+      if (cancelReason) void container.stop(settings.cancelGraceMs / 1000);
       const exitCode = await container.exited;
       closeSync(log);
       const runSeconds = (performance.now() - runStart) / 1000;
@@ -119,16 +132,17 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
 
   const done = (async (): Promise<JobOutcome> => {
     const spec = job.spec;
-    store.update(job.id, { state: "preparing", runnerPid: process.pid });
+    // Each pid with its start time: whoever signals it later checks that it is still this process.
+    store.update(job.id, { state: "preparing", runnerPid: process.pid, runnerStart: processStartTime(process.pid), pidBoot: bootId() });
     emit("task.prepare.started", { image: spec.environment.image ?? null });
     const prepStart = performance.now();
     let prepared;
     try {
       if (spec.environment.image) {
         refuseImageWithRequirements(spec.environment.image, Boolean(spec.environment.requirementsFile || spec.environment.specs.length), "the job");
-        const image = await ensureImage(layout, spec.environment.image, { ...io.imageHooks, leaseHolder: `job ${job.id}` });
+        const image = await ensureImage(layout, spec.environment.image, { ...io.imageHooks, host: settings.engine, leaseHolder: `job ${job.id}` });
         // A machine without the NVIDIA runtime/CDI fails here, in task.prepare, not after the run started.
-        if (spec.resources.gpus) await gpuArgs(image.engine, spec.resources.gpus).catch((e) => (image.lease?.release(), Promise.reject(e)));
+        if (spec.resources.gpus) await gpuArgs(image.engine, spec.resources.gpus, settings.engine.env).catch((e) => (image.lease?.release(), Promise.reject(e)));
         return await runImage(image, (performance.now() - prepStart) / 1000);
       }
       prepared = await prepareEnv(
@@ -136,12 +150,14 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
         {
           requirementsFile: spec.environment.requirementsFile,
           specs: spec.environment.specs,
-          python: spec.environment.python ?? defaultPython(layout),
+          python: spec.environment.python ?? settings.defaultPython,
           indexUrl: spec.environment.indexUrl,
           extraIndexUrls: spec.environment.extraIndexUrls,
           findLinks: spec.environment.findLinks,
           cwd: spec.workdir,
-          env: process.env,
+          env: settings.env,
+          installer: settings.installer,
+          venvCreator: settings.venvCreator,
         },
         { hooks: io.prepareHooks, leaseHolder: `job ${job.id}` },
       );
@@ -163,9 +179,9 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
       if (cancelReason) return finish("cancelled", 130, { prepareSeconds });
       const log = openSync(store.logPath(job.id), "a");
       const env: Record<string, string> = {};
-      for (const [k, val] of Object.entries(process.env)) if (val !== undefined && k !== "PYTHONHOME") env[k] = val;
+      for (const [k, val] of Object.entries(settings.env)) if (k !== "PYTHONHOME") env[k] = val;
       Object.assign(env, spec.env, {
-        PATH: `${join(prepared.path, "bin")}:${process.env.PATH ?? "/usr/bin:/bin"}`,
+        PATH: `${join(prepared.path, "bin")}:${settings.env.PATH ?? "/usr/bin:/bin"}`,
         VIRTUAL_ENV: prepared.path,
         GPULAYER_JOB_ID: job.id,
       });
@@ -181,7 +197,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, io
         io.onStderr?.(new TextEncoder().encode(`gpulayer: ${message}\n`));
         return finish("failed", 127, { prepareSeconds, runSeconds: 0 });
       }
-      store.update(job.id, { state: "running", childPid: child.pid });
+      store.update(job.id, { state: "running", childPid: child.pid, childStart: processStartTime(child.pid) });
       emit("task.run.started", { pid: child.pid, command: spec.commandText });
       if (cancelReason) cancel(cancelReason);
       const pump = async (stream: ReadableStream<Uint8Array>, sink?: (c: Uint8Array) => void) => {

@@ -1,9 +1,9 @@
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
 import { type JobFile, loadJobFile } from "../config/jobfile.ts";
-import type { EnvironmentSource } from "../env/prepare.ts";
+import { type EnvironmentSource, environmentRequest } from "../env/request.ts";
 import { UsageError } from "../errors.ts";
-import { redactUrl } from "../env/hashing.ts";
+import { redactUrl } from "../env/url-credentials.ts";
 
 /** A job with every path resolved and flags merged over its file: what a runner needs, nothing else. */
 export interface JobSpec {
@@ -75,20 +75,22 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   for (const [k, val] of Object.entries(file.env ?? {})) env[k] = String(val);
   Object.assign(env, parseEnvPairs(flags.env));
 
+  // Each field from the flags (paths against the current directory), else from the file (paths against the workdir): one rule, environmentRequest.
   const fe = file.environment ?? {};
+  const byFlags = environmentRequest({ requirementsFile: flags.requirementsFile, specs: flags.specs, python: flags.python, indexUrl: flags.indexUrl, extraIndexUrls: flags.extraIndexUrls, findLinks: flags.findLinks }, cwd);
+  const byFile = environmentRequest({ specs: [], python: fe.python, indexUrl: fe.index_url, extraIndexUrls: fe.extra_index_urls ?? [], findLinks: fe.find_links ?? [] }, workdir);
   const environment: JobSpec["environment"] = {
     specs: [],
-    python: flags.python ?? (fe.python ? (isAbsolute(fe.python) || !fe.python.includes("/") ? fe.python : resolve(fileDir, fe.python)) : undefined),
-    indexUrl: flags.indexUrl ?? fe.index_url,
-    extraIndexUrls: flags.extraIndexUrls.length ? flags.extraIndexUrls : (fe.extra_index_urls ?? []),
-    findLinks: flags.findLinks.length ? flags.findLinks.map((f) => resolve(cwd, f)) : (fe.find_links ?? []).map((f) => (/^[a-z+]+:\/\//i.test(f) ? f : resolve(workdir, f))),
+    python: byFlags.python ?? byFile.python,
+    indexUrl: byFlags.indexUrl ?? byFile.indexUrl,
+    extraIndexUrls: byFlags.extraIndexUrls.length ? byFlags.extraIndexUrls : byFile.extraIndexUrls,
+    findLinks: byFlags.findLinks.length ? byFlags.findLinks : byFile.findLinks,
     image: flags.image ?? fe.image,
   };
-  if (flags.requirementsFile || flags.specs.length) {
-    if (flags.requirementsFile) {
-      const path = resolve(cwd, flags.requirementsFile);
-      if (!existsSync(path)) throw new UsageError(`-r: file not found: ${flags.requirementsFile}`);
-      environment.requirementsFile = path;
+  if (byFlags.requirementsFile || flags.specs.length) {
+    if (byFlags.requirementsFile) {
+      if (!existsSync(byFlags.requirementsFile)) throw new UsageError(`-r: file not found: ${flags.requirementsFile}`);
+      environment.requirementsFile = byFlags.requirementsFile;
     }
     environment.specs = flags.specs;
   } else if (typeof fe.requirements === "string") {

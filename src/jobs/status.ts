@@ -1,4 +1,5 @@
-import type { JobEvent, JobRecord, JobStore } from "./store.ts";
+import { liveness } from "../core/process-identity.ts";
+import { FINAL_STATES, type JobEvent, type JobRecord, type JobStore } from "./store.ts";
 
 export interface Phase {
   name: "task.prepare" | "task.run";
@@ -24,6 +25,8 @@ export interface JobStatus {
   created: string;
   env_key: string | null;
   error: string | null;
+  /** Present (true) when the record says the job runs but its runner is gone: shown failed, nothing recorded. */
+  lost?: true;
   phases: Phase[];
   events: (JobEvent & { time: string })[];
 }
@@ -54,7 +57,10 @@ export function phasesOf(events: JobEvent[], now = Date.now()): Phase[] {
   return phases.sort((a, b) => (a.name === "task.prepare" ? -1 : 1) - (b.name === "task.prepare" ? -1 : 1));
 }
 
-export function jobStatus(store: JobStore, job: JobRecord): JobStatus {
+/** The status of a job as a reader shows it (see shownJob): reads only, whatever state the record is in. */
+export function jobStatus(store: JobStore, record: JobRecord): JobStatus {
+  const lost = lostReason(record);
+  const job = lost ? shownJob(record) : record;
   const events = store.events(job.id);
   return {
     id: job.id,
@@ -66,18 +72,36 @@ export function jobStatus(store: JobStore, job: JobRecord): JobStatus {
     created: new Date(job.created).toISOString(),
     env_key: job.envKey,
     error: job.error,
+    ...(lost ? { lost: true as const } : {}),
     phases: phasesOf(events),
     events: events.map((e) => ({ ...e, time: new Date(e.ts).toISOString() })),
   };
 }
 
-/** Is the process that runs this job still alive? A runner killed hard leaves a job that says "running". */
+/**
+ * Is the process that runs this job still alive? Its pid must exist AND have the
+ * start time recorded with it (a pid reused by another process is not the runner).
+ * A record from before start times were kept cannot be checked: counted alive
+ * while its pid exists (never signalled on that ground; see cancelJob). Reads only.
+ */
 export function runnerAlive(job: JobRecord): boolean {
-  if (!job.runnerPid) return false;
-  try {
-    process.kill(job.runnerPid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
-  }
+  return liveness({ pid: job.runnerPid, start: job.runnerStart, boot: job.pidBoot }) !== "gone";
+}
+
+/** Why a job the record says is still going has in fact lost its runner (SIGKILL, OOM, reboot); null when it has not. */
+export function lostReason(job: JobRecord): string | null {
+  if (FINAL_STATES.includes(job.state) || !job.runnerPid || runnerAlive(job)) return null;
+  const reason = `the gpulayer process running this job (pid ${job.runnerPid}) is gone; it ended without recording an outcome`;
+  const child = job.childPid ? liveness({ pid: job.childPid, start: job.childStart, boot: job.pidBoot }) : "gone";
+  return child === "alive" ? `${reason}; its command (pid ${job.childPid}) still runs: gpulayer job cancel ${job.id} stops it` : reason;
+}
+
+/**
+ * The job as a reader shows it: one whose runner died is shown failed, with the
+ * reason as its error. Nothing is written and nothing signalled: the record stays
+ * as the runner left it until `job cancel` (which acts) records an end.
+ */
+export function shownJob(job: JobRecord): JobRecord {
+  const lost = lostReason(job);
+  return lost ? { ...job, state: "failed", error: job.error ? `${job.error}; ${lost}` : lost } : job;
 }

@@ -1,5 +1,5 @@
 import { Database } from "bun:sqlite";
-import { mkdirSync } from "node:fs";
+import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
@@ -18,6 +18,11 @@ export interface JobRecord {
   exitCode: number | null;
   runnerPid: number | null;
   childPid: number | null;
+  /** Start times recorded with the pids (src/core/process-identity.ts): a reused pid is never taken for them. */
+  runnerStart: number | null;
+  childStart: number | null;
+  /** The boot the pids were recorded in (Linux boot id). */
+  pidBoot: string | null;
   envKey: string | null;
   error: string | null;
 }
@@ -38,6 +43,10 @@ interface JobRow {
   exit_code: number | null;
   runner_pid: number | null;
   child_pid: number | null;
+  // Added by migration: absent when a reader opens a database no writer has migrated yet.
+  runner_start?: number | null;
+  child_start?: number | null;
+  pid_boot?: string | null;
   env_key: string | null;
   error: string | null;
 }
@@ -54,16 +63,52 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, seq);
 `;
 
-/** Jobs and their events in bun:sqlite; WAL and a busy timeout make it safe for many gpulayer processes at once. */
+/** Columns added since the first schema: ALTER TABLE ADD COLUMN where missing, so an existing database keeps its jobs. */
+const ADDED_COLUMNS: [name: string, type: string][] = [
+  ["runner_start", "INTEGER"],
+  ["child_start", "INTEGER"],
+  ["pid_boot", "TEXT"],
+];
+
+function migrate(db: Database): void {
+  const have = new Set(db.query<{ name: string }, []>("PRAGMA table_info(jobs)").all().map((c) => c.name));
+  for (const [name, type] of ADDED_COLUMNS) {
+    if (have.has(name)) continue;
+    try {
+      db.exec(`ALTER TABLE jobs ADD COLUMN ${name} ${type}`);
+    } catch (error) {
+      // Another gpulayer process added it first.
+      if (!/duplicate column name/i.test((error as Error).message)) throw error;
+    }
+  }
+}
+
+/**
+ * Jobs and their events in bun:sqlite; WAL and a busy timeout make it safe for many gpulayer processes at once.
+ * With readOnly (job status, list, logs) the database is opened read-only: no folder or file is created, no
+ * migration runs, and no checkpoint rewrites it on close; with no database yet, an empty one in memory answers.
+ */
 export class JobStore {
   readonly db: Database;
-  constructor(readonly layout: HomeLayout) {
+  constructor(
+    readonly layout: HomeLayout,
+    opts: { readOnly?: boolean } = {},
+  ) {
+    const path = join(layout.jobs, "jobs.db");
+    if (opts.readOnly) {
+      const present = existsSync(path);
+      this.db = present ? new Database(path, { readonly: true }) : new Database(":memory:");
+      this.db.exec("PRAGMA busy_timeout = 10000");
+      if (!present) this.db.exec(SCHEMA);
+      return;
+    }
     mkdirSync(layout.jobs, { recursive: true });
-    this.db = new Database(join(layout.jobs, "jobs.db"), { create: true });
+    this.db = new Database(path, { create: true });
     this.db.exec("PRAGMA busy_timeout = 10000");
     this.db.exec("PRAGMA journal_mode = WAL");
     this.db.exec("PRAGMA synchronous = NORMAL");
     this.db.exec(SCHEMA);
+    migrate(this.db);
   }
 
   logPath(id: string): string {
@@ -103,8 +148,18 @@ export class JobStore {
     return this.db.query<JobRow, [number]>("SELECT * FROM jobs ORDER BY created DESC LIMIT ?").all(limit).map(toRecord);
   }
 
-  update(id: string, fields: Partial<Pick<JobRecord, "state" | "exitCode" | "runnerPid" | "childPid" | "envKey" | "error">>): void {
-    const columns: Record<string, string> = { state: "state", exitCode: "exit_code", runnerPid: "runner_pid", childPid: "child_pid", envKey: "env_key", error: "error" };
+  update(id: string, fields: Partial<Pick<JobRecord, "state" | "exitCode" | "runnerPid" | "childPid" | "runnerStart" | "childStart" | "pidBoot" | "envKey" | "error">>): void {
+    const columns: Record<string, string> = {
+      state: "state",
+      exitCode: "exit_code",
+      runnerPid: "runner_pid",
+      childPid: "child_pid",
+      runnerStart: "runner_start",
+      childStart: "child_start",
+      pidBoot: "pid_boot",
+      envKey: "env_key",
+      error: "error",
+    };
     const sets: string[] = ["updated = ?"];
     const values: (string | number | null)[] = [Date.now()];
     for (const [k, val] of Object.entries(fields)) {
@@ -141,6 +196,9 @@ function toRecord(row: JobRow): JobRecord {
     exitCode: row.exit_code,
     runnerPid: row.runner_pid,
     childPid: row.child_pid,
+    runnerStart: row.runner_start ?? null,
+    childStart: row.child_start ?? null,
+    pidBoot: row.pid_boot ?? null,
     envKey: row.env_key,
     error: row.error,
   };

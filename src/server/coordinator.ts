@@ -1,4 +1,5 @@
 import type { FinishRequest, PollResponse, RegisterResponse, TaskAssignment, TaskEventIn } from "../cluster/protocol.ts";
+import { HttpFail } from "./http-fail.ts";
 import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
@@ -10,16 +11,6 @@ import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from ".
  * change (a worker's long poll, a client watching a job) is woken when it
  * happens. The HTTP routes are only a skin over this.
  */
-
-export class HttpFail extends Error {
-  constructor(
-    readonly status: number,
-    message: string,
-    readonly extra: Record<string, unknown> = {},
-  ) {
-    super(message);
-  }
-}
 
 /** Wake-ups by key: a long poll waits on its key until something happens or time runs out. */
 export class Notifier {
@@ -49,10 +40,6 @@ export interface CoordinatorOptions {
   heartbeatSeconds: number;
   lostSeconds: number;
   maxAttempts: number;
-}
-
-export function sha256(s: string): string {
-  return new Bun.CryptoHasher("sha256").update(s).digest("hex");
 }
 
 export class Coordinator {

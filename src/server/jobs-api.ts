@@ -1,7 +1,8 @@
 import type { PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, SubmitRequest, SubmitResponse, WatchResponse } from "../cluster/protocol.ts";
 import { FINAL_JOB_STATES } from "../cluster/protocol.ts";
 import { phasesOf } from "../jobs/status.ts";
-import { Coordinator, HttpFail } from "./coordinator.ts";
+import { Coordinator } from "./coordinator.ts";
+import { HttpFail } from "./http-fail.ts";
 import { jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
 import { type JobRow, newId, type WorkerRow } from "./store.ts";
 

@@ -1,6 +1,7 @@
 import type { MachineProbe, RegisterResponse } from "../cluster/protocol.ts";
-import { type Coordinator, HttpFail, sha256 } from "./coordinator.ts";
-import { newId, type WorkerRow } from "./store.ts";
+import { contentHash as sha256 } from "../core/hashing.ts";
+import { HttpFail } from "./http-fail.ts";
+import { newId, type ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
 
 /**
  * Workers joining. A worker keeps the id and credential it was given in its
@@ -20,6 +21,17 @@ export interface RegisterBody {
   resume?: { id: string; credential: string };
 }
 
+/** What registering needs of the coordinator; by shape, since coordinator.ts imports this file. */
+export interface Registrar {
+  readonly store: ServerStore;
+  readonly opts: { heartbeatSeconds: number; lostSeconds: number };
+  readonly notify: { wake(key: string): void };
+  log(message: string): void;
+  markLost(w: WorkerRow, reason: string): void;
+  releaseTask(t: TaskRow, reason: string, lost: boolean): void;
+  dispatch(): void;
+}
+
 /** A worker heard from within this window still runs: a few heartbeats, at most the time after which it is lost. */
 export function liveWindowMs(opts: { heartbeatSeconds: number; lostSeconds: number }): number {
   return Math.min(opts.lostSeconds, 3 * opts.heartbeatSeconds) * 1000;
@@ -27,14 +39,14 @@ export function liveWindowMs(opts: { heartbeatSeconds: number; lostSeconds: numb
 
 const ago = (ms: number) => `${(ms / 1000).toFixed(1)} s ago`;
 
-function refuseIfLive(c: Coordinator, w: WorkerRow, now: number, message: (silentMs: number) => string): void {
+function refuseIfLive(c: Registrar, w: WorkerRow, now: number, message: (silentMs: number) => string): void {
   if (w.state === "lost" || w.state === "left") return;
   const silent = now - w.lastSeen;
   const window = liveWindowMs(c.opts);
   if (silent < window) throw new HttpFail(409, message(silent), { live: true, retry_after: Math.ceil(window - silent) / 1000 });
 }
 
-export function registerWorker(c: Coordinator, body: RegisterBody): RegisterResponse {
+export function registerWorker(c: Registrar, body: RegisterBody): RegisterResponse {
   const now = Date.now();
   const known = body.resume ? c.store.workerBySecret(sha256(body.resume.credential)) : null;
   const same = known && known.id === body.resume?.id && known.name === body.name ? known : null;

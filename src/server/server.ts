@@ -1,9 +1,9 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { formatBytes } from "../ui/output.ts";
-import { bundleLimits } from "../cluster/bundle.ts";
+import { type BundleLimits, bundleLimits } from "../cluster/bundle.ts";
+import type { SettingValues } from "../config/table.ts";
 import { UsageError } from "../errors.ts";
-import { parseDuration, parseSize, SIZE_HINT } from "../gc/units.ts";
 import type { BundlePolicy } from "./bundles.ts";
 import { Coordinator } from "./coordinator.ts";
 import { JobsApi } from "./jobs-api.ts";
@@ -20,36 +20,12 @@ export interface ServerSettings {
   maxAttempts: number;
   maxBodyBytes: number;
   bundles: BundlePolicy;
+  /** What one uploaded bundle may hold. */
+  bundleLimits: BundleLimits;
 }
 
 /** How often the server looks for bundles to remove (and once when it starts). */
 export const BUNDLE_CHECK_MS = 5 * 60_000;
-
-function positive(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
-  const raw = env[name];
-  if (raw === undefined || raw === "") return fallback;
-  const n = Number(raw);
-  if (!Number.isFinite(n) || n <= 0) throw new UsageError(`${name} must be a positive number, not ${JSON.stringify(raw)}`);
-  return n;
-}
-
-/** GPULAYER_BUNDLE_RETENTION: `30m`, `2h`, `1d`, `0`, or seconds; default 24 h. */
-export function bundleRetentionMs(env: NodeJS.ProcessEnv = process.env): number {
-  const raw = env.GPULAYER_BUNDLE_RETENTION;
-  if (raw === undefined || raw === "") return 24 * 3_600_000;
-  const ms = parseDuration(raw);
-  if (ms === null) throw new UsageError(`GPULAYER_BUNDLE_RETENTION must be a duration such as 30m, 2h, 1d or 0 (a bare number is seconds), not ${JSON.stringify(raw)}`);
-  return ms;
-}
-
-/** GPULAYER_BUNDLE_MAX_SIZE: the most the uploaded bundles may take together; default 10G. */
-export function bundleMaxBytes(env: NodeJS.ProcessEnv = process.env): number {
-  const raw = env.GPULAYER_BUNDLE_MAX_SIZE;
-  if (raw === undefined || raw === "") return 10 * 1024 ** 3;
-  const n = parseSize(raw);
-  if (n === null) throw new UsageError(`GPULAYER_BUNDLE_MAX_SIZE must be ${SIZE_HINT}, not ${JSON.stringify(raw)}`);
-  return n;
-}
 
 /** HOST:PORT, :PORT or PORT (default 127.0.0.1:7070). */
 export function parseListen(value: string | undefined): { hostname: string; port: number } {
@@ -60,14 +36,20 @@ export function parseListen(value: string | undefined): { hostname: string; port
   return { hostname: m[1] || "127.0.0.1", port };
 }
 
-export function serverSettings(listen: string | undefined, env: NodeJS.ProcessEnv = process.env): ServerSettings {
+/** From the coordinator.* and bundle.* settings. */
+export function serverSettings(values: SettingValues): ServerSettings {
+  const positive = (name: "coordinator.heartbeat" | "coordinator.worker_lost" | "coordinator.max_body") => {
+    if (values[name] <= 0) throw new UsageError(`${name} must be more than 0`);
+    return values[name];
+  };
   return {
-    ...parseListen(listen),
-    heartbeatSeconds: positive(env, "GPULAYER_HEARTBEAT_SECONDS", 2),
-    lostSeconds: positive(env, "GPULAYER_WORKER_LOST_SECONDS", 30),
-    maxAttempts: Math.floor(positive(env, "GPULAYER_JOB_MAX_ATTEMPTS", 3)),
-    maxBodyBytes: Math.floor(positive(env, "GPULAYER_MAX_BODY_BYTES", 8 * 1024 * 1024)),
-    bundles: { retentionMs: bundleRetentionMs(env), maxBytes: bundleMaxBytes(env) },
+    ...parseListen(values["coordinator.listen"]),
+    heartbeatSeconds: positive("coordinator.heartbeat") / 1000,
+    lostSeconds: positive("coordinator.worker_lost") / 1000,
+    maxAttempts: values["coordinator.job_max_attempts"],
+    maxBodyBytes: positive("coordinator.max_body"),
+    bundles: { retentionMs: values["coordinator.bundle_retention"], maxBytes: values["coordinator.bundles_max_size"] },
+    bundleLimits: bundleLimits(values),
   };
 }
 
@@ -102,11 +84,11 @@ export interface RunningServer {
   stop(): Promise<void>;
 }
 
-export function startServer(dir: string, token: string, settings: ServerSettings, log: (message: string) => void, env: NodeJS.ProcessEnv = process.env): RunningServer {
+export function startServer(dir: string, token: string, settings: ServerSettings, log: (message: string) => void): RunningServer {
   const store = new ServerStore(dir);
   const coord = new Coordinator(store, { heartbeatSeconds: settings.heartbeatSeconds, lostSeconds: settings.lostSeconds, maxAttempts: settings.maxAttempts }, log);
   const jobs = new JobsApi(coord);
-  const limits = bundleLimits(env);
+  const limits = settings.bundleLimits;
   const cleanBundles = () => {
     try {
       const r = store.bundles.sweep(settings.bundles);

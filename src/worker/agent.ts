@@ -2,8 +2,9 @@ import { ClusterClient, HttpError } from "../cluster/client.ts";
 import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { UserError } from "../errors.ts";
-import { sleep } from "../env/lock.ts";
-import { cancelGraceMs } from "../jobs/runner.ts";
+import { sleep } from "../core/sleep.ts";
+import type { RunnerSettings } from "../jobs/runner.ts";
+import type { BundleLimits } from "../cluster/bundle.ts";
 import { loadIdentity, saveIdentity } from "./identity.ts";
 import { startJobTask, startPrepareTask, type TaskHandle, type WorkerContext } from "./tasks.ts";
 
@@ -20,18 +21,17 @@ export interface AgentOptions {
   token: string;
   name: string;
   labels: Record<string, string>;
-  python?: string;
   slots: number;
   probe: MachineProbe;
   layout: HomeLayout;
-  env: NodeJS.ProcessEnv;
+  /** The settings tasks run under; its defaultPython is the worker's Python. */
+  runner: RunnerSettings;
+  bundleLimits: BundleLimits;
+  keepWorkdirs: boolean;
+  /** coordinator.heartbeat when set on this machine: it wins over what the server asks. */
+  heartbeatMs?: number;
   drainSeconds: number;
   onLog(message: string): void;
-}
-
-function seconds(env: NodeJS.ProcessEnv, name: string): number | undefined {
-  const n = Number(env[name]);
-  return env[name] && Number.isFinite(n) && n > 0 ? n : undefined;
 }
 
 /** A sleep that does not keep the process alive on its own. */
@@ -82,7 +82,7 @@ export class Agent {
         this.workerId = r.id;
         this.credential = r.credential;
         this.client = new ClusterClient(url, r.credential);
-        this.heartbeatMs = (seconds(this.opts.env, "GPULAYER_HEARTBEAT_SECONDS") ?? r.heartbeat_seconds) * 1000;
+        this.heartbeatMs = this.opts.heartbeatMs ?? r.heartbeat_seconds * 1000;
         this.log(`joined ${url} as ${r.name}${r.resumed ? ` again (the same worker, ${r.id})` : ""}; waiting for work`);
         return;
       } catch (error) {
@@ -104,7 +104,7 @@ export class Agent {
   }
 
   private context(): WorkerContext {
-    return { layout: this.opts.layout, client: this.client!, python: this.opts.python, gpus: this.opts.probe.gpus, env: this.opts.env, log: (m) => this.log(m) };
+    return { layout: this.opts.layout, client: this.client!, gpus: this.opts.probe.gpus, runner: this.opts.runner, bundleLimits: this.opts.bundleLimits, keepWorkdirs: this.opts.keepWorkdirs, log: (m) => this.log(m) };
   }
 
   private start(task: TaskAssignment): void {
@@ -183,7 +183,7 @@ export class Agent {
     const saved = loadIdentity(this.opts.layout, this.opts.url, this.opts.name);
     if (saved && saved.credential !== this.credential) {
       const stopping = Promise.all([...this.tasks.values()].map((t) => t.handBack("worker taken over by another process")));
-      await Promise.race([stopping, nap(cancelGraceMs(this.opts.env) + 5000)]);
+      await Promise.race([stopping, nap(this.opts.runner.cancelGraceMs + 5000)]);
       throw new UserError(`worker ${this.opts.name} was taken over by another gpulayer join with the same name and GPULAYER_HOME (${this.opts.layout.root}); this one stops`);
     }
     await this.rejoin("the server no longer knows this worker (was its state wiped?)");
@@ -231,7 +231,7 @@ export class Agent {
     if (this.tasks.size) {
       this.log(`handing back ${this.tasks.size} task(s)`);
       const all = Promise.all([...this.tasks.values()].map((t) => t.handBack(`worker ${this.opts.name} left`)));
-      await Promise.race([all, nap(cancelGraceMs(this.opts.env) + 5000)]);
+      await Promise.race([all, nap(this.opts.runner.cancelGraceMs + 5000)]);
     }
     await post(true);
     this.left = true;

@@ -1,6 +1,6 @@
 import { type ClusterClient, HttpError } from "../cluster/client.ts";
 import type { TaskEventIn } from "../cluster/protocol.ts";
-import { sleep } from "../env/lock.ts";
+import { sleep } from "../core/sleep.ts";
 
 type Stream = "stdout" | "stderr";
 type Item = { kind: "event"; event: TaskEventIn } | { kind: "output"; stream: Stream; data: Uint8Array };

@@ -3,7 +3,7 @@ import { availableParallelism, hostname, release, totalmem } from "node:os";
 import { join } from "node:path";
 import type { GpuInfo, MachineProbe } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
-import { detectEngine } from "../docker/engine.ts";
+import { detectEngine, type EngineHost } from "../docker/engine.ts";
 import { distributions, runningInterpreter } from "../env/interpreter.ts";
 
 /**
@@ -50,7 +50,7 @@ export function parseNvidiaSmi(text: string): GpuInfo[] {
   return gpus;
 }
 
-export async function probeGpus(env: NodeJS.ProcessEnv = process.env): Promise<GpuInfo[]> {
+export async function probeGpus(env: Record<string, string | undefined>): Promise<GpuInfo[]> {
   const out = await quietRun(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,driver_version", "--format=csv,noheader,nounits"], 5000, env);
   return out ? parseNvidiaSmi(out) : [];
 }
@@ -86,19 +86,21 @@ export function readFrameworks(siteDirs: string[]): { frameworks: Record<string,
   return { frameworks, cuda };
 }
 
-async function probeEngineName(layout: HomeLayout, env: NodeJS.ProcessEnv, timeoutMs: number): Promise<MachineProbe["engine"]> {
+async function probeEngineName(layout: HomeLayout, host: EngineHost, timeoutMs: number): Promise<MachineProbe["engine"]> {
   const timeout = new Promise<null>((r) => setTimeout(() => r(null), timeoutMs).unref());
   try {
-    const engine = await Promise.race([detectEngine(layout, env).catch(() => null), timeout]);
+    const engine = await Promise.race([detectEngine(layout, host).catch(() => null), timeout]);
     return engine?.name ?? null;
   } catch {
     return null;
   }
 }
 
-export async function probeMachine(layout: HomeLayout, python: string | undefined, env: NodeJS.ProcessEnv, cwd: string): Promise<MachineProbe> {
+/** `engine` null: the worker offers none (worker.engine: none), so none is looked for. */
+export async function probeMachine(layout: HomeLayout, python: string | undefined, machine: { env: Record<string, string>; engine: EngineHost | null }, cwd: string): Promise<MachineProbe> {
   const started = performance.now();
-  const [gpus, engine] = await Promise.all([probeGpus(env), env.GPULAYER_WORKER_ENGINE === "none" ? Promise.resolve(null) : probeEngineName(layout, env, 5000)]);
+  const { env } = machine;
+  const [gpus, engine] = await Promise.all([probeGpus(env), machine.engine ? probeEngineName(layout, machine.engine, 5000) : Promise.resolve(null)]);
   let pythonInfo: MachineProbe["python"] = null;
   let pythonError: string | undefined;
   let frameworks: Record<string, string> = {};

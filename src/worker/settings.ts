@@ -1,7 +1,8 @@
-import { mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import * as v from "valibot";
 import type { HomeLayout } from "../config/paths.ts";
+import { writeFileAtomic } from "../core/atomic.ts";
 import { UsageError } from "../errors.ts";
 
 /**
@@ -43,18 +44,16 @@ export function loadWorkerSettings(layout: HomeLayout): WorkerSettings {
 export function saveWorkerSettings(layout: HomeLayout, settings: WorkerSettings): string {
   const file = workerSettingsFile(layout);
   mkdirSync(dirname(file), { recursive: true });
-  const tmp = `${file}.${process.pid}.tmp`;
-  writeFileSync(tmp, `${JSON.stringify(settings, null, 2)}\n`);
-  renameSync(tmp, file);
+  writeFileAtomic(file, `${JSON.stringify(settings, null, 2)}\n`);
   return file;
 }
 
-/** Flags over GPULAYER_PYTHON over the saved file; labels merge, a flag's value winning per key. */
-export function mergeWorkerSettings(saved: WorkerSettings, flags: { python?: string; name?: string; labels: Record<string, string> }, env: NodeJS.ProcessEnv = process.env): WorkerSettings {
-  const python = flags.python ?? env.GPULAYER_PYTHON ?? saved.python;
+/** The `python` setting (flag > GPULAYER_PYTHON > config file) over the saved file; labels merge, a flag's value winning per key. */
+export function mergeWorkerSettings(saved: WorkerSettings, given: { python?: string; name?: string; labels: Record<string, string> }): WorkerSettings {
+  const python = given.python ?? saved.python;
   return {
     python: python && python.includes("/") ? resolve(python) : python,
-    name: flags.name ?? saved.name,
-    labels: { ...(saved.labels ?? {}), ...flags.labels },
+    name: given.name ?? saved.name,
+    labels: { ...(saved.labels ?? {}), ...given.labels },
   };
 }

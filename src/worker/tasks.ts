@@ -1,13 +1,14 @@
 import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
-import { BundleError, bundleLimits, unpackBundle } from "../cluster/bundle.ts";
+import { isAbsolute, join, normalize } from "node:path";
+import { BundleError, type BundleLimits, unpackBundle } from "../cluster/bundle.ts";
 import type { ClusterClient } from "../cluster/client.ts";
 import type { GpuInfo, PrepareTaskResult, RemoteSpec, TaskAssignment } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ensureImage, parsePullPolicy } from "../docker/index.ts";
 import { InstallError, UserError } from "../errors.ts";
 import { prepareEnv } from "../env/prepare.ts";
-import { type RunningJob, startJob } from "../jobs/runner.ts";
+import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.ts";
+import { type EnvironmentSource, environmentRequest, isUrl } from "../env/request.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import { JobStore } from "../jobs/store.ts";
 import { TaskChannel } from "./channel.ts";
@@ -21,9 +22,12 @@ import { TaskChannel } from "./channel.ts";
 export interface WorkerContext {
   layout: HomeLayout;
   client: ClusterClient;
-  python?: string;
   gpus: GpuInfo[];
-  env: NodeJS.ProcessEnv;
+  /** The settings jobs and prepares run under (its defaultPython is the worker's Python). */
+  runner: RunnerSettings;
+  bundleLimits: BundleLimits;
+  /** worker.keep_workdirs: leave remote jobs' unpacked workdirs (for debugging). */
+  keepWorkdirs: boolean;
   log(message: string): void;
 }
 
@@ -35,7 +39,13 @@ export interface TaskHandle {
   handBack(reason: string): Promise<void>;
 }
 
-const isUrl = (p: string) => /^[a-z+]+:\/\//i.test(p);
+/** A remote request names files inside its bundle only: never an absolute path, never one that climbs out. */
+function withinBundle<T extends EnvironmentSource>(asked: T): T {
+  for (const p of [asked.requirementsFile, ...asked.findLinks.filter((f) => !isUrl(f))]) {
+    if (p !== undefined && (isAbsolute(p) || normalize(p).split("/")[0] === "..")) throw new BundleError(`the request names ${JSON.stringify(p)}, a path outside its bundle`);
+  }
+  return asked;
+}
 
 function clusterDir(ctx: WorkerContext, ...parts: string[]): string {
   return join(ctx.layout.root, "cluster", ...parts);
@@ -63,7 +73,7 @@ async function sharedCopy(ctx: WorkerContext, hash: string, file: string): Promi
   const dir = clusterDir(ctx, "bundles", hash);
   if (existsSync(dir)) return dir;
   const tmp = `${dir}.${process.pid}.${crypto.randomUUID()}.tmp`;
-  await unpackBundle(file, tmp, bundleLimits(ctx.env));
+  await unpackBundle(file, tmp, ctx.bundleLimits);
   try {
     renameSync(tmp, dir);
   } catch {
@@ -84,12 +94,7 @@ function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: Worke
     workdir,
     env,
     environment: {
-      requirementsFile: e.requirementsFile ? join(source, e.requirementsFile) : undefined,
-      specs: e.specs,
-      python: e.python ?? ctx.python,
-      indexUrl: e.indexUrl,
-      extraIndexUrls: e.extraIndexUrls,
-      findLinks: e.findLinks.map((f) => (isUrl(f) ? f : join(source, f))),
+      ...environmentRequest(withinBundle(e), source, ctx.runner.defaultPython),
       image: e.image,
     },
     resources: spec.resources,
@@ -117,7 +122,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       if (task.bundle) {
         const file = await fetchBundle(ctx, task.bundle);
         source = await sharedCopy(ctx, task.bundle, file);
-        await unpackBundle(file, workdir, bundleLimits(ctx.env));
+        await unpackBundle(file, workdir, ctx.bundleLimits);
       } else mkdirSync(workdir, { recursive: true });
       if (stopReason) {
         if (handedBack) return;
@@ -128,7 +133,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       }
       const store = new JobStore(ctx.layout);
       const job = store.create(localSpec(task.spec!, workdir, source, ctx, task.gpus));
-      running = startJob(store, ctx.layout, job, {
+      running = startJob(store, ctx.layout, job, ctx.runner, {
         onEvent: (type, data) => channel.event(type, { ...data, local_job: job.id }),
         onStdout: (c) => channel.output(c, "stdout"),
         onStderr: (c) => channel.output(c, "stderr"),
@@ -149,7 +154,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       }
     } finally {
       if (handedBack) await channel.send(`/v1/tasks/${task.id}/handback`, { reason: handedBack });
-      if (!ctx.env.GPULAYER_KEEP_WORKDIRS) rmSync(workdir, { recursive: true, force: true });
+      if (!ctx.keepWorkdirs) rmSync(workdir, { recursive: true, force: true });
     }
   })();
 
@@ -183,18 +188,15 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
       if (task.bundle) cwd = await sharedCopy(ctx, task.bundle, await fetchBundle(ctx, task.bundle));
       let result: PrepareTaskResult;
       if (req.image) {
-        const r = await ensureImage(ctx.layout, req.image, { pull: parsePullPolicy(req.pull), env: ctx.env });
+        const r = await ensureImage(ctx.layout, req.image, { pull: parsePullPolicy(req.pull), host: ctx.runner.engine });
         result = { status: r.status, seconds: r.seconds, image: r.image, digest: r.digest };
       } else {
         const r = await prepareEnv(ctx.layout, {
-          requirementsFile: req.requirementsFile ? join(cwd, req.requirementsFile) : undefined,
-          specs: req.specs,
-          python: req.python ?? ctx.python,
-          indexUrl: req.indexUrl,
-          extraIndexUrls: req.extraIndexUrls,
-          findLinks: req.findLinks.map((f) => (isUrl(f) ? f : join(cwd, f))),
+          ...environmentRequest(withinBundle(req), cwd, ctx.runner.defaultPython),
           cwd,
-          env: ctx.env,
+          env: ctx.runner.env,
+          installer: ctx.runner.installer,
+          venvCreator: ctx.runner.venvCreator,
         });
         result = { status: r.status, seconds: r.seconds, key: r.key, path: r.path, installer_path: r.installerPath };
       }

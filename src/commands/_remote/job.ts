@@ -1,10 +1,11 @@
 import { ExitError, UserError } from "../../errors.ts";
-import { sleep } from "../../env/lock.ts";
+import { sleep } from "../../core/sleep.ts";
 import type { JobSpec } from "../../jobs/spec.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import { ClusterClient, HttpError, type RemoteTarget } from "../../cluster/client.ts";
 import { formatLabels, labelsFromArgs, type RemoteJobStatus, type RemoteSpec, type SubmitResponse, type WatchResponse } from "../../cluster/protocol.ts";
-import { inBundle, isUrl, packTemp, postWithBundle } from "../../cluster/upload.ts";
+import { inBundle, packTemp, postWithBundle } from "../../cluster/upload.ts";
+import { isUrl } from "../../env/request.ts";
 
 /**
  * `job run` against a server: the command layer of the remote branch (it
@@ -83,7 +84,7 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
   const { out } = opts;
   const labels = labelsFromArgs(opts.rawArgs);
   const client = new ClusterClient(target.url, target.token);
-  const pack = packTemp(spec.workdir);
+  const pack = packTemp(spec.workdir, target.bundleLimits);
   let submitted: SubmitResponse;
   try {
     for (const s of pack.skipped) out.log.warn(`not sent: ${s.path}: ${s.reason}`);

@@ -3,7 +3,8 @@ import { ExitError, UsageError } from "../../errors.ts";
 import { formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import { ClusterClient, type RemoteTarget } from "../../cluster/client.ts";
 import { formatLabels, labelsFromArgs, type PrepareGroupView, type PrepareRequestPayload, type PrepareTaskResult } from "../../cluster/protocol.ts";
-import { inBundle, isUrl, packTemp, postWithBundle } from "../../cluster/upload.ts";
+import { inBundle, packTemp, postWithBundle } from "../../cluster/upload.ts";
+import { isUrl } from "../../env/request.ts";
 
 /**
  * `env prepare` against a server: the command layer of its remote branch. A
@@ -29,7 +30,7 @@ export async function prepareRemote(target: RemoteTarget, req: RemotePrepareRequ
   // What must travel: the requirements file's folder (its includes and local paths are relative to it).
   const localLinks = req.findLinks.filter((f) => !isUrl(f));
   const root = req.requirementsFile ? dirname(resolve(cwd, req.requirementsFile)) : cwd;
-  const pack = req.requirementsFile || localLinks.length ? packTemp(root) : null;
+  const pack = req.requirementsFile || localLinks.length ? packTemp(root, target.bundleLimits) : null;
   let group: { id: string; workers: string[] };
   try {
     const request: PrepareRequestPayload = {

@@ -1,4 +1,3 @@
-import { cancelGraceMs } from "../../jobs/runner.ts";
 import { formatAgo, formatSeconds, type Output, table } from "../../ui/output.ts";
 import { ClusterClient, type RemoteTarget } from "../../cluster/client.ts";
 import type { RemoteJobStatus } from "../../cluster/protocol.ts";
@@ -44,6 +43,6 @@ export async function remoteLogs(target: RemoteTarget, id: string, follow: boole
 }
 
 export async function remoteCancel(target: RemoteTarget, id: string, out: Output): Promise<void> {
-  const job = await cancelRemoteJob(target, id, cancelGraceMs());
+  const job = await cancelRemoteJob(target, id, target.cancelGraceMs);
   out.result(job, () => `job ${job.id} ${job.state}`);
 }

@@ -1,6 +1,6 @@
 import { existsSync } from "node:fs";
 import { defineCommand } from "citty";
-import { homeLayout } from "../../config/paths.ts";
+import { commandContext } from "../_context.ts";
 import { listEnvs } from "../../env/inventory.ts";
 import { formatBytes, formatAgo, Output, shortKey, table } from "../../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "../_args.ts";
@@ -13,7 +13,7 @@ export default defineCommand({
   async run({ args, rawArgs }) {
     rejectUnknownFlags(rawArgs, outputArgs);
     const out = new Output(args);
-    const layout = homeLayout();
+    const { layout } = commandContext();
     const envs = await listEnvs(layout);
     // The container code loads only when there is an image inventory to read.
     const images = existsSync(layout.images) ? (await import("../../docker/inventory.ts")).listImageRecords(layout) : [];

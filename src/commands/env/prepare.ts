@@ -1,11 +1,13 @@
 import { defineCommand } from "citty";
-import { homeLayout } from "../../config/paths.ts";
 import { UsageError } from "../../errors.ts";
 import { dryRunPrepare, prepareEnv } from "../../env/prepare.ts";
 import { defaultPython } from "../../config/python.ts";
+import { environmentRequest } from "../../env/request.ts";
 import { inputsLines } from "../../env/inputs-report.ts";
 import { formatBytes, formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
+
+import { commandContext, engineHost } from "../_context.ts";
 import { installerArgs, labelArgs, outputArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
 import { prepareHooks, prepareFailure } from "../_prepare-ui.ts";
 
@@ -31,8 +33,9 @@ export default defineCommand({
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
     const specs = repeated(rawArgs, ["-p", "--package"]);
-    const layout = homeLayout();
-    const remote = remoteTarget(a, rawArgs);
+    const ctx = commandContext({ python: a.python, server: a.server, token: a.token });
+    const { layout, values } = ctx;
+    const remote = remoteTarget(ctx.settings, rawArgs);
     if (a["dry-run"] && (remote || a.image !== undefined)) throw new UsageError("--dry-run shows a local request's key; it does not go with --server or --image");
     if (remote) {
       const request = { requirementsFile: a.requirements, specs, python: a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), image: a.image, pull: a.pull };
@@ -45,21 +48,18 @@ export default defineCommand({
       refuseImageWithRequirements(a.image, Boolean(a.requirements || specs.length), "env prepare");
       const other = (["python", "index-url", "extra-index-url", "find-links"] as const).find((f) => a[f] !== undefined);
       if (other) throw new UsageError(`--${other} applies to requirements, not to --image`);
-      const result = await ensureImage(layout, a.image, { pull: parsePullPolicy(a.pull), ...imageHooks(out) });
+      const result = await ensureImage(layout, a.image, { pull: parsePullPolicy(a.pull), host: engineHost(ctx), ...imageHooks(out) });
       out.progress(imageSummary(result));
       out.result(imageJson(result), () => result.digest, true);
       return;
     }
+    const asked = { requirementsFile: a.requirements, specs, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]) };
     const request = {
-      requirementsFile: a.requirements,
-      specs,
-      // One default everywhere: --python > GPULAYER_PYTHON > config file > `join --python` > python3 on PATH.
-      python: a.python ?? defaultPython(layout),
-      indexUrl: a["index-url"],
-      extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]),
-      findLinks: repeated(rawArgs, ["--find-links"]),
-      cwd: process.cwd(),
-      env: process.env,
+      ...environmentRequest(asked, ctx.cwd, defaultPython(layout, values.python)),
+      cwd: ctx.cwd,
+      env: ctx.childEnv,
+      installer: values.installer,
+      venvCreator: values.venv_creator,
     };
     if (a["dry-run"]) {
       const plan = dryRunPrepare(layout, request);

@@ -1,5 +1,5 @@
 import { defineCommand } from "citty";
-import { homeLayout } from "../../config/paths.ts";
+import { commandContext } from "../_context.ts";
 import { findEnv, removeEnv } from "../../env/inventory.ts";
 import { Output, shortKey } from "../../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "../_args.ts";
@@ -16,7 +16,7 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const layout = homeLayout();
+    const { layout } = commandContext();
     const key = findEnv(layout, a.key);
     await removeEnv(layout, key, { force: a.force });
     out.result({ key, removed: true }, () => `removed ${shortKey(key)}`);

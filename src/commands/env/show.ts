@@ -1,5 +1,5 @@
 import { defineCommand } from "citty";
-import { homeLayout } from "../../config/paths.ts";
+import { commandContext } from "../_context.ts";
 import { UserError } from "../../errors.ts";
 import { findEnv } from "../../env/inventory.ts";
 import { entryPaths, isReady, lastUsedMs, readMeta } from "../../env/store.ts";
@@ -15,7 +15,7 @@ export default defineCommand({
   run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const layout = homeLayout();
+    const { layout } = commandContext();
     const key = findEnv(layout, a.key);
     const paths = entryPaths(layout, key);
     const meta = readMeta(paths);

@@ -1,5 +1,5 @@
 import { defineCommand } from "citty";
-import { homeLayout } from "../../config/paths.ts";
+import { commandContext, engineHost } from "../_context.ts";
 import { cancelJob } from "../../jobs/cancel.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { Output } from "../../ui/output.ts";
@@ -14,10 +14,11 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const remote = remoteTarget(a);
+    const ctx = commandContext({ server: a.server, token: a.token });
+    const remote = remoteTarget(ctx.settings);
     if (remote) return (await import("../_remote/views.ts")).remoteCancel(remote, a.id, out);
-    const store = new JobStore(homeLayout());
-    const job = await cancelJob(store, store.find(a.id));
+    const store = new JobStore(ctx.layout);
+    const job = await cancelJob(store, store.find(a.id), { cancelGraceMs: ctx.values.cancel_grace, engine: engineHost(ctx) });
     store.close();
     out.result({ id: job.id, state: job.state }, () => `job ${job.id} ${job.state}`);
   },

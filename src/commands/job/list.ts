@@ -1,9 +1,9 @@
 import { defineCommand } from "citty";
-import { homeLayout } from "../../config/paths.ts";
-import { reconcile } from "../../jobs/detach.ts";
+import { commandContext } from "../_context.ts";
 import { jobStatus } from "../../jobs/status.ts";
 import { JobStore } from "../../jobs/store.ts";
-import { formatAgo, formatSeconds, Output, table } from "../../ui/output.ts";
+import { formatAgo, formatSeconds, table } from "../../ui/output.ts";
+import { PrintableOutput, printable } from "../../ui/escape.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { outputArgs, rejectUnknownFlags, serverArgs } from "../_args.ts";
 
@@ -14,11 +14,14 @@ export default defineCommand({
   args,
   run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
-    const out = new Output(a);
-    const remote = remoteTarget(a);
+    // Names and the like come from the job: shown with control characters escaped.
+    const out = new PrintableOutput(a);
+    const ctx = commandContext({ server: a.server, token: a.token });
+    const remote = remoteTarget(ctx.settings);
     if (remote) return import("../_remote/views.ts").then((m) => m.remoteList(remote, Math.max(1, Number(a.limit) || 50), out));
-    const store = new JobStore(homeLayout());
-    const statuses = store.list(Math.max(1, Number(a.limit) || 50)).map((j) => jobStatus(store, reconcile(store, j)));
+    // A read: the store opened read-only; a job whose runner is gone is shown failed, nothing recorded or signalled.
+    const store = new JobStore(ctx.layout, { readOnly: true });
+    const statuses = store.list(Math.max(1, Number(a.limit) || 50)).map((j) => jobStatus(store, j));
     store.close();
     out.result(
       statuses.map(({ events: _e, ...s }) => s),
@@ -28,7 +31,7 @@ export default defineCommand({
         for (const s of statuses) {
           const prep = s.phases.find((p) => p.name === "task.prepare");
           const run = s.phases.find((p) => p.name === "task.run");
-          rows.push([s.id, s.name, s.state, s.exit_code === null ? "-" : String(s.exit_code), prep?.seconds != null ? `${formatSeconds(prep.seconds)}${prep.cache ? ` ${prep.cache}` : ""}` : "-", run?.seconds != null ? formatSeconds(run.seconds) : "-", formatAgo(Date.parse(s.created))]);
+          rows.push([s.id, printable(s.name), s.state, s.exit_code === null ? "-" : String(s.exit_code), prep?.seconds != null ? `${formatSeconds(prep.seconds)}${prep.cache ? ` ${prep.cache}` : ""}` : "-", run?.seconds != null ? formatSeconds(run.seconds) : "-", formatAgo(Date.parse(s.created))]);
         }
         return table(rows);
       },

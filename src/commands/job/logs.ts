@@ -1,5 +1,5 @@
 import { defineCommand } from "citty";
-import { homeLayout } from "../../config/paths.ts";
+import { commandContext } from "../_context.ts";
 import { followLog } from "../../jobs/logs.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { remoteTarget } from "../../cluster/client.ts";
@@ -16,9 +16,11 @@ export default defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
-    const remote = remoteTarget(a);
+    const ctx = commandContext({ server: a.server, token: a.token });
+    const remote = remoteTarget(ctx.settings);
     if (remote) return (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow));
-    const store = new JobStore(homeLayout());
+    // A read: the store opened read-only; nothing recorded or signalled, even for a job whose runner is gone.
+    const store = new JobStore(ctx.layout, { readOnly: true });
     const job = store.find(a.id);
     await followLog(store, job.id, Boolean(a.follow), (chunk) => process.stdout.write(chunk));
     store.close();

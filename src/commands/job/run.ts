@@ -1,5 +1,5 @@
 import { defineCommand } from "citty";
-import { homeLayout } from "../../config/paths.ts";
+import { commandContext, runnerSettings } from "../_context.ts";
 import { ExitError, UsageError } from "../../errors.ts";
 import { spawnDetachedRunner } from "../../jobs/detach.ts";
 import { startJob } from "../../jobs/runner.ts";
@@ -46,7 +46,8 @@ export default defineCommand({
     const positionals = (a._ as string[]).length - command.length;
     if (positionals > 0) throw new UsageError(`unexpected argument ${(a._ as string[])[0]}: put the command after -- (gpulayer job run -p tqdm -- python x.py)`);
     const out = new Output(a);
-    const layout = homeLayout();
+    const ctx = commandContext({ python: a.python, server: a.server, token: a.token });
+    const { layout } = ctx;
     const spec = buildJobSpec(
       {
         file: a.file,
@@ -63,14 +64,14 @@ export default defineCommand({
         name: a.name,
         gpus: a.gpus === undefined ? undefined : parseGpus(a.gpus),
       },
-      process.cwd(),
+      ctx.cwd,
     );
-    const remote = remoteTarget(a, rawArgs);
+    const remote = remoteTarget(ctx.settings, rawArgs);
     if (remote) return (await import("../_remote/job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out });
     const store = new JobStore(layout);
     const job = store.create(spec);
     if (a.detach) {
-      spawnDetachedRunner(job, process.env);
+      spawnDetachedRunner(job, ctx.childEnv);
       out.result({ id: job.id, state: "queued" }, () => job.id, true);
       return;
     }
@@ -78,7 +79,7 @@ export default defineCommand({
     // With --json, stdout carries only the final document: the job's output goes to stderr.
     let stdoutGone = false;
     const toStdout = a.json ? (c: Uint8Array) => process.stderr.write(c) : (c: Uint8Array) => void (stdoutGone || process.stdout.write(c));
-    const running = startJob(store, layout, job, {
+    const running = startJob(store, layout, job, runnerSettings(ctx), {
       onStdout: toStdout,
       onStderr: (c) => process.stderr.write(c),
       prepareHooks: prepareHooks(out),

@@ -1,9 +1,8 @@
 import { defineCommand } from "citty";
-import { homeLayout } from "../../config/paths.ts";
-import { reconcile } from "../../jobs/detach.ts";
+import { commandContext } from "../_context.ts";
 import { jobStatus } from "../../jobs/status.ts";
 import { JobStore } from "../../jobs/store.ts";
-import { Output } from "../../ui/output.ts";
+import { PrintableOutput } from "../../ui/escape.ts";
 import { statusLines } from "./_lines.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { outputArgs, rejectUnknownFlags, serverArgs } from "../_args.ts";
@@ -15,11 +14,14 @@ export default defineCommand({
   args,
   run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
-    const out = new Output(a);
-    const remote = remoteTarget(a);
+    // Names, commands and messages come from the job: shown with control characters escaped.
+    const out = new PrintableOutput(a);
+    const ctx = commandContext({ server: a.server, token: a.token });
+    const remote = remoteTarget(ctx.settings);
     if (remote) return import("../_remote/views.ts").then((m) => m.remoteStatus(remote, a.id, out));
-    const store = new JobStore(homeLayout());
-    const status = jobStatus(store, reconcile(store, store.find(a.id)));
+    // A read: the store opened read-only; a job whose runner is gone is shown failed, nothing recorded or signalled.
+    const store = new JobStore(ctx.layout, { readOnly: true });
+    const status = jobStatus(store, store.find(a.id));
     store.close();
     out.result(status, () => statusLines(status));
   },

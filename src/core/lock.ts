@@ -1,7 +1,7 @@
 import { mkdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { hostname } from "node:os";
 import { dirname, join } from "node:path";
-import { isAlive, processStart } from "./lease.ts";
+import { isAlive, processStart } from "./process.ts";
 
 /**
  * Exclusive locks across processes. A lock is the folder `PATH.lock` holding
@@ -139,5 +139,3 @@ export async function isLocked(path: string): Promise<boolean> {
   const owner = readOwner(dir);
   return owner !== null && ownerAlive(dir, owner);
 }
-
-export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));

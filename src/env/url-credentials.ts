@@ -1,6 +1,4 @@
-export function contentHash(data: string | Uint8Array): string {
-  return new Bun.CryptoHasher("sha256").update(data).digest("hex");
-}
+import { contentHash } from "../core/hashing.ts";
 
 /** A URL's user and password: everything before the last `@` of its authority (a password may hold `@` and `:`). */
 const USERINFO = /^([a-z][a-z0-9+.-]*:\/\/)([^/?#\s]*)@/i;

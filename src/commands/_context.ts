@@ -1,0 +1,68 @@
+import { homeLayout, type HomeLayout } from "../config/paths.ts";
+import { defaultPython } from "../config/python.ts";
+import { type FlagValues, type ResolvedSettings, resolveSettings } from "../config/resolve.ts";
+import type { SettingName } from "../config/table.ts";
+import type { EngineHost } from "../docker/engine.ts";
+import { containerSettings } from "../docker/run.ts";
+import type { RunnerSettings } from "../jobs/runner.ts";
+
+/**
+ * What every command starts from, built once at its top: the settings
+ * (flag > GPULAYER_* variable > config file > default, validated), the home
+ * layout, the working directory, and the environment child processes get.
+ * The one place that reads `process.env` (a test holds it to that).
+ */
+export interface CommandContext {
+  settings: ResolvedSettings;
+  values: ResolvedSettings["values"];
+  layout: HomeLayout;
+  cwd: string;
+  /** What installers, engines and jobs inherit: this process's environment minus gpulayer's own secrets. */
+  childEnv: Record<string, string>;
+}
+
+/** Variables that are gpulayer's alone: never handed to a job or a tool. */
+const OWN_SECRETS = ["GPULAYER_TOKEN"];
+
+export function commandContext(flags: FlagValues = {}): CommandContext {
+  const env = process.env;
+  const settings = resolveSettings(env, flags);
+  const childEnv: Record<string, string> = {};
+  for (const [k, v] of Object.entries(env)) if (v !== undefined && !OWN_SECRETS.includes(k)) childEnv[k] = v;
+  return {
+    settings,
+    values: settings.values,
+    layout: homeLayout(settings.values.home, settings.configFile),
+    cwd: process.cwd(),
+    childEnv,
+  };
+}
+
+/** How messages name where a setting came from: `--max-size`, `GPULAYER_CACHE_MAX_SIZE`, `cache.max_size in $GPULAYER_HOME/config.yaml`. */
+export function originText(ctx: CommandContext, name: SettingName): string {
+  const origin = ctx.settings.origins[name];
+  if (origin.source !== "file") return origin.name;
+  const root = ctx.layout.root;
+  return `${name} in ${origin.name.startsWith(`${root}/`) ? `$GPULAYER_HOME${origin.name.slice(root.length)}` : origin.name}`;
+}
+
+/** How to reach the container engine: the children's environment, and container.engine when set. */
+export function engineHost(ctx: CommandContext): EngineHost {
+  const forced = ctx.values["container.engine"];
+  const origin = ctx.settings.origins["container.engine"];
+  return { env: ctx.childEnv, forced, forcedBy: forced ? (origin.source === "file" ? `container.engine in ${origin.name}` : origin.name) : undefined };
+}
+
+/** Everything a local job's runner takes from the settings. */
+export function runnerSettings(ctx: CommandContext): RunnerSettings {
+  const v = ctx.values;
+  return {
+    env: ctx.childEnv,
+    engine: engineHost(ctx),
+    container: containerSettings(v["container.network"], v["container.options"]),
+    cancelGraceMs: v.cancel_grace,
+    installer: v.installer,
+    venvCreator: v.venv_creator,
+    defaultPython: defaultPython(ctx.layout, v.python),
+  };
+}

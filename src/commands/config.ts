@@ -1,0 +1,34 @@
+import { defineCommand } from "citty";
+import { settingsReport } from "../config/report.ts";
+import { Output, table } from "../ui/output.ts";
+import { outputArgs, rejectUnknownFlags } from "./_args.ts";
+import { commandContext } from "./_context.ts";
+
+const args = { json: outputArgs.json } as const;
+
+const path = defineCommand({
+  meta: { name: "path", description: "Print the config file gpulayer reads ($GPULAYER_CONFIG, else $GPULAYER_HOME/config.yaml), whether or not it exists" },
+  args,
+  run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const { settings } = commandContext();
+    new Output(a).result({ config_file: settings.configFile, exists: settings.configFound }, () => settings.configFile);
+  },
+});
+
+export default defineCommand({
+  meta: { name: "config", description: "Show every setting's effective value and where it came from: a flag, a GPULAYER_* variable, the config file, or the default" },
+  args,
+  subCommands: { path },
+  run({ args: a, rawArgs }) {
+    if ((a._ as string[])[0] === "path") return; // citty ran the subcommand
+    rejectUnknownFlags(rawArgs, args);
+    const { settings } = commandContext();
+    const rows = settingsReport(settings);
+    new Output(a).result({ config_file: settings.configFile, config_file_exists: settings.configFound, settings: rows }, () => [
+      `config file: ${settings.configFile}${settings.configFound ? "" : " (not there: defaults and variables only)"}`,
+      "",
+      ...table([["SETTING", "VALUE", "FROM"], ...rows.map((r) => [r.name, r.shown, r.source === "file" ? `config file` : r.origin])]),
+    ]);
+  },
+});

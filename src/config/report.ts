@@ -1,0 +1,47 @@
+import type { ResolvedSettings } from "./resolve.ts";
+import { SETTING_NAMES, SETTINGS, type SettingDef } from "./table.ts";
+
+/** One row of `gpulayer config`: a setting's effective value and where it came from (as `git config --show-origin`). */
+export interface SettingRow {
+  name: string;
+  /** Typed: sizes in bytes, durations in seconds, secrets as "***"; null when nothing set it and it has no default. */
+  value: unknown;
+  /** As people write it (200G, 10s). */
+  shown: string;
+  source: "flag" | "env" | "file" | "default";
+  /** The flag, the variable, the config file's path, or "default". */
+  origin: string;
+  variable: string;
+  flag: string | null;
+  help: string;
+}
+
+export function settingsReport(settings: ResolvedSettings): SettingRow[] {
+  return SETTING_NAMES.map((name) => {
+    const def = SETTINGS[name] as SettingDef<unknown>;
+    const value = (settings.values as Record<string, unknown>)[name];
+    const origin = settings.origins[name];
+    const set = value !== undefined && value !== null;
+    return {
+      name,
+      value: set ? (def.kind.json ? def.kind.json(value) : value) : null,
+      shown: set ? def.kind.show(value) : `(${def.defaultText ?? "none"})`,
+      source: origin.source,
+      origin: origin.name,
+      variable: def.env,
+      flag: def.flag ?? null,
+      help: def.help,
+    };
+  });
+}
+
+/** The README's configuration table, made from the same table of settings (a test holds the README to it). */
+export function settingsMarkdown(): string {
+  const rows = SETTING_NAMES.map((name) => {
+    const def = SETTINGS[name] as SettingDef<unknown>;
+    const shown = def.default !== undefined ? `\`${def.kind.show(def.default)}\`` : (def.defaultText ?? "none");
+    const key = def.inFile === false ? `(${name}: not in the file)` : `\`${name}\``;
+    return `| ${key} | \`${def.env}\` | ${def.flag ? `\`${def.flag}\`` : ""} | ${def.kind.name.replaceAll("|", "\\|")} | ${shown} | ${def.help} |`;
+  });
+  return ["| config.yaml key | variable | flag | kind | default | what it sets |", "|---|---|---|---|---|---|", ...rows].join("\n");
+}

@@ -1,0 +1,55 @@
+import { anyText, boolean, choice, count, duration, type Kind, positiveDuration, secret, serverUrl, size, word } from "./kinds.ts";
+
+/**
+ * Every setting gpulayer has, in one table: its config.yaml key (the name used
+ * everywhere), its GPULAYER_* variable, the flag that sets it where a command
+ * has one, its kind (one parser per kind) and its default. Resolved once, at
+ * the top, flag > variable > file > default (src/config/resolve.ts); the
+ * README's configuration table is checked against this one by a test.
+ */
+export interface SettingDef<T> {
+  env: string;
+  flag?: string;
+  kind: Kind<T>;
+  default?: T;
+  /** What the default is, when it is not a plain value (computed, or "none"). */
+  defaultText?: string;
+  /** False for the settings that say where the config file is. */
+  inFile?: boolean;
+  help: string;
+}
+
+export const SETTINGS = {
+  home: { env: "GPULAYER_HOME", kind: word, defaultText: "$XDG_CACHE_HOME/gpulayer, else ~/.cache/gpulayer", inFile: false, help: "where envs, locks, jobs and the config file live" },
+  config: { env: "GPULAYER_CONFIG", kind: word, defaultText: "$GPULAYER_HOME/config.yaml", inFile: false, help: "the config file" },
+  python: { env: "GPULAYER_PYTHON", flag: "--python", kind: word, defaultText: "the one `join --python` saved, else python3 on PATH", help: "the Python envs are built for" },
+  installer: { env: "GPULAYER_INSTALLER", kind: choice("auto", "uv", "pip"), default: "auto", help: "auto takes uv's fast path where it builds the same env, else pip" },
+  venv_creator: { env: "GPULAYER_VENV_CREATOR", kind: choice("auto", "uv", "venv"), default: "auto", help: "what creates the virtual environment" },
+  cancel_grace: { env: "GPULAYER_CANCEL_GRACE", kind: duration, default: 10_000, help: "time between SIGTERM and SIGKILL when a job is cancelled" },
+  "cache.max_size": { env: "GPULAYER_CACHE_MAX_SIZE", flag: "--max-size", kind: size, defaultText: "none", help: "the size gpulayer gc keeps the cache under" },
+  "container.engine": { env: "GPULAYER_CONTAINER_ENGINE", kind: choice("docker", "podman"), defaultText: "the first that works", help: "the container engine for images" },
+  "container.network": { env: "GPULAYER_CONTAINER_NETWORK", kind: word, default: "host", help: "the network mode of job containers" },
+  "container.options": { env: "GPULAYER_CONTAINER_OPTIONS", kind: anyText, default: "", help: "extra engine options for job containers, shell-split (--shm-size 8g)" },
+  server: { env: "GPULAYER_SERVER", flag: "--server", kind: serverUrl, defaultText: "none: commands run on this machine", help: "the coordinator to send jobs to" },
+  token: { env: "GPULAYER_TOKEN", flag: "--token", kind: secret, defaultText: "none; the server makes one on its first start", help: "the server's token; never passed on to jobs" },
+  "bundle.max_size": { env: "GPULAYER_BUNDLE_MAX", kind: size, default: 200 * 1024 ** 2, help: "the largest packed workdir bundle a remote job may send or a worker accept" },
+  "bundle.max_unpacked": { env: "GPULAYER_BUNDLE_MAX_UNPACKED", kind: size, default: 2 * 1024 ** 3, help: "the most a bundle may hold unpacked" },
+  "coordinator.listen": { env: "GPULAYER_LISTEN", flag: "--listen", kind: word, default: "127.0.0.1:7070", help: "where `gpulayer server` listens (HOST:PORT)" },
+  "coordinator.heartbeat": { env: "GPULAYER_HEARTBEAT_SECONDS", kind: positiveDuration, default: 2_000, help: "how often workers report (the server tells them; a worker's own setting wins)" },
+  "coordinator.worker_lost": { env: "GPULAYER_WORKER_LOST_SECONDS", kind: positiveDuration, default: 30_000, help: "silence after which a worker counts as gone and its jobs are retried" },
+  "coordinator.job_max_attempts": { env: "GPULAYER_JOB_MAX_ATTEMPTS", kind: count(1), default: 3, help: "times a job is started before it fails for good" },
+  "coordinator.max_body": { env: "GPULAYER_MAX_BODY_BYTES", kind: size, default: 8 * 1024 ** 2, help: "the largest JSON request the server reads" },
+  "coordinator.bundles_max_size": { env: "GPULAYER_BUNDLE_MAX_SIZE", kind: size, default: 10 * 1024 ** 3, help: "the most the server keeps of uploaded bundles, together" },
+  "coordinator.bundle_retention": { env: "GPULAYER_BUNDLE_RETENTION", kind: duration, default: 86_400_000, help: "how long an unused bundle is kept" },
+  "worker.slots": { env: "GPULAYER_WORKER_SLOTS", kind: count(1), defaultText: "the number of GPUs, at least 1", help: "jobs a worker runs at once" },
+  "worker.drain": { env: "GPULAYER_WORKER_DRAIN_SECONDS", kind: duration, default: 30_000, help: "how long a stopping worker lets its jobs finish" },
+  "worker.engine": { env: "GPULAYER_WORKER_ENGINE", kind: choice("auto", "none"), default: "auto", help: "none: the worker offers no container engine" },
+  "worker.keep_workdirs": { env: "GPULAYER_KEEP_WORKDIRS", kind: boolean, default: false, help: "keep remote jobs' unpacked workdirs (for debugging)" },
+} satisfies Record<string, SettingDef<any>>;
+
+export type SettingName = keyof typeof SETTINGS;
+type ValueOf<D> = D extends { kind: Kind<infer T> } ? T : never;
+/** The typed value of each setting; undefined where it has no default and nothing set it. */
+export type SettingValues = { [K in SettingName]: (typeof SETTINGS)[K] extends { default: unknown } ? ValueOf<(typeof SETTINGS)[K]> : ValueOf<(typeof SETTINGS)[K]> | undefined };
+
+export const SETTING_NAMES = Object.keys(SETTINGS) as SettingName[];

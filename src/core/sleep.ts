@@ -1,0 +1,1 @@
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));

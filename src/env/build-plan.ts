@@ -1,0 +1,31 @@
+import type { InterpreterInfo } from "./interpreter.ts";
+import type { FlagOptions } from "./key.ts";
+import type { RequestInputs } from "./requirements.ts";
+
+/**
+ * What a build is given. A module of its own: build.ts and the two installer
+ * paths it picks between (fast-path.ts, pip-path.ts) all read it.
+ */
+
+/** auto: the fast path where it can promise pip's result, else pip; uv / pip: that one or an error. */
+export type InstallerSetting = "auto" | "uv" | "pip";
+
+export interface BuildPlan {
+  dir: string;
+  interpreter: InterpreterInfo;
+  /** What the request makes the installer read; the installer reads the user's own files. */
+  inputs: RequestInputs;
+  flags: FlagOptions;
+  /** Shut the installer off from the machine's config and its PIP_ and UV_ variables (an index was given). */
+  isolated: boolean;
+  env: NodeJS.ProcessEnv;
+  toolsDir: string;
+  cwd: string;
+  venvCreator?: "uv" | "venv" | "auto";
+  installer?: InstallerSetting;
+}
+
+/** --find-links flags as the installer takes them: local folders by path, URLs as given. */
+export function flagFindLinks(plan: BuildPlan): string[] {
+  return plan.flags.findLinks.map((f) => f.path ?? f.url!);
+}

@@ -1,0 +1,36 @@
+import { isAbsolute, resolve } from "node:path";
+
+/** Where an environment's packages come from: the flags of `env prepare`, or the environment section of a job. */
+export interface EnvironmentSource {
+  requirementsFile?: string;
+  specs: string[];
+  python?: string;
+  indexUrl?: string;
+  extraIndexUrls: string[];
+  findLinks: string[];
+}
+
+/** `https://host/wheels`, `file:///srv/wheels`: kept as written; anything else is a path. */
+export const isUrl = (text: string): boolean => /^[a-z][a-z0-9+.-]*:\/\//i.test(text);
+
+/**
+ * An environment request as every caller must see it (local `job run`, `env
+ * prepare`, a job file, a worker's task): one rule for each field. Relative
+ * paths (the requirements file, local find-links, a Python given as a path)
+ * resolve against `base`; URLs stay URLs; a Python given as a bare name is
+ * looked up on PATH later. No Python named: `defaultPython`, which the top
+ * resolves once (--python > GPULAYER_PYTHON > config file > `join --python`;
+ * undefined: python3 on PATH).
+ */
+export function environmentRequest(asked: EnvironmentSource, base: string, defaultPython?: string): EnvironmentSource {
+  const path = (p: string) => (isAbsolute(p) ? p : resolve(base, p));
+  const python = asked.python ?? defaultPython;
+  return {
+    requirementsFile: asked.requirementsFile === undefined ? undefined : path(asked.requirementsFile),
+    specs: asked.specs,
+    python: python && python.includes("/") ? path(python) : python,
+    indexUrl: asked.indexUrl,
+    extraIndexUrls: asked.extraIndexUrls,
+    findLinks: asked.findLinks.map((f) => (isUrl(f) ? f : path(f))),
+  };
+}

@@ -1,0 +1,111 @@
+import { describe, expect, test } from "bun:test";
+import { existsSync, readFileSync } from "node:fs";
+import { dirname, join, relative, resolve } from "node:path";
+
+/**
+ * The shape of src/: no two files import each other, however far round, and
+ * src/core/ (the shared primitives) imports nothing of the rest. Read from
+ * the source text, so a type-only import counts too: it ties two files as
+ * much as a value does.
+ */
+
+const ROOT = resolve(import.meta.dir, "..");
+const SRC = join(ROOT, "src");
+const CORE = "src/core/";
+
+// Each pattern's last group is the specifier. Clauses span lines; they never hold a quote, `;` or parentheses.
+const IMPORT_PATTERNS = [
+  /\bimport\s+(?:type\s+)?[^'"`;()]*?\bfrom\s*(["'])([^"'\n]+)\1/g, // import x, { y } from / import type { Y } from
+  /\bimport\s*(["'])([^"'\n]+)\1/g, // import "./x.ts" (for its effects)
+  /\bexport\s+(?:type\s+)?(?:\*(?:\s+as\s+[\w$]+)?|\{[^}]*\})\s*from\s*(["'])([^"'\n]+)\1/g, // export { x } from / export * from
+  /\bimport\s*\(\s*(["'`])([^"'`\n]+)\1\s*[,)]/g, // import("./x.ts")
+];
+
+/** The relative specifiers a file names, in any of the forms above. */
+function relativeImports(code: string): string[] {
+  const found = new Set<string>();
+  for (const pattern of IMPORT_PATTERNS) for (const m of code.matchAll(pattern)) if (m[2]!.startsWith(".")) found.add(m[2]!);
+  return [...found];
+}
+
+const files = [...new Bun.Glob("**/*.ts").scanSync(SRC)].map((f) => `src/${f}`).sort();
+
+/** file -> the src files it imports; specifiers that name no file are kept apart. */
+const graph = new Map<string, string[]>();
+const unresolved: string[] = [];
+for (const file of files) {
+  const targets: string[] = [];
+  for (const spec of relativeImports(readFileSync(join(ROOT, file), "utf8"))) {
+    const target = resolve(ROOT, dirname(file), spec);
+    if (!existsSync(target)) unresolved.push(`${file}: ${spec}`);
+    else if (target.startsWith(`${SRC}/`) && target.endsWith(".ts")) targets.push(relative(ROOT, target));
+  }
+  graph.set(file, targets.sort());
+}
+
+/** Every elementary cycle, each once, starting at its least file: `a.ts -> b.ts -> a.ts`. */
+function cycles(g: Map<string, string[]>): string[] {
+  const out: string[] = [];
+  for (const start of [...g.keys()].sort()) {
+    const path = [start];
+    const onPath = new Set(path);
+    const walk = (at: string) => {
+      for (const next of g.get(at) ?? []) {
+        if (next === start) out.push([...path, start].join(" -> "));
+        else if (next > start && !onPath.has(next)) {
+          path.push(next);
+          onPath.add(next);
+          walk(next);
+          onPath.delete(next);
+          path.pop();
+        }
+      }
+    };
+    walk(start);
+  }
+  return out;
+}
+
+describe("import structure of src/", () => {
+  test("the imports are read: files found, every relative import names a file", () => {
+    expect(files.length).toBeGreaterThan(50);
+    expect([...graph.values()].flat().length).toBeGreaterThan(100);
+    expect(unresolved).toEqual([]);
+  });
+
+  test("the reader sees every form of import", () => {
+    const code = [
+      'import { a,\n  b } from "./multi.ts";',
+      'import type {\n  T,\n} from "./types.ts";',
+      'import D, { type E } from "./default.ts";',
+      'import * as ns from "./ns.ts";',
+      'import "./effects.ts";',
+      'export { x } from "./reexport.ts";',
+      'export type { Y } from "./retype.ts";',
+      'export * from "./star.ts";',
+      'const m = await import("./dynamic.ts");',
+      'import { sleep } from "bun";',
+    ].join("\n");
+    expect(relativeImports(code).sort()).toEqual(["./default.ts", "./dynamic.ts", "./effects.ts", "./multi.ts", "./ns.ts", "./reexport.ts", "./retype.ts", "./star.ts", "./types.ts"]);
+    expect(cycles(new Map([["a.ts", ["b.ts"]], ["b.ts", ["a.ts", "c.ts"]], ["c.ts", ["b.ts"]]]))).toEqual(["a.ts -> b.ts -> a.ts", "b.ts -> c.ts -> b.ts"]);
+  });
+
+  test("no import cycles", () => {
+    expect(cycles(graph)).toEqual([]);
+  });
+
+  test("src/core/ imports nothing outside src/core/", () => {
+    const outside = files.filter((f) => f.startsWith(CORE)).flatMap((f) => graph.get(f)!.filter((t) => !t.startsWith(CORE)).map((t) => `${f} -> ${t}`));
+    expect(files.some((f) => f.startsWith(CORE))).toBe(true);
+    expect(outside).toEqual([]);
+  });
+
+  test("settings are built in one place: nothing else in src/ reads process.env", () => {
+    const ONE_PLACE = "src/commands/_context.ts";
+    // `process.env`, `process["env"]`, and a destructured `{ env } = process`.
+    const reads = /\bprocess\s*(?:\.\s*env\b|\[\s*["'`]env["'`]\s*\])|\{[^}]*\benv\b[^}]*\}\s*=\s*process\b/;
+    const readers = files.filter((f) => f !== ONE_PLACE && reads.test(readFileSync(join(ROOT, f), "utf8").replace(/\/\*[\s\S]*?\*\/|\/\/.*$/gm, "")));
+    expect(readers).toEqual([]);
+    expect(reads.test(readFileSync(join(ROOT, ONE_PLACE), "utf8"))).toBe(true);
+  });
+});
