@@ -55,11 +55,7 @@ gpulayer_services_podman() {
   if command -v runc >/dev/null 2>&1; then
     gpulayer_toml_set "$conf" engine runtime '"runc"'
   fi
-  # Registries on loopback speak plain HTTP.
-  local reg=/etc/containers/registries.conf
-  if ! grep -q 'location = "127.0.0.1"' "$reg" 2>/dev/null; then
-    printf '\n[[registry]]\nlocation = "127.0.0.1"\ninsecure = true\n' >>"$reg"
-  fi
+  # Loopback registries are plain HTTP: the tests say so in their own registries.conf (test/fixtures/registry.ts).
   podman info >/dev/null 2>&1 || echo "services.sh: podman info fails; podman tests will fail" >&2
 }
 

@@ -16,6 +16,7 @@
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { makeDist } from "../test/fixtures/index.ts";
 import { makeWorkerVenv } from "../test/helpers.ts";
 import { benchIndex, ensureBinary, realUv, ROOT, stats, writeReport } from "./_lib.ts";
 
@@ -99,10 +100,13 @@ interface Notes {
 /** A home that has built before: only its interpreter probe is kept (envs and pip/uv caches are fresh every run). */
 const seedHome = join(work, "seed-home");
 
-async function coldCase(worker: string, spec: string, indexArgs: string[], runs: number, notes: Notes): Promise<[string, Stats][]> {
-  await must([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker, "--quiet"], { ...base, GPULAYER_HOME: seedHome, UV_CACHE_DIR: join(work, "uv-seed"), PIP_CACHE_DIR: join(work, "pip-seed") });
+/** `machine`: the case's machine pip configuration (PIP_CONFIG_FILE...), given to gpulayer and raw pip; raw uv gets `rawUvArgs` instead. */
+async function coldCase(worker: string, spec: string, indexArgs: string[], runs: number, notes: Notes, machine: { env: Env; rawUvArgs: string[] } | null = null): Promise<[string, Stats][]> {
+  const extra = machine?.env ?? {};
+  await must([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker, "--quiet"], { ...base, ...extra, GPULAYER_HOME: seedHome, UV_CACHE_DIR: join(work, "uv-seed"), PIP_CACHE_DIR: join(work, "pip-seed") });
   const gpulayer = (installer: "auto" | "pip", seeded = false) => async () => {
-    const { env } = fresh();
+    const { env: freshEnv } = fresh();
+    const env = { ...freshEnv, ...extra };
     if (seeded) cpSync(join(seedHome, "interpreters-v1"), join(env.GPULAYER_HOME, "interpreters-v1"), { recursive: true });
     const t = performance.now();
     const r = await run([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker], { ...env, GPULAYER_INSTALLER: installer });
@@ -120,7 +124,7 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
     const venv = join(dir, "venv");
     const t = performance.now();
     await must(["uv", "venv", "--no-config", "--quiet", "--python", worker, venv], env);
-    await must(["uv", "pip", "install", "--no-config", "--quiet", "--python", join(venv, "bin", "python"), ...indexArgs, spec], env);
+    await must(["uv", "pip", "install", "--no-config", "--quiet", "--python", join(venv, "bin", "python"), ...(machine?.rawUvArgs ?? indexArgs), spec], env);
     const ms = performance.now() - t;
     notes.torch["raw uv"] = `${hasTorch(venv) ? "torch installed again" : "no torch"}; ${du(venv)}`;
     return ms;
@@ -130,7 +134,7 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
     const venv = join(dir, "venv");
     const t = performance.now();
     await must([worker, "-m", "venv", "--without-pip", venv], env);
-    await must([worker, "-m", "pip", "--python", join(venv, "bin", "python"), "install", "-q", ...indexArgs, spec], { ...env, PIP_CONFIG_FILE: "/dev/null" });
+    await must([worker, "-m", "pip", "--python", join(venv, "bin", "python"), "install", "-q", ...indexArgs, spec], { ...env, PIP_CONFIG_FILE: "/dev/null", ...extra });
     const ms = performance.now() - t;
     notes.torch["raw pip"] = `${hasTorch(venv) ? "torch installed again" : "no torch"}; ${du(venv)}`;
     return ms;
@@ -163,6 +167,35 @@ try {
   const torchNotes: Notes = { steps: {}, torch: {} };
   const torchIdx = [...idx, ...(BENCH_WHEELS ? ["--find-links", BENCH_WHEELS] : [])];
   const torch = await coldCase(torchPy, "torchmetrics", torchIdx, torchRuns, torchNotes);
+
+  // A big worker: 300 distributions (small fixture wheels, plus torch when BENCH_FIND_LINKS has it), as a real GPU venv holds.
+  const bigWorker = join(keep, "worker-300");
+  if (!existsSync(join(bigWorker, ".ready"))) {
+    rmSync(bigWorker, { recursive: true, force: true });
+    const wheels = join(keep, "wheels-300");
+    mkdirSync(wheels, { recursive: true });
+    const names = Array.from({ length: 299 }, (_, i) => `bench-dist-${i}`);
+    for (const name of names) makeDist("wheel", wheels, { name, version: "1.0" });
+    await must(["python3", "-m", "venv", bigWorker]);
+    await must([join(bigWorker, "bin", "pip"), "install", "-q", "--no-index", "--find-links", wheels, ...names], base);
+    if (BENCH_WHEELS) await must([join(bigWorker, "bin", "pip"), "install", "-q", "--no-deps", "--no-index", "--find-links", BENCH_WHEELS, "torch"], base).catch(() => undefined);
+    writeFileSync(join(bigWorker, ".ready"), "");
+  }
+  const bigPy = join(bigWorker, "bin", "python");
+  const bigCount = readdirSync(sitePackages(bigWorker)).filter((d) => d.endsWith(".dist-info")).length;
+  const big = await coldCase(bigPy, "tqdm", idx, runs, { steps: {}, torch: {} });
+
+  // The machine's pip configuration, as GPU boxes behind a mirror have it: a pip.conf with the index, a find-links
+  // folder and a constraint file, no --index-url given. gpulayer gives uv what pip reads there; raw uv gets the same as flags.
+  const conf = join(work, "machine");
+  mkdirSync(join(conf, "links"), { recursive: true });
+  makeDist("wheel", join(conf, "links"), { name: "bench-local-extra", version: "1.0" });
+  writeFileSync(join(conf, "constraints.txt"), "tqdm<5\n");
+  writeFileSync(join(conf, "pip.conf"), `[global]\nindex-url = ${INDEX}\nfind-links = ${join(conf, "links")}\nconstraint = ${join(conf, "constraints.txt")}\ntimeout = 60\n`);
+  const machineRows = await coldCase(smallPy, "tqdm", [], runs, { steps: {}, torch: {} }, {
+    env: { PIP_CONFIG_FILE: join(conf, "pip.conf") },
+    rawUvArgs: ["--index-url", INDEX, "--find-links", join(conf, "links"), "-c", join(conf, "constraints.txt")],
+  });
 
   // Warm: the tqdm env built once (fast path), then whole processes that find it.
   const warmEnv = { ...base, GPULAYER_HOME: join(work, "home-warm"), PIP_CACHE_DIR: join(work, "pip-warm"), UV_CACHE_DIR: join(work, "uv-warm") };
@@ -202,6 +235,8 @@ try {
     summary("tqdm", tqdm),
     summary("requests", requests),
     summary("torchmetrics on the torch worker", torch),
+    summary(`tqdm on a worker with ${bigCount} distributions`, big),
+    summary("tqdm under the machine's pip configuration (pip.conf: index, find-links, constraint)", machineRows),
     `- warm reuse: median ${stats(warmSamples.reuse).median.toFixed(1)} ms whole-process`,
     "",
     `## \`tqdm\` (the ADR's case; ${runs} runs each, after one warm-up)`,
@@ -219,6 +254,14 @@ try {
     "What each left (last run):",
     "",
     ...Object.entries(torchNotes.torch).map(([k, v]) => `- ${k}: ${v}`),
+    "",
+    `## \`tqdm\` on a worker with ${bigCount} distributions (${runs} runs each; aim: within 1.15x of raw uv)`,
+    "",
+    ...table(big, RAW_UV, "s"),
+    "",
+    `## \`tqdm\` under the machine's pip configuration (${runs} runs each; aim: within 1.3x of raw uv given the same options as flags)`,
+    "",
+    ...table(machineRows, RAW_UV, "s"),
     "",
     `## Warm: the \`tqdm\` env is there (${warmRuns} runs each, after 3 warm-up runs)`,
     "",

@@ -111,6 +111,20 @@ try {
     3,
   );
 
+  // Bytecode: a heavy pure-Python package from BENCH_INDEX, built once; its first import in the fresh env against
+  // the second (the first would compile and write into the shared env if the build had not compiled it).
+  const heavy = process.env.BENCH_HEAVY ?? "sympy";
+  let imports: [string, Stats][] = [];
+  if (process.env.BENCH_INDEX) {
+    const heavyEnv = { ...warmEnv, GPULAYER_HOME: join(work, "home-heavy") };
+    const built = await run([bin, "env", "prepare", "-p", heavy, "--index-url", process.env.BENCH_INDEX, "--python", worker], { env: heavyEnv });
+    if (built.code !== 0) throw new Error(`building ${heavy} failed: ${built.err}`);
+    const py = join(built.out.trim().split("\n").at(-1)!, "bin", "python");
+    const first = await timed([py, "-c", `import ${heavy}`], { env: base });
+    const again = await sideBySide([["second and later imports", () => timed([py, "-c", `import ${heavy}`], { env: base })]], 5, 0);
+    imports = [["first import in the fresh env", stats([first])], ...again];
+  }
+
   // Cold: a fresh home and fresh pip/uv caches each run, for both.
   let n = 0;
   const fresh = () => {
@@ -177,6 +191,7 @@ try {
     "",
     ...table(inputs, "`gpulayer env prepare` (warm, plain request)", "ms"),
     "",
+    ...(imports.length ? [`## \`import ${heavy}\` in an env gpulayer built (bytecode compiled at build; aim: the first within 10% of the second)`, "", ...table(imports, "second and later imports", "ms"), ""] : []),
     `## Cold: a build from nothing (${coldRuns} runs each, after 1 warm-up; fresh GPULAYER_HOME, pip and uv caches every run)`,
     "",
     ...table(cold, "`python -m venv --without-pip` + `pip --python … install`", "s"),

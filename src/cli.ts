@@ -1,6 +1,7 @@
 #!/usr/bin/env bun
-import { defineCommand, runCommand, showUsage, type CommandDef } from "citty";
-import { ExitCode, ExitError, UserError } from "./errors.ts";
+import { defineCommand, runCommand, type CommandDef } from "citty";
+import { errorReport, ExitCode, ExitError, UserError } from "./errors.ts";
+import type { ErrorDoc } from "./commands/_json.ts";
 import { onBrokenPipe } from "./ui/output.ts";
 import { versionInfo } from "./version.ts";
 
@@ -37,11 +38,9 @@ async function resolveCommand(cmd: CommandDef, args: string[], parent?: CommandD
 async function run(argv: string[]): Promise<number> {
   const beforeDashes = argv.includes("--") ? argv.slice(0, argv.indexOf("--")) : argv;
   if (beforeDashes.includes("--help") || beforeDashes.includes("-h") || argv.length === 0) {
-    const [cmd, parent, path] = await resolveCommand(main, beforeDashes);
-    await showUsage(cmd, parent);
-    const { EXAMPLES } = await import("./commands/_examples.ts");
-    const examples = EXAMPLES[path.join(" ")];
-    if (examples) process.stdout.write(`EXAMPLES\n\n${examples.map((e) => `  ${e}`).join("\n")}\n\n`);
+    const [cmd, , path] = await resolveCommand(main, beforeDashes);
+    const [{ helpText }, { colorFor }] = await Promise.all([import("./commands/_help.ts"), import("./commands/_context.ts")]);
+    process.stdout.write(await helpText(cmd, path, { color: colorFor(process.stdout) }));
     return ExitCode.ok;
   }
   if (argv.length === 1 && (argv[0] === "--version" || argv[0] === "-v")) {
@@ -53,23 +52,30 @@ async function run(argv: string[]): Promise<number> {
     await runCommand(main, { rawArgs: argv });
     return ExitCode.ok;
   } catch (error) {
-    if (error instanceof ExitError) return error.exitCode;
     if (isBrokenPipe(error)) return ExitCode.ok;
-    if (error instanceof UserError) {
-      process.stderr.write(`error: ${error.message}\n`);
-      return error.exitCode;
-    }
-    // citty's own parse errors (unknown command, missing argument) are usage errors.
-    if (error instanceof Error && error.name === "CLIError") {
-      process.stderr.write(`error: ${error.message.replace(/\u001b\[[0-9;]*m/g, "")} (see --help)\n`);
-      return ExitCode.usage;
-    }
-    const message = error instanceof Error ? error.message : String(error);
-    process.stderr.write(`internal error: ${message}\n`);
-    if (verbose && error instanceof Error && error.stack) process.stderr.write(`${error.stack}\n`);
-    else process.stderr.write("(run again with --verbose for the stack; this is a bug in gpulayer)\n");
-    return ExitCode.internal;
+    return reportFailure(error, { verbose, json: beforeDashes.includes("--json") });
   }
+}
+
+/**
+ * A failure, shown once: its line on stderr (`error: ...`; a bug says
+ * `internal error: ...` and how to see its stack) and, with --json, the error
+ * document on stdout. An ExitError shows nothing: its command printed what it
+ * had (a job's status) and only passes the code on.
+ */
+function reportFailure(error: unknown, opts: { verbose: boolean; json: boolean }): number {
+  const report = errorReport(error, { verbose: opts.verbose });
+  if (error instanceof ExitError) return report.exitCode;
+  const internal = report.exitCode === ExitCode.internal && !(error instanceof UserError);
+  if (opts.json) process.stdout.write(`${JSON.stringify(errorDocument(report), null, 2)}\n`);
+  process.stderr.write(`${internal ? "internal error" : "error"}: ${report.message}\n`);
+  if (internal) process.stderr.write(report.stack ? `${report.stack}\n` : "(run again with --verbose for the stack; this is a bug in gpulayer)\n");
+  return report.exitCode;
+}
+
+/** The --json error document (its schema: ErrorDocument in src/commands/_json.ts). */
+function errorDocument(report: { message: string; exitCode: number }): ErrorDoc {
+  return { error: { message: report.message, exit_code: report.exitCode } };
 }
 
 /** `gpulayer job list | head`: a reader that went away is not an error. */

@@ -85,8 +85,8 @@ describe("workers", () => {
     expect(by.w1.probe.frameworks.torch).toBeUndefined();
     expect(by.w3.labels).toEqual({ zone: "b" });
     expect(by.w3.probe.gpus).toEqual([
-      { index: 0, uuid: "GPU-aaaa-1111", name: "Fake H100", memoryMiB: 81559, driver: "550.54" },
-      { index: 1, uuid: "GPU-bbbb-2222", name: "Fake H100", memoryMiB: null, driver: null },
+      { index: 0, uuid: "GPU-aaaa-1111", name: "Fake H100", memory_mib: 81559, driver: "550.54" },
+      { index: 1, uuid: "GPU-bbbb-2222", name: "Fake H100", memory_mib: null, driver: null },
     ]);
     for (const w of ws) expect(w.state).toBe("idle");
     const human = await gpl(["workers"]);
@@ -129,7 +129,7 @@ describe("join without a server", () => {
     expect(again.stdout).toContain("labels    zone=a");
     expect(again.stdout).toContain(`python    ${python}`);
     // Read from files and a cached interpreter probe: milliseconds, not an import of torch.
-    expect(json((await cli(["join", "--json"], { env })).stdout).probe.probeMs).toBeLessThan(1000);
+    expect(json((await cli(["join", "--json"], { env })).stdout).probe.probe_ms).toBeLessThan(1000);
   }, T);
 });
 
@@ -212,7 +212,10 @@ describe("jobs", () => {
     const s = json((await gpl(["job", "status", id.slice(0, 8), "--json"])).stdout);
     expect(Object.keys(s)).toEqual(expect.arrayContaining(["id", "name", "state", "exit_code", "command", "workdir", "created", "env_key", "error", "phases", "events"]));
     expect(s.phases.map((p: any) => p.name)).toEqual(["task.prepare", "task.run"]);
-    expect(s.events.map((e: any) => e.type)).toEqual(["job.submitted", "job.assigned", "task.prepare.started", "task.prepare.finished", "task.run.started", "task.run.finished"]);
+    // The build's progress steps are relayed as they happen (and shown on the client's stderr), between start and finish.
+    const kinds = s.events.map((e: any) => e.type as string);
+    expect(kinds.filter((t: string) => !/^task\.prepare\.(step|quiet)$/.test(t))).toEqual(["job.submitted", "job.assigned", "task.prepare.started", "task.prepare.finished", "task.run.started", "task.run.finished"]);
+    if (s.events.find((e: any) => e.type === "task.prepare.finished")?.data?.status === "built") expect(r.stderr).toMatch(/^\[w3\] installing /m);
     expect((await gpl(["job", "logs", id])).stdout).toBe("hello from the worker\nto stderr\n");
   }, T);
 

@@ -6,7 +6,7 @@ import { type Engine, ensureImage, gpuArgs, listImageRecords, runContainer } fro
 import { containerExists } from "../src/docker/run.ts";
 import { PullParser } from "../src/docker/pull.ts";
 import { shellSplit } from "../src/docker/shellwords.ts";
-import { type EngineName, pushBusybox, engineMatrix, engineTest, useRegistry, ENGINES } from "./fixtures/registry.ts";
+import { type EngineName, plainHttpRegistry, pushBusybox, engineMatrix, engineTest, useRegistry, ENGINES } from "./fixtures/registry.ts";
 import { cli, sandbox, tempDir } from "./helpers.ts";
 
 /**
@@ -81,11 +81,15 @@ describe.each(ENGINES)("%s", (name) => {
     try {
       const missing = await prepare(box.env, "--image", `${registryOf().host}/no-such-image:1`);
       expect(missing.code).toBe(1);
-      expect(missing.stdout).toBe("");
+      // --json: the failure is the error document on stdout, its message the line on stderr.
+      const failure = JSON.parse(missing.stdout);
+      expect(failure.error.exit_code).toBe(1);
       const line = missing.stderr.trim().split("\n").at(-1)!;
       expect(line).toStartWith(`error: cannot pull ${registryOf().host}/no-such-image:1 with ${name}: `);
       expect(line).toMatch(/manifest unknown|not found/);
+      expect(line).toBe(`error: ${failure.error.message}`);
 
+      plainHttpRegistry("127.0.0.1:1");
       const dead = await prepare(box.env, "--image", "127.0.0.1:1/nothing:1");
       expect(dead.code).toBe(1);
       expect(dead.stderr.trim().split("\n").at(-1)).toMatch(/^error: cannot pull 127\.0\.0\.1:1\/nothing:1 with \w+: .*(connection refused|connect)/);

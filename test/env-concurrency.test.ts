@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { processStart } from "../src/core/process.ts";
+import { processStartTime } from "../src/core/process-identity.ts";
 import { isLocked, lockWhere, tryLock } from "../src/core/lock.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, readyKeys, sandbox, startCli, tempDir } from "./helpers.ts";
@@ -110,7 +110,8 @@ describe("env prepare, concurrently", () => {
       await victim.exited;
       expect(await waiter.exited).toBe(0);
       expect(JSON.parse(await waiterOut).status).toBe("built");
-      expect(await waiterErr).toBe(""); // --json: nothing on stderr either, unless asked
+      // --json: stdout holds the one document; the build's progress goes to stderr (waiting, then taking over).
+      expect(await waiterErr).toMatch(/^… another process is building [0-9a-f]{12}; waiting for it\n\[[^\]]+\] creating /);
       expect(counted(counter)).toBe(2);
       const again = await cli(args, { env: s.env, cwd: s.root });
       expect(JSON.parse(again.stdout).status).toBe("reused");
@@ -143,7 +144,7 @@ describe("locks", () => {
     const child = Bun.spawn(["sleep", "30"]);
     // An owner record of this machine: the kernel answers for its pid.
     mkdirSync(`${path}.lock`);
-    writeFileSync(`${path}.lock/owner`, JSON.stringify({ pid: child.pid, start: processStart(child.pid), where: lockWhere(), token: "t" }));
+    writeFileSync(`${path}.lock/owner`, JSON.stringify({ pid: child.pid, start: processStartTime(child.pid), where: lockWhere(), token: "t" }));
     expect(await isLocked(path)).toBe(true);
     expect(await tryLock(path)).toBeNull();
     child.kill("SIGKILL");

@@ -226,14 +226,14 @@ describe("env prepare", () => {
       const byUv = await prepare(s, ["-p", "tiny", "--index-url", index.url, "--python", bPy, "--json"]);
       expect(byUv.code).toBe(0);
       const uvKey = JSON.parse(byUv.stdout).key;
-      expect(JSON.parse((await cli(["env", "show", uvKey, "--json"], { env: s.env })).stdout).venvCreator).toBe("uv");
+      expect(JSON.parse((await cli(["env", "show", uvKey, "--json"], { env: s.env })).stdout).venv_creator).toBe("uv");
 
       // Another request (another key), the same worker: built by the venv module, still installs and links.
       const byVenv = await prepare(s, ["-p", "top", "--index-url", index.url, "--python", bPy, "--json"], { GPULAYER_VENV_CREATOR: "venv" });
       expect(byVenv.code).toBe(0);
       const { key, path } = JSON.parse(byVenv.stdout);
       const meta = JSON.parse((await cli(["env", "show", key, "--json"], { env: s.env })).stdout);
-      expect(meta.venvCreator).toBe("venv");
+      expect(meta.venv_creator).toBe("venv");
       expect(readFileSync(join(path, "pyvenv.cfg"), "utf8")).not.toContain("uv =");
       expect(await pyRun(join(path, "bin", "python"), "import top, b; print(top.__version__, b.__version__)")).toBe("1.0 1.0");
     } finally {
@@ -249,7 +249,7 @@ describe("env prepare", () => {
       const { key, path } = JSON.parse(r.stdout);
       const meta = JSON.parse((await cli(["env", "show", key, "--json"], { env: s.env })).stdout);
       expect(meta.installer).toContain("bundled");
-      expect(meta.venvCreator).toBe("venv");
+      expect(meta.venv_creator).toBe("venv");
       expect(existsSync(join(path, "bin", "pip"))).toBe(false);
       expect(await pyRun(join(path, "bin", "python"), "import tiny; print(tiny.__version__)")).toBe("1.0");
     } finally {

@@ -114,8 +114,8 @@ describe.each(ENGINES)("gc images: %s", (name) => {
 
     const real = await gc(box, ["--max-size", limit, "--json"]);
     expect(real.code, real.stderr).toBe(0);
-    expect(real.report!.removed).toMatchObject([{ kind: "image", id: ra.imageId, sizeBytes: ra.sizeBytes, reason: "lru", image: { engine: name, refs: [a] } }]);
-    expect(real.report!.limitReached).toBe(true);
+    expect(real.report!.removed).toMatchObject([{ kind: "image", id: ra.imageId, size_bytes: ra.sizeBytes, reason: "lru", image: { engine: name, refs: [a] } }]);
+    expect(real.report!.limit_reached).toBe(true);
     expect(await present(name, a)).toBe(false);
     expect(await present(name, ra.imageId.slice(7))).toBe(false);
     expect(await present(name, b)).toBe(true);
@@ -143,7 +143,7 @@ describe.each(ENGINES)("gc images: %s", (name) => {
       const busy = await gc(box, ["--max-size", "0", "--json"]);
       expect(busy.code, busy.stderr).toBe(0);
       expect(busy.report!.removed).toEqual([]);
-      expect(busy.report!.limitReached).toBe(false);
+      expect(busy.report!.limit_reached).toBe(false);
       expect(busy.report!.skipped).toMatchObject([
         { id: rb.imageId, reasons: [{ code: "container", message: expect.stringMatching(/^used by running container \S+/) }] },
         { id: rc.imageId, reasons: [{ code: "leased", message: "in use by job test-7" }] },
@@ -194,7 +194,7 @@ describe.each(ENGINES)("gc images: %s", (name) => {
     await must([name, "pull", ...(name === "podman" ? ["--tls-verify=false"] : []), d]);
     const unrecorded = await gc(box, ["--max-size", "0", "--json"]);
     expect(unrecorded.code, unrecorded.stderr).toBe(0);
-    expect(unrecorded.report).toMatchObject({ entries: 0, removed: [], skipped: [], totalBeforeBytes: 0 });
+    expect(unrecorded.report).toMatchObject({ entries: 0, removed: [], skipped: [], total_before_bytes: 0 });
     expect(await present(name, d)).toBe(true);
 
     // Used through gpulayer, it is recorded, but as not gpulayer's pull.
@@ -203,7 +203,7 @@ describe.each(ENGINES)("gc images: %s", (name) => {
     expect(rd.pulledByGpulayer).toBe(false);
     const recorded = await gc(box, ["--max-size", "0", "--json"]);
     expect(recorded.code, recorded.stderr).toBe(0);
-    expect(recorded.report).toMatchObject({ entries: 0, removed: [], totalBeforeBytes: 0, limitReached: true });
+    expect(recorded.report).toMatchObject({ entries: 0, removed: [], total_before_bytes: 0, limit_reached: true });
     expect(recorded.report!.skipped).toMatchObject([{ kind: "image", id: rd.imageId, reasons: [{ code: "not-pulled", message: "not pulled by gpulayer" }] }]);
     const human = await gc(box, ["--max-size", "0"]);
     expect(human.code, human.stderr).toBe(0);
@@ -238,7 +238,7 @@ describe("gc images: the engine is asked only when needed", () => {
     writeRecord(recordPaths(layout, "docker", ref), { schema: 1, engine: "docker", ref, digest: `sha256:${"cd".repeat(32)}`, imageId, repoDigests: [], sizeBytes: 5_000_000, firstSeen: new Date(Date.now() - 86_400_000).toISOString(), pulledByGpulayer: true });
     const under = await gc(box, ["--max-size", "1G", "--json"], env);
     expect(under.code, under.stderr).toBe(0);
-    expect(under.report).toMatchObject({ entries: 1, totalBeforeBytes: 5_000_000, removed: [], skipped: [], limitReached: true });
+    expect(under.report).toMatchObject({ entries: 1, total_before_bytes: 5_000_000, removed: [], skipped: [], limit_reached: true });
     expect(calls()).toEqual([]);
 
     // --keep by reference or by id: decided before any engine call.
@@ -251,7 +251,7 @@ describe("gc images: the engine is asked only when needed", () => {
     for (const args of [["--dry-run"], []]) {
       const over = await gc(box, ["--max-size", "1M", "--json", ...args], env);
       expect(over.code, over.stderr).toBe(0);
-      expect(over.report).toMatchObject({ removed: [], skipped: [{ kind: "image", id: imageId, reasons: [{ code: "engine", message: "engine not available (docker: Cannot connect to the docker daemon)" }] }], limitReached: false });
+      expect(over.report).toMatchObject({ removed: [], skipped: [{ kind: "image", id: imageId, reasons: [{ code: "engine", message: "engine not available (docker: Cannot connect to the docker daemon)" }] }], limit_reached: false });
     }
     // One call per run: the engine that did not answer is not asked again for other images.
     expect(calls()).toHaveLength(2);

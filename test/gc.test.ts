@@ -43,7 +43,7 @@ async function gc(sb: Sandbox, args: string[], env: Record<string, string> = {})
   return { ...r, report: r.stdout ? JSON.parse(r.stdout) : null };
 }
 
-const envSizes = async (sb: Sandbox): Promise<Record<string, number>> => Object.fromEntries(JSON.parse((await cli(["env", "list", "--json"], { env: sb.env })).stdout).map((e: { key: string; sizeBytes: number }) => [e.key, e.sizeBytes]));
+const envSizes = async (sb: Sandbox): Promise<Record<string, number>> => Object.fromEntries(JSON.parse((await cli(["env", "list", "--json"], { env: sb.env })).stdout).map((e: { key: string; size_bytes: number }) => [e.key, e.size_bytes]));
 const keysOf = (home: string) => (existsSync(join(home, "envs-v1")) ? readdirSync(join(home, "envs-v1")) : []);
 
 /** A synthetic entry with the layout of a real one; `files` extra files make deleting it slow. */
@@ -92,8 +92,8 @@ describe("gc: the LRU policy on real environments", () => {
     expect(code).toBe(0);
     expect(report.removed.map((e: { id: string }) => e.id)).toEqual([built.pkgb!.key, built.pkga!.key]);
     expect(report.removed.every((e: { reason: string }) => e.reason === "lru")).toBe(true);
-    expect(report.totalAfterBytes).toBeLessThanOrEqual(limit);
-    expect(report.limitReached).toBe(true);
+    expect(report.total_after_bytes).toBeLessThanOrEqual(limit);
+    expect(report.limit_reached).toBe(true);
     expect(keysOf(sb.home).sort()).toEqual([built.pkgc!.key, built.pkgd!.key].sort());
     expect((await prepare(sb, "pkgc")).status).toBe("reused");
     expect((await prepare(sb, "pkgb")).status).toBe("built");
@@ -113,7 +113,7 @@ describe("gc: the LRU policy on real environments", () => {
       expect(strict.stderr).toContain("could not get the cache down to");
       expect(strict.report.removed.map((e: { id: string }) => e.id)).toEqual([b!.key]);
       expect(strict.report.skipped).toMatchObject([{ id: a!.key, reasons: [{ code: "leased", message: "in use by job test-1" }] }]);
-      expect(strict.report.limitReached).toBe(false);
+      expect(strict.report.limit_reached).toBe(false);
       const again = await gc(sb, ["--max-size", "0", "--min-age", "0"]);
       expect(again.code).toBe(0);
       expect(keysOf(sb.home)).toEqual([a!.key]);
@@ -182,7 +182,7 @@ describe("gc: safe deletion", () => {
       expect(code).toBe(0);
       expect(stderr).toContain("no size limit given");
       expect(report.removed).toMatchObject([{ id: hexKey("d"), reason: "incomplete", state: "incomplete" }]);
-      expect(report.removed[0].sizeBytes).toBeGreaterThan(0);
+      expect(report.removed[0].size_bytes).toBeGreaterThan(0);
       expect(keysOf(sb.home).sort()).toEqual([hexKey("e"), hexKey("f")]);
     } finally {
       build.kill("SIGKILL");
@@ -268,9 +268,9 @@ describe("gc: limits, sizes and errors", () => {
     const sb = fresh();
     writeFileSync(join(sb.home, "config.yaml"), "cache:\n  max_size: 3G\n");
     const limit = async (args: string[], env: Record<string, string> = {}) => (await gc(sb, args, env)).report.limit;
-    expect(await limit([])).toMatchObject({ maxSizeBytes: 3 * 2 ** 30, origin: "cache.max_size in $GPULAYER_HOME/config.yaml" });
-    expect(await limit([], { GPULAYER_CACHE_MAX_SIZE: "2G" })).toMatchObject({ maxSizeBytes: 2 * 2 ** 30, origin: "GPULAYER_CACHE_MAX_SIZE" });
-    expect(await limit(["--max-size", "1G"], { GPULAYER_CACHE_MAX_SIZE: "2G" })).toMatchObject({ maxSizeBytes: 2 ** 30, origin: "--max-size" });
+    expect(await limit([])).toMatchObject({ max_size_bytes: 3 * 2 ** 30, origin: "cache.max_size in $GPULAYER_HOME/config.yaml" });
+    expect(await limit([], { GPULAYER_CACHE_MAX_SIZE: "2G" })).toMatchObject({ max_size_bytes: 2 * 2 ** 30, origin: "GPULAYER_CACHE_MAX_SIZE" });
+    expect(await limit(["--max-size", "1G"], { GPULAYER_CACHE_MAX_SIZE: "2G" })).toMatchObject({ max_size_bytes: 2 ** 30, origin: "--max-size" });
   });
 
   test("--keep, refreshed sizes, and the free-space watermark", async () => {
@@ -287,11 +287,11 @@ describe("gc: limits, sizes and errors", () => {
     expect(wm.limit.watermark).toMatchObject({ usedPercent: 90, excessBytes: 100 * 2 ** 20 });
     // A file added after the size was recorded is noticed (site-packages changed) and measured; --dry-run records nothing.
     writeFileSync(join(sb.home, "envs-v1", hexKey("4"), "lib", "python3.11", "site-packages", "big.bin"), Buffer.alloc(2 ** 20));
-    expect((await gc(sb, ["--max-size", "1T", "--dry-run"])).report.sizesRefreshed).toBe(1);
-    expect((await gc(sb, ["--max-size", "1T"])).report.sizesRefreshed).toBe(1);
+    expect((await gc(sb, ["--max-size", "1T", "--dry-run"])).report.sizes_refreshed).toBe(1);
+    expect((await gc(sb, ["--max-size", "1T"])).report.sizes_refreshed).toBe(1);
     expect(JSON.parse(readFileSync(join(sb.home, "envs-v1", hexKey("4"), ".gpulayer", "meta.json"), "utf8")).sizeBytes).toBeGreaterThan(2 ** 20);
-    expect((await gc(sb, ["--max-size", "1T"])).report.sizesRefreshed).toBe(0);
-    expect((await gc(sb, ["--max-size", "1T", "--refresh-sizes"])).report.sizesRefreshed).toBe(3);
+    expect((await gc(sb, ["--max-size", "1T"])).report.sizes_refreshed).toBe(0);
+    expect((await gc(sb, ["--max-size", "1T", "--refresh-sizes"])).report.sizes_refreshed).toBe(3);
   });
 
   test("policy: targets and order", () => {

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { readdirSync, readFileSync } from "node:fs";
 import { homeLayout } from "../src/config/paths.ts";
 import { listImageRecords } from "../src/docker/index.ts";
-import { pushBusybox, removeRegistryImages, type Registry, startRegistry, engineMatrix, engineTest, ENGINES } from "./fixtures/registry.ts";
+import { plainHttpRegistry, pushBusybox, removeRegistryImages, type Registry, startRegistry, engineMatrix, engineTest, ENGINES } from "./fixtures/registry.ts";
 import { cli, sandbox, startCli } from "./helpers.ts";
 
 setDefaultTimeout(120_000);
@@ -74,6 +74,7 @@ describe.each(ENGINES)("%s dies mid-pull", (name) => {
     const repo = `dies-${name}`;
     await pushBusybox(registry!, repo, "1", working[0]!, [...new Set([working[0]!, name])]);
     const host = `127.0.0.1:${proxy!.port}`;
+    plainHttpRegistry(host);
     const ref = `${host}/${repo}:1`;
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;

@@ -37,7 +37,7 @@ describe.each(ENGINES)("job run --image with %s", (name) => {
       expect(pulls).toBeGreaterThan(0);
       // env list shows the recorded image beside the envs.
       const listed = JSON.parse((await cli(["env", "list", "--json"], { env: box.env })).stdout);
-      expect(listed).toContainEqual(expect.objectContaining({ kind: "image", ref, engine: name, pulledByGpulayer: true }));
+      expect(listed).toContainEqual(expect.objectContaining({ kind: "image", ref, engine: name, pulled_by_gpulayer: true }));
 
       const second = await cli(["job", "run", "--json", "-f", join(wd, "job.yaml")], { env: box.env });
       expect(second.code).toBe(5);

@@ -3,8 +3,9 @@ import ignore, { type Ignore } from "ignore";
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync } from "node:fs";
 import { dirname, isAbsolute, join, posix, relative, resolve } from "node:path";
 import * as tar from "tar";
-import type { SettingValues } from "../config/table.ts";
-import { UserError } from "../errors.ts";
+import { BundleError } from "../errors.ts";
+import type { BundleLimits } from "./bundle-limits.ts";
+export { type BundleLimits, bundleLimits } from "./bundle-limits.ts";
 
 /**
  * Bundles: a job's workdir as a tar.gz, packed the same way every time (sorted
@@ -17,22 +18,7 @@ import { UserError } from "../errors.ts";
 export const DEFAULT_EXCLUDES = [".git/", ".hg/", ".svn/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".mypy_cache/", ".pytest_cache/", ".ruff_cache/", ".tox/", "node_modules/", ".ipynb_checkpoints/", ".DS_Store"];
 const IGNORE_FILES = [".gitignore", ".gpulayerignore"];
 
-export interface BundleLimits {
-  /** The packed bundle (what travels). */
-  maxBytes: number;
-  /** The files inside it, unpacked. */
-  maxUnpackedBytes: number;
-  maxEntries: number;
-}
 
-/** From the bundle.max_size and bundle.max_unpacked settings. */
-export function bundleLimits(values: Pick<SettingValues, "bundle.max_size" | "bundle.max_unpacked">): BundleLimits {
-  return { maxBytes: values["bundle.max_size"], maxUnpackedBytes: values["bundle.max_unpacked"], maxEntries: 200_000 };
-}
-
-export class BundleError extends UserError {
-  override name = "BundleError";
-}
 
 interface Rule {
   base: string;

@@ -1,6 +1,6 @@
 import type { ResolvedSettings } from "../config/resolve.ts";
-import { type BundleLimits, bundleLimits } from "./bundle.ts";
-import { UsageError, UserError } from "../errors.ts";
+import { type BundleLimits, bundleLimits } from "./bundle-limits.ts";
+import { HttpError, UsageError, UserError } from "../errors.ts";
 
 /** Where a command runs: this machine (null) or a coordinator. */
 export interface RemoteTarget {
@@ -42,19 +42,12 @@ export function normalizeServerUrl(url: string, origin = "server URL"): string {
   return `${parsed.protocol}//${parsed.host}${parsed.pathname.replace(/\/+$/, "")}`;
 }
 
-/** An HTTP answer that was not a success, with the server's own message. */
-export class HttpError extends UserError {
-  override name = "HttpError";
-  constructor(
-    readonly status: number,
-    message: string,
-    readonly body: Record<string, unknown> = {},
-  ) {
-    super(message);
-  }
-}
-
 type Body = Record<string, unknown> | Uint8Array | undefined;
+
+/** A client of the target's coordinator. */
+export function connect(target: RemoteTarget): ClusterClient {
+  return new ClusterClient(target.url, target.token);
+}
 
 /** The coordinator's API: JSON in and out, the token as a bearer credential (never put in a message). */
 export class ClusterClient {

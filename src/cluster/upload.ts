@@ -1,9 +1,9 @@
 import { readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { isAbsolute, join, relative, sep } from "node:path";
-import { UsageError } from "../errors.ts";
 import { type BundleLimits, type PackResult, packWorkdir } from "./bundle.ts";
-import { type ClusterClient, HttpError } from "./client.ts";
+import type { ClusterClient } from "./client.ts";
+import { HttpError, UsageError } from "../errors.ts";
 
 /** A folder packed into a temporary bundle; remove it with `dispose`. */
 export function packTemp(root: string, limits: BundleLimits): PackResult & { dispose(): void } {

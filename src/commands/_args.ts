@@ -1,11 +1,19 @@
 import type { ArgsDef } from "citty";
+import { isProblem } from "../config/kinds.ts";
+import { SETTING_NAMES, SETTINGS, type SettingDef } from "../config/table.ts";
 import { UsageError } from "../errors.ts";
 
 /** Flags every reporting command takes. */
 export const outputArgs = {
   json: { type: "boolean", description: "Print one JSON document on stdout and nothing else there" },
   quiet: { type: "boolean", alias: "q", description: "Print only what is essential (errors, the result path)" },
-  verbose: { type: "boolean", description: "Show the installer's own output and stacks of internal errors" },
+  verbose: { type: "boolean", description: "Show debug lines, and the stack of an internal error" },
+} as const satisfies ArgsDef;
+
+/** The output flags of the commands that build environments: --verbose shows the installer too. */
+export const buildOutputArgs = {
+  ...outputArgs,
+  verbose: { type: "boolean", description: "Show the installer's own output (pip, uv), debug lines, and the stack of an internal error" },
 } as const satisfies ArgsDef;
 
 /** Where the environment's packages come from; shared by `env prepare` and `job run`. */
@@ -14,6 +22,7 @@ export const installerArgs = {
   "index-url": { type: "string", valueHint: "URL", description: "Base URL of the package index (pip's --index-url); shuts out pip's own config" },
   "extra-index-url": { type: "string", valueHint: "URL", description: "Another index to search (repeatable)" },
   "find-links": { type: "string", valueHint: "DIR|URL", description: "A folder or page of distributions to use (repeatable)" },
+  "prepare-timeout": { type: "string", valueHint: "DURATION", description: "Give up building the environment after this long (30s, 10m, 1h; default 30m, or GPULAYER_PREPARE_TIMEOUT)" },
 } as const satisfies ArgsDef;
 
 /** Run against a coordinator instead of this machine; shared by `env prepare`, `job …` and `workers`. */
@@ -65,10 +74,23 @@ export function rejectUnknownFlags(rawArgs: string[], args: ArgsDef): void {
     const aliases = "alias" in def && def.alias ? (Array.isArray(def.alias) ? def.alias : [def.alias]) : [];
     for (const a of aliases) known.add(a.length === 1 ? `-${a}` : `--${a}`);
   }
+  const takesValue = new Set(Object.entries(args).flatMap(([name, def]) => (def.type === "string" ? [`--${name}`, ...aliasesOf(def).map((a) => (a.length === 1 ? `-${a}` : `--${a}`))] : [])));
+  let previous = "";
   for (const arg of rawArgs) {
     if (arg === "--") break;
+    // `--max-size -5G`: the value reads as flags to the parser; name the real problem, in the setting's own words.
+    if (/^-\d/.test(arg) && takesValue.has(previous)) {
+      const setting = SETTING_NAMES.find((n) => (SETTINGS[n] as SettingDef<unknown>).flag === previous);
+      const parsed = setting ? (SETTINGS[setting] as SettingDef<unknown>).kind.parse(arg) : null;
+      throw new UsageError(`${previous} ${arg}: ${parsed && isProblem(parsed) ? parsed.problem : "a negative value is not taken"}`);
+    }
+    previous = arg;
     if (!arg.startsWith("-") || arg === "-") continue;
     const flag = arg.includes("=") ? arg.slice(0, arg.indexOf("=")) : arg;
     if (!known.has(flag)) throw new UsageError(`unknown option ${flag} (see --help)`);
   }
+}
+
+function aliasesOf(def: ArgsDef[string]): string[] {
+  return "alias" in def && def.alias ? (Array.isArray(def.alias) ? def.alias : [def.alias]) : [];
 }

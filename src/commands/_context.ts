@@ -3,7 +3,7 @@ import { defaultPython } from "../config/python.ts";
 import { type FlagValues, type ResolvedSettings, resolveSettings } from "../config/resolve.ts";
 import type { SettingName } from "../config/table.ts";
 import type { EngineHost } from "../docker/engine.ts";
-import { containerSettings } from "../docker/run.ts";
+import { containerSettings } from "../docker/container-settings.ts";
 import type { RunnerSettings } from "../jobs/runner.ts";
 
 /**
@@ -38,6 +38,21 @@ export function commandContext(flags: FlagValues = {}): CommandContext {
   };
 }
 
+/** Colour only for a terminal, and never against NO_COLOR; FORCE_COLOR forces it (https://no-color.org, https://force-color.org). */
+export function colorFor(stream: { isTTY?: boolean }): boolean {
+  const env = process.env;
+  if (env.FORCE_COLOR !== undefined && env.FORCE_COLOR !== "0" && env.FORCE_COLOR !== "false") return true;
+  if (env.NO_COLOR) return false;
+  return Boolean(stream.isTTY) && env.TERM !== "dumb";
+}
+
+/** Aborted by SIGINT, SIGTERM or SIGHUP: a build in progress stops, its installer's process group killed. */
+export function stopOnSignals(): AbortSignal {
+  const controller = new AbortController();
+  for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.once(signal, () => controller.abort(new Error(signal)));
+  return controller.signal;
+}
+
 /** How messages name where a setting came from: `--max-size`, `GPULAYER_CACHE_MAX_SIZE`, `cache.max_size in $GPULAYER_HOME/config.yaml`. */
 export function originText(ctx: CommandContext, name: SettingName): string {
   const origin = ctx.settings.origins[name];
@@ -61,8 +76,10 @@ export function runnerSettings(ctx: CommandContext): RunnerSettings {
     engine: engineHost(ctx),
     container: containerSettings(v["container.network"], v["container.options"]),
     cancelGraceMs: v.cancel_grace,
+    prepareTimeoutMs: v.prepare_timeout,
     installer: v.installer,
     venvCreator: v.venv_creator,
+    uv: v.uv,
     defaultPython: defaultPython(ctx.layout, v.python),
   };
 }

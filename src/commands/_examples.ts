@@ -8,7 +8,7 @@ export const EXAMPLES: Record<string, string[]> = {
   "env prepare": [
     "gpulayer env prepare requirements.txt                      # build once, then reuse (prints the env's path)",
     "gpulayer env prepare -p tqdm -p 'numpy<3' --json           # {key, path, status: built|reused, seconds}",
-    "gpulayer env prepare -r req.txt --index-url http://mirror/simple --python /opt/venv/bin/python",
+    "gpulayer env prepare req.txt --index-url http://mirror/simple --python /opt/venv/bin/python",
     "gpulayer env prepare --image registry.local/team/train:1   # pull ahead of jobs",
     "gpulayer env prepare requirements.txt --dry-run            # the key, reuse or build, and every input it covers",
     "GPULAYER_INSTALLER=pip gpulayer env prepare req.txt        # force the pip build (default: uv fast path when possible)",
@@ -41,4 +41,10 @@ export const EXAMPLES: Record<string, string[]> = {
   server: ["gpulayer server --listen 0.0.0.0:7070     # prints a join token on first start"],
   workers: ["GPULAYER_SERVER=http://coord:7070 GPULAYER_TOKEN=T gpulayer workers"],
   version: ["gpulayer version", "gpulayer version --json"],
+  config: [
+    "gpulayer config                                   # every setting, its value, and where it came from",
+    "GPULAYER_CACHE_MAX_SIZE=50G gpulayer config --json # the variable wins over the file",
+    "gpulayer config path                              # the file it reads",
+  ],
+  "config path": ["gpulayer config path"],
 };

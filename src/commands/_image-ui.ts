@@ -1,5 +1,6 @@
 import type { EnsureHooks, EnsureResult, PullProgress } from "../docker/index.ts";
 import { formatBytes, formatSeconds, type Output } from "../ui/output.ts";
+import type { EnvImageDoc } from "./_json.ts";
 
 /** How a pull is reported: which engine, layers and bytes (throttled), the engine's own lines with --verbose. */
 export function imageHooks(out: Output): EnsureHooks {
@@ -39,7 +40,7 @@ export function imageSummary(r: EnsureResult): string {
 }
 
 /** `env prepare --json` for an image. */
-export function imageJson(r: EnsureResult): Record<string, unknown> {
+export function imageJson(r: EnsureResult): EnvImageDoc {
   return {
     image: r.image,
     digest: r.digest,

@@ -3,6 +3,7 @@ import { settingsReport } from "../config/report.ts";
 import { Output, table } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "./_args.ts";
 import { commandContext } from "./_context.ts";
+import type { ConfigDoc, ConfigPathDoc } from "./_json.ts";
 
 const args = { json: outputArgs.json } as const;
 
@@ -12,7 +13,8 @@ const path = defineCommand({
   run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const { settings } = commandContext();
-    new Output(a).result({ config_file: settings.configFile, exists: settings.configFound }, () => settings.configFile);
+    const doc: ConfigPathDoc = { config_file: settings.configFile, exists: settings.configFound };
+    new Output(a).result(doc, () => settings.configFile);
   },
 });
 
@@ -25,7 +27,12 @@ export default defineCommand({
     rejectUnknownFlags(rawArgs, args);
     const { settings } = commandContext();
     const rows = settingsReport(settings);
-    new Output(a).result({ config_file: settings.configFile, config_file_exists: settings.configFound, settings: rows }, () => [
+    const doc: ConfigDoc = {
+      config_file: settings.configFile,
+      config_file_exists: settings.configFound,
+      settings: rows.map((r) => ({ name: r.name, value: r.value, shown: r.shown, source: r.source, origin: r.origin, variable: r.variable, flag: r.flag, help: r.help })),
+    };
+    new Output(a).result(doc, () => [
       `config file: ${settings.configFile}${settings.configFound ? "" : " (not there: defaults and variables only)"}`,
       "",
       ...table([["SETTING", "VALUE", "FROM"], ...rows.map((r) => [r.name, r.shown, r.source === "file" ? `config file` : r.origin])]),

@@ -1,10 +1,11 @@
 import { defineCommand } from "citty";
 import { commandContext, originText } from "./_context.ts";
-import { ExitCode, UserError } from "../errors.ts";
+import { ExitCode, ExitError, UserError } from "../errors.ts";
 import { resolveGcLimits } from "../gc/limits.ts";
 import { type GcItem, type GcReport, runGc } from "../gc/run.ts";
 import { formatBytes, formatAgo, formatSeconds, Output, shortKey, table } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
+import type { GcDoc } from "./_json.ts";
 
 const args = {
   "max-size": { type: "string", valueHint: "SIZE", description: `Trim the cache to this size, least recently used first (50G, 500MiB; powers of 1024). Else GPULAYER_CACHE_MAX_SIZE, else cache.max_size in config.yaml` },
@@ -29,6 +30,34 @@ const notCounted = (e: { reasons: { code: string }[] }) => e.reasons.some((r) =>
 
 function rows(items: (GcItem & { note: string })[]): string[] {
   return table(items.map((e) => [label(e), size(e.sizeBytes), e.state === "incomplete" ? "failed build remains" : e.lastUsed ? `last used ${formatAgo(Date.parse(e.lastUsed))}` : "never used", e.note]));
+}
+
+/** `gc --json`: the report with snake_case keys. */
+function gcJson(r: GcReport): GcDoc {
+  const item = (e: GcItem) => ({ kind: e.kind, id: e.id, state: e.state, size_bytes: e.sizeBytes, last_used: e.lastUsed, created: e.created, summary: e.summary, ...(e.image ? { image: { engine: e.image.engine, refs: e.image.refs, digest: e.image.digest } } : {}) });
+  const w = r.limit.watermark;
+  return {
+    ran: r.ran,
+    dry_run: r.dryRun,
+    limit: {
+      max_size_bytes: r.limit.maxSizeBytes,
+      origin: r.limit.origin,
+      watermark: w ? { high: w.high, low: w.low, path: w.path, used_percent: w.usedPercent, excess_bytes: w.excessBytes } : null,
+      min_age_seconds: r.limit.minAgeSeconds,
+      keep: r.limit.keep,
+    },
+    target_bytes: r.targetBytes,
+    entries: r.entries,
+    total_before_bytes: r.totalBeforeBytes,
+    total_after_bytes: r.totalAfterBytes,
+    freed_bytes: r.freedBytes,
+    removed: r.removed.map((e) => ({ ...item(e), reason: e.reason })),
+    skipped: r.skipped.map((e) => ({ ...item(e), reasons: e.reasons.map((x) => ({ code: x.code, message: x.message })) })),
+    trash: { finished: r.trash.finished, freed_bytes: r.trash.freedBytes },
+    limit_reached: r.limitReached,
+    sizes_refreshed: r.sizesRefreshed,
+    seconds: r.seconds,
+  };
 }
 
 function human(r: GcReport, entriesWord = (n: number) => `${n} ${n === 1 ? "entry" : "entries"}`): string[] {
@@ -68,7 +97,7 @@ export default defineCommand({
     const report = await runGc(layout, { ...limits, dryRun: Boolean(a["dry-run"]), refreshSizes: Boolean(a["refresh-sizes"]), engineEnv: ctx.childEnv });
     if (!report.ran) {
       out.log.info("another gc is running on this cache; nothing done");
-      out.result(report, () => [], false);
+      out.result(gcJson(report), () => [], false);
       return;
     }
     if (!limits.maxSize && !limits.watermark) {
@@ -79,7 +108,7 @@ export default defineCommand({
     }
     if (report.sizesRefreshed) out.log.debug(`measured ${report.sizesRefreshed} sizes again`);
     out.log.debug(`gc took ${formatSeconds(report.seconds)}`);
-    out.result(report, () => human(report));
+    out.result(gcJson(report), () => human(report));
     if (!report.limitReached) {
       const w = report.limit.watermark;
       const held = report.skipped.filter((e) => !notCounted(e)).length;
@@ -88,7 +117,12 @@ export default defineCommand({
         report.limit.maxSizeBytes !== null && report.totalAfterBytes > report.limit.maxSizeBytes
           ? `could not get the cache down to ${size(report.limit.maxSizeBytes)}: ${size(report.totalAfterBytes)} left, ${why}`
           : `could not bring ${w?.path} under ${w?.low}% used: ${size(w?.excessBytes ?? 0)} to free, the cache ${report.dryRun ? "would go" : "went"} from ${size(report.totalBeforeBytes)} to ${size(report.totalAfterBytes)}, ${why}`;
-      if (a.strict) throw new UserError(message, ExitCode.failed);
+      if (a.strict) {
+        if (!out.json) throw new UserError(message, ExitCode.failed);
+        // The report is the --json document: the failure is its line on stderr and the code, not a second document.
+        process.stderr.write(`error: ${message}\n`);
+        throw new ExitError(ExitCode.failed);
+      }
       out.log.warn(message);
     }
   },

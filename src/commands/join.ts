@@ -10,6 +10,8 @@ import { probeMachine } from "../worker/probe.ts";
 import { loadWorkerSettings, mergeWorkerSettings, saveWorkerSettings } from "../worker/settings.ts";
 import { formatBytes, Output } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
+import type { JoinDoc, JoinLeftDoc } from "./_json.ts";
+import { probeJson } from "./_probe-json.ts";
 
 const args = {
   server: { type: "positional", required: false, valueHint: "SERVER_URL", description: "The coordinator to work for; without it, save this machine's worker settings and show its probe" },
@@ -59,7 +61,8 @@ export default defineCommand({
     if (!a.server) {
       const file = saveWorkerSettings(layout, settings);
       out.progress(`saved worker settings to ${file}`);
-      out.result({ settings_file: file, name, python: settings.python ?? null, labels, probe }, () => probeLines(probe, labels, name), true);
+      const doc: JoinDoc = { settings_file: file, name, python: settings.python ?? null, labels, probe: probeJson(probe) };
+      out.result(doc, () => probeLines(probe, labels, name), true);
       return;
     }
 
@@ -87,6 +90,7 @@ export default defineCommand({
     process.on("SIGINT", () => agent.stop("SIGINT"));
     process.on("SIGTERM", () => agent.stop("SIGTERM"));
     await agent.run();
-    if (a.json) out.result({ name, url, left: true }, () => "");
+    const left: JoinLeftDoc = { name, url, left: true };
+    if (a.json) out.result(left, () => "");
   },
 });

@@ -5,6 +5,7 @@ import { commandContext } from "./_context.ts";
 import { serverSettings, serverToken, startServer } from "../server/server.ts";
 import { Output } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "./_args.ts";
+import type { ServerDoc } from "./_json.ts";
 
 const args = {
   listen: { type: "string", valueHint: "HOST:PORT", description: "Where to listen (default 127.0.0.1:7070; 0.0.0.0:7070 for other machines)" },
@@ -28,8 +29,9 @@ export default defineCommand({
     if (where.hostname === "0.0.0.0" || where.hostname === "[::]") where.hostname = hostname();
     const reachable = where.origin;
     const joinHint = `gpulayer join ${reachable} --token ${token.generated ? token.token : "<token>"}`;
+    const doc: ServerDoc = { url: server.url, port: server.port, state: dir, token_file: token.file, ...(token.generated ? { token: token.token } : {}) };
     out.result(
-      { url: server.url, port: server.port, state: dir, token_file: token.file, ...(token.generated ? { token: token.token } : {}) },
+      doc,
       () => [
         `gpulayer server listening on ${server.url} (state in ${dir})`,
         token.generated ? `join token (shown once; kept in ${token.file}): ${token.token}` : `token: ${token.file ? `kept in ${token.file}` : "as given"}`,

@@ -1,10 +1,12 @@
 import { defineCommand } from "citty";
-import { ClusterClient, remoteTarget } from "../cluster/client.ts";
-import { formatLabels, type WorkerView } from "../cluster/protocol.ts";
+import { remoteTarget } from "../cluster/client.ts";
+import { listWorkers } from "../cluster/workers-client.ts";
+import { formatLabels } from "../cluster/protocol.ts";
 import { UsageError } from "../errors.ts";
 import { formatAgo, Output, table } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags, serverArgs } from "./_args.ts";
 import { commandContext } from "./_context.ts";
+import { workersJson } from "./_probe-json.ts";
 
 const args = {
   all: { type: "boolean", alias: "a", description: "Also workers that left or were lost" },
@@ -20,10 +22,8 @@ export default defineCommand({
     const out = new Output(a);
     const remote = remoteTarget(commandContext({ server: a.server, token: a.token }).settings);
     if (!remote) throw new UsageError("gpulayer workers asks a server: --server URL or GPULAYER_SERVER (and --token or GPULAYER_TOKEN)");
-    const client = new ClusterClient(remote.url, remote.token);
-    const all = await client.json<WorkerView[]>("GET", "/v1/workers");
-    const workers = a.all ? all : all.filter((w) => w.state !== "left" && w.state !== "lost");
-    out.result(workers, () => {
+    const workers = await listWorkers(remote, { all: Boolean(a.all) });
+    out.result(workersJson(workers), () => {
       if (!workers.length) return `no workers${a.all ? "" : " connected"} (on a GPU box: gpulayer join ${remote.url} --token …)`;
       const rows = [["NAME", "GPUS", "TORCH/CUDA", "PYTHON", "STATE", "LAST SEEN", "LABELS"]];
       for (const w of workers) {

@@ -4,6 +4,7 @@ import * as v from "valibot";
 import { validRange } from "@renovatebot/pep440";
 import { parse as parseYaml } from "yaml";
 import { UsageError } from "../errors.ts";
+import { positiveDuration } from "./kinds.ts";
 
 /** The job file, exactly as DESIGN.md shows it. Strict: an unknown key is an error naming its path. */
 const NonEmpty = v.pipe(v.string(), v.minLength(1, "must not be empty"));
@@ -21,6 +22,7 @@ export const JobFileSchema = v.strictObject({
       extra_index_urls: v.optional(v.array(NonEmpty)),
       find_links: v.optional(v.array(NonEmpty)),
       image: v.optional(NonEmpty),
+      prepare_timeout: v.optional(v.pipe(v.union([v.string(), v.number()], "must be a duration such as 30m or a number of seconds"), v.check((d) => typeof positiveDuration.parse(d) === "number", "must be a duration of more than 0, such as 90s, 30m or 2h"))),
     }),
   ),
   resources: v.optional(

@@ -1,7 +1,7 @@
 import { mkdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { hostname } from "node:os";
 import { dirname, join } from "node:path";
-import { isAlive, processStart } from "./process.ts";
+import { mayBeRunning, ownStartTime, recordedStart } from "./process-identity.ts";
 
 /**
  * Exclusive locks across processes. A lock is the folder `PATH.lock` holding
@@ -23,7 +23,8 @@ export type Release = () => Promise<void>;
 
 interface Owner {
   pid: number;
-  start: string;
+  /** Its start time (process-identity.ts); null when it could not be read. Older owners wrote it as a string. */
+  start: number | string | null;
   /** Host, boot and pid namespace: where `pid` means something. */
   where: string;
   token: string;
@@ -54,7 +55,8 @@ function readOwner(dir: string): Owner | null {
 }
 
 function ownerAlive(dir: string, owner: Owner): boolean {
-  if (owner.where === lockWhere()) return isAlive(owner.pid, owner.start);
+  // An owner whose start time is unknown holds its lock while its pid runs: only a provably ended one lets go.
+  if (owner.where === lockWhere()) return mayBeRunning({ pid: owner.pid, start: recordedStart(owner.start) });
   try {
     return Date.now() - statSync(join(dir, "owner")).mtimeMs < FOREIGN_STALE_MS;
   } catch {
@@ -88,7 +90,7 @@ function breakLock(dir: string, dead: Owner): void {
 export async function tryLock(path: string): Promise<Release | null> {
   const dir = `${path}.lock`;
   mkdirSync(dirname(path), { recursive: true });
-  const me: Owner = { pid: process.pid, start: processStart(process.pid), where: lockWhere(), token: token() };
+  const me: Owner = { pid: process.pid, start: ownStartTime(), where: lockWhere(), token: token() };
   for (let attempt = 0; attempt < 8; attempt++) {
     const tmp = `${dir}.${me.token}.tmp`;
     mkdirSync(tmp, { recursive: true });

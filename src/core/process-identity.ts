@@ -10,6 +10,10 @@ import { existsSync, readFileSync } from "node:fs";
  * Linux: field 22 (`starttime`) of /proc/PID/stat, clock ticks since boot,
  * with the boot id kept beside it (after a reboot, ticks start again).
  * Elsewhere: `ps -o lstart=`, the start as wall-clock seconds.
+ *
+ * The one place for process liveness. Two readings of the same answer:
+ * signalling (`signalRecorded`) needs "alive", the proven same process;
+ * holders of locks and leases (`mayBeRunning`) keep holding unless "gone".
  */
 export interface RecordedProcess {
   pid: number | null;
@@ -105,7 +109,25 @@ export function bootId(): string | null {
 
 /** What to record beside a pid: its start time now and the boot. */
 export function identify(pid: number): { start: number | null; boot: string | null } {
-  return { start: processStartTime(pid), boot: bootId() };
+  return { start: pid === process.pid ? ownStartTime() : processStartTime(pid), boot: bootId() };
+}
+
+let ownStart: number | null | undefined;
+/** This process's start time, read once (without /proc it costs a `ps`, and locks ask for it on every try). */
+export function ownStartTime(): number | null {
+  if (ownStart === undefined) ownStart = processStartTime(process.pid);
+  return ownStart;
+}
+
+/**
+ * A start time as a record holds it: a number; lock and lease files written
+ * before start times were numbers hold /proc's ticks as a string ("" when
+ * unknown). Anything else: none recorded.
+ */
+export function recordedStart(value: unknown): number | null {
+  if (typeof value === "number") return Number.isSafeInteger(value) ? value : null;
+  if (typeof value === "string" && /^\d+$/.test(value)) return Number(value);
+  return null;
 }
 
 function pidExists(pid: number): boolean {
@@ -136,6 +158,16 @@ export function liveness(p: RecordedProcess): Liveness {
   const now = processStartTime(pid);
   if (now === null) return hasProcfs() || !pidExists(pid) ? "gone" : "unverifiable";
   return now === p.start ? "alive" : "gone";
+}
+
+/**
+ * For holders (a lock's owner, a lease's process): whether it may still hold
+ * what it holds. Only a provably ended process lets go; one that cannot be
+ * told apart (no start time recorded, or none readable) still holds. Never
+ * a reason to signal: that takes `signalRecorded`, which needs "alive".
+ */
+export function mayBeRunning(p: RecordedProcess): boolean {
+  return liveness(p) !== "gone";
 }
 
 export type SignalOutcome = "signalled" | "gone" | "unverifiable";

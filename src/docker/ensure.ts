@@ -1,8 +1,8 @@
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
-import { type Lease, takeLease } from "../env/lease.ts";
-import { isLocked, tryLock } from "../core/lock.ts";
-import { sleep } from "../core/sleep.ts";
+import type { Lease } from "../env/lease.ts";
+import { acquireEntry } from "../env/cache-entry.ts";
+import { isLocked } from "../core/lock.ts";
 import { candidateEngine, detectEngine, type Engine, engineAnswered, type EngineHost, forgetEngine, probeEngine } from "./engine.ts";
 import { type ImageInfo, type InspectOutcome, inspectImage, validateRef } from "./image.ts";
 import { type ImageRecord, readRecord, type RecordPaths, recordPaths, touchRecord, writeRecord } from "./inventory.ts";
@@ -124,8 +124,7 @@ export async function ensureImage(layout: HomeLayout, ref: string, opts: EnsureO
   const env = opts.host.env;
   let { engine, inspect } = await locate(layout, image, opts.host);
   const paths = recordPaths(layout, engine.name, image);
-  const lease = opts.leaseHolder ? takeLease(layout, "image", paths.id, opts.leaseHolder) : undefined;
-  const done = (status: EnsureResult["status"], record: ImageRecord, progress?: PullProgress): EnsureResult => ({
+  const done = (status: EnsureResult["status"], record: ImageRecord, progress?: PullProgress): Omit<EnsureResult, "lease"> => ({
     image,
     digest: record.digest,
     imageId: record.imageId,
@@ -135,47 +134,45 @@ export async function ensureImage(layout: HomeLayout, ref: string, opts: EnsureO
     sizeBytes: record.sizeBytes,
     pulledByGpulayer: record.pulledByGpulayer,
     progress,
-    lease,
   });
-  try {
-    // The lease is down before the lock is looked at, and gc takes the lock before it checks leases:
-    // while gc (or a pull) holds it, the image may be going, so wait for it and look again.
-    const busy = inspect.kind === "present" && (await isLocked(paths.lock));
-    if (policy !== "always" && inspect.kind === "present" && !busy) return done("reused", reuse(paths, engine, image, inspect.info));
-    if (policy === "never" && !busy) throw new UserError(`image ${image} is not on this machine (${engine.name}) and the pull policy is never`);
-    let waited = false;
-    for (;;) {
-      const release = await tryLock(paths.lock);
-      if (!release) {
-        if (!waited) opts.onWait?.(`another process is pulling ${image}; waiting for it`);
-        waited = true;
-        await sleep(150);
-        continue;
+  const refuse = () => new UserError(`image ${image} is not on this machine (${engine.name}) and the pull policy is never`);
+  // Whether the lock was held at the first look: then the image may be going (gc) or coming (a pull); look again holding it.
+  let busy = false;
+  const { entry, lease } = await acquireEntry({
+    lease: opts.leaseHolder ? { layout, kind: "image", id: paths.id, holder: opts.leaseHolder } : undefined,
+    lock: paths.lock,
+    reuse: async ({ locked, waited }) => {
+      if (!locked) {
+        // One look before the lock, with what `locate` saw; after a wait, the next look is the one holding the lock.
+        if (waited) return null;
+        // The lease is down before the lock is looked at, and gc takes the lock before it checks leases:
+        // while gc (or a pull) holds it, the image may be going, so wait for it and look again.
+        busy = inspect.kind === "present" && (await isLocked(paths.lock));
+        if (policy !== "always" && inspect.kind === "present" && !busy) return done("reused", reuse(paths, engine, image, inspect.info));
+        if (policy === "never" && !busy) throw refuse();
+        return null;
       }
-      try {
-        if (waited || busy) {
-          // The other process may have pulled it meanwhile: that pull counts as ours too.
-          inspect = await inspectImage(engine, image, env);
-          const prev = readRecord(paths);
-          const fresh = prev?.lastPulled !== undefined && prev.lastPulled >= startedIso;
-          if (inspect.kind === "present" && (policy !== "always" || fresh)) return done("reused", reuse(paths, engine, image, inspect.info));
-          if (policy === "never") throw new UserError(`image ${image} is not on this machine (${engine.name}) and the pull policy is never`);
-        }
-        const before = inspect.kind === "present" ? inspect.info.id : null;
-        opts.onPull?.(image, engine);
-        const pulled = await pullImage(engine, image, { env, onProgress: opts.onProgress, onLine: opts.onLine });
-        if (!pulled.ok) throw new UserError(`cannot pull ${image} with ${engine.name}: ${pulled.message}`);
-        const after = await inspectImage(engine, image, env);
-        if (after.kind !== "present") throw new UserError(`${engine.name} pulled ${image} but cannot inspect it: ${after.kind === "failed" ? after.message : "image not found after the pull"}`);
-        const record = recordFor(engine, image, after.info, readRecord(paths), { before });
-        writeRecord(paths, record);
-        return done("pulled", record, pulled.progress);
-      } finally {
-        await release();
-      }
-    }
-  } catch (error) {
-    lease?.release();
-    throw error;
-  }
+      if (!waited && !busy) return null;
+      // The other process may have pulled it meanwhile: that pull counts as ours too.
+      inspect = await inspectImage(engine, image, env);
+      const prev = readRecord(paths);
+      const fresh = prev?.lastPulled !== undefined && prev.lastPulled >= startedIso;
+      if (inspect.kind === "present" && (policy !== "always" || fresh)) return done("reused", reuse(paths, engine, image, inspect.info));
+      if (policy === "never") throw refuse();
+      return null;
+    },
+    build: async () => {
+      const before = inspect.kind === "present" ? inspect.info.id : null;
+      opts.onPull?.(image, engine);
+      const pulled = await pullImage(engine, image, { env, onProgress: opts.onProgress, onLine: opts.onLine });
+      if (!pulled.ok) throw new UserError(`cannot pull ${image} with ${engine.name}: ${pulled.message}`);
+      const after = await inspectImage(engine, image, env);
+      if (after.kind !== "present") throw new UserError(`${engine.name} pulled ${image} but cannot inspect it: ${after.kind === "failed" ? after.message : "image not found after the pull"}`);
+      const record = recordFor(engine, image, after.info, readRecord(paths), { before });
+      writeRecord(paths, record);
+      return done("pulled", record, pulled.progress);
+    },
+    onWait: () => opts.onWait?.(`another process is pulling ${image}; waiting for it`),
+  });
+  return { ...entry, lease };
 }

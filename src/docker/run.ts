@@ -1,22 +1,12 @@
 import { chmodSync, mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { isAbsolute, join, resolve } from "node:path";
-import { UsageError, UserError } from "../errors.ts";
+import { ExitCode, UsageError, UserError } from "../errors.ts";
 import { sleep } from "../core/sleep.ts";
 import { type Engine, type EngineEnv, engineExec, engineMessage } from "./engine.ts";
 import { gpuArgs } from "./gpu.ts";
-import { shellSplit } from "./shellwords.ts";
 
-/** Settings of container runs: container.network and container.options (shell-split). */
-export interface ContainerSettings {
-  network: string;
-  extraOptions: string[];
-}
-
-export function containerSettings(network: string, options: string): ContainerSettings {
-  if (network.startsWith("-") || /\s/.test(network)) throw new UsageError(`container.network: not a network mode: ${JSON.stringify(network)}`);
-  return { network, extraOptions: shellSplit(options, "container.options") };
-}
+export { type ContainerSettings, containerSettings } from "./container-settings.ts";
 
 export interface RunContainerOptions {
   engine: Engine;
@@ -133,7 +123,7 @@ export async function runContainer(opts: RunContainerOptions): Promise<RunningCo
       await Promise.all([pump(proc.stdout, opts.onStdout), pump(proc.stderr, opts.onStderr)]);
       await proc.exited;
       const signal = proc.signalCode;
-      return proc.exitCode ?? 128 + (signal ? (SIGNALS[signal] ?? 0) : 0);
+      return proc.exitCode ?? ExitCode.signalBase + (signal ? (SIGNALS[signal] ?? 0) : 0);
     } finally {
       ended = true;
       cleanup();

@@ -23,6 +23,10 @@ export interface BuildPlan {
   cwd: string;
   venvCreator?: "uv" | "venv" | "auto";
   installer?: InstallerSetting;
+  /** The `uv` setting: auto (PATH, else the pinned uv in the tools folder), a path to a uv, or off. */
+  uv?: string;
+  /** Aborted at the time limit or on a cancel: the running installer's process group is killed. */
+  signal?: AbortSignal;
 }
 
 /** --find-links flags as the installer takes them: local folders by path, URLs as given. */

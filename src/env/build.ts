@@ -2,14 +2,16 @@ import { existsSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { InstallError, UsageError } from "../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
-import { FAST_PATH, prereleasesInstalled, requestRefusal, UvFailed, uvCheck, uvEnv, uvInstall, uvVersion, workerRefusal } from "./fast-path.ts";
+import { FAST_PATH, machinePipConfig, prereleasesInstalled, requestRefusal, UvFailed, uvCheck, uvEnv, uvInstall, uvVersion, workerRefusal } from "./fast-path.ts";
 import { redactUrl } from "./url-credentials.ts";
-import { NEUTRAL_VARIABLES } from "./installer-config.ts";
+import { NEUTRAL_VARIABLES, pipConfigSourceDigest } from "./installer-config.ts";
+import { machinePipSettings, translateForUv, type UvTranslation } from "./pip-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import { installedSet } from "./interpreter.ts";
 import { pipCheck, pipCommand, pipInstall } from "./pip-path.ts";
 import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-tool.ts";
-import { removePlaceholders, scanWorker, type WorkerScan, writePlaceholders } from "./worker-mirror.ts";
+import { linkPlaceholders, removePlaceholders, scanWorker } from "./worker-mirror.ts";
+import { findUv } from "./uv-tool.ts";
 
 export type { BuildHooks, BuildStep } from "./run-tool.ts";
 export { installerMessage } from "./run-tool.ts";
@@ -84,10 +86,10 @@ async function checkIndexesReachable(plan: BuildPlan): Promise<void> {
 
 export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise<BuildOutcome> {
   const setting = plan.installer ?? "auto";
-  const uv = Bun.which("uv", { PATH: plan.env.PATH ?? "" });
+  const { path: uv, reason: noUv } = await findUv(plan, installerEnv(plan));
   if (plan.venvCreator === "uv" && !uv) throw new UsageError("GPULAYER_VENV_CREATOR=uv but uv is not on PATH");
   if (!(plan.venvCreator !== "venv" && uv) && !plan.interpreter.hasVenvModule) throw new UsageError(`--python: ${plan.interpreter.path} has no venv module (on Debian: apt-get install python3-venv), and uv is not on PATH`);
-  const refusal = setting === "pip" ? null : requestRefusal(plan, uv);
+  const refusal = setting === "pip" ? null : (noUv ?? requestRefusal(plan, uv));
   if (setting === "uv" && refusal) throw new UsageError(`GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${refusal}`);
 
   await checkIndexesReachable(plan);
@@ -119,22 +121,28 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   };
   const env = installerEnv(plan);
   const info = plan.interpreter;
-  const venvUv = plan.venvCreator === "venv" ? null : Bun.which("uv", { PATH: plan.env.PATH ?? "" });
+  const venvUv = plan.venvCreator === "venv" ? null : (await findUv(plan, env)).path;
   const venvCreator = venvUv ? "uv" : "venv";
   const fastEnv = uv ? uvEnv(plan, env) : null;
 
-  // What pip in the env would find of the worker: asked while the venv is made.
-  const scan = await timed("creating", `virtual environment with ${venvCreator}`, async (): Promise<WorkerScan | null> => {
+  // What pip in the env would find of the worker, and what the machine's pip configuration says: asked while the venv is made.
+  const [scan, machine] = await timed("creating", `virtual environment with ${venvCreator}`, async () => {
     const argv = venvUv ? [venvUv, "venv", "--no-config", "--quiet", "--python", info.executable, plan.dir] : [info.executable, "-m", "venv", "--without-pip", plan.dir];
-    const [{ code, lines }, scanned] = await Promise.all([runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks }), uv ? scanWorker(info.path, info.siteDirs, env) : null]);
+    const [{ code, lines }, scanned, machine] = await Promise.all([
+      runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks, signal: plan.signal }),
+      uv ? scanWorker(info.path, info.siteDirs, env) : null,
+      uv ? machineSettingsForUv(plan, env) : null,
+    ]);
     if (code !== 0) throw installFailure("creating the virtual environment failed", lines);
-    return scanned;
+    return [scanned, machine] as const;
   });
   const dists = scan && "dists" in scan ? scan.dists : null;
   if (scan && "unsupported" in scan) fallback = scan.unsupported;
+  if (machine && "refusal" in machine) fallback = machine.refusal;
+  const translation = machine && "translation" in machine ? machine.translation : null;
   const refusal = dists ? workerRefusal(plan.inputs.requirements, dists) : null;
   if (refusal) fallback = refusal;
-  const fast = Boolean(uv && dists && !refusal);
+  const fast = Boolean(uv && dists && !refusal && !(machine && "refusal" in machine));
   if (plan.installer === "uv" && !fast) throw new UsageError(`GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${fallback}`);
 
   const site = envSitePackages(plan.dir, info);
@@ -145,7 +153,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     // addsitedir (not a bare path line) also runs the worker's own .pth files: editable installs keep working.
     const lines = info.siteDirs.map((d) => `import site; site.addsitedir(${JSON.stringify(d)})`);
     writeFileSync(join(site, "_gpulayer_worker.pth"), `${lines.join("\n")}\n`);
-    if (fast) placeholders = writePlaceholders(site, dists!);
+    if (fast) placeholders = linkPlaceholders(site, dists!, join(plan.toolsDir, "standins-v1"));
   });
 
   const { requirements } = plan.inputs;
@@ -153,9 +161,10 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   let check: string[];
   if (fast) {
     installer = `uv ${await uvVersion(uv!, plan.dir)} (fast path)`;
-    if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, fastEnv!, hooks));
-    const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") ? [] : prereleasesInstalled(site);
+    if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
+    const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site);
     if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
+    await timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, env, plan, hooks));
     check = await timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks));
     // The env keeps its own packages and the .pth link, exactly as pip leaves it.
     removePlaceholders(site, placeholders);
@@ -164,7 +173,45 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     installer = pip.name;
     const why = fallback ? ` (not uv: ${fallback})` : "";
     if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${pip.name}${why}`, () => pipInstall(plan, pip, env, hooks));
+    // pip compiles as it installs, unless its configuration says --no-compile: what is already there is skipped.
+    await timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, env, plan, hooks));
     check = await timed("checking", "pip check", () => pipCheck(plan, pip, env, hooks));
   }
   return { venvCreator, installer, installerPath: fast ? FAST_PATH : "pip", fallback: fast ? null : fallback, installed: installedSet([site]), check, steps };
+}
+
+/**
+ * The machine's pip configuration for the fast path: nothing when the request
+ * is isolated from it or there is none; else pip's own reading of it,
+ * translated for uv, or why uv cannot honour it (then pip builds, and says so).
+ */
+async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>): Promise<{ translation: UvTranslation } | { refusal: string } | null> {
+  if (plan.isolated) return null;
+  const sources = machinePipConfig(plan.env);
+  if (!sources.length) return null;
+  const info = plan.interpreter;
+  const hasPip = installedSet(info.siteDirs).some((p) => p.startsWith("pip=="));
+  const bundled = info.ensurepipWheel && existsSync(info.ensurepipWheel) ? info.ensurepipWheel : undefined;
+  if (!hasPip && !bundled) return { refusal: `the machine's pip configuration applies (${sources.join(", ")}) and ${info.path} has no pip to read it` };
+  try {
+    const settings = await machinePipSettings(info.path, { env, pythonPath: hasPip ? undefined : bundled, cacheDir: plan.toolsDir, configDigest: pipConfigSourceDigest(plan.env) });
+    const translation = translateForUv(settings);
+    if (!translation.untranslatable.length) return { translation };
+    const what = translation.untranslatable.join(", ");
+    return { refusal: `the machine's pip configuration sets ${what} (from ${sources.join(", ")}), which uv cannot honour the same way; for the fast path, remove ${translation.untranslatable.length > 1 ? "them" : "it"} or give --index-url (which shuts the machine's pip configuration out)` };
+  } catch (error) {
+    return { refusal: `the machine's pip configuration could not be read through pip (${(error as Error).message})` };
+  }
+}
+
+/**
+ * Every module of the env's own site-packages compiled now, while the env is
+ * still ours alone: no job pays the compile (PYTHONDONTWRITEBYTECODE or not),
+ * and no job ever writes into a shared env. `-j 0`: one worker per CPU.
+ */
+async function compileBytecode(envPython: string, site: string, env: Record<string, string>, plan: BuildPlan, hooks: BuildHooks): Promise<void> {
+  const { PYTHONDONTWRITEBYTECODE: _, PYTHONPYCACHEPREFIX: __, ...rest } = env;
+  const { code, lines } = await runTool([envPython, "-m", "compileall", "-q", "-j", "0", site], { env: rest, cwd: plan.cwd, hooks, signal: plan.signal });
+  // A module that does not compile (a Python 2 file in a package's tests) is what pip shrugs at too.
+  if (code !== 0 && !lines.some((l) => /SyntaxError|Error compiling|\*\*\*/.test(l))) throw installFailure("compiling the env's bytecode failed", lines);
 }

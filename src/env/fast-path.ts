@@ -8,6 +8,7 @@ import { requestFiles } from "./pip-path.ts";
 import { normalizeName } from "./canonical.ts";
 import type { Requirement } from "./requirements.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
+import type { UvTranslation } from "./pip-config.ts";
 import { MIRROR_MARK, type WorkerDist } from "./worker-mirror.ts";
 
 /**
@@ -38,11 +39,7 @@ export function machinePipConfig(env: NodeJS.ProcessEnv): string[] {
 /** Why the fast path cannot promise pip's result for this request, or null when it can. */
 export function requestRefusal(plan: BuildPlan, uv: string | null): string | null {
   if (!uv) return "uv is not on PATH";
-  if (!plan.isolated) {
-    // Without an index, the machine's pip config counts (it is in the key) and only pip reads it.
-    const config = machinePipConfig(plan.env);
-    if (config.length) return `the machine's pip configuration applies (${config.join(", ")}), and only pip reads it`;
-  }
+  // The machine's pip configuration is not a refusal by itself: what of it uv can honour, it is given (pip-config.ts).
   if (plan.inputs.uvDiffers) return plan.inputs.uvDiffers;
   // Which of a flag and a file's own -i wins is pip's rule; uv's may differ.
   if (plan.flags.indexUrl && plan.inputs.optionsSeen.has("--index-url")) return "--index-url given both as a flag and in a file is left to pip";
@@ -98,10 +95,10 @@ export async function uvVersion(uv: string, envDir: string): Promise<string> {
  * is in the key), the same index options pip would get, as variables (so
  * credentials stay out of `ps`), and no colours or spinners in its lines.
  */
-export function uvEnv(plan: BuildPlan, base: Record<string, string>): Record<string, string> {
+export function uvEnv(plan: BuildPlan, base: Record<string, string>, machine: UvTranslation | null = null): Record<string, string> {
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries(base)) if (!k.startsWith("UV_") || NEUTRAL_VARIABLES.has(k)) env[k] = v;
-  Object.assign(env, { NO_COLOR: "1", UV_NO_PROGRESS: "1", UV_INDEX_STRATEGY: "unsafe-best-match" });
+  Object.assign(env, { NO_COLOR: "1", UV_NO_PROGRESS: "1", UV_INDEX_STRATEGY: "unsafe-best-match" }, machine?.env ?? {});
   const o = plan.flags;
   if (o.indexUrl) env.UV_INDEX_URL = o.indexUrl;
   if (o.extraIndexUrls.length) env.UV_EXTRA_INDEX_URL = o.extraIndexUrls.join(" ");
@@ -112,15 +109,16 @@ export function uvEnv(plan: BuildPlan, base: Record<string, string>): Record<str
 }
 
 /** `uv pip install` into the env; a failure is UvFailed (uv's own words in it). */
-export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks): Promise<void> {
+export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks, machine: UvTranslation | null = null): Promise<void> {
   const files = requestFiles(plan.dir, plan.inputs);
   // --index-strategy unsafe-best-match: every index counts, as in pip (uv's default takes the first index that has a name).
-  const argv = [uv, "pip", "install", "--python", envPython, "--no-config", ...files.args];
+  // The machine's pip settings come first: the request's own options, read later, win over them as in pip.
+  const argv = [uv, "pip", "install", "--python", envPython, "--no-config", ...(machine?.args ?? []), ...files.args];
   // uv reuses its own build of a local project while the project's pyproject.toml/setup.py look unchanged
   // (its cache-keys); gpulayer's key has already seen a change elsewhere in it: build it afresh.
   if (plan.inputs.locals.some((l) => l.kind !== "archive")) argv.push("--refresh");
   if (!env.UV_FIND_LINKS) for (const f of flagFindLinks(plan)) argv.push("--find-links", f);
-  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks });
+  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal });
   files.done();
   if (code !== 0) {
     const failure = installFailure("installing the requirements with uv failed", files.named(lines));
@@ -149,7 +147,7 @@ export function prereleasesInstalled(site: string): string[] {
 
 /** `uv pip check` while the placeholders are there: what pip check would say, the worker's packages included. */
 export async function uvCheck(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks): Promise<string[]> {
-  const { code, lines } = await runTool([uv, "pip", "check", "--python", envPython, "--no-config"], { env, cwd: plan.cwd, hooks });
+  const { code, lines } = await runTool([uv, "pip", "check", "--python", envPython, "--no-config"], { env, cwd: plan.cwd, hooks, signal: plan.signal });
   if (code === 0) return [];
   return lines.map((l) => l.trim()).filter((l) => l && !/^(Using Python|Checked \d+ package|Found \d+ incompatibilit|All installed packages are compatible)/.test(l));
 }

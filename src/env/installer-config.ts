@@ -53,3 +53,10 @@ export function pipConfigDigest(env: NodeJS.ProcessEnv, digestCache: string | nu
   for (const f of folders) if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && existsSync(f)) parts.push(`folder ${f}\n${folderDigest(resolve(f), digestCache)}`);
   return contentHash(parts.join("\n"));
 }
+
+/** What pip's reading of its configuration depends on, and only that: the PIP_* variables and the config files' text (not the folders or files they name). */
+export function pipConfigSourceDigest(env: NodeJS.ProcessEnv): string {
+  const vars = Object.entries(env).filter(([k, v]) => k.startsWith("PIP_") && v !== undefined).sort(([a], [b]) => (a < b ? -1 : 1));
+  const files = pipConfigFiles(env).map((f) => `${f}\n${existsSync(f) ? readFileSync(f, "utf8") : ""}`);
+  return contentHash([...vars.map(([k, v]) => `${k}=${v}`), ...files].join("\0"));
+}

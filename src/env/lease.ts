@@ -1,11 +1,11 @@
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { isAlive, processStart } from "../core/process.ts";
+import { identify, mayBeRunning, recordedStart } from "../core/process-identity.ts";
 
 /**
  * A lease says "a live process uses this entry": a file named after the
- * holder's pid and start time. gc treats an entry with a live lease as in
+ * holder's pid, holding its start time and boot (core/process-identity.ts). gc treats an entry with a live lease as in
  * use; leases of dead processes are ignored and swept, so a SIGKILLed job
  * never pins an entry forever.
  */
@@ -18,7 +18,7 @@ export function takeLease(layout: HomeLayout, kind: "env" | "image", id: string,
   const dir = join(layout.leases, kind, id);
   mkdirSync(dir, { recursive: true });
   const file = join(dir, `${pid}-${Math.random().toString(36).slice(2, 8)}`);
-  writeFileSync(file, JSON.stringify({ pid, start: processStart(pid), holder, since: new Date().toISOString() }));
+  writeFileSync(file, JSON.stringify({ pid, ...identify(pid), holder, since: new Date().toISOString() }));
   return {
     file,
     release() {
@@ -40,8 +40,9 @@ export function liveLeases(layout: HomeLayout, kind: "env" | "image", id: string
   for (const name of names) {
     const file = join(dir, name);
     try {
-      const lease = JSON.parse(readFileSync(file, "utf8")) as { pid: number; start: string; holder: string };
-      if (isAlive(lease.pid, lease.start)) holders.push(lease.holder);
+      const lease = JSON.parse(readFileSync(file, "utf8")) as { pid: number; start?: unknown; boot?: string | null; holder: string };
+      // A holder whose start time is unknown (or unreadable) still holds while its pid runs; only a provably ended one is swept.
+      if (mayBeRunning({ pid: lease.pid, start: recordedStart(lease.start), boot: lease.boot ?? null })) holders.push(lease.holder);
       else rmSync(file, { force: true });
     } catch {
       // written this instant or garbage; a fresh file counts as live

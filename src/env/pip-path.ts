@@ -30,7 +30,7 @@ export async function pipCommand(plan: BuildPlan, envPython: string, env: Record
     mkdirSync(plan.toolsDir, { recursive: true });
     const tmp = `${kept}.${process.pid}.${crypto.randomUUID()}.tmp`;
     rmSync(tmp, { recursive: true, force: true });
-    const { code, lines } = await runTool([plan.interpreter.executable, "-m", "zipfile", "-e", wheel, tmp], { env, cwd: plan.toolsDir, hooks });
+    const { code, lines } = await runTool([plan.interpreter.executable, "-m", "zipfile", "-e", wheel, tmp], { env, cwd: plan.toolsDir, hooks, signal: plan.signal });
     if (code !== 0) throw installFailure(`unpacking the bundled pip ${basename(wheel)} failed`, lines);
     try {
       renameSync(tmp, kept);
@@ -67,13 +67,13 @@ export async function pipInstall(plan: BuildPlan, pip: { argv: string[] }, env: 
   const files = requestFiles(plan.dir, plan.inputs);
   // The files carry their own options (--pre, --hash, ...): pip reads them there, as the user wrote them.
   const argv = [...pip.argv, "install", "--no-warn-script-location", "--progress-bar", "off", ...files.args];
-  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks });
+  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal });
   files.done();
   if (code !== 0) throw installFailure("installing the requirements failed", files.named(lines));
 }
 
 /** pip check: what the env's packages require and do not get, the worker's included (~0.3 s). */
 export async function pipCheck(plan: BuildPlan, pip: { argv: string[] }, env: Record<string, string>, hooks: BuildHooks): Promise<string[]> {
-  const { code, lines } = await runTool([...pip.argv, "check"], { env, cwd: plan.cwd, hooks });
+  const { code, lines } = await runTool([...pip.argv, "check"], { env, cwd: plan.cwd, hooks, signal: plan.signal });
   return code === 0 ? [] : lines.filter((l) => l.trim() && !/^No broken requirements/.test(l));
 }

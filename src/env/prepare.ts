@@ -1,15 +1,14 @@
 import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { UsageError } from "../errors.ts";
-import { type BuildHooks, type BuildOutcome, buildEnv } from "./build.ts";
+import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
+import type { BuildHooks, BuildOutcome } from "./build.ts";
 import type { InstallerSetting } from "./build-plan.ts";
 import { redactUrl } from "./url-credentials.ts";
 import { pipConfigDigest } from "./installer-config.ts";
 import { baseFingerprint, runningInterpreter } from "./interpreter.ts";
 import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedRequest } from "./key.ts";
-import { type Lease, takeLease } from "./lease.ts";
-import { tryLock } from "../core/lock.ts";
-import { sleep } from "../core/sleep.ts";
+import type { Lease } from "./lease.ts";
+import { acquireEntry } from "./cache-entry.ts";
 import { scanRequest } from "./requirements.ts";
 import type { EnvironmentSource } from "./request.ts";
 import { findLinksDigest } from "./content-digest.ts";
@@ -24,6 +23,12 @@ export interface PrepareRequest extends EnvironmentSource {
   /** How messages name the specs: `-p` on the command line, `environment.requirements` in a job file. */
   specOrigin?: string;
   venvCreator?: "uv" | "venv" | "auto";
+  /** The `uv` setting (auto, a path, off); auto when not given. */
+  uv?: string;
+  /** The longest preparing may take, waiting for another builder included (prepare_timeout); none: no limit. */
+  timeoutMs?: number;
+  /** A cancel: the running installer's process group is killed and the build is left nowhere. */
+  signal?: AbortSignal;
   /** The `installer` setting; auto when not given. Not in the key: either path builds the same env. */
   installer?: InstallerSetting;
 }
@@ -91,9 +96,13 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
   const resolved = resolveRequest(layout, req);
   hooks.onResolved?.(resolved);
   const paths = entryPaths(layout, resolved.key);
-  // The lease comes before the lookup, so gc can never take the env between the two.
-  const lease = opts.leaseHolder ? takeLease(layout, "env", resolved.key, opts.leaseHolder) : undefined;
-  const done = (status: "built" | "reused", build?: PrepareResult["build"]): PrepareResult => {
+  // One signal for the time limit and a cancel; `step` says what was running when it came.
+  const limit = req.timeoutMs ? AbortSignal.timeout(req.timeoutMs) : undefined;
+  const signal = [limit, req.signal].filter((s): s is AbortSignal => Boolean(s));
+  const stop = signal.length ? AbortSignal.any(signal) : undefined;
+  let step = "waiting for another build of it";
+  const watched: PrepareHooks = { ...hooks, onStep: (s, detail) => ((step = `${s} ${detail}`), hooks.onStep?.(s, detail)) };
+  const done = (status: "built" | "reused", build?: PrepareResult["build"]): Omit<PrepareResult, "lease"> => {
     const meta = build ? null : readMeta(paths);
     return {
       key: resolved.key,
@@ -106,45 +115,37 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
       check: build?.check ?? meta?.check ?? [],
       installerPath: build?.installerPath ?? meta?.installerPath ?? null,
       installerFallback: build ? build.fallback : (meta?.installerFallback ?? null),
-      lease,
     };
   };
-  try {
-    let waited = false;
-    for (;;) {
-      if (isReady(paths)) {
-        touchLastUsed(paths);
-        return done("reused");
-      }
-      const release = await tryLock(paths.lock);
-      if (!release) {
-        if (!waited) hooks.onWait?.(`another process is building ${resolved.key.slice(0, 12)}; waiting for it`);
-        waited = true;
-        await sleep(150);
-        continue;
-      }
-      try {
-        if (isReady(paths)) {
-          touchLastUsed(paths);
-          return done("reused");
-        }
-        const build = await buildUnderLock(layout, resolved, { ...req, venvCreator, installer }, paths, hooks);
-        return done("built", build);
-      } finally {
-        await release();
-      }
-    }
-  } catch (error) {
-    lease?.release();
-    throw error;
-  }
+  // The lease comes before the lookup, so gc can never take the env between the two.
+  const { entry, lease } = await acquireEntry({
+    lease: opts.leaseHolder ? { layout, kind: "env", id: resolved.key, holder: opts.leaseHolder } : undefined,
+    lock: paths.lock,
+    reuse: () => {
+      if (!isReady(paths)) return null;
+      touchLastUsed(paths);
+      return done("reused");
+    },
+    build: async () => done("built", await buildUnderLock(layout, resolved, { ...req, venvCreator, installer, signal: stop }, paths, watched)),
+    onWait: () => hooks.onWait?.(`another process is building ${resolved.key.slice(0, 12)}; waiting for it`),
+    signal: stop,
+  }).catch((error) => {
+    if (!stop?.aborted) throw error;
+    if (limit?.aborted) throw new InstallError(`timed out after ${formatLimit(req.timeoutMs!)} while ${step} (prepare_timeout; nothing was kept)`, "");
+    throw new UserError(`stopped while ${step} (nothing was kept)`, ExitCode.cancelled);
+  });
+  return { ...entry, lease };
 }
+
+const formatLimit = (ms: number) => (ms % 1000 === 0 ? `${ms / 1000} s` : `${(ms / 1000).toFixed(1)} s`);
 
 async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: ReturnType<typeof entryPaths>, hooks: PrepareHooks): Promise<PrepareResult["build"]> {
   const started = performance.now();
   // Remains of a build that failed or was killed: never reused, always rebuilt.
   removeEntryDir(layout, paths.dir);
   try {
+    // Loaded for a build only: the installers' code (and pep440's) costs the warm path milliseconds.
+    const { buildEnv } = await import("./build.ts");
     const outcome = await buildEnv(
       {
         dir: paths.dir,
@@ -157,6 +158,8 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         cwd: req.cwd,
         venvCreator: req.venvCreator,
         installer: req.installer,
+        uv: req.uv,
+        signal: req.signal,
       },
       hooks,
     );

@@ -1,25 +1,58 @@
 import { InstallError } from "../errors.ts";
+import { killTree } from "../core/process-tree.ts";
 import { redactUrl } from "./url-credentials.ts";
 
 /** What a build tells whoever watches it: steps with their times, and the installers' own lines. */
-export type BuildStep = "creating" | "linking" | "installing" | "checking";
+export type BuildStep = "creating" | "linking" | "installing" | "compiling" | "checking";
 
 export interface BuildHooks {
   onStep?(step: BuildStep, detail: string): void;
   onStepDone?(step: BuildStep, seconds: number): void;
   onOutput?(line: string): void;
+  /** The tool has said nothing for `seconds` (every QUIET_MS): whoever watches says it is still running. */
+  onQuiet?(tool: string, seconds: number): void;
 }
 
-/** Run a process, streaming its lines to the hooks, keeping them for the error message. */
-export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks }): Promise<{ code: number; lines: string[] }> {
+/** After this long without a line from the installer, a line says it is still running. */
+export const QUIET_MS = 60_000;
+
+/** The build was stopped (its time limit, a cancel): the tool's whole process group is gone. */
+export class ToolStopped extends Error {
+  constructor(readonly tool: string) {
+    super(`${tool} was stopped`);
+  }
+}
+
+/**
+ * Run a process, streaming its lines to the hooks, keeping them for the error
+ * message. When `signal` aborts, the process and all it started are SIGKILLed
+ * (pip's build backends, uv's workers: core/process-tree.ts) and ToolStopped
+ * thrown. It stays in our process group: a Ctrl-C or a group kill of gpulayer
+ * reaches it too.
+ */
+export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal }): Promise<{ code: number; lines: string[] }> {
+  opts.signal?.throwIfAborted();
   let proc: Bun.Subprocess<"ignore", "pipe", "pipe">;
   try {
     proc = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
   } catch (error) {
     throw new InstallError(`cannot run ${argv[0]}: ${(error as Error).message}`, "");
   }
+  const tool = argv[0]!.split("/").pop()!;
+  const stop = () => killTree(proc.pid);
+  opts.signal?.addEventListener("abort", stop, { once: true });
+  let lastLine = performance.now();
+  const started = performance.now();
+  const quiet = setInterval(() => {
+    if (performance.now() - lastLine >= QUIET_MS) {
+      lastLine = performance.now();
+      opts.hooks.onQuiet?.(tool, (performance.now() - started) / 1000);
+    }
+  }, Math.min(QUIET_MS, 5_000));
+  quiet.unref();
   const lines: string[] = [];
   const emit = (raw: string) => {
+    lastLine = performance.now();
     // pip masks passwords but shows user names, uv may show either; nothing of a URL's credentials leaves gpulayer.
     const line = redactUrl(raw.replace(/\r$/, ""));
     lines.push(line);
@@ -38,8 +71,15 @@ export async function runTool(argv: string[], opts: { env: Record<string, string
     }
     if (buf) emit(buf);
   };
-  await Promise.all([pump(proc.stdout), pump(proc.stderr)]);
-  return { code: await proc.exited, lines };
+  try {
+    await Promise.all([pump(proc.stdout), pump(proc.stderr)]);
+    const code = await proc.exited;
+    if (opts.signal?.aborted) throw new ToolStopped(tool);
+    return { code, lines };
+  } finally {
+    clearInterval(quiet);
+    opts.signal?.removeEventListener("abort", stop);
+  }
 }
 
 /**
@@ -50,6 +90,12 @@ export async function runTool(argv: string[], opts: { env: Record<string, string
  */
 export function installerMessage(lines: string[]): { headline: string; detail: string } {
   const text = lines.map((l) => l.trimEnd()).filter((l) => l.trim());
+  // pip crashed (an invalid marker, a bug): its exception's own line says it; the traceback is noise (--verbose shows it).
+  const traceback = text.findLastIndex((l) => /Traceback \(most recent call last\):/.test(l));
+  if (traceback !== -1) {
+    const raised = text.slice(traceback).findLast((l) => /^\s*[A-Za-z_][\w.]*: /.test(l) && !/^\s*File "/.test(l));
+    if (raised) return { headline: raised.trim().replace(/^(?:[a-z_]\w*\.)+(?=[A-Z])/, ""), detail: "" };
+  }
   const firstError = text.findIndex((l) => /^(ERROR|error):|^\s*×/.test(l.trim()));
   const shown = (firstError === -1 ? text.slice(-8) : text.slice(firstError)).slice(-40);
   const errors = shown.filter((l) => /^ERROR:/.test(l.trim()));

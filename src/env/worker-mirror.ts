@@ -1,6 +1,7 @@
-import { copyFileSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { valid as validVersion } from "@renovatebot/pep440";
+import { contentHash } from "../core/hashing.ts";
 import { normalizeName } from "./canonical.ts";
 
 /**
@@ -174,6 +175,47 @@ export function writePlaceholders(site: string, dists: WorkerDist[]): string[] {
     writeFileSync(join(target, "INSTALLER"), `${MIRROR_MARK}\n`);
     writeFileSync(join(target, "RECORD"), `${["METADATA", "WHEEL", "INSTALLER", "RECORD"].map((f) => `${dir}/${f},,`).join("\n")}\n`);
     created.push(dir);
+  }
+  return created;
+}
+
+const PLACEHOLDER_FILES = ["METADATA", "WHEEL", "INSTALLER", "RECORD"];
+
+/**
+ * The placeholders of one worker state, made once and kept under `templates`
+ * by a fingerprint of every distribution's name, version, place and METADATA
+ * (size, mtime): a build links them in (a folder and four hard links each,
+ * never a copy), so a cold build does not pay for the worker's size in
+ * writes. Hard links, not symbolic: uv replacing a placeholder unlinks the
+ * env's names, never the template's files.
+ */
+export function linkPlaceholders(site: string, dists: WorkerDist[], templates: string): string[] {
+  const facts = dists.map((d) => {
+    const meta = d.kind === "dist-info" ? join(d.path, "METADATA") : d.path;
+    const st = statSync(meta, { throwIfNoEntry: false });
+    return `${d.name}\0${d.version}\0${d.kind}\0${d.path}\0${st?.size}:${st?.mtimeMs}`;
+  });
+  const template = join(templates, contentHash(facts.join("\n")).slice(0, 32));
+  if (!existsSync(template)) {
+    const tmp = `${template}.${process.pid}.${crypto.randomUUID()}.tmp`;
+    mkdirSync(tmp, { recursive: true });
+    writePlaceholders(tmp, dists);
+    try {
+      renameSync(tmp, template);
+    } catch {
+      rmSync(tmp, { recursive: true, force: true }); // another build made it first
+    }
+  }
+  const created = readdirSync(template);
+  try {
+    for (const dir of created) {
+      mkdirSync(join(site, dir));
+      for (const f of PLACEHOLDER_FILES) linkSync(join(template, dir, f), join(site, dir, f));
+    }
+  } catch {
+    // Another filesystem, or a template half gone: placeholders written afresh.
+    for (const dir of created) rmSync(join(site, dir), { recursive: true, force: true });
+    return writePlaceholders(site, dists);
   }
   return created;
 }

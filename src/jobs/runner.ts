@@ -1,7 +1,7 @@
 import { closeSync, openSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { InstallError, UserError } from "../errors.ts";
+import { ExitCode, InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
 import { type ContainerSettings, type EngineHost, type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, refuseImageWithRequirements, type RunningContainer, runContainer } from "../docker/index.ts";
 import type { InstallerSetting } from "../env/build-plan.ts";
@@ -48,8 +48,12 @@ export interface RunnerSettings {
   container: ContainerSettings;
   /** cancel_grace: SIGTERM, then SIGKILL this much later. */
   cancelGraceMs: number;
+  /** prepare_timeout, for a job whose file names none. */
+  prepareTimeoutMs: number;
   installer: InstallerSetting;
   venvCreator: "auto" | "uv" | "venv";
+  /** The `uv` setting. */
+  uv: string;
   /** For a job that names no Python: the one default (see environmentRequest). */
   defaultPython?: string;
 }
@@ -72,9 +76,12 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     io.onEvent?.(type, data);
   };
 
+  // A cancel during task.prepare kills the installer's process group (nothing half-built is kept).
+  const preparing = new AbortController();
   const cancel = (reason: string) => {
     if (cancelReason) return;
     cancelReason = reason;
+    preparing.abort(new Error(reason));
     if (container) void container.stop(settings.cancelGraceMs / 1000);
     else if (child) {
       const pid = child.pid;
@@ -95,7 +102,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     emit("task.prepare.finished", { seconds: prepareSeconds, status: image.status, cache: image.status === "reused" ? "hit" : "miss", image: image.image, digest: image.digest, engine: image.engine.name });
     io.onPrepared?.({ status: image.status, seconds: prepareSeconds, key: image.digest, kind: "image" });
     try {
-      if (cancelReason) return finish("cancelled", 130, { prepareSeconds });
+      if (cancelReason) return finish("cancelled", ExitCode.cancelled, { prepareSeconds });
       const log = openSync(store.logPath(job.id), "a");
       const sink = (to?: (c: Uint8Array) => void) => (c: Uint8Array) => {
         writeSync(log, c);
@@ -158,6 +165,9 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
           env: settings.env,
           installer: settings.installer,
           venvCreator: settings.venvCreator,
+          uv: settings.uv,
+          timeoutMs: spec.environment.prepareTimeoutMs ?? settings.prepareTimeoutMs,
+          signal: preparing.signal,
         },
         { hooks: io.prepareHooks, leaseHolder: `job ${job.id}` },
       );
@@ -168,7 +178,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       emit("task.prepare.failed", { seconds, message });
       store.update(job.id, { error: message });
       io.onPrepareFailed?.(message);
-      return finish(cancelReason ? "cancelled" : "failed", cancelReason ? 130 : error.exitCode, { prepareSeconds: seconds });
+      return finish(cancelReason ? "cancelled" : "failed", cancelReason ? ExitCode.cancelled : error.exitCode, { prepareSeconds: seconds });
     }
     const prepareSeconds = (performance.now() - prepStart) / 1000;
     store.update(job.id, { envKey: prepared.key });
@@ -176,7 +186,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
 
     try {
-      if (cancelReason) return finish("cancelled", 130, { prepareSeconds });
+      if (cancelReason) return finish("cancelled", ExitCode.cancelled, { prepareSeconds });
       const log = openSync(store.logPath(job.id), "a");
       const env: Record<string, string> = {};
       for (const [k, val] of Object.entries(settings.env)) if (k !== "PYTHONHOME") env[k] = val;
@@ -192,10 +202,10 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         closeSync(log);
         const message = `cannot start ${spec.argv[0]}: ${(error as Error).message}`;
         emit("task.run.started", { command: spec.commandText });
-        emit("task.run.finished", { exit_code: 127, seconds: 0, error: message });
+        emit("task.run.finished", { exit_code: ExitCode.cannotStart, seconds: 0, error: message });
         writeSync(openSync(store.logPath(job.id), "a"), `gpulayer: ${message}\n`);
         io.onStderr?.(new TextEncoder().encode(`gpulayer: ${message}\n`));
-        return finish("failed", 127, { prepareSeconds, runSeconds: 0 });
+        return finish("failed", ExitCode.cannotStart, { prepareSeconds, runSeconds: 0 });
       }
       store.update(job.id, { state: "running", childPid: child.pid, childStart: processStartTime(child.pid) });
       emit("task.run.started", { pid: child.pid, command: spec.commandText });
@@ -214,7 +224,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       closeSync(log);
       const runSeconds = (performance.now() - runStart) / 1000;
       const signal = child.signalCode;
-      const exitCode = child.exitCode ?? 128 + (signal ? (SIGNALS[signal] ?? 0) : 0);
+      const exitCode = child.exitCode ?? ExitCode.signalBase + (signal ? (SIGNALS[signal] ?? 0) : 0);
       emit("task.run.finished", { exit_code: exitCode, seconds: runSeconds, ...(signal ? { signal } : {}) });
       if (cancelReason) return finish("cancelled", exitCode, { prepareSeconds, runSeconds });
       return finish(exitCode === 0 ? "succeeded" : "failed", exitCode, { prepareSeconds, runSeconds });

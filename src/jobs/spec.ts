@@ -2,6 +2,7 @@ import { existsSync, statSync } from "node:fs";
 import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
 import { type JobFile, loadJobFile } from "../config/jobfile.ts";
 import { type EnvironmentSource, environmentRequest } from "../env/request.ts";
+import { positiveDuration } from "../config/kinds.ts";
 import { UsageError } from "../errors.ts";
 import { redactUrl } from "../env/url-credentials.ts";
 
@@ -13,7 +14,7 @@ export interface JobSpec {
   commandText: string;
   workdir: string;
   env: Record<string, string>;
-  environment: EnvironmentSource & { image?: string };
+  environment: EnvironmentSource & { image?: string; /** environment.prepare_timeout or --prepare-timeout; else the runner's default. */ prepareTimeoutMs?: number };
   resources: { gpus: number; frameworks: Record<string, string> };
 }
 
@@ -26,6 +27,7 @@ export interface JobFlags {
   workdir?: string;
   env: string[]; // K=V
   image?: string;
+  prepareTimeoutMs?: number;
   indexUrl?: string;
   extraIndexUrls: string[];
   findLinks: string[];
@@ -86,6 +88,7 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
     extraIndexUrls: byFlags.extraIndexUrls.length ? byFlags.extraIndexUrls : byFile.extraIndexUrls,
     findLinks: byFlags.findLinks.length ? byFlags.findLinks : byFile.findLinks,
     image: flags.image ?? fe.image,
+    prepareTimeoutMs: flags.prepareTimeoutMs ?? (fe.prepare_timeout === undefined ? undefined : (positiveDuration.parse(fe.prepare_timeout) as number)),
   };
   if (byFlags.requirementsFile || flags.specs.length) {
     if (byFlags.requirementsFile) {

@@ -74,7 +74,7 @@ export function jobStatus(store: JobStore, record: JobRecord): JobStatus {
     error: job.error,
     ...(lost ? { lost: true as const } : {}),
     phases: phasesOf(events),
-    events: events.map((e) => ({ ...e, time: new Date(e.ts).toISOString() })),
+    events: events.map((e) => ({ ts: e.ts, type: e.type, data: e.data, time: new Date(e.ts).toISOString() })),
   };
 }
 

@@ -1,4 +1,5 @@
 import type { FinishRequest, PollResponse, RegisterResponse, TaskAssignment, TaskEventIn } from "../cluster/protocol.ts";
+import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
 import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
@@ -148,11 +149,11 @@ export class Coordinator {
     if (!job || ["succeeded", "failed", "cancelled"].includes(job.state)) return;
     if (job.cancelRequested) {
       this.store.event(job.id, "job.cancelled", { reason: `job cancel (${reason})` });
-      this.store.updateJob(job.id, { state: "cancelled", exitCode: 130 });
+      this.store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled });
     } else if (lost && job.attempts >= this.opts.maxAttempts) {
       const error = `${reason}; gave up after ${job.attempts} attempt(s) (GPULAYER_JOB_MAX_ATTEMPTS=${this.opts.maxAttempts})`;
       this.store.event(job.id, "job.lost", { message: error, worker: this.store.worker(t.workerId)?.name ?? null });
-      this.store.updateJob(job.id, { state: "failed", error, exitCode: 1 });
+      this.store.updateJob(job.id, { state: "failed", error, exitCode: ExitCode.failed });
     } else {
       this.store.event(job.id, "job.requeued", { reason, attempt: job.attempts, worker: this.store.worker(t.workerId)?.name ?? null });
       this.store.updateJob(job.id, { state: "queued", workerId: null });

@@ -2,6 +2,7 @@ import type { PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, SubmitRe
 import { FINAL_JOB_STATES } from "../cluster/protocol.ts";
 import { phasesOf } from "../jobs/status.ts";
 import { Coordinator } from "./coordinator.ts";
+import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
 import { jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
 import { type JobRow, newId, type WorkerRow } from "./store.ts";
@@ -77,7 +78,7 @@ export class JobsApi {
     const task = this.store.activeTaskOfJob(job.id);
     if (!task) {
       this.store.event(job.id, "job.cancelled", { reason: "job cancel" });
-      this.store.updateJob(job.id, { state: "cancelled", exitCode: 130, cancelRequested: true });
+      this.store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled, cancelRequested: true });
     } else {
       this.store.updateJob(job.id, { cancelRequested: true });
       this.store.updateTask(task.id, { cancel: true });

@@ -1,7 +1,8 @@
 import { renameSync, rmSync, writeFileSync } from "node:fs";
 import { timingSafeEqual } from "node:crypto";
 import type * as v from "valibot";
-import { BundleError, type BundleLimits, inspectBundle, isBundleHash } from "../cluster/bundle.ts";
+import { type BundleLimits, inspectBundle, isBundleHash } from "../cluster/bundle.ts";
+import { BundleError } from "../errors.ts";
 import type { WorkerView } from "../cluster/protocol.ts";
 import { contentHash as sha256 } from "../core/hashing.ts";
 import type { Coordinator } from "./coordinator.ts";

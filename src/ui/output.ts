@@ -1,4 +1,5 @@
 import type { ConsolaInstance } from "consola";
+import { ExitCode } from "../errors.ts";
 
 export interface OutputFlags {
   json?: boolean;
@@ -20,11 +21,18 @@ export class Output {
     if (!this.logger) {
       const { createConsola } = require("consola") as typeof import("consola");
       // consola sends info to stdout by default; all logs belong on stderr.
+      // One voice: `error: …`, `warning: …`, plain info lines; no colour codes, no padding, no badges.
+      const prefix: Record<string, string> = { error: "error: ", fatal: "error: ", warn: "warning: " };
       this.logger = createConsola({
-        stdout: process.stderr,
-        stderr: process.stderr,
         level: this.flags.quiet ? 1 : this.flags.verbose ? 4 : 3,
-        formatOptions: { date: false, compact: true },
+        reporters: [
+          {
+            log: (entry) => {
+              const text = entry.args.map((a) => (a instanceof Error ? a.message : String(a))).join(" ");
+              process.stderr.write(`${prefix[entry.type] ?? ""}${text}\n`);
+            },
+          },
+        ],
       });
     }
     return this.logger;
@@ -58,6 +66,11 @@ export class Output {
       return;
     }
     process.stderr.write(`${message}\n`);
+  }
+
+  /** A build's progress on stderr: shown with --json too (stdout keeps the one document), not with --quiet. */
+  phase(message: string): void {
+    if (!this.flags.quiet || this.flags.verbose) process.stderr.write(`${message}\n`);
   }
 
   /** Raw tool output (pip's), shown only with --verbose. */
@@ -98,7 +111,7 @@ export function table(rows: string[][]): string[] {
  * by default end quietly; a running job is cancelled instead, as SIGPIPE would
  * end a plain command, so it is never left orphaned.
  */
-export const onBrokenPipe = { handler: (): void => process.exit(0) };
+export const onBrokenPipe = { handler: (): void => process.exit(ExitCode.ok) };
 
 /** Sizes as gc reads them (powers of 1024: 50G = 50 GiB), the same unit in every command. */
 export function formatBytes(n: number): string {

@@ -1,7 +1,7 @@
-import { ClusterClient, HttpError } from "../cluster/client.ts";
+import { ClusterClient } from "../cluster/client.ts";
 import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
-import { UserError } from "../errors.ts";
+import { HttpError, UserError } from "../errors.ts";
 import { sleep } from "../core/sleep.ts";
 import type { RunnerSettings } from "../jobs/runner.ts";
 import type { BundleLimits } from "../cluster/bundle.ts";

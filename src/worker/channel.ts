@@ -1,4 +1,5 @@
-import { type ClusterClient, HttpError } from "../cluster/client.ts";
+import type { ClusterClient } from "../cluster/client.ts";
+import { HttpError } from "../errors.ts";
 import type { TaskEventIn } from "../cluster/protocol.ts";
 import { sleep } from "../core/sleep.ts";
 

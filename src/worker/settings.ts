@@ -1,6 +1,6 @@
 import { mkdirSync, readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
-import * as v from "valibot";
+import type * as Valibot from "valibot";
 import type { HomeLayout } from "../config/paths.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
 import { UsageError } from "../errors.ts";
@@ -10,13 +10,17 @@ import { UsageError } from "../errors.ts";
  * URL) in $GPULAYER_HOME/worker.json and used by every later `join`: flags
  * win over GPULAYER_* variables, which win over this file.
  */
-const WorkerSettingsSchema = v.strictObject({
-  python: v.optional(v.string()),
-  name: v.optional(v.string()),
-  labels: v.optional(v.record(v.string(), v.string())),
-});
+export interface WorkerSettings {
+  python?: string;
+  name?: string;
+  labels?: Record<string, string>;
+}
 
-export type WorkerSettings = v.InferOutput<typeof WorkerSettingsSchema>;
+/** Made when a file is there to check: valibot costs every warm `env prepare` a few milliseconds otherwise. */
+function workerSettingsSchema() {
+  const v = require("valibot") as typeof Valibot;
+  return { v, schema: v.strictObject({ python: v.optional(v.string()), name: v.optional(v.string()), labels: v.optional(v.record(v.string(), v.string())) }) };
+}
 
 export function workerSettingsFile(layout: HomeLayout): string {
   return join(layout.root, "worker.json");
@@ -36,7 +40,8 @@ export function loadWorkerSettings(layout: HomeLayout): WorkerSettings {
   } catch (error) {
     throw new UsageError(`${file}: not valid JSON: ${(error as Error).message}`);
   }
-  const parsed = v.safeParse(WorkerSettingsSchema, data);
+  const { v, schema } = workerSettingsSchema();
+  const parsed = v.safeParse(schema, data);
   if (!parsed.success) throw new UsageError(`${file}: ${v.getDotPath(parsed.issues[0]) ?? ""}: ${parsed.issues[0].message}`);
   return parsed.output;
 }

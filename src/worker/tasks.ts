@@ -1,11 +1,11 @@
 import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { isAbsolute, join, normalize } from "node:path";
-import { BundleError, type BundleLimits, unpackBundle } from "../cluster/bundle.ts";
+import { type BundleLimits, unpackBundle } from "../cluster/bundle.ts";
 import type { ClusterClient } from "../cluster/client.ts";
 import type { GpuInfo, PrepareTaskResult, RemoteSpec, TaskAssignment } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ensureImage, parsePullPolicy } from "../docker/index.ts";
-import { InstallError, UserError } from "../errors.ts";
+import { BundleError, ExitCode, InstallError, UserError } from "../errors.ts";
 import { prepareEnv } from "../env/prepare.ts";
 import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.ts";
 import { type EnvironmentSource, environmentRequest, isUrl } from "../env/request.ts";
@@ -128,13 +128,18 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
         if (handedBack) return;
         channel.event("job.cancelled", { reason: stopReason });
         await channel.flush();
-        await finish({ state: "cancelled", exit_code: 130, error: null });
+        await finish({ state: "cancelled", exit_code: ExitCode.cancelled, error: null });
         return;
       }
       const store = new JobStore(ctx.layout);
       const job = store.create(localSpec(task.spec!, workdir, source, ctx, task.gpus));
       running = startJob(store, ctx.layout, job, ctx.runner, {
         onEvent: (type, data) => channel.event(type, { ...data, local_job: job.id }),
+        // The build's progress, relayed to whoever follows the job (not kept in the local job store).
+        prepareHooks: {
+          onStep: (step, detail) => channel.event("task.prepare.step", { step, detail }),
+          onQuiet: (tool, seconds) => channel.event("task.prepare.quiet", { tool, seconds }),
+        },
         onStdout: (c) => channel.output(c, "stdout"),
         onStderr: (c) => channel.output(c, "stderr"),
       });
@@ -150,7 +155,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       if (!handedBack && !channel.muted) {
         channel.event("task.bundle.failed", { message });
         await channel.flush();
-        await finish({ state: "failed", exit_code: error instanceof UserError ? error.exitCode : 1, error: message });
+        await finish({ state: "failed", exit_code: error instanceof UserError ? error.exitCode : ExitCode.failed, error: message });
       }
     } finally {
       if (handedBack) await channel.send(`/v1/tasks/${task.id}/handback`, { reason: handedBack });
@@ -197,13 +202,15 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
           env: ctx.runner.env,
           installer: ctx.runner.installer,
           venvCreator: ctx.runner.venvCreator,
+          uv: ctx.runner.uv,
+          timeoutMs: ctx.runner.prepareTimeoutMs,
         });
         result = { status: r.status, seconds: r.seconds, key: r.key, path: r.path, installer_path: r.installerPath };
       }
-      body = { state: "succeeded", exit_code: 0, error: null, result };
+      body = { state: "succeeded", exit_code: ExitCode.ok, error: null, result };
     } catch (error) {
       const message = error instanceof UserError ? messageOf(error) : `internal error: ${messageOf(error)}`;
-      body = { state: "failed", exit_code: error instanceof UserError ? error.exitCode : 70, error: message, result: { status: "failed", seconds: (performance.now() - started) / 1000, message } };
+      body = { state: "failed", exit_code: error instanceof UserError ? error.exitCode : ExitCode.internal, error: message, result: { status: "failed", seconds: (performance.now() - started) / 1000, message } };
     }
     if (!handedBack) await channel.send(`/v1/tasks/${task.id}/finish`, body);
   })();

@@ -1,24 +1,21 @@
 import { formatAgo, formatSeconds, type Output, table } from "../../ui/output.ts";
-import { ClusterClient, type RemoteTarget } from "../../cluster/client.ts";
-import type { RemoteJobStatus } from "../../cluster/protocol.ts";
-import { cancelRemoteJob, followJob } from "./job.ts";
+import type { RemoteTarget } from "../../cluster/client.ts";
+import { cancelJob, followJob, jobLog, jobStatus, listJobs } from "../../cluster/jobs-client.ts";
 import { statusLines } from "../job/_lines.ts";
 
 /**
- * `job status/list/logs/cancel` against a server: the command layer of the
- * remote branches. Same JSON shapes as the local ones (src/jobs/status.ts),
- * plus where each job ran.
+ * `job status/list/logs/cancel` against a server, printed: what the library
+ * (src/cluster/jobs-client.ts) returns. Same JSON shapes as the local ones
+ * (src/jobs/status.ts), plus where each job ran.
  */
 
 export async function remoteStatus(target: RemoteTarget, id: string, out: Output): Promise<void> {
-  const client = new ClusterClient(target.url, target.token);
-  const status = await client.json<RemoteJobStatus>("GET", `/v1/jobs/${encodeURIComponent(id)}`);
+  const status = await jobStatus(target, id);
   out.result(status, () => statusLines(status));
 }
 
 export async function remoteList(target: RemoteTarget, limit: number, out: Output): Promise<void> {
-  const client = new ClusterClient(target.url, target.token);
-  const statuses = await client.json<Omit<RemoteJobStatus, "events">[]>("GET", `/v1/jobs?limit=${limit}`);
+  const statuses = await listJobs(target, limit);
   out.result(statuses, () => {
     if (!statuses.length) return `no jobs on ${target.url} yet`;
     const rows = [["ID", "NAME", "STATE", "EXIT", "WORKER", "PREPARE", "RUN", "CREATED"]];
@@ -32,17 +29,14 @@ export async function remoteList(target: RemoteTarget, limit: number, out: Outpu
 }
 
 export async function remoteLogs(target: RemoteTarget, id: string, follow: boolean): Promise<void> {
-  const client = new ClusterClient(target.url, target.token);
-  const write = (c: Uint8Array) => process.stdout.write(c);
-  if (follow) {
-    await followJob(client, id, { onOutput: write });
+  if (!follow) {
+    process.stdout.write(await jobLog(target, id));
     return;
   }
-  const { data } = await client.bytes(`/v1/jobs/${encodeURIComponent(id)}/log`);
-  write(data);
+  for await (const u of followJob(target, id)) if (u.kind === "output") process.stdout.write(u.data);
 }
 
 export async function remoteCancel(target: RemoteTarget, id: string, out: Output): Promise<void> {
-  const job = await cancelRemoteJob(target, id, target.cancelGraceMs);
+  const job = await cancelJob(target, id);
   out.result(job, () => `job ${job.id} ${job.state}`);
 }

@@ -4,8 +4,35 @@ import { commandContext } from "../_context.ts";
 import { listEnvs } from "../../env/inventory.ts";
 import { formatBytes, formatAgo, Output, shortKey, table } from "../../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "../_args.ts";
+import type { EnvEntry } from "../../env/inventory.ts";
+import type { ImageEntry } from "../../docker/inventory.ts";
+import type { EnvListEnvDoc, EnvListImageDoc } from "../_json.ts";
 
 const ago = (iso: string | null | undefined) => (iso ? formatAgo(Date.parse(iso)) : "-");
+
+/** `env list --json`: an environment. */
+function envJson(e: EnvEntry): EnvListEnvDoc {
+  return { kind: "env", key: e.key, path: e.path, state: e.state, size_bytes: e.sizeBytes, created: e.created, last_used: e.lastUsed, summary: e.summary };
+}
+
+/** `env list --json`: an image gpulayer recorded. */
+function imageJson(i: ImageEntry): EnvListImageDoc {
+  return {
+    kind: "image",
+    id: i.id,
+    dir: i.dir,
+    engine: i.engine,
+    ref: i.ref,
+    digest: i.digest,
+    image_id: i.imageId,
+    repo_digests: i.repoDigests,
+    size_bytes: i.sizeBytes,
+    first_seen: i.firstSeen,
+    last_pulled: i.lastPulled ?? null,
+    last_used: i.lastUsed,
+    pulled_by_gpulayer: i.pulledByGpulayer,
+  };
+}
 
 export default defineCommand({
   meta: { name: "list", description: "List cached environments and the images gpulayer recorded, most recently used first" },
@@ -18,7 +45,7 @@ export default defineCommand({
     // The container code loads only when there is an image inventory to read.
     const images = existsSync(layout.images) ? (await import("../../docker/inventory.ts")).listImageRecords(layout) : [];
     out.result(
-      [...envs.map(({ meta: _meta, ...e }) => ({ kind: "env", ...e })), ...images.map((i) => ({ kind: "image", ...i }))],
+      [...envs.map(envJson), ...images.map(imageJson)],
       () => {
         if (!envs.length && !images.length) return "no environments yet (gpulayer env prepare REQ_FILE builds one)";
         const lines: string[] = [];

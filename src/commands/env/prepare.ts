@@ -7,9 +7,10 @@ import { inputsLines } from "../../env/inputs-report.ts";
 import { formatBytes, formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 
-import { commandContext, engineHost } from "../_context.ts";
-import { installerArgs, labelArgs, outputArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
+import { commandContext, engineHost, stopOnSignals } from "../_context.ts";
+import { buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
 import { prepareHooks, prepareFailure } from "../_prepare-ui.ts";
+import type { EnvDryRunDoc, EnvPrepareDoc } from "../_json.ts";
 
 const args = {
   requirements: { type: "positional", required: false, valueHint: "REQ_FILE", description: "A requirements file (pip's format: -r/-c includes, options, markers)" },
@@ -20,7 +21,7 @@ const args = {
   ...installerArgs,
   ...serverArgs,
   ...labelArgs,
-  ...outputArgs,
+  ...buildOutputArgs,
 } as const;
 
 export default defineCommand({
@@ -33,13 +34,13 @@ export default defineCommand({
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
     const specs = repeated(rawArgs, ["-p", "--package"]);
-    const ctx = commandContext({ python: a.python, server: a.server, token: a.token });
+    const ctx = commandContext({ python: a.python, server: a.server, token: a.token, prepare_timeout: a["prepare-timeout"] });
     const { layout, values } = ctx;
     const remote = remoteTarget(ctx.settings, rawArgs);
     if (a["dry-run"] && (remote || a.image !== undefined)) throw new UsageError("--dry-run shows a local request's key; it does not go with --server or --image");
     if (remote) {
       const request = { requirementsFile: a.requirements, specs, python: a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), image: a.image, pull: a.pull };
-      return (await import("../_remote/prepare.ts")).prepareRemote(remote, request, rawArgs, out);
+      return (await import("../_remote/prepare.ts")).prepareRemote(remote, request, rawArgs, out, ctx.cwd);
     }
     if (a.image !== undefined || a.pull !== undefined) {
       // Loaded only for images: the container code (and the YAML parser it brings) costs a warm prepare ~2 ms.
@@ -60,10 +61,14 @@ export default defineCommand({
       env: ctx.childEnv,
       installer: values.installer,
       venvCreator: values.venv_creator,
+      uv: values.uv,
+      timeoutMs: values.prepare_timeout,
+      signal: stopOnSignals(),
     };
     if (a["dry-run"]) {
       const plan = dryRunPrepare(layout, request);
-      out.result(plan, () => [`key          ${plan.key}`, `would        ${plan.would} (${plan.path})`, ...inputsLines(plan.inputs)]);
+      const doc: EnvDryRunDoc = { key: plan.key, would: plan.would, path: plan.path, summary: plan.summary, inputs: plan.inputs };
+      out.result(doc, () => [`key          ${plan.key}`, `would        ${plan.would} (${plan.path})`, ...inputsLines(plan.inputs)]);
       return;
     }
     try {
@@ -71,8 +76,9 @@ export default defineCommand({
       for (const finding of result.check) out.log.warn(`pip check: ${finding}`);
       const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${formatBytes(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
       out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);
+      const doc: EnvPrepareDoc = { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath };
       out.result(
-        { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath },
+        doc,
         () => result.path,
         true,
       );

@@ -3,6 +3,7 @@ import { commandContext } from "../_context.ts";
 import { findEnv, removeEnv } from "../../env/inventory.ts";
 import { Output, shortKey } from "../../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "../_args.ts";
+import type { EnvRmDoc } from "../_json.ts";
 
 const args = {
   key: { type: "positional", required: true, valueHint: "KEY", description: "Environment key or a unique prefix of it" },
@@ -19,6 +20,7 @@ export default defineCommand({
     const { layout } = commandContext();
     const key = findEnv(layout, a.key);
     await removeEnv(layout, key, { force: a.force });
-    out.result({ key, removed: true }, () => `removed ${shortKey(key)}`);
+    const doc: EnvRmDoc = { key, removed: true };
+    out.result(doc, () => `removed ${shortKey(key)}`);
   },
 });

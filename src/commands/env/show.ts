@@ -6,6 +6,7 @@ import { entryPaths, isReady, lastUsedMs, readMeta } from "../../env/store.ts";
 import { formatBytes, formatSeconds, Output } from "../../ui/output.ts";
 import { inputsLines } from "../../env/inputs-report.ts";
 import { outputArgs, rejectUnknownFlags } from "../_args.ts";
+import type { EnvShowDoc } from "../_json.ts";
 
 const args = { key: { type: "positional", required: true, valueHint: "KEY", description: "Environment key or a unique prefix of it" }, ...outputArgs } as const;
 
@@ -21,7 +22,25 @@ export default defineCommand({
     const meta = readMeta(paths);
     if (!meta || !isReady(paths)) throw new UserError(`environment ${key.slice(0, 12)} is not ready (being built, or a failed build not yet cleared)`);
     const lastUsed = new Date(lastUsedMs(paths)).toISOString();
-    out.result({ ...meta, lastUsed }, () => [
+    const doc: EnvShowDoc = {
+      key: meta.key,
+      path: meta.path,
+      python: meta.python,
+      created: meta.created,
+      build_seconds: meta.buildSeconds,
+      size_bytes: meta.sizeBytes,
+      venv_creator: meta.venvCreator,
+      installer: meta.installer,
+      installer_path: meta.installerPath ?? null,
+      installer_fallback: meta.installerFallback ?? null,
+      summary: meta.summary,
+      request: meta.request,
+      inputs: meta.inputs ?? null,
+      installed: meta.installed,
+      check: meta.check,
+      last_used: lastUsed,
+    };
+    out.result(doc, () => [
       `key          ${meta.key}`,
       `path         ${meta.path}`,
       ...(meta.inputs ? inputsLines(meta.inputs) : [`request      ${meta.summary}`]),

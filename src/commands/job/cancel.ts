@@ -5,6 +5,7 @@ import { JobStore } from "../../jobs/store.ts";
 import { Output } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { outputArgs, rejectUnknownFlags, serverArgs } from "../_args.ts";
+import type { JobStateDoc } from "../_json.ts";
 
 const args = { id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" }, ...serverArgs, ...outputArgs } as const;
 
@@ -20,6 +21,7 @@ export default defineCommand({
     const store = new JobStore(ctx.layout);
     const job = await cancelJob(store, store.find(a.id), { cancelGraceMs: ctx.values.cancel_grace, engine: engineHost(ctx) });
     store.close();
-    out.result({ id: job.id, state: job.state }, () => `job ${job.id} ${job.state}`);
+    const doc: JobStateDoc = { id: job.id, state: job.state };
+    out.result(doc, () => `job ${job.id} ${job.state}`);
   },
 });

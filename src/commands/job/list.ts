@@ -6,6 +6,7 @@ import { formatAgo, formatSeconds, table } from "../../ui/output.ts";
 import { PrintableOutput, printable } from "../../ui/escape.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { outputArgs, rejectUnknownFlags, serverArgs } from "../_args.ts";
+import type { JobListDoc } from "../_json.ts";
 
 const args = { limit: { type: "string", default: "50", description: "How many jobs to show" }, ...serverArgs, ...outputArgs } as const;
 
@@ -23,8 +24,9 @@ export default defineCommand({
     const store = new JobStore(ctx.layout, { readOnly: true });
     const statuses = store.list(Math.max(1, Number(a.limit) || 50)).map((j) => jobStatus(store, j));
     store.close();
+    const doc: JobListDoc = statuses.map(({ events: _e, ...s }) => s);
     out.result(
-      statuses.map(({ events: _e, ...s }) => s),
+      doc,
       () => {
         if (!statuses.length) return "no jobs yet (gpulayer job run -p tqdm -- python -c 'import tqdm')";
         const rows = [["ID", "NAME", "STATE", "EXIT", "PREPARE", "RUN", "CREATED"]];

@@ -8,9 +8,10 @@ import { JobStore } from "../../jobs/store.ts";
 import { jobStatus } from "../../jobs/status.ts";
 import { formatSeconds, onBrokenPipe, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-import { afterDoubleDash, installerArgs, labelArgs, outputArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
+import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
 import { imageHooks } from "../_image-ui.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
+import type { JobStateDoc, JobStatusDoc } from "../_json.ts";
 
 function parseGpus(value: string): number {
   if (!/^\d{1,4}$/.test(value.trim())) throw new UsageError(`--gpus ${value}: expected a whole number of GPUs (0 or more)`);
@@ -30,7 +31,7 @@ const args = {
   detach: { type: "boolean", alias: "d", description: "Start in the background and print the job id" },
   ...serverArgs,
   ...labelArgs,
-  ...outputArgs,
+  ...buildOutputArgs,
 } as const;
 
 export default defineCommand({
@@ -41,12 +42,13 @@ export default defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     const beforeDashes = rawArgs.includes("--") ? rawArgs.slice(0, rawArgs.indexOf("--")) : rawArgs;
-    rejectUnknownFlags(beforeDashes, args);
     const command = afterDoubleDash(rawArgs);
-    const positionals = (a._ as string[]).length - command.length;
-    if (positionals > 0) throw new UsageError(`unexpected argument ${(a._ as string[])[0]}: put the command after -- (gpulayer job run -p tqdm -- python x.py)`);
+    // A command without `--` (job run -p tqdm python -c 1): say where it goes before its own flags look unknown.
+    const stray = (a._ as string[]).length > command.length ? beforeDashes.indexOf((a._ as string[])[0]!) : -1;
+    if (stray !== -1) throw new UsageError(`unexpected argument ${beforeDashes[stray]}: put the command after -- (gpulayer job run ${[...beforeDashes.slice(0, stray), "--", ...beforeDashes.slice(stray)].join(" ")})`);
+    rejectUnknownFlags(beforeDashes, args);
     const out = new Output(a);
-    const ctx = commandContext({ python: a.python, server: a.server, token: a.token });
+    const ctx = commandContext({ python: a.python, server: a.server, token: a.token, prepare_timeout: a["prepare-timeout"] });
     const { layout } = ctx;
     const spec = buildJobSpec(
       {
@@ -63,6 +65,8 @@ export default defineCommand({
         command,
         name: a.name,
         gpus: a.gpus === undefined ? undefined : parseGpus(a.gpus),
+        // --prepare-timeout wins over the job file's environment.prepare_timeout; the variable and config file do not.
+        prepareTimeoutMs: ctx.settings.origins.prepare_timeout.source === "flag" ? ctx.values.prepare_timeout : undefined,
       },
       ctx.cwd,
     );
@@ -72,7 +76,8 @@ export default defineCommand({
     const job = store.create(spec);
     if (a.detach) {
       spawnDetachedRunner(job, ctx.childEnv);
-      out.result({ id: job.id, state: "queued" }, () => job.id, true);
+      const doc: JobStateDoc = { id: job.id, state: "queued" };
+      out.result(doc, () => job.id, true);
       return;
     }
     out.progress(`job ${job.id} (${spec.name})`);
@@ -101,7 +106,7 @@ export default defineCommand({
     for (const s of signals) process.on(s, onSignal);
     const outcome = await running.done;
     for (const s of signals) process.off(s, onSignal);
-    const status = jobStatus(store, store.get(job.id)!);
+    const status: JobStatusDoc = jobStatus(store, store.get(job.id)!);
     store.close();
     if (outcome.runSeconds !== null) out.progress(`task.run exit ${outcome.exitCode} in ${formatSeconds(outcome.runSeconds)} (job ${job.id} ${outcome.state})`);
     if (a.json) out.result(status, () => "");

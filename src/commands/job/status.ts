@@ -6,6 +6,7 @@ import { PrintableOutput } from "../../ui/escape.ts";
 import { statusLines } from "./_lines.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { outputArgs, rejectUnknownFlags, serverArgs } from "../_args.ts";
+import type { JobStatusDoc } from "../_json.ts";
 
 const args = { id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" }, ...serverArgs, ...outputArgs } as const;
 
@@ -21,7 +22,8 @@ export default defineCommand({
     if (remote) return import("../_remote/views.ts").then((m) => m.remoteStatus(remote, a.id, out));
     // A read: the store opened read-only; a job whose runner is gone is shown failed, nothing recorded or signalled.
     const store = new JobStore(ctx.layout, { readOnly: true });
-    const status = jobStatus(store, store.find(a.id));
+    // jobStatus builds the document (snake_case keys; its schema: JobStatusDocument).
+    const status: JobStatusDoc = jobStatus(store, store.find(a.id));
     store.close();
     out.result(status, () => statusLines(status));
   },

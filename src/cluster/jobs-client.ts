@@ -1,0 +1,130 @@
+import { sleep } from "../core/sleep.ts";
+import { isUrl } from "../env/request.ts";
+import type { JobSpec } from "../jobs/spec.ts";
+import type { PackResult } from "./bundle.ts";
+import { connect, type RemoteTarget } from "./client.ts";
+import { HttpError, UserError } from "../errors.ts";
+import { FINAL_JOB_STATES, type RemoteJobStatus, type RemoteSpec, type SubmitRequest, type SubmitResponse, type WatchResponse } from "./protocol.ts";
+import { inBundle, packTemp, postWithBundle, type UploadHooks } from "./upload.ts";
+
+/**
+ * Jobs on a coordinator, from the client's side: submit one (its folder
+ * packed and sent only when the server lacks it), follow its output and
+ * events, read, list and cancel. Nothing here prints: results are returned,
+ * updates yielded, and what happens along the way goes to hooks.
+ */
+
+/** The job as it travels: paths inside its folder made relative to it (and checked to be in the bundle). */
+export function remoteSpec(spec: JobSpec, pack?: PackResult): RemoteSpec {
+  const e = spec.environment;
+  return {
+    name: spec.name,
+    argv: spec.argv,
+    commandText: spec.commandText,
+    env: spec.env,
+    environment: {
+      ...(e.requirementsFile ? { requirementsFile: inBundle(spec.workdir, e.requirementsFile, "the requirements file", pack) } : {}),
+      specs: e.specs,
+      ...(e.python ? { python: e.python } : {}),
+      ...(e.indexUrl ? { indexUrl: e.indexUrl } : {}),
+      extraIndexUrls: e.extraIndexUrls,
+      findLinks: e.findLinks.map((f) => (isUrl(f) ? f : inBundle(spec.workdir, f, "--find-links", pack))),
+      ...(e.image ? { image: e.image } : {}),
+    },
+    resources: spec.resources,
+  };
+}
+
+export interface SubmitHooks extends UploadHooks {
+  /** A path of the folder that is not sent (too big, not a plain file, ...). */
+  onSkipped?(skipped: PackResult["skipped"][number]): void;
+}
+
+/** Pack the job's folder and submit the job; the bundle is uploaded only when the server lacks it. */
+export async function submitJob(target: RemoteTarget, spec: JobSpec, labels: Record<string, string>, hooks: SubmitHooks = {}): Promise<SubmitResponse> {
+  const pack = packTemp(spec.workdir, target.bundleLimits);
+  try {
+    for (const s of pack.skipped) hooks.onSkipped?.(s);
+    const body = { spec: remoteSpec(spec, pack), bundle: pack.hash, labels, workdir: spec.workdir } satisfies SubmitRequest;
+    return await postWithBundle<SubmitResponse>(connect(target), "/v1/jobs", body, pack, hooks);
+  } finally {
+    pack.dispose();
+  }
+}
+
+/** What following a job brings: its output as it comes, and its events (with the worker it runs on). */
+export type JobUpdate =
+  | { kind: "output"; stream: "stdout" | "stderr"; data: Uint8Array }
+  | { kind: "event"; type: string; data: Record<string, unknown>; worker: string | null };
+
+/** How long network trouble is ridden out while following, and how often it is tried again meanwhile. */
+const TROUBLE_LIMIT_MS = 60_000;
+const TROUBLE_RETRY_MS = 1000;
+
+/**
+ * Follow a job (long polls) until it has ended and its output is all here;
+ * rides out a minute of network trouble (an HTTP error answer ends it at
+ * once). Returns the last watch answer.
+ */
+export async function* followJob(target: RemoteTarget, id: string, opts: { fromLog?: number } = {}): AsyncGenerator<JobUpdate, WatchResponse> {
+  const client = connect(target);
+  let log = opts.fromLog ?? 0;
+  let after = 0;
+  let troubleSince = 0;
+  for (;;) {
+    let w: WatchResponse;
+    try {
+      w = await client.json<WatchResponse>("GET", `/v1/jobs/${id}/watch?log=${log}&after=${after}&wait=20`);
+      troubleSince = 0;
+    } catch (error) {
+      if (error instanceof HttpError) throw error;
+      troubleSince ||= Date.now();
+      if (Date.now() - troubleSince > TROUBLE_LIMIT_MS) throw error;
+      await sleep(TROUBLE_RETRY_MS);
+      continue;
+    }
+    for (const c of w.output) yield { kind: "output", stream: c.stream, data: Buffer.from(c.data, "base64") };
+    log = w.log_offset;
+    for (const e of w.events) {
+      after = e.seq;
+      yield { kind: "event", type: e.type, data: e.data, worker: w.worker };
+    }
+    if (w.done) return w;
+  }
+}
+
+export function jobStatus(target: RemoteTarget, id: string): Promise<RemoteJobStatus> {
+  return connect(target).json<RemoteJobStatus>("GET", `/v1/jobs/${encodeURIComponent(id)}`);
+}
+
+/** Newest first, without their events. */
+export function listJobs(target: RemoteTarget, limit: number): Promise<Omit<RemoteJobStatus, "events">[]> {
+  return connect(target).json<Omit<RemoteJobStatus, "events">[]>("GET", `/v1/jobs?limit=${limit}`);
+}
+
+/** The job's whole output so far, as it came. */
+export async function jobLog(target: RemoteTarget, id: string): Promise<Uint8Array> {
+  return (await connect(target).bytes(`/v1/jobs/${encodeURIComponent(id)}/log`)).data;
+}
+
+/** Ask for a job to be cancelled, and return at once (its worker stops it and reports back). */
+export function requestCancel(target: RemoteTarget, id: string): Promise<{ id: string; state: string }> {
+  return connect(target).json<{ id: string; state: string }>("POST", `/v1/jobs/${id}/cancel`);
+}
+
+/** Cancel a job and wait for it to end: its grace (cancel_grace) and 15 s more for the worker to report. */
+export async function cancelJob(target: RemoteTarget, id: string, graceMs = target.cancelGraceMs): Promise<{ id: string; state: string }> {
+  const first = await requestCancel(target, id);
+  const deadline = Date.now() + graceMs + 15_000;
+  for (;;) {
+    const s = await jobStatus(target, first.id);
+    if (FINAL_JOB_STATES.includes(s.state)) return { id: s.id, state: s.state };
+    if (Date.now() > deadline) throw new UserError(`job ${s.id} did not stop in time on worker ${s.worker}`);
+    await sleep(200);
+  }
+}
+
+/** The exit code `job run` passes on: the job's own, else 0 for a success and 1 for anything else. */
+export function exitCodeOf(status: RemoteJobStatus): number {
+  return status.exit_code ?? (status.state === "succeeded" ? 0 : 1);
+}

@@ -1,0 +1,86 @@
+import { dirname, resolve } from "node:path";
+import { UsageError } from "../errors.ts";
+import { isUrl } from "../env/request.ts";
+import type { PackResult } from "./bundle.ts";
+import { connect, type RemoteTarget } from "./client.ts";
+import type { PrepareGroupView, PrepareRequestPayload, PrepareTaskResult } from "./protocol.ts";
+import { inBundle, packTemp, postWithBundle } from "./upload.ts";
+
+/**
+ * `env prepare` on a coordinator's workers, from the client's side: a
+ * prepare task on every matching worker, then each one's result as it ends.
+ * Nothing here prints.
+ */
+
+/** As asked on the command line: the same fields a worker receives (requirements, python, indexes, image, pull), paths relative to the caller's folder. */
+export type RemotePrepareRequest = PrepareRequestPayload;
+
+export interface PrepareGroup {
+  id: string;
+  workers: string[];
+}
+
+export interface StartPrepareOptions {
+  labels: Record<string, string>;
+  /** Where the request's relative paths start. */
+  cwd: string;
+  /** The folder that must travel (the requirements file's) is being uploaded: the server lacked it. */
+  onUpload?(pack: PackResult, root: string): void;
+}
+
+/**
+ * Check the request, pack what must travel (the requirements file's folder:
+ * its includes and local paths are relative to it), and start a prepare task
+ * on every worker the labels pick.
+ */
+export async function startPrepare(target: RemoteTarget, req: RemotePrepareRequest, opts: StartPrepareOptions): Promise<PrepareGroup> {
+  const { cwd } = opts;
+  if (req.pull !== undefined && req.image === undefined) throw new UsageError("--pull goes with --image");
+  if (req.image && (req.requirementsFile || req.specs.length)) throw new UsageError("env prepare: --image and requirements do not go together (an image brings its own environment)");
+  for (const s of req.specs) if (/^(\.{0,2}\/|~)/.test(s.trim())) throw new UsageError(`-p ${s}: a local path cannot travel to the workers; list it in a requirements file inside the folder to send`);
+  const localLinks = req.findLinks.filter((f) => !isUrl(f));
+  const root = req.requirementsFile ? dirname(resolve(cwd, req.requirementsFile)) : cwd;
+  const pack = req.requirementsFile || localLinks.length ? packTemp(root, target.bundleLimits) : null;
+  try {
+    const request: PrepareRequestPayload = {
+      ...(req.requirementsFile ? { requirementsFile: inBundle(root, resolve(cwd, req.requirementsFile), "the requirements file", pack ?? undefined) } : {}),
+      specs: req.specs,
+      ...(req.python ? { python: req.python } : {}),
+      ...(req.indexUrl ? { indexUrl: req.indexUrl } : {}),
+      extraIndexUrls: req.extraIndexUrls,
+      findLinks: req.findLinks.map((f) => (isUrl(f) ? f : inBundle(root, resolve(cwd, f), "--find-links", pack ?? undefined))),
+      ...(req.image ? { image: req.image } : {}),
+      ...(req.pull ? { pull: req.pull } : {}),
+    };
+    return await postWithBundle<PrepareGroup>(connect(target), "/v1/prepares", { request, bundle: pack?.hash ?? null, labels: opts.labels }, pack, {
+      onUpload: (p) => opts.onUpload?.(p, root),
+    });
+  } finally {
+    pack?.dispose();
+  }
+}
+
+/** One worker's result, as `env prepare --json` lists it (seconds to 4 places; a task without a result failed). */
+export type WorkerPrepareResult = { worker: string } & PrepareTaskResult;
+
+/** A worker's task ended (result null: it ended without one); then, once all have, every worker's result. */
+export type PrepareUpdate = { kind: "finished"; worker: string; result: PrepareTaskResult | null } | { kind: "done"; workers: WorkerPrepareResult[] };
+
+/** Follow a prepare group (long polls) until every task has ended. */
+export async function* followPrepare(target: RemoteTarget, groupId: string): AsyncGenerator<PrepareUpdate, void> {
+  const client = connect(target);
+  const shown = new Set<string>();
+  for (;;) {
+    const view = await client.json<PrepareGroupView>("GET", `/v1/prepares/${groupId}?known=${shown.size}&wait=20`);
+    for (const t of view.tasks) {
+      if (t.state === "assigned" || t.state === "running" || shown.has(t.id)) continue;
+      shown.add(t.id);
+      yield { kind: "finished", worker: t.worker, result: t.result };
+    }
+    if (view.done) {
+      const workers = view.tasks.map((t) => ({ worker: t.worker, ...(t.result ?? { status: "failed" as const, seconds: 0, message: "no result" }), seconds: Number((t.result?.seconds ?? 0).toFixed(4)) }));
+      yield { kind: "done", workers };
+      return;
+    }
+  }
+}

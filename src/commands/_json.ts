@@ -1,0 +1,358 @@
+import * as v from "valibot";
+
+/**
+ * Every `--json` document a command prints, written down once. Keys are
+ * snake_case throughout, nested objects included; what a user wrote (variable
+ * names, labels, package names) is data and kept as it is. Strict objects: a
+ * key not listed here fails, so a document cannot grow a field unnoticed.
+ *
+ * Commands build their documents with one explicit mapping each, typed by the
+ * types below (`import type`: valibot is not loaded on a command's way); the
+ * schemas themselves are for the tests (test/json-documents.test.ts) and the
+ * README's tables, which a test holds to the keys listed here.
+ */
+
+const str = v.string();
+const num = v.number();
+const bool = v.boolean();
+const nullableStr = v.nullable(v.string());
+const strList = v.array(v.string());
+/** Data, not names of ours: variables, labels, package names. */
+const strRecord = v.record(v.string(), v.string());
+
+// ---- gpulayer version, config ----
+
+export const VersionDocument = v.strictObject({ version: str, commit: str, target: str });
+
+export const ConfigPathDocument = v.strictObject({ config_file: str, exists: bool });
+
+export const SettingRow = v.strictObject({
+  name: str,
+  value: v.unknown(),
+  shown: str,
+  source: v.picklist(["flag", "env", "file", "default"]),
+  origin: str,
+  variable: str,
+  flag: nullableStr,
+  help: str,
+});
+
+export const ConfigDocument = v.strictObject({ config_file: str, config_file_exists: bool, settings: v.array(SettingRow) });
+
+// ---- env prepare, env list, env show, env rm ----
+
+export const EnvPrepareDocument = v.strictObject({
+  key: str,
+  path: str,
+  python: str,
+  status: v.picklist(["built", "reused"]),
+  seconds: num,
+  check: strList,
+  installer_path: nullableStr,
+});
+
+/** The inputs a key covers, for people (env prepare --dry-run, env show). */
+export const InputsReport = v.strictObject({
+  files: v.array(v.strictObject({ path: str, kind: v.picklist(["requirements", "constraints"]), via: str, digest: str })),
+  specs: strList,
+  variables: v.array(v.strictObject({ name: str, set: bool })),
+  locals: v.array(v.strictObject({ kind: v.picklist(["project", "editable", "archive"]), path: str, digest: str, files: v.optional(num), origin: str })),
+  find_links: v.array(v.strictObject({ origin: str, url: v.optional(str), path: v.optional(str), digest: v.optional(str) })),
+  index: v.strictObject({ index_url: nullableStr, extra_index_urls: strList, machine_pip_config: bool }),
+  interpreter: v.strictObject({ path: str, via: nullableStr, executable: str, version: str, platform: str }),
+  base: str,
+});
+
+export const EnvDryRunDocument = v.strictObject({ key: str, would: v.picklist(["reuse", "build"]), path: str, summary: str, inputs: InputsReport });
+
+export const EnvImageDocument = v.strictObject({
+  image: str,
+  digest: str,
+  status: v.picklist(["pulled", "reused"]),
+  seconds: num,
+  engine: v.picklist(["docker", "podman"]),
+  image_id: str,
+  size_bytes: num,
+  pulled_by_gpulayer: bool,
+});
+
+export const EnvListEnvEntry = v.strictObject({
+  kind: v.literal("env"),
+  key: str,
+  path: str,
+  state: v.picklist(["ready", "building", "incomplete"]),
+  size_bytes: num,
+  created: nullableStr,
+  last_used: nullableStr,
+  summary: str,
+});
+
+export const EnvListImageEntry = v.strictObject({
+  kind: v.literal("image"),
+  id: str,
+  dir: str,
+  engine: v.picklist(["docker", "podman"]),
+  ref: str,
+  digest: str,
+  image_id: str,
+  repo_digests: strList,
+  size_bytes: num,
+  first_seen: str,
+  last_pulled: nullableStr,
+  last_used: nullableStr,
+  pulled_by_gpulayer: bool,
+});
+
+export const EnvListDocument = v.array(v.variant("kind", [EnvListEnvEntry, EnvListImageEntry]));
+
+const UrlOrDigest = v.strictObject({ url: v.optional(str), digest: v.optional(str) });
+
+/** The key document (src/env/key.ts): every input the installer reads, by content. */
+export const KeyDocument = v.strictObject({
+  schema: num,
+  specs: v.strictObject({ lines: strList, requirements: strList }),
+  files: v.array(v.strictObject({ kind: v.picklist(["requirements", "constraints"]), lines: strList, requirements: strList })),
+  variables: v.record(v.string(), nullableStr),
+  locals: v.array(v.strictObject({ kind: v.picklist(["project", "editable", "archive"]), digest: str, path: v.optional(str) })),
+  find_links: v.array(UrlOrDigest),
+  flags: v.strictObject({ index_url: nullableStr, extra_index_urls: strList, find_links: v.array(UrlOrDigest) }),
+  installer_config: nullableStr,
+  interpreter: v.strictObject({ executable: str, prefix: str, version: str, implementation: str, platform: str, soabi: str }),
+  base: str,
+});
+
+export const EnvShowDocument = v.strictObject({
+  key: str,
+  path: str,
+  python: str,
+  created: str,
+  build_seconds: num,
+  size_bytes: num,
+  venv_creator: v.picklist(["uv", "venv"]),
+  installer: str,
+  installer_path: nullableStr,
+  installer_fallback: nullableStr,
+  summary: str,
+  request: KeyDocument,
+  inputs: v.nullable(InputsReport),
+  installed: strList,
+  check: strList,
+  last_used: str,
+});
+
+export const EnvRmDocument = v.strictObject({ key: str, removed: v.literal(true) });
+
+// ---- gc ----
+
+const gcItemEntries = {
+  kind: v.picklist(["env", "image"]),
+  id: str,
+  state: v.picklist(["ready", "incomplete", "building"]),
+  size_bytes: num,
+  last_used: nullableStr,
+  created: nullableStr,
+  summary: str,
+  image: v.optional(v.strictObject({ engine: str, refs: strList, digest: str })),
+};
+
+export const GcRemovedItem = v.strictObject({ ...gcItemEntries, reason: v.picklist(["lru", "incomplete"]) });
+
+export const GcSkippedItem = v.strictObject({
+  ...gcItemEntries,
+  reasons: v.array(v.strictObject({ code: v.picklist(["leased", "locked", "min-age", "keep", "changed", "container", "engine", "not-pulled", "failed"]), message: str })),
+});
+
+export const GcLimit = v.strictObject({
+  max_size_bytes: v.nullable(num),
+  origin: nullableStr,
+  watermark: v.nullable(v.strictObject({ high: num, low: num, path: str, used_percent: num, excess_bytes: num })),
+  min_age_seconds: num,
+  keep: strList,
+});
+
+export const GcDocument = v.strictObject({
+  ran: bool,
+  dry_run: bool,
+  limit: GcLimit,
+  target_bytes: v.nullable(num),
+  entries: num,
+  total_before_bytes: num,
+  total_after_bytes: num,
+  freed_bytes: num,
+  removed: v.array(GcRemovedItem),
+  skipped: v.array(GcSkippedItem),
+  trash: v.strictObject({ finished: num, freed_bytes: num }),
+  limit_reached: bool,
+  sizes_refreshed: num,
+  seconds: num,
+});
+
+// ---- job run, status, list, cancel ----
+
+const JobState = v.picklist(["queued", "preparing", "running", "succeeded", "failed", "cancelled"]);
+
+export const JobPhase = v.strictObject({
+  name: v.picklist(["task.prepare", "task.run"]),
+  seconds: v.nullable(num),
+  state: v.picklist(["running", "finished", "failed"]),
+  cache: v.optional(v.picklist(["hit", "miss"])),
+  status: v.optional(str),
+  env_key: v.optional(str),
+  image: v.optional(str),
+  digest: v.optional(str),
+  exit_code: v.optional(num),
+  message: v.optional(str),
+});
+
+/** `data` is the event's own record (its keys snake_case too, its values what the job carried). */
+export const JobEventEntry = v.strictObject({ ts: num, type: str, data: v.record(v.string(), v.unknown()), time: str });
+
+export const JobStatusDocument = v.strictObject({
+  id: str,
+  name: str,
+  state: JobState,
+  exit_code: v.nullable(num),
+  command: str,
+  workdir: str,
+  created: str,
+  env_key: nullableStr,
+  error: nullableStr,
+  lost: v.optional(v.literal(true)),
+  phases: v.array(JobPhase),
+  events: v.array(JobEventEntry),
+});
+
+export const JobListEntry = v.omit(JobStatusDocument, ["events"]);
+
+export const JobListDocument = v.array(JobListEntry);
+
+/** `job run --detach --json` and `job cancel --json`. */
+export const JobStateDocument = v.strictObject({ id: str, state: JobState });
+
+// ---- join, server, workers ----
+
+export const GpuEntry = v.strictObject({ index: num, uuid: nullableStr, name: nullableStr, memory_mib: v.nullable(num), driver: nullableStr });
+
+export const ProbeDocument = v.strictObject({
+  hostname: str,
+  os: str,
+  arch: str,
+  cpus: num,
+  memory_bytes: num,
+  gpus: v.array(GpuEntry),
+  python: v.nullable(v.strictObject({ path: str, version: str })),
+  python_error: nullableStr,
+  frameworks: strRecord,
+  cuda: nullableStr,
+  engine: v.nullable(v.picklist(["docker", "podman"])),
+  probe_ms: num,
+});
+
+export const JoinDocument = v.strictObject({ settings_file: str, name: str, python: nullableStr, labels: strRecord, probe: ProbeDocument });
+
+/** `join SERVER_URL --json`, when the worker has stopped. */
+export const JoinLeftDocument = v.strictObject({ name: str, url: str, left: v.literal(true) });
+
+export const ServerDocument = v.strictObject({ url: str, port: num, state: str, token_file: nullableStr, token: v.optional(str) });
+
+export const WorkerEntry = v.strictObject({
+  id: str,
+  name: str,
+  labels: strRecord,
+  state: v.picklist(["idle", "busy", "draining", "lost", "left"]),
+  registered: str,
+  last_seen: str,
+  slots: num,
+  running: num,
+  free_gpus: v.array(num),
+  probe: ProbeDocument,
+});
+
+export const WorkersDocument = v.array(WorkerEntry);
+
+// ---- errors ----
+
+/** Any failure under --json (a job that ran and failed prints its status instead). */
+export const ErrorDocument = v.strictObject({ error: v.strictObject({ message: str, exit_code: num }) });
+
+/** Each command's document, by the command line that prints it. */
+export const DOCUMENTS = {
+  version: VersionDocument,
+  config: ConfigDocument,
+  "config path": ConfigPathDocument,
+  "env prepare": EnvPrepareDocument,
+  "env prepare --dry-run": EnvDryRunDocument,
+  "env prepare --image": EnvImageDocument,
+  "env list": EnvListDocument,
+  "env show": EnvShowDocument,
+  "env rm": EnvRmDocument,
+  gc: GcDocument,
+  "job run": JobStatusDocument,
+  "job run --detach": JobStateDocument,
+  "job status": JobStatusDocument,
+  "job list": JobListDocument,
+  "job cancel": JobStateDocument,
+  join: JoinDocument,
+  "join SERVER_URL": JoinLeftDocument,
+  server: ServerDocument,
+  workers: WorkersDocument,
+  error: ErrorDocument,
+} as const;
+
+/**
+ * The README's field tables (section "JSON output"), by their headings: a
+ * document's own keys, or, for a list, one entry's; and the objects nested in
+ * them that have a table of their own.
+ */
+export const README_TABLES = {
+  version: VersionDocument,
+  config: ConfigDocument,
+  "config: settings[]": SettingRow,
+  "config path": ConfigPathDocument,
+  "env prepare": EnvPrepareDocument,
+  "env prepare --dry-run": EnvDryRunDocument,
+  "env prepare --dry-run: inputs": InputsReport,
+  "env prepare --image": EnvImageDocument,
+  "env list: an env": EnvListEnvEntry,
+  "env list: an image": EnvListImageEntry,
+  "env show": EnvShowDocument,
+  "env rm": EnvRmDocument,
+  gc: GcDocument,
+  "gc: limit": GcLimit,
+  "gc: removed[]": GcRemovedItem,
+  "gc: skipped[]": GcSkippedItem,
+  "job status": JobStatusDocument,
+  "job status: phases[]": JobPhase,
+  "job status: events[]": JobEventEntry,
+  "job list": JobListEntry,
+  "job cancel": JobStateDocument,
+  join: JoinDocument,
+  "join: probe": ProbeDocument,
+  "join: probe.gpus[]": GpuEntry,
+  "join SERVER_URL": JoinLeftDocument,
+  server: ServerDocument,
+  workers: WorkerEntry,
+  error: ErrorDocument,
+} as const;
+
+export type VersionDoc = v.InferOutput<typeof VersionDocument>;
+export type ConfigDoc = v.InferOutput<typeof ConfigDocument>;
+export type ConfigPathDoc = v.InferOutput<typeof ConfigPathDocument>;
+export type EnvPrepareDoc = v.InferOutput<typeof EnvPrepareDocument>;
+export type EnvDryRunDoc = v.InferOutput<typeof EnvDryRunDocument>;
+export type EnvImageDoc = v.InferOutput<typeof EnvImageDocument>;
+export type EnvListEnvDoc = v.InferOutput<typeof EnvListEnvEntry>;
+export type EnvListImageDoc = v.InferOutput<typeof EnvListImageEntry>;
+export type EnvListDoc = v.InferOutput<typeof EnvListDocument>;
+export type EnvShowDoc = v.InferOutput<typeof EnvShowDocument>;
+export type EnvRmDoc = v.InferOutput<typeof EnvRmDocument>;
+export type GcDoc = v.InferOutput<typeof GcDocument>;
+export type JobStatusDoc = v.InferOutput<typeof JobStatusDocument>;
+export type JobListDoc = v.InferOutput<typeof JobListDocument>;
+export type JobStateDoc = v.InferOutput<typeof JobStateDocument>;
+export type ProbeDoc = v.InferOutput<typeof ProbeDocument>;
+export type JoinDoc = v.InferOutput<typeof JoinDocument>;
+export type JoinLeftDoc = v.InferOutput<typeof JoinLeftDocument>;
+export type ServerDoc = v.InferOutput<typeof ServerDocument>;
+export type WorkersDoc = v.InferOutput<typeof WorkersDocument>;
+export type ErrorDoc = v.InferOutput<typeof ErrorDocument>;

@@ -1,0 +1,150 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { readdirSync, statSync, writeFileSync } from "node:fs";
+import { join, relative } from "node:path";
+import { leftoverPlaceholders } from "../src/env/worker-mirror.ts";
+import { PackageIndex } from "./fixtures/index.ts";
+import { cli, HAS_UV, makeWorkerVenv, pipInstall, sandbox, tempDir } from "./helpers.ts";
+
+/**
+ * What a cold build leaves and costs, on real builds: bytecode compiled at
+ * build time (so no job compiles or writes into a shared env), and the
+ * worker's stand-ins made once per worker state and linked in after.
+ */
+
+setDefaultTimeout(120_000);
+
+const world = tempDir("gpl-cold-");
+const index = new PackageIndex(join(world, "index"));
+let worker: string;
+
+beforeAll(async () => {
+  index.start();
+  index.wheel({ name: "alpha", version: "1.0", requires: ["beta"] });
+  index.wheel({ name: "beta", version: "1.0" });
+  index.wheel({ name: "gamma", version: "1.0" });
+  worker = await makeWorkerVenv(join(world, "worker"), { env: sandbox().env, withPip: true, packages: ["gamma"], findLinks: index.dir });
+});
+afterAll(() => index.stop());
+
+/** Every file under an env, with its size and mtime: what "unchanged" means (gpulayer's own .gpulayer/last-used aside). */
+function snapshot(dir: string): string[] {
+  const out: string[] = [];
+  const walk = (d: string) => {
+    for (const n of readdirSync(d)) {
+      const p = join(d, n);
+      const st = statSync(p);
+      if (st.isDirectory()) {
+        if (n !== ".gpulayer") walk(p);
+      }
+      else out.push(`${relative(dir, p)} ${st.size} ${st.mtimeMs}`);
+    }
+  };
+  walk(dir);
+  return out.sort();
+}
+
+const site = (env: string) => join(env, "lib", "python3.11", "site-packages");
+
+for (const installer of HAS_UV ? (["auto", "pip"] as const) : (["pip"] as const)) {
+  describe(`a cold build (${installer === "auto" ? "fast path" : "pip path"})`, () => {
+    const s = sandbox();
+    afterAll(() => s.cleanup());
+    const env = () => ({ ...s.env, GPULAYER_INSTALLER: installer, PYTHONDONTWRITEBYTECODE: "1" });
+
+    test("compiles the env's bytecode as its own step, even under PYTHONDONTWRITEBYTECODE; a job then writes nothing into the env", async () => {
+      const r = await cli(["env", "prepare", "-p", "alpha", "--index-url", index.url, "--python", worker], { env: env(), cwd: s.root });
+      expect(r.code).toBe(0);
+      expect(r.stderr).toMatch(/\] compiling bytecode of the env's own packages/);
+      const path = r.stdout.trim().split("\n").at(-1)!;
+      for (const mod of ["alpha", "beta"]) {
+        const cache = readdirSync(join(site(path), mod, "__pycache__"));
+        expect(cache.some((f) => f.startsWith("__init__.") && f.endsWith(".pyc"))).toBe(true);
+      }
+      const before = snapshot(path);
+      // Without PYTHONDONTWRITEBYTECODE: Python would write any missing .pyc now, into the shared env.
+      const job = await cli(["job", "run", "-p", "alpha", "--index-url", index.url, "--python", worker, "--", "python", "-c", "import alpha, beta; print('ok')"], { env: s.env, cwd: s.root });
+      expect(job.stdout.trim()).toBe("ok");
+      expect(snapshot(path)).toEqual(before);
+    });
+  });
+}
+
+describe.skipIf(!HAS_UV)("the worker's stand-ins", () => {
+  test("are made once per worker state and linked into each build; none is left in an env; a changed worker gets new ones", async () => {
+    const s = sandbox();
+    try {
+      const templates = join(s.home, "tools", "standins-v1");
+      const build = async (spec: string) => {
+        const r = await cli(["env", "prepare", "-p", spec, "--index-url", index.url, "--python", worker], { env: s.env, cwd: s.root });
+        if (r.code !== 0) throw new Error(r.stderr);
+        return r.stdout.trim().split("\n").at(-1)!;
+      };
+      const a = await build("alpha");
+      expect(readdirSync(templates)).toHaveLength(1);
+      const b = await build("beta");
+      expect(readdirSync(templates)).toHaveLength(1);
+      for (const env of [a, b]) expect(leftoverPlaceholders(site(env))).toEqual([]);
+      // The worker's own gamma was shown to uv: neither env installed it again.
+      for (const env of [a, b]) expect(readdirSync(site(env)).some((n) => n.startsWith("gamma-"))).toBe(false);
+      await pipInstall(worker, ["--find-links", index.dir, "--no-index", "beta"], s.env);
+      const c = await build("alpha==1.0");
+      expect(readdirSync(templates)).toHaveLength(2);
+      // beta is the worker's now: the env holds only alpha.
+      expect(readdirSync(site(c)).filter((n) => n.endsWith(".dist-info"))).toEqual(["alpha-1.0.dist-info"]);
+    } finally {
+      s.cleanup();
+    }
+  });
+});
+
+describe("a time limit on preparation", () => {
+  const hung = (s: { root: string }, name: string) => {
+    const counter = join(s.root, `${name}.builds`);
+    index.sdist({ name, version: "1.0", counter, sleep: 600 });
+    return counter;
+  };
+  /** The build's processes: any still alive would hold the counter's marker in its arguments or files. */
+  const running = (marker: string) => Bun.spawnSync(["pgrep", "-f", marker]).stdout.toString().trim();
+
+  for (const installer of HAS_UV ? (["auto", "pip"] as const) : (["pip"] as const)) {
+    test(`env prepare --prepare-timeout (${installer}): the installer's whole group is killed, one line says where, nothing is kept`, async () => {
+      const s = sandbox();
+      try {
+        const name = `hangs-${installer}`;
+        const counter = hung(s, name);
+        const t = performance.now();
+        const r = await cli(["env", "prepare", "-p", name, "--index-url", index.url, "--python", worker, "--prepare-timeout", "4s"], { env: { ...s.env, GPULAYER_INSTALLER: installer }, cwd: s.root });
+        expect(performance.now() - t).toBeLessThan(30_000);
+        expect(r.code).toBe(1);
+        expect(r.stderr).toMatch(/^error: timed out after 4 s while installing 1 requirement\(s\) with .* \(prepare_timeout; nothing was kept\)$/m);
+        expect(readdirSync(counter.replace(/[^/]+$/, "")).includes(`${name}.builds`)).toBe(true); // the build did start
+        await Bun.sleep(300);
+        expect(running(name)).toBe("");
+        expect(readdirSync(join(s.home, "envs-v1")).filter((n) => !n.startsWith("."))).toEqual([]);
+      } finally {
+        s.cleanup();
+      }
+    });
+  }
+
+  test("a job file's environment.prepare_timeout: the job fails in task.prepare, its command never runs", async () => {
+    const s = sandbox();
+    try {
+      hung(s, "hangs-job");
+      writeFileSync(join(s.root, "job.yaml"), `command: echo ran\nenvironment:\n  requirements: [hangs-job]\n  index_url: ${index.url}\n  python: ${worker}\n  prepare_timeout: 3s\n`);
+      const r = await cli(["job", "run", "-f", "job.yaml", "--json"], { env: s.env, cwd: s.root });
+      expect(r.code).toBe(1);
+      const status = JSON.parse(r.stdout) as { state: string; error: string };
+      expect(status.state).toBe("failed");
+      expect(status.error).toMatch(/^timed out after 3 s while installing/);
+      expect(r.stderr).not.toContain("ran");
+      expect(running("hangs-job")).toBe("");
+      // The variable is the default; the job file's own limit wins over it.
+      const bad = await cli(["job", "run", "-f", "job.yaml"], { env: { ...s.env, GPULAYER_PREPARE_TIMEOUT: "soon" }, cwd: s.root });
+      expect(bad.code).toBe(2);
+      expect(bad.stderr).toStartWith("error: GPULAYER_PREPARE_TIMEOUT=soon (environment): not a duration");
+    } finally {
+      s.cleanup();
+    }
+  });
+});

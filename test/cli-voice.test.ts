@@ -1,0 +1,147 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import type { ArgsDef, CommandDef } from "citty";
+import { runCommand } from "citty";
+import { join } from "node:path";
+import { shellSplit } from "../src/docker/shellwords.ts";
+import { rejectUnknownFlags } from "../src/commands/_args.ts";
+import { EXAMPLES } from "../src/commands/_examples.ts";
+import { helpText } from "../src/commands/_help.ts";
+import { Output } from "../src/ui/output.ts";
+import { cli, makeWorkerVenv, readyKeys, sandbox } from "./helpers.ts";
+import { PackageIndex } from "./fixtures/index.ts";
+
+/** One CLI voice: usage lines, help, colour, error and warning lines. In-process where no real process is needed. */
+
+const box = sandbox();
+afterAll(() => box.cleanup());
+
+// biome-ignore lint: each command has its own args type
+type Loader = () => Promise<CommandDef<any>>;
+const COMMANDS: Record<string, Loader> = {
+  "env prepare": () => import("../src/commands/env/prepare.ts").then((m) => m.default),
+  "env list": () => import("../src/commands/env/list.ts").then((m) => m.default),
+  "env show": () => import("../src/commands/env/show.ts").then((m) => m.default),
+  "env rm": () => import("../src/commands/env/rm.ts").then((m) => m.default),
+  "job run": () => import("../src/commands/job/run.ts").then((m) => m.default),
+  "job status": () => import("../src/commands/job/status.ts").then((m) => m.default),
+  "job logs": () => import("../src/commands/job/logs.ts").then((m) => m.default),
+  "job list": () => import("../src/commands/job/list.ts").then((m) => m.default),
+  "job cancel": () => import("../src/commands/job/cancel.ts").then((m) => m.default),
+  gc: () => import("../src/commands/gc.ts").then((m) => m.default),
+  config: () => import("../src/commands/config.ts").then((m) => m.default),
+  join: () => import("../src/commands/join.ts").then((m) => m.default),
+  server: () => import("../src/commands/server.ts").then((m) => m.default),
+  workers: () => import("../src/commands/workers.ts").then((m) => m.default),
+  version: () => import("../src/commands/version.ts").then((m) => m.default),
+};
+
+describe("--help", () => {
+  for (const [path, load] of Object.entries(COMMANDS)) {
+    test(`${path}: the usage line names the program and the command; no colour off a terminal`, async () => {
+      const text = await helpText(await load(), path.split(" "), { color: false });
+      expect(text).toContain(`USAGE  gpulayer ${path}`);
+      expect(text).not.toMatch(/\u001b\[/);
+      expect(text.split("\n").every((l) => l === l.trimEnd())).toBe(true);
+    });
+  }
+
+  test("job run's usage shows the command after --", async () => {
+    expect(await helpText(await COMMANDS["job run"]!(), ["job", "run"], { color: false })).toContain("USAGE  gpulayer job run [OPTIONS] [-- COMMAND ...]");
+  });
+
+  test("only the commands that install say --verbose shows the installer", async () => {
+    for (const [path, load] of Object.entries(COMMANDS)) {
+      const text = await helpText(await load(), path.split(" "), { color: false });
+      const verbose = text.split("\n").find((l) => l.trimStart().startsWith("--verbose")) ?? "";
+      expect(verbose.includes("installer")).toBe(path === "env prepare" || path === "job run");
+    }
+  });
+
+  test("every example under --help uses flags its command has", async () => {
+    for (const [path, examples] of Object.entries(EXAMPLES)) {
+      if (!path || !COMMANDS[path]) continue;
+      const args = ((await COMMANDS[path]!()).args ?? {}) as ArgsDef;
+      for (const example of examples) {
+        const words = shellSplit(example.replace(/\s+#.*$/, ""), "example");
+        const at = words.indexOf("gpulayer");
+        const rest = words.slice(at + 1 + path.split(" ").length);
+        expect(() => rejectUnknownFlags(rest, args)).not.toThrow();
+      }
+    }
+  });
+
+  test("as a process: plain when piped, NO_COLOR plain, FORCE_COLOR in colour", async () => {
+    const piped = await cli(["job", "run", "--help"], { env: box.env });
+    expect(piped.stdout).toStartWith("Prepare the job's environment");
+    expect(piped.stdout).not.toMatch(/\u001b\[/);
+    const forced = await cli(["job", "run", "--help"], { env: { ...box.env, FORCE_COLOR: "1" } });
+    expect(forced.stdout).toMatch(/\u001b\[1mUSAGE/);
+    const both = await cli(["job", "run", "--help"], { env: { ...box.env, FORCE_COLOR: "0", NO_COLOR: "1" } });
+    expect(both.stdout).not.toMatch(/\u001b\[/);
+  });
+});
+
+describe("one error style", () => {
+  test("warnings and errors from a command are one prefixed line each, no colour, no padding", () => {
+    const written: string[] = [];
+    const write = process.stderr.write;
+    process.stderr.write = ((chunk: string) => (written.push(String(chunk)), true)) as typeof process.stderr.write;
+    try {
+      const out = new Output({});
+      out.log.warn("pip check: x 1.0 requires y");
+      out.log.error("task.prepare failed: nope");
+      out.log.info("plain");
+    } finally {
+      process.stderr.write = write;
+    }
+    expect(written).toEqual(["warning: pip check: x 1.0 requires y\n", "error: task.prepare failed: nope\n", "plain\n"]);
+  });
+
+  test("a command given without -- gets the hint; a negative size is named", async () => {
+    const r = await cli(["job", "run", "-p", "tqdm", "python", "-c", "1"], { env: box.env });
+    expect(r.code).toBe(2);
+    expect(r.stderr).toBe("error: unexpected argument python: put the command after -- (gpulayer job run -p tqdm -- python -c 1)\n");
+    const neg = await cli(["gc", "--max-size", "-5G"], { env: box.env });
+    expect(neg.code).toBe(2);
+    expect(neg.stderr).toBe("error: --max-size -5G: a size cannot be negative\n");
+  });
+
+  test("in-process: a command run through citty's runCommand, as its tests would", async () => {
+    const before = { ...process.env };
+    const printed: string[] = [];
+    const write = process.stdout.write;
+    process.env.GPULAYER_HOME = box.home;
+    process.env.GPULAYER_CACHE_MAX_SIZE = "3G";
+    process.stdout.write = ((chunk: string) => (printed.push(String(chunk)), true)) as typeof process.stdout.write;
+    try {
+      await runCommand(await COMMANDS.config!(), { rawArgs: ["--json"] });
+    } finally {
+      process.stdout.write = write;
+      for (const k of Object.keys(process.env)) if (!(k in before)) delete process.env[k];
+      Object.assign(process.env, before);
+    }
+    const doc = JSON.parse(printed.join("")) as { settings: { name: string; value: unknown; source: string }[] };
+    expect(doc.settings.find((s) => s.name === "cache.max_size")).toMatchObject({ value: 3 * 1024 ** 3, source: "env" });
+  });
+});
+
+describe("an invalid marker", () => {
+  const index = new PackageIndex(join(box.root, "index")).start();
+  afterAll(() => index.stop());
+  test("is one line naming it, not pip's traceback; nothing is left in the cache", async () => {
+    index.wheel({ name: "tiny", version: "1.0" });
+    const py = await makeWorkerVenv(join(box.root, "worker"), { withPip: true, env: box.env });
+    // pip reads the marker (uv's fast path would refuse it in its own words); both must be one line.
+    const r = await cli(["env", "prepare", "-p", 'tiny ; python_version >> "3"', "--index-url", index.url, "--python", py], { env: { ...box.env, GPULAYER_INSTALLER: "pip" } });
+    expect(r.code).toBe(1);
+    const errors = r.stderr.split("\n").filter((l) => l.startsWith("error:"));
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toContain("Invalid marker");
+    expect(r.stderr).not.toContain("Traceback");
+    expect(readyKeys(box.home)).toEqual([]);
+    const fast = await cli(["env", "prepare", "-p", 'tiny ; python_version >> "3"', "--index-url", index.url, "--python", py], { env: box.env });
+    expect(fast.code).not.toBe(0);
+    expect(fast.stderr.split("\n").filter((l) => l.startsWith("error:"))).toHaveLength(1);
+    expect(fast.stderr).not.toContain("Traceback");
+  });
+});

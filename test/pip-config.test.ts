@@ -1,0 +1,102 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { mkdirSync, readdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { makeDist, PackageIndex } from "./fixtures/index.ts";
+import { cli, HAS_UV, makeWorkerVenv, sandbox, tempDir } from "./helpers.ts";
+
+/**
+ * The machine's pip configuration (a pip.conf named by PIP_CONFIG_FILE, PIP_*
+ * variables), as GPU boxes behind a mirror have it: each setting uv can
+ * honour is given to uv, and the same request built by both paths, on fresh
+ * homes, installs the same set. A setting uv cannot honour is named, and pip
+ * builds.
+ */
+
+setDefaultTimeout(120_000);
+
+const world = tempDir("gpl-pipconf-");
+const main = new PackageIndex(join(world, "main"));
+const extra = new PackageIndex(join(world, "extra"));
+const links = join(world, "links");
+let worker: string;
+
+beforeAll(async () => {
+  main.start();
+  extra.start();
+  main.wheel({ name: "top", version: "1.0", requires: ["dep"] });
+  main.wheel({ name: "dep", version: "1.0" });
+  main.wheel({ name: "dep", version: "2.0" });
+  main.wheel({ name: "pre-pkg", version: "1.0" });
+  main.wheel({ name: "pre-pkg", version: "2.0b1" });
+  main.sdist({ name: "both-forms", version: "1.0" });
+  main.wheel({ name: "both-forms", version: "1.0" });
+  extra.wheel({ name: "from-extra", version: "3.0" });
+  mkdirSync(links);
+  makeDist("wheel", links, { name: "linked", version: "0.5" });
+  worker = await makeWorkerVenv(join(world, "worker"), { env: sandbox().env, withPip: true });
+});
+
+afterAll(() => {
+  main.stop();
+  extra.stop();
+});
+
+/** The env's own `name==version` set. */
+function installed(path: string): string[] {
+  const site = join(path, "lib", "python3.11", "site-packages");
+  return readdirSync(site)
+    .map((n) => /^(.+)-([^-]+)\.dist-info$/.exec(n))
+    .filter((m): m is RegExpExecArray => Boolean(m))
+    .map((m) => `${m[1]!.toLowerCase().replace(/_/g, "-")}==${m[2]}`)
+    .sort();
+}
+
+async function build(specs: string[], conf: string, vars: Record<string, string>, installer: "pip" | "auto") {
+  const s = sandbox();
+  const file = join(s.root, "pip.conf");
+  writeFileSync(file, conf);
+  const env = { ...s.env, ...vars, PIP_CONFIG_FILE: file, GPULAYER_INSTALLER: installer };
+  const r = await cli(["env", "prepare", ...specs.flatMap((p) => ["-p", p]), "--python", worker, "--json"], { env, cwd: s.root });
+  if (r.code !== 0) throw new Error(`${installer}: ${r.stderr}`);
+  const doc = JSON.parse(r.stdout) as { path: string; installer_path: string };
+  return { set: installed(doc.path), path: doc.installer_path, stderr: r.stderr };
+}
+
+const constraints = join(world, "constraints.txt");
+writeFileSync(constraints, "dep<2\n");
+
+const cases: { name: string; specs: string[]; conf: () => string; vars?: Record<string, string>; expect: string[] }[] = [
+  { name: "index-url in pip.conf", specs: ["top"], conf: () => `[global]\nindex-url = ${main.url}\n`, expect: ["dep==2.0", "top==1.0"] },
+  { name: "extra-index-url in pip.conf", specs: ["from-extra", "top"], conf: () => `[global]\nindex-url = ${main.url}\nextra-index-url = ${extra.url}\n`, expect: ["dep==2.0", "from-extra==3.0", "top==1.0"] },
+  { name: "a constraint file in pip.conf", specs: ["top"], conf: () => `[global]\nindex-url = ${main.url}\nconstraint = ${constraints}\n`, expect: ["dep==1.0", "top==1.0"] },
+  { name: "find-links and no-index from PIP_* variables", specs: ["linked"], conf: () => "", vars: { PIP_FIND_LINKS: links, PIP_NO_INDEX: "1" }, expect: ["linked==0.5"] },
+  { name: "PIP_PRE", specs: ["pre-pkg"], conf: () => `[global]\nindex-url = ${main.url}\n`, vars: { PIP_PRE: "1" }, expect: ["pre-pkg==2.0b1"] },
+  { name: "only-binary in [install]", specs: ["both-forms"], conf: () => `[global]\nindex-url = ${main.url}\n[install]\nonly-binary = :all:\n`, expect: ["both-forms==1.0"] },
+  {
+    name: "timeout, retries, trusted-host and cert: how it talks, same set",
+    specs: ["top"],
+    conf: () => `[global]\nindex-url = ${main.url}\ntimeout = 30\nretries = 2\ntrusted-host = 127.0.0.1\ncert = /etc/ssl/certs/ca-certificates.crt\n`,
+    expect: ["dep==2.0", "top==1.0"],
+  },
+];
+
+describe.skipIf(!HAS_UV)("machine pip configuration, honoured by uv", () => {
+  for (const c of cases) {
+    test(`${c.name}: both paths install the same set, and auto takes the fast path`, async () => {
+      const [pip, auto] = await Promise.all([build(c.specs, c.conf(), c.vars ?? {}, "pip"), build(c.specs, c.conf(), c.vars ?? {}, "auto")]);
+      expect(pip.set).toEqual(c.expect);
+      expect(auto.set).toEqual(pip.set);
+      expect(pip.path).toBe("pip");
+      expect(auto.path).toBe("uv (fast path)");
+    });
+  }
+
+  test("a setting uv cannot honour the same way is named, with how to get the fast path, and pip builds", async () => {
+    const s = sandbox();
+    writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\nprefer-binary = true\n`);
+    const r = await cli(["env", "prepare", "-p", "top", "--python", worker], { env: { ...s.env, PIP_CONFIG_FILE: join(s.root, "pip.conf") }, cwd: s.root });
+    expect(r.code).toBe(0);
+    expect(installed(r.stdout.trim().split("\n").at(-1)!)).toEqual(["dep==2.0", "top==1.0"]);
+    expect(r.stderr).toMatch(/with pip [\d.]+ \(not uv: the machine's pip configuration sets --prefer-binary \(from [^)]*pip\.conf\), which uv cannot honour the same way; for the fast path, remove it or give --index-url/);
+  });
+});

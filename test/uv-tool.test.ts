@@ -1,0 +1,229 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { closeSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, realpathSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { basename, join } from "node:path";
+import type { InterpreterInfo } from "../src/env/interpreter.ts";
+import type { RequestInputs } from "../src/env/requirements.ts";
+import { findUv, pinnedUvPath, pinnedWheelFor, UV_VERSION, UV_WHEEL_SHA256 } from "../src/env/uv-tool.ts";
+import { makeDist } from "./fixtures/index.ts";
+import { makeUvWheel, WheelIndex } from "./fixtures/wheel-index.ts";
+import { cli, makeWorkerVenv, run, sandbox, tempDir } from "./helpers.ts";
+
+/**
+ * The `uv` setting (GPULAYER_UV): a uv of one's own, off, and auto on a box
+ * with no uv on PATH, where gpulayer installs the pinned uv from the package
+ * index (a local one here: tests never reach PyPI) after checking its hash.
+ */
+
+setDefaultTimeout(120_000);
+
+/** The uv binary itself (not a pyenv shim, which needs pyenv on PATH). */
+function realUv(): string | null {
+  const found = Bun.which("uv");
+  if (!found) return null;
+  const real = realpathSync(found);
+  const head = Buffer.alloc(2);
+  const fd = openSync(real, "r");
+  readSync(fd, head, 0, 2, 0);
+  closeSync(fd);
+  if (head.toString() !== "#!") return real;
+  const r = Bun.spawnSync(["pyenv", "which", "uv"], { stdout: "pipe", stderr: "ignore" });
+  return r.exitCode === 0 ? r.stdout.toString().trim() : null;
+}
+
+const UV = realUv();
+/** The test process's PATH without any folder that holds a uv. */
+const NO_UV_PATH = (process.env.PATH ?? "").split(":").filter((d) => d && !existsSync(join(d, "uv"))).join(":");
+/** A copy of the official wheel for this platform (no network in tests): the success path runs only with it. */
+const OFFICIAL = process.env.GPULAYER_TEST_UV_WHEEL && existsSync(process.env.GPULAYER_TEST_UV_WHEEL) ? process.env.GPULAYER_TEST_UV_WHEEL : null;
+
+function platformTag(): string {
+  const arch = process.arch === "arm64" ? "aarch64" : "x86_64";
+  if (process.platform === "darwin") return process.arch === "arm64" ? "macosx_11_0_arm64" : "macosx_10_12_x86_64";
+  return `manylinux_2_17_${arch}`;
+}
+
+const world = tempDir("gpl-uvtool-");
+let wPip: string; // worker with pip
+let wPlain: string; // worker without pip (the bundled pip downloads)
+
+beforeAll(async () => {
+  const s = sandbox();
+  [wPip, wPlain] = await Promise.all([makeWorkerVenv(join(world, "w-pip"), { env: s.env, withPip: true }), makeWorkerVenv(join(world, "w-plain"), { env: s.env })]);
+  s.cleanup();
+}, 180_000);
+
+afterAll(() => rmSync(world, { recursive: true, force: true }));
+
+/** An index of its own for a test: `tiny` and `other`, and the given uv wheel if any. */
+function indexWith(name: string, uvWheel?: (dir: string) => string): { index: WheelIndex; wheel: string | null } {
+  const index = new WheelIndex(join(world, name));
+  makeDist("wheel", index.dir, { name: "tiny", version: "1.0" });
+  makeDist("wheel", index.dir, { name: "other", version: "1.0" });
+  const wheel = uvWheel ? uvWheel(index.dir) : null;
+  return { index: index.start(), wheel };
+}
+
+interface Built {
+  code: number;
+  stderr: string;
+  meta: Record<string, any>;
+}
+
+async function prepare(s: ReturnType<typeof sandbox>, args: string[], env: Record<string, string>): Promise<Built> {
+  const r = await cli(["env", "prepare", ...args, "--json"], { env: { ...s.env, PATH: NO_UV_PATH, ...env }, cwd: s.root });
+  if (r.code !== 0) return { code: r.code, stderr: r.stderr, meta: {} };
+  const { path } = JSON.parse(r.stdout);
+  return { code: 0, stderr: r.stderr, meta: JSON.parse(readFileSync(join(path, ".gpulayer", "meta.json"), "utf8")) };
+}
+
+/** What of the pinned uv is in a home's tools folder, temp folders included. */
+const pinnedLeft = (home: string) => (existsSync(join(home, "tools")) ? readdirSync(join(home, "tools")).filter((f) => f.startsWith(`uv-${UV_VERSION}`)) : []);
+
+const sha256 = (file: string) => new Bun.CryptoHasher("sha256").update(readFileSync(file)).digest("hex");
+
+test("the pinned version is the one this machine's uv reports, and the table is for Linux and macOS", async () => {
+  if (UV) expect((await run([UV, "--version"])).stdout).toStartWith(`uv ${UV_VERSION} `);
+  expect(Object.keys(UV_WHEEL_SHA256).every((f) => f.startsWith(`uv-${UV_VERSION}-py3-none-`))).toBe(true);
+  expect(Object.values(UV_WHEEL_SHA256).every((h) => /^[0-9a-f]{64}$/.test(h))).toBe(true);
+  // A wheel of another name is held to the entry it shares a platform tag with.
+  expect(pinnedWheelFor(`uv-${UV_VERSION}-py3-none-manylinux_2_17_x86_64.whl`)?.name).toBe(`uv-${UV_VERSION}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl`);
+  expect(pinnedWheelFor(`uv-${UV_VERSION}-py3-none-musllinux_1_1_aarch64.whl`)?.name).toBe(`uv-${UV_VERSION}-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.musllinux_1_1_aarch64.whl`);
+  expect(pinnedWheelFor(`uv-${UV_VERSION}-py3-none-win_amd64.whl`)).toBeNull();
+});
+
+test("findUv: off and a path that is no uv say why, and nothing is installed", async () => {
+  const toolsDir = join(world, "tools-unit");
+  const plan = (uv: string) => ({ uv, env: { PATH: NO_UV_PATH }, toolsDir, cwd: world, interpreter: {} as InterpreterInfo, inputs: {} as RequestInputs, isolated: false });
+  expect(await findUv(plan("off"))).toEqual({ path: null, reason: "the uv setting is off (GPULAYER_UV=off)" });
+  expect(await findUv(plan(join(world, "no-such-uv")))).toEqual({ path: null, reason: `the uv setting names ${join(world, "no-such-uv")}, which is not an executable file` });
+  // auto with neither installer nor venv creator wanting uv: no download.
+  expect(await findUv({ ...plan("auto"), installer: "pip", venvCreator: "venv" })).toEqual({ path: null, reason: "uv is not on PATH" });
+  expect(existsSync(toolsDir)).toBe(false);
+});
+
+describe.if(Boolean(UV))("the uv setting, with no uv on PATH", () => {
+  test("GPULAYER_UV=/path/to/uv: the fast path with that uv, nothing downloaded", async () => {
+    expect(Bun.which("uv", { PATH: NO_UV_PATH })).toBeNull();
+    const { index } = indexWith("idx-own");
+    const s = sandbox();
+    try {
+      const own = join(s.root, "bin", "my-uv");
+      mkdirSync(join(s.root, "bin"));
+      symlinkSync(UV!, own);
+      const b = await prepare(s, ["-p", "tiny", "--index-url", index.url, "--python", wPip], { GPULAYER_UV: own });
+      expect(b.stderr).not.toContain("error");
+      expect(b.code).toBe(0);
+      expect(b.meta.installerPath).toBe("uv (fast path)");
+      expect(b.meta.installer).toBe(`uv ${UV_VERSION} (fast path)`);
+      expect(b.meta.venvCreator).toBe("uv");
+      expect(b.meta.installed).toEqual(["tiny==1.0"]);
+      expect(index.asked("uv")).toBe(0);
+      expect(pinnedLeft(s.home)).toEqual([]);
+    } finally {
+      index.stop();
+      s.cleanup();
+    }
+  });
+
+  test("GPULAYER_UV=off: the pip path, and the progress line says why", async () => {
+    const { index } = indexWith("idx-off");
+    const s = sandbox();
+    try {
+      const b = await prepare(s, ["-p", "tiny", "--index-url", index.url, "--python", wPip], { GPULAYER_UV: "off" });
+      expect(b.code).toBe(0);
+      expect(b.meta.installerPath).toBe("pip");
+      expect(b.meta.venvCreator).toBe("venv");
+      expect(b.meta.installerFallback).toBe("the uv setting is off (GPULAYER_UV=off)");
+      expect(b.stderr).toContain("(not uv: the uv setting is off (GPULAYER_UV=off))");
+      expect(index.asked("uv")).toBe(0);
+    } finally {
+      index.stop();
+      s.cleanup();
+    }
+  });
+
+  test("auto, the index serves a uv wheel that is not the official one: pip builds, the message names the mismatch, nothing is installed", async () => {
+    const { index, wheel } = indexWith("idx-fake", (dir) => makeUvWheel(dir, { uvBinary: UV!, version: UV_VERSION, platformTag: platformTag() }));
+    const got = sha256(wheel!);
+    const official = pinnedWheelFor(basename(wheel!))!;
+    expect(got).not.toBe(official.sha256);
+    const s = sandbox();
+    try {
+      // The index as the machine's pip configuration names it (not --index-url): pip download reads it too. The bundled pip asks.
+      const b = await prepare(s, ["-p", "tiny", "--python", wPlain], { PIP_INDEX_URL: index.url });
+      expect(b.code).toBe(0);
+      expect(index.asked("uv")).toBe(1);
+      expect(b.meta.installerPath).toBe("pip");
+      expect(b.meta.venvCreator).toBe("venv");
+      expect(b.meta.installed).toEqual(["tiny==1.0"]);
+      const reason: string = b.meta.installerFallback;
+      expect(reason).toStartWith("uv is not on PATH and installing the pinned uv failed: hash mismatch: ");
+      for (const part of [basename(wheel!), got, official.sha256, "GPULAYER_UV=/path/to/uv", "GPULAYER_UV=off"]) expect(reason).toContain(part);
+      expect(b.stderr).toContain(`(not uv: ${reason})`);
+      expect(pinnedLeft(s.home)).toEqual([]);
+      expect(existsSync(pinnedUvPath(join(s.home, "tools")))).toBe(false);
+    } finally {
+      index.stop();
+      s.cleanup();
+    }
+  });
+
+  test("auto, the index the request's file names has no uv: pip builds and says pip found none", async () => {
+    const { index } = indexWith("idx-none");
+    const s = sandbox();
+    try {
+      // The index as the request's own file names it: pip download asks it too.
+      writeFileSync(join(s.root, "requirements.txt"), `--index-url ${index.url}\ntiny\n`);
+      const b = await prepare(s, ["requirements.txt", "--python", wPip], {});
+      expect(b.code).toBe(0);
+      expect(b.meta.installerPath).toBe("pip");
+      expect(b.meta.installerFallback).toStartWith(`uv is not on PATH and installing the pinned uv failed: pip download uv==${UV_VERSION}: `);
+      expect(b.meta.installerFallback).toContain(`uv==${UV_VERSION}`);
+      expect(index.asked("uv")).toBeGreaterThanOrEqual(1);
+      expect(pinnedLeft(s.home)).toEqual([]);
+    } finally {
+      index.stop();
+      s.cleanup();
+    }
+  });
+
+  test.skipIf(!OFFICIAL)(
+    `auto installs the official uv wheel once, two builds at once, and later builds use it without asking pip${OFFICIAL ? "" : ` (skipped: set GPULAYER_TEST_UV_WHEEL to a copy of the official uv ${UV_VERSION} wheel for this platform, e.g. from \`pip download uv==${UV_VERSION} --only-binary :all: --no-deps\`)`}`,
+    async () => {
+      const { index, wheel } = indexWith("idx-official", (dir) => {
+        const to = join(dir, basename(OFFICIAL!));
+        copyFileSync(OFFICIAL!, to);
+        return to;
+      });
+      expect(UV_WHEEL_SHA256[basename(wheel!)]).toBe(sha256(wheel!));
+      const s = sandbox();
+      try {
+        const idx = ["--index-url", index.url];
+        const [a, b] = await Promise.all([prepare(s, ["-p", "tiny", ...idx, "--python", wPip], {}), prepare(s, ["-p", "other", ...idx, "--python", wPlain], {})]);
+        for (const x of [a, b]) {
+          expect(x.code).toBe(0);
+          expect(x.meta.installerPath).toBe("uv (fast path)");
+          expect(x.meta.installer).toBe(`uv ${UV_VERSION} (fast path)`);
+          expect(x.meta.venvCreator).toBe("uv");
+          expect(x.meta.installerFallback).toBeNull();
+        }
+        const pinned = pinnedUvPath(join(s.home, "tools"));
+        expect(pinnedLeft(s.home)).toEqual([`uv-${UV_VERSION}`]);
+        expect(readdirSync(join(s.home, "tools", `uv-${UV_VERSION}`))).toEqual(["uv"]);
+        expect(statSync(pinned).mode & 0o777).toBe(0o755);
+        expect((await run([pinned, "--version"])).stdout).toStartWith(`uv ${UV_VERSION} `);
+        const asked = index.asked("uv");
+        expect(asked).toBeGreaterThanOrEqual(1);
+        expect(asked).toBeLessThanOrEqual(2);
+        // A later cold build: the pinned uv is there, pip is not asked for it again.
+        const c = await prepare(s, ["-p", "tiny", "-p", "other", ...idx, "--python", wPip], {});
+        expect(c.code).toBe(0);
+        expect(c.meta.installerPath).toBe("uv (fast path)");
+        expect(index.asked("uv")).toBe(asked);
+      } finally {
+        index.stop();
+        s.cleanup();
+      }
+    },
+  );
+});
