@@ -97,7 +97,7 @@ interface Notes {
   torch: Record<string, string>;
 }
 
-/** A home that has built before: only its interpreter probe is kept (envs and pip/uv caches are fresh every run). */
+/** A home that has built before: its interpreter probe and tools (stand-in templates, pip's reading of its configuration) are kept; envs and pip/uv caches are fresh every run. */
 const seedHome = join(work, "seed-home");
 
 /** `machine`: the case's machine pip configuration (PIP_CONFIG_FILE...), given to gpulayer and raw pip; raw uv gets `rawUvArgs` instead. */
@@ -107,7 +107,7 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
   const gpulayer = (installer: "auto" | "pip", seeded = false) => async () => {
     const { env: freshEnv } = fresh();
     const env = { ...freshEnv, ...extra };
-    if (seeded) cpSync(join(seedHome, "interpreters-v1"), join(env.GPULAYER_HOME, "interpreters-v1"), { recursive: true });
+    if (seeded) for (const kept of ["interpreters-v1", "tools"]) if (existsSync(join(seedHome, kept))) cpSync(join(seedHome, kept), join(env.GPULAYER_HOME, kept), { recursive: true });
     const t = performance.now();
     const r = await run([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker], { ...env, GPULAYER_INSTALLER: installer });
     const ms = performance.now() - t;
@@ -129,6 +129,14 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
     notes.torch["raw uv"] = `${hasTorch(venv) ? "torch installed again" : "no torch"}; ${du(venv)}`;
     return ms;
   };
+  const rawUvCompiled = async () => {
+    const { dir, env } = fresh();
+    const venv = join(dir, "venv");
+    const t = performance.now();
+    await must(["uv", "venv", "--no-config", "--quiet", "--python", worker, venv], env);
+    await must(["uv", "pip", "install", "--no-config", "--quiet", "--compile-bytecode", "--python", join(venv, "bin", "python"), ...(machine?.rawUvArgs ?? indexArgs), spec], env);
+    return performance.now() - t;
+  };
   const rawPip = async () => {
     const { dir, env } = fresh();
     const venv = join(dir, "venv");
@@ -142,9 +150,10 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
   const rows = await sideBySide(
     [
       ["`gpulayer env prepare`, uv fast path (auto)", gpulayer("auto")],
-      ["`gpulayer env prepare`, uv fast path, on a home that has built before (interpreter probe kept)", gpulayer("auto", true)],
+      ["`gpulayer env prepare`, uv fast path, on a home that has built before (interpreter probe and tools kept)", gpulayer("auto", true)],
       ["`gpulayer env prepare`, pip path (GPULAYER_INSTALLER=pip, the ADR's build)", gpulayer("pip")],
       [RAW_UV, rawUv],
+      ["`uv venv` + `uv pip install --compile-bytecode` (raw, compiled as gpulayer's envs are)", rawUvCompiled],
       ["`python -m venv --without-pip` + `pip install` (raw)", rawPip],
     ],
     runs,
@@ -218,7 +227,7 @@ try {
   const versions = [`bun ${Bun.version}`, (await run([smallPy, "--version"])).out.trim(), (await run([smallPy, "-m", "pip", "--version"])).out.trim().split(" from ")[0]!, (await run([uv, "--version"])).out.trim()];
   const ratio = (rows: [string, Stats][], a: string, b: string) => rows.find(([x]) => x.startsWith(a))![1].median / rows.find(([x]) => x.startsWith(b))![1].median;
   const summary = (name: string, rows: [string, Stats][]) =>
-    `- ${name}: fast path ${ratio(rows, "`gpulayer env prepare`, uv fast path (auto)", RAW_UV).toFixed(2)}x raw uv (${ratio(rows, "`gpulayer env prepare`, uv fast path, on", RAW_UV).toFixed(2)}x on a home that has built before); pip path ${ratio(rows, "`gpulayer env prepare`, pip", "`gpulayer env prepare`, uv fast path (auto)").toFixed(1)}x the fast path`;
+    `- ${name}: fast path ${ratio(rows, "`gpulayer env prepare`, uv fast path (auto)", RAW_UV).toFixed(2)}x raw uv (${ratio(rows, "`gpulayer env prepare`, uv fast path, on", RAW_UV).toFixed(2)}x on a home that has built before; ${ratio(rows, "`gpulayer env prepare`, uv fast path, on", "`uv venv` + `uv pip install --compile-bytecode`").toFixed(2)}x raw uv compiling bytecode as gpulayer does); pip path ${ratio(rows, "`gpulayer env prepare`, pip", "`gpulayer env prepare`, uv fast path (auto)").toFixed(1)}x the fast path`;
   const doc = [
     "# Benchmark: cold builds, the uv fast path against the pip path (the ADR), raw uv and raw pip",
     "",

@@ -30,6 +30,7 @@ export function remoteSpec(spec: JobSpec, pack?: PackResult): RemoteSpec {
       extraIndexUrls: e.extraIndexUrls,
       findLinks: e.findLinks.map((f) => (isUrl(f) ? f : inBundle(spec.workdir, f, "--find-links", pack))),
       ...(e.image ? { image: e.image } : {}),
+      ...(e.prepareTimeoutMs ? { prepareTimeoutMs: e.prepareTimeoutMs } : {}),
     },
     resources: spec.resources,
   };

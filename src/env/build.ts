@@ -164,8 +164,11 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
     const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site);
     if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
-    await timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, env, plan, hooks));
-    check = await timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks));
+    // The check reads metadata, the compile writes only __pycache__: side by side, each timed as its own step.
+    [, check] = await Promise.all([
+      timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, env, plan, hooks)),
+      timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks)),
+    ]);
     // The env keeps its own packages and the .pth link, exactly as pip leaves it.
     removePlaceholders(site, placeholders);
   } else {
@@ -174,8 +177,10 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     const why = fallback ? ` (not uv: ${fallback})` : "";
     if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${pip.name}${why}`, () => pipInstall(plan, pip, env, hooks));
     // pip compiles as it installs, unless its configuration says --no-compile: what is already there is skipped.
-    await timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, env, plan, hooks));
-    check = await timed("checking", "pip check", () => pipCheck(plan, pip, env, hooks));
+    [, check] = await Promise.all([
+      timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, env, plan, hooks)),
+      timed("checking", "pip check", () => pipCheck(plan, pip, env, hooks)),
+    ]);
   }
   return { venvCreator, installer, installerPath: fast ? FAST_PATH : "pip", fallback: fast ? null : fallback, installed: installedSet([site]), check, steps };
 }

@@ -56,7 +56,8 @@ export function pipConfigDigest(env: NodeJS.ProcessEnv, digestCache: string | nu
 
 /** What pip's reading of its configuration depends on, and only that: the PIP_* variables and the config files' text (not the folders or files they name). */
 export function pipConfigSourceDigest(env: NodeJS.ProcessEnv): string {
-  const vars = Object.entries(env).filter(([k, v]) => k.startsWith("PIP_") && v !== undefined).sort(([a], [b]) => (a < b ? -1 : 1));
+  // Not the neutral ones (PIP_CACHE_DIR...): a fresh cache folder is no new configuration to ask pip about.
+  const vars = Object.entries(env).filter(([k, v]) => k.startsWith("PIP_") && v !== undefined && !NEUTRAL_VARIABLES.has(k)).sort(([a], [b]) => (a < b ? -1 : 1));
   const files = pipConfigFiles(env).map((f) => `${f}\n${existsSync(f) ? readFileSync(f, "utf8") : ""}`);
   return contentHash([...vars.map(([k, v]) => `${k}=${v}`), ...files].join("\0"));
 }

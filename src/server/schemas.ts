@@ -22,6 +22,8 @@ const Environment = v.strictObject({
   extraIndexUrls: StrList,
   findLinks: StrList,
   image: v.optional(Str),
+  /** environment.prepare_timeout or --prepare-timeout, in ms; else the worker's own prepare_timeout. */
+  prepareTimeoutMs: v.optional(v.pipe(v.number(), v.integer(), v.minValue(1))),
 });
 
 export const RemoteSpecSchema = v.strictObject({

@@ -96,6 +96,7 @@ function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: Worke
     environment: {
       ...environmentRequest(withinBundle(e), source, ctx.runner.defaultPython),
       image: e.image,
+      prepareTimeoutMs: e.prepareTimeoutMs,
     },
     resources: spec.resources,
   };
