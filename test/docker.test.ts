@@ -123,7 +123,7 @@ describe.each(ENGINES)("%s", (name) => {
     beforeAll(async () => {
       if (!status[name].ok) return;
       const ref = await push(`run-${name}`, name);
-      const r = await ensureImage(homeLayout(box.home), ref, { host: { env: box.env } });
+      const r = await ensureImage(homeLayout(box.home), ref, { host: { env: box.env, forced: name, forcedBy: "the test" } });
       engine = r.engine;
       imageId = r.imageId;
       expect(engine.name).toBe(name);

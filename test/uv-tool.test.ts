@@ -5,7 +5,8 @@ import type { InterpreterInfo } from "../src/env/interpreter.ts";
 import type { RequestInputs } from "../src/env/requirements.ts";
 import { findUv, pinnedUvPath, pinnedWheelFor, UV_VERSION, UV_WHEEL_SHA256 } from "../src/env/uv-tool.ts";
 import { makeDist } from "./fixtures/index.ts";
-import { makeUvWheel, WheelIndex } from "./fixtures/wheel-index.ts";
+import { PackageIndex } from "./fixtures/index.ts";
+import { makeUvWheel } from "./fixtures/uv-wheel.ts";
 import { cli, makeWorkerVenv, run, sandbox, tempDir } from "./helpers.ts";
 
 /**
@@ -55,8 +56,8 @@ beforeAll(async () => {
 afterAll(() => rmSync(world, { recursive: true, force: true }));
 
 /** An index of its own for a test: `tiny` and `other`, and the given uv wheel if any. */
-function indexWith(name: string, uvWheel?: (dir: string) => string): { index: WheelIndex; wheel: string | null } {
-  const index = new WheelIndex(join(world, name));
+function indexWith(name: string, uvWheel?: (dir: string) => string): { index: PackageIndex; wheel: string | null } {
+  const index = new PackageIndex(join(world, name));
   makeDist("wheel", index.dir, { name: "tiny", version: "1.0" });
   makeDist("wheel", index.dir, { name: "other", version: "1.0" });
   const wheel = uvWheel ? uvWheel(index.dir) : null;
