@@ -110,6 +110,15 @@ describe("unpacking refuses unsafe bundles before anything is written", () => {
     ["a link pointing outside", [["ok.txt", "file", "fine"], ["l", "sym", root], ["l/escaped-link", "file", "x"]], /link to .* outside the bundle/],
     ["a chain of links that climbs out", [["d", "dir", ""], ["d/x", "sym", ".."], ["d/x/z", "sym", ".."], ["d/x/z/escaped-chain", "file", "x"]], /goes through a link/],
     ["a hard link outside", [["ok.txt", "file", "fine"], ["h", "hard", "../../etc/passwd"]], /hard link/],
+    // Chains of links, each harmless when read alone: only resolving them through one another shows where they lead.
+    ["a two-link chain out, the inner link first", [["CHAIN", "dir", ""], ["CHAIN/up", "sym", ".."], ["root", "sym", "CHAIN/up/.."], ["root/escaped-chain", "file", "x"]], /"root" is a link to "CHAIN\/up\/\.\.", which leads outside the bundle/],
+    ["a two-link chain out, the outer link first", [["root", "sym", "CHAIN/up/.."], ["CHAIN", "dir", ""], ["CHAIN/up", "sym", ".."]], /"root" is a link to "CHAIN\/up\/\.\.", which leads outside the bundle/],
+    ["a three-link chain out", [["esc", "sym", "a/up2/.."], ["a", "dir", ""], ["a/b", "dir", ""], ["a/up2", "sym", "b/up/.."], ["a/b/up", "sym", ".."]], /"esc" is a link to "a\/up2\/\.\.", which leads outside the bundle/],
+    ["a link to a link that points outside", [["l2", "sym", "l1/x"], ["ok.txt", "file", "fine"], ["l1", "sym", "../.."]], /"l2" is a link to "l1\/x", which leads outside/],
+    ["a loop of links", [["a", "sym", "b"], ["b", "sym", "c/x"], ["c", "sym", "a"]], /which loops/],
+    ["an entry under a folder that a later entry turns into a link", [["a/x", "file", "x"], ["b", "dir", ""], ["a", "sym", "b"]], /"a\/x" goes through a link/],
+    ["a hard link to a link", [["sub", "dir", ""], ["sub/l", "sym", ".."], ["h", "hard", "sub/l"]], /hard link to "sub\/l", a link/],
+    ["a hard link through a link", [["d", "dir", ""], ["d/f", "file", "x"], ["l", "sym", "d"], ["h", "hard", "l/f"]], /hard link to "l\/f", through the link/],
     ["a device or fifo", [["ok.txt", "file", "fine"], ["f", "fifo", ""]], /FIFO/],
   ];
   for (const [label, entries, message] of cases) {
@@ -122,6 +131,26 @@ describe("unpacking refuses unsafe bundles before anything is written", () => {
       for (const name of ["escaped-abs", "escaped-dotdot", "escaped-link", "escaped-chain"]) expect(existsSync(join(root, name))).toBe(false);
     });
   }
+
+  test("a chain of links that stays inside passes and unpacks, whatever the order", async () => {
+    const file = await craft("inside-chain", [
+      // (tar itself will not create a link whose target goes through a link already on disk: y comes before b/up)
+      ["x", "sym", "a/f.txt"],
+      ["y", "sym", "b/up/b/up/a/f.txt"],
+      ["a", "sym", "b/c"],
+      ["b", "dir", ""],
+      ["b/c", "sym", "../d/e"],
+      ["b/up", "sym", ".."],
+      ["d", "dir", ""],
+      ["d/e", "dir", ""],
+      ["d/e/f.txt", "file", "inside"],
+      ["h", "hard", "d/e/f.txt"],
+    ]);
+    expect(inspectBundle(file, LIMITS).entries).toBe(10);
+    const out = join(root, "inside-chain-out");
+    await unpackBundle(file, out, LIMITS);
+    for (const name of ["x", "y", "h", "a/f.txt"]) expect(readFileSync(join(out, name), "utf8")).toBe("inside");
+  });
 
   test("garbage is not a bundle", () => {
     const file = join(root, "garbage.tar.gz");

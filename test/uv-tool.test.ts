@@ -78,7 +78,8 @@ async function prepare(s: ReturnType<typeof sandbox>, args: string[], env: Recor
 }
 
 /** What of the pinned uv is in a home's tools folder, temp folders included. */
-const pinnedLeft = (home: string) => (existsSync(join(home, "tools")) ? readdirSync(join(home, "tools")).filter((f) => f.startsWith(`uv-${UV_VERSION}`)) : []);
+/** What an install left in tools/: a uv, or a half-made folder (the record of a failure aside). */
+const pinnedLeft = (home: string) => (existsSync(join(home, "tools")) ? readdirSync(join(home, "tools")).filter((f) => f.startsWith(`uv-${UV_VERSION}`) && !f.endsWith(".failed.json")) : []);
 
 const sha256 = (file: string) => new Bun.CryptoHasher("sha256").update(readFileSync(file)).digest("hex");
 
@@ -163,6 +164,11 @@ describe.if(Boolean(UV))("the uv setting, with no uv on PATH", () => {
       expect(b.stderr).toContain(`(not uv: ${reason})`);
       expect(pinnedLeft(s.home)).toEqual([]);
       expect(existsSync(pinnedUvPath(join(s.home, "tools")))).toBe(false);
+      // The failure is remembered: the next cold build does not ask the index again for an hour.
+      const again = await prepare(s, ["-p", "other", "--python", wPlain], { PIP_INDEX_URL: index.url });
+      expect(again.code).toBe(0);
+      expect(index.asked("uv")).toBe(1);
+      expect(again.meta.installerFallback).toMatch(/hash mismatch: .* \(\d+ min ago; tried again an hour after, or remove .*uv-[\d.]+\.failed\.json\)$/);
     } finally {
       index.stop();
       s.cleanup();

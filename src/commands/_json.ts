@@ -145,7 +145,7 @@ export const EnvRmDocument = v.strictObject({ key: str, removed: v.literal(true)
 // ---- gc ----
 
 const gcItemEntries = {
-  kind: v.picklist(["env", "image"]),
+  kind: v.picklist(["env", "image", "bundle"]),
   id: str,
   state: v.picklist(["ready", "incomplete", "building"]),
   size_bytes: num,

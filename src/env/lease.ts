@@ -14,7 +14,7 @@ export interface Lease {
   release(): void;
 }
 
-export function takeLease(layout: HomeLayout, kind: "env" | "image", id: string, holder: string, pid = process.pid): Lease {
+export function takeLease(layout: HomeLayout, kind: "env" | "image" | "bundle", id: string, holder: string, pid = process.pid): Lease {
   const dir = join(layout.leases, kind, id);
   mkdirSync(dir, { recursive: true });
   const file = join(dir, `${pid}-${Math.random().toString(36).slice(2, 8)}`);
@@ -28,7 +28,7 @@ export function takeLease(layout: HomeLayout, kind: "env" | "image", id: string,
 }
 
 /** The live holders of an entry; dead ones are removed on the way. */
-export function liveLeases(layout: HomeLayout, kind: "env" | "image", id: string): string[] {
+export function liveLeases(layout: HomeLayout, kind: "env" | "image" | "bundle", id: string): string[] {
   const dir = join(layout.leases, kind, id);
   let names: string[];
   try {

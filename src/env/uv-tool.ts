@@ -1,5 +1,6 @@
-import { accessSync, chmodSync, constants, existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
-import { basename, join, resolve } from "node:path";
+import { accessSync, chmodSync, constants, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
+import { basename, dirname, join, resolve } from "node:path";
+import { writeFileAtomic } from "../core/atomic.ts";
 import { contentHash } from "../core/hashing.ts";
 import type { BuildPlan } from "./build-plan.ts";
 import { installedSet } from "./interpreter.ts";
@@ -74,12 +75,44 @@ async function lookUp(plan: UvPlan, env: Record<string, string>): Promise<UvFoun
   if (plan.installer === "pip" && plan.venvCreator === "venv") return { path: null, reason: NOT_ON_PATH };
   // Builds that would ask pip the same thing share one download; another index or pip config asks on its own.
   const asked = JSON.stringify([plan.toolsDir, plan.interpreter.path, Object.entries(env).filter(([k]) => k.startsWith("PIP_")).sort()]);
+  // A failed install is remembered for an hour (per index and pip configuration): a box without network
+  // does not pay a pip download at every cold build.
+  const failedFile = join(plan.toolsDir, `uv-${UV_VERSION}.failed.json`);
+  const before = recentFailure(failedFile, asked);
+  if (before) return { path: null, reason: before };
   let running = installing.get(asked);
   if (!running) {
-    running = installPinned(plan, env).finally(() => installing.delete(asked));
+    running = installPinned(plan, env)
+      .then((found) => {
+        if (found.path === null && !plan.signal?.aborted) rememberFailure(failedFile, asked, found.reason);
+        return found;
+      })
+      .finally(() => installing.delete(asked));
     installing.set(asked, running);
   }
   return running;
+}
+
+const RETRY_AFTER_MS = 3_600_000;
+
+function recentFailure(file: string, asked: string): string | null {
+  try {
+    const f = JSON.parse(readFileSync(file, "utf8")) as { at: number; asked: string; reason: string };
+    const ago = Date.now() - f.at;
+    if (f.asked !== asked || ago > RETRY_AFTER_MS || ago < 0) return null;
+    return `${f.reason} (${Math.round(ago / 60_000)} min ago; tried again an hour after, or remove ${file})`;
+  } catch {
+    return null;
+  }
+}
+
+function rememberFailure(file: string, asked: string, reason: string): void {
+  try {
+    mkdirSync(dirname(file), { recursive: true });
+    writeFileAtomic(file, JSON.stringify({ at: Date.now(), asked, reason }));
+  } catch {
+    // only saves the next build a download
+  }
 }
 
 /** A uv the setting names: a path (relative to the working directory), or a name looked up on PATH. */

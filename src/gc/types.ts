@@ -1,10 +1,11 @@
 /**
  * What gc works on. Every kind of cached thing (Python environments in
- * env-source.ts, container images in image-source.ts) is offered to the
+ * env-source.ts, container images in image-source.ts, a worker's bundle
+ * copies in bundle-source.ts) is offered to the
  * policy as GcEntry values by a GcSource; the policy never knows how an entry
  * is stored, measured, leased or deleted.
  */
-export type GcKind = "env" | "image";
+export type GcKind = "env" | "image" | "bundle";
 
 /**
  * ready: complete and usable; the LRU policy may remove it.
@@ -32,7 +33,7 @@ export type RemoveOutcome = { removed: true; freedBytes: number } | { removed: f
 
 export interface GcEntry {
   kind: GcKind;
-  /** env key, or an image's local id (sha256:...). */
+  /** env key, an image's local id (sha256:...), or a bundle's hash. */
   id: string;
   state: GcState;
   /** Bytes deleting it frees (unique bytes on disk, hard links once). */

@@ -82,13 +82,14 @@ export class Coordinator {
     return { cancel: this.store.activeTasks(w.id).filter((t) => t.cancel).map((t) => t.id) };
   }
 
-  /** Waits for work; `secretHash` is the credential it came with, which a restarted worker replaces (the old process's poll then ends with 401). */
+  /** Waits for work; `secretHash` is the credential it came with, which a restarted worker replaces and leaving or being lost kills (the poll then ends with 401). */
   async poll(w: WorkerRow, waitMs: number, signal?: AbortSignal, secretHash?: string): Promise<PollResponse> {
     const deadline = Date.now() + waitMs;
     for (;;) {
       // A poll cut off (the worker died) is no sign of life.
       if (signal?.aborted) return { tasks: [], cancel: [] };
-      if (secretHash && this.store.workerBySecret(secretHash)?.id !== w.id) throw new HttpFail(401, "unauthorized");
+      // Replaced (it registered again), or the worker left or was declared lost: that credential is dead.
+      if (secretHash && this.store.workerByCredential(secretHash)?.id !== w.id) throw new HttpFail(401, "unauthorized");
       this.seen(this.store.worker(w.id)!);
       const active = this.store.activeTasks(w.id);
       const tasks = active.filter((t) => !t.delivered);

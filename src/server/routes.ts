@@ -15,7 +15,10 @@ import type { WorkerRow } from "./store.ts";
  * The HTTP API under /v1. Every request carries a bearer token: the
  * server's (clients, and workers registering) or a worker's own credential
  * (given at registration; good only for that worker's routes). A missing or
- * wrong one gets a bare 401 before anything else is looked at.
+ * wrong one gets a bare 401 before anything else is looked at. A worker's
+ * credential stops working once it has left or been declared lost, and
+ * fetches only the bundles of the tasks it holds now: any other hash is
+ * answered as a missing bundle, whether the server has it or not.
  */
 
 type Caller = { role: "admin" } | { role: "worker"; worker: WorkerRow; secretHash: string };
@@ -42,7 +45,7 @@ function authenticate(req: Request, ctx: RouteContext): Caller | null {
   if (!m) return null;
   if (tokenEquals(m[1]!, ctx.token)) return { role: "admin" };
   const secretHash = sha256(m[1]!);
-  const worker = ctx.coord.store.workerBySecret(secretHash);
+  const worker = ctx.coord.store.workerByCredential(secretHash);
   return worker ? { role: "worker", worker, secretHash } : null;
 }
 
@@ -144,8 +147,10 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   if (kind === "bundles" && id) {
     if (!isBundleHash(id)) throw new HttpFail(400, "not a bundle hash");
     const bundles = coord.store.bundles;
-    if (method === "HEAD") return new Response(null, { status: bundles.has(id) ? 200 : 404 });
-    if (method === "GET") return bundles.has(id) ? (bundles.touch(id), new Response(Bun.file(bundles.path(id)))) : reply({ error: "no such bundle" }, 404);
+    // A worker sees only its own tasks' bundles; to it, any other is missing.
+    const visible = () => bundles.has(id) && (caller.role === "admin" || coord.store.workerHoldsBundle(caller.worker.id, id));
+    if (method === "HEAD") return new Response(null, { status: visible() ? 200 : 404 });
+    if (method === "GET") return visible() ? (bundles.touch(id), new Response(Bun.file(bundles.path(id)))) : reply({ error: "no such bundle" }, 404);
     if (method === "PUT") return needAdmin(), await putBundle(req, ctx, id);
   }
   if (kind === "jobs") {

@@ -194,6 +194,11 @@ export class ServerStore {
     const r = this.db.query<Row, [string]>("SELECT * FROM workers WHERE secret = ?").get(secretHash);
     return r ? toWorker(r) : null;
   }
+  /** The worker a credential authenticates: none once it has left or been declared lost (it must register again). */
+  workerByCredential(secretHash: string): WorkerRow | null {
+    const w = this.workerBySecret(secretHash);
+    return w && w.state !== "lost" && w.state !== "left" ? w : null;
+  }
   /** A worker's credential is replaced when it registers again (the one it had stops working). */
   setWorkerSecret(id: string, secretHash: string): void {
     this.db.query("UPDATE workers SET secret = ? WHERE id = ?").run(secretHash, id);
@@ -244,6 +249,15 @@ export class ServerStore {
   activeTasks(workerId?: string): TaskRow[] {
     if (workerId) return this.db.query<Row, [string]>("SELECT * FROM tasks WHERE worker_id = ? AND state IN ('assigned', 'running') ORDER BY created").all(workerId).map(toTask);
     return this.db.query<Row, []>("SELECT * FROM tasks WHERE state IN ('assigned', 'running') ORDER BY created").all().map(toTask);
+  }
+  /** Whether the worker holds a task now (assigned or running) whose job or prepare request uses this bundle. */
+  workerHoldsBundle(workerId: string, hash: string): boolean {
+    const r = this.db
+      .query<Row, [string, string, string]>(
+        "SELECT 1 FROM tasks LEFT JOIN jobs ON jobs.id = tasks.job_id WHERE tasks.worker_id = ? AND tasks.state IN ('assigned', 'running') AND (tasks.bundle = ? OR jobs.bundle = ?) LIMIT 1",
+      )
+      .get(workerId, hash, hash);
+    return Boolean(r);
   }
   activeTaskOfJob(jobId: string): TaskRow | null {
     const r = this.db.query<Row, [string]>("SELECT * FROM tasks WHERE job_id = ? AND state IN ('assigned', 'running') ORDER BY created DESC LIMIT 1").get(jobId);

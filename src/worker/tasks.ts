@@ -11,6 +11,10 @@ import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.t
 import { type EnvironmentSource, environmentRequest, isUrl } from "../env/request.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import { JobStore } from "../jobs/store.ts";
+import { acquireEntry } from "../env/cache-entry.ts";
+import { type Lease, takeLease } from "../env/lease.ts";
+import { touchFile } from "../env/store.ts";
+import { bundlePaths } from "../gc/bundle-source.ts";
 import { TaskChannel } from "./channel.ts";
 
 /**
@@ -82,6 +86,34 @@ async function sharedCopy(ctx: WorkerContext, hash: string, file: string): Promi
   return dir;
 }
 
+/**
+ * The worker's kept copy of a bundle (its tar.gz and the same unpacked),
+ * leased for as long as the task uses it, so gc (gc/bundle-source.ts) leaves
+ * it be: the lease comes first, then the look and any fetch, holding the
+ * copy's lock, which gc holds while it moves a copy out. The caller releases
+ * the lease when the task ends.
+ */
+async function useBundle(ctx: WorkerContext, hash: string, holder: string): Promise<{ file: string; dir: string; lease: Lease }> {
+  const paths = bundlePaths(ctx.layout, hash);
+  const lease = takeLease(ctx.layout, "bundle", hash, holder);
+  try {
+    await acquireEntry({
+      lock: paths.lock,
+      // Looked at only under the lock: never between gc moving the tar.gz out and the folder.
+      reuse: (look) => (look.locked && existsSync(paths.file) && existsSync(paths.dir) ? paths : null),
+      build: async () => {
+        await sharedCopy(ctx, hash, await fetchBundle(ctx, hash));
+        return paths;
+      },
+    });
+    touchFile(paths.lastUsed);
+    return { file: paths.file, dir: paths.dir, lease };
+  } catch (error) {
+    lease.release();
+    throw error;
+  }
+}
+
 function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: WorkerContext, gpus: number[]): JobSpec {
   const env = { ...spec.env };
   // The GPUs the server gave this job, and no others (none when it asked for none).
@@ -116,14 +148,16 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
   const workdir = clusterDir(ctx, "work", `${task.job_id}-${task.attempt}`);
   const finish = (body: Record<string, unknown>) => channel.send(`/v1/tasks/${task.id}/finish`, body);
 
+  let bundleLease: Lease | undefined;
   const done = (async () => {
     try {
       let source = workdir;
       rmSync(workdir, { recursive: true, force: true });
       if (task.bundle) {
-        const file = await fetchBundle(ctx, task.bundle);
-        source = await sharedCopy(ctx, task.bundle, file);
-        await unpackBundle(file, workdir, ctx.bundleLimits);
+        const copy = await useBundle(ctx, task.bundle, `task ${task.id} (job ${task.job_id})`);
+        bundleLease = copy.lease;
+        source = copy.dir;
+        await unpackBundle(copy.file, workdir, ctx.bundleLimits);
       } else mkdirSync(workdir, { recursive: true });
       if (stopReason) {
         if (handedBack) return;
@@ -160,7 +194,12 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       }
     } finally {
       if (handedBack) await channel.send(`/v1/tasks/${task.id}/handback`, { reason: handedBack });
-      if (!ctx.keepWorkdirs) rmSync(workdir, { recursive: true, force: true });
+      try {
+        if (!ctx.keepWorkdirs) rmSync(workdir, { recursive: true, force: true });
+      } finally {
+        if (bundleLease && task.bundle) touchFile(bundlePaths(ctx.layout, task.bundle).lastUsed);
+        bundleLease?.release();
+      }
     }
   })();
 
@@ -188,10 +227,15 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
   const done = (async () => {
     const started = performance.now();
     let body: { state: string; exit_code: number; error: string | null; result: PrepareTaskResult };
+    let bundleLease: Lease | undefined;
     try {
       let cwd = clusterDir(ctx);
       mkdirSync(cwd, { recursive: true });
-      if (task.bundle) cwd = await sharedCopy(ctx, task.bundle, await fetchBundle(ctx, task.bundle));
+      if (task.bundle) {
+        const copy = await useBundle(ctx, task.bundle, `prepare task ${task.id}`);
+        bundleLease = copy.lease;
+        cwd = copy.dir;
+      }
       let result: PrepareTaskResult;
       if (req.image) {
         const r = await ensureImage(ctx.layout, req.image, { pull: parsePullPolicy(req.pull), host: ctx.runner.engine });
@@ -212,6 +256,8 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
     } catch (error) {
       const message = error instanceof UserError ? messageOf(error) : `internal error: ${messageOf(error)}`;
       body = { state: "failed", exit_code: error instanceof UserError ? error.exitCode : ExitCode.internal, error: message, result: { status: "failed", seconds: (performance.now() - started) / 1000, message } };
+    } finally {
+      bundleLease?.release();
     }
     if (!handedBack) await channel.send(`/v1/tasks/${task.id}/finish`, body);
   })();
