@@ -23,6 +23,8 @@ export interface PrepareRequest extends EnvironmentSource {
   /** How messages name the specs: `-p` on the command line, `environment.requirements` in a job file. */
   specOrigin?: string;
   venvCreator?: "uv" | "venv" | "auto";
+  /** A remote job's bundle: what the request reaches must be inside it (see ScanContext.confine). */
+  confineTo?: string;
   /** The `uv` setting (auto, a path, off); auto when not given. */
   uv?: string;
   /** The longest preparing may take, waiting for another builder included (prepare_timeout); none: no limit. */
@@ -58,7 +60,7 @@ export interface PrepareResult {
 /** From a request to its key: stats, readdirs and a hash; no Python is started on the warm path (a wrapper script aside). */
 export function resolveRequest(layout: HomeLayout, req: PrepareRequest): ResolvedRequest {
   const { info: interpreter, resolved } = runningInterpreter(req.python, req.env, req.cwd, layout.interpreters);
-  const ctx = { env: req.env, cwd: req.cwd, digestCache: layout.digests };
+  const ctx = { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo };
   const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
   for (const u of [req.indexUrl, ...req.extraIndexUrls]) {
     if (u && !/^(https?:\/\/[^\s/]|file:\/\/)/i.test(u)) throw new UsageError(`invalid index URL: ${redactUrl(u)} (expected http://, https:// or file://)`);

@@ -75,6 +75,8 @@ export interface ScanContext {
   /** pip resolves local package paths against the working directory. */
   cwd: string;
   digestCache: string | null;
+  /** A remote job's bundle: every file, project and folder the request reaches must be inside it (links resolved), or it is refused before it is read. */
+  confine?: string;
 }
 
 /** Characters Python splits lines on, or that no requirement holds: in a -p spec, they would smuggle lines into what pip reads. */
@@ -123,8 +125,24 @@ class Scanner {
     if (line.variables.length) this.uvDiffers("${VAR} in a requirement is expanded by uv's own rules");
   }
 
+  /** Under `confine` (a bundle), or a refusal naming the line: nothing outside is read, quoted or installed. */
+  private inside(abs: string, origin: string, what: string): void {
+    const root = this.ctx.confine;
+    if (!root) return;
+    let real = abs;
+    try {
+      real = realpathSync(abs);
+    } catch {
+      // not there: judged by its path; the read or the lookup says it is missing
+    }
+    const rootReal = existsSync(root) ? realpathSync(root) : resolve(root);
+    const rel = relative(rootReal, real);
+    if (rel === ".." || rel.startsWith("../") || isAbsolute(rel)) throw new UsageError(`${origin}: ${what} ${abs} is outside the job's bundle; a remote job reads only what it brought`);
+  }
+
   file(path: string, kind: RequestFile["kind"], via: string, shown: string): void {
     const abs = resolve(this.ctx.cwd, path);
+    this.inside(abs, via, kind === "constraints" ? "the constraints file" : "the requirements file");
     let real = abs;
     try {
       real = realpathSync(abs);
@@ -189,6 +207,7 @@ class Scanner {
     // pip: relative to the requirements file when it exists there, else as given (the working directory).
     const nearFile = fileDir ? join(fileDir, local) : null;
     const path = nearFile && !isAbsolute(local) && existsSync(nearFile) ? nearFile : resolve(this.ctx.cwd, local);
+    this.inside(path, origin, "the find-links location");
     if (fileDir && !isAbsolute(local) && resolve(fileDir) !== resolve(this.ctx.cwd)) this.uvDiffers(`${origin}: a relative --find-links outside the working directory is left to pip`);
     this.inputs.findLinks.push({ origin, path, digest: findLinksDigest(path, this.ctx.digestCache) });
   }
@@ -201,6 +220,7 @@ class Scanner {
       this.inputs.requirements.push({ origin, install: `-e ${editableTarget}` });
       if (local === null) return; // a VCS URL: its text is its identity
       const path = resolve(this.ctx.cwd, local);
+      this.inside(path, origin, "the editable project");
       if (!existsSync(path) || !statSync(path).isDirectory()) throw new UsageError(`${origin}: editable project not found: ${local}`);
       const tree = treeDigest(realpathSync(path), { editable: true, cacheDir: this.ctx.digestCache });
       this.inputs.locals.push({ kind: "editable", path, digest: tree.digest, origin, files: tree.files });
@@ -235,6 +255,7 @@ class Scanner {
 
   private local(path: string, origin: string): void {
     const abs = resolve(this.ctx.cwd, path);
+    this.inside(abs, origin, "the local package");
     let st: ReturnType<typeof statSync>;
     try {
       st = statSync(abs);

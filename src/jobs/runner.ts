@@ -167,6 +167,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
           venvCreator: settings.venvCreator,
           uv: settings.uv,
           timeoutMs: spec.environment.prepareTimeoutMs ?? settings.prepareTimeoutMs,
+          confineTo: spec.environment.confineTo,
           signal: preparing.signal,
         },
         { hooks: io.prepareHooks, leaseHolder: `job ${job.id}` },

@@ -14,7 +14,7 @@ export interface JobSpec {
   commandText: string;
   workdir: string;
   env: Record<string, string>;
-  environment: EnvironmentSource & { image?: string; /** environment.prepare_timeout or --prepare-timeout; else the runner's default. */ prepareTimeoutMs?: number };
+  environment: EnvironmentSource & { image?: string; /** environment.prepare_timeout or --prepare-timeout; else the runner's default. */ prepareTimeoutMs?: number; /** A remote job's bundle on its worker: the request may reach nothing outside it. */ confineTo?: string };
   resources: { gpus: number; frameworks: Record<string, string> };
 }
 

@@ -129,6 +129,7 @@ function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: Worke
       ...environmentRequest(withinBundle(e), source, ctx.runner.defaultPython),
       image: e.image,
       prepareTimeoutMs: e.prepareTimeoutMs,
+      confineTo: source,
     },
     resources: spec.resources,
   };
@@ -249,6 +250,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
           venvCreator: ctx.runner.venvCreator,
           uv: ctx.runner.uv,
           timeoutMs: ctx.runner.prepareTimeoutMs,
+          confineTo: cwd,
         });
         result = { status: r.status, seconds: r.seconds, key: r.key, path: r.path, installer_path: r.installerPath };
       }
