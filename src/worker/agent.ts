@@ -186,7 +186,7 @@ export class Agent {
       await Promise.race([stopping, nap(this.opts.runner.cancelGraceMs + 5000)]);
       throw new UserError(`worker ${this.opts.name} was taken over by another gpulayer join with the same name and GPULAYER_HOME (${this.opts.layout.root}); this one stops`);
     }
-    await this.rejoin("the server no longer knows this worker (was its state wiped?)");
+    await this.rejoin("the server refused this worker's credential (it was marked lost, or the server's state was wiped)");
   }
 
   async run(): Promise<void> {
