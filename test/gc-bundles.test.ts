@@ -51,7 +51,7 @@ function world() {
 
 /** A separate process holding a bundle lease (a running task) until killed. */
 async function leaseHolder(sb: Sandbox, h: string) {
-  const proc = Bun.spawn([process.execPath, "-e", `import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { takeLease } from "${ROOT}/src/env/lease.ts"; takeLease(homeLayout(process.env.GPULAYER_HOME), "bundle", "${h}", "task t-1 (job j-1)"); console.log("held"); setInterval(() => {}, 1000);`], { env: sb.env, stdout: "pipe", stderr: "inherit" });
+  const proc = Bun.spawn([process.execPath, "-e", `import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { takeLease } from "${ROOT}/src/core/lease.ts"; takeLease(homeLayout(process.env.GPULAYER_HOME), "bundle", "${h}", "task t-1 (job j-1)"); console.log("held"); setInterval(() => {}, 1000);`], { env: sb.env, stdout: "pipe", stderr: "inherit" });
   const { value } = await proc.stdout.getReader().read();
   expect(new TextDecoder().decode(value)).toContain("held");
   return proc;

@@ -83,7 +83,7 @@ const present = async (engine: EngineName, ref: string) => (await run([engine, "
 
 /** A separate process holding a lease on an image record (a running job) until killed. */
 async function leaseHolder(box: Box, recordId: string) {
-  const proc = Bun.spawn([process.execPath, "-e", `import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { takeLease } from "${ROOT}/src/env/lease.ts"; takeLease(homeLayout(process.env.GPULAYER_HOME), "image", "${recordId}", "job test-7"); console.log("held"); setInterval(() => {}, 1000);`], { env: box.env, stdout: "pipe", stderr: "inherit" });
+  const proc = Bun.spawn([process.execPath, "-e", `import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { takeLease } from "${ROOT}/src/core/lease.ts"; takeLease(homeLayout(process.env.GPULAYER_HOME), "image", "${recordId}", "job test-7"); console.log("held"); setInterval(() => {}, 1000);`], { env: box.env, stdout: "pipe", stderr: "inherit" });
   const { value } = await proc.stdout.getReader().read();
   expect(new TextDecoder().decode(value)).toContain("held");
   return proc;

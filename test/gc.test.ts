@@ -70,7 +70,7 @@ const hexKey = (c: string) => c.repeat(64);
 
 /** A separate process holding a lease (a running job) or a lock (a build, another gc) until killed. */
 async function holder(sb: Sandbox, code: string) {
-  const proc = Bun.spawn([process.execPath, "-e", `import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { takeLease } from "${ROOT}/src/env/lease.ts"; import { tryLock } from "${ROOT}/src/core/lock.ts"; const layout = homeLayout(process.env.GPULAYER_HOME); ${code}; console.log("held"); setInterval(() => {}, 1000);`], { env: sb.env, stdout: "pipe", stderr: "inherit" });
+  const proc = Bun.spawn([process.execPath, "-e", `import { homeLayout } from "${ROOT}/src/config/paths.ts"; import { takeLease } from "${ROOT}/src/core/lease.ts"; import { tryLock } from "${ROOT}/src/core/lock.ts"; const layout = homeLayout(process.env.GPULAYER_HOME); ${code}; console.log("held"); setInterval(() => {}, 1000);`], { env: sb.env, stdout: "pipe", stderr: "inherit" });
   const reader = proc.stdout.getReader();
   const { value } = await reader.read();
   expect(new TextDecoder().decode(value)).toContain("held");

@@ -1,6 +1,6 @@
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
-import type { Lease } from "../env/lease.ts";
+import type { Lease } from "../core/lease.ts";
 import { acquireEntry } from "../env/cache-entry.ts";
 import { isLocked } from "../core/lock.ts";
 import { candidateEngine, detectEngine, type Engine, engineAnswered, type EngineHost, forgetEngine, probeEngine } from "./engine.ts";

@@ -1,7 +1,7 @@
 import type { HomeLayout } from "../config/paths.ts";
 import { tryLock } from "../core/lock.ts";
 import { sleep } from "../core/sleep.ts";
-import { type Lease, takeLease } from "./lease.ts";
+import { type Lease, takeLease } from "../core/lease.ts";
 
 /**
  * One cache entry (an env, an image) made at most once at a time across

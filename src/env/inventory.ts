@@ -1,6 +1,6 @@
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
-import { liveLeases } from "./lease.ts";
+import { liveLeases } from "../core/lease.ts";
 import { isLocked, tryLock } from "../core/lock.ts";
 import { type EnvMeta, entryPaths, isReady, lastUsedMs, listKeys, readMeta, removeEntryDir, resolveKey } from "./store.ts";
 

@@ -7,7 +7,7 @@ import { redactUrl } from "./url-credentials.ts";
 import { pipConfigDigest } from "./installer-config.ts";
 import { baseFingerprint, runningInterpreter } from "./interpreter.ts";
 import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedRequest } from "./key.ts";
-import type { Lease } from "./lease.ts";
+import type { Lease } from "../core/lease.ts";
 import { acquireEntry } from "./cache-entry.ts";
 import { scanRequest } from "./requirements.ts";
 import type { EnvironmentSource } from "./request.ts";

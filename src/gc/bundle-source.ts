@@ -2,7 +2,7 @@ import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync } from
 import { basename, join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { isLocked, tryLock } from "../core/lock.ts";
-import { liveLeases } from "../env/lease.ts";
+import { liveLeases } from "../core/lease.ts";
 import { diskUsage } from "../env/store.ts";
 import type { GcEntry, GcSource, RemoveOutcome, SkipReason } from "./types.ts";
 

@@ -1,7 +1,7 @@
 import { mkdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { liveLeases } from "../env/lease.ts";
+import { liveLeases } from "../core/lease.ts";
 import { isLocked, tryLock } from "../core/lock.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
 import { diskUsage, type EntryPaths, type EnvMeta, entryPaths, isReady, listKeys } from "../env/store.ts";

@@ -4,7 +4,7 @@ import type { HomeLayout } from "../config/paths.ts";
 import { type Engine, type EngineEnv, type EngineName, engineExec, engineMessage } from "../docker/engine.ts";
 import { inspectImage } from "../docker/image.ts";
 import { type ImageEntry, listImageRecords, type RecordPaths, readRecord, recordPaths } from "../docker/inventory.ts";
-import { liveLeases } from "../env/lease.ts";
+import { liveLeases } from "../core/lease.ts";
 import { isLocked, type Release, tryLock } from "../core/lock.ts";
 import type { GcEntry, GcSource, RemoveOutcome, SkipReason } from "./types.ts";
 

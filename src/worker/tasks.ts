@@ -12,7 +12,7 @@ import { type EnvironmentSource, environmentRequest, isUrl } from "../env/reques
 import type { JobSpec } from "../jobs/spec.ts";
 import { JobStore } from "../jobs/store.ts";
 import { acquireEntry } from "../env/cache-entry.ts";
-import { type Lease, takeLease } from "../env/lease.ts";
+import { type Lease, takeLease } from "../core/lease.ts";
 import { touchFile } from "../env/store.ts";
 import { bundlePaths } from "../gc/bundle-source.ts";
 import { TaskChannel } from "./channel.ts";

@@ -1,7 +1,6 @@
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import type { HomeLayout } from "../config/paths.ts";
-import { identify, mayBeRunning, recordedStart } from "../core/process-identity.ts";
+import { identify, mayBeRunning, recordedStart } from "./process-identity.ts";
 
 /**
  * A lease says "a live process uses this entry": a file named after the
@@ -9,12 +8,17 @@ import { identify, mayBeRunning, recordedStart } from "../core/process-identity.
  * use; leases of dead processes are ignored and swept, so a SIGKILLed job
  * never pins an entry forever.
  */
+/** Where leases live: `$GPULAYER_HOME/leases` (a HomeLayout is one). */
+export interface LeaseHome {
+  leases: string;
+}
+
 export interface Lease {
   file: string;
   release(): void;
 }
 
-export function takeLease(layout: HomeLayout, kind: "env" | "image" | "bundle", id: string, holder: string, pid = process.pid): Lease {
+export function takeLease(layout: LeaseHome, kind: "env" | "image" | "bundle", id: string, holder: string, pid = process.pid): Lease {
   const dir = join(layout.leases, kind, id);
   mkdirSync(dir, { recursive: true });
   const file = join(dir, `${pid}-${Math.random().toString(36).slice(2, 8)}`);
@@ -28,7 +32,7 @@ export function takeLease(layout: HomeLayout, kind: "env" | "image" | "bundle", 
 }
 
 /** The live holders of an entry; dead ones are removed on the way. */
-export function liveLeases(layout: HomeLayout, kind: "env" | "image" | "bundle", id: string): string[] {
+export function liveLeases(layout: LeaseHome, kind: "env" | "image" | "bundle", id: string): string[] {
   const dir = join(layout.leases, kind, id);
   let names: string[];
   try {
