@@ -70,7 +70,7 @@ try {
   mkdirSync(work);
   writeFileSync(join(work, "job.py"), "print('first', flush=True)\nimport time\ntime.sleep(0.05)\nprint('done')\n");
   const job = ["job", "run", "--quiet", "--python", python, "--", "python", "job.py"];
-  const remoteJob = ["job", "run", "--quiet", "--", "python", "job.py"];
+  const remoteJob = ["job", "run", "--quiet", "--workdir", ".", "--", "python", "job.py"];
   const local = home("local");
 
   // Warm both: the env built (local home, worker home), the bundle uploaded, the interpreter probed.

@@ -77,12 +77,12 @@ describe("bundle cleanup on the server", () => {
     const b = project("proj-b", "from b\n");
     const c = project("proj-c", "from c\n");
     for (const p of [a, b]) {
-      const r = await gpl(["job", "run", "--", "cat", "data.txt"], p.dir);
+      const r = await gpl(["job", "run", "--workdir", ".", "--", "cat", "data.txt"], p.dir);
       expect(r.code).toBe(0);
     }
     // c's job runs until told to stop: its bundle stays referenced across the restart.
     const stop = join(box.root, "stop-c");
-    const running = await gpl(["job", "run", "-d", "--", "sh", "-c", `cat data.txt; while [ ! -e ${stop} ]; do sleep 0.1; done`], c.dir);
+    const running = await gpl(["job", "run", "-d", "--workdir", ".", "--", "sh", "-c", `cat data.txt; while [ ! -e ${stop} ]; do sleep 0.1; done`], c.dir);
     const id = running.stdout.trim();
     await waitFor("c's job to run", async () => json((await gpl(["job", "status", id, "--json"])).stdout).state === "running");
     expect(stored()).toEqual([a.hash, b.hash, c.hash].map(file).sort());
@@ -101,14 +101,14 @@ describe("bundle cleanup on the server", () => {
     expect((await gpl(["job", "logs", id])).stdout).toBe("from c\n");
 
     // a, unchanged: the server says it lacks the bundle, so it goes up again, and the job runs.
-    const again = await gpl(["job", "run", "--verbose", "--", "cat", "data.txt"], a.dir);
+    const again = await gpl(["job", "run", "--verbose", "--workdir", ".", "--", "cat", "data.txt"], a.dir);
     expect(again.code).toBe(0);
     expect(again.stdout).toBe("from a\n");
     expect(again.stderr).toContain("uploading");
     expect(again.stderr).not.toContain("already on the server");
     expect(stored()).toContain(file(a.hash));
     // And the next time it is there.
-    const third = await gpl(["job", "run", "--verbose", "--", "cat", "data.txt"], a.dir);
+    const third = await gpl(["job", "run", "--verbose", "--workdir", ".", "--", "cat", "data.txt"], a.dir);
     expect(third.stdout).toBe("from a\n");
     expect(third.stderr).toContain("already on the server");
   }, T);
@@ -118,7 +118,7 @@ describe("bundle cleanup on the server", () => {
     const b = project("proj-b", "from b\n");
     const c = project("proj-c", "from c\n");
     // Used in this order (c longest ago, by the previous test): b now, then a.
-    for (const p of [b, a]) expect((await gpl(["job", "run", "--", "cat", "data.txt"], p.dir)).code).toBe(0);
+    for (const p of [b, a]) expect((await gpl(["job", "run", "--workdir", ".", "--", "cat", "data.txt"], p.dir)).code).toBe(0);
     expect(stored()).toEqual([a.hash, b.hash, c.hash].map(file).sort());
     const size = (p: { hash: string }) => statSync(join(bundlesDir, file(p.hash))).size;
     // Room for two: c, used longest ago, goes; then room for one: b goes too.
@@ -131,7 +131,7 @@ describe("bundle cleanup on the server", () => {
     log = await restartServer({ GPULAYER_BUNDLE_MAX_SIZE: "1MiB", GPULAYER_BUNDLE_RETENTION: "2h" });
     expect(log).not.toContain("removed");
     expect(stored()).toEqual([file(a.hash)]);
-    const r = await gpl(["job", "run", "--", "cat", "data.txt"], b.dir);
+    const r = await gpl(["job", "run", "--workdir", ".", "--", "cat", "data.txt"], b.dir);
     expect(r.stdout).toBe("from b\n");
   }, T);
 

@@ -59,7 +59,7 @@ describe("a worker's credential", () => {
     const hash = pack.hash;
     const marker = join(box.root, "release-job");
 
-    const d = await gpl(["job", "run", "-d", "--label", "only=w2", "--", "sh", "-c", `echo started; while [ ! -e ${marker} ]; do sleep 0.1; done`], dir);
+    const d = await gpl(["job", "run", "-d", "--label", "only=w2", "--workdir", ".", "--", "sh", "-c", `echo started; while [ ! -e ${marker} ]; do sleep 0.1; done`], dir);
     expect(d.code).toBe(0);
     const id = d.stdout.trim();
     await waitFor("the job to run on w2", async () => {

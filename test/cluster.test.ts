@@ -202,7 +202,7 @@ describe("jobs", () => {
     const dir = join(boxes.client.root, "exitjob");
     mkdirSync(dir);
     writeFileSync(join(dir, "main.py"), "import sys\nprint('hello from the worker', flush=True)\nprint('to stderr', file=sys.stderr)\nsys.exit(7)\n");
-    const r = await gpl(["job", "run", "--label", "zone=b", "--", "python", "main.py"], dir);
+    const r = await gpl(["job", "run", "--label", "zone=b", "--workdir", ".", "--", "python", "main.py"], dir);
     expect(r.code).toBe(7);
     expect(r.stdout).toBe("hello from the worker\n");
     expect(r.stderr).toContain("to stderr");
@@ -223,15 +223,15 @@ describe("jobs", () => {
     const dir = join(boxes.client.root, "upload-once");
     mkdirSync(dir);
     writeFileSync(join(dir, "data.txt"), "one\n");
-    const first = await gpl(["job", "run", "--verbose", "--", "cat", "data.txt"], dir);
+    const first = await gpl(["job", "run", "--verbose", "--workdir", ".", "--", "cat", "data.txt"], dir);
     expect(first.stdout).toBe("one\n");
     expect(first.stderr).toContain("uploading");
-    const again = await gpl(["job", "run", "--verbose", "--", "cat", "data.txt"], dir);
+    const again = await gpl(["job", "run", "--verbose", "--workdir", ".", "--", "cat", "data.txt"], dir);
     expect(again.stdout).toBe("one\n");
     expect(again.stderr).not.toContain("uploading");
     expect(again.stderr).toContain("already on the server");
     writeFileSync(join(dir, "data.txt"), "two\n");
-    const changed = await gpl(["job", "run", "--", "cat", "data.txt"], dir);
+    const changed = await gpl(["job", "run", "--workdir", ".", "--", "cat", "data.txt"], dir);
     expect(changed.stdout).toBe("two\n");
     expect(changed.stderr).toContain("uploading");
   }, T);

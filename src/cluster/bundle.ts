@@ -3,7 +3,7 @@ import ignore, { type Ignore } from "ignore";
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync } from "node:fs";
 import { dirname, isAbsolute, join, posix, relative, resolve } from "node:path";
 import * as tar from "tar";
-import { BundleError } from "../errors.ts";
+import { BundleError, ExitCode } from "../errors.ts";
 import type { BundleLimits } from "./bundle-limits.ts";
 export { type BundleLimits, bundleLimits } from "./bundle-limits.ts";
 
@@ -23,50 +23,81 @@ const IGNORE_FILES = [".gitignore", ".gpulayerignore"];
 interface Rule {
   base: string;
   ig: Ignore;
+  /** A .gpulayerignore: its `!pattern` can send a file only its owner may read. */
+  explicit: boolean;
 }
 
 function rulesIn(absDir: string, base: string): Rule[] {
   const rules: Rule[] = [];
   for (const name of IGNORE_FILES) {
     const file = join(absDir, name);
-    if (existsSync(file)) rules.push({ base, ig: ignore().add(readFileSync(file, "utf8")) });
+    if (existsSync(file)) rules.push({ base, ig: ignore().add(readFileSync(file, "utf8")), explicit: name === ".gpulayerignore" });
   }
   return rules;
 }
 
-/** Deeper files win, and a `!pattern` re-includes, as in git. */
-function ignored(rules: Rule[], rel: string, isDir: boolean): boolean {
-  let out = false;
+/** Deeper files win, and a `!pattern` re-includes, as in git. "included": the last word was a .gpulayerignore `!pattern`. */
+function verdict(rules: Rule[], rel: string, isDir: boolean): "ignored" | "included" | "sent" {
+  let out: "ignored" | "included" | "sent" = "sent";
   for (const r of rules) {
     const sub = r.base ? rel.slice(r.base.length + 1) : rel;
     const res = r.ig.test(isDir ? `${sub}/` : sub);
-    if (res.ignored) out = true;
-    else if (res.unignored) out = false;
+    if (res.ignored) out = "ignored";
+    else if (res.unignored) out = r.explicit ? "included" : "sent";
   }
   return out;
 }
+
+function ignored(rules: Rule[], rel: string, isDir: boolean): boolean {
+  return verdict(rules, rel, isDir) === "ignored";
+}
+
+/** What marks a gpulayer home (its token, identity, environments and job databases): never packed. */
+const HOME_MARKS: string[][] = [["envs-v1", "jobs"], ["server/token"], ["cluster/identity"]];
+
+/** The mark of a gpulayer home in `absDir` that the rules would send, or null. */
+function homeMark(absDir: string, relDir: string, rules: Rule[]): string | null {
+  for (const mark of HOME_MARKS) {
+    const present = mark.every((m) => existsSync(join(absDir, m)) && !ignored(rules, relDir ? `${relDir}/${m}` : m, statSync(join(absDir, m)).isDirectory()));
+    if (present) return mark.join(" and ");
+  }
+  return null;
+}
+
+/** How packing is going, every PROGRESS_EVERY entries. */
+export interface PackProgress {
+  entries: number;
+  bytes: number;
+}
+export const PROGRESS_EVERY = 1000;
 
 export interface FileList {
   /** Paths relative to the root, sorted, folders before what they hold. */
   entries: string[];
   rawBytes: number;
   skipped: { path: string; reason: string }[];
+  /** Files only their owner may read (mode & 0o044 === 0), left out unless a .gpulayerignore `!pattern` names them. */
+  ownerOnly: string[];
   /** Top-level entries by size, biggest first (for the size-limit message). */
   sizes: { path: string; bytes: number }[];
 }
 
 /** What a bundle of `root` holds: .gitignore, .gpulayerignore and the default excludes honoured; links kept only when they stay inside. */
-export function listWorkdir(root: string): FileList {
-  const list: FileList = { entries: [], rawBytes: 0, skipped: [], sizes: [] };
+export function listWorkdir(root: string, onProgress?: (p: PackProgress) => void): FileList {
+  const list: FileList = { entries: [], rawBytes: 0, skipped: [], ownerOnly: [], sizes: [] };
   const top = new Map<string, number>();
+  let seen = 0;
   const walk = (absDir: string, relDir: string, rules: Rule[]) => {
     const here = [...rules, ...rulesIn(absDir, relDir)];
+    const mark = homeMark(absDir, relDir, here);
+    if (mark) throw new BundleError(`the workdir ${root} holds a gpulayer home at ${relDir || "."} (it has ${mark}): its token, identity and databases must not travel; leave it out with .gpulayerignore or give another --workdir`, ExitCode.usage);
     const names = readdirSync(absDir).sort();
     for (const name of names) {
       const rel = relDir ? `${relDir}/${name}` : name;
       const abs = join(absDir, name);
       const st = lstatSync(abs);
       const topName = rel.split("/")[0]!;
+      if (onProgress && ++seen % PROGRESS_EVERY === 0) onProgress({ entries: seen, bytes: list.rawBytes });
       if (st.isSymbolicLink()) {
         if (ignored(here, rel, false)) continue;
         const target = readlinkSync(abs);
@@ -78,14 +109,19 @@ export function listWorkdir(root: string): FileList {
         list.entries.push(rel);
         walk(abs, rel, here);
       } else if (st.isFile()) {
-        if (ignored(here, rel, false)) continue;
+        const v = verdict(here, rel, false);
+        if (v === "ignored") continue;
+        if ((st.mode & 0o044) === 0 && v !== "included") {
+          list.ownerOnly.push(rel);
+          continue;
+        }
         list.entries.push(rel);
         list.rawBytes += st.size;
         top.set(topName, (top.get(topName) ?? 0) + st.size);
       } else list.skipped.push({ path: rel, reason: "not a file, folder or link" });
     }
   };
-  walk(root, "", [{ base: "", ig: ignore().add(DEFAULT_EXCLUDES) }]);
+  walk(root, "", [{ base: "", ig: ignore().add(DEFAULT_EXCLUDES), explicit: false }]);
   list.sizes = [...top.entries()].map(([path, n]) => ({ path, bytes: n })).sort((a, b) => b.bytes - a.bytes);
   return list;
 }
@@ -98,6 +134,7 @@ export interface PackResult {
   entries: string[];
   rawBytes: number;
   skipped: FileList["skipped"];
+  ownerOnly: string[];
 }
 
 function tooBig(what: string, size: number, limit: number, setting: string, sizes: FileList["sizes"]): BundleError {
@@ -109,8 +146,8 @@ function tooBig(what: string, size: number, limit: number, setting: string, size
 }
 
 /** Pack `root` into `outFile` (tar.gz); its sha256 is the bundle's name. */
-export function packWorkdir(root: string, outFile: string, limits: BundleLimits): PackResult {
-  const list = listWorkdir(root);
+export function packWorkdir(root: string, outFile: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void): PackResult {
+  const list = listWorkdir(root, onProgress);
   if (list.rawBytes > limits.maxUnpackedBytes) throw tooBig(`the workdir ${root}`, list.rawBytes, limits.maxUnpackedBytes, "GPULAYER_BUNDLE_MAX_UNPACKED", list.sizes);
   if (list.entries.length > limits.maxEntries) throw new BundleError(`the workdir ${root} has ${list.entries.length} entries, over the limit of ${limits.maxEntries}; leave some out with .gpulayerignore`);
   mkdirSync(dirname(outFile), { recursive: true });
@@ -123,7 +160,7 @@ export function packWorkdir(root: string, outFile: string, limits: BundleLimits)
     throw tooBig(`the packed workdir ${root}`, data.length, limits.maxBytes, "GPULAYER_BUNDLE_MAX", list.sizes);
   }
   const hash = new Bun.CryptoHasher("sha256").update(data).digest("hex");
-  return { file: outFile, hash, bytes: data.length, files: list.entries.length, entries: list.entries, rawBytes: list.rawBytes, skipped: list.skipped };
+  return { file: outFile, hash, bytes: data.length, files: list.entries.length, entries: list.entries, rawBytes: list.rawBytes, skipped: list.skipped, ownerOnly: list.ownerOnly };
 }
 
 export function isBundleHash(s: string): boolean {

@@ -1,9 +1,12 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { sleep } from "../core/sleep.ts";
 import { isUrl } from "../env/request.ts";
 import type { JobSpec } from "../jobs/spec.ts";
-import type { PackResult } from "./bundle.ts";
+import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
-import { HttpError, UserError } from "../errors.ts";
+import { HttpError, UsageError, UserError } from "../errors.ts";
 import { FINAL_JOB_STATES, type RemoteJobStatus, type RemoteSpec, type SubmitRequest, type SubmitResponse, type WatchResponse } from "./protocol.ts";
 import { inBundle, packTemp, postWithBundle, type UploadHooks } from "./upload.ts";
 
@@ -39,17 +42,51 @@ export function remoteSpec(spec: JobSpec, pack?: PackResult): RemoteSpec {
 export interface SubmitHooks extends UploadHooks {
   /** A path of the folder that is not sent (too big, not a plain file, ...). */
   onSkipped?(skipped: PackResult["skipped"][number]): void;
+  /** Files only their owner may read, left out (a .gpulayerignore `!pattern` sends one). */
+  onOwnerOnly?(paths: string[]): void;
+  /** Packing a big folder: every few thousand entries. */
+  onPacking?(progress: PackProgress): void;
 }
 
-/** Pack the job's folder and submit the job; the bundle is uploaded only when the server lacks it. */
-export async function submitJob(target: RemoteTarget, spec: JobSpec, labels: Record<string, string>, hooks: SubmitHooks = {}): Promise<SubmitResponse> {
-  const pack = packTemp(spec.workdir, target.bundleLimits);
+export interface SubmitOptions {
+  /**
+   * Whether spec.workdir travels: only when it was asked for (--workdir, or a
+   * job file). Otherwise the job runs in an empty folder on the worker, and
+   * what would need a folder (-r, a local --find-links) is refused.
+   */
+  sendWorkdir: boolean;
+}
+
+/** Why a job cannot run without its folder, or null. */
+function needsFolder(spec: JobSpec): string | null {
+  const e = spec.environment;
+  if (e.requirementsFile) return "-r needs its folder sent: give --workdir (the folder that holds the requirements file, e.g. --workdir .)";
+  const local = e.findLinks.find((f) => !isUrl(f));
+  if (local) return `--find-links ${local} needs its folder sent: give --workdir (the folder that holds it, e.g. --workdir .)`;
+  return null;
+}
+
+/** Pack the job's folder (or an empty one) and submit the job; the bundle is uploaded only when the server lacks it. */
+export async function submitJob(target: RemoteTarget, spec: JobSpec, labels: Record<string, string>, hooks: SubmitHooks = {}, opts: SubmitOptions = { sendWorkdir: true }): Promise<SubmitResponse> {
+  let empty: string | null = null;
+  if (!opts.sendWorkdir) {
+    const why = needsFolder(spec);
+    if (why) throw new UsageError(why);
+    empty = mkdtempSync(join(tmpdir(), "gpulayer-empty-"));
+  }
   try {
-    for (const s of pack.skipped) hooks.onSkipped?.(s);
-    const body = { spec: remoteSpec(spec, pack), bundle: pack.hash, labels, workdir: spec.workdir } satisfies SubmitRequest;
-    return await postWithBundle<SubmitResponse>(connect(target), "/v1/jobs", body, pack, hooks);
+    const root = empty ?? spec.workdir;
+    const pack = packTemp(root, target.bundleLimits, hooks.onPacking);
+    try {
+      for (const s of pack.skipped) hooks.onSkipped?.(s);
+      if (pack.ownerOnly.length) hooks.onOwnerOnly?.(pack.ownerOnly);
+      const body = { spec: remoteSpec({ ...spec, workdir: root }, pack), bundle: pack.hash, labels, workdir: empty ? "(empty folder)" : spec.workdir } satisfies SubmitRequest;
+      return await postWithBundle<SubmitResponse>(connect(target), "/v1/jobs", body, pack, hooks);
+    } finally {
+      pack.dispose();
+    }
   } finally {
-    pack.dispose();
+    if (empty) rmSync(empty, { recursive: true, force: true });
   }
 }
 

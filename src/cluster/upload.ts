@@ -1,15 +1,15 @@
 import { readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { isAbsolute, join, relative, sep } from "node:path";
-import { type BundleLimits, type PackResult, packWorkdir } from "./bundle.ts";
+import { type BundleLimits, type PackProgress, type PackResult, packWorkdir } from "./bundle.ts";
 import type { ClusterClient } from "./client.ts";
 import { HttpError, UsageError } from "../errors.ts";
 
 /** A folder packed into a temporary bundle; remove it with `dispose`. */
-export function packTemp(root: string, limits: BundleLimits): PackResult & { dispose(): void } {
+export function packTemp(root: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void): PackResult & { dispose(): void } {
   const file = join(tmpdir(), `gpulayer-bundle-${process.pid}-${Date.now()}-${Math.random().toString(16).slice(2)}.tar.gz`);
   try {
-    return { ...packWorkdir(root, file, limits), dispose: () => rmSync(file, { force: true }) };
+    return { ...packWorkdir(root, file, limits, onProgress), dispose: () => rmSync(file, { force: true }) };
   } catch (error) {
     rmSync(file, { force: true });
     throw error;

@@ -26,14 +26,29 @@ export function printEvent(out: Output, u: Extract<JobUpdate, { kind: "event" }>
   if (type === "job.cancel.requested") out.progress(`cancelling on ${d.worker}`);
 }
 
-export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { rawArgs: string[]; detach: boolean; out: Output }): Promise<void> {
+/** The first few of `paths`, and how many more. */
+function firstFew(paths: string[], n = 5): string {
+  return paths.slice(0, n).join(", ") + (paths.length > n ? ` and ${paths.length - n} more` : "");
+}
+
+export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { rawArgs: string[]; detach: boolean; out: Output; /** --workdir or a job file was given: that folder travels. */ sendWorkdir: boolean }): Promise<void> {
   const { out } = opts;
   const labels = labelsFromArgs(opts.rawArgs);
-  const submitted = await submitJob(target, spec, labels, {
-    onSkipped: (s) => out.log.warn(`not sent: ${s.path}: ${s.reason}`),
-    onUpload: (p) => out.progress(`uploading ${spec.workdir} (${p.files} entries, ${formatBytes(p.bytes)} packed, bundle ${shortKey(p.hash)})`),
-    onAlreadyThere: (p) => out.log.debug(`bundle ${shortKey(p.hash)} of ${spec.workdir} is already on the server; not sent again`),
-  });
+  const what = opts.sendWorkdir ? spec.workdir : "an empty folder";
+  if (!opts.sendWorkdir) out.progress("no --workdir or job file: the job runs in an empty folder on the worker; give --workdir . to send this folder");
+  const submitted = await submitJob(
+    target,
+    spec,
+    labels,
+    {
+      onSkipped: (s) => out.log.warn(`not sent: ${s.path}: ${s.reason}`),
+      onOwnerOnly: (paths) => out.log.warn(`not sent: ${paths.length} file${paths.length === 1 ? "" : "s"} only their owner may read: ${firstFew(paths)} (name one with !PATTERN in .gpulayerignore to send it)`),
+      onPacking: (p) => out.progress(`packing ${spec.workdir}: ${p.entries} entries, ${formatBytes(p.bytes)} so far`),
+      onUpload: (p) => out.progress(`uploading ${what} (${p.files} entries, ${formatBytes(p.bytes)} packed, bundle ${shortKey(p.hash)})`),
+      onAlreadyThere: (p) => out.log.debug(`bundle ${shortKey(p.hash)} of ${what} is already on the server; not sent again`),
+    },
+    { sendWorkdir: opts.sendWorkdir },
+  );
   const id = submitted.id;
   if (opts.detach) {
     out.result({ id, state: submitted.state, server: target.url }, () => id, true);

@@ -71,7 +71,7 @@ export default defineCommand({
       ctx.cwd,
     );
     const remote = remoteTarget(ctx.settings, rawArgs);
-    if (remote) return (await import("../_remote/job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out });
+    if (remote) return (await import("../_remote/job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out, sendWorkdir: Boolean(a.file || a.workdir) });
     const store = new JobStore(layout);
     const job = store.create(spec);
     if (a.detach) {

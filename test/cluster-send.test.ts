@@ -1,0 +1,112 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { listWorkdir, type PackProgress } from "../src/cluster/bundle.ts";
+import { cli, makeWorkerVenv, sandbox, startCli } from "./helpers.ts";
+import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+
+/**
+ * What travels with `job run` through a server is explicit: no folder unless
+ * --workdir or a job file names one; owner-only files and gpulayer homes stay.
+ * A server and one worker as separate processes, as in cluster.test.ts.
+ */
+
+const TOKEN = "cluster-send-token-0123456789";
+const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.5", GPULAYER_WORKER_LOST_SECONDS: "3", GPULAYER_WORKER_ENGINE: "none", GPULAYER_CANCEL_GRACE: "2", GPULAYER_WORKER_DRAIN_SECONDS: "2" };
+const T = 90_000;
+const boxes = { server: sandbox(), w1: sandbox(), client: sandbox() };
+const procs: { proc: ReturnType<typeof startCli>; out: () => string }[] = [];
+let url = "";
+
+const json = <T = any>(text: string): T => JSON.parse(text) as T;
+const keep = (proc: ReturnType<typeof startCli>) => keepOutput(proc, procs);
+const clientEnv = () => ({ ...boxes.client.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN });
+const gpl = (args: string[], cwd?: string) => cli(args, { env: clientEnv(), cwd: cwd ?? boxes.client.root });
+
+beforeAll(async () => {
+  const server = keep(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...boxes.server.env, ...FAST } }));
+  url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
+  const venv = await makeWorkerVenv(join(boxes.w1.root, "venv"), { env: boxes.w1.env });
+  keep(startCli(["join", url, "--token", TOKEN, "--name", "w1", "--python", venv], { env: { ...boxes.w1.env, ...FAST } }));
+  await waitFor("the worker", async () => (json((await gpl(["workers", "--json"])).stdout) as unknown[]).length === 1);
+}, T);
+
+afterAll(async () => {
+  await stopAll(procs);
+  for (const b of Object.values(boxes)) b.cleanup();
+}, 30_000);
+
+describe("what travels", () => {
+  test("without --workdir or a job file, no folder is sent: the job runs in an empty folder, and says so", async () => {
+    const dir = join(boxes.client.root, "cwd-with-files");
+    mkdirSync(dir);
+    writeFileSync(join(dir, "a.txt"), "a\n");
+    writeFileSync(join(dir, "b.txt"), "b\n");
+    const r = await gpl(["job", "run", "--", "sh", "-c", "ls -A | wc -l"], dir);
+    expect(r.code).toBe(0);
+    expect(r.stdout.trim()).toBe("0");
+    expect(r.stderr).toContain("no --workdir or job file: the job runs in an empty folder on the worker; give --workdir . to send this folder");
+    writeFileSync(join(dir, "requirements.txt"), "greet\n");
+    const req = await gpl(["job", "run", "-r", "requirements.txt", "--", "true"], dir);
+    expect(req.code).toBe(2);
+    expect(req.stderr).toContain("give --workdir");
+    const sent = await gpl(["job", "run", "--workdir", ".", "--", "sh", "-c", "ls -A | wc -l"], dir);
+    expect(sent.code).toBe(0);
+    expect(sent.stdout.trim()).toBe("3");
+  }, T);
+
+  test("files only their owner may read are left out with a warning, unless .gpulayerignore names them with !", async () => {
+    const dir = join(boxes.client.root, "with-secret");
+    mkdirSync(dir);
+    writeFileSync(join(dir, "plain.txt"), "plain\n");
+    writeFileSync(join(dir, "secret.txt"), "secret\n");
+    chmodSync(join(dir, "plain.txt"), 0o644);
+    chmodSync(join(dir, "secret.txt"), 0o600);
+    const r = await gpl(["job", "run", "--workdir", dir, "--", "ls"]);
+    expect(r.code).toBe(0);
+    expect(r.stdout).toBe("plain.txt\n");
+    expect(r.stderr).toMatch(/not sent: 1 file only their owner may read: secret\.txt/);
+    writeFileSync(join(dir, ".gpulayerignore"), "!secret.txt\n");
+    const again = await gpl(["job", "run", "--workdir", dir, "--", "cat", "secret.txt"]);
+    expect(again.code).toBe(0);
+    expect(again.stdout).toBe("secret\n");
+    expect(again.stderr).not.toContain("only their owner may read");
+  }, T);
+
+  test("a folder that holds a gpulayer home is refused, naming it", async () => {
+    const dir = join(boxes.client.root, "holds-home");
+    mkdirSync(join(dir, "dot-gpulayer", "envs-v1"), { recursive: true });
+    mkdirSync(join(dir, "dot-gpulayer", "jobs"), { recursive: true });
+    writeFileSync(join(dir, "main.py"), "print(1)\n");
+    const r = await gpl(["job", "run", "--workdir", dir, "--", "true"]);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain("gpulayer home at dot-gpulayer");
+    expect(r.stderr.trim().split("\n")).toHaveLength(1);
+  }, T);
+});
+
+describe("packing", () => {
+  test("a big folder reports entries and bytes as it goes", () => {
+    const dir = join(boxes.client.root, "many");
+    mkdirSync(dir);
+    for (let i = 0; i < 2500; i++) writeFileSync(join(dir, `f${i}.txt`), "x");
+    const seen: PackProgress[] = [];
+    const list = listWorkdir(dir, (p) => seen.push(p));
+    expect(list.entries).toHaveLength(2500);
+    expect(seen.map((p) => p.entries)).toEqual([1000, 2000]);
+    expect(seen[1]!.bytes).toBeGreaterThanOrEqual(1999);
+  });
+
+  test("a gpulayer home at the root, or by its token, is refused; one left out by .gpulayerignore is not", () => {
+    const home = join(boxes.client.root, "a-home");
+    mkdirSync(join(home, "server"), { recursive: true });
+    writeFileSync(join(home, "server", "token"), "t");
+    expect(() => listWorkdir(home)).toThrow(/gpulayer home at \. \(it has server\/token\)/);
+    const outer = join(boxes.client.root, "outer");
+    mkdirSync(join(outer, "h", "cluster"), { recursive: true });
+    writeFileSync(join(outer, "h", "cluster", "identity"), "i");
+    expect(() => listWorkdir(outer)).toThrow(/gpulayer home at h /);
+    writeFileSync(join(outer, ".gpulayerignore"), "h/\n");
+    expect(listWorkdir(outer).entries).toEqual([".gpulayerignore"]);
+  });
+});
