@@ -33,13 +33,7 @@ export function binary(): string {
 }
 
 /** uv itself, not a pyenv shim (a bash script that costs ~0.1 s a call): every contender gets the same binary. */
-export function realUv(): string | null {
-  const found = Bun.which("uv");
-  if (!found) return null;
-  if (readFileSync(found).subarray(0, 2).toString() !== "#!") return found;
-  const real = Bun.spawnSync(["pyenv", "which", "uv"]).stdout.toString().trim();
-  return real || null;
-}
+export { realUv } from "../test/helpers.ts";
 
 /** Wall time of one whole process, in ms. */
 export function timeProcess(argv: string[], opts: { env?: Record<string, string>; cwd?: string } = {}): number {

@@ -69,6 +69,7 @@ for (const installer of HAS_UV ? (["auto", "pip"] as const) : (["pip"] as const)
   });
 }
 
+// Skipped only without uv: stand-ins are what the fast path shows uv. CI installs uv (.ci/run), so there it runs.
 describe.skipIf(!HAS_UV)("the worker's stand-ins", () => {
   test("are made once per worker state and linked into each build; none is left in an env; a changed worker gets new ones", async () => {
     const s = sandbox();

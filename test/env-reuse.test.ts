@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
-import { cli, makeWorkerVenv, run, sandbox, tempDir } from "./helpers.ts";
+import { cli, makeWorkerVenv, realUv, run, sandbox, tempDir } from "./helpers.ts";
 
 /**
  * The cache hands back only what a fresh build would give. For each class of
@@ -255,8 +255,8 @@ describe("the interpreter behind a shim", () => {
       // uv may itself be a pyenv shim (pip install uv under pyenv): a PYENV_VERSION without it would hide it.
       const uvDir = join(s.root, "uv-bin");
       mkdirSync(uvDir);
-      const realUv = Bun.spawnSync(["pyenv", "which", "uv"]).stdout.toString().trim() || Bun.which("uv");
-      if (realUv) symlinkSync(realUv, join(uvDir, "uv"));
+      const uv = realUv();
+      if (uv) symlinkSync(uv, join(uvDir, "uv"));
       const PATH = `${uvDir}:${s.env.PATH}`;
       const prep = async (version: string) => {
         const r = await cli(["env", "prepare", "-p", "dep-a", "--index-url", index.url, "--python", shim, "--json"], { env: { ...s.env, PATH, PYENV_ROOT, PYENV_VERSION: version }, cwd: s.root });

@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 
@@ -102,4 +102,13 @@ export async function makeWorkerVenv(dir: string, opts: { withPip?: boolean; pac
     if (r.code !== 0) throw new Error(r.stderr + r.stdout);
   }
   return py;
+}
+
+/** The uv binary itself, not a pyenv shim (a shim needs pyenv and its own PYENV_VERSION to run). */
+export function realUv(): string | null {
+  const found = Bun.which("uv");
+  if (!found) return null;
+  if (readFileSync(found).subarray(0, 2).toString() !== "#!") return realpathSync(found);
+  const real = Bun.spawnSync(["pyenv", "which", "uv"], { stdout: "pipe", stderr: "ignore" }).stdout.toString().trim();
+  return real || null;
 }

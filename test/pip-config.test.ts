@@ -80,6 +80,7 @@ const cases: { name: string; specs: string[]; conf: () => string; vars?: Record<
   },
 ];
 
+// Skipped only on a machine without uv: what is tested is what uv is given. CI installs uv (.ci/run), so there it runs.
 describe.skipIf(!HAS_UV)("machine pip configuration, honoured by uv", () => {
   for (const c of cases) {
     test(`${c.name}: both paths install the same set, and auto takes the fast path`, async () => {
