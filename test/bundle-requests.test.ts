@@ -1,6 +1,8 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { homeLayout } from "../src/config/paths.ts";
+import { dryRunPrepare } from "../src/env/prepare.ts";
 import { scanRequest } from "../src/env/requirements.ts";
 import { UsageError } from "../src/errors.ts";
 import { tempDir } from "./helpers.ts";
@@ -56,4 +58,12 @@ describe("a remote job's requirements stay inside its bundle", () => {
       expect(message).not.toContain("SECRET-LINE");
     });
   }
+
+  test("a --find-links the request itself names (a job file's find_links): refused the same way", () => {
+    const home = join(root, "home");
+    const ask = (findLinks: string[]) =>
+      dryRunPrepare(homeLayout(home), { specs: ["tqdm"], findLinks, extraIndexUrls: [], cwd: bundle, env: process.env, python: Bun.which("python3") ?? "python3", confineTo: bundle });
+    expect(() => ask([root])).toThrow(new UsageError(`--find-links: the find-links location ${root} is outside the job's bundle; a remote job reads only what it brought`));
+    expect(ask([join(bundle, "sub")]).would).toBe("build");
+  });
 });

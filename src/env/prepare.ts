@@ -9,7 +9,7 @@ import { baseFingerprint, runningInterpreter } from "./interpreter.ts";
 import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedRequest } from "./key.ts";
 import type { Lease } from "../core/lease.ts";
 import { acquireEntry } from "./cache-entry.ts";
-import { scanRequest } from "./requirements.ts";
+import { confineTo, scanRequest } from "./requirements.ts";
 import type { EnvironmentSource } from "./request.ts";
 import { findLinksDigest } from "./content-digest.ts";
 import { inputsReport } from "./inputs-report.ts";
@@ -68,6 +68,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest): Resolve
   const flagLinks = req.findLinks.map((f) => {
     if (/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && !/^file:/i.test(f)) return { url: f };
     const path = resolve(req.cwd, f.replace(/^file:\/\//i, ""));
+    if (req.confineTo) confineTo(req.confineTo, path, "--find-links", "the find-links location");
     return { path, digest: findLinksDigest(path, layout.digests) };
   });
   const flags: FlagOptions = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: flagLinks };

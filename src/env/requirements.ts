@@ -125,19 +125,8 @@ class Scanner {
     if (line.variables.length) this.uvDiffers("${VAR} in a requirement is expanded by uv's own rules");
   }
 
-  /** Under `confine` (a bundle), or a refusal naming the line: nothing outside is read, quoted or installed. */
   private inside(abs: string, origin: string, what: string): void {
-    const root = this.ctx.confine;
-    if (!root) return;
-    let real = abs;
-    try {
-      real = realpathSync(abs);
-    } catch {
-      // not there: judged by its path; the read or the lookup says it is missing
-    }
-    const rootReal = existsSync(root) ? realpathSync(root) : resolve(root);
-    const rel = relative(rootReal, real);
-    if (rel === ".." || rel.startsWith("../") || isAbsolute(rel)) throw new UsageError(`${origin}: ${what} ${abs} is outside the job's bundle; a remote job reads only what it brought`);
+    if (this.ctx.confine) confineTo(this.ctx.confine, abs, origin, what);
   }
 
   file(path: string, kind: RequestFile["kind"], via: string, shown: string): void {
@@ -290,6 +279,19 @@ class Scanner {
 /** URLs in a line with their credentials replaced by a digest of them (user and password both). */
 export function hideCredentialsIn(text: string): string {
   return text.replace(/[a-z][a-z0-9+.-]*:\/\/[^\s'"]+/gi, (url) => hideCredentials(url));
+}
+
+/** Under `root` (a remote job's bundle), links resolved, or a refusal naming where it came from: nothing outside is read, quoted or installed. */
+export function confineTo(root: string, abs: string, origin: string, what: string): void {
+  let real = abs;
+  try {
+    real = realpathSync(abs);
+  } catch {
+    // not there: judged by its path; the read or the lookup says it is missing
+  }
+  const rootReal = existsSync(root) ? realpathSync(root) : resolve(root);
+  const rel = relative(rootReal, real);
+  if (rel === ".." || rel.startsWith("../") || isAbsolute(rel)) throw new UsageError(`${origin}: ${what} ${abs} is outside the job's bundle; a remote job reads only what it brought`);
 }
 
 /** Everything a request makes the installer read. */

@@ -1,5 +1,5 @@
 import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { isAbsolute, join, normalize } from "node:path";
+import { join } from "node:path";
 import { type BundleLimits, unpackBundle } from "../cluster/bundle.ts";
 import type { ClusterClient } from "../cluster/client.ts";
 import type { GpuInfo, PrepareTaskResult, RemoteSpec, TaskAssignment } from "../cluster/protocol.ts";
@@ -8,7 +8,7 @@ import { ensureImage, parsePullPolicy } from "../docker/index.ts";
 import { BundleError, ExitCode, InstallError, UserError } from "../errors.ts";
 import { prepareEnv } from "../env/prepare.ts";
 import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.ts";
-import { type EnvironmentSource, environmentRequest, isUrl } from "../env/request.ts";
+import { environmentRequest } from "../env/request.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import { JobStore } from "../jobs/store.ts";
 import { acquireEntry } from "../env/cache-entry.ts";
@@ -41,14 +41,6 @@ export interface TaskHandle {
   cancel(reason: string): void;
   /** Stop it here and give it back to the server (to be run elsewhere); resolves once the server knows. */
   handBack(reason: string): Promise<void>;
-}
-
-/** A remote request names files inside its bundle only: never an absolute path, never one that climbs out. */
-function withinBundle<T extends EnvironmentSource>(asked: T): T {
-  for (const p of [asked.requirementsFile, ...asked.findLinks.filter((f) => !isUrl(f))]) {
-    if (p !== undefined && (isAbsolute(p) || normalize(p).split("/")[0] === "..")) throw new BundleError(`the request names ${JSON.stringify(p)}, a path outside its bundle`);
-  }
-  return asked;
 }
 
 function clusterDir(ctx: WorkerContext, ...parts: string[]): string {
@@ -126,7 +118,7 @@ function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: Worke
     workdir,
     env,
     environment: {
-      ...environmentRequest(withinBundle(e), source, ctx.runner.defaultPython),
+      ...environmentRequest(e, source, ctx.runner.defaultPython),
       image: e.image,
       prepareTimeoutMs: e.prepareTimeoutMs,
       confineTo: source,
@@ -243,7 +235,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
         result = { status: r.status, seconds: r.seconds, image: r.image, digest: r.digest };
       } else {
         const r = await prepareEnv(ctx.layout, {
-          ...environmentRequest(withinBundle(req), cwd, ctx.runner.defaultPython),
+          ...environmentRequest(req, cwd, ctx.runner.defaultPython),
           cwd,
           env: ctx.runner.env,
           installer: ctx.runner.installer,
