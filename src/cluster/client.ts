@@ -1,3 +1,4 @@
+import { isProblem, serverUrl } from "../config/kinds.ts";
 import type { ResolvedSettings } from "../config/resolve.ts";
 import { type BundleLimits, bundleLimits } from "./bundle-limits.ts";
 import { HttpError, UsageError, UserError } from "../errors.ts";
@@ -30,16 +31,11 @@ export function remoteTarget(settings: ResolvedSettings, rawArgs: string[] = [])
   return { url, token, bundleLimits: bundleLimits(settings.values), cancelGraceMs: settings.values.cancel_grace };
 }
 
+/** A server URL as the `server` setting reads one (http(s), no credentials in it), for a URL given elsewhere (`join URL`). */
 export function normalizeServerUrl(url: string, origin = "server URL"): string {
-  let parsed: URL;
-  try {
-    parsed = new URL(/^[a-z]+:\/\//i.test(url) ? url : `http://${url}`);
-  } catch {
-    throw new UsageError(`${origin}: not a URL: ${url}`);
-  }
-  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") throw new UsageError(`${origin}: expected http:// or https://, got ${url}`);
-  if (parsed.username || parsed.password) throw new UsageError(`${origin}: put the token in --token or GPULAYER_TOKEN, not in the URL`);
-  return `${parsed.protocol}//${parsed.host}${parsed.pathname.replace(/\/+$/, "")}`;
+  const parsed = serverUrl.parse(url);
+  if (isProblem(parsed)) throw new UsageError(`${origin} ${url}: ${parsed.problem}`);
+  return parsed;
 }
 
 type Body = Record<string, unknown> | Uint8Array | undefined;
