@@ -3,6 +3,7 @@ import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
+import { redactDeep, redactUrl } from "../env/url-credentials.ts";
 import { type JobSpec, withoutCredentials } from "./spec.ts";
 
 export type JobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled";
@@ -164,13 +165,13 @@ export class JobStore {
     const values: (string | number | null)[] = [Date.now()];
     for (const [k, val] of Object.entries(fields)) {
       sets.push(`${columns[k]} = ?`);
-      values.push(val as string | number | null);
+      values.push(typeof val === "string" ? redactUrl(val) : (val as number | null)); // an error may quote an index URL
     }
     this.db.query(`UPDATE jobs SET ${sets.join(", ")} WHERE id = ?`).run(...values, id);
   }
 
   event(id: string, type: string, data: Record<string, unknown> = {}): void {
-    this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)").run(id, Date.now(), type, JSON.stringify(data));
+    this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)").run(id, Date.now(), type, JSON.stringify(redactDeep(data)));
   }
 
   events(id: string): JobEvent[] {

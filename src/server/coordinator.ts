@@ -1,5 +1,7 @@
-import type { FinishRequest, PollResponse, RegisterResponse, TaskAssignment, TaskEventIn } from "../cluster/protocol.ts";
+import type { FinishRequest, PollResponse, PrepareRequestPayload, RegisterResponse, RemoteSpec, TaskAssignment, TaskEventIn } from "../cluster/protocol.ts";
+import { FINAL_JOB_STATES as FINAL } from "../cluster/protocol.ts";
 import { ExitCode } from "../errors.ts";
+import { CREDENTIALS_LOST, HeldSecrets } from "./held-secrets.ts";
 import { HttpFail } from "./http-fail.ts";
 import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
@@ -45,6 +47,9 @@ export interface CoordinatorOptions {
 
 export class Coordinator {
   readonly notify = new Notifier();
+  /** Requests as sent, credentials included: in memory only, by job id and by prepare id. */
+  readonly heldSpecs = new HeldSecrets<RemoteSpec>();
+  readonly heldPrepares = new HeldSecrets<PrepareRequestPayload>();
   private sweeper: ReturnType<typeof setInterval>;
 
   constructor(
@@ -95,17 +100,42 @@ export class Coordinator {
       const tasks = active.filter((t) => !t.delivered);
       const cancel = active.filter((t) => t.cancel && !t.cancelSent);
       if (tasks.length || cancel.length || Date.now() >= deadline) {
-        for (const t of tasks) this.store.updateTask(t.id, { delivered: true });
+        const handed: TaskAssignment[] = [];
+        for (const t of tasks) {
+          const a = this.assignment(t);
+          if (a) handed.push(a);
+          else this.failUnbuildable(t);
+          this.store.updateTask(t.id, { delivered: true });
+        }
         for (const t of cancel) this.store.updateTask(t.id, { cancelSent: true });
-        return { tasks: tasks.map((t) => this.assignment(t)), cancel: cancel.map((t) => t.id) };
+        if (handed.length || cancel.length || Date.now() >= deadline) return { tasks: handed, cancel: cancel.map((t) => t.id) };
+        continue;
       }
       await this.notify.wait(`worker:${w.id}`, deadline - Date.now(), signal);
     }
   }
 
-  private assignment(t: TaskRow): TaskAssignment {
+  /** What the worker is handed: the request with its credentials, from memory; null when a restart lost them. */
+  private assignment(t: TaskRow): TaskAssignment | null {
     const job = t.jobId ? this.store.job(t.jobId) : null;
-    return { id: t.id, kind: t.kind, attempt: t.attempt, job_id: t.jobId, bundle: job?.bundle ?? t.bundle, gpus: t.gpus, ...(job ? { spec: job.spec } : {}), ...(t.prepare ? { prepare: t.prepare } : {}) };
+    const spec = job ? this.heldSpecs.resolve(job.id, job.spec) : undefined;
+    const prepare = t.prepare ? this.heldPrepares.resolve(t.groupId!, t.prepare) : undefined;
+    if (spec === null || prepare === null) return null;
+    return { id: t.id, kind: t.kind, attempt: t.attempt, job_id: t.jobId, bundle: job?.bundle ?? t.bundle, gpus: t.gpus, ...(spec ? { spec } : {}), ...(prepare ? { prepare } : {}) };
+  }
+
+  /** A task whose request lost its credentials: it ends here, failed, with the reason; the worker never sees it. */
+  private failUnbuildable(t: TaskRow): void {
+    const message = `${t.kind === "job" ? "job" : "prepare"} cannot be built: ${CREDENTIALS_LOST}`;
+    this.store.updateTask(t.id, { state: "done", result: { status: "failed", seconds: 0, message, state: "failed" } });
+    if (t.jobId) this.failJob(t.jobId, message);
+    if (t.groupId) this.notify.wake(`group:${t.groupId}`);
+  }
+
+  private failJob(id: string, message: string): void {
+    this.store.event(id, "job.failed", { message });
+    this.store.updateJob(id, { state: "failed", error: message, exitCode: ExitCode.failed });
+    this.wakeJob(id);
   }
 
   leave(w: WorkerRow, final: boolean): void {
@@ -128,6 +158,9 @@ export class Coordinator {
       const silent = (now - w.lastSeen) / 1000;
       if (silent > this.opts.lostSeconds) this.markLost(w, `worker ${w.name} lost: no heartbeat for ${silent.toFixed(1)} s`);
     }
+    // Credentials live as long as what needs them: a job until it ends, a prepare while any of its tasks runs.
+    this.heldSpecs.keepOnly((id) => !FINAL.includes(this.store.job(id)?.state ?? "failed"));
+    this.heldPrepares.keepOnly((id) => this.store.groupTasks(id).some((t) => t.state === "assigned" || t.state === "running"));
   }
 
   markLost(w: WorkerRow, reason: string): void {
@@ -228,6 +261,10 @@ export class Coordinator {
     const workers = this.store.workers({ present: true });
     const loads = this.loads(workers);
     for (const job of this.store.queuedJobs()) {
+      if (this.heldSpecs.resolve(job.id, job.spec) === null) {
+        this.failJob(job.id, `job cannot be built: ${CREDENTIALS_LOST}`);
+        continue;
+      }
       const needs = jobNeeds(job.spec, job.labels);
       const w = choose(needs, workers, loads);
       if (!w) {

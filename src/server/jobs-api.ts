@@ -26,6 +26,7 @@ export class JobsApi {
     if (body.bundle && !this.store.bundles.has(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
     if (body.bundle) this.store.bundles.touch(body.bundle);
     const id = newId(8);
+    this.c.heldSpecs.hold(id, body.spec);
     this.store.addJob({ id, name: body.spec.name, spec: body.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir });
     this.store.event(id, "job.submitted", { name: body.spec.name, command: body.spec.commandText, labels: body.labels });
     this.c.dispatch();
@@ -127,6 +128,7 @@ export class JobsApi {
     if (body.bundle && !this.store.bundles.has(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
     if (body.bundle) this.store.bundles.touch(body.bundle);
     const id = newId(8);
+    this.c.heldPrepares.hold(id, body.request);
     for (const w of chosen) {
       this.store.addTask({ id: newId(8), kind: "prepare", jobId: null, groupId: id, workerId: w.id, attempt: 1, gpus: [], prepare: body.request, bundle: body.bundle });
       this.c.notify.wake(`worker:${w.id}`);

@@ -3,6 +3,7 @@ import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { MachineProbe, PrepareRequestPayload, PrepareTaskResult, RemoteSpec, WorkerState } from "../cluster/protocol.ts";
 import { BundleStore } from "./bundles.ts";
+import { redactDeep, redactUrl } from "../env/url-credentials.ts";
 
 /**
  * The coordinator's state in one bun:sqlite file in its home: workers, jobs,
@@ -146,11 +147,12 @@ const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_co
 const TASK_COLUMNS: Record<string, string> = { state: "state", result: "result", delivered: "delivered", cancel: "cancel", cancelSent: "cancel_sent" };
 const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots" };
 
+/** What a column may keep: never a URL's credentials (error messages and results included). */
 function sqlValue(v: unknown): string | number | null {
   if (v === null || v === undefined) return null;
   if (typeof v === "boolean") return v ? 1 : 0;
-  if (typeof v === "object") return JSON.stringify(v);
-  return v as string | number;
+  if (typeof v === "object") return JSON.stringify(redactDeep(v));
+  return typeof v === "string" ? redactUrl(v) : (v as number);
 }
 
 export const newId = (n = 8) => Buffer.from(crypto.getRandomValues(new Uint8Array(n))).toString("hex");
@@ -214,7 +216,7 @@ export class ServerStore {
   // Jobs
   addJob(j: Pick<JobRow, "id" | "name" | "spec" | "bundle" | "labels" | "workdir">): void {
     const now = Date.now();
-    this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec, bundle, labels, workdir) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?)").run(j.id, j.name, now, now, JSON.stringify(j.spec), j.bundle, JSON.stringify(j.labels), j.workdir);
+    this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec, bundle, labels, workdir) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?)").run(j.id, j.name, now, now, sqlValue(j.spec), j.bundle, sqlValue(j.labels), sqlValue(j.workdir));
   }
   job(id: string): JobRow | null {
     const r = this.db.query<Row, [string]>("SELECT * FROM jobs WHERE id = ?").get(id);
@@ -239,7 +241,7 @@ export class ServerStore {
     const now = Date.now();
     this.db
       .query("INSERT INTO tasks (id, kind, job_id, group_id, worker_id, state, attempt, gpus, prepare, bundle, created, updated) VALUES (?, ?, ?, ?, ?, 'assigned', ?, ?, ?, ?, ?, ?)")
-      .run(t.id, t.kind, t.jobId, t.groupId, t.workerId, t.attempt, JSON.stringify(t.gpus), t.prepare ? JSON.stringify(t.prepare) : null, t.bundle, now, now);
+      .run(t.id, t.kind, t.jobId, t.groupId, t.workerId, t.attempt, JSON.stringify(t.gpus), sqlValue(t.prepare), t.bundle, now, now);
   }
   task(id: string): TaskRow | null {
     const r = this.db.query<Row, [string]>("SELECT * FROM tasks WHERE id = ?").get(id);
@@ -272,7 +274,7 @@ export class ServerStore {
 
   // Events and output
   event(jobId: string, type: string, data: Record<string, unknown> = {}, ts = Date.now()): void {
-    this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)").run(jobId, ts, type, JSON.stringify(data));
+    this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)").run(jobId, ts, type, sqlValue(data));
   }
   events(jobId: string, afterSeq = 0): StoredEvent[] {
     return this.db
