@@ -2,11 +2,14 @@
  * Time from `gpulayer job run` to the job's first output line, on a warm
  * worker through a server (127.0.0.1), against the same job run locally,
  * side by side in one run (alternating, so drift hits both alike).
+ * Then `/v1/health` latency while the server checks the worst bundle it
+ * accepts, against the same probe with the server idle.
  * Run: bun run bench/cluster.ts   (BENCH_RUNS=20 by default)
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { zerosBundle } from "../test/fixtures/bombs.ts";
 import { binary, machine, printTable, stats } from "./_lib.ts";
 
 const bin = binary();
@@ -89,6 +92,40 @@ try {
   printTable("time from `job run` to the job's first output line", results, "local: gpulayer job run (warm env)");
   const added = results[1]![1].median - results[0]![1].median;
   console.log(`\nadded by going through the server: ${added.toFixed(1)} ms (median); includes packing the workdir, the submit, dispatch, the worker's long poll, unpacking, and streaming the line back`);
+
+  // /v1/health latency while the server checks the worst bundle it accepts (1.9 GiB of zeros in 2 MB), probed every 10 ms, idle probes alongside.
+  const probe = async () => {
+    const t = performance.now();
+    await (await fetch(`${url}/v1/health`, { headers: { authorization: `Bearer ${token}` } })).arrayBuffer();
+    return performance.now() - t;
+  };
+  const idle: number[] = [];
+  for (let i = 0; i < 50; i++) {
+    idle.push(await probe());
+    await Bun.sleep(10);
+  }
+  const during: number[] = [];
+  let checkMs = 0;
+  for (let i = 0; i < Number(process.env.BENCH_BUNDLE_RUNS ?? 3); i++) {
+    const file = join(root, `worst-${i}.tar.gz`);
+    // One zero member fewer each time: a new hash, so each upload is checked, not found stored.
+    const { hash } = zerosBundle(file, 31 - i);
+    let done = false;
+    const probing = (async () => {
+      while (!done) {
+        during.push(await probe());
+        await Bun.sleep(10);
+      }
+    })();
+    const t = performance.now();
+    const res = await fetch(`${url}/v1/bundles/${hash}`, { method: "PUT", headers: { authorization: `Bearer ${token}` }, body: Bun.file(file) });
+    if (res.status !== 201) throw new Error(`the worst accepted bundle was refused: ${await res.text()}`);
+    checkMs = Math.max(checkMs, performance.now() - t);
+    done = true;
+    await probing;
+  }
+  printTable("`/v1/health` while the server checks the worst accepted bundle (1.9 GiB of zeros, 2 MB sent)", [["health, server idle", stats(idle)], ["health, during the check", stats(during)]], "health, server idle");
+  console.log(`\n${during.length} probes during checks of up to ${(checkMs / 1000).toFixed(1)} s each; slowest probe ${Math.max(...during).toFixed(1)} ms (aim: under 100 ms)`);
 } finally {
   for (const c of children) c.kill("SIGTERM");
   await Promise.all(children.map((c) => c.exited));

@@ -5,7 +5,9 @@ import { dirname, isAbsolute, join, posix, relative, resolve } from "node:path";
 import * as tar from "tar";
 import { BundleError, ExitCode } from "../errors.ts";
 import type { BundleLimits } from "./bundle-limits.ts";
+import { inflating, inspectBundle } from "./bundle-check.ts";
 export { type BundleLimits, bundleLimits } from "./bundle-limits.ts";
+export { inspectBundle } from "./bundle-check.ts";
 
 /**
  * Bundles: a job's workdir as a tar.gz, packed the same way every time (sorted
@@ -167,175 +169,21 @@ export function isBundleHash(s: string): boolean {
   return /^[0-9a-f]{64}$/.test(s);
 }
 
-const SAFE_TYPES = new Set(["File", "OldFile", "ContiguousFile", "Directory", "SymbolicLink", "Link"]);
-
-/** Why a path inside a bundle is unsafe, or null. */
-function unsafePath(p: string): string | null {
-  if (p.includes("\0")) return "has a NUL byte";
-  if (p.startsWith("/") || p.startsWith("\\") || /^[A-Za-z]:/.test(p)) return "is absolute";
-  if (p.split(/[\\/]+/).includes("..")) return "climbs out with ..";
-  return null;
-}
-
-/** What the checker knows of the tree a bundle builds, path (normalized, relative) → kind. */
-type Node = { kind: "file" } | { kind: "dir" } | { kind: "link"; target: string };
-
-/** As Linux (MAXSYMLINKS): a lookup that follows more links than this fails with ELOOP. */
-const MAX_LINK_HOPS = 40;
-
-/**
- * Where `target`, read from the folder `dir` (components from the root), leads
- * in `tree`: every link met on the way is followed, however it was reached.
- * Components the tree does not hold count as plain folders.
- */
-function resolveIn(tree: Map<string, Node>, dir: string[], target: string): { at: string } | "outside" | "loops" {
-  if (target.startsWith("/")) return "outside";
-  const done = [...dir];
-  const todo = target.split("/").reverse();
-  let hops = 0;
-  while (todo.length) {
-    const c = todo.pop()!;
-    if (c === "" || c === ".") continue;
-    if (c === "..") {
-      if (!done.length) return "outside";
-      done.pop();
-      continue;
-    }
-    done.push(c);
-    const node = tree.get(done.join("/"));
-    if (node?.kind !== "link") continue;
-    if (++hops > MAX_LINK_HOPS) return "loops";
-    if (node.target.startsWith("/")) return "outside";
-    done.pop();
-    todo.push(...node.target.split("/").reverse());
-  }
-  return { at: done.join("/") || "." };
-}
-
-/**
- * The entry checks of a bundle: absolute paths, `..`, devices and sizes over
- * the limits are refused, with the first offending entries named. Links are
- * checked against a model of the tree as the entries build it, whatever their
- * order: a symbolic link must lead inside the bundle once resolved through
- * every other link (those already read, and, in a last pass, those that come
- * later), without looping; no entry may go through a link; a hard link must
- * name a file already in the bundle, not a link and not through one.
- */
-function bundleChecker(limits: BundleLimits) {
-  const problems: string[] = [];
-  /** Links already refused (kept in the tree, so that links through them are refused too). */
-  const badLinks = new Set<string>();
-  const tree = new Map<string, Node>();
-  let entries = 0;
-  let total = 0;
-  const refuse = (path: string, why: string) => {
-    if (problems.length < 5) problems.push(`${JSON.stringify(path)} ${why}`);
-  };
-  /** The first parent folder of `p` that is a link in the tree, or null. */
-  const linkAbove = (p: string): string | null => {
-    const parts = p.split("/");
-    for (let i = 1; i < parts.length; i++) {
-      const up = parts.slice(0, i).join("/");
-      if (tree.get(up)?.kind === "link") return up;
-    }
-    return null;
-  };
-  const linkProblem = (p: string, target: string): string | null => {
-    const r = resolveIn(tree, p.split("/").slice(0, -1), target);
-    if (r === "outside") return `is a link to ${JSON.stringify(target)}, which leads outside the bundle`;
-    if (r === "loops") return `is a link to ${JSON.stringify(target)}, which loops (or goes more than ${MAX_LINK_HOPS} links deep)`;
-    return null;
-  };
-  const onReadEntry = (entry: tar.ReadEntry) => {
-    entries++;
-    total += entry.size ?? 0;
-    const bad = unsafePath(entry.path);
-    if (bad) return refuse(entry.path, bad);
-    if (!SAFE_TYPES.has(entry.type)) return refuse(entry.path, `is a ${entry.type}, not a file, folder or link`);
-    const p = posix.normalize(entry.path).replace(/\/+$/, "");
-    if (p === "." || p === "") {
-      if (entry.type !== "Directory") return refuse(entry.path, "would replace the bundle's root folder");
-      return;
-    }
-    const above = linkAbove(p);
-    if (above) return refuse(entry.path, `goes through a link (${JSON.stringify(above)})`);
-    if (entry.type === "SymbolicLink") {
-      const target = entry.linkpath ?? "";
-      if (!target || target.includes("\0")) return refuse(entry.path, `is a link to ${JSON.stringify(target)}, outside the bundle`);
-      tree.set(p, { kind: "link", target });
-      const why = linkProblem(p, target);
-      if (why) {
-        badLinks.add(p);
-        return refuse(entry.path, why);
-      }
-    } else if (entry.type === "Link") {
-      const target = entry.linkpath ?? "";
-      const t = target ? posix.normalize(target).replace(/\/+$/, "") : "";
-      const why = target ? unsafePath(target) : "is empty";
-      if (why || !t || t === ".") return refuse(entry.path, `is a hard link to ${JSON.stringify(target)}, outside the bundle`);
-      const via = linkAbove(t);
-      if (via) return refuse(entry.path, `is a hard link to ${JSON.stringify(target)}, through the link ${JSON.stringify(via)}`);
-      const node = tree.get(t);
-      if (node?.kind !== "file") return refuse(entry.path, `is a hard link to ${JSON.stringify(target)}, ${node?.kind === "link" ? "a link" : "not a file before it in the bundle"}`);
-      tree.set(p, { kind: "file" });
-    } else tree.set(p, { kind: entry.type === "Directory" ? "dir" : "file" });
-  };
-  /** The last pass, over the whole tree: links that come after an entry count too. */
-  const finalPass = () => {
-    for (const [p, node] of tree) {
-      if (badLinks.has(p)) continue;
-      const above = linkAbove(p);
-      if (above) refuse(p, `goes through a link (${JSON.stringify(above)})`);
-      else if (node.kind === "link") {
-        const why = linkProblem(p, node.target);
-        if (why) refuse(p, why);
-      }
-    }
-  };
-  const verdict = () => {
-    finalPass();
-    if (problems.length) throw new BundleError(`bundle refused: ${problems.join("; ")}`);
-    if (entries > limits.maxEntries) throw new BundleError(`bundle refused: ${entries} entries, over the limit of ${limits.maxEntries}`);
-    if (total > limits.maxUnpackedBytes) throw new BundleError(`bundle refused: ${bytes.format(total)} unpacked, over the limit of ${bytes.format(limits.maxUnpackedBytes)} (bundle.max_unpacked, GPULAYER_BUNDLE_MAX_UNPACKED)`);
-    return { entries, bytes: total };
-  };
-  return { onReadEntry, verdict };
-}
-
-function checkSize(file: string, limits: BundleLimits): void {
-  const size = statSync(file).size;
-  if (size > limits.maxBytes) throw new BundleError(`bundle refused: ${bytes.format(size)} is over the limit of ${bytes.format(limits.maxBytes)} (bundle.max_size, GPULAYER_BUNDLE_MAX)`);
-}
-
-// The raw header path (preservePaths): no stripping of / or .. before the checks see it.
-const LIST = { strict: true, preservePaths: true } as const;
-
-/** Check every entry of a bundle, writing nothing. */
-export function inspectBundle(file: string, limits: BundleLimits): { entries: number; bytes: number } {
-  checkSize(file, limits);
-  const checker = bundleChecker(limits);
-  try {
-    tar.t({ file, sync: true, ...LIST, onReadEntry: checker.onReadEntry });
-  } catch (error) {
-    throw new BundleError(`bundle refused: not a valid tar.gz (${(error as Error).message})`);
-  }
-  return checker.verdict();
-}
-
 /** Check, then unpack into `dest` (created; must not exist yet). Asynchronous: a worker keeps heartbeating meanwhile. */
 export async function unpackBundle(file: string, dest: string, limits: BundleLimits): Promise<void> {
-  checkSize(file, limits);
-  const checker = bundleChecker(limits);
-  try {
-    await tar.t({ file, ...LIST, onReadEntry: checker.onReadEntry });
-  } catch (error) {
-    throw new BundleError(`bundle refused: not a valid tar.gz (${(error as Error).message})`);
-  }
-  checker.verdict();
+  await inspectBundle(file, limits);
   if (existsSync(dest)) throw new BundleError(`cannot unpack into ${dest}: it exists already`);
   mkdirSync(dest, { recursive: true });
   try {
-    await tar.x({ file, cwd: dest, strict: true, preserveOwner: false, noMtime: true });
+    // Inflated by our stream (64 KiB pieces, back-pressured), not tar's own reader, which inflates 16 MiB reads at once.
+    const { gunzip } = inflating(file);
+    const unpack = new tar.Unpack({ cwd: dest, strict: true, preserveOwner: false, noMtime: true });
+    await new Promise<void>((done, fail) => {
+      unpack.on("error", fail);
+      gunzip.on("error", fail);
+      unpack.on("close", done);
+      gunzip.pipe(unpack);
+    });
   } catch (error) {
     rmSync(dest, { recursive: true, force: true });
     throw new BundleError(`unpacking the bundle failed: ${(error as Error).message}`);

@@ -1,5 +1,5 @@
 import type { Database } from "bun:sqlite";
-import { mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
+import { mkdirSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 
 /**
@@ -32,8 +32,17 @@ export interface BundleSweep {
 
 const FILE = /^([0-9a-f]{64})\.tar\.gz$/;
 
+/** An upload on its way in: its temporary file, kept as the bundle once checked, removed otherwise. */
+export interface Receiving {
+  path: string;
+  keep(bytes: number): void;
+  drop(): void;
+}
+
 export class BundleStore {
   readonly dir: string;
+  /** Temporary files of uploads being received or checked now: the sweep leaves them alone. */
+  private inFlight = new Set<string>();
 
   constructor(
     private readonly db: Database,
@@ -57,6 +66,25 @@ export class BundleStore {
       this.db.query("DELETE FROM bundles WHERE hash = ?").run(hash);
       return false;
     }
+  }
+
+  receiving(hash: string): Receiving {
+    const name = `${hash}.tar.gz.${process.pid}.${crypto.randomUUID()}.tmp`;
+    const path = join(this.dir, name);
+    this.inFlight.add(name);
+    let kept = false;
+    return {
+      path,
+      keep: (bytes) => {
+        renameSync(path, this.path(hash));
+        this.add(hash, bytes);
+        kept = true;
+      },
+      drop: () => {
+        this.inFlight.delete(name);
+        if (!kept) rmSync(path, { force: true });
+      },
+    };
   }
 
   add(hash: string, bytes: number): void {
@@ -117,11 +145,11 @@ export class BundleStore {
       result.removed.push({ hash: b.hash, bytes: b.bytes, why: "over size" });
     }
     result.keptBytes = total;
-    // Uploads write, check and record in one synchronous step: any temp file or rowless bundle here is left from a crash.
+    // Besides uploads in flight, any temp file or rowless bundle here is left from a crash.
     const rows = new Set(this.list().map((b) => b.hash));
     for (const name of readdirSync(this.dir)) {
       const m = FILE.exec(name);
-      if (m && rows.has(m[1]!)) continue;
+      if ((m && rows.has(m[1]!)) || this.inFlight.has(name)) continue;
       rmSync(join(this.dir, name), { recursive: true, force: true });
       result.strays++;
     }

@@ -1,4 +1,4 @@
-import { renameSync, rmSync, writeFileSync } from "node:fs";
+import { open } from "node:fs/promises";
 import { timingSafeEqual } from "node:crypto";
 import type * as v from "valibot";
 import { type BundleLimits, inspectBundle, isBundleHash } from "../cluster/bundle.ts";
@@ -87,28 +87,51 @@ function workerView(ctx: RouteContext): WorkerView[] {
   });
 }
 
+/**
+ * An upload, streamed to a temporary file while it is hashed (never held in
+ * memory whole), then checked by the streaming checker: the event loop keeps
+ * turning, so health checks, heartbeats and long polls are answered meanwhile.
+ */
 async function putBundle(req: Request, ctx: RouteContext, hash: string): Promise<Response> {
   const store = ctx.coord.store.bundles;
   if (store.has(hash)) return reply({ hash, stored: false });
-  const data = await readBody(req, ctx.limits.maxBytes);
-  if (sha256Bytes(data) !== hash) throw new HttpFail(400, "bundle refused: its content does not match its hash");
-  const tmp = `${store.path(hash)}.${process.pid}.${crypto.randomUUID()}.tmp`;
-  writeFileSync(tmp, data);
+  const tmp = store.receiving(hash);
   try {
-    inspectBundle(tmp, ctx.limits);
-  } catch (error) {
-    rmSync(tmp, { force: true });
-    if (error instanceof BundleError) throw new HttpFail(400, error.message);
-    throw error;
+    const received = await receiveTo(req, ctx.limits.maxBytes, tmp.path);
+    if (received.hash !== hash) throw new HttpFail(400, "bundle refused: its content does not match its hash");
+    try {
+      await inspectBundle(tmp.path, ctx.limits);
+    } catch (error) {
+      if (error instanceof BundleError) throw new HttpFail(400, error.message);
+      throw error;
+    }
+    tmp.keep(received.bytes);
+  } finally {
+    tmp.drop();
   }
-  renameSync(tmp, store.path(hash));
-  store.add(hash, data.length);
   return reply({ hash, stored: true }, 201);
 }
 
-function sha256Bytes(data: Uint8Array): string {
-  return new Bun.CryptoHasher("sha256").update(data).digest("hex");
+/** The body into `file`, refused (413) past the limit as it arrives; its sha256 and size. */
+async function receiveTo(req: Request, limit: number, file: string): Promise<{ hash: string; bytes: number }> {
+  const declared = Number(req.headers.get("content-length") ?? "0");
+  if (declared > limit) throw new HttpFail(413, `request body too large (limit ${limit} bytes)`);
+  const hasher = new Bun.CryptoHasher("sha256");
+  const handle = await open(file, "wx", 0o600);
+  let total = 0;
+  try {
+    for await (const chunk of (req.body ?? []) as AsyncIterable<Uint8Array>) {
+      total += chunk.length;
+      if (total > limit) throw new HttpFail(413, `request body too large (limit ${limit} bytes)`);
+      hasher.update(chunk);
+      await handle.write(chunk);
+    }
+  } finally {
+    await handle.close();
+  }
+  return { hash: hasher.digest("hex"), bytes: total };
 }
+
 
 const waitMs = (url: URL, fallback = 25) => Math.min(MAX_WAIT_MS, Math.max(0, Number(url.searchParams.get("wait") ?? fallback) * 1000 || 0));
 const intParam = (url: URL, name: string) => Math.max(0, Math.floor(Number(url.searchParams.get(name) ?? "0")) || 0);
