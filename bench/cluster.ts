@@ -61,7 +61,7 @@ try {
     if (doc.trimEnd().endsWith("}")) break;
   }
   const url = JSON.parse(doc).url as string;
-  start(["join", url, "--token", token, "--name", "bench", "--python", python], home("worker"));
+  start(["join", url, "--name", "bench", "--python", python], { ...home("worker"), GPULAYER_TOKEN: token });
   const client = { ...home("client"), GPULAYER_SERVER: url, GPULAYER_TOKEN: token };
   for (let i = 0; i < 100; i++) {
     const r = Bun.spawnSync([bin, "workers", "--json"], { env: client });

@@ -56,7 +56,7 @@ let jobId = "";
 beforeAll(async () => {
   server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "server-home") } }), procs);
   url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
-  keepOutput(startCli(["join", url, "--token", TOKEN, "--name", "w1", "--python", "python3"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "w1-home") } }), procs);
+  keepOutput(startCli(["join", url, "--name", "w1", "--python", "python3"], { env: { ...box.env, ...FAST, GPULAYER_TOKEN: TOKEN, GPULAYER_HOME: join(box.root, "w1-home") } }), procs);
   await waitFor("the worker", async () => json<any[]>((await gpl(["workers", "--json"])).stdout).length === 1);
   const d = await gpl(["job", "run", "-d", "--", "sleep", "60"]);
   jobId = d.stdout.trim();

@@ -62,7 +62,7 @@ beforeAll(async () => {
   port = probe.port!;
   await probe.stop(true);
   await startServer();
-  keep(startCli(["join", url, "--token", TOKEN, "--name", "wk", "--python", "python3"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "worker-home") } }));
+  keep(startCli(["join", url, "--name", "wk", "--python", "python3"], { env: { ...box.env, ...FAST, GPULAYER_TOKEN: TOKEN, GPULAYER_HOME: join(box.root, "worker-home") } }));
   await waitFor("the worker", async () => json<any[]>((await gpl(["workers", "--json"])).stdout).length === 1);
 }, T);
 

@@ -27,11 +27,11 @@ const gpl = (args: string[]) => cli(args, { env: env(), cwd: box.root });
 const json = <T = any>(text: string): T => JSON.parse(text) as T;
 
 const homeOf = (name: string) => join(box.root, `home-${name}`);
-const joinArgs = (name: string, extra: string[] = []) => ["join", url, "--token", TOKEN, "--name", name, "--python", "python3", ...extra];
+const joinArgs = (name: string, extra: string[] = []) => ["join", url, "--name", name, "--python", "python3", ...extra];
 
 /** Start `gpulayer join` and wait until it has joined (its own log says so). */
 async function startWorker(name: string, extra: string[] = []): Promise<void> {
-  const w = keep(startCli(joinArgs(name, extra), { env: { ...box.env, ...FAST, GPULAYER_HOME: homeOf(name) } }));
+  const w = keep(startCli(joinArgs(name, extra), { env: { ...box.env, ...FAST, GPULAYER_HOME: homeOf(name), GPULAYER_TOKEN: TOKEN } }));
   workers.set(name, w);
   await waitFor(`worker ${name}`, () => w.out().includes(`as ${name}`));
 }
@@ -185,7 +185,7 @@ describe("a worker started again", () => {
 
   test("a second join with the same name and home while the first runs is refused; the first keeps its worker", async () => {
     const [before] = await mine();
-    const second = await cli(joinArgs("wr", ["--label", "restart=yes"]), { env: { ...box.env, ...FAST, GPULAYER_HOME: homeOf("wr") } });
+    const second = await cli(joinArgs("wr", ["--label", "restart=yes"]), { env: { ...box.env, ...FAST, GPULAYER_HOME: homeOf("wr"), GPULAYER_TOKEN: TOKEN } });
     expect(second.code).toBe(1);
     expect(second.stderr).toContain("worker wr is already running");
     expect(second.stderr).toContain("stop it first");

@@ -39,7 +39,7 @@ beforeAll(async () => {
   const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: homeOf("server") } }), procs);
   url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
   for (const [name, label] of [["w1", "only=w1"], ["w2", "only=w2"]] as const) {
-    workers.set(name, keepOutput(startCli(["join", url, "--token", TOKEN, "--name", name, "--python", "python3", "--label", label], { env: { ...box.env, ...FAST, GPULAYER_HOME: homeOf(name) } }), procs));
+    workers.set(name, keepOutput(startCli(["join", url, "--name", name, "--python", "python3", "--label", label], { env: { ...box.env, ...FAST, GPULAYER_TOKEN: TOKEN, GPULAYER_HOME: homeOf(name) } }), procs));
   }
   await waitFor("two workers", async () => json<any[]>((await gpl(["workers", "--json"])).stdout).length === 2);
 }, T);

@@ -61,7 +61,7 @@ beforeAll(async () => {
   priv.wheel({ name: "priv-pkg", version: "2.0" });
   await startServer();
   // The worker holds a variable a `-r /proc/self/environ` would read.
-  keepOutput(startCli(["join", url, "--token", TOKEN, "--name", "w1", "--python", "python3"], { env: { ...box.env, ...FAST, GPULAYER_WORKER_SLOTS: "1", GPULAYER_HOME: homeOf("w1"), WORKER_ONLY_SECRET: "wv-5521-not-for-jobs" } }), procs);
+  keepOutput(startCli(["join", url, "--name", "w1", "--python", "python3"], { env: { ...box.env, ...FAST, GPULAYER_TOKEN: TOKEN, GPULAYER_WORKER_SLOTS: "1", GPULAYER_HOME: homeOf("w1"), WORKER_ONLY_SECRET: "wv-5521-not-for-jobs" } }), procs);
   await waitFor("the worker", async () => json<any[]>((await gpl(["workers", "--json"])).stdout).length === 1).catch((e) => {
     throw new Error(`${e.message}: ${procs.map((p) => p.out()).join("\n")}`);
   });

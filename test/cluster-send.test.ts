@@ -27,7 +27,7 @@ beforeAll(async () => {
   const server = keep(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...boxes.server.env, ...FAST } }));
   url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
   const venv = await makeWorkerVenv(join(boxes.w1.root, "venv"), { env: boxes.w1.env });
-  keep(startCli(["join", url, "--token", TOKEN, "--name", "w1", "--python", venv], { env: { ...boxes.w1.env, ...FAST } }));
+  keep(startCli(["join", url, "--name", "w1", "--python", venv], { env: { ...boxes.w1.env, ...FAST, GPULAYER_TOKEN: TOKEN } }));
   await waitFor("the worker", async () => (json((await gpl(["workers", "--json"])).stdout) as unknown[]).length === 1);
 }, T);
 

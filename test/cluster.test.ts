@@ -55,7 +55,7 @@ beforeAll(async () => {
   chmodSync(join(fakeBin, "nvidia-smi"), 0o755);
 
   const join_ = (name: "w1" | "w2" | "w3", extra: string[] = [], env: Record<string, string> = {}) =>
-    keep(startCli(["join", url, "--token", TOKEN, "--name", name, "--python", venvs[Number(name[1]) - 1]!, ...extra], { env: { ...boxes[name].env, ...FAST, ...env } }));
+    keep(startCli(["join", url, "--name", name, "--python", venvs[Number(name[1]) - 1]!, ...extra], { env: { ...boxes[name].env, ...FAST, GPULAYER_TOKEN: TOKEN, ...env } }));
   join_("w1");
   join_("w2");
   join_("w3", ["--label", "zone=b"], { PATH: `${fakeBin}:${boxes.w3.env.PATH}` });

@@ -3,7 +3,8 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 
 export const ROOT = resolve(import.meta.dir, "..");
-const CLI = process.env.GPULAYER_TEST_BIN ? [resolve(process.env.GPULAYER_TEST_BIN)] : [process.execPath, join(ROOT, "src", "cli.ts")];
+/** How the tests start gpulayer: the built binary (GPULAYER_TEST_BIN) or bun on src/cli.ts. */
+export const CLI_ARGV: string[] = process.env.GPULAYER_TEST_BIN ? [resolve(process.env.GPULAYER_TEST_BIN)] : [process.execPath, join(ROOT, "src", "cli.ts")];
 
 export function tempDir(prefix = "gpl-"): string {
   return mkdtempSync(join(tmpdir(), prefix));
@@ -34,14 +35,14 @@ export interface CliResult {
 
 /** Run gpulayer as a whole process (never spawnSync: the test's own index server must keep answering). */
 export async function cli(args: string[], opts: { env: Record<string, string>; cwd?: string }): Promise<CliResult> {
-  const proc = Bun.spawn([...CLI, ...args], { env: opts.env, cwd: opts.cwd, stdout: "pipe", stderr: "pipe", stdin: "ignore" });
+  const proc = Bun.spawn([...CLI_ARGV, ...args], { env: opts.env, cwd: opts.cwd, stdout: "pipe", stderr: "pipe", stdin: "ignore" });
   const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
   return { code, stdout, stderr };
 }
 
 /** Start gpulayer and return the process; `detached` makes it lead its own process group (to SIGKILL it with its children). */
 export function startCli(args: string[], opts: { env: Record<string, string>; cwd?: string; detached?: boolean }) {
-  return Bun.spawn([...CLI, ...args], { env: opts.env, cwd: opts.cwd, stdout: "pipe", stderr: "pipe", stdin: "ignore", detached: opts.detached });
+  return Bun.spawn([...CLI_ARGV, ...args], { env: opts.env, cwd: opts.cwd, stdout: "pipe", stderr: "pipe", stdin: "ignore", detached: opts.detached });
 }
 
 export async function run(argv: string[], opts: { env?: Record<string, string>; cwd?: string } = {}): Promise<CliResult> {

@@ -149,7 +149,7 @@ describe("every --json document fits its schema", () => {
       const client = { ...env(), GPULAYER_SERVER: doc.url, GPULAYER_TOKEN: doc.token! };
       expect(ok("workers", await cli(["workers", "--json"], { env: client }))).toEqual([]);
 
-      worker = startCli(["join", doc.url, "--token", doc.token!, "--name", "jw", "--python", python, "--label", "zone=b", "--json"], { env: { ...workerBox.env, ...fast, GPULAYER_WORKER_ENGINE: "none" } });
+      worker = startCli(["join", doc.url, "--name", "jw", "--python", python, "--label", "zone=b", "--json"], { env: { ...workerBox.env, ...fast, GPULAYER_WORKER_ENGINE: "none", GPULAYER_TOKEN: doc.token! } });
       const workerOut = collect(worker.stdout);
       collect(worker.stderr);
       const workers = await waitFor("the worker", async () => {

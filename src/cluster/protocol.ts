@@ -40,6 +40,7 @@ export interface WorkerView {
   id: string;
   name: string;
   labels: Record<string, string>;
+  joined_with: string | null;
   state: WorkerState;
   registered: string;
   last_seen: string;

@@ -1,4 +1,7 @@
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { homeLayout, type HomeLayout } from "../config/paths.ts";
+import { UsageError } from "../errors.ts";
 import { defaultPython } from "../config/python.ts";
 import { type FlagValues, type ResolvedSettings, resolveSettings } from "../config/resolve.ts";
 import type { SettingName } from "../config/table.ts";
@@ -27,6 +30,7 @@ const OWN_SECRETS = ["GPULAYER_TOKEN"];
 export function commandContext(flags: FlagValues = {}): CommandContext {
   const env = process.env;
   const settings = resolveSettings(env, flags);
+  if (settings.values.token_file !== undefined) tokenFromFile(settings);
   const childEnv: Record<string, string> = {};
   for (const [k, v] of Object.entries(env)) if (v !== undefined && !OWN_SECRETS.includes(k)) childEnv[k] = v;
   return {
@@ -36,6 +40,35 @@ export function commandContext(flags: FlagValues = {}): CommandContext {
     cwd: process.cwd(),
     childEnv,
   };
+}
+
+/** What worker.run_as must hold: the user reaches the envs and workdirs, and reads none of the worker's secrets. */
+export function runAsChecks(ctx: CommandContext) {
+  const root = ctx.layout.root;
+  const tokenFile = ctx.values.token_file;
+  return {
+    env: ctx.childEnv,
+    reachable: [ctx.layout.envs, join(root, "cluster", "work")],
+    closed: [join(root, "jobs"), join(root, "cluster", "identity"), join(root, "cluster", "bundles")],
+    secret: [join(root, "server"), ...(tokenFile && tokenFile !== "-" ? [tokenFile] : [])],
+  };
+}
+
+/** token_file read into token (it wins over GPULAYER_TOKEN; with --token as well, the user meant two things). */
+function tokenFromFile(settings: ResolvedSettings): void {
+  const file = settings.values.token_file!;
+  const from = settings.origins.token_file.name;
+  if (settings.origins.token.source === "flag" && settings.origins.token_file.source === "flag") throw new UsageError("--token and --token-file: give the token one way");
+  let text: string;
+  try {
+    text = readFileSync(file === "-" ? "/dev/stdin" : file, "utf8");
+  } catch (error) {
+    throw new UsageError(`${from} ${file}: cannot read it (${(error as NodeJS.ErrnoException).code ?? (error as Error).message})`);
+  }
+  const token = text.split("\n").map((l) => l.trim()).find(Boolean);
+  if (!token) throw new UsageError(`${from} ${file === "-" ? "- (standard input)" : file}: holds no token`);
+  settings.values.token = token;
+  settings.origins.token = settings.origins.token_file;
 }
 
 /** Colour only for a terminal, and never against NO_COLOR; FORCE_COLOR forces it (https://no-color.org, https://force-color.org). */

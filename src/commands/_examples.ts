@@ -36,9 +36,13 @@ export const EXAMPLES: Record<string, string[]> = {
   ],
   join: [
     "gpulayer join --python /opt/venv/bin/python --label zone=a     # save this box's worker settings, show its probe",
-    "gpulayer join http://coord:7070 --token T --python /opt/venv/bin/python",
+    "gpulayer join http://coord:7070 --token-file join.token --python /opt/venv/bin/python",
+    "sudo gpulayer join http://coord:7070 --token-file /etc/gpulayer/join.token --run-as gpujobs   # jobs as another user",
   ],
-  server: ["gpulayer server --listen 0.0.0.0:7070     # prints a join token on first start"],
+  server: ["gpulayer server --listen 0.0.0.0:7070     # prints its own token on first start"],
+  "server token create": ["gpulayer server token create --role join --name gpu-boxes > join.token", "gpulayer server token create --role user --name alice --json"],
+  "server token list": ["gpulayer server token list"],
+  "server token revoke": ["gpulayer server token revoke gpu-boxes   # its workers are dropped too"],
   workers: ["GPULAYER_SERVER=http://coord:7070 GPULAYER_TOKEN=T gpulayer workers"],
   version: ["gpulayer version", "gpulayer version --json"],
   config: [

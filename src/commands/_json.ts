@@ -255,10 +255,18 @@ export const JoinLeftDocument = v.strictObject({ name: str, url: str, left: v.li
 
 export const ServerDocument = v.strictObject({ url: str, port: num, state: str, token_file: nullableStr, token: v.optional(str) });
 
+/** `server token create --json`: the token itself, this once. */
+export const ServerTokenCreateDocument = v.strictObject({ name: str, role: v.picklist(["user", "join"]), token: str });
+export const ServerTokenEntry = v.strictObject({ name: str, role: v.picklist(["user", "join"]), created: str, last_used: nullableStr });
+export const ServerTokenListDocument = v.array(ServerTokenEntry);
+export const ServerTokenRevokeDocument = v.strictObject({ name: str, revoked: v.literal(true) });
+
 export const WorkerEntry = v.strictObject({
   id: str,
   name: str,
   labels: strRecord,
+  /** The named join token it joined with; null for the server's own token. */
+  joined_with: nullableStr,
   state: v.picklist(["idle", "busy", "draining", "lost", "left"]),
   registered: str,
   last_seen: str,
@@ -295,6 +303,9 @@ export const DOCUMENTS = {
   join: JoinDocument,
   "join SERVER_URL": JoinLeftDocument,
   server: ServerDocument,
+  "server token create": ServerTokenCreateDocument,
+  "server token list": ServerTokenListDocument,
+  "server token revoke": ServerTokenRevokeDocument,
   workers: WorkersDocument,
   error: ErrorDocument,
 } as const;
@@ -331,6 +342,9 @@ export const README_TABLES = {
   "join: probe.gpus[]": GpuEntry,
   "join SERVER_URL": JoinLeftDocument,
   server: ServerDocument,
+  "server token create": ServerTokenCreateDocument,
+  "server token list": ServerTokenEntry,
+  "server token revoke": ServerTokenRevokeDocument,
   workers: WorkerEntry,
   error: ErrorDocument,
 } as const;
@@ -354,5 +368,8 @@ export type ProbeDoc = v.InferOutput<typeof ProbeDocument>;
 export type JoinDoc = v.InferOutput<typeof JoinDocument>;
 export type JoinLeftDoc = v.InferOutput<typeof JoinLeftDocument>;
 export type ServerDoc = v.InferOutput<typeof ServerDocument>;
+export type ServerTokenCreateDoc = v.InferOutput<typeof ServerTokenCreateDocument>;
+export type ServerTokenListDoc = v.InferOutput<typeof ServerTokenListDocument>;
+export type ServerTokenRevokeDoc = v.InferOutput<typeof ServerTokenRevokeDocument>;
 export type WorkersDoc = v.InferOutput<typeof WorkersDocument>;
 export type ErrorDoc = v.InferOutput<typeof ErrorDocument>;

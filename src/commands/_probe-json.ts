@@ -25,6 +25,7 @@ export function workersJson(workers: WorkerView[]): WorkersDoc {
     id: w.id,
     name: w.name,
     labels: w.labels,
+    joined_with: w.joined_with ?? null,
     state: w.state,
     registered: w.registered,
     last_seen: w.last_seen,

@@ -3,8 +3,10 @@ import { hostname } from "node:os";
 import { normalizeServerUrl } from "../cluster/client.ts";
 import { formatLabels, type MachineProbe, parseLabels } from "../cluster/protocol.ts";
 import { bundleLimits } from "../cluster/bundle.ts";
-import { commandContext, runnerSettings } from "./_context.ts";
+import { commandContext, runAsChecks, runnerSettings } from "./_context.ts";
 import { UsageError } from "../errors.ts";
+import { forbidDumps } from "../core/no-dump.ts";
+import { resolveRunAs } from "../jobs/run-as.ts";
 import { Agent } from "../worker/agent.ts";
 import { probeMachine } from "../worker/probe.ts";
 import { loadWorkerSettings, mergeWorkerSettings, saveWorkerSettings } from "../worker/settings.ts";
@@ -15,7 +17,9 @@ import { probeJson } from "./_probe-json.ts";
 
 const args = {
   server: { type: "positional", required: false, valueHint: "SERVER_URL", description: "The coordinator to work for; without it, save this machine's worker settings and show its probe" },
-  token: { type: "string", valueHint: "TOKEN", description: "The server's join token (else GPULAYER_TOKEN)" },
+  "token-file": { type: "string", valueHint: "FILE", description: "Read the join token from FILE (- : standard input; else GPULAYER_TOKEN_FILE, else GPULAYER_TOKEN). Never on the command line: every process here could read it" },
+  token: { type: "string", valueHint: "TOKEN", description: "Refused: a token on the command line is readable by every process on the machine; use --token-file" },
+  "run-as": { type: "string", valueHint: "USER", description: "Run jobs as this OS user (the worker runs as root; else GPULAYER_WORKER_RUN_AS)" },
   python: { type: "string", valueHint: "PATH", description: "The worker's default Python (its torch/CUDA); jobs' envs link to it" },
   name: { type: "string", description: "This worker's name (default: the host name)" },
   label: { type: "string", valueHint: "K=V", description: "A label jobs can ask for with --label (repeatable)" },
@@ -47,13 +51,18 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const ctx = commandContext({ python: a.python, token: a.token });
+    // Any job could read it from /proc/<this pid>/cmdline, whatever the worker does after.
+    if (a.token !== undefined) throw new UsageError("join --token: a token on the command line can be read by every process on this machine (/proc/PID/cmdline), jobs included; use --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN");
+    // Before anything else: a job of the same user may not read this process's environment or memory.
+    forbidDumps();
+    const ctx = commandContext({ python: a.python, token_file: a["token-file"], "worker.run_as": a["run-as"] });
     const { layout, values } = ctx;
     const saved = loadWorkerSettings(layout);
     const settings = mergeWorkerSettings(saved, { python: values.python, name: a.name, labels: parseLabels(repeated(rawArgs, ["--label"])) });
     const name = settings.name ?? hostname().split(".")[0]!;
     const labels = settings.labels ?? {};
-    const runner = { ...runnerSettings(ctx), defaultPython: settings.python };
+    const runAs = values["worker.run_as"] === undefined ? undefined : resolveRunAs(values["worker.run_as"], process.getuid?.() === 0, runAsChecks(ctx));
+    const runner = { ...runnerSettings(ctx), defaultPython: settings.python, runAs };
     const probe = await probeMachine(layout, settings.python, { env: ctx.childEnv, engine: values["worker.engine"] === "none" ? null : runner.engine }, ctx.cwd);
     // A Python named now must work now: a bad path is never saved.
     if (a.python !== undefined && !probe.python) throw new UsageError(probe.pythonError ?? `--python: ${a.python} is not a working Python 3`);
@@ -68,7 +77,7 @@ export default defineCommand({
 
     const url = normalizeServerUrl(a.server, "SERVER_URL");
     const token = values.token;
-    if (!token) throw new UsageError("joining needs the server's token: --token or GPULAYER_TOKEN (the server printed it on its first start)");
+    if (!token) throw new UsageError("joining needs a join token: --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN (make one on the server: gpulayer server token create --role join --name NAME)");
     if (!probe.python) out.log.warn(`the worker's Python is not usable (${probe.pythonError}); jobs that name no Python of their own will not be sent here`);
     for (const line of probeLines(probe, labels, name)) out.progress(line);
     const agent = new Agent({

@@ -2,6 +2,7 @@ import { defineCommand } from "citty";
 import { hostname } from "node:os";
 import { join } from "node:path";
 import { commandContext } from "./_context.ts";
+import { forbidDumps } from "../core/no-dump.ts";
 import { serverSettings, serverToken, startServer } from "../server/server.ts";
 import { Output } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "./_args.ts";
@@ -9,17 +10,22 @@ import type { ServerDoc } from "./_json.ts";
 
 const args = {
   listen: { type: "string", valueHint: "HOST:PORT", description: "Where to listen (default 127.0.0.1:7070; 0.0.0.0:7070 for other machines)" },
-  token: { type: "string", valueHint: "TOKEN", description: "The token clients and joining workers must give (else GPULAYER_TOKEN, else the one generated on first start)" },
+  token: { type: "string", valueHint: "TOKEN", description: "The server's own token, good for everything (else GPULAYER_TOKEN, else the one generated on first start); named user and join tokens: gpulayer server token create" },
+  "token-file": { type: "string", valueHint: "FILE", description: "Read the server's own token from FILE (- : standard input)" },
   ...outputArgs,
 } as const;
 
 export default defineCommand({
   meta: { name: "server", description: "Coordinate workers: an HTTP API that matches jobs to workers, streams their output, and warms environments everywhere" },
   args,
+  subCommands: { token: () => import("./server-token.ts").then((m) => m.default) },
   async run({ args: a, rawArgs }) {
+    if ((a._ as string[])[0] === "token") return; // citty ran the subcommand
     rejectUnknownFlags(rawArgs, args);
+    // A job on this machine may not read the server's token from its environment or memory.
+    forbidDumps();
     const out = new Output(a);
-    const ctx = commandContext({ "coordinator.listen": a.listen, token: a.token });
+    const ctx = commandContext({ "coordinator.listen": a.listen, token: a.token, token_file: a["token-file"] });
     const dir = join(ctx.layout.root, "server");
     const settings = serverSettings(ctx.values);
     const token = serverToken(dir, ctx.values.token);
@@ -28,7 +34,7 @@ export default defineCommand({
     const where = new URL(server.url);
     if (where.hostname === "0.0.0.0" || where.hostname === "[::]") where.hostname = hostname();
     const reachable = where.origin;
-    const joinHint = `gpulayer join ${reachable} --token ${token.generated ? token.token : "<token>"}`;
+    const joinHint = `GPULAYER_TOKEN=${token.generated ? token.token : "<token>"} gpulayer join ${reachable}   (or --token-file FILE; named join tokens: gpulayer server token create --role join --name NAME)`;
     const doc: ServerDoc = { url: server.url, port: server.port, state: dir, token_file: token.file, ...(token.generated ? { token: token.token } : {}) };
     out.result(
       doc,

@@ -20,11 +20,11 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const remote = remoteTarget(commandContext({ server: a.server, token: a.token }).settings);
+    const remote = remoteTarget(commandContext({ server: a.server, token: a.token, token_file: a["token-file"] }).settings);
     if (!remote) throw new UsageError("gpulayer workers asks a server: --server URL or GPULAYER_SERVER (and --token or GPULAYER_TOKEN)");
     const workers = await listWorkers(remote, { all: Boolean(a.all) });
     out.result(workersJson(workers), () => {
-      if (!workers.length) return `no workers${a.all ? "" : " connected"} (on a GPU box: gpulayer join ${remote.url} --token …)`;
+      if (!workers.length) return `no workers${a.all ? "" : " connected"} (on a GPU box: gpulayer join ${remote.url} --token-file FILE)`;
       const rows = [["NAME", "GPUS", "TORCH/CUDA", "PYTHON", "STATE", "LAST SEEN", "LABELS"]];
       for (const w of workers) {
         const p = w.probe;

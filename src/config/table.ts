@@ -34,6 +34,7 @@ export const SETTINGS = {
   "container.options": { env: "GPULAYER_CONTAINER_OPTIONS", kind: anyText, default: "", help: "extra engine options for job containers, shell-split (--shm-size 8g)" },
   server: { env: "GPULAYER_SERVER", flag: "--server", kind: serverUrl, defaultText: "none: commands run on this machine", help: "the coordinator to send jobs to" },
   token: { env: "GPULAYER_TOKEN", flag: "--token", kind: secret, defaultText: "none; the server makes one on its first start", help: "the server's token; never passed on to jobs" },
+  token_file: { env: "GPULAYER_TOKEN_FILE", flag: "--token-file", kind: word, defaultText: "none", help: "a file holding the token, `-` for standard input (how `join` should get it: a token on a command line can be read by every process on the machine)" },
   "bundle.max_size": { env: "GPULAYER_BUNDLE_MAX", kind: size, default: 200 * 1024 ** 2, help: "the largest packed workdir bundle a remote job may send or a worker accept" },
   "bundle.max_unpacked": { env: "GPULAYER_BUNDLE_MAX_UNPACKED", kind: size, default: 2 * 1024 ** 3, help: "the most a bundle may hold unpacked" },
   "coordinator.listen": { env: "GPULAYER_LISTEN", flag: "--listen", kind: word, default: "127.0.0.1:7070", help: "where `gpulayer server` listens (HOST:PORT)" },
@@ -46,6 +47,7 @@ export const SETTINGS = {
   "worker.slots": { env: "GPULAYER_WORKER_SLOTS", kind: count(1), defaultText: "the number of GPUs, at least 1", help: "jobs a worker runs at once" },
   "worker.drain": { env: "GPULAYER_WORKER_DRAIN_SECONDS", kind: duration, default: 30_000, help: "how long a stopping worker lets its jobs finish" },
   "worker.engine": { env: "GPULAYER_WORKER_ENGINE", kind: choice("auto", "none"), default: "auto", help: "none: the worker offers no container engine" },
+  "worker.run_as": { env: "GPULAYER_WORKER_RUN_AS", flag: "--run-as", kind: word, defaultText: "none: jobs run as the worker's own user", help: "a worker running as root runs every job (not its builds) as this OS user, so no job can read the worker's token, credential or home" },
   "worker.keep_workdirs": { env: "GPULAYER_KEEP_WORKDIRS", kind: boolean, default: false, help: "keep remote jobs' unpacked workdirs (for debugging)" },
 } satisfies Record<string, SettingDef<any>>;
 

@@ -1,5 +1,6 @@
 import { closeSync, openSync, writeSync } from "node:fs";
 import { join } from "node:path";
+import { type RunAs, runAsArgv, runAsEnv } from "./run-as.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
@@ -56,6 +57,8 @@ export interface RunnerSettings {
   uv: string;
   /** For a job that names no Python: the one default (see environmentRequest). */
   defaultPython?: string;
+  /** worker.run_as: the job's command (not its build) runs as this user. */
+  runAs?: RunAs;
 }
 
 function killGroup(pid: number, signal: NodeJS.Signals): void {
@@ -196,9 +199,10 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         VIRTUAL_ENV: prepared.path,
         GPULAYER_JOB_ID: job.id,
       });
+      if (settings.runAs) Object.assign(env, runAsEnv(settings.runAs));
       const runStart = performance.now();
       try {
-        child = Bun.spawn(spec.argv, { cwd: spec.workdir, env, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: true });
+        child = Bun.spawn(settings.runAs ? runAsArgv(settings.runAs, spec.argv) : spec.argv, { cwd: spec.workdir, env, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: true });
       } catch (error) {
         closeSync(log);
         const message = `cannot start ${spec.argv[0]}: ${(error as Error).message}`;

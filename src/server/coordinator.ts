@@ -71,8 +71,8 @@ export class Coordinator {
   // Workers
 
   /** A worker joins, or one that has been here before comes back with its saved credential (see register.ts). */
-  register(body: RegisterBody): RegisterResponse {
-    return registerWorker(this, body);
+  register(body: RegisterBody, joinedWith: string | null = null): RegisterResponse {
+    return registerWorker(this, body, joinedWith);
   }
 
   /** A request from a worker: it is alive. A lost or departed one is told so (409) and must register again. */
@@ -157,6 +157,12 @@ export class Coordinator {
     for (const w of this.store.workers({ present: true })) {
       const silent = (now - w.lastSeen) / 1000;
       if (silent > this.opts.lostSeconds) this.markLost(w, `worker ${w.name} lost: no heartbeat for ${silent.toFixed(1)} s`);
+    }
+    // A revoked join token takes the workers that joined with it along (a leaked token's workers among them).
+    for (const w of this.store.workers({ present: true })) {
+      if (w.joinedWith && !this.store.tokens.has(w.joinedWith)) {
+        this.markLost(w, `worker ${w.name} dropped: the join token ${w.joinedWith} it joined with was revoked`);
+      }
     }
     // Credentials live as long as what needs them: a job until it ends, a prepare while any of its tasks runs.
     this.heldSpecs.keepOnly((id) => !FINAL.includes(this.store.job(id)?.state ?? "failed"));

@@ -7,7 +7,7 @@ import { HttpFail } from "./http-fail.ts";
 import { jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
 import { type JobRow, newId, type WorkerRow } from "./store.ts";
 
-const NO_WORKERS = "no workers have joined this server (on a GPU box: gpulayer join URL --token …)";
+const NO_WORKERS = "no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)";
 
 /** Jobs and prepares as clients see them: submit, look, watch, cancel. */
 export class JobsApi {

@@ -46,7 +46,8 @@ function refuseIfLive(c: Registrar, w: WorkerRow, now: number, message: (silentM
   if (silent < window) throw new HttpFail(409, message(silent), { live: true, retry_after: Math.ceil(window - silent) / 1000 });
 }
 
-export function registerWorker(c: Registrar, body: RegisterBody): RegisterResponse {
+/** `joinedWith`: the named join token it came with, or null for the server's own token. */
+export function registerWorker(c: Registrar, body: RegisterBody, joinedWith: string | null): RegisterResponse {
   const now = Date.now();
   const known = body.resume ? c.store.workerBySecret(sha256(body.resume.credential)) : null;
   const same = known && known.id === body.resume?.id && known.name === body.name ? known : null;
@@ -68,13 +69,13 @@ export function registerWorker(c: Registrar, body: RegisterBody): RegisterRespon
     // The process that held these died: what it ran is gone with it.
     for (const t of c.store.activeTasks(id)) c.releaseTask(t, `worker ${same.name} restarted`, true);
     c.store.setWorkerSecret(id, sha256(credential));
-    c.store.updateWorker(id, { state: "idle", lastSeen: now, probe: body.probe, labels: body.labels, slots: body.slots, freeGpus: gpus });
+    c.store.updateWorker(id, { state: "idle", lastSeen: now, probe: body.probe, labels: body.labels, slots: body.slots, freeGpus: gpus, joinedWith });
     // A poll still open for the old credential ends now.
     c.notify.wake(`worker:${id}`);
     c.log(`worker ${body.name} is back (same worker ${id}, was ${same.state}; ${body.probe.hostname}, ${gpus.length} GPU(s), labels ${labels})`);
   } else {
     id = newId(6);
-    c.store.addWorker({ id, name: body.name, labels: body.labels, probe: body.probe, slots: body.slots, state: "idle", registered: now, lastSeen: now }, sha256(credential));
+    c.store.addWorker({ id, name: body.name, labels: body.labels, probe: body.probe, slots: body.slots, state: "idle", registered: now, lastSeen: now, joinedWith }, sha256(credential));
     c.log(`worker ${body.name} joined (${body.probe.hostname}, ${gpus.length} GPU(s), labels ${labels})`);
   }
   c.dispatch();

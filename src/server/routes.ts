@@ -21,7 +21,8 @@ import type { WorkerRow } from "./store.ts";
  * answered as a missing bundle, whether the server has it or not.
  */
 
-type Caller = { role: "admin" } | { role: "worker"; worker: WorkerRow; secretHash: string };
+/** Who is asking: the server's own token (everything), a named user or join token, or a worker's credential. */
+type Caller = { role: "admin" } | { role: "user" | "join"; name: string } | { role: "worker"; worker: WorkerRow; secretHash: string };
 
 export interface RouteContext {
   coord: Coordinator;
@@ -44,6 +45,8 @@ function authenticate(req: Request, ctx: RouteContext): Caller | null {
   const m = /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "");
   if (!m) return null;
   if (tokenEquals(m[1]!, ctx.token)) return { role: "admin" };
+  const named = ctx.coord.store.tokens.authenticate(m[1]!);
+  if (named) return { role: named.role, name: named.name };
   const secretHash = sha256(m[1]!);
   const worker = ctx.coord.store.workerByCredential(secretHash);
   return worker ? { role: "worker", worker, secretHash } : null;
@@ -83,7 +86,7 @@ function workerView(ctx: RouteContext): WorkerView[] {
     const mine = active.filter((t) => t.workerId === w.id && t.kind === "job");
     const used = new Set(mine.flatMap((t) => t.gpus));
     const state = w.state === "idle" && mine.length ? "busy" : w.state;
-    return { id: w.id, name: w.name, labels: w.labels, state, registered: new Date(w.registered).toISOString(), last_seen: new Date(w.lastSeen).toISOString(), slots: w.slots, running: mine.length, free_gpus: w.probe.gpus.map((g) => g.index).filter((i) => !used.has(i)), probe: w.probe };
+    return { id: w.id, name: w.name, labels: w.labels, joined_with: w.joinedWith, state, registered: new Date(w.registered).toISOString(), last_seen: new Date(w.lastSeen).toISOString(), slots: w.slots, running: mine.length, free_gpus: w.probe.gpus.map((g) => g.index).filter((i) => !used.has(i)), probe: w.probe };
   });
 }
 
@@ -141,21 +144,24 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   const parts = url.pathname.split("/").filter(Boolean);
   const { coord, jobs } = ctx;
   const method = req.method;
-  const admin = caller.role === "admin";
   const asWorker = (id?: string): WorkerRow => {
     if (caller.role !== "worker" || (id !== undefined && caller.worker.id !== id)) throw new HttpFail(403, "only the worker itself may do this");
     return caller.worker;
   };
-  const needAdmin = () => {
-    if (!admin) throw new HttpFail(403, "this needs the server token");
+  // A user token does what clients do; a join token registers a worker, nothing more.
+  const needUser = () => {
+    if (caller.role !== "admin" && caller.role !== "user") throw new HttpFail(403, caller.role === "join" ? "a join token only registers workers; this needs a user token" : "this needs a user token");
+  };
+  const needJoin = () => {
+    if (caller.role !== "admin" && caller.role !== "join") throw new HttpFail(403, caller.role === "user" ? "a user token cannot register a worker; join with a join token (gpulayer server token create --role join)" : "registering needs a join token");
   };
   if (parts[0] !== "v1") throw new HttpFail(404, "not found");
   const [, kind, id, action] = parts;
 
   if (kind === "health" && method === "GET") return reply({ ok: true });
   if (kind === "workers") {
-    if (!id && method === "GET") return needAdmin(), reply(workerView(ctx));
-    if (id === "register" && method === "POST") return needAdmin(), reply(coord.register(await jsonBody(req, ctx, S.RegisterSchema)), 201);
+    if (!id && method === "GET") return needUser(), reply(workerView(ctx));
+    if (id === "register" && method === "POST") return needJoin(), reply(coord.register(await jsonBody(req, ctx, S.RegisterSchema), caller.role === "join" ? caller.name : null), 201);
     if (id && action === "heartbeat" && method === "POST") return reply(coord.heartbeat(asWorker(id), await jsonBody(req, ctx, S.HeartbeatSchema)));
     if (id && action === "tasks" && method === "GET") return reply(await coord.poll(asWorker(id), waitMs(url), req.signal, caller.role === "worker" ? caller.secretHash : undefined));
     if (id && action === "leave" && method === "POST") return coord.leave(asWorker(id), (await jsonBody(req, ctx, S.LeaveSchema)).final), reply({ ok: true });
@@ -171,13 +177,13 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
     if (!isBundleHash(id)) throw new HttpFail(400, "not a bundle hash");
     const bundles = coord.store.bundles;
     // A worker sees only its own tasks' bundles; to it, any other is missing.
-    const visible = () => bundles.has(id) && (caller.role === "admin" || coord.store.workerHoldsBundle(caller.worker.id, id));
+    const visible = () => bundles.has(id) && (caller.role === "admin" || caller.role === "user" || (caller.role === "worker" && coord.store.workerHoldsBundle(caller.worker.id, id)));
     if (method === "HEAD") return new Response(null, { status: visible() ? 200 : 404 });
     if (method === "GET") return visible() ? (bundles.touch(id), new Response(Bun.file(bundles.path(id)))) : reply({ error: "no such bundle" }, 404);
-    if (method === "PUT") return needAdmin(), await putBundle(req, ctx, id);
+    if (method === "PUT") return needUser(), await putBundle(req, ctx, id);
   }
   if (kind === "jobs") {
-    needAdmin();
+    needUser();
     if (!id && method === "POST") return reply(jobs.submit(await jsonBody(req, ctx, S.SubmitSchema)), 201);
     if (!id && method === "GET") return reply(jobs.list(Math.min(1000, intParam(url, "limit") || 50)));
     if (id && !action && method === "GET") return reply(jobs.status(jobs.find(id)));
@@ -189,7 +195,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
     if (id && action === "watch" && method === "GET") return reply(await jobs.watch(jobs.find(id).id, intParam(url, "log"), intParam(url, "after"), waitMs(url, 20), req.signal));
   }
   if (kind === "prepares") {
-    needAdmin();
+    needUser();
     if (!id && method === "POST") return reply(jobs.prepare(await jsonBody(req, ctx, S.PrepareSchema)), 201);
     if (id && method === "GET") return reply(await jobs.group(id, intParam(url, "known"), waitMs(url, 20), req.signal));
   }

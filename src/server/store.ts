@@ -3,6 +3,7 @@ import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { MachineProbe, PrepareRequestPayload, PrepareTaskResult, RemoteSpec, WorkerState } from "../cluster/protocol.ts";
 import { BundleStore } from "./bundles.ts";
+import { TokenStore } from "./tokens.ts";
 import { redactDeep, redactUrl } from "../env/url-credentials.ts";
 
 /**
@@ -21,6 +22,8 @@ export interface WorkerRow {
   registered: number;
   lastSeen: number;
   freeGpus: number[];
+  /** The named join token it registered with (null: the server's own token); revoking that token drops the worker. */
+  joinedWith: string | null;
 }
 
 export type ServerJobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled";
@@ -97,7 +100,7 @@ type Row = Record<string, unknown>;
 const json = <T>(s: unknown): T => JSON.parse(String(s)) as T;
 
 function toWorker(r: Row): WorkerRow {
-  return { id: r.id as string, name: r.name as string, labels: json(r.labels), probe: json(r.probe), slots: r.slots as number, state: r.state as WorkerState, registered: r.registered as number, lastSeen: r.last_seen as number, freeGpus: json(r.free_gpus) };
+  return { id: r.id as string, name: r.name as string, labels: json(r.labels), probe: json(r.probe), slots: r.slots as number, state: r.state as WorkerState, registered: r.registered as number, lastSeen: r.last_seen as number, freeGpus: json(r.free_gpus), joinedWith: (r.joined_with as string | null) ?? null };
 }
 
 function toJob(r: Row): JobRow {
@@ -145,7 +148,7 @@ function toTask(r: Row): TaskRow {
 
 const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_code", error: "error", envKey: "env_key", workerId: "worker_id", attempts: "attempts", waiting: "waiting", cancelRequested: "cancel_requested" };
 const TASK_COLUMNS: Record<string, string> = { state: "state", result: "result", delivered: "delivered", cancel: "cancel", cancelSent: "cancel_sent" };
-const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots" };
+const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots", joinedWith: "joined_with" };
 
 /** What a column may keep: never a URL's credentials (error messages and results included). */
 function sqlValue(v: unknown): string | number | null {
@@ -160,6 +163,7 @@ export const newId = (n = 8) => Buffer.from(crypto.getRandomValues(new Uint8Arra
 export class ServerStore {
   readonly db: Database;
   readonly bundles: BundleStore;
+  readonly tokens: TokenStore;
 
   constructor(readonly dir: string) {
     mkdirSync(dir, { recursive: true, mode: 0o700 });
@@ -168,7 +172,13 @@ export class ServerStore {
     this.db.exec("PRAGMA journal_mode = WAL");
     this.db.exec("PRAGMA synchronous = NORMAL");
     this.db.exec(SCHEMA);
+    try {
+      this.db.exec("ALTER TABLE workers ADD COLUMN joined_with TEXT");
+    } catch (error) {
+      if (!/duplicate column name/i.test((error as Error).message)) throw error;
+    }
     this.bundles = new BundleStore(this.db, dir);
+    this.tokens = new TokenStore(this.db);
   }
 
   private update(table: string, columns: Record<string, string>, id: string, fields: Record<string, unknown>, touch: boolean): void {
@@ -185,8 +195,8 @@ export class ServerStore {
   // Workers
   addWorker(w: Omit<WorkerRow, "freeGpus">, secretHash: string): void {
     this.db
-      .query("INSERT INTO workers (id, name, secret, labels, probe, slots, state, registered, last_seen, free_gpus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-      .run(w.id, w.name, secretHash, JSON.stringify(w.labels), JSON.stringify(w.probe), w.slots, w.state, w.registered, w.lastSeen, JSON.stringify(w.probe.gpus.map((g) => g.index)));
+      .query("INSERT INTO workers (id, name, secret, labels, probe, slots, state, registered, last_seen, free_gpus, joined_with) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+      .run(w.id, w.name, secretHash, JSON.stringify(w.labels), JSON.stringify(w.probe), w.slots, w.state, w.registered, w.lastSeen, JSON.stringify(w.probe.gpus.map((g) => g.index)), w.joinedWith);
   }
   worker(id: string): WorkerRow | null {
     const r = this.db.query<Row, [string]>("SELECT * FROM workers WHERE id = ?").get(id);
@@ -209,7 +219,7 @@ export class ServerStore {
     const where = opts.present ? "WHERE state NOT IN ('lost', 'left')" : "";
     return this.db.query<Row, []>(`SELECT * FROM workers ${where} ORDER BY name, registered`).all().map(toWorker);
   }
-  updateWorker(id: string, fields: Partial<Pick<WorkerRow, "state" | "lastSeen" | "freeGpus" | "probe" | "labels" | "slots">>): void {
+  updateWorker(id: string, fields: Partial<Pick<WorkerRow, "state" | "lastSeen" | "freeGpus" | "probe" | "labels" | "slots" | "joinedWith">>): void {
     this.update("workers", WORKER_COLUMNS, id, fields, false);
   }
 

@@ -10,6 +10,7 @@ import { prepareEnv } from "../env/prepare.ts";
 import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.ts";
 import { environmentRequest } from "../env/request.ts";
 import type { JobSpec } from "../jobs/spec.ts";
+import { giveTree } from "../jobs/run-as.ts";
 import { JobStore } from "../jobs/store.ts";
 import { acquireEntry } from "../env/cache-entry.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
@@ -152,6 +153,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
         source = copy.dir;
         await unpackBundle(copy.file, workdir, ctx.bundleLimits);
       } else mkdirSync(workdir, { recursive: true });
+      if (ctx.runner.runAs) giveTree(workdir, ctx.runner.runAs);
       if (stopReason) {
         if (handedBack) return;
         channel.event("job.cancelled", { reason: stopReason });

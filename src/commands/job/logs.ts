@@ -16,7 +16,7 @@ export default defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
-    const ctx = commandContext({ server: a.server, token: a.token });
+    const ctx = commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const remote = remoteTarget(ctx.settings);
     if (remote) return (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow));
     // A read: the store opened read-only; nothing recorded or signalled, even for a job whose runner is gone.

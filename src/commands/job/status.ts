@@ -17,7 +17,7 @@ export default defineCommand({
     rejectUnknownFlags(rawArgs, args);
     // Names, commands and messages come from the job: shown with control characters escaped.
     const out = new PrintableOutput(a);
-    const ctx = commandContext({ server: a.server, token: a.token });
+    const ctx = commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const remote = remoteTarget(ctx.settings);
     if (remote) return import("../_remote/views.ts").then((m) => m.remoteStatus(remote, a.id, out));
     // A read: the store opened read-only; a job whose runner is gone is shown failed, nothing recorded or signalled.
