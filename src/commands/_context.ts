@@ -114,5 +114,6 @@ export function runnerSettings(ctx: CommandContext): RunnerSettings {
     venvCreator: v.venv_creator,
     uv: v.uv,
     defaultPython: defaultPython(ctx.layout, v.python),
+    setpriv: Bun.which("setpriv", { PATH: ctx.childEnv.PATH ?? "/usr/bin:/bin" }),
   };
 }

@@ -1,5 +1,6 @@
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { jobProcesses } from "./job-processes.ts";
 import { identify, mayBeRunning, recordedStart } from "./process-identity.ts";
 
 /**
@@ -18,11 +19,12 @@ export interface Lease {
   release(): void;
 }
 
-export function takeLease(layout: LeaseHome, kind: "env" | "image" | "bundle", id: string, holder: string, pid = process.pid): Lease {
+/** `job`: the lease also holds while any process with that job's mark lives (core/job-processes.ts), after `pid` is gone. */
+export function takeLease(layout: LeaseHome, kind: "env" | "image" | "bundle", id: string, holder: string, pid = process.pid, job?: string): Lease {
   const dir = join(layout.leases, kind, id);
   mkdirSync(dir, { recursive: true });
   const file = join(dir, `${pid}-${Math.random().toString(36).slice(2, 8)}`);
-  writeFileSync(file, JSON.stringify({ pid, ...identify(pid), holder, since: new Date().toISOString() }));
+  writeFileSync(file, JSON.stringify({ pid, ...identify(pid), holder, since: new Date().toISOString(), ...(job ? { job } : {}) }));
   return {
     file,
     release() {
@@ -44,9 +46,11 @@ export function liveLeases(layout: LeaseHome, kind: "env" | "image" | "bundle", 
   for (const name of names) {
     const file = join(dir, name);
     try {
-      const lease = JSON.parse(readFileSync(file, "utf8")) as { pid: number; start?: unknown; boot?: string | null; holder: string };
+      const lease = JSON.parse(readFileSync(file, "utf8")) as { pid: number; start?: unknown; boot?: string | null; holder: string; job?: string };
       // A holder whose start time is unknown (or unreadable) still holds while its pid runs; only a provably ended one is swept.
       if (mayBeRunning({ pid: lease.pid, start: recordedStart(lease.start), boot: lease.boot ?? null })) holders.push(lease.holder);
+      // A job's main process gone, what it started still running (its runner was SIGKILLed, say): still in use.
+      else if (lease.job && jobProcesses(lease.job).length) holders.push(lease.holder);
       else rmSync(file, { force: true });
     } catch {
       // written this instant or garbage; a fresh file counts as live

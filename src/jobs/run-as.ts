@@ -25,6 +25,18 @@ export function runAsArgv(r: RunAs, argv: string[]): string[] {
   return ["setpriv", `--reuid=${r.uid}`, `--regid=${r.gid}`, "--init-groups", "--", ...argv];
 }
 
+/**
+ * How a job's command starts: through setpriv where there is one, with a
+ * parent-death signal, so the job's main process dies with whatever runs it
+ * (a SIGKILLed worker or `job run` leaves no job running unwatched), and as
+ * worker.run_as's user when set.
+ */
+export function jobArgv(argv: string[], setpriv: string | null, runAs?: RunAs): string[] {
+  if (!setpriv) return argv;
+  const user = runAs ? [`--reuid=${runAs.uid}`, `--regid=${runAs.gid}`, "--init-groups"] : [];
+  return [setpriv, ...user, "--pdeathsig=KILL", "--", ...argv];
+}
+
 /** The job's own variables that name who it is. */
 export function runAsEnv(r: RunAs): Record<string, string> {
   return { HOME: r.home, USER: r.user, LOGNAME: r.user };

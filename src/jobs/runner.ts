@@ -1,6 +1,8 @@
 import { closeSync, openSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { type RunAs, runAsArgv, runAsEnv } from "./run-as.ts";
+import { endJobProcesses } from "../core/job-processes.ts";
+import { type Lease, takeLease } from "../core/lease.ts";
+import { jobArgv, type RunAs, runAsEnv } from "./run-as.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
@@ -59,6 +61,8 @@ export interface RunnerSettings {
   defaultPython?: string;
   /** worker.run_as: the job's command (not its build) runs as this user. */
   runAs?: RunAs;
+  /** setpriv (util-linux) when on PATH: the job's main process gets a parent-death signal (and run_as its user). */
+  setpriv: string | null;
 }
 
 function killGroup(pid: number, signal: NodeJS.Signals): void {
@@ -74,6 +78,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
   let child: Bun.Subprocess | null = null;
   let container: RunningContainer | null = null;
   let killTimer: ReturnType<typeof setTimeout> | undefined;
+  let jobLease: Lease | undefined;
   const emit = (type: string, data: Record<string, unknown> = {}) => {
     store.event(job.id, type, data);
     io.onEvent?.(type, data);
@@ -90,6 +95,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       const pid = child.pid;
       killGroup(pid, "SIGTERM");
       killTimer = setTimeout(() => killGroup(pid, "SIGKILL"), settings.cancelGraceMs);
+      // And whatever left the group (setsid, a daemon): every process with the job's mark.
+      void endJobProcesses(job.id, settings.cancelGraceMs);
     }
   };
 
@@ -202,7 +209,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       if (settings.runAs) Object.assign(env, runAsEnv(settings.runAs));
       const runStart = performance.now();
       try {
-        child = Bun.spawn(settings.runAs ? runAsArgv(settings.runAs, spec.argv) : spec.argv, { cwd: spec.workdir, env, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: true });
+        child = Bun.spawn(jobArgv(spec.argv, settings.setpriv, settings.runAs), { cwd: spec.workdir, env, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: true });
       } catch (error) {
         closeSync(log);
         const message = `cannot start ${spec.argv[0]}: ${(error as Error).message}`;
@@ -213,6 +220,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         return finish("failed", ExitCode.cannotStart, { prepareSeconds, runSeconds: 0 });
       }
       store.update(job.id, { state: "running", childPid: child.pid, childStart: processStartTime(child.pid) });
+      // Held by the job itself too: if this runner dies, the env stays in use while any process of the job lives.
+      jobLease = takeLease(layout, "env", prepared.key, `job ${job.id}`, child.pid, job.id);
       emit("task.run.started", { pid: child.pid, command: spec.commandText });
       if (cancelReason) cancel(cancelReason);
       const pump = async (stream: ReadableStream<Uint8Array>, sink?: (c: Uint8Array) => void) => {
@@ -221,10 +230,12 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
           sink?.(chunk);
         }
       };
-      await Promise.all([pump(child.stdout as ReadableStream<Uint8Array>, io.onStdout), pump(child.stderr as ReadableStream<Uint8Array>, io.onStderr)]);
+      const pumped = Promise.all([pump(child.stdout as ReadableStream<Uint8Array>, io.onStdout), pump(child.stderr as ReadableStream<Uint8Array>, io.onStderr)]);
       await child.exited;
-      // The group may outlive its leader (a backgrounded child); a cancel must reach it too.
-      if (cancelReason) killGroup(child.pid, "SIGKILL");
+      // The job ends with its main process: what it left behind (in its group, or setsid and holding its output) is ended too.
+      killGroup(child.pid, cancelReason ? "SIGKILL" : "SIGTERM");
+      await endJobProcesses(job.id, cancelReason ? 0 : settings.cancelGraceMs);
+      await pumped;
       clearTimeout(killTimer);
       closeSync(log);
       const runSeconds = (performance.now() - runStart) / 1000;
@@ -234,6 +245,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       if (cancelReason) return finish("cancelled", exitCode, { prepareSeconds, runSeconds });
       return finish(exitCode === 0 ? "succeeded" : "failed", exitCode, { prepareSeconds, runSeconds });
     } finally {
+      jobLease?.release();
       prepared.lease?.release();
     }
   })();
