@@ -6,6 +6,7 @@ import { sleep } from "../core/sleep.ts";
 import type { RunnerSettings } from "../jobs/runner.ts";
 import type { BundleLimits } from "../cluster/bundle.ts";
 import { loadIdentity, saveIdentity } from "./identity.ts";
+import { endLeftovers } from "./leftovers.ts";
 import { startJobTask, startPrepareTask, type TaskHandle, type WorkerContext } from "./tasks.ts";
 
 /**
@@ -190,6 +191,8 @@ export class Agent {
   }
 
   async run(): Promise<void> {
+    const left = await endLeftovers(this.opts.layout, 1000);
+    if (left.jobs) this.log(`ended what ${left.jobs} job(s) of a previous run of this worker left behind (${left.processes} process(es))`);
     await this.register();
     const beats = this.heartbeats();
     try {

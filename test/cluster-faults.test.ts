@@ -1,0 +1,79 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { cli, sandbox, startCli } from "./helpers.ts";
+import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+
+/**
+ * A worker's agent killed alone (SIGKILL, what the OOM killer does) while its
+ * job is quiet, then started again at once under the same name and home. The
+ * job's main process dies with the agent; what it started in a session of
+ * its own is ended by the restarted worker before it registers; only then
+ * does the server give the job out again. At no moment do two attempts run.
+ */
+
+const TOKEN = "faults-test-token-0123456789";
+const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.3", GPULAYER_WORKER_LOST_SECONDS: "20", GPULAYER_WORKER_ENGINE: "none", GPULAYER_CANCEL_GRACE: "1", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
+const T = 120_000;
+const box = sandbox();
+const procs: Kept[] = [];
+let url = "";
+
+const env = () => ({ ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN });
+const gpl = (args: string[]) => cli(args, { env: env(), cwd: box.root });
+const json = <T = any>(text: string): T => JSON.parse(text) as T;
+const alive = (pid: number) => existsSync(`/proc/${pid}`) && !/^\S+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, "utf8"));
+const lines = (file: string) => (existsSync(file) ? readFileSync(file, "utf8").trim().split("\n").filter(Boolean).map(Number) : []);
+const everyPid: number[] = [];
+
+function startWorker(): Kept {
+  return keepOutput(startCli(["join", url, "--name", "wa", "--python", "python3", "--label", "who=wa"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "wa-home"), GPULAYER_TOKEN: TOKEN } }), procs);
+}
+
+beforeAll(async () => {
+  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "server-home"), GPULAYER_TOKEN: TOKEN } }), procs);
+  url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
+}, T);
+
+afterAll(async () => {
+  await stopAll(procs);
+  for (const pid of everyPid) {
+    try {
+      process.kill(pid, "SIGKILL");
+    } catch {
+      // gone
+    }
+  }
+  box.cleanup();
+}, 30_000);
+
+describe("the worker's agent SIGKILLed during a quiet job, then started again", () => {
+  test("the job's processes end before its next attempt starts: never two at once", async () => {
+    let wa = startWorker();
+    await waitFor("wa to join", () => wa.out().includes("as wa"));
+    const mains = join(box.root, "mains");
+    const children = join(box.root, "children");
+    const d = await gpl(["job", "run", "-d", "--label", "who=wa", "--", "sh", "-c", `echo $$ >> ${mains}; setsid sh -c 'echo $$ >> ${children}; exec sleep 300' & wait`]);
+    const id = d.stdout.trim();
+    await waitFor("attempt 1 to start its child", () => lines(children).length === 1);
+    const [main1] = lines(mains);
+    const [child1] = lines(children);
+    everyPid.push(main1!, child1!);
+
+    wa.proc.kill("SIGKILL");
+    await wa.proc.exited;
+    await waitFor("attempt 1's main process to die with the agent", () => !alive(main1!));
+    expect(alive(child1!)).toBe(true);
+
+    wa = startWorker();
+    await waitFor("attempt 2 to start", () => lines(mains).length === 2, 60_000);
+    everyPid.push(...lines(mains), ...lines(children));
+    // What attempt 1 left was gone before attempt 2 began.
+    expect(alive(child1!)).toBe(false);
+    expect(wa.out()).toContain("ended what 1 job(s) of a previous run of this worker left behind");
+    const s = json((await gpl(["job", "status", id, "--json"])).stdout);
+    expect(s.attempts).toBe(2);
+    expect(s.state).toBe("running");
+    await gpl(["job", "cancel", id]);
+  }, T);
+});
