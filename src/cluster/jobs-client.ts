@@ -95,29 +95,32 @@ export type JobUpdate =
   | { kind: "output"; stream: "stdout" | "stderr"; data: Uint8Array }
   | { kind: "event"; type: string; data: Record<string, unknown>; worker: string | null };
 
-/** How long network trouble is ridden out while following, and how often it is tried again meanwhile. */
-const TROUBLE_LIMIT_MS = 60_000;
+/** How often a server that does not answer is tried again while following. */
 const TROUBLE_RETRY_MS = 1000;
 
 /**
- * Follow a job (long polls) until it has ended and its output is all here;
- * rides out a minute of network trouble (an HTTP error answer ends it at
- * once). Returns the last watch answer.
+ * Follow a job (long polls) until it has ended and its output is all here.
+ * A server that does not answer (or answers 5xx: a proxy in front of one
+ * restarting) is waited for as long as it takes, and following resumes
+ * where it was, by output offset and event number, so nothing is shown
+ * twice or missed; `onTrouble` hears when that starts (a message) and ends
+ * (null). A refusal (4xx) ends it at once. Returns the last watch answer.
  */
-export async function* followJob(target: RemoteTarget, id: string, opts: { fromLog?: number } = {}): AsyncGenerator<JobUpdate, WatchResponse> {
+export async function* followJob(target: RemoteTarget, id: string, opts: { fromLog?: number; onTrouble?: (message: string | null) => void } = {}): AsyncGenerator<JobUpdate, WatchResponse> {
   const client = connect(target);
   let log = opts.fromLog ?? 0;
   let after = 0;
-  let troubleSince = 0;
+  let troubled = false;
   for (;;) {
     let w: WatchResponse;
     try {
       w = await client.json<WatchResponse>("GET", `/v1/jobs/${id}/watch?log=${log}&after=${after}&wait=20`);
-      troubleSince = 0;
+      if (troubled) opts.onTrouble?.(null);
+      troubled = false;
     } catch (error) {
-      if (error instanceof HttpError) throw error;
-      troubleSince ||= Date.now();
-      if (Date.now() - troubleSince > TROUBLE_LIMIT_MS) throw error;
+      if (error instanceof HttpError && error.status < 500) throw error;
+      if (!troubled) opts.onTrouble?.(`the server does not answer (${(error as Error).message}); still following job ${id}, resuming where it was once it is back`);
+      troubled = true;
       await sleep(TROUBLE_RETRY_MS);
       continue;
     }

@@ -50,6 +50,10 @@ export class Coordinator {
   /** Requests as sent, credentials included: in memory only, by job id and by prepare id. */
   readonly heldSpecs = new HeldSecrets<RemoteSpec>();
   readonly heldPrepares = new HeldSecrets<PrepareRequestPayload>();
+  /** Tasks missing from their worker's beats, by id: how many beats in a row. */
+  private unlisted = new Map<string, number>();
+  /** The server's own downtime is no worker's silence: silence counts from this start at the earliest. */
+  private readonly startedAt = Date.now();
   private sweeper: ReturnType<typeof setInterval>;
 
   constructor(
@@ -81,9 +85,30 @@ export class Coordinator {
     this.store.updateWorker(w.id, { lastSeen: Date.now() });
   }
 
+  /**
+   * A beat lists what the worker runs, or ended but has not delivered all of.
+   * A task the server gave it that it lists in two beats in a row no more
+   * (after it had time to start it) ended there unheard: back to the queue,
+   * as for a lost worker, rather than "running" forever.
+   */
   heartbeat(w: WorkerRow, body: { running: string[]; free_gpus?: number[] }): { cancel: string[] } {
     this.seen(w);
     if (body.free_gpus) this.store.updateWorker(w.id, { freeGpus: body.free_gpus });
+    const listed = new Set(body.running);
+    const settled = Date.now() - 3 * this.opts.heartbeatSeconds * 1000;
+    for (const t of this.store.activeTasks(w.id)) {
+      if (listed.has(t.id) || !t.delivered || t.updated > settled) {
+        this.unlisted.delete(t.id);
+        continue;
+      }
+      const strikes = (this.unlisted.get(t.id) ?? 0) + 1;
+      this.unlisted.set(t.id, strikes);
+      if (strikes >= 2) {
+        this.unlisted.delete(t.id);
+        this.releaseTask(t, `worker ${w.name} no longer runs it`, true);
+        this.dispatch();
+      }
+    }
     return { cancel: this.store.activeTasks(w.id).filter((t) => t.cancel).map((t) => t.id) };
   }
 
@@ -155,7 +180,7 @@ export class Coordinator {
   sweep(): void {
     const now = Date.now();
     for (const w of this.store.workers({ present: true })) {
-      const silent = (now - w.lastSeen) / 1000;
+      const silent = (now - Math.max(w.lastSeen, this.startedAt)) / 1000;
       if (silent > this.opts.lostSeconds) this.markLost(w, `worker ${w.name} lost: no heartbeat for ${silent.toFixed(1)} s`);
     }
     // A revoked join token takes the workers that joined with it along (a leaked token's workers among them).
@@ -211,11 +236,30 @@ export class Coordinator {
     return t;
   }
 
-  taskEvents(w: WorkerRow, taskId: string, events: TaskEventIn[]): void {
+  /**
+   * Items `seq`..`seq + count - 1` of the worker's outbox for this task: how
+   * many of them were applied already (sent again after a lost answer), so
+   * each is applied once. Without `seq` (an older worker): none.
+   */
+  private alreadyApplied(t: TaskRow, seq: number | undefined, count: number): number {
+    if (seq === undefined) return 0;
+    const skip = Math.min(count, Math.max(0, t.appliedSeq - seq + 1));
+    if (seq + count - 1 > t.appliedSeq) this.store.updateTask(t.id, { appliedSeq: seq + count - 1 });
+    return skip;
+  }
+
+  /** A finish sent again after the server applied it (its answer was lost): acknowledged, not applied twice. */
+  private finishedBefore(w: WorkerRow, taskId: string, seq: number | undefined): boolean {
+    const t = this.store.task(taskId);
+    return Boolean(t && t.workerId === w.id && seq !== undefined && t.state === "done" && t.appliedSeq >= seq);
+  }
+
+  taskEvents(w: WorkerRow, taskId: string, events: TaskEventIn[], seq?: number): void {
     const t = this.ownTask(w, taskId);
     if (t.state === "assigned") this.store.updateTask(t.id, { state: "running" });
+    const skip = this.alreadyApplied(t, seq, events.length);
     if (!t.jobId) return;
-    for (const e of events) {
+    for (const e of events.slice(skip)) {
       // The server's clock, so running phases measure against the same clock that reads them.
       this.store.event(t.jobId, e.type, e.data);
       if (e.type === "task.prepare.started") this.store.updateJob(t.jobId, { state: "preparing" });
@@ -225,16 +269,22 @@ export class Coordinator {
     this.wakeJob(t.jobId);
   }
 
-  taskOutput(w: WorkerRow, taskId: string, data: Uint8Array, stream: "stdout" | "stderr"): void {
+  /** `lengths`: the items the body joins (with `seq`); without, the body is one piece. */
+  taskOutput(w: WorkerRow, taskId: string, data: Uint8Array, stream: "stdout" | "stderr", seq?: number, lengths?: number[]): void {
     const t = this.ownTask(w, taskId);
-    if (t.jobId && data.length) {
-      this.store.appendLog(t.jobId, data, stream === "stderr" ? 2 : 1);
+    const sizes = lengths && lengths.reduce((a, b) => a + b, 0) === data.length ? lengths : [data.length];
+    const skip = this.alreadyApplied(t, seq, sizes.length);
+    const fresh = data.subarray(sizes.slice(0, skip).reduce((a, b) => a + b, 0));
+    if (t.jobId && fresh.length) {
+      this.store.appendLog(t.jobId, fresh, stream === "stderr" ? 2 : 1);
       this.wakeJob(t.jobId);
     }
   }
 
-  taskFinish(w: WorkerRow, taskId: string, body: FinishRequest): void {
+  taskFinish(w: WorkerRow, taskId: string, body: FinishRequest & { seq?: number }): void {
+    if (this.finishedBefore(w, taskId, body.seq)) return;
     const t = this.ownTask(w, taskId);
+    this.alreadyApplied(t, body.seq, 1);
     this.store.updateTask(t.id, { state: "done", result: body.result ? { ...body.result, state: body.state } : null });
     if (t.jobId) {
       this.store.updateJob(t.jobId, { state: body.state, exitCode: body.exit_code, error: body.error });

@@ -168,8 +168,16 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   }
   if (kind === "tasks" && id) {
     const w = asWorker();
-    if (action === "events" && method === "POST") return coord.taskEvents(w, id, (await jsonBody(req, ctx, S.EventsSchema)).events), reply({ ok: true });
-    if (action === "output" && method === "POST") return coord.taskOutput(w, id, await readBody(req, ctx.maxBodyBytes), url.searchParams.get("stream") === "stderr" ? "stderr" : "stdout"), reply({ ok: true });
+    if (action === "events" && method === "POST") {
+      const body = await jsonBody(req, ctx, S.EventsSchema);
+      return coord.taskEvents(w, id, body.events, body.seq), reply({ ok: true });
+    }
+    if (action === "output" && method === "POST") {
+      const seq = intParam(url, "seq") || undefined;
+      const lengths = (url.searchParams.get("lengths") ?? "").split(",").filter(Boolean).map(Number);
+      if (lengths.some((n) => !Number.isInteger(n) || n < 0)) throw new HttpFail(400, "lengths: comma-separated byte counts");
+      return coord.taskOutput(w, id, await readBody(req, ctx.maxBodyBytes), url.searchParams.get("stream") === "stderr" ? "stderr" : "stdout", seq, lengths.length ? lengths : undefined), reply({ ok: true });
+    }
     if (action === "finish" && method === "POST") return coord.taskFinish(w, id, await jsonBody(req, ctx, S.FinishSchema)), reply({ ok: true });
     if (action === "handback" && method === "POST") return coord.handback(w, id, (await jsonBody(req, ctx, S.HandbackSchema)).reason), reply({ ok: true });
   }

@@ -88,14 +88,19 @@ export const HeartbeatSchema = v.object({
   free_gpus: v.optional(v.array(v.number())),
 });
 
+/** `seq`: the outbox number of the first item (worker/outbox.ts); the rest follow it. */
+const Seq = v.optional(v.pipe(v.number(), v.integer(), v.minValue(1)));
+
 export const EventsSchema = v.object({
   events: v.pipe(
     v.array(v.object({ ts: v.number(), type: v.pipe(v.string(), v.maxLength(100)), data: v.record(v.string(), v.unknown()) })),
     v.maxLength(10_000),
   ),
+  seq: Seq,
 });
 
 export const FinishSchema = v.object({
+  seq: Seq,
   state: v.picklist(["succeeded", "failed", "cancelled"]),
   exit_code: v.nullable(v.number()),
   error: v.nullable(Str),

@@ -65,6 +65,8 @@ export interface TaskRow {
   delivered: boolean;
   cancel: boolean;
   cancelSent: boolean;
+  /** The last item of the worker's outbox applied (worker/outbox.ts): a number seen again is not applied twice. */
+  appliedSeq: number;
   created: number;
   updated: number;
 }
@@ -141,13 +143,14 @@ function toTask(r: Row): TaskRow {
     delivered: Boolean(r.delivered),
     cancel: Boolean(r.cancel),
     cancelSent: Boolean(r.cancel_sent),
+    appliedSeq: (r.applied_seq as number | undefined) ?? 0,
     created: r.created as number,
     updated: r.updated as number,
   };
 }
 
 const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_code", error: "error", envKey: "env_key", workerId: "worker_id", attempts: "attempts", waiting: "waiting", cancelRequested: "cancel_requested" };
-const TASK_COLUMNS: Record<string, string> = { state: "state", result: "result", delivered: "delivered", cancel: "cancel", cancelSent: "cancel_sent" };
+const TASK_COLUMNS: Record<string, string> = { state: "state", result: "result", delivered: "delivered", cancel: "cancel", cancelSent: "cancel_sent", appliedSeq: "applied_seq" };
 const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots", joinedWith: "joined_with" };
 
 /** What a column may keep: never a URL's credentials (error messages and results included). */
@@ -172,10 +175,12 @@ export class ServerStore {
     this.db.exec("PRAGMA journal_mode = WAL");
     this.db.exec("PRAGMA synchronous = NORMAL");
     this.db.exec(SCHEMA);
-    try {
-      this.db.exec("ALTER TABLE workers ADD COLUMN joined_with TEXT");
-    } catch (error) {
-      if (!/duplicate column name/i.test((error as Error).message)) throw error;
+    for (const column of ["workers ADD COLUMN joined_with TEXT", "tasks ADD COLUMN applied_seq INTEGER NOT NULL DEFAULT 0"]) {
+      try {
+        this.db.exec(`ALTER TABLE ${column}`);
+      } catch (error) {
+        if (!/duplicate column name/i.test((error as Error).message)) throw error;
+      }
     }
     this.bundles = new BundleStore(this.db, dir);
     this.tokens = new TokenStore(this.db);
@@ -247,7 +252,7 @@ export class ServerStore {
   }
 
   // Tasks
-  addTask(t: Omit<TaskRow, "state" | "result" | "delivered" | "cancel" | "cancelSent" | "created" | "updated">): void {
+  addTask(t: Omit<TaskRow, "state" | "result" | "delivered" | "cancel" | "cancelSent" | "appliedSeq" | "created" | "updated">): void {
     const now = Date.now();
     this.db
       .query("INSERT INTO tasks (id, kind, job_id, group_id, worker_id, state, attempt, gpus, prepare, bundle, created, updated) VALUES (?, ?, ?, ?, ?, 'assigned', ?, ?, ?, ?, ?, ?)")
@@ -278,7 +283,7 @@ export class ServerStore {
   groupTasks(groupId: string): TaskRow[] {
     return this.db.query<Row, [string]>("SELECT * FROM tasks WHERE group_id = ? ORDER BY created").all(groupId).map(toTask);
   }
-  updateTask(id: string, fields: Partial<Pick<TaskRow, "state" | "result" | "delivered" | "cancel" | "cancelSent">>): void {
+  updateTask(id: string, fields: Partial<Pick<TaskRow, "state" | "result" | "delivered" | "cancel" | "cancelSent" | "appliedSeq">>): void {
     this.update("tasks", TASK_COLUMNS, id, fields, true);
   }
 

@@ -7,6 +7,8 @@ import type { RunnerSettings } from "../jobs/runner.ts";
 import type { BundleLimits } from "../cluster/bundle.ts";
 import { loadIdentity, saveIdentity } from "./identity.ts";
 import { endLeftovers } from "./leftovers.ts";
+import { TaskChannel } from "./channel.ts";
+import { Outbox } from "./outbox.ts";
 import { startJobTask, startPrepareTask, type TaskHandle, type WorkerContext } from "./tasks.ts";
 
 /**
@@ -51,8 +53,11 @@ export class Agent {
   private left = false;
   private beatWake: (() => void) | null = null;
   private rejoining: Promise<void> | null = null;
+  private readonly outbox: Outbox;
 
-  constructor(private readonly opts: AgentOptions) {}
+  constructor(private readonly opts: AgentOptions) {
+    this.outbox = new Outbox(opts.layout);
+  }
 
   private log(message: string): void {
     this.opts.onLog(message);
@@ -105,7 +110,7 @@ export class Agent {
   }
 
   private context(): WorkerContext {
-    return { layout: this.opts.layout, client: this.client!, gpus: this.opts.probe.gpus, runner: this.opts.runner, bundleLimits: this.opts.bundleLimits, keepWorkdirs: this.opts.keepWorkdirs, log: (m) => this.log(m) };
+    return { layout: this.opts.layout, client: this.client!, gpus: this.opts.probe.gpus, runner: this.opts.runner, bundleLimits: this.opts.bundleLimits, outbox: this.outbox, keepWorkdirs: this.opts.keepWorkdirs, log: (m) => this.log(m) };
   }
 
   private start(task: TaskAssignment): void {
@@ -161,7 +166,9 @@ export class Agent {
       await this.pause(this.heartbeatMs);
       if (this.left) return;
       try {
-        const r = await this.client!.json<{ cancel: string[] }>("POST", `/v1/workers/${this.workerId}/heartbeat`, { running: [...this.tasks.keys()], free_gpus: this.freeGpus() });
+        // What runs here, and what ended here but the server has not all of yet: the server reconciles its view with this.
+        const running = [...new Set([...this.tasks.keys(), ...this.outbox.pendingTasks()])];
+        const r = await this.client!.json<{ cancel: string[] }>("POST", `/v1/workers/${this.workerId}/heartbeat`, { running, free_gpus: this.freeGpus() });
         this.cancel(r.cancel);
         if (failing) this.log("the server answers again");
         failing = false;
@@ -193,6 +200,7 @@ export class Agent {
   async run(): Promise<void> {
     const left = await endLeftovers(this.opts.layout, 1000);
     if (left.jobs) this.log(`ended what ${left.jobs} job(s) of a previous run of this worker left behind (${left.processes} process(es))`);
+    await this.deliverLeftOver();
     await this.register();
     const beats = this.heartbeats();
     try {
@@ -222,6 +230,31 @@ export class Agent {
       this.beatWake?.();
     }
     await beats.catch(() => {});
+  }
+
+  /**
+   * What a previous run of this worker ended but could not deliver (its
+   * outbox on disk), sent first, with the credential it had, before joining
+   * again: registering hands back whatever the server still believes runs
+   * here, so a job that finished before the crash is not run again.
+   */
+  private async deliverLeftOver(): Promise<void> {
+    const tasks = this.outbox.pendingTasks();
+    const saved = loadIdentity(this.opts.layout, this.opts.url, this.opts.name);
+    if (!tasks.length) return;
+    if (!saved) {
+      for (const t of tasks) this.outbox.drop(t);
+      return;
+    }
+    this.log(`delivering what ${tasks.length} task(s) of a previous run left undelivered`);
+    const client = new ClusterClient(this.opts.url, saved.credential);
+    await Promise.all(
+      tasks.map((t) => {
+        const channel = new TaskChannel(client, t, this.outbox, () => {}, (m) => this.log(m));
+        channel.kick();
+        return channel.flush();
+      }),
+    );
   }
 
   private async leave(): Promise<void> {

@@ -2,83 +2,95 @@ import type { ClusterClient } from "../cluster/client.ts";
 import { HttpError } from "../errors.ts";
 import type { TaskEventIn } from "../cluster/protocol.ts";
 import { sleep } from "../core/sleep.ts";
+import type { Outbox, OutboxItem } from "./outbox.ts";
 
 type Stream = "stdout" | "stderr";
-type Item = { kind: "event"; event: TaskEventIn } | { kind: "output"; stream: Stream; data: Uint8Array };
 
 const MAX_OUTPUT_POST = 1024 * 1024;
 
 /**
- * A task's events and output on their way to the server, in the order they
- * happened: one request at a time, and whatever piled up meanwhile goes in the
- * next one (so a chatty job costs few requests, and a quiet one's first line
- * leaves at once). Network trouble is retried; a 409 means the server took the
- * task back (its worker was declared lost), and the task is stopped, as it is
- * on a 401 (the worker's credential was replaced).
+ * A task's events, output and final state on their way to the server, in
+ * the order they happened, through the worker's outbox (outbox.ts): each item
+ * is on disk before it is sent and stays there until the server acknowledges
+ * it, numbered so that the server applies it once. One request at a time;
+ * whatever piled up meanwhile goes in the next one (a chatty job costs few
+ * requests, a quiet one's first line leaves at once). Network trouble is
+ * retried for as long as it lasts; a 409 means the server took the task back
+ * (its worker was declared lost), and the task is stopped, as it is on a 401
+ * (the worker's credential was replaced); its items are dropped then.
  */
 export class TaskChannel {
-  private queue: Item[] = [];
   private pumping: Promise<void> | null = null;
+  private wanted = false;
   /** Nothing more is sent (the task was handed back or taken back). */
   muted = false;
 
   constructor(
     private readonly client: ClusterClient,
     private readonly taskId: string,
+    private readonly outbox: Outbox,
     private readonly onRevoked: (message: string) => void,
     private readonly log: (message: string) => void,
   ) {}
 
   event(type: string, data: Record<string, unknown>): void {
-    this.push({ kind: "event", event: { ts: Date.now(), type, data } });
+    this.push("event", JSON.stringify({ ts: Date.now(), type, data } satisfies TaskEventIn));
   }
 
   output(chunk: Uint8Array, stream: Stream): void {
-    this.push({ kind: "output", stream, data: chunk.slice() });
+    if (chunk.length) this.push("output", chunk.slice(), stream);
   }
 
-  private push(item: Item): void {
+  /** The task's final state: the last item; delivered after everything before it. */
+  finish(body: Record<string, unknown>): void {
+    this.push("finish", JSON.stringify(body));
+  }
+
+  private push(kind: "event" | "output" | "finish", body: Uint8Array | string, stream: Stream | null = null): void {
     if (this.muted) return;
-    this.queue.push(item);
+    this.outbox.append(this.taskId, kind, body, stream);
     this.kick();
   }
 
-  private kick(): void {
+  /** Send what the outbox holds for this task (also what an earlier run of this worker left there). */
+  kick(): void {
+    this.wanted = true;
     if (this.pumping) return;
     this.pumping = this.pump().finally(() => {
       this.pumping = null;
-      if (this.queue.length && !this.muted) this.kick();
+      if (this.wanted && !this.muted) this.kick();
     });
   }
 
   private async pump(): Promise<void> {
-    while (this.queue.length && !this.muted) {
-      const first = this.queue[0]!;
-      if (first.kind === "output") {
-        const parts: Uint8Array[] = [];
-        let size = 0;
-        const same = (i: Item | undefined): i is Extract<Item, { kind: "output" }> => i?.kind === "output" && i.stream === first.stream;
-        while (same(this.queue[0]) && size < MAX_OUTPUT_POST) {
-          const item = this.queue.shift() as Extract<Item, { kind: "output" }>;
-          parts.push(item.data);
-          size += item.data.length;
-        }
-        await this.send(`/v1/tasks/${this.taskId}/output?stream=${first.stream}`, Buffer.concat(parts));
-      } else {
-        const events: TaskEventIn[] = [];
-        while (this.queue[0]?.kind === "event") events.push((this.queue.shift() as Extract<Item, { kind: "event" }>).event);
-        await this.send(`/v1/tasks/${this.taskId}/events`, { events });
-      }
+    while (!this.muted) {
+      this.wanted = false;
+      const items = this.outbox.batch(this.taskId, MAX_OUTPUT_POST);
+      if (!items.length) return;
+      const seq = items[0]!.seq;
+      const last = items.at(-1)!.seq;
+      const sent = await this.deliver(items, seq);
+      if (sent) this.outbox.ack(this.taskId, last);
     }
   }
 
-  /** POST with retries for up to a minute of network trouble; the server's refusals are final. */
+  private deliver(items: OutboxItem[], seq: number): Promise<boolean> {
+    const first = items[0]!;
+    const path = `/v1/tasks/${this.taskId}`;
+    if (first.kind === "finish") return this.send(`${path}/finish`, { ...JSON.parse(Buffer.from(first.body).toString()), seq });
+    if (first.kind === "event") return this.send(`${path}/events`, { events: items.map((i) => JSON.parse(Buffer.from(i.body).toString())), seq });
+    const lengths = items.map((i) => i.body.length).join(",");
+    return this.send(`${path}/output?stream=${first.stream}&seq=${seq}&lengths=${lengths}`, Buffer.concat(items.map((i) => i.body)));
+  }
+
+  /** POST, retried for as long as the network fails (the items wait on disk); the server's refusals are final. */
   async send(path: string, body: Record<string, unknown> | Uint8Array): Promise<boolean> {
     let delay = 200;
-    const deadline = Date.now() + 60_000;
+    let told = false;
     for (;;) {
       try {
         await this.client.request("POST", path, body);
+        if (told) this.log(`task ${this.taskId}: the server has it again`);
         return true;
       } catch (error) {
         if (error instanceof HttpError) {
@@ -86,14 +98,18 @@ export class TaskChannel {
           const revoked = error.status === 409 || error.status === 401;
           if (revoked && !this.muted) {
             this.muted = true;
-            this.queue = [];
+            this.outbox.drop(this.taskId);
             this.onRevoked(error.message);
-          } else if (!revoked) this.log(`task ${this.taskId}: the server refused ${path.split("/").pop()}: ${error.message}`);
-          return false;
+            return false;
+          }
+          // A refusal of this batch alone (a 400, a 413): said, and not sent again, so what follows still goes.
+          if (!revoked) this.log(`task ${this.taskId}: the server refused ${path.split("/").pop()?.split("?")[0]}: ${error.message}`);
+          return !revoked;
         }
-        if (Date.now() > deadline) {
-          this.log(`task ${this.taskId}: giving up on ${path.split("/").pop()}: ${(error as Error).message}`);
-          return false;
+        if (this.muted) return false;
+        if (!told && delay >= 5000) {
+          told = true;
+          this.log(`task ${this.taskId}: the server does not answer (${(error as Error).message}); keeping its ${this.outbox.pending(this.taskId)} item(s) on disk and retrying`);
         }
         await sleep(delay);
         delay = Math.min(delay * 2, 5000);
@@ -101,7 +117,7 @@ export class TaskChannel {
     }
   }
 
-  /** Everything queued has been sent (or given up on). */
+  /** Everything written so far has been delivered (or dropped). */
   async flush(): Promise<void> {
     while (this.pumping) await this.pumping;
   }

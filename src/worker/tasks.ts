@@ -17,6 +17,7 @@ import { type Lease, takeLease } from "../core/lease.ts";
 import { touchFile } from "../env/store.ts";
 import { bundlePaths } from "../gc/bundle-source.ts";
 import { TaskChannel } from "./channel.ts";
+import type { Outbox } from "./outbox.ts";
 
 /**
  * A task on this worker: a job (fetch its bundle, unpack it, run it with the
@@ -31,6 +32,8 @@ export interface WorkerContext {
   /** The settings jobs and prepares run under (its defaultPython is the worker's Python). */
   runner: RunnerSettings;
   bundleLimits: BundleLimits;
+  /** What the server is owed, on disk until it acknowledges it. */
+  outbox: Outbox;
   /** worker.keep_workdirs: leave remote jobs' unpacked workdirs (for debugging). */
   keepWorkdirs: boolean;
   log(message: string): void;
@@ -134,13 +137,17 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
   let running: RunningJob | null = null;
   let stopReason: string | null = null;
   let handedBack: string | null = null;
-  const channel = new TaskChannel(ctx.client, task.id, (m) => {
+  const channel = new TaskChannel(ctx.client, task.id, ctx.outbox, (m) => {
     ctx.log(`task ${task.id} (job ${task.job_id}) taken back by the server: ${m}; stopping it`);
     stopReason = "taken back by the server";
     running?.cancel(stopReason);
   }, ctx.log);
   const workdir = clusterDir(ctx, "work", `${task.job_id}-${task.attempt}`);
-  const finish = (body: Record<string, unknown>) => channel.send(`/v1/tasks/${task.id}/finish`, body);
+  // The final state goes through the outbox like everything else, after it; the task is done once the server has it.
+  const finish = (body: Record<string, unknown>) => {
+    channel.finish(body);
+    return channel.flush();
+  };
 
   let bundleLease: Lease | undefined;
   const done = (async () => {
@@ -157,7 +164,6 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       if (stopReason) {
         if (handedBack) return;
         channel.event("job.cancelled", { reason: stopReason });
-        await channel.flush();
         await finish({ state: "cancelled", exit_code: ExitCode.cancelled, error: null });
         return;
       }
@@ -176,15 +182,14 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       if (stopReason) running.cancel(stopReason);
       const outcome = await running.done;
       const error = store.get(job.id)?.error ?? null;
+      ctx.log(`job ${task.job_id}: ended here (${outcome.state}, exit ${outcome.exitCode}); its end goes to the server`);
       store.close();
-      await channel.flush();
       if (!handedBack && !channel.muted) await finish({ state: outcome.state === "succeeded" ? "succeeded" : outcome.state === "cancelled" ? "cancelled" : "failed", exit_code: outcome.exitCode, error });
     } catch (error) {
       const message = messageOf(error);
       ctx.log(`task ${task.id} (job ${task.job_id}) failed on this worker: ${message}`);
       if (!handedBack && !channel.muted) {
         channel.event("task.bundle.failed", { message });
-        await channel.flush();
         await finish({ state: "failed", exit_code: error instanceof UserError ? error.exitCode : ExitCode.failed, error: message });
       }
     } finally {
@@ -217,7 +222,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
 
 export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): TaskHandle {
   let handedBack: string | null = null;
-  const channel = new TaskChannel(ctx.client, task.id, () => {}, ctx.log);
+  const channel = new TaskChannel(ctx.client, task.id, ctx.outbox, () => {}, ctx.log);
   const req = task.prepare!;
   const done = (async () => {
     const started = performance.now();
@@ -255,7 +260,10 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
     } finally {
       bundleLease?.release();
     }
-    if (!handedBack) await channel.send(`/v1/tasks/${task.id}/finish`, body);
+    if (!handedBack) {
+      channel.finish(body);
+      await channel.flush();
+    }
   })();
   return {
     task,

@@ -65,7 +65,7 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
   try {
-    for await (const u of followJob(target, id)) {
+    for await (const u of followJob(target, id, { onTrouble: (m) => (m ? out.log.warn(m) : out.progress(`the server answers again; following job ${id}`)) })) {
       // With --json, stdout carries only the final document: the job's output goes to stderr.
       if (u.kind === "output") void (out.json || u.stream === "stderr" ? process.stderr.write(u.data) : process.stdout.write(u.data));
       else printEvent(out, u);

@@ -28,12 +28,12 @@ export async function remoteList(target: RemoteTarget, limit: number, out: Outpu
   });
 }
 
-export async function remoteLogs(target: RemoteTarget, id: string, follow: boolean): Promise<void> {
+export async function remoteLogs(target: RemoteTarget, id: string, follow: boolean, onTrouble?: (message: string | null) => void): Promise<void> {
   if (!follow) {
     process.stdout.write(await jobLog(target, id));
     return;
   }
-  for await (const u of followJob(target, id)) if (u.kind === "output") process.stdout.write(u.data);
+  for await (const u of followJob(target, id, { onTrouble })) if (u.kind === "output") process.stdout.write(u.data);
 }
 
 export async function remoteCancel(target: RemoteTarget, id: string, out: Output): Promise<void> {

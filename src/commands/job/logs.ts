@@ -18,7 +18,11 @@ export default defineCommand({
     rejectUnknownFlags(rawArgs, args);
     const ctx = commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const remote = remoteTarget(ctx.settings);
-    if (remote) return (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow));
+    if (remote) {
+      // Output on stdout; a server that stops answering is said on stderr, once, and following goes on.
+      const say = (m: string | null) => process.stderr.write(m ? `warning: ${m}\n` : `the server answers again\n`);
+      return (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow), say);
+    }
     // A read: the store opened read-only; nothing recorded or signalled, even for a job whose runner is gone.
     const store = new JobStore(ctx.layout, { readOnly: true });
     const job = store.find(a.id);

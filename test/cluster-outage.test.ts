@@ -1,0 +1,118 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { cli, sandbox, startCli } from "./helpers.ts";
+import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+
+/**
+ * A final state always delivered: a server and a worker as processes on
+ * 127.0.0.1, the server SIGKILLed while a job runs and kept down for many
+ * times the worker-lost window (2 s here), the job ending meanwhile. The
+ * worker keeps what it owes on disk and delivers it when the server is back;
+ * the server counts its own downtime as no worker's silence; the client that
+ * followed the job resumes and exits with the job's code. Then the worker
+ * itself is killed during the outage with the job's end undelivered: started
+ * again, it delivers that first. Every line arrives once, and no job runs
+ * twice.
+ */
+
+const TOKEN = "outage-test-token-0123456789";
+const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.3", GPULAYER_WORKER_LOST_SECONDS: "2", GPULAYER_WORKER_ENGINE: "none", GPULAYER_CANCEL_GRACE: "1", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
+const T = 120_000;
+const box = sandbox();
+const procs: Kept[] = [];
+let url = "";
+let port = 0;
+let server: Kept;
+let worker: Kept;
+
+const env = () => ({ ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN });
+const gpl = (args: string[]) => cli(args, { env: env(), cwd: box.root });
+const json = <T = any>(text: string): T => JSON.parse(text) as T;
+
+async function startServer(): Promise<void> {
+  server = keepOutput(startCli(["server", "--listen", `127.0.0.1:${port}`, "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "server-home"), GPULAYER_TOKEN: TOKEN } }), procs);
+  url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
+  port = Number(new URL(url).port);
+}
+
+async function stopServer(): Promise<void> {
+  server.proc.kill("SIGKILL");
+  await server.proc.exited;
+}
+
+function startWorker(): Kept {
+  return keepOutput(startCli(["join", url, "--name", "w1", "--python", "python3"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "w1-home"), GPULAYER_TOKEN: TOKEN } }), procs);
+}
+
+/** A job printing `n` numbered lines, then waiting for `release` to exist, then `n` more. */
+const job = (release: string, n = 12) => ["--", "sh", "-c", `for i in $(seq 1 ${n}); do echo line-$i; done; while [ ! -e ${release} ]; do sleep 0.1; done; for i in $(seq ${n + 1} ${2 * n}); do echo line-$i; done`];
+const expected = (n = 12) => Array.from({ length: 2 * n }, (_, i) => `line-${i + 1}`);
+
+beforeAll(async () => {
+  await startServer();
+  worker = startWorker();
+  await waitFor("the worker", () => worker.out().includes("as w1"));
+}, T);
+
+afterAll(async () => {
+  await stopAll(procs);
+  box.cleanup();
+}, 30_000);
+
+describe("the server down for a long while as a job ends", () => {
+  test("the job's end and every line arrive once; the client that followed it exits 0", async () => {
+    const release = join(box.root, "release-1");
+    const follower = startCli(["job", "run", ...job(release)], { env: env(), cwd: box.root });
+    let out = "";
+    let err = "";
+    const reading = Promise.all([
+      (async () => {
+        for await (const c of follower.stdout) out += new TextDecoder().decode(c);
+      })(),
+      (async () => {
+        for await (const c of follower.stderr) err += new TextDecoder().decode(c);
+      })(),
+    ]);
+    await waitFor("the first half of the output", () => out.includes("line-12"));
+    await stopServer();
+    Bun.write(release, "");
+    // Long past the worker-lost window, and the job has ended meanwhile.
+    await Bun.sleep(8000);
+    await startServer();
+    const code = await follower.exited;
+    await reading;
+    expect(err).toContain("the server does not answer");
+    expect(code).toBe(0);
+    expect(out.trim().split("\n")).toEqual(expected());
+    const [j] = json<any[]>((await gpl(["job", "list", "--json", "--limit", "1"])).stdout);
+    expect(j.state).toBe("succeeded");
+    expect(j.attempts).toBe(1);
+    expect((await gpl(["job", "logs", j.id])).stdout.trim().split("\n")).toEqual(expected());
+  }, T);
+});
+
+describe("the worker killed during the outage, its job's end undelivered", () => {
+  test("started again, it delivers what it owes before it joins: the job succeeded, once, every line there", async () => {
+    const release = join(box.root, "release-2");
+    const d = await gpl(["job", "run", "-d", ...job(release)]);
+    const id = d.stdout.trim();
+    await waitFor("the job to run", async () => (await gpl(["job", "logs", id])).stdout.includes("line-12"));
+    await stopServer();
+    Bun.write(release, "");
+    await waitFor("the job to end on the worker", () => worker.out().includes(`job ${id}: ended here`), 30_000);
+    worker.proc.kill("SIGKILL");
+    await worker.proc.exited;
+    await startServer();
+    worker = startWorker();
+    await waitFor("the worker to join again", () => worker.out().includes("as w1"), 60_000);
+    const s = await waitFor("the job's final state", async () => {
+      const r = json((await gpl(["job", "status", id, "--json"])).stdout);
+      return r.state === "succeeded" || r.state === "failed" ? r : null;
+    });
+    expect(s.state).toBe("succeeded");
+    expect(s.attempts).toBe(1);
+    expect(worker.out()).toContain("delivering what 1 task(s) of a previous run left undelivered");
+    expect((await gpl(["job", "logs", id])).stdout.trim().split("\n")).toEqual(expected());
+  }, T);
+});
