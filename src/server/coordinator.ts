@@ -3,6 +3,8 @@ import { FINAL_JOB_STATES as FINAL } from "../cluster/protocol.ts";
 import { ExitCode } from "../errors.ts";
 import { CREDENTIALS_LOST, HeldSecrets } from "./held-secrets.ts";
 import { HttpFail } from "./http-fail.ts";
+import { Notifier } from "./notifier.ts";
+import { BeatReconciler, freshOutput, outboxSkip } from "./task-reports.ts";
 import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
@@ -15,30 +17,6 @@ import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from ".
  * happens. The HTTP routes are only a skin over this.
  */
 
-/** Wake-ups by key: a long poll waits on its key until something happens or time runs out. */
-export class Notifier {
-  private waiters = new Map<string, Set<() => void>>();
-  wait(key: string, ms: number, signal?: AbortSignal): Promise<void> {
-    return new Promise((resolve) => {
-      const set = this.waiters.get(key) ?? new Set();
-      this.waiters.set(key, set);
-      const done = () => {
-        clearTimeout(timer);
-        set.delete(done);
-        if (!set.size) this.waiters.delete(key);
-        signal?.removeEventListener("abort", done);
-        resolve();
-      };
-      const timer = setTimeout(done, ms);
-      set.add(done);
-      signal?.addEventListener("abort", done);
-    });
-  }
-  wake(key: string): void {
-    for (const fn of [...(this.waiters.get(key) ?? [])]) fn();
-  }
-}
-
 export interface CoordinatorOptions {
   heartbeatSeconds: number;
   lostSeconds: number;
@@ -50,8 +28,7 @@ export class Coordinator {
   /** Requests as sent, credentials included: in memory only, by job id and by prepare id. */
   readonly heldSpecs = new HeldSecrets<RemoteSpec>();
   readonly heldPrepares = new HeldSecrets<PrepareRequestPayload>();
-  /** Tasks missing from their worker's beats, by id: how many beats in a row. */
-  private unlisted = new Map<string, number>();
+  private unlisted = new BeatReconciler();
   /** The server's own downtime is no worker's silence: silence counts from this start at the earliest. */
   private readonly startedAt = Date.now();
   private sweeper: ReturnType<typeof setInterval>;
@@ -94,21 +71,9 @@ export class Coordinator {
   heartbeat(w: WorkerRow, body: { running: string[]; free_gpus?: number[] }): { cancel: string[] } {
     this.seen(w);
     if (body.free_gpus) this.store.updateWorker(w.id, { freeGpus: body.free_gpus });
-    const listed = new Set(body.running);
-    const settled = Date.now() - 3 * this.opts.heartbeatSeconds * 1000;
-    for (const t of this.store.activeTasks(w.id)) {
-      if (listed.has(t.id) || !t.delivered || t.updated > settled) {
-        this.unlisted.delete(t.id);
-        continue;
-      }
-      const strikes = (this.unlisted.get(t.id) ?? 0) + 1;
-      this.unlisted.set(t.id, strikes);
-      if (strikes >= 2) {
-        this.unlisted.delete(t.id);
-        this.releaseTask(t, `worker ${w.name} no longer runs it`, true);
-        this.dispatch();
-      }
-    }
+    const gone = this.unlisted.gone(this.store.activeTasks(w.id), new Set(body.running), Date.now() - 3 * this.opts.heartbeatSeconds * 1000);
+    for (const t of gone) this.releaseTask(t, `worker ${w.name} no longer runs it`, true);
+    if (gone.length) this.dispatch();
     return { cancel: this.store.activeTasks(w.id).filter((t) => t.cancel).map((t) => t.id) };
   }
 
@@ -236,15 +201,10 @@ export class Coordinator {
     return t;
   }
 
-  /**
-   * Items `seq`..`seq + count - 1` of the worker's outbox for this task: how
-   * many of them were applied already (sent again after a lost answer), so
-   * each is applied once. Without `seq` (an older worker): none.
-   */
+  /** How many of these outbox items were applied already (task-reports.ts); the rest count as applied from now. */
   private alreadyApplied(t: TaskRow, seq: number | undefined, count: number): number {
-    if (seq === undefined) return 0;
-    const skip = Math.min(count, Math.max(0, t.appliedSeq - seq + 1));
-    if (seq + count - 1 > t.appliedSeq) this.store.updateTask(t.id, { appliedSeq: seq + count - 1 });
+    const { skip, applied } = outboxSkip(t.appliedSeq, seq, count);
+    if (applied !== t.appliedSeq) this.store.updateTask(t.id, { appliedSeq: applied });
     return skip;
   }
 
@@ -272,9 +232,8 @@ export class Coordinator {
   /** `lengths`: the items the body joins (with `seq`); without, the body is one piece. */
   taskOutput(w: WorkerRow, taskId: string, data: Uint8Array, stream: "stdout" | "stderr", seq?: number, lengths?: number[]): void {
     const t = this.ownTask(w, taskId);
-    const sizes = lengths && lengths.reduce((a, b) => a + b, 0) === data.length ? lengths : [data.length];
-    const skip = this.alreadyApplied(t, seq, sizes.length);
-    const fresh = data.subarray(sizes.slice(0, skip).reduce((a, b) => a + b, 0));
+    const { fresh, applied } = freshOutput(data, lengths, seq, t.appliedSeq);
+    if (applied !== t.appliedSeq) this.store.updateTask(t.id, { appliedSeq: applied });
     if (t.jobId && fresh.length) {
       this.store.appendLog(t.jobId, fresh, stream === "stderr" ? 2 : 1);
       this.wakeJob(t.jobId);
