@@ -12,7 +12,7 @@ import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
  */
 
 const TOKEN = "failover-test-token-0123456789";
-const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.3", GPULAYER_WORKER_LOST_SECONDS: "2", GPULAYER_WORKER_ENGINE: "none", GPULAYER_CANCEL_GRACE: "1", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
+const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.3", GPULAYER_WORKER_LOST_SECONDS: "2", GPULAYER_WORKER_LEASE: "3", GPULAYER_WORKER_ENGINE: "none", GPULAYER_CANCEL_GRACE: "1", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
 const T = 90_000;
 const box = sandbox();
 const procs: { proc: ReturnType<typeof startCli>; out: () => string }[] = [];

@@ -167,7 +167,7 @@ describe("no job can read a token", () => {
     expect(json(r.stdout)).toEqual({ name: "box2", revoked: true });
     expect((await api("/v1/workers/register", tokens.box2!, { method: "POST", body: "{}" })).status).toBe(401);
     if (IS_ROOT) {
-      await waitFor("w2 to be dropped", async () => json<any[]>((await gpl(["workers", "--all", "--json"])).stdout).find((w) => w.name === "w2")?.state === "lost", 5000).catch(async (e) => {
+      await waitFor("w2 to be dropped", async () => json<any[]>((await gpl(["workers", "--all", "--json"])).stdout).find((w) => w.name === "w2")?.state === "left", 5000).catch(async (e) => {
         throw new Error(`${e.message}: ${(await gpl(["workers", "--json"])).stdout.slice(0, 3000)}`);
       });
     }

@@ -103,6 +103,8 @@ export interface RegisterResponse {
   name: string;
   credential: string;
   heartbeat_seconds: number;
+  /** Out of touch with the server this long, a worker's jobs are given out again: it stops them before (worker/agent.ts). */
+  lease_seconds?: number;
   /** Taken back as the worker it was (it presented a credential the server knows). */
   resumed?: boolean;
 }

@@ -40,6 +40,7 @@ export const SETTINGS = {
   "coordinator.listen": { env: "GPULAYER_LISTEN", flag: "--listen", kind: word, default: "127.0.0.1:7070", help: "where `gpulayer server` listens (HOST:PORT)" },
   "coordinator.heartbeat": { env: "GPULAYER_HEARTBEAT_SECONDS", kind: positiveDuration, default: 2_000, help: "how often workers report (the server tells them; a worker's own setting wins)" },
   "coordinator.worker_lost": { env: "GPULAYER_WORKER_LOST_SECONDS", kind: positiveDuration, default: 30_000, help: "silence after which a worker counts as gone and its jobs are retried" },
+  "coordinator.worker_lease": { env: "GPULAYER_WORKER_LEASE", kind: positiveDuration, default: 300_000, help: "how long a lost worker's jobs stay its own: re-queued only after this much silence (a worker out of touch that long stops them itself), so no job runs twice at once" },
   "coordinator.job_max_attempts": { env: "GPULAYER_JOB_MAX_ATTEMPTS", kind: count(1), default: 3, help: "times a job is started before it fails for good" },
   "coordinator.max_body": { env: "GPULAYER_MAX_BODY_BYTES", kind: size, default: 8 * 1024 ** 2, help: "the largest JSON request the server reads" },
   "coordinator.bundles_max_size": { env: "GPULAYER_BUNDLE_MAX_SIZE", kind: size, default: 10 * 1024 ** 3, help: "the most the server keeps of uploaded bundles, together" },

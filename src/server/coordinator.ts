@@ -20,6 +20,8 @@ import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from ".
 export interface CoordinatorOptions {
   heartbeatSeconds: number;
   lostSeconds: number;
+  /** A lost worker's tasks are released only after this much silence (it fences itself before). */
+  leaseSeconds: number;
   maxAttempts: number;
 }
 
@@ -57,8 +59,16 @@ export class Coordinator {
   }
 
   /** A request from a worker: it is alive. A lost or departed one is told so (409) and must register again. */
+  /** A request from a worker: it is alive. A lost one back within its lease keeps its tasks; a departed one must register again (409). */
   private seen(w: WorkerRow): void {
-    if (w.state === "lost" || w.state === "left") throw new HttpFail(409, `worker ${w.name} is ${w.state}; register again`, { lost: true });
+    if (w.state === "left") throw new HttpFail(409, `worker ${w.name} is ${w.state}; register again`, { lost: true });
+    if (w.state === "lost") {
+      this.store.updateWorker(w.id, { state: "idle", lastSeen: Date.now() });
+      this.log(`worker ${w.name} is back after ${((Date.now() - w.lastSeen) / 1000).toFixed(1)} s; it keeps what it runs`);
+      for (const t of this.store.activeTasks(w.id)) if (t.jobId) this.store.event(t.jobId, "job.worker_back", { worker: w.name });
+      this.dispatch();
+      return;
+    }
     this.store.updateWorker(w.id, { lastSeen: Date.now() });
   }
 
@@ -141,17 +151,31 @@ export class Coordinator {
     this.dispatch();
   }
 
-  /** Workers silent for longer than lostSeconds are lost; what they ran is re-queued or failed. */
+  /**
+   * Workers silent for longer than lostSeconds are lost: no new work. What
+   * they run stays theirs until their lease runs out (they stop it
+   * themselves by then, when cut off), and is re-queued or failed only then:
+   * a job never runs in two places at once.
+   */
   sweep(): void {
     const now = Date.now();
+    const silence = (w: WorkerRow) => (now - Math.max(w.lastSeen, this.startedAt)) / 1000;
     for (const w of this.store.workers({ present: true })) {
-      const silent = (now - Math.max(w.lastSeen, this.startedAt)) / 1000;
-      if (silent > this.opts.lostSeconds) this.markLost(w, `worker ${w.name} lost: no heartbeat for ${silent.toFixed(1)} s`);
+      if (silence(w) > this.opts.lostSeconds) this.markLost(w, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s; what it runs is given out again after ${this.opts.leaseSeconds} s of silence`);
     }
-    // A revoked join token takes the workers that joined with it along (a leaked token's workers among them).
+    let released = 0;
+    for (const w of this.store.workers().filter((x) => x.state === "lost" && silence(x) > this.opts.leaseSeconds)) {
+      for (const t of this.store.activeTasks(w.id)) {
+        this.releaseTask(t, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s (its lease, ${this.opts.leaseSeconds} s, is over)`, true);
+        released++;
+      }
+    }
+    if (released) this.dispatch();
+    // A revoked join token takes the workers that joined with it along (a leaked token's workers among them): at once.
     for (const w of this.store.workers({ present: true })) {
       if (w.joinedWith && !this.store.tokens.has(w.joinedWith)) {
-        this.markLost(w, `worker ${w.name} dropped: the join token ${w.joinedWith} it joined with was revoked`);
+        this.markLost(w, `worker ${w.name} dropped: the join token ${w.joinedWith} it joined with was revoked`, true);
+        this.store.updateWorker(w.id, { state: "left" });
       }
     }
     // Credentials live as long as what needs them: a job until it ends, a prepare while any of its tasks runs.
@@ -159,10 +183,14 @@ export class Coordinator {
     this.heldPrepares.keepOnly((id) => this.store.groupTasks(id).some((t) => t.state === "assigned" || t.state === "running"));
   }
 
-  markLost(w: WorkerRow, reason: string): void {
+  /** `release`: its tasks go now (it is known gone: another process took its name, its token was revoked); else at its lease's end. */
+  markLost(w: WorkerRow, reason: string, release = false): void {
     this.store.updateWorker(w.id, { state: "lost" });
     this.log(reason);
-    for (const t of this.store.activeTasks(w.id)) this.releaseTask(t, reason, true);
+    for (const t of this.store.activeTasks(w.id)) {
+      if (release) this.releaseTask(t, reason, true);
+      else if (t.jobId) this.store.event(t.jobId, "job.worker_lost", { worker: w.name, message: reason });
+    }
     this.notify.wake(`worker:${w.id}`);
     this.dispatch();
   }
@@ -211,7 +239,7 @@ export class Coordinator {
   /** A finish sent again after the server applied it (its answer was lost): acknowledged, not applied twice. */
   private finishedBefore(w: WorkerRow, taskId: string, seq: number | undefined): boolean {
     const t = this.store.task(taskId);
-    return Boolean(t && t.workerId === w.id && seq !== undefined && t.state === "done" && t.appliedSeq >= seq);
+    return Boolean(t && t.workerId === w.id && seq !== undefined && (t.state === "done" || t.state === "handed_back") && t.appliedSeq >= seq);
   }
 
   taskEvents(w: WorkerRow, taskId: string, events: TaskEventIn[], seq?: number): void {
@@ -253,8 +281,11 @@ export class Coordinator {
     this.dispatch();
   }
 
-  handback(w: WorkerRow, taskId: string, reason: string): void {
-    this.releaseTask(this.ownTask(w, taskId), reason, false);
+  handback(w: WorkerRow, taskId: string, reason: string, seq?: number): void {
+    if (this.finishedBefore(w, taskId, seq)) return;
+    const t = this.ownTask(w, taskId);
+    this.alreadyApplied(t, seq, 1);
+    this.releaseTask(t, reason, false);
     this.dispatch();
   }
 

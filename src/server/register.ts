@@ -24,10 +24,10 @@ export interface RegisterBody {
 /** What registering needs of the coordinator; by shape, since coordinator.ts imports this file. */
 export interface Registrar {
   readonly store: ServerStore;
-  readonly opts: { heartbeatSeconds: number; lostSeconds: number };
+  readonly opts: { heartbeatSeconds: number; lostSeconds: number; leaseSeconds: number };
   readonly notify: { wake(key: string): void };
   log(message: string): void;
-  markLost(w: WorkerRow, reason: string): void;
+  markLost(w: WorkerRow, reason: string, release?: boolean): void;
   releaseTask(t: TaskRow, reason: string, lost: boolean): void;
   dispatch(): void;
 }
@@ -58,7 +58,7 @@ export function registerWorker(c: Registrar, body: RegisterBody, joinedWith: str
     if (old.probe.hostname !== body.probe.hostname) throw new HttpFail(409, `a worker named ${body.name} is already connected from ${old.probe.hostname}; give this one another --name`);
     refuseIfLive(c, old, now, (s) => `a worker named ${body.name} is already running on ${old.probe.hostname} (the server heard from it ${ago(s)}); stop it first, or give this one another --name`);
     // The same machine back without its credential (a wiped home), the old process gone: that registration is over.
-    c.markLost(old, `worker ${old.name} registered again`);
+    c.markLost(old, `worker ${old.name} registered again`, true);
   }
   const credential = `gplw_${newId(24)}`;
   const gpus = body.probe.gpus.map((g) => g.index);
@@ -79,5 +79,5 @@ export function registerWorker(c: Registrar, body: RegisterBody, joinedWith: str
     c.log(`worker ${body.name} joined (${body.probe.hostname}, ${gpus.length} GPU(s), labels ${labels})`);
   }
   c.dispatch();
-  return { id, name: body.name, credential, heartbeat_seconds: c.opts.heartbeatSeconds, resumed: Boolean(same) };
+  return { id, name: body.name, credential, heartbeat_seconds: c.opts.heartbeatSeconds, lease_seconds: c.opts.leaseSeconds, resumed: Boolean(same) };
 }

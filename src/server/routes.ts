@@ -179,7 +179,10 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
       return coord.taskOutput(w, id, await readBody(req, ctx.maxBodyBytes), url.searchParams.get("stream") === "stderr" ? "stderr" : "stdout", seq, lengths.length ? lengths : undefined), reply({ ok: true });
     }
     if (action === "finish" && method === "POST") return coord.taskFinish(w, id, await jsonBody(req, ctx, S.FinishSchema)), reply({ ok: true });
-    if (action === "handback" && method === "POST") return coord.handback(w, id, (await jsonBody(req, ctx, S.HandbackSchema)).reason), reply({ ok: true });
+    if (action === "handback" && method === "POST") {
+      const body = await jsonBody(req, ctx, S.HandbackSchema);
+      return coord.handback(w, id, body.reason, body.seq), reply({ ok: true });
+    }
   }
   if (kind === "bundles" && id) {
     if (!isBundleHash(id)) throw new HttpFail(400, "not a bundle hash");

@@ -117,7 +117,7 @@ export const FinishSchema = v.object({
   ),
 });
 
-export const HandbackSchema = v.object({ reason: v.pipe(v.string(), v.maxLength(1000)) });
+export const HandbackSchema = v.object({ reason: v.pipe(v.string(), v.maxLength(1000)), seq: Seq });
 export const LeaveSchema = v.object({ final: v.boolean() });
 
 /** Parse or explain: the first issue with its key path. */

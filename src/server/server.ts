@@ -17,6 +17,7 @@ export interface ServerSettings {
   port: number;
   heartbeatSeconds: number;
   lostSeconds: number;
+  leaseSeconds: number;
   maxAttempts: number;
   maxBodyBytes: number;
   bundles: BundlePolicy;
@@ -37,8 +38,14 @@ export function parseListen(value: string | undefined): { hostname: string; port
 }
 
 /** From the coordinator.* and bundle.* settings. */
+/** The lease outlasts the lost window: a worker is first seen as lost (no new work), then, after the lease, loses its jobs. */
+function lease(values: SettingValues): number {
+  if (values["coordinator.worker_lease"] <= values["coordinator.worker_lost"]) throw new UsageError(`coordinator.worker_lease (GPULAYER_WORKER_LEASE) must be longer than coordinator.worker_lost (GPULAYER_WORKER_LOST_SECONDS)`);
+  return values["coordinator.worker_lease"] / 1000;
+}
+
 export function serverSettings(values: SettingValues): ServerSettings {
-  const positive = (name: "coordinator.heartbeat" | "coordinator.worker_lost" | "coordinator.max_body") => {
+  const positive = (name: "coordinator.heartbeat" | "coordinator.worker_lost" | "coordinator.worker_lease" | "coordinator.max_body") => {
     if (values[name] <= 0) throw new UsageError(`${name} must be more than 0`);
     return values[name];
   };
@@ -46,6 +53,7 @@ export function serverSettings(values: SettingValues): ServerSettings {
     ...parseListen(values["coordinator.listen"]),
     heartbeatSeconds: positive("coordinator.heartbeat") / 1000,
     lostSeconds: positive("coordinator.worker_lost") / 1000,
+    leaseSeconds: lease(values),
     maxAttempts: values["coordinator.job_max_attempts"],
     maxBodyBytes: positive("coordinator.max_body"),
     bundles: { retentionMs: values["coordinator.bundle_retention"], maxBytes: values["coordinator.bundles_max_size"] },
@@ -86,7 +94,7 @@ export interface RunningServer {
 
 export function startServer(dir: string, token: string, settings: ServerSettings, log: (message: string) => void): RunningServer {
   const store = new ServerStore(dir);
-  const coord = new Coordinator(store, { heartbeatSeconds: settings.heartbeatSeconds, lostSeconds: settings.lostSeconds, maxAttempts: settings.maxAttempts }, log);
+  const coord = new Coordinator(store, { heartbeatSeconds: settings.heartbeatSeconds, lostSeconds: settings.lostSeconds, leaseSeconds: settings.leaseSeconds, maxAttempts: settings.maxAttempts }, log);
   const jobs = new JobsApi(coord);
   const limits = settings.bundleLimits;
   const cleanBundles = () => {

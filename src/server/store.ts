@@ -211,10 +211,10 @@ export class ServerStore {
     const r = this.db.query<Row, [string]>("SELECT * FROM workers WHERE secret = ?").get(secretHash);
     return r ? toWorker(r) : null;
   }
-  /** The worker a credential authenticates: none once it has left or been declared lost (it must register again). */
+  /** The worker a credential authenticates: a lost one too (it may come back within its lease), none once it has left. */
   workerByCredential(secretHash: string): WorkerRow | null {
     const w = this.workerBySecret(secretHash);
-    return w && w.state !== "lost" && w.state !== "left" ? w : null;
+    return w && w.state !== "left" ? w : null;
   }
   /** A worker's credential is replaced when it registers again (the one it had stops working). */
   setWorkerSecret(id: string, secretHash: string): void {

@@ -54,6 +54,10 @@ export class Agent {
   private beatWake: (() => void) | null = null;
   private rejoining: Promise<void> | null = null;
   private readonly outbox: Outbox;
+  /** The server's lease (lease_seconds): out of touch this long, this worker's jobs are given out again. */
+  private leaseMs = Number.POSITIVE_INFINITY;
+  private lastContact = Date.now();
+  private fenced = false;
 
   constructor(private readonly opts: AgentOptions) {
     this.outbox = new Outbox(opts.layout);
@@ -89,6 +93,8 @@ export class Agent {
         this.credential = r.credential;
         this.client = new ClusterClient(url, r.credential);
         this.heartbeatMs = this.opts.heartbeatMs ?? r.heartbeat_seconds * 1000;
+        this.leaseMs = r.lease_seconds ? r.lease_seconds * 1000 : Number.POSITIVE_INFINITY;
+        this.contact();
         this.log(`joined ${url} as ${r.name}${r.resumed ? ` again (the same worker, ${r.id})` : ""}; waiting for work`);
         return;
       } catch (error) {
@@ -169,11 +175,13 @@ export class Agent {
         // What runs here, and what ended here but the server has not all of yet: the server reconciles its view with this.
         const running = [...new Set([...this.tasks.keys(), ...this.outbox.pendingTasks()])];
         const r = await this.client!.json<{ cancel: string[] }>("POST", `/v1/workers/${this.workerId}/heartbeat`, { running, free_gpus: this.freeGpus() });
+        this.contact();
         this.cancel(r.cancel);
         if (failing) this.log("the server answers again");
         failing = false;
       } catch (error) {
         if (this.left) return;
+        this.fenceIfCutOff();
         if (error instanceof HttpError && error.status === 409 && !this.stopping) await this.rejoin().catch((e) => this.log(`joining again failed: ${(e as Error).message}`));
         // A refused credential is the poll loop's to deal with.
         else if (!failing && !(error instanceof HttpError && error.status === 401)) this.log(`heartbeat failed: ${(error as Error).message}`);
@@ -208,6 +216,7 @@ export class Agent {
         const credential = this.credential;
         try {
           const r = await this.client!.json<PollResponse>("GET", `/v1/workers/${this.workerId}/tasks?wait=25`, undefined, { signal: this.pollAbort.signal });
+          this.contact();
           this.cancel(r.cancel);
           for (const t of r.tasks) this.start(t);
         } catch (error) {
@@ -230,6 +239,29 @@ export class Agent {
       this.beatWake?.();
     }
     await beats.catch(() => {});
+  }
+
+  private contact(): void {
+    this.lastContact = Date.now();
+    this.fenced = false;
+  }
+
+  /**
+   * Out of touch with the server for nearly its lease (a network cut, or a
+   * server down that long): the server will give this worker's jobs out
+   * again at the lease's end, so they are stopped here first and given back
+   * (durably: the handback waits in the outbox), and a job never runs in two
+   * places at once. Short cuts cost nothing: the server keeps a lost
+   * worker's jobs until its lease is over.
+   */
+  private fenceIfCutOff(): void {
+    const margin = Math.max(3 * this.heartbeatMs, 0.2 * this.leaseMs);
+    const silent = Date.now() - this.lastContact;
+    if (this.fenced || !this.tasks.size || silent < this.leaseMs - margin) return;
+    this.fenced = true;
+    const reason = `worker ${this.opts.name} was out of touch with the server for ${(silent / 1000).toFixed(0)} s, near its lease (${this.leaseMs / 1000} s): stopped there, to run elsewhere`;
+    this.log(`${reason}; stopping ${this.tasks.size} task(s)`);
+    for (const t of this.tasks.values()) void t.handBack(reason);
   }
 
   /**

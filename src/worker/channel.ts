@@ -22,8 +22,10 @@ const MAX_OUTPUT_POST = 1024 * 1024;
 export class TaskChannel {
   private pumping: Promise<void> | null = null;
   private wanted = false;
-  /** Nothing more is sent (the task was handed back or taken back). */
+  /** Nothing more is sent (the task was taken back). */
   muted = false;
+  /** Nothing more is taken but a handback: what was written before still goes. */
+  private sealed = false;
 
   constructor(
     private readonly client: ClusterClient,
@@ -46,8 +48,21 @@ export class TaskChannel {
     this.push("finish", JSON.stringify(body));
   }
 
-  private push(kind: "event" | "output" | "finish", body: Uint8Array | string, stream: Stream | null = null): void {
+  /** From now on only `handback` is taken: what the task does while it is being stopped is not the server's any more. */
+  seal(): void {
+    this.sealed = true;
+  }
+
+  /** The task given back to be run elsewhere: the last item, as durable as a finish (a worker cut off gives back this way). */
+  handback(reason: string): void {
+    this.sealed = true;
     if (this.muted) return;
+    this.outbox.append(this.taskId, "handback", JSON.stringify({ reason }));
+    this.kick();
+  }
+
+  private push(kind: "event" | "output" | "finish", body: Uint8Array | string, stream: Stream | null = null): void {
+    if (this.muted || this.sealed) return;
     this.outbox.append(this.taskId, kind, body, stream);
     this.kick();
   }
@@ -77,7 +92,7 @@ export class TaskChannel {
   private deliver(items: OutboxItem[], seq: number): Promise<boolean> {
     const first = items[0]!;
     const path = `/v1/tasks/${this.taskId}`;
-    if (first.kind === "finish") return this.send(`${path}/finish`, { ...JSON.parse(Buffer.from(first.body).toString()), seq });
+    if (first.kind === "finish" || first.kind === "handback") return this.send(`${path}/${first.kind}`, { ...JSON.parse(Buffer.from(first.body).toString()), seq });
     if (first.kind === "event") return this.send(`${path}/events`, { events: items.map((i) => JSON.parse(Buffer.from(i.body).toString())), seq });
     const lengths = items.map((i) => i.body.length).join(",");
     return this.send(`${path}/output?stream=${first.stream}&seq=${seq}&lengths=${lengths}`, Buffer.concat(items.map((i) => i.body)));

@@ -14,7 +14,7 @@ import type { HomeLayout } from "../config/paths.ts";
  * tasks write to it at once.
  */
 
-export type OutboxKind = "event" | "output" | "finish";
+export type OutboxKind = "event" | "output" | "finish" | "handback";
 
 export interface OutboxItem {
   seq: number;
@@ -48,12 +48,12 @@ export class Outbox {
     return seq;
   }
 
-  /** The oldest items of one kind (and stream) in a row, up to about `maxBytes`; a finish goes alone. */
+  /** The oldest items of one kind (and stream) in a row, up to about `maxBytes`; a finish or handback goes alone. */
   batch(task: string, maxBytes: number): OutboxItem[] {
     const rows = this.db.query<{ seq: number; kind: OutboxKind; stream: "stdout" | "stderr" | null; body: Uint8Array }, [string]>("SELECT seq, kind, stream, body FROM items WHERE task = ? ORDER BY seq LIMIT 500").all(task);
     const first = rows[0];
     if (!first) return [];
-    if (first.kind === "finish") return [first];
+    if (first.kind === "finish" || first.kind === "handback") return [first];
     const out: OutboxItem[] = [];
     let size = 0;
     for (const r of rows) {

@@ -193,7 +193,10 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
         await finish({ state: "failed", exit_code: error instanceof UserError ? error.exitCode : ExitCode.failed, error: message });
       }
     } finally {
-      if (handedBack) await channel.send(`/v1/tasks/${task.id}/handback`, { reason: handedBack });
+      if (handedBack) {
+        channel.handback(handedBack);
+        await channel.flush();
+      }
       try {
         if (!ctx.keepWorkdirs) rmSync(workdir, { recursive: true, force: true });
       } finally {
@@ -212,7 +215,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
     },
     async handBack(reason) {
       handedBack = reason;
-      channel.muted = true;
+      channel.seal();
       stopReason ??= reason;
       running?.cancel(reason);
       await done;
@@ -273,7 +276,8 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
     async handBack(reason) {
       if (handedBack) return;
       handedBack = reason;
-      await channel.send(`/v1/tasks/${task.id}/handback`, { reason });
+      channel.handback(reason);
+      await channel.flush();
     },
   };
 }

@@ -1,0 +1,93 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { cli, sandbox, startCli } from "./helpers.ts";
+import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+import { TcpProxy } from "./fixtures/tcp-proxy.ts";
+
+/**
+ * A network cut between one worker and the server, both running on: worker
+ * wa talks to the server through a TCP proxy the test cuts. A cut shorter
+ * than the worker's lease costs nothing: the server sees wa lost, keeps its
+ * job, and takes wa back with it. A longer one: wa stops its job itself
+ * before the lease ends, and only then does the server give the job to wb.
+ * At no moment do two attempts run (each records its start and end).
+ */
+
+const TOKEN = "partition-test-token-0123456789";
+const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.3", GPULAYER_WORKER_LOST_SECONDS: "1.5", GPULAYER_WORKER_LEASE: "6", GPULAYER_WORKER_ENGINE: "none", GPULAYER_CANCEL_GRACE: "1", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
+const T = 120_000;
+const box = sandbox();
+const procs: Kept[] = [];
+let url = "";
+let proxy: TcpProxy;
+
+const env = () => ({ ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN });
+const gpl = (args: string[]) => cli(args, { env: env(), cwd: box.root });
+const json = <T = any>(text: string): T => JSON.parse(text) as T;
+const worker = (name: string, serverUrl: string, label: string) =>
+  keepOutput(startCli(["join", serverUrl, "--name", name, "--python", "python3", "--label", label], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, `${name}-home`), GPULAYER_TOKEN: TOKEN } }), procs);
+const status = async (id: string) => json((await gpl(["job", "status", id, "--json"])).stdout);
+const runs = (file: string) => (existsSync(file) ? readFileSync(file, "utf8").trim().split("\n").filter(Boolean) : []);
+
+/** Records "start PID" and, when stopped, "end PID"; finishes once `release` exists. */
+const job = (file: string, release: string) => ["--", "sh", "-c", `trap 'echo end $$ >> ${file}; exit 143' TERM; echo start $$ >> ${file}; while [ ! -e ${release} ]; do sleep 0.1; done; echo finished`];
+
+beforeAll(async () => {
+  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "server-home"), GPULAYER_TOKEN: TOKEN } }), procs);
+  url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
+  proxy = new TcpProxy(Number(new URL(url).port)).start();
+  const wa = worker("wa", `http://127.0.0.1:${proxy.port}`, "pool=p");
+  await waitFor("wa to join", () => wa.out().includes("as wa"));
+}, T);
+
+afterAll(async () => {
+  proxy.cut();
+  await stopAll(procs);
+  box.cleanup();
+}, 30_000);
+
+describe("a network cut between a worker and the server", () => {
+  test("shorter than the lease: the worker is lost, then back with its job, which finishes there, once", async () => {
+    const file = join(box.root, "runs-short");
+    const release = join(box.root, "release-short");
+    const d = await gpl(["job", "run", "-d", "--label", "pool=p", ...job(file, release)]);
+    const id = d.stdout.trim();
+    await waitFor("the job to start", () => runs(file).length === 1);
+    proxy.cut();
+    await waitFor("wa to be seen lost", async () => json<any[]>((await gpl(["workers", "--all", "--json"])).stdout).find((w) => w.name === "wa")?.state === "lost");
+    await Bun.sleep(1500);
+    proxy.mend();
+    await waitFor("wa to be back", async () => json<any[]>((await gpl(["workers", "--json"])).stdout).find((w) => w.name === "wa")?.state !== "lost");
+    writeFileSync(release, "");
+    const s = await waitFor("the job to end", async () => ((await status(id)).state === "succeeded" ? status(id) : null));
+    expect(s.attempts).toBe(1);
+    expect(s.worker).toBe("wa");
+    expect(runs(file)).toHaveLength(1);
+    expect((await gpl(["job", "logs", id])).stdout.trim()).toBe("finished");
+  }, T);
+
+  test("longer than the lease: the worker stops its job first, then the job runs elsewhere; never two at once", async () => {
+    const file = join(box.root, "runs-long");
+    const release = join(box.root, "release-long");
+    const d = await gpl(["job", "run", "-d", "--label", "pool=p", ...job(file, release)]);
+    const id = d.stdout.trim();
+    await waitFor("the job to start on wa", () => runs(file).length === 1);
+    // wb joins now (directly): the only place the job can go once wa has lost it.
+    const wb = worker("wb", url, "pool=p");
+    await waitFor("wb to join", () => wb.out().includes("as wb"));
+    proxy.cut();
+    await waitFor("the job to start again elsewhere", () => runs(file).length >= 3, 30_000);
+    const [start1, end1, start2] = runs(file);
+    expect(start1!.startsWith("start ")).toBe(true);
+    expect(end1).toBe(`end ${start1!.split(" ")[1]}`);
+    expect(start2!.startsWith("start ")).toBe(true);
+    proxy.mend();
+    writeFileSync(release, "");
+    const s = await waitFor("the job to end", async () => ((await status(id)).state === "succeeded" ? status(id) : null), 30_000);
+    expect(s.worker).toBe("wb");
+    expect(s.attempts).toBe(2);
+    expect(runs(file)).toHaveLength(3);
+    expect(procs.find((p) => p.out().includes("as wa"))!.out()).toContain("was out of touch with the server");
+  }, T);
+});
