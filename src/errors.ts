@@ -66,6 +66,23 @@ export class HttpError extends UserError {
   }
 }
 
+/** The disk (ENOSPC) or the user's quota (EDQUOT) ran out while writing: the user frees space; nothing half-made was kept. */
+export class DiskFullError extends UserError {
+  override name = "DiskFullError";
+}
+
+/** How the two conditions read, first in an errno error's code, then in an installer's own words (any locale: the errno too). */
+export const NO_SPACE = {
+  ENOSPC: { words: "no space left on device", said: /No space left on device|\[Errno 28\]|os error 28\b/ },
+  EDQUOT: { words: "disk quota exceeded", said: /Disk quota exceeded|\[Errno 122\]|os error 122\b/ },
+} as const;
+
+/** ENOSPC or EDQUOT when `error` is a system call's failure for want of space; null otherwise. */
+export function noSpaceCode(error: unknown): keyof typeof NO_SPACE | null {
+  const code = (error as NodeJS.ErrnoException | null)?.code;
+  return code === "ENOSPC" || code === "EDQUOT" ? code : null;
+}
+
 /** Ends the process with a code and no message (e.g. a job's own exit code: its status was already printed). */
 export class ExitError extends Error {
   override name = "ExitError";
@@ -86,6 +103,12 @@ export function errorReport(error: unknown, opts: { verbose: boolean }): ErrorRe
   if (error instanceof ExitError) return { message: "", exitCode: error.exitCode };
   if (error instanceof UserError) return { message: error.message, exitCode: error.exitCode };
   // citty's own parse errors (unknown command, missing argument) are usage errors.
+  // A full disk met outside a build (which says more: env/disk-full.ts) is still the user's to fix, not a bug.
+  const full = noSpaceCode(error);
+  if (full) {
+    const path = (error as NodeJS.ErrnoException).path;
+    return { message: `${NO_SPACE[full].words} while writing ${path ?? "gpulayer's files"}`, exitCode: ExitCode.failed };
+  }
   if (error instanceof Error && error.name === "CLIError") return { message: `${error.message.replace(/\u001b\[[0-9;]*m/g, "")} (see --help)`, exitCode: ExitCode.usage };
   const message = error instanceof Error ? error.message : String(error);
   return { message, exitCode: ExitCode.internal, ...(opts.verbose && error instanceof Error && error.stack ? { stack: error.stack } : {}) };

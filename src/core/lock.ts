@@ -1,7 +1,9 @@
-import { mkdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, utimesSync } from "node:fs";
 import { hostname } from "node:os";
 import { dirname, join } from "node:path";
-import { mayBeRunning, ownStartTime, recordedStart } from "./process-identity.ts";
+import { identify, mayBeRunning, ownStartTime, type RecordedProcess, recordedStart } from "./process-identity.ts";
+import { endGroup } from "./process-tree.ts";
+import { writeFileNamed } from "./atomic.ts";
 
 /**
  * Exclusive locks across processes. A lock is the folder `PATH.lock` holding
@@ -15,11 +17,27 @@ import { mayBeRunning, ownStartTime, recordedStart } from "./process-identity.ts
  * nothing. An owner elsewhere (another host or container sharing the home)
  * cannot be asked; its lock counts as dead once its heartbeat (the owner
  * file's mtime, refreshed every HEARTBEAT_MS) is older than FOREIGN_STALE_MS.
+ *
+ * What a holder started may outlive it: an installer in its own process group
+ * goes on writing after a SIGKILL of gpulayer alone. The holder records each
+ * such group in the lock (`keep`: a `group-PID` file, with its start time and
+ * the holder's token), and whoever finds the holder dead ends those groups
+ * and waits for them to be gone before breaking the lock: until then, the
+ * lock holds.
  */
 const HEARTBEAT_MS = 10_000;
 const FOREIGN_STALE_MS = 60_000;
 
-export type Release = () => Promise<void>;
+export interface Release {
+  (): Promise<void>;
+  /** Record a process group started under the lock (its leader's pid); returns the forgetting of it, once it has ended. */
+  keep(pid: number): () => void;
+}
+
+interface KeptGroup extends RecordedProcess {
+  /** The token of the holder that started it: a later holder's groups are never taken for a dead one's. */
+  token: string;
+}
 
 interface Owner {
   pid: number;
@@ -86,6 +104,27 @@ function breakLock(dir: string, dead: Owner): void {
   rmSync(grave, { recursive: true, force: true });
 }
 
+/** End the process groups a dead holder recorded; false while some of it still runs. */
+async function endKept(dir: string, dead: Owner): Promise<boolean> {
+  let names: string[];
+  try {
+    names = readdirSync(dir).filter((n) => n.startsWith("group-"));
+  } catch {
+    return true; // broken by someone else meanwhile
+  }
+  for (const name of names) {
+    let kept: KeptGroup;
+    try {
+      kept = JSON.parse(readFileSync(join(dir, name), "utf8")) as KeptGroup;
+    } catch {
+      continue; // gone: the group ended and was forgotten
+    }
+    if (kept.token !== dead.token) continue;
+    if (!(await endGroup({ pid: kept.pid, start: recordedStart(kept.start), boot: kept.boot ?? null }))) return false;
+  }
+  return true;
+}
+
 /** Take the lock now, or return null when a live process holds it. */
 export async function tryLock(path: string): Promise<Release | null> {
   const dir = `${path}.lock`;
@@ -94,7 +133,7 @@ export async function tryLock(path: string): Promise<Release | null> {
   for (let attempt = 0; attempt < 8; attempt++) {
     const tmp = `${dir}.${me.token}.tmp`;
     mkdirSync(tmp, { recursive: true });
-    writeFileSync(join(tmp, "owner"), JSON.stringify(me));
+    writeFileNamed(join(tmp, "owner"), JSON.stringify(me));
     try {
       renameSync(tmp, dir); // atomic; fails while a lock (a non-empty folder) is there
       return holding(dir, me);
@@ -106,6 +145,8 @@ export async function tryLock(path: string): Promise<Release | null> {
     const owner = readOwner(dir);
     if (!owner) continue; // released (or being broken) between our two looks
     if (ownerAlive(dir, owner)) return null;
+    // Another machine's processes cannot be signalled from here; they are its own to end.
+    if (owner.where === lockWhere() && !(await endKept(dir, owner))) return null;
     breakLock(dir, owner);
   }
   return null;
@@ -122,7 +163,7 @@ function holding(dir: string, me: Owner): Release {
     }
   }, HEARTBEAT_MS);
   beat.unref();
-  return async () => {
+  const release = async () => {
     clearInterval(beat);
     if (readOwner(dir)?.token !== me.token) return; // not ours any more: leave it be
     const grave = `${dir}.${me.token}.released`;
@@ -133,6 +174,16 @@ function holding(dir: string, me: Owner): Release {
     }
     rmSync(grave, { recursive: true, force: true });
   };
+  const keep = (pid: number) => {
+    if (readOwner(dir)?.token !== me.token) return () => {};
+    const file = join(dir, `group-${pid}`);
+    const kept: KeptGroup = { pid, ...identify(pid), token: me.token };
+    // Written whole (temp, rename): a breaker reads all of it or nothing. No fsync: after a reboot the record means nothing.
+    writeFileNamed(`${file}.tmp`, JSON.stringify(kept));
+    renameSync(`${file}.tmp`, file);
+    return () => rmSync(file, { force: true });
+  };
+  return Object.assign(release, { keep });
 }
 
 /** Whether a live process holds the lock. */

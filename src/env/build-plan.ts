@@ -1,4 +1,5 @@
 import type { InterpreterInfo } from "./interpreter.ts";
+import type { KeepGroup } from "./run-tool.ts";
 import type { FlagOptions } from "./key.ts";
 import type { RequestInputs } from "./requirements.ts";
 
@@ -27,6 +28,8 @@ export interface BuildPlan {
   uv?: string;
   /** Aborted at the time limit or on a cancel: the running installer's process group is killed. */
   signal?: AbortSignal;
+  /** Records each tool's process group with the build's lock, for whoever breaks it after our death (run-tool.ts). */
+  keep?: KeepGroup;
 }
 
 /** --find-links flags as the installer takes them: local folders by path, URLs as given. */

@@ -1,9 +1,10 @@
-import { existsSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { InstallError, UsageError } from "../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
 import { FAST_PATH, machinePipConfig, prereleasesInstalled, requestRefusal, UvFailed, uvCheck, uvEnv, uvInstall, uvVersion, workerRefusal } from "./fast-path.ts";
 import { redactUrl } from "./url-credentials.ts";
+import { nearlyFull, NoSpaceLeft, saysNoSpace } from "./disk-full.ts";
 import { NEUTRAL_VARIABLES, pipConfigSourceDigest } from "./installer-config.ts";
 import { machinePipSettings, translateForUv, type UvTranslation } from "./pip-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
@@ -12,6 +13,7 @@ import { pipCheck, pipCommand, pipInstall } from "./pip-path.ts";
 import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-tool.ts";
 import { linkPlaceholders, removePlaceholders, scanWorker } from "./worker-mirror.ts";
 import { findUv } from "./uv-tool.ts";
+import { writeFileNamed } from "../core/atomic.ts";
 
 export type { BuildHooks, BuildStep } from "./run-tool.ts";
 export { installerMessage } from "./run-tool.ts";
@@ -100,7 +102,8 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
     return await attempt(plan, hooks, steps, uv, null);
   } catch (error) {
     if (!(error instanceof UvFailed)) throw error;
-    if (setting === "uv") throw error.failure;
+    // A full disk is as full for pip: said at once, not after a second build.
+    if (setting === "uv" || saysNoSpace([error.failure.message, error.failure.detail])) throw error.failure;
     // What uv tried is gone; pip builds the env from the start, and says why.
     rmSync(plan.dir, { recursive: true, force: true });
     return attempt(plan, hooks, steps, null, error.reason);
@@ -129,7 +132,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const [scan, machine] = await timed("creating", `virtual environment with ${venvCreator}`, async () => {
     const argv = venvUv ? [venvUv, "venv", "--no-config", "--quiet", "--python", info.executable, plan.dir] : [info.executable, "-m", "venv", "--without-pip", plan.dir];
     const [{ code, lines }, scanned, machine] = await Promise.all([
-      runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks, signal: plan.signal }),
+      runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }),
       uv ? scanWorker(info.path, info.siteDirs, env) : null,
       uv ? machineSettingsForUv(plan, env) : null,
     ]);
@@ -152,7 +155,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     if (!existsSync(site)) throw new InstallError(`the new environment has no ${site}`, "");
     // addsitedir (not a bare path line) also runs the worker's own .pth files: editable installs keep working.
     const lines = info.siteDirs.map((d) => `import site; site.addsitedir(${JSON.stringify(d)})`);
-    writeFileSync(join(site, "_gpulayer_worker.pth"), `${lines.join("\n")}\n`);
+    writeFileNamed(join(site, "_gpulayer_worker.pth"), `${lines.join("\n")}\n`);
     if (fast) placeholders = linkPlaceholders(site, dists!, join(plan.toolsDir, "standins-v1"));
   });
 
@@ -216,7 +219,9 @@ async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>
  */
 async function compileBytecode(envPython: string, site: string, env: Record<string, string>, plan: BuildPlan, hooks: BuildHooks): Promise<void> {
   const { PYTHONDONTWRITEBYTECODE: _, PYTHONPYCACHEPREFIX: __, ...rest } = env;
-  const { code, lines } = await runTool([envPython, "-m", "compileall", "-q", "-j", "0", site], { env: rest, cwd: plan.cwd, hooks, signal: plan.signal });
-  // A module that does not compile (a Python 2 file in a package's tests) is what pip shrugs at too.
-  if (code !== 0 && !lines.some((l) => /SyntaxError|Error compiling|\*\*\*/.test(l))) throw installFailure("compiling the env's bytecode failed", lines);
+  const { code, lines } = await runTool([envPython, "-m", "compileall", "-q", "-j", "0", site], { env: rest, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
+  // A module that does not compile (a Python 2 file in a package's tests) is what pip shrugs at too; a full disk is not.
+  if (code !== 0 && (saysNoSpace(lines) || !lines.some((l) => /SyntaxError|Error compiling|\*\*\*/.test(l)))) throw installFailure("compiling the env's bytecode failed", lines);
+  // compileall writes each .pyc with one raw write: when the disk fills, it keeps a file cut short and exits 0. No env that may hold one is kept.
+  if (nearlyFull(site)) throw new NoSpaceLeft("ENOSPC", "compiling the env's bytecode");
 }

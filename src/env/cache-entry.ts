@@ -1,5 +1,5 @@
 import type { HomeLayout } from "../config/paths.ts";
-import { tryLock } from "../core/lock.ts";
+import { type Release, tryLock } from "../core/lock.ts";
 import { sleep } from "../core/sleep.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
 
@@ -12,8 +12,10 @@ import { type Lease, takeLease } from "../core/lease.ts";
  * 2. look (`reuse`): ready, then it is the answer;
  * 3. else the lock: held by another live process (a build, a pull, gc
  *    removing it), then say so once (`onWait`), wait, and go back to 2;
- *    a dead holder's lock is broken by `tryLock` itself;
- * 4. holding it, look again (whoever held it may have made it), else `build`.
+ *    a dead holder's lock is broken by `tryLock` itself, once the process
+ *    groups it recorded (its installers) are gone;
+ * 4. holding it, look again (whoever held it may have made it), else `build`,
+ *    which records with the lock each process group it starts (`keep`).
  *
  * A live holder is waited for until `signal` aborts (the caller's time
  * limit, a cancel); a dead one holds nothing. On any failure the lease is
@@ -40,8 +42,8 @@ export interface EntryAcquisition<T> {
   lock: string;
   /** The entry as reused, or null when it is not ready (or not to be looked at now). May throw: "not here, and may not be made". */
   reuse(look: Look): Promise<T | null> | T | null;
-  /** Make the entry, holding the lock. */
-  build(): Promise<T>;
+  /** Make the entry, holding the lock; `keep` records a process group it starts (core/lock.ts). */
+  build(lock: { keep: Release["keep"] }): Promise<T>;
   /** Another process holds the lock: called once, before the first wait. */
   onWait?(): void;
   /** How often the lock is tried again while another process holds it. */
@@ -74,7 +76,7 @@ export async function acquireEntry<T>(a: EntryAcquisition<T>): Promise<Acquired<
       }
       try {
         const made = await a.reuse({ locked: true, waited });
-        return { entry: made ?? (await a.build()), lease };
+        return { entry: made ?? (await a.build({ keep: release.keep })), lease };
       } finally {
         await release();
       }

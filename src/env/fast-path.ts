@@ -118,7 +118,7 @@ export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, 
   // (its cache-keys); gpulayer's key has already seen a change elsewhere in it: build it afresh.
   if (plan.inputs.locals.some((l) => l.kind !== "archive")) argv.push("--refresh");
   if (!env.UV_FIND_LINKS) for (const f of flagFindLinks(plan)) argv.push("--find-links", f);
-  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal });
+  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
   files.done();
   if (code !== 0) {
     const failure = installFailure("installing the requirements with uv failed", files.named(lines));
@@ -147,7 +147,7 @@ export function prereleasesInstalled(site: string): string[] {
 
 /** `uv pip check` while the placeholders are there: what pip check would say, the worker's packages included. */
 export async function uvCheck(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks): Promise<string[]> {
-  const { code, lines } = await runTool([uv, "pip", "check", "--python", envPython, "--no-config"], { env, cwd: plan.cwd, hooks, signal: plan.signal });
+  const { code, lines } = await runTool([uv, "pip", "check", "--python", envPython, "--no-config"], { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
   if (code === 0) return [];
   return lines.map((l) => l.trim()).filter((l) => l && !/^(Using Python|Checked \d+ package|Found \d+ incompatibilit|All installed packages are compatible)/.test(l));
 }

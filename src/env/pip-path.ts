@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, renameSync, rmSync } from "node:fs";
 import { basename, join } from "node:path";
 import { UsageError } from "../errors.ts";
 import type { BuildPlan } from "./build-plan.ts";
@@ -6,6 +6,7 @@ import { installedSet } from "./interpreter.ts";
 import { quote as shlexQuote } from "shlex";
 import type { RequestInputs } from "./requirements.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
+import { writeFileNamed } from "../core/atomic.ts";
 
 /**
  * The ADR's installer: pip run by the env's own interpreter, whose resolver
@@ -30,7 +31,7 @@ export async function pipCommand(plan: BuildPlan, envPython: string, env: Record
     mkdirSync(plan.toolsDir, { recursive: true });
     const tmp = `${kept}.${process.pid}.${crypto.randomUUID()}.tmp`;
     rmSync(tmp, { recursive: true, force: true });
-    const { code, lines } = await runTool([plan.interpreter.executable, "-m", "zipfile", "-e", wheel, tmp], { env, cwd: plan.toolsDir, hooks, signal: plan.signal });
+    const { code, lines } = await runTool([plan.interpreter.executable, "-m", "zipfile", "-e", wheel, tmp], { env, cwd: plan.toolsDir, hooks, signal: plan.signal, keep: plan.keep });
     if (code !== 0) throw installFailure(`unpacking the bundled pip ${basename(wheel)} failed`, lines);
     try {
       renameSync(tmp, kept);
@@ -54,7 +55,7 @@ export function requestFiles(dir: string, inputs: RequestInputs) {
   mkdirSync(stateDir, { recursive: true });
   const top = join(stateDir, "request.txt");
   const lines = [...inputs.specs, ...(inputs.topFile ? [`-r ${shlexQuote(inputs.topFile)}`] : [])];
-  writeFileSync(top, `${lines.join("\n")}\n`, { mode: 0o600 });
+  writeFileNamed(top, `${lines.join("\n")}\n`, { mode: 0o600 });
   const ours = new RegExp(`-r ${top.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} \\(line (\\d+)\\)`, "g");
   return {
     args: ["-r", top],
@@ -67,13 +68,13 @@ export async function pipInstall(plan: BuildPlan, pip: { argv: string[] }, env: 
   const files = requestFiles(plan.dir, plan.inputs);
   // The files carry their own options (--pre, --hash, ...): pip reads them there, as the user wrote them.
   const argv = [...pip.argv, "install", "--no-warn-script-location", "--progress-bar", "off", ...files.args];
-  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal });
+  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
   files.done();
   if (code !== 0) throw installFailure("installing the requirements failed", files.named(lines));
 }
 
 /** pip check: what the env's packages require and do not get, the worker's included (~0.3 s). */
 export async function pipCheck(plan: BuildPlan, pip: { argv: string[] }, env: Record<string, string>, hooks: BuildHooks): Promise<string[]> {
-  const { code, lines } = await runTool([...pip.argv, "check"], { env, cwd: plan.cwd, hooks, signal: plan.signal });
+  const { code, lines } = await runTool([...pip.argv, "check"], { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
   return code === 0 ? [] : lines.filter((l) => l.trim() && !/^No broken requirements/.test(l));
 }

@@ -2,6 +2,7 @@ import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
 import type { BuildHooks, BuildOutcome } from "./build.ts";
+import type { KeepGroup } from "./run-tool.ts";
 import type { InstallerSetting } from "./build-plan.ts";
 import { redactUrl } from "./url-credentials.ts";
 import { pipConfigDigest } from "./installer-config.ts";
@@ -9,6 +10,7 @@ import { baseFingerprint, runningInterpreter } from "./interpreter.ts";
 import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedRequest } from "./key.ts";
 import type { Lease } from "../core/lease.ts";
 import { acquireEntry } from "./cache-entry.ts";
+import { diskFull } from "./disk-full.ts";
 import { confineTo, scanRequest } from "./requirements.ts";
 import type { EnvironmentSource } from "./request.ts";
 import { findLinksDigest } from "./content-digest.ts";
@@ -129,11 +131,11 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
       touchLastUsed(paths);
       return done("reused");
     },
-    build: async () => done("built", await buildUnderLock(layout, resolved, { ...req, venvCreator, installer, signal: stop }, paths, watched)),
+    build: async (lock) => done("built", await buildUnderLock(layout, resolved, { ...req, venvCreator, installer, signal: stop }, paths, watched, lock.keep)),
     onWait: () => hooks.onWait?.(`another process is building ${resolved.key.slice(0, 12)}; waiting for it`),
     signal: stop,
   }).catch((error) => {
-    if (!stop?.aborted) throw error;
+    if (!stop?.aborted) throw diskFull(error, { home: layout.root, envDir: paths.dir, step }) ?? error;
     if (limit?.aborted) throw new InstallError(`timed out after ${formatLimit(req.timeoutMs!)} while ${step} (prepare_timeout; nothing was kept)`, "");
     throw new UserError(`stopped while ${step} (nothing was kept)`, ExitCode.cancelled);
   });
@@ -142,7 +144,7 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
 
 const formatLimit = (ms: number) => (ms % 1000 === 0 ? `${ms / 1000} s` : `${(ms / 1000).toFixed(1)} s`);
 
-async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: ReturnType<typeof entryPaths>, hooks: PrepareHooks): Promise<PrepareResult["build"]> {
+async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: ReturnType<typeof entryPaths>, hooks: PrepareHooks, keep: KeepGroup): Promise<PrepareResult["build"]> {
   const started = performance.now();
   // Remains of a build that failed or was killed: never reused, always rebuilt.
   removeEntryDir(layout, paths.dir);
@@ -163,6 +165,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         installer: req.installer,
         uv: req.uv,
         signal: req.signal,
+        keep,
       },
       hooks,
     );

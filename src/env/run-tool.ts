@@ -23,23 +23,46 @@ export class ToolStopped extends Error {
   }
 }
 
+/** Records a tool's process group with the build's lock; returns the forgetting of it (core/lock.ts `keep`). */
+export type KeepGroup = (pid: number) => () => void;
+
 /**
  * Run a process, streaming its lines to the hooks, keeping them for the error
  * message. When `signal` aborts, the process and all it started are SIGKILLed
  * (pip's build backends, uv's workers: core/process-tree.ts) and ToolStopped
- * thrown. It stays in our process group: a Ctrl-C or a group kill of gpulayer
- * reaches it too.
+ * thrown. With `keep` (a build's tools, under its lock) it leads its own
+ * session and process group, recorded with the lock while it runs: if gpulayer dies
+ * alone, the next builder ends that group before it touches the env. gpulayer
+ * ends it itself on SIGINT, SIGTERM and SIGHUP (the signal aborts). Without
+ * `keep` it stays in our process group.
  */
-export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal }): Promise<{ code: number; lines: string[] }> {
+export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal; keep?: KeepGroup }): Promise<{ code: number; lines: string[] }> {
   opts.signal?.throwIfAborted();
   let proc: Bun.Subprocess<"ignore", "pipe", "pipe">;
   try {
-    proc = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
+    proc = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: Boolean(opts.keep) });
   } catch (error) {
     throw new InstallError(`cannot run ${argv[0]}: ${(error as Error).message}`, "");
   }
+  const stop = () => {
+    if (opts.keep) {
+      try {
+        process.kill(-proc.pid, "SIGKILL");
+      } catch {
+        // gone already
+      }
+    }
+    killTree(proc.pid);
+  };
+  try {
+    const forget = opts.keep?.(proc.pid);
+    // Forgotten once it has ended, however runTool itself ends.
+    if (forget) void proc.exited.then(forget, forget);
+  } catch (error) {
+    stop(); // not recorded (a full disk): it must not outlive us unrecorded
+    throw error;
+  }
   const tool = argv[0]!.split("/").pop()!;
-  const stop = () => killTree(proc.pid);
   opts.signal?.addEventListener("abort", stop, { once: true });
   let lastLine = performance.now();
   const started = performance.now();

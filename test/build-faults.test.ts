@@ -1,0 +1,216 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statfsSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { processStartTime } from "../src/core/process-identity.ts";
+import { PackageIndex } from "./fixtures/index.ts";
+import { keepOutput, type Kept, waitFor } from "./fixtures/processes.ts";
+import { cli, HAS_UV, makeWorkerVenv, readyKeys, run, sandbox, startCli, tempDir } from "./helpers.ts";
+
+/**
+ * Builds meeting the faults around them, with real installers and a real
+ * index on 127.0.0.1: gpulayer SIGKILLed alone while its installer runs on
+ * (the next builder ends that installer before it builds), and a disk that
+ * fills during a build (one line saying so, exit 1, nothing kept).
+ */
+
+setDefaultTimeout(120_000);
+
+const world = tempDir("gpl-faults-");
+const index = new PackageIndex(join(world, "index"));
+let python: string;
+
+/** A wheel of the size a test needs (fixtures/big_wheel.py), into the index. */
+async function bigWheel(spec: { name: string; version: string; data_bytes?: number; source_bytes?: number }): Promise<void> {
+  const r = await run(["python3", join(import.meta.dir, "fixtures", "big_wheel.py"), JSON.stringify({ dir: index.dir, ...spec })]);
+  if (r.code !== 0) throw new Error(r.stderr);
+}
+
+beforeAll(async () => {
+  index.start();
+  const s = sandbox();
+  python = await makeWorkerVenv(join(world, "worker"), { env: s.env });
+  s.cleanup();
+  await bigWheel({ name: "trickle", version: "1.0", data_bytes: 2_000_000 });
+  await bigWheel({ name: "bigdata", version: "1.0", data_bytes: 30_000_000 });
+  await bigWheel({ name: "bigsrc", version: "1.0", source_bytes: 6_000_000 });
+}, 120_000);
+
+afterAll(() => {
+  index.stop();
+  rmSync(world, { recursive: true, force: true });
+});
+
+/**
+ * The index behind a proxy that, while `slow`, sends a download's first half
+ * at once and the rest 256 bytes every 200 ms: an install in progress for as
+ * long as a test needs. Whether a download is slow is decided when it starts.
+ */
+function slowProxy() {
+  const state = { slow: true, downloads: 0 };
+  const upstream = index.url.replace(/\/simple$/, "");
+  const server = Bun.serve({
+    hostname: "127.0.0.1",
+    port: 0,
+    fetch: async (req) => {
+      const path = new URL(req.url).pathname;
+      const answer = await fetch(upstream + path);
+      const body = new Uint8Array(await answer.arrayBuffer());
+      const headers = { "content-type": answer.headers.get("content-type") ?? "application/octet-stream" };
+      if (!path.startsWith("/files/") || !state.slow) return new Response(body, { status: answer.status, headers });
+      state.downloads++;
+      let sent = 0;
+      const stream = new ReadableStream<Uint8Array>({
+        async pull(c) {
+          if (sent >= body.length) return c.close();
+          const n = sent === 0 ? body.length >> 1 : 256;
+          if (sent > 0) await Bun.sleep(200);
+          c.enqueue(body.slice(sent, sent + n));
+          sent += n;
+        },
+      });
+      return new Response(stream, { headers: { ...headers, "content-length": String(body.length) } });
+    },
+  });
+  return { state, url: `http://127.0.0.1:${server.port}/simple`, stop: () => server.stop(true) };
+}
+
+/** The processes `parent` started whose command line has `word` in it, each with its start time. */
+function childrenOf(parent: number, word: string): { pid: number; start: number }[] {
+  const found: { pid: number; start: number }[] = [];
+  for (const name of readdirSync("/proc").filter((n) => /^\d+$/.test(n))) {
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, "latin1");
+      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+      const cmd = readFileSync(`/proc/${name}/cmdline`, "latin1").split("\0").join(" ");
+      const start = processStartTime(Number(name));
+      if (ppid === parent && cmd.includes(word) && start !== null) found.push({ pid: Number(name), start });
+    } catch {
+      // ended while looked at
+    }
+  }
+  return found;
+}
+
+const running = (p: { pid: number; start: number }) => processStartTime(p.pid) === p.start;
+
+for (const installer of HAS_UV ? (["auto", "pip"] as const) : (["pip"] as const)) {
+  describe(`gpulayer SIGKILLed alone during an install (${installer === "auto" ? "uv, the fast path" : "pip"})`, () => {
+    test("the next prepare of the same key ends the orphaned installer, then builds and succeeds", async () => {
+      const s = sandbox();
+      const proxy = slowProxy();
+      const kept: Kept[] = [];
+      let orphan: { pid: number; start: number } | undefined;
+      try {
+        const env = { ...s.env, GPULAYER_INSTALLER: installer };
+        const args = ["env", "prepare", "-p", "trickle", "--index-url", proxy.url, "--python", python, "--json"];
+        const victim = keepOutput(startCli(args, { env, cwd: s.root }), kept);
+        await waitFor("the installer's download to start", () => proxy.state.downloads > 0);
+        const [tool, ...others] = await waitFor("the installer among gpulayer's children", () => {
+          const found = childrenOf(victim.proc.pid, "install");
+          return found.length ? found : null;
+        });
+        expect(others).toEqual([]);
+        orphan = tool;
+        process.kill(victim.proc.pid, "SIGKILL"); // gpulayer alone, as the OOM killer does
+        await victim.proc.exited;
+        await Bun.sleep(300);
+        expect(running(orphan!)).toBe(true); // it outlives gpulayer, still installing
+
+        proxy.state.slow = false;
+        const next = startCli(args, { env, cwd: s.root });
+        const [stdout, stderr] = [new Response(next.stdout).text(), new Response(next.stderr).text()];
+        const code = await Promise.race([next.exited, Bun.sleep(60_000).then(() => (next.kill("SIGKILL"), "still running after 60 s"))]);
+        expect({ code, stderr: code === 0 ? "" : await stderr }).toEqual({ code: 0, stderr: "" });
+        const doc = JSON.parse(await stdout);
+        expect(doc).toMatchObject({ status: "built" });
+        expect(running(orphan!)).toBe(false);
+
+        // The env is whole: its package imports, it alone is ready, and nothing of the first build is left.
+        const imported = await run([doc.python, "-c", "import trickle, os; print(trickle.__version__, os.path.getsize(os.path.join(os.path.dirname(trickle.__file__), 'blob.bin')))"]);
+        expect(imported.stdout.trim()).toBe("1.0 2000000");
+        expect(readyKeys(s.home)).toEqual([doc.key]);
+        expect(readdirSync(join(s.home, "envs-v1"))).toEqual([doc.key]);
+        expect(existsSync(join(s.home, "trash")) ? readdirSync(join(s.home, "trash")) : []).toEqual([]);
+        expect(readdirSync(join(s.home, "locks")).filter((n) => n.startsWith(doc.key))).toEqual([]);
+      } finally {
+        for (const k of kept) k.proc.kill("SIGKILL");
+        if (orphan && running(orphan)) process.kill(orphan.pid, "SIGKILL"); // a failed run leaves none behind
+
+        proxy.stop();
+        s.cleanup();
+      }
+    });
+  });
+}
+
+/** A small tmpfs for GPULAYER_HOME; null and the reason when it cannot be mounted (not root, no mount). */
+function mountTmpfs(dir: string, size: string): string | null {
+  mkdirSync(dir, { recursive: true });
+  const r = Bun.spawnSync(["mount", "-t", "tmpfs", "-o", `size=${size}`, "tmpfs", dir], { stdout: "pipe", stderr: "pipe" });
+  return r.exitCode === 0 ? null : `cannot mount a tmpfs (${r.stderr.toString().trim() || `exit ${r.exitCode}`})`;
+}
+
+const disk = tempDir("gpl-disk-");
+const cannotMount = mountTmpfs(disk, "48m");
+if (cannotMount) {
+  console.warn(`skipping the full-disk tests: ${cannotMount}`);
+  rmSync(disk, { recursive: true, force: true });
+}
+
+describe.skipIf(Boolean(cannotMount))("a disk that fills during a build", () => {
+  afterAll(() => {
+    Bun.spawnSync(["umount", disk]);
+    rmSync(disk, { recursive: true, force: true });
+  });
+
+  const freeMiB = () => {
+    const f = statfsSync(disk);
+    return Math.floor((f.bavail * f.bsize) / 2 ** 20);
+  };
+
+  // A ballast file leaves about 10 MiB of the 48 free; deleting it is how the user frees space.
+  const cases = [
+    { what: "a wheel bigger than what is left", spec: "bigdata", writing: /^the env \(installing the requirements( with uv)?\)$/ },
+    { what: "bytecode that does not fit after the install did (the last writes)", spec: "bigsrc", writing: /^the env \(compiling the env's bytecode\)$|^\$GPULAYER_HOME\/envs-v1\/[0-9a-f]{64}\/\.gpulayer\/[\w.-]+$/ },
+  ];
+  for (const c of cases) {
+    test(`${c.what}: one line, exit 1, nothing ready, no build folder; with space freed, the same prepare succeeds`, async () => {
+      const s = sandbox();
+      const home = join(disk, "home");
+      const ballast = join(disk, "ballast");
+      try {
+        mkdirSync(home);
+        writeFileSync(ballast, Buffer.alloc((freeMiB() - 10) * 2 ** 20));
+        const env = { ...s.env, GPULAYER_HOME: home };
+        const args = ["env", "prepare", "-p", c.spec, "--index-url", index.url, "--python", python];
+
+        const full = await cli(args, { env, cwd: s.root });
+        const lines = full.stderr.trimEnd().split("\n");
+        expect({ code: full.code, last: lines.at(-1) }).toMatchObject({ code: 1, last: expect.stringMatching(/^error: no space left on device while writing .+, \d+ MiB free under GPULAYER_HOME$/) });
+        expect(lines.filter((l) => /error/i.test(l))).toHaveLength(1);
+        const [, writing, mib] = /^error: no space left on device while writing (.+), (\d+) MiB free under GPULAYER_HOME$/.exec(lines.at(-1)!)!;
+        expect(writing).toMatch(c.writing);
+        expect(Math.abs(Number(mib) - freeMiB())).toBeLessThanOrEqual(1);
+        expect(full.stdout).toBe("");
+
+        const list = await cli(["env", "list", "--json"], { env });
+        expect(list.code).toBe(0);
+        expect(JSON.parse(list.stdout).filter((e: { state?: string }) => e.state === "ready")).toEqual([]);
+        expect(readyKeys(home)).toEqual([]);
+        expect(readdirSync(join(home, "envs-v1"))).toEqual([]);
+        expect(existsSync(join(home, "trash")) ? readdirSync(join(home, "trash")) : []).toEqual([]);
+
+        rmSync(ballast);
+        const freed = await cli([...args, "--json"], { env, cwd: s.root });
+        expect(freed.code).toBe(0);
+        const doc = JSON.parse(freed.stdout);
+        expect(doc.status).toBe("built");
+        expect(readyKeys(home)).toEqual([doc.key]);
+      } finally {
+        rmSync(ballast, { force: true });
+        rmSync(home, { recursive: true, force: true });
+        s.cleanup();
+      }
+    });
+  }
+});
