@@ -1,4 +1,5 @@
 import { UserError } from "../errors.ts";
+import { endJobProcesses } from "../core/job-processes.ts";
 import { sleep } from "../core/sleep.ts";
 import type { EngineHost } from "../docker/engine.ts";
 import { liveness, type RecordedProcess, signalRecorded } from "../core/process-identity.ts";
@@ -42,7 +43,9 @@ export async function cancelJob(store: JobStore, job: JobRecord, opts: { cancelG
   }
   // The command's process group, if its leader is still the process recorded (same start time).
   const child = job.childPid ? signalRecorded({ pid: job.childPid, start: job.childStart, boot: job.pidBoot }, "SIGKILL", { group: true }) : null;
-  store.event(job.id, "job.cancelled", { reason: "job cancel (runner not running)", ...(child ? { child_pid: job.childPid, child } : {}) });
+  // And whatever else carries the job's mark: what its main process left when it died with the runner (a child, a setsid one).
+  const leftovers = await endJobProcesses(job.id, 0);
+  store.event(job.id, "job.cancelled", { reason: "job cancel (runner not running)", ...(child ? { child_pid: job.childPid, child } : {}), ...(leftovers ? { leftovers } : {}) });
   store.update(job.id, { state: "cancelled", childPid: null, childStart: null });
   return store.get(job.id)!;
 }

@@ -1,3 +1,4 @@
+import { jobProcesses } from "../core/job-processes.ts";
 import { liveness } from "../core/process-identity.ts";
 import { FINAL_STATES, type JobEvent, type JobRecord, type JobStore } from "./store.ts";
 
@@ -93,7 +94,10 @@ export function lostReason(job: JobRecord): string | null {
   if (FINAL_STATES.includes(job.state) || !job.runnerPid || runnerAlive(job)) return null;
   const reason = `the gpulayer process running this job (pid ${job.runnerPid}) is gone; it ended without recording an outcome`;
   const child = job.childPid ? liveness({ pid: job.childPid, start: job.childStart, boot: job.pidBoot }) : "gone";
-  return child === "alive" ? `${reason}; its command (pid ${job.childPid}) still runs: gpulayer job cancel ${job.id} stops it` : reason;
+  if (child === "alive") return `${reason}; its command (pid ${job.childPid}) still runs: gpulayer job cancel ${job.id} stops it`;
+  // Its main process died with the runner; what it started may live on.
+  const left = jobProcesses(job.id).length;
+  return left ? `${reason}; ${left} process(es) it started still run: gpulayer job cancel ${job.id} stops them` : reason;
 }
 
 /**
