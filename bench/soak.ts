@@ -63,8 +63,18 @@ async function gpl(args: string[], env: Record<string, string> = client()): Prom
   return { code: await p.exited, out };
 }
 
-/** Each attempt: any earlier attempt of this job still alive is an overlap; then its start, then its lines. */
-const jobScript = `touch "$LEDGER"; for p in $(grep "^start $JOBN " "$LEDGER" | cut -d" " -f3); do kill -0 $p 2>/dev/null && echo "overlap $JOBN $p" >> "$LEDGER"; done; echo "start $JOBN $$" >> "$LEDGER"; for i in $(seq 1 ${LINES}); do echo "$JOBN:line-$i"; sleep 0.2; done`;
+/**
+ * Each attempt: any earlier attempt of this job still alive is an overlap
+ * (alive: its pid there, not a zombie, with the start time it recorded: pids
+ * wrap quickly here), then its own start, then its lines.
+ */
+const jobScript = [
+  'touch "$LEDGER"',
+  'me() { sed "s/.*) //" /proc/$1/stat 2>/dev/null; }',
+  'grep "^start $JOBN " "$LEDGER" | while read -r _ _ p st; do s=$(me $p); [ -n "$s" ] || continue; set -- $s; [ "$1" != Z ] && [ "\${20}" = "$st" ] && echo "overlap $JOBN $p" >> "$LEDGER"; done',
+  'echo "start $JOBN $$ $(me $$ | cut -d" " -f20)" >> "$LEDGER"',
+  `for i in $(seq 1 ${LINES}); do echo "$JOBN:line-$i"; sleep 0.2; done`,
+].join("; ");
 
 const pick = <T>(xs: T[]) => xs[Math.floor(Math.random() * xs.length)]!;
 const workers = ["w1", "w2", "w3"];
@@ -88,11 +98,18 @@ try {
 
   // Local jobs beside the cluster, their runners killed at random.
   const locals: { p: Bun.Subprocess; killed: boolean }[] = [];
-  for (let n = 0; n < LOCAL; n++) locals.push({ p: Bun.spawn([bin, "job", "run", "--python", python, "--", "sh", "-c", "sleep 3; echo local-done"], { env: { ...base, GPULAYER_HOME: join(root, "local") }, stdin: "ignore", stdout: "ignore", stderr: "ignore" }), killed: false });
+  for (let n = 0; n < LOCAL; n++) locals.push({ p: Bun.spawn([bin, "job", "run", "--python", python, "--", "sh", "-c", `sleep ${20 + Math.floor(Math.random() * 40)}; echo local-done`], { env: { ...base, GPULAYER_HOME: join(root, "local") }, stdin: "ignore", stdout: "ignore", stderr: "ignore" }), killed: false });
 
   const chaosEnd = Date.now() + CHAOS_S * 1000;
   while (Date.now() < chaosEnd) {
     await Bun.sleep(2000 + Math.random() * 4000);
+    // Beside each worker or server kill, a local runner, until half of them are killed.
+    const local = locals.find((x) => !x.killed && x.p.exitCode === null);
+    if (local && counts.localKills < LOCAL / 2) {
+      local.p.kill("SIGKILL");
+      local.killed = true;
+      counts.localKills++;
+    }
     const roll = Math.random();
     if (roll < 0.6 && counts.workerKills < 12) {
       const w = pick(workers);
@@ -107,13 +124,6 @@ try {
       counts.serverKills++;
       await Bun.sleep(1000 + Math.random() * 4000);
       await startServer();
-    } else {
-      const l = locals.find((x) => !x.killed && x.p.exitCode === null);
-      if (l) {
-        l.p.kill("SIGKILL");
-        l.killed = true;
-        counts.localKills++;
-      }
     }
   }
 
@@ -172,7 +182,7 @@ try {
     `| output lines of the final attempts, expected / delivered exactly once | ${JOBS * LINES} / ${lines} |`,
     `| earlier attempts' partial output kept in the log, each in order, none doubled | ${partial} |`,
     `| two attempts of one job alive at once | ${overlaps.length} |`,
-    `| local jobs left unsettled | ${unsettled.length} |`,
+    `| local jobs: succeeded / failed (their runner killed) / left unsettled | ${localStates.filter((x) => x.state === "succeeded").length} / ${localStates.filter((x) => x.state === "failed").length} / ${unsettled.length} |`,
     `| wall time, first submit to all final | ${seconds.toFixed(0)} s |`,
     "",
     problems.length ? `problems (${problems.length}):\n${problems.slice(0, 20).map((p) => `- ${p}`).join("\n")}` : "no problems found",
