@@ -2,14 +2,15 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
-import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+import { type Kept, keepOutput, stopAll, waitFor, watchdogsOfRunner } from "./fixtures/processes.ts";
 
 /**
  * A worker's agent killed alone (SIGKILL, what the OOM killer does) while its
  * job is quiet, then started again at once under the same name and home. The
- * job's main process dies with the agent; what it started in a session of
- * its own is ended by the restarted worker before it registers; only then
- * does the server give the job out again. At no moment do two attempts run.
+ * job's main process dies with the agent, what it started in a session of
+ * its own within a second (the job's watchdog); the restarted worker
+ * settles the job's record (and would end any leftover) before it
+ * registers; only then does the server give the job out again.
  */
 
 const TOKEN = "faults-test-token-0123456789";
@@ -49,31 +50,47 @@ afterAll(async () => {
 
 describe("the worker's agent SIGKILLed during a quiet job, then started again", () => {
   test("the job's processes end before its next attempt starts: never two at once", async () => {
-    let wa = startWorker();
-    await waitFor("wa to join", () => wa.out().includes("as wa"));
-    const mains = join(box.root, "mains");
-    const children = join(box.root, "children");
-    const d = await gpl(["job", "run", "-d", "--label", "who=wa", "--", "sh", "-c", `echo $$ >> ${mains}; setsid sh -c 'echo $$ >> ${children}; exec sleep 300' & wait`]);
-    const id = d.stdout.trim();
-    await waitFor("attempt 1 to start its child", () => lines(children).length === 1);
-    const [main1] = lines(mains);
-    const [child1] = lines(children);
-    everyPid.push(main1!, child1!);
+    await run(false);
+  }, T);
 
-    wa.proc.kill("SIGKILL");
-    await wa.proc.exited;
-    await waitFor("attempt 1's main process to die with the agent", () => !alive(main1!));
-    expect(alive(child1!)).toBe(true);
-
-    wa = startWorker();
-    await waitFor("attempt 2 to start", () => lines(mains).length === 2, 60_000);
-    everyPid.push(...lines(mains), ...lines(children));
-    // What attempt 1 left was gone before attempt 2 began.
-    expect(alive(child1!)).toBe(false);
-    expect(wa.out()).toContain("ended what 1 job(s) of a previous run of this worker left behind");
-    const s = json((await gpl(["job", "status", id, "--json"])).stdout);
-    expect(s.attempts).toBe(2);
-    expect(s.state).toBe("running");
-    await gpl(["job", "cancel", id]);
+  test("with the job's watchdog gone too, the restarted worker ends what was left before it registers", async () => {
+    await run(true);
   }, T);
 });
+
+/** One round: a quiet job on wa, wa SIGKILLed (its job's watchdog first, or not), wa started again. */
+async function run(withoutWatchdog: boolean): Promise<void> {
+  let wa = startWorker();
+  await waitFor("wa to join", () => wa.out().includes("as wa"));
+  const mains = join(box.root, `mains-${withoutWatchdog}`);
+  const children = join(box.root, `children-${withoutWatchdog}`);
+  const d = await gpl(["job", "run", "-d", "--label", "who=wa", "--", "sh", "-c", `echo $$ >> ${mains}; setsid sh -c 'echo $$ >> ${children}; exec sleep 300' & wait`]);
+  const id = d.stdout.trim();
+  await waitFor("attempt 1 to start its child", () => lines(children).length === 1);
+  const [main1] = lines(mains);
+  const [child1] = lines(children);
+  everyPid.push(main1!, child1!);
+
+  if (withoutWatchdog) for (const dog of watchdogsOfRunner(wa.proc.pid)) process.kill(dog, "SIGKILL");
+  wa.proc.kill("SIGKILL");
+  await wa.proc.exited;
+  await waitFor("attempt 1's main process to die with the agent", () => !alive(main1!));
+  // Its setsid child too, within a second: the job's watchdog outlives the agent. Without it, the child lives on.
+  if (withoutWatchdog) {
+    await Bun.sleep(2000);
+    expect(alive(child1!)).toBe(true);
+  } else await waitFor("attempt 1's child to be ended", () => !alive(child1!), 10_000);
+
+  wa = startWorker();
+  await waitFor("attempt 2 to start", () => lines(mains).length === 2, 60_000);
+  everyPid.push(...lines(mains), ...lines(children));
+  expect(alive(child1!)).toBe(false);
+  expect(wa.out()).toContain(`ended what 1 job(s) of a previous run of this worker left behind (${withoutWatchdog ? 1 : 0} process(es))`);
+  const s = json((await gpl(["job", "status", id, "--json"])).stdout);
+  expect(s.attempts).toBe(2);
+  expect(s.state).toBe("running");
+  await gpl(["job", "cancel", id]);
+  await waitFor("the job to end", async () => json((await gpl(["job", "status", id, "--json"])).stdout).state === "cancelled");
+  wa.proc.kill("SIGTERM");
+  await wa.proc.exited;
+}

@@ -2,14 +2,15 @@ import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
-import { waitFor } from "./fixtures/processes.ts";
+import { waitFor, watchdogOf } from "./fixtures/processes.ts";
 
 /**
  * A job's processes as a whole, with real processes: a child that leaves the
  * job's process group and session (`setsid`) and holds its output does not
  * keep the job running once its main process has ended, a cancel reaches it,
- * and a `job run` killed with SIGKILL takes its job's main process along,
- * while the env stays leased (gc leaves it) as long as anything the job
+ * and a `job run` killed with SIGKILL takes its whole job along (the main
+ * process at once, the rest through the job's watchdog); with the watchdog
+ * gone too, the env stays leased (gc leaves it) as long as anything the job
  * started still runs.
  */
 
@@ -63,20 +64,36 @@ describe("a job is over when its main process is", () => {
 });
 
 describe("a SIGKILLed job run", () => {
-  test("takes the job's main process along; the env stays leased while a child of the job lives, and gc takes it after", async () => {
-    const mainFile = join(work, "main.pid");
-    const childFile = join(work, "child.pid");
+  const start = async (tag: string) => {
+    const mainFile = join(work, `${tag}-main.pid`);
+    const childFile = join(work, `${tag}-child.pid`);
     // The main process starts a child in a session of its own, then waits: both live until someone ends them.
     const run = startCli(["job", "run", "--", "sh", "-c", `echo $$ > ${mainFile}; setsid sh -c 'echo $$ > ${childFile}; exec sleep 300' & wait`], { env: box.env, cwd: work });
     const main = await pidIn(mainFile);
     const child = await pidIn(childFile);
     leftovers.push(main, child);
+    const [job] = json<any[]>((await gpl(["job", "list", "--json", "--limit", "1"])).stdout);
+    return { run, main, child, id: job.id as string };
+  };
+  const envs = () => readdirSync(join(box.home, "envs-v1")).filter((n) => !n.startsWith("."));
+
+  test("takes the whole job along: its main process at once, a setsid child within a second (its watchdog)", async () => {
+    const { run, main, child } = await start("all");
+    run.kill("SIGKILL");
+    await run.exited;
+    await waitFor("the job's main process to die with its runner", () => !alive(main));
+    await waitFor("the setsid child to be ended by the job's watchdog", () => !alive(child), 10_000);
+  });
+
+  test("with its watchdog gone too, the env stays leased while a child of the job lives, and gc takes it after", async () => {
+    const { run, main, child, id } = await start("lease");
+    const dog = await waitFor("the job's watchdog", () => watchdogOf(id));
+    process.kill(dog, "SIGKILL");
     run.kill("SIGKILL");
     await run.exited;
     await waitFor("the job's main process to die with its runner", () => !alive(main));
     expect(alive(child)).toBe(true);
 
-    const envs = () => readdirSync(join(box.home, "envs-v1")).filter((n) => !n.startsWith("."));
     const before = envs();
     expect(before.length).toBeGreaterThan(0);
     const kept = await gpl(["gc", "--max-size", "0", "--min-age", "0", "--json"]);

@@ -10,6 +10,7 @@ import { homeLayout } from "../src/config/paths.ts";
 import { bootId, liveness, processStartTime, readProcStat, signalRecorded } from "../src/core/process-identity.ts";
 import { JobStore } from "../src/jobs/store.ts";
 import { cli, sandbox } from "./helpers.ts";
+import { watchdogOf } from "./fixtures/processes.ts";
 
 /**
  * "Reads never write": job status, list and logs report a job whose runner is
@@ -164,10 +165,14 @@ describe("reads never write", () => {
     expect(rec.child_start).toBe(processStartTime(rec.child_pid));
     expect(rec.pid_boot).toBe(bootId());
     await until("the job's output", () => existsSync(join(box.home, "jobs", `${id}.log`)) && readFileSync(join(box.home, "jobs", `${id}.log`), "utf8").includes("started"));
-    await until("the job's child", () => existsSync(leftFile) && readFileSync(leftFile, "utf8").trim());
+    await until("the job's child", () => existsSync(leftFile) && readFileSync(leftFile, "utf8").trim() !== "");
     const left = Number(readFileSync(leftFile, "utf8"));
     spawned.push(left);
 
+    // Its watchdog gone first (else it ends the child within a second): what a reader sees of a job's leftovers.
+    const dog = watchdogOf(id);
+    expect(dog).not.toBeNull();
+    process.kill(dog!, "SIGKILL");
     process.kill(rec.runner_pid, "SIGKILL");
     await until("the runner gone", () => !isRunning(rec.runner_pid));
     // The job's main process dies with its runner (its parent-death signal); the child it started lives on.

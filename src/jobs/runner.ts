@@ -3,6 +3,7 @@ import { join } from "node:path";
 import { endJobProcesses } from "../core/job-processes.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
 import { jobArgv, type RunAs, runAsEnv } from "./run-as.ts";
+import { type Watchdog, watchJob } from "./watchdog.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
@@ -79,6 +80,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
   let container: RunningContainer | null = null;
   let killTimer: ReturnType<typeof setTimeout> | undefined;
   let jobLease: Lease | undefined;
+  let watchdog: Watchdog | null = null;
   const emit = (type: string, data: Record<string, unknown> = {}) => {
     store.event(job.id, type, data);
     io.onEvent?.(type, data);
@@ -222,6 +224,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       store.update(job.id, { state: "running", childPid: child.pid, childStart: processStartTime(child.pid) });
       // Held by the job itself too: if this runner dies, the env stays in use while any process of the job lives.
       jobLease = takeLease(layout, "env", prepared.key, `job ${job.id}`, child.pid, job.id);
+      // And if this runner dies, what the job started is ended within a second.
+      watchdog = watchJob(job.id, process.pid, settings.env.PATH ?? "/usr/bin:/bin");
       emit("task.run.started", { pid: child.pid, command: spec.commandText });
       if (cancelReason) cancel(cancelReason);
       const pump = async (stream: ReadableStream<Uint8Array>, sink?: (c: Uint8Array) => void) => {
@@ -245,6 +249,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       if (cancelReason) return finish("cancelled", exitCode, { prepareSeconds, runSeconds });
       return finish(exitCode === 0 ? "succeeded" : "failed", exitCode, { prepareSeconds, runSeconds });
     } finally {
+      watchdog?.stop();
       jobLease?.release();
       prepared.lease?.release();
     }
