@@ -270,6 +270,8 @@ describe("env prepare against the server", () => {
     const doc = json(first.stdout);
     expect(doc.workers.map((w: any) => [w.worker, w.status]).sort()).toEqual([["w1", "built"], ["w2", "built"], ["w3", "built"]]);
     for (const w of doc.workers) expect(typeof w.seconds).toBe("number");
+    // Each worker's build steps, relayed as they happen, on stderr (with --json too).
+    for (const w of ["w1", "w2", "w3"]) expect(first.stderr).toMatch(new RegExp(`\\[${w}\\] (creating virtual environment|installing)`));
     const again = await gpl(args);
     expect(again.code).toBe(0);
     expect(again.stdout.trim().split("\n").map((l) => l.split(/\s+/).slice(0, 2).join(" ")).sort()).toEqual(["w1 reused", "w2 reused", "w3 reused"]);

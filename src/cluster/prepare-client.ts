@@ -64,14 +64,22 @@ export async function startPrepare(target: RemoteTarget, req: RemotePrepareReque
 export type WorkerPrepareResult = { worker: string } & PrepareTaskResult;
 
 /** A worker's task ended (result null: it ended without one); then, once all have, every worker's result. */
-export type PrepareUpdate = { kind: "finished"; worker: string; result: PrepareTaskResult | null } | { kind: "done"; workers: WorkerPrepareResult[] };
+export type PrepareUpdate =
+  | { kind: "step"; worker: string; type: string; data: Record<string, unknown> }
+  | { kind: "finished"; worker: string; result: PrepareTaskResult | null }
+  | { kind: "done"; workers: WorkerPrepareResult[] };
 
-/** Follow a prepare group (long polls) until every task has ended. */
+/** Follow a prepare group (long polls) until every task has ended: each worker's build steps as they come, then its result. */
 export async function* followPrepare(target: RemoteTarget, groupId: string): AsyncGenerator<PrepareUpdate, void> {
   const client = connect(target);
   const shown = new Set<string>();
+  let after = 0;
   for (;;) {
-    const view = await client.json<PrepareGroupView>("GET", `/v1/prepares/${groupId}?known=${shown.size}&wait=20`);
+    const view = await client.json<PrepareGroupView>("GET", `/v1/prepares/${groupId}?known=${shown.size}&after=${after}&wait=20`);
+    for (const s of view.steps ?? []) {
+      after = Math.max(after, s.seq);
+      yield { kind: "step", worker: s.worker, type: s.type, data: s.data };
+    }
     for (const t of view.tasks) {
       if (t.state === "assigned" || t.state === "running" || shown.has(t.id)) continue;
       shown.add(t.id);

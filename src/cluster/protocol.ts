@@ -147,6 +147,8 @@ export interface PrepareGroupView {
   id: string;
   done: boolean;
   tasks: { id: string; worker: string; state: string; result: PrepareTaskResult | null }[];
+  /** Build steps after the `after` the client gave, oldest first: `seq` is the next `after`. */
+  steps?: { seq: number; worker: string; type: string; data: Record<string, unknown> }[];
 }
 
 export const FINAL_JOB_STATES = ["succeeded", "failed", "cancelled"];

@@ -4,7 +4,7 @@ import { ExitCode } from "../errors.ts";
 import { CREDENTIALS_LOST, HeldSecrets } from "./held-secrets.ts";
 import { HttpFail } from "./http-fail.ts";
 import { Notifier } from "./notifier.ts";
-import { BeatReconciler, freshOutput, outboxSkip } from "./task-reports.ts";
+import { BeatReconciler, freshOutput, outboxSkip, prepareSteps } from "./task-reports.ts";
 import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
@@ -246,7 +246,12 @@ export class Coordinator {
     const t = this.ownTask(w, taskId);
     if (t.state === "assigned") this.store.updateTask(t.id, { state: "running" });
     const skip = this.alreadyApplied(t, seq, events.length);
-    if (!t.jobId) return;
+    if (!t.jobId) {
+      // A prepare's build steps, kept by task for `env prepare --server` to show.
+      for (const e of events.slice(skip)) if (e.type.startsWith("task.prepare.")) this.store.event(prepareSteps(t.id), e.type, e.data);
+      if (t.groupId) this.notify.wake(`group:${t.groupId}`);
+      return;
+    }
     for (const e of events.slice(skip)) {
       // The server's clock, so running phases measure against the same clock that reads them.
       this.store.event(t.jobId, e.type, e.data);

@@ -6,6 +6,7 @@ import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
 import { jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
 import { type JobRow, newId, type WorkerRow } from "./store.ts";
+import { prepareSteps } from "./task-reports.ts";
 
 const NO_WORKERS = "no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)";
 
@@ -136,19 +137,23 @@ export class JobsApi {
     return { id, workers: chosen.map((w) => w.name) };
   }
 
-  /** The prepare's tasks; waits while none finished beyond the `known` the client has seen. */
-  async group(id: string, known: number, waitMs: number, signal?: AbortSignal): Promise<PrepareGroupView> {
+  /** The prepare's tasks and build steps; waits while none finished beyond the `known` the client has seen and no step came after `after`. */
+  async group(id: string, known: number, waitMs: number, signal?: AbortSignal, after = 0): Promise<PrepareGroupView> {
     const deadline = Date.now() + waitMs;
     for (;;) {
       const tasks = this.store.groupTasks(id);
       if (!tasks.length) throw new HttpFail(404, `no prepare ${id}`);
       const finished = tasks.filter((t) => t.state !== "assigned" && t.state !== "running");
-      if (finished.length > known || finished.length === tasks.length || Date.now() >= deadline || signal?.aborted) {
-        const names = new Map(this.store.workers().map((w) => [w.id, w.name]));
+      const names = new Map(this.store.workers().map((w) => [w.id, w.name]));
+      const steps = tasks
+        .flatMap((t) => this.store.events(prepareSteps(t.id), after).map((e) => ({ seq: e.seq, worker: names.get(t.workerId) ?? t.workerId, type: e.type, data: e.data })))
+        .sort((a, b) => a.seq - b.seq);
+      if (steps.length || finished.length > known || finished.length === tasks.length || Date.now() >= deadline || signal?.aborted) {
         return {
           id,
           done: finished.length === tasks.length,
           tasks: tasks.map((t) => ({ id: t.id, worker: names.get(t.workerId) ?? t.workerId, state: t.state, result: t.result })),
+          steps,
         };
       }
       await this.c.notify.wait(`group:${id}`, deadline - Date.now(), signal);

@@ -208,7 +208,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   if (kind === "prepares") {
     needUser();
     if (!id && method === "POST") return reply(jobs.prepare(await jsonBody(req, ctx, S.PrepareSchema)), 201);
-    if (id && method === "GET") return reply(await jobs.group(id, intParam(url, "known"), waitMs(url, 20), req.signal));
+    if (id && method === "GET") return reply(await jobs.group(id, intParam(url, "known"), waitMs(url, 20), req.signal, intParam(url, "after")));
   }
   throw new HttpFail(404, `no route ${method} ${url.pathname}`);
 }

@@ -45,3 +45,6 @@ export class BeatReconciler {
     return out;
   }
 }
+
+/** Where a prepare task's steps are kept in the events table (its rows are by job, and a prepare has none). */
+export const prepareSteps = (taskId: string) => `prepare:${taskId}`;

@@ -253,6 +253,12 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
           uv: ctx.runner.uv,
           timeoutMs: ctx.runner.prepareTimeoutMs,
           confineTo: cwd,
+        }, {
+          // The build's steps, relayed to whoever runs `env prepare --server` (as a job's are).
+          hooks: {
+            onStep: (step, detail) => channel.event("task.prepare.step", { step, detail }),
+            onQuiet: (tool, seconds) => channel.event("task.prepare.quiet", { tool, seconds }),
+          },
         });
         result = { status: r.status, seconds: r.seconds, key: r.key, path: r.path, installer_path: r.installerPath };
       }

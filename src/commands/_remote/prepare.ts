@@ -24,7 +24,12 @@ export async function prepareRemote(target: RemoteTarget, req: RemotePrepareRequ
   let workers: WorkerPrepareResult[] = [];
   for await (const u of followPrepare(target, group.id)) {
     if (u.kind === "done") workers = u.workers;
-    else if (!out.json) process.stdout.write(`${line(u.worker, u.result)}\n`);
+    else if (u.kind === "step") {
+      // Each worker's build as it goes, on stderr (with --json too), as a remote job shows it.
+      const d = u.data as { step?: string; detail?: string; tool?: string; seconds?: number };
+      if (u.type === "task.prepare.step") out.phase(`[${u.worker}] ${d.step} ${d.detail}`);
+      else if (u.type === "task.prepare.quiet") out.phase(`[${u.worker}] still preparing; ${d.tool} has said nothing for a minute (running ${formatSeconds(Number(d.seconds))})`);
+    } else if (!out.json) process.stdout.write(`${line(u.worker, u.result)}\n`);
   }
   if (out.json) out.result({ server: target.url, workers }, () => "");
   const failed = workers.filter((w) => w.status === "failed");
