@@ -73,6 +73,17 @@ describe("what travels", () => {
     expect(again.stderr).not.toContain("only their owner may read");
   }, T);
 
+  test("env prepare --server packs the requirements' folder the same way: the owner-only file left out, said so", async () => {
+    const dir = join(boxes.client.root, "prepare-secret");
+    mkdirSync(dir);
+    writeFileSync(join(dir, "requirements.txt"), "# nothing to install\n");
+    writeFileSync(join(dir, "key.pem"), "secret\n");
+    chmodSync(join(dir, "key.pem"), 0o600);
+    const r = await gpl(["env", "prepare", join(dir, "requirements.txt")]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toMatch(/not sent: 1 file only their owner may read: key\.pem/);
+  }, T);
+
   test("a folder that holds a gpulayer home is refused, naming it", async () => {
     const dir = join(boxes.client.root, "holds-home");
     mkdirSync(join(dir, "dot-gpulayer", "envs-v1"), { recursive: true });

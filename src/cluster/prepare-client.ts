@@ -1,7 +1,7 @@
 import { dirname, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
 import { isUrl } from "../env/request.ts";
-import type { PackResult } from "./bundle.ts";
+import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
 import type { PrepareGroupView, PrepareRequestPayload, PrepareTaskResult } from "./protocol.ts";
 import { inBundle, packTemp, postWithBundle } from "./upload.ts";
@@ -26,6 +26,10 @@ export interface StartPrepareOptions {
   cwd: string;
   /** The folder that must travel (the requirements file's) is being uploaded: the server lacked it. */
   onUpload?(pack: PackResult, root: string): void;
+  /** Packing it, as for a job: progress on a big folder, and what is left out. */
+  onPacking?(p: PackProgress): void;
+  onSkipped?(s: { path: string; reason: string }): void;
+  onOwnerOnly?(paths: string[]): void;
 }
 
 /**
@@ -40,8 +44,10 @@ export async function startPrepare(target: RemoteTarget, req: RemotePrepareReque
   for (const s of req.specs) if (/^(\.{0,2}\/|~)/.test(s.trim())) throw new UsageError(`-p ${s}: a local path cannot travel to the workers; list it in a requirements file inside the folder to send`);
   const localLinks = req.findLinks.filter((f) => !isUrl(f));
   const root = req.requirementsFile ? dirname(resolve(cwd, req.requirementsFile)) : cwd;
-  const pack = req.requirementsFile || localLinks.length ? packTemp(root, target.bundleLimits) : null;
+  const pack = req.requirementsFile || localLinks.length ? packTemp(root, target.bundleLimits, opts.onPacking) : null;
   try {
+    for (const s of pack?.skipped ?? []) opts.onSkipped?.(s);
+    if (pack?.ownerOnly.length) opts.onOwnerOnly?.(pack.ownerOnly);
     const request: PrepareRequestPayload = {
       ...(req.requirementsFile ? { requirementsFile: inBundle(root, resolve(cwd, req.requirementsFile), "the requirements file", pack ?? undefined) } : {}),
       specs: req.specs,

@@ -3,6 +3,7 @@ import type { JobSpec } from "../../jobs/spec.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import type { RemoteTarget } from "../../cluster/client.ts";
 import { exitCodeOf, followJob, type JobUpdate, jobStatus, requestCancel, submitJob } from "../../cluster/jobs-client.ts";
+import { packLines } from "./pack-lines.ts";
 import { formatLabels, labelsFromArgs } from "../../cluster/protocol.ts";
 
 /**
@@ -26,10 +27,6 @@ export function printEvent(out: Output, u: Extract<JobUpdate, { kind: "event" }>
   if (type === "job.cancel.requested") out.progress(`cancelling on ${d.worker}`);
 }
 
-/** The first few of `paths`, and how many more. */
-function firstFew(paths: string[], n = 5): string {
-  return paths.slice(0, n).join(", ") + (paths.length > n ? ` and ${paths.length - n} more` : "");
-}
 
 export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { rawArgs: string[]; detach: boolean; out: Output; /** --workdir or a job file was given: that folder travels. */ sendWorkdir: boolean }): Promise<void> {
   const { out } = opts;
@@ -41,9 +38,7 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
     spec,
     labels,
     {
-      onSkipped: (s) => out.log.warn(`not sent: ${s.path}: ${s.reason}`),
-      onOwnerOnly: (paths) => out.log.warn(`not sent: ${paths.length} file${paths.length === 1 ? "" : "s"} only their owner may read: ${firstFew(paths)} (name one with !PATTERN in .gpulayerignore to send it)`),
-      onPacking: (p) => out.progress(`packing ${spec.workdir}: ${p.entries} entries, ${formatBytes(p.bytes)} so far`),
+      ...packLines(out, spec.workdir),
       onUpload: (p) => out.progress(`uploading ${what} (${p.files} entries, ${formatBytes(p.bytes)} packed, bundle ${shortKey(p.hash)})`),
       onAlreadyThere: (p) => out.log.debug(`bundle ${shortKey(p.hash)} of ${what} is already on the server; not sent again`),
     },

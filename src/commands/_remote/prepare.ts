@@ -1,4 +1,6 @@
+import { dirname, resolve } from "node:path";
 import { ExitError } from "../../errors.ts";
+import { packLines } from "./pack-lines.ts";
 import { formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import type { RemoteTarget } from "../../cluster/client.ts";
 import { followPrepare, type RemotePrepareRequest, startPrepare, type WorkerPrepareResult } from "../../cluster/prepare-client.ts";
@@ -19,7 +21,8 @@ function line(worker: string, r: PrepareTaskResult | null): string {
 
 export async function prepareRemote(target: RemoteTarget, req: RemotePrepareRequest, rawArgs: string[], out: Output, cwd: string): Promise<void> {
   const labels = labelsFromArgs(rawArgs);
-  const group = await startPrepare(target, req, { labels, cwd, onUpload: (p, root) => out.progress(`uploading ${root} (${p.files} entries) for the workers`) });
+  const folder = req.requirementsFile ? dirname(resolve(cwd, req.requirementsFile)) : cwd;
+  const group = await startPrepare(target, req, { labels, cwd, ...packLines(out, folder), onUpload: (p, root) => out.progress(`uploading ${root} (${p.files} entries) for the workers`) });
   out.progress(`preparing on ${group.workers.length} worker(s) of ${target.url}${Object.keys(labels).length ? ` [${formatLabels(labels)}]` : ""}: ${group.workers.join(", ")}`);
   let workers: WorkerPrepareResult[] = [];
   for await (const u of followPrepare(target, group.id)) {
