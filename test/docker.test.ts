@@ -236,12 +236,16 @@ describe("without an engine", () => {
     }
   });
 
-  test("image with requirements is refused before anything happens", async () => {
+  test("bad image flags are refused before anything happens", async () => {
     const box = sandbox();
     try {
-      const r = await cli(["env", "prepare", "--image", "busybox:1", "-p", "tqdm"], { env: box.env });
+      // The env is built for the image's own Python: another one is a contradiction.
+      const r = await cli(["env", "prepare", "--image", "busybox:1", "-p", "tqdm", "--python", "python3"], { env: box.env });
       expect(r.code).toBe(2);
-      expect(r.stderr).toContain("not supported yet");
+      expect(r.stderr.trim()).toBe("error: --python does not go with --image: the env is built for the image's own Python");
+      const alone = await cli(["env", "prepare", "--image", "busybox:1", "--index-url", "http://127.0.0.1:9/simple"], { env: box.env });
+      expect(alone.code).toBe(2);
+      expect(alone.stderr).toContain("--index-url applies to requirements, not to --image alone");
       const bad = await cli(["env", "prepare", "--image", "busybox:1", "--pull", "sometimes"], { env: box.env });
       expect(bad.code).toBe(2);
       expect(bad.stderr.trim()).toBe('error: --pull must be one of missing, always, never, not "sometimes"');

@@ -40,7 +40,6 @@ export interface StartPrepareOptions {
 export async function startPrepare(target: RemoteTarget, req: RemotePrepareRequest, opts: StartPrepareOptions): Promise<PrepareGroup> {
   const { cwd } = opts;
   if (req.pull !== undefined && req.image === undefined) throw new UsageError("--pull goes with --image");
-  if (req.image && (req.requirementsFile || req.specs.length)) throw new UsageError("env prepare: --image and requirements do not go together (an image brings its own environment)");
   for (const s of req.specs) if (/^(\.{0,2}\/|~)/.test(s.trim())) throw new UsageError(`-p ${s}: a local path cannot travel to the workers; list it in a requirements file inside the folder to send`);
   const localLinks = req.findLinks.filter((f) => !isUrl(f));
   const root = req.requirementsFile ? dirname(resolve(cwd, req.requirementsFile)) : cwd;

@@ -74,6 +74,8 @@ export const EnvImageDocument = v.strictObject({
   image_id: str,
   size_bytes: num,
   pulled_by_gpulayer: bool,
+  /** With requirements: the env built on top of the image (for its Python, linked to its packages). */
+  env: v.optional(v.strictObject({ key: str, path: str, status: v.picklist(["built", "reused"]), seconds: num })),
 });
 
 export const EnvListEnvEntry = v.strictObject({

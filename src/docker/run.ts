@@ -26,6 +26,8 @@ export interface RunContainerOptions {
   extraOptions: string[];
   /** Environment of the engine's CLI itself (DOCKER_HOST, CONTAINER_HOST...). */
   engineEnv: EngineEnv;
+  /** More folders to mount (an image env, read-only). */
+  mounts?: { host: string; target: string; readOnly: boolean }[];
   onStdout?(chunk: Uint8Array): void;
   onStderr?(chunk: Uint8Array): void;
 }
@@ -64,6 +66,7 @@ export async function containerRunArgs(opts: RunContainerOptions, envFile: strin
     `${opts.workdir}:${opts.workdir}`,
     "--workdir",
     opts.workdir,
+    ...(opts.mounts ?? []).flatMap((m) => ["--volume", `${m.host}:${m.target}${m.readOnly ? ":ro" : ""}`]),
     ...(envFile ? ["--env-file", envFile] : []),
     ...passThrough.flatMap((k) => ["--env", k]),
     ...gpus,

@@ -7,7 +7,8 @@ import { type Watchdog, watchJob } from "./watchdog.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
-import { type ContainerSettings, type EngineHost, type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, refuseImageWithRequirements, type RunningContainer, runContainer } from "../docker/index.ts";
+import { type ContainerSettings, type EngineHost, type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, type RunningContainer, runContainer } from "../docker/index.ts";
+import { ensureImageEnv, IMAGE_ENV_MOUNT, type ImageEnvResult } from "../docker/image-env.ts";
 import type { InstallerSetting } from "../env/build-plan.ts";
 import type { JobRecord, JobState, JobStore } from "./store.ts";
 import { bootId, processStartTime } from "../core/process-identity.ts";
@@ -108,11 +109,20 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     return { state, exitCode, prepareSeconds: null, runSeconds: null, ...extra };
   };
 
-  /** task.run in a container (the image is here: ensureImage was task.prepare). */
-  const runImage = async (image: EnsureResult, prepareSeconds: number): Promise<JobOutcome> => {
+  /** task.run in a container (the image is here: ensureImage was task.prepare; and the env on top of it, when the job has requirements). */
+  const runImage = async (image: EnsureResult, prepareSeconds: number, env?: ImageEnvResult): Promise<JobOutcome> => {
     const spec = job.spec;
-    emit("task.prepare.finished", { seconds: prepareSeconds, status: image.status, cache: image.status === "reused" ? "hit" : "miss", image: image.image, digest: image.digest, engine: image.engine.name });
-    io.onPrepared?.({ status: image.status, seconds: prepareSeconds, key: image.digest, kind: "image" });
+    const hit = image.status === "reused" && (!env || env.status === "reused");
+    emit("task.prepare.finished", {
+      seconds: prepareSeconds,
+      status: env?.status ?? image.status,
+      cache: hit ? "hit" : "miss",
+      image: image.image,
+      digest: image.digest,
+      engine: image.engine.name,
+      ...(env ? { image_status: image.status, env_key: env.key, env_status: env.status, env_seconds: env.seconds } : {}),
+    });
+    io.onPrepared?.({ status: env?.status ?? image.status, seconds: prepareSeconds, key: env?.key ?? image.digest, kind: env ? "env" : "image" });
     try {
       if (cancelReason) return finish("cancelled", ExitCode.cancelled, { prepareSeconds });
       const log = openSync(store.logPath(job.id), "a");
@@ -125,7 +135,9 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         engine: image.engine,
         image: image.imageId,
         workdir: spec.workdir,
-        env: { ...spec.env, GPULAYER_JOB_ID: job.id },
+        // The env first on the image's own PATH, as a venv's activation would put it.
+        env: { ...spec.env, GPULAYER_JOB_ID: job.id, ...(env ? { PATH: `${IMAGE_ENV_MOUNT}/bin:${env.python.path}`, VIRTUAL_ENV: IMAGE_ENV_MOUNT } : {}) },
+        mounts: env ? [{ host: env.path, target: IMAGE_ENV_MOUNT, readOnly: true }] : [],
         command: spec.argv,
         name: `gpulayer-${job.id}`.replace(/[^a-zA-Z0-9_.-]/g, "-"),
         gpus: spec.resources.gpus || undefined,
@@ -145,6 +157,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       if (cancelReason) return finish("cancelled", exitCode, { prepareSeconds, runSeconds });
       return finish(exitCode === 0 ? "succeeded" : "failed", exitCode, { prepareSeconds, runSeconds });
     } finally {
+      env?.lease?.release();
       image.lease?.release();
     }
   };
@@ -158,11 +171,20 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     let prepared;
     try {
       if (spec.environment.image) {
-        refuseImageWithRequirements(spec.environment.image, Boolean(spec.environment.requirementsFile || spec.environment.specs.length), "the job");
         const image = await ensureImage(layout, spec.environment.image, { ...io.imageHooks, host: settings.engine, leaseHolder: `job ${job.id}` });
         // A machine without the NVIDIA runtime/CDI fails here, in task.prepare, not after the run started.
         if (spec.resources.gpus) await gpuArgs(image.engine, spec.resources.gpus, settings.engine.env).catch((e) => (image.lease?.release(), Promise.reject(e)));
-        return await runImage(image, (performance.now() - prepStart) / 1000);
+        const e = spec.environment;
+        const env =
+          e.requirementsFile || e.specs.length
+            ? await ensureImageEnv(
+                layout,
+                { ref: image.image, imageId: image.imageId, engine: image.engine },
+                { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: spec.workdir, env: settings.env, network: settings.container.network },
+                { engineEnv: settings.engine.env, hooks: { onStep: io.prepareHooks?.onStep }, leaseHolder: `job ${job.id}`, signal: preparing.signal },
+              ).catch((err) => (image.lease?.release(), Promise.reject(err)))
+            : undefined;
+        return await runImage(image, (performance.now() - prepStart) / 1000, env);
       }
       prepared = await prepareEnv(
         layout,

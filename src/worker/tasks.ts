@@ -1,5 +1,5 @@
 import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import { type BundleLimits, unpackBundle } from "../cluster/bundle.ts";
 import type { ClusterClient } from "../cluster/client.ts";
 import type { GpuInfo, PrepareTaskResult, RemoteSpec, TaskAssignment } from "../cluster/protocol.ts";
@@ -16,6 +16,7 @@ import { acquireEntry } from "../env/cache-entry.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
 import { touchFile } from "../env/store.ts";
 import { bundlePaths } from "../gc/bundle-source.ts";
+import { ensureImageEnv } from "../docker/image-env.ts";
 import { TaskChannel } from "./channel.ts";
 import type { Outbox } from "./outbox.ts";
 
@@ -243,6 +244,16 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
       if (req.image) {
         const r = await ensureImage(ctx.layout, req.image, { pull: parsePullPolicy(req.pull), host: ctx.runner.engine });
         result = { status: r.status, seconds: r.seconds, image: r.image, digest: r.digest };
+        if (req.requirementsFile || req.specs.length) {
+          // The env on top of the image, for its own Python (docker/image-env.ts).
+          const env = await ensureImageEnv(
+            ctx.layout,
+            { ref: r.image, imageId: r.imageId, engine: r.engine },
+            { requirementsFile: req.requirementsFile ? resolve(cwd, req.requirementsFile) : undefined, specs: req.specs, indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: req.findLinks, cwd, env: ctx.runner.env, network: ctx.runner.container.network },
+            { engineEnv: ctx.runner.engine.env, hooks: { onStep: (step, detail) => channel.event("task.prepare.step", { step, detail }) } },
+          );
+          result = { ...result, status: env.status, seconds: (performance.now() - started) / 1000, key: env.key, path: env.path };
+        }
       } else {
         const r = await prepareEnv(ctx.layout, {
           ...environmentRequest(req, cwd, ctx.runner.defaultPython),

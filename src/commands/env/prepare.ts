@@ -44,14 +44,24 @@ export default defineCommand({
     }
     if (a.image !== undefined || a.pull !== undefined) {
       // Loaded only for images: the container code (and the YAML parser it brings) costs a warm prepare ~2 ms.
-      const [{ ensureImage, parsePullPolicy, refuseImageWithRequirements }, { imageHooks, imageJson, imageSummary }] = await Promise.all([import("../../docker/index.ts"), import("../_image-ui.ts")]);
+      const [{ ensureImage, parsePullPolicy }, { ensureImageEnv }, { imageHooks, imageJson, imageSummary }] = await Promise.all([import("../../docker/index.ts"), import("../../docker/image-env.ts"), import("../_image-ui.ts")]);
       if (a.image === undefined) throw new UsageError("--pull goes with --image");
-      refuseImageWithRequirements(a.image, Boolean(a.requirements || specs.length), "env prepare");
-      const other = (["python", "index-url", "extra-index-url", "find-links"] as const).find((f) => a[f] !== undefined);
-      if (other) throw new UsageError(`--${other} applies to requirements, not to --image`);
-      const result = await ensureImage(layout, a.image, { pull: parsePullPolicy(a.pull), host: engineHost(ctx), ...imageHooks(out) });
+      const withRequirements = Boolean(a.requirements || specs.length);
+      if (a.python !== undefined) throw new UsageError("--python does not go with --image: the env is built for the image's own Python");
+      const other = (["index-url", "extra-index-url", "find-links"] as const).find((f) => a[f] !== undefined);
+      if (other && !withRequirements) throw new UsageError(`--${other} applies to requirements, not to --image alone`);
+      const host = engineHost(ctx);
+      const result = await ensureImage(layout, a.image, { pull: parsePullPolicy(a.pull), host, ...imageHooks(out) });
       out.progress(imageSummary(result));
-      out.result(imageJson(result), () => result.digest, true);
+      if (!withRequirements) return out.result(imageJson(result), () => result.digest, true);
+      const env = await ensureImageEnv(
+        layout,
+        { ref: result.image, imageId: result.imageId, engine: result.engine },
+        { requirementsFile: a.requirements, specs, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), cwd: ctx.cwd, env: ctx.childEnv, network: values["container.network"] },
+        { engineEnv: host.env, hooks: { onStep: (step, detail) => out.phase(`${step} ${detail}`) }, signal: stopOnSignals() },
+      );
+      out.progress(`env ${shortKey(env.key)} ${env.status} (${formatSeconds(env.seconds)}) on ${result.image}`);
+      out.result({ ...imageJson(result), env: { key: env.key, path: env.path, status: env.status, seconds: Number(env.seconds.toFixed(4)) } }, () => env.path, true);
       return;
     }
     const asked = { requirementsFile: a.requirements, specs, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]) };

@@ -1,0 +1,161 @@
+import { mkdirSync } from "node:fs";
+import { resolve } from "node:path";
+import type { HomeLayout } from "../config/paths.ts";
+import { contentHash } from "../core/hashing.ts";
+import type { Lease } from "../core/lease.ts";
+import { InstallError, UsageError } from "../errors.ts";
+import { acquireEntry } from "../env/cache-entry.ts";
+import { inputsReport } from "../env/inputs-report.ts";
+import type { InterpreterInfo } from "../env/interpreter.ts";
+import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../env/key.ts";
+import { scanRequest } from "../env/requirements.ts";
+import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/store.ts";
+import { redactUrl } from "../env/url-credentials.ts";
+import type { Engine, EngineEnv } from "./engine.ts";
+import { type ImagePython, imagePython } from "./image-python.ts";
+
+/**
+ * Requirements on top of a container image: an env built by and for the
+ * image's own Python, inside a container from the image, linked to the
+ * image's packages (a venv with its system site packages), so what the
+ * image has is never installed again. Keyed by the image id (its content,
+ * never its tag), the image's Python and installed set, and the
+ * requirements as for any env (what the installer reads). It lives in the
+ * env cache like any env (same ready marker, lock, lease, gc), and is
+ * mounted at one fixed path, at build and at run time alike, so its scripts
+ * and links stay right; read-only into jobs.
+ */
+
+/** Where an image env is, inside every container that uses it. */
+export const IMAGE_ENV_MOUNT = "/opt/gpulayer/env";
+
+export interface ImageEnvRequest {
+  requirementsFile?: string;
+  specs: string[];
+  indexUrl?: string;
+  extraIndexUrls: string[];
+  findLinks: string[];
+  /** Where relative paths start; mounted (read-only) into the build, at the same path. */
+  cwd: string;
+  env: NodeJS.ProcessEnv;
+  network: string;
+}
+
+export interface ImageEnvResult {
+  key: string;
+  path: string;
+  status: "built" | "reused";
+  seconds: number;
+  python: ImagePython;
+  lease?: Lease;
+}
+
+export interface ImageEnvHooks {
+  onStep?(step: string, detail: string): void;
+  onLine?(line: string): void;
+}
+
+/** The image's Python, in the shape the key document takes an interpreter. */
+function asInterpreter(py: ImagePython): InterpreterInfo {
+  return { path: py.executable, executable: py.executable, realExecutable: py.executable, prefix: "", basePrefix: "", version: py.version, pyVersion: py.pyVersion, implementation: py.implementation, platform: py.platform, soabi: py.soabi, siteDirs: py.siteDirs, hasVenvModule: true, ensurepipWheel: null };
+}
+
+function resolveImageRequest(layout: HomeLayout, imageId: string, py: ImagePython, req: ImageEnvRequest): ResolvedRequest {
+  if (req.findLinks.some((f) => !/^https?:\/\//i.test(f))) throw new UsageError("a local --find-links folder does not go with an image yet: give an index (--index-url) the container can reach");
+  const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs }, { env: req.env, cwd: req.cwd, digestCache: layout.digests });
+  if (inputs.locals.length) throw new UsageError("local projects do not go with an image yet: publish them to an index, or build the image with them");
+  const flags = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: req.findLinks.map((url) => ({ url })) };
+  const interpreter = asInterpreter(py);
+  // The image's own pip configuration is part of the image, so of its id.
+  const doc = { ...keyDocument({ inputs, flags, interpreter, base: contentHash(py.distributions.join("\n")), installerConfig: null }), image: imageId };
+  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: "image", isolated: true };
+}
+
+/** The shell (its -c and script) that builds the env inside the container: a venv over the image's packages, then the image's pip. */
+function buildScript(py: ImagePython, req: ImageEnvRequest): string[] {
+  const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+  const index = [...(req.indexUrl ? ["--index-url", req.indexUrl] : []), ...req.extraIndexUrls.flatMap((u) => ["--extra-index-url", u]), ...req.findLinks.flatMap((u) => ["--find-links", u])];
+  const what = [...(req.requirementsFile ? ["-r", resolve(req.cwd, req.requirementsFile)] : []), ...req.specs];
+  const pip = [`${IMAGE_ENV_MOUNT}/bin/python`, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-warn-script-location", ...index, ...what].map(q).join(" ");
+  return ["-c", `set -e; ${q(py.executable)} -m venv --system-site-packages --without-pip ${IMAGE_ENV_MOUNT}; echo "gpulayer: installing with the image's pip"; ${pip}`];
+}
+
+export async function ensureImageEnv(
+  layout: HomeLayout,
+  image: { ref: string; imageId: string; engine: Engine },
+  req: ImageEnvRequest,
+  opts: { engineEnv: EngineEnv; hooks?: ImageEnvHooks; leaseHolder?: string; signal?: AbortSignal },
+): Promise<ImageEnvResult> {
+  const started = performance.now();
+  const hooks = opts.hooks ?? {};
+  const py = await imagePython(layout, image.engine, image.imageId, image.ref, opts.engineEnv);
+  const resolved = resolveImageRequest(layout, image.imageId, py, req);
+  const paths = entryPaths(layout, resolved.key);
+  const done = (status: "built" | "reused") => ({ key: resolved.key, path: paths.dir, status, seconds: (performance.now() - started) / 1000, python: py });
+  const { entry, lease } = await acquireEntry({
+    lease: opts.leaseHolder ? { layout, kind: "env", id: resolved.key, holder: opts.leaseHolder } : undefined,
+    lock: paths.lock,
+    reuse: () => {
+      if (!isReady(paths)) return null;
+      touchLastUsed(paths);
+      return done("reused");
+    },
+    build: async () => {
+      removeEntryDir(layout, paths.dir);
+      mkdirSync(paths.dir, { recursive: true });
+      try {
+        if (!py.hasPip) throw new InstallError(`image ${image.ref}: its Python (${py.executable}) has no pip to install the requirements with`, "");
+        hooks.onStep?.("building", `the env inside ${image.ref} with its Python ${py.version}`);
+        const buildStart = performance.now();
+        const args = ["run", "--rm", "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, "--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req)];
+        const lines: string[] = [];
+        const proc = Bun.spawn([image.engine.bin, ...args], { env: opts.engineEnv as Record<string, string>, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
+        const stop = () => proc.kill("SIGKILL");
+        opts.signal?.addEventListener("abort", stop, { once: true });
+        const read = async (s: ReadableStream<Uint8Array>) => {
+          let rest = "";
+          for await (const c of s) {
+            const parts = (rest + new TextDecoder().decode(c)).split("\n");
+            rest = parts.pop()!;
+            for (const l of parts) {
+              lines.push(l);
+              hooks.onLine?.(redactUrl(l));
+            }
+          }
+          if (rest) lines.push(rest);
+        };
+        await Promise.all([read(proc.stdout), read(proc.stderr)]);
+        const code = await proc.exited;
+        opts.signal?.removeEventListener("abort", stop);
+        if (code !== 0) {
+          const detail = redactUrl(lines.filter((l) => /error|ERROR|No matching|not find|Could not/.test(l)).slice(-5).join("\n") || lines.slice(-5).join("\n"));
+          throw new InstallError(`installing the requirements in image ${image.ref} failed (exit ${code})`, detail);
+        }
+        markReady(paths, {
+          key: resolved.key,
+          path: paths.dir,
+          python: `${IMAGE_ENV_MOUNT}/bin/python`,
+          created: new Date().toISOString(),
+          buildSeconds: (performance.now() - buildStart) / 1000,
+          sizeBytes: diskUsage(paths.dir),
+          venvCreator: "venv",
+          installer: "pip",
+          installerPath: `pip (inside ${image.ref})`,
+          installerFallback: null,
+          summary: `${resolved.summary} on ${image.ref}`,
+          request: resolved.doc,
+          inputs: inputsReport(resolved),
+          installed: [],
+          check: [],
+        });
+        return done("built");
+      } catch (error) {
+        // A failure is never reused: nothing of it stays in the cache.
+        removeEntryDir(layout, paths.dir);
+        throw error;
+      }
+    },
+    signal: opts.signal,
+  });
+  return { ...entry, lease };
+}

@@ -1,0 +1,128 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { PackageIndex } from "./fixtures/index.ts";
+import { importPythonImage, pythonRootfs } from "./fixtures/python-image.ts";
+import { ENGINES, engineMatrix, engineTest } from "./fixtures/registry.ts";
+import { cli, run, sandbox, tempDir } from "./helpers.ts";
+
+/**
+ * Requirements on top of a container image, on each real engine: an image
+ * made from Debian's python3 with `greetb==1.0` installed in its own site,
+ * and a real index on 127.0.0.1. A request the image already satisfies
+ * installs nothing into the env; one it does not gets its own copy in the
+ * env, which the job imports; the next job reuses the env; the env is
+ * read-only inside the job's container.
+ */
+
+setDefaultTimeout(300_000);
+
+const matrix = await engineMatrix("image-env.test");
+const rootfs = await pythonRootfs();
+if ("reason" in rootfs) console.warn(`[image-env.test] skipping: ${rootfs.reason}`);
+const world = tempDir("gpl-image-env-");
+const index = new PackageIndex(join(world, "index"));
+
+beforeAll(() => {
+  index.start();
+  index.wheel({ name: "greetb", version: "1.0" });
+  index.wheel({ name: "greetb", version: "2.0" });
+});
+afterAll(() => {
+  index.stop();
+  Bun.spawn(["rm", "-rf", world]);
+});
+
+/** The base image, then one with greetb 1.0 in the image's own site (committed from a container that installed it). */
+async function imageWithGreetb(engine: string): Promise<string> {
+  const base = `gpl-test/python-base:${engine}`;
+  const ref = `gpl-test/python-greetb:1`;
+  await importPythonImage(engine as "docker" | "podman", base);
+  const name = `gpl-test-greetb-${process.pid}`;
+  const r = await run([engine, "run", "--name", name, "--network", "host", base, "python3", "-m", "pip", "install", "--break-system-packages", "--index-url", index.url, "greetb==1.0"]);
+  if (r.code !== 0) throw new Error(`installing greetb into the image failed: ${r.stderr}`);
+  const c = await run([engine, "commit", name, ref]);
+  await run([engine, "rm", "-f", name]);
+  if (c.code !== 0) throw new Error(`${engine} commit failed: ${c.stderr}`);
+  return ref;
+}
+
+const envDirs = (home: string) => (existsSync(join(home, "envs-v1")) ? readdirSync(join(home, "envs-v1")).filter((n) => !n.startsWith(".")) : []);
+
+describe.each(ENGINES)("an image and requirements, with %s", (name) => {
+  const it = "reason" in rootfs ? test.skip : engineTest(matrix, name);
+  if (!it) return;
+
+  it("what the image has is not installed again; what it lacks is, in an env the job imports; reused next time; read-only", async () => {
+    const ref = await imageWithGreetb(name);
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    try {
+      const wd = join(box.root, "wd");
+      mkdirSync(wd);
+      const job = (spec: string, command: string) => cli(["job", "run", "--json", "--image", ref, "-p", spec, "--index-url", index.url, "--", "sh", "-c", command], { env: box.env, cwd: wd });
+
+      // Satisfied by the image: the env holds no greetb of its own.
+      const one = await job("greetb>=1", "python -c 'import greetb; print(greetb.__version__)'");
+      expect(one.code, one.stderr).toBe(0);
+      expect(one.stderr).toContain("1.0");
+      const [first] = envDirs(box.home);
+      expect(first).toBeDefined();
+      const ownSite = (key: string) => readdirSync(join(box.home, "envs-v1", key, "lib")).flatMap((py) => readdirSync(join(box.home, "envs-v1", key, "lib", py, "site-packages")));
+      expect(ownSite(first!).filter((n) => n.startsWith("greetb"))).toEqual([]);
+
+      // Not satisfied: 2.0 goes into a new env, and the job imports it.
+      const two = await job("greetb>=2", "python -c 'import greetb; print(greetb.__version__)'; touch /opt/gpulayer/env/x 2>/dev/null && echo writable || echo read-only");
+      expect(two.code, two.stderr).toBe(0);
+      expect(two.stderr).toContain("2.0");
+      expect(two.stderr).toContain("read-only");
+      const second = envDirs(box.home).find((k) => k !== first)!;
+      expect(ownSite(second).some((n) => n.startsWith("greetb-2.0"))).toBe(true);
+      const built = JSON.parse(two.stdout).phases.find((p: any) => p.name === "task.prepare");
+      expect(built.cache).toBe("miss");
+
+      // The same again: the env is reused, nothing built.
+      const again = await job("greetb>=2", "python -c 'import greetb; print(greetb.__version__)'");
+      expect(again.code).toBe(0);
+      expect(JSON.parse(again.stdout).phases.find((p: any) => p.name === "task.prepare").cache).toBe("hit");
+      expect(envDirs(box.home).length).toBe(2);
+
+      // Warmed ahead by env prepare: the job after it builds nothing.
+      index.wheel({ name: "greetc", version: "3.0" });
+      const warm = await cli(["env", "prepare", "--image", ref, "-p", "greetc", "--index-url", index.url, "--json"], { env: box.env, cwd: wd });
+      expect(warm.code, warm.stderr).toBe(0);
+      expect(JSON.parse(warm.stdout).env).toMatchObject({ status: "built" });
+      const warmAgain = await cli(["env", "prepare", "--image", ref, "-p", "greetc", "--index-url", index.url, "--json"], { env: box.env, cwd: wd });
+      expect(JSON.parse(warmAgain.stdout).env).toMatchObject({ status: "reused", key: JSON.parse(warm.stdout).env.key });
+      const after = await job("greetc", "python -c 'import greetc; print(greetc.__version__)'");
+      expect(after.stderr).toContain("3.0");
+      expect(JSON.parse(after.stdout).phases.find((p: any) => p.name === "task.prepare").cache).toBe("hit");
+    } finally {
+      box.cleanup();
+      await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
+    }
+  });
+
+  it("an image without Python: one line naming it, in task.prepare; nothing built", async () => {
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    const ref = "gpl-test/no-python:1";
+    try {
+      const root = join(box.root, "rootfs");
+      mkdirSync(join(root, "bin"), { recursive: true });
+      await run(["cp", "/bin/busybox", join(root, "bin", "busybox")]);
+      await run(["ln", "-s", "busybox", join(root, "bin", "sh")]);
+      const tar = join(box.root, "rootfs.tar");
+      await run(["tar", "-C", root, "-cf", tar, "."]);
+      const imported = await run([name, "import", tar, ref]);
+      expect(imported.code, imported.stderr).toBe(0);
+      const r = await cli(["job", "run", "--image", ref, "-p", "greetb", "--index-url", index.url, "--", "true"], { env: box.env, cwd: box.root });
+      expect(r.code).not.toBe(0);
+      expect(r.stderr).toContain(`image ${ref} has no Python`);
+      expect(envDirs(box.home)).toEqual([]);
+    } finally {
+      box.cleanup();
+      await run([name, "rmi", "-f", ref]);
+    }
+  });
+});
