@@ -4,7 +4,8 @@ import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { importPythonImage, pythonRootfs } from "./fixtures/python-image.ts";
 import { ENGINES, engineMatrix, engineTest } from "./fixtures/registry.ts";
-import { cli, run, sandbox, tempDir } from "./helpers.ts";
+import { cli, run, sandbox, startCli, tempDir } from "./helpers.ts";
+import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 
 /**
  * Requirements on top of a container image, on each real engine: an image
@@ -123,6 +124,39 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
     } finally {
       box.cleanup();
       await run([name, "rmi", "-f", ref]);
+    }
+  });
+});
+
+describe("an image and requirements, through a server", () => {
+  const engine = matrix.status.docker.ok ? "docker" : matrix.status.podman.ok ? "podman" : null;
+  const it = "reason" in rootfs || !engine ? test.skip : test;
+  it("env prepare --server warms the env on the worker; a remote job then builds nothing and imports it", async () => {
+    const ref = await imageWithGreetb(engine!);
+    const box = sandbox();
+    const procs: Kept[] = [];
+    const TOKEN = "image-env-server-token-0123456789";
+    try {
+      const fast = { GPULAYER_HEARTBEAT_SECONDS: "0.3", GPULAYER_CONTAINER_ENGINE: engine!, GPULAYER_TOKEN: TOKEN };
+      const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...box.env, ...fast, GPULAYER_HOME: join(box.root, "server-home") } }), procs);
+      const url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
+      const worker = keepOutput(startCli(["join", url, "--name", "w1", "--python", "python3"], { env: { ...box.env, ...fast, GPULAYER_HOME: join(box.root, "w1-home") } }), procs);
+      await waitFor("the worker", () => worker.out().includes("as w1"));
+      const client = { ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN };
+      index.wheel({ name: "greetd", version: "4.0" });
+      const warm = await cli(["env", "prepare", "--image", ref, "-p", "greetd", "--index-url", index.url, "--json"], { env: client, cwd: box.root });
+      expect(warm.code, warm.stderr).toBe(0);
+      const [w] = JSON.parse(warm.stdout).workers;
+      expect(w).toMatchObject({ worker: "w1", status: "built" });
+      expect(warm.stderr).toContain("[w1] building the env inside");
+      const job = await cli(["job", "run", "--json", "--image", ref, "-p", "greetd", "--index-url", index.url, "--", "python", "-c", "import greetd; print(greetd.__version__)"], { env: client, cwd: box.root });
+      expect(job.code, job.stderr).toBe(0);
+      expect(job.stderr).toContain("4.0");
+      expect(JSON.parse(job.stdout).phases.find((p: any) => p.name === "task.prepare").cache).toBe("hit");
+    } finally {
+      await stopAll(procs);
+      box.cleanup();
+      await run([engine!, "rmi", "-f", ref, `gpl-test/python-base:${engine}`]);
     }
   });
 });

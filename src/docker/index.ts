@@ -11,11 +11,3 @@ export { cdiGpuDevices, gpuArgs } from "./gpu.ts";
 export { type ImageEntry, type ImageRecord, listImageRecords, recordPaths } from "./inventory.ts";
 export type { PullProgress } from "./pull.ts";
 export { type ContainerSettings, containerExists, containerSettings, removeContainer, type RunContainerOptions, type RunningContainer, runContainer } from "./run.ts";
-
-/** An image and a requirements list together are not supported yet: say so before anything is pulled or built. */
-export function refuseImageWithRequirements(image: string | undefined, hasRequirements: boolean, where = "the request"): void {
-  if (image && hasRequirements)
-    throw new UsageError(
-      `${where} asks for both an image (${image}) and requirements; installing requirements into a container image is not supported yet: use an image that already has them, or drop the image`,
-    );
-}
