@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statfsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { processStartTime } from "../src/core/process-identity.ts";
+import { bigWheel, slowProxy } from "./fixtures/slow-index.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { keepOutput, type Kept, waitFor } from "./fixtures/processes.ts";
 import { cli, HAS_UV, makeWorkerVenv, readyKeys, run, sandbox, startCli, tempDir } from "./helpers.ts";
@@ -19,20 +20,14 @@ const world = tempDir("gpl-faults-");
 const index = new PackageIndex(join(world, "index"));
 let python: string;
 
-/** A wheel of the size a test needs (fixtures/big_wheel.py), into the index. */
-async function bigWheel(spec: { name: string; version: string; data_bytes?: number; source_bytes?: number }): Promise<void> {
-  const r = await run(["python3", join(import.meta.dir, "fixtures", "big_wheel.py"), JSON.stringify({ dir: index.dir, ...spec })]);
-  if (r.code !== 0) throw new Error(r.stderr);
-}
-
 beforeAll(async () => {
   index.start();
   const s = sandbox();
   python = await makeWorkerVenv(join(world, "worker"), { env: s.env });
   s.cleanup();
-  await bigWheel({ name: "trickle", version: "1.0", data_bytes: 2_000_000 });
-  await bigWheel({ name: "bigdata", version: "1.0", data_bytes: 30_000_000 });
-  await bigWheel({ name: "bigsrc", version: "1.0", source_bytes: 6_000_000 });
+  await bigWheel(index, { name: "trickle", version: "1.0", data_bytes: 2_000_000 });
+  await bigWheel(index, { name: "bigdata", version: "1.0", data_bytes: 30_000_000 });
+  await bigWheel(index, { name: "bigsrc", version: "1.0", source_bytes: 6_000_000 });
 }, 120_000);
 
 afterAll(() => {
@@ -40,39 +35,6 @@ afterAll(() => {
   rmSync(world, { recursive: true, force: true });
 });
 
-/**
- * The index behind a proxy that, while `slow`, sends a download's first half
- * at once and the rest 256 bytes every 200 ms: an install in progress for as
- * long as a test needs. Whether a download is slow is decided when it starts.
- */
-function slowProxy() {
-  const state = { slow: true, downloads: 0 };
-  const upstream = index.url.replace(/\/simple$/, "");
-  const server = Bun.serve({
-    hostname: "127.0.0.1",
-    port: 0,
-    fetch: async (req) => {
-      const path = new URL(req.url).pathname;
-      const answer = await fetch(upstream + path);
-      const body = new Uint8Array(await answer.arrayBuffer());
-      const headers = { "content-type": answer.headers.get("content-type") ?? "application/octet-stream" };
-      if (!path.startsWith("/files/") || !state.slow) return new Response(body, { status: answer.status, headers });
-      state.downloads++;
-      let sent = 0;
-      const stream = new ReadableStream<Uint8Array>({
-        async pull(c) {
-          if (sent >= body.length) return c.close();
-          const n = sent === 0 ? body.length >> 1 : 256;
-          if (sent > 0) await Bun.sleep(200);
-          c.enqueue(body.slice(sent, sent + n));
-          sent += n;
-        },
-      });
-      return new Response(stream, { headers: { ...headers, "content-length": String(body.length) } });
-    },
-  });
-  return { state, url: `http://127.0.0.1:${server.port}/simple`, stop: () => server.stop(true) };
-}
 
 /** The processes `parent` started whose command line has `word` in it, each with its start time. */
 function childrenOf(parent: number, word: string): { pid: number; start: number }[] {
@@ -97,7 +59,7 @@ for (const installer of HAS_UV ? (["auto", "pip"] as const) : (["pip"] as const)
   describe(`gpulayer SIGKILLed alone during an install (${installer === "auto" ? "uv, the fast path" : "pip"})`, () => {
     test("the next prepare of the same key ends the orphaned installer, then builds and succeeds", async () => {
       const s = sandbox();
-      const proxy = slowProxy();
+      const proxy = slowProxy(index);
       const kept: Kept[] = [];
       let orphan: { pid: number; start: number } | undefined;
       try {

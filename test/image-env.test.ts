@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
+import { bigWheel, slowProxy } from "./fixtures/slow-index.ts";
 import { importPythonImage, pythonRootfs } from "./fixtures/python-image.ts";
 import { ENGINES, engineMatrix, engineTest } from "./fixtures/registry.ts";
 import { cli, run, sandbox, startCli, tempDir } from "./helpers.ts";
@@ -24,10 +25,11 @@ if ("reason" in rootfs) console.warn(`[image-env.test] skipping: ${rootfs.reason
 const world = tempDir("gpl-image-env-");
 const index = new PackageIndex(join(world, "index"));
 
-beforeAll(() => {
+beforeAll(async () => {
   index.start();
   index.wheel({ name: "greetb", version: "1.0" });
   index.wheel({ name: "greetb", version: "2.0" });
+  await bigWheel(index, { name: "trickle", version: "1.0", data_bytes: 2_000_000 });
 });
 afterAll(() => {
   index.stop();
@@ -99,6 +101,33 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       expect(after.stderr).toContain("3.0");
       expect(JSON.parse(after.stdout).phases.find((p: any) => p.name === "task.prepare").cache).toBe("hit");
     } finally {
+      box.cleanup();
+      await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
+    }
+  });
+
+  it("gpulayer SIGKILLed while the image's pip installs: the orphaned build container is ended, and the next prepare builds", async () => {
+    const ref = await imageWithGreetb(name);
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    const slow = slowProxy(index);
+    try {
+      const args = ["env", "prepare", "--image", ref, "-p", "trickle", "--index-url", slow.url, "--json"];
+      const first = startCli(args, { env: box.env, cwd: box.root });
+      const builders = async () => (await run([name, "ps", "-q", "--filter", "name=gpulayer-envbuild-"])).stdout.trim();
+      await waitFor("the build container to download", async () => slow.state.downloads > 0 && (await builders()) !== "", 60_000);
+      first.kill("SIGKILL");
+      await first.exited;
+      expect(await builders()).not.toBe(""); // the engine keeps it running: it is still writing into the env's folder
+      slow.state.slow = false;
+      const second = await cli(args, { env: box.env, cwd: box.root });
+      expect(second.code, second.stderr).toBe(0);
+      expect(JSON.parse(second.stdout).env.status).toBe("built");
+      expect(await builders()).toBe("");
+      const check = await cli(["job", "run", "--image", ref, "-p", "trickle", "--index-url", slow.url, "--", "python", "-c", "import trickle; print(trickle.__version__)"], { env: box.env, cwd: box.root });
+      expect(check.stdout.trim()).toBe("1.0");
+    } finally {
+      slow.stop();
       box.cleanup();
       await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
     }

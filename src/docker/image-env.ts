@@ -11,7 +11,7 @@ import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../en
 import { scanRequest } from "../env/requirements.ts";
 import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/store.ts";
 import { redactUrl } from "../env/url-credentials.ts";
-import type { Engine, EngineEnv } from "./engine.ts";
+import { type Engine, type EngineEnv, engineExec } from "./engine.ts";
 import { type ImagePython, imagePython } from "./image-python.ts";
 
 /**
@@ -107,10 +107,18 @@ export async function ensureImageEnv(
         if (!py.hasPip) throw new InstallError(`image ${image.ref}: its Python (${py.executable}) has no pip to install the requirements with`, "");
         hooks.onStep?.("building", `the env inside ${image.ref} with its Python ${py.version}`);
         const buildStart = performance.now();
-        const args = ["run", "--rm", "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, "--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req)];
+        // One name per key: holding the lock, a container of that name is a dead builder's, still writing here; it goes first.
+        const name = `gpulayer-envbuild-${resolved.key.slice(0, 16)}`;
+        await engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
+        removeEntryDir(layout, paths.dir);
+        mkdirSync(paths.dir, { recursive: true });
+        const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, "--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req)];
         const lines: string[] = [];
         const proc = Bun.spawn([image.engine.bin, ...args], { env: opts.engineEnv as Record<string, string>, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
-        const stop = () => proc.kill("SIGKILL");
+        const stop = () => {
+          proc.kill("SIGKILL");
+          void engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
+        };
         opts.signal?.addEventListener("abort", stop, { once: true });
         const read = async (s: ReadableStream<Uint8Array>) => {
           let rest = "";

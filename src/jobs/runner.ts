@@ -120,9 +120,11 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       image: image.image,
       digest: image.digest,
       engine: image.engine.name,
-      ...(env ? { image_status: image.status, env_key: env.key, env_status: env.status, env_seconds: env.seconds } : {}),
+      // The two steps, each timed and reused or not: the image, then the env on top of it.
+      ...(env ? { image_status: image.status, image_seconds: image.seconds, env_key: env.key, env_status: env.status, env_seconds: env.seconds } : {}),
     });
-    io.onPrepared?.({ status: env?.status ?? image.status, seconds: prepareSeconds, key: env?.key ?? image.digest, kind: env ? "env" : "image" });
+    if (env) io.onPrepared?.({ status: env.status, seconds: env.seconds, key: env.key, kind: "env" });
+    else io.onPrepared?.({ status: image.status, seconds: prepareSeconds, key: image.digest, kind: "image" });
     try {
       if (cancelReason) return finish("cancelled", ExitCode.cancelled, { prepareSeconds });
       const log = openSync(store.logPath(job.id), "a");
@@ -175,8 +177,10 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         // A machine without the NVIDIA runtime/CDI fails here, in task.prepare, not after the run started.
         if (spec.resources.gpus) await gpuArgs(image.engine, spec.resources.gpus, settings.engine.env).catch((e) => (image.lease?.release(), Promise.reject(e)));
         const e = spec.environment;
+        const withEnv = Boolean(e.requirementsFile || e.specs.length);
+        if (withEnv) io.onPrepared?.({ status: image.status, seconds: image.seconds, key: image.digest, kind: "image" });
         const env =
-          e.requirementsFile || e.specs.length
+          withEnv
             ? await ensureImageEnv(
                 layout,
                 { ref: image.image, imageId: image.imageId, engine: image.engine },

@@ -46,7 +46,8 @@ export function phasesOf(events: JobEvent[], now = Date.now()): Phase[] {
         state: "finished",
         cache: d.cache as "hit" | "miss",
         status: d.status as string,
-        ...(d.image ? { image: d.image as string, digest: d.digest as string } : { env_key: d.env_key as string }),
+        // An image job with requirements has both: the image, and the env built on top of it.
+        ...(d.image ? { image: d.image as string, digest: d.digest as string, ...(d.env_key ? { env_key: d.env_key as string } : {}) } : { env_key: d.env_key as string }),
       });
     }
     if (e.type === "task.prepare.failed") phases.push({ name: "task.prepare", seconds: d.seconds as number, state: "failed", message: d.message as string });

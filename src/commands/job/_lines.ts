@@ -13,7 +13,7 @@ export function statusLines(s: JobStatus & Placement): string[] {
   for (const p of s.phases) {
     const secs = p.seconds !== null ? formatSeconds(p.seconds) : "-";
     if (p.name === "task.prepare") {
-      const what = p.image ? `image ${p.image}` : `env ${shortKey(p.env_key ?? "")}`;
+      const what = p.image ? `image ${p.image}${p.env_key ? ` + env ${shortKey(p.env_key)}` : ""}` : `env ${shortKey(p.env_key ?? "")}`;
       lines.push(`  prepare  ${secs} ${p.state === "finished" ? `(${p.status}, cache ${p.cache}, ${what})` : `(${p.state})`}`);
       if (p.message) lines.push(...p.message.split("\n").map((l) => `           ${l}`));
     } else lines.push(`  run      ${secs} ${p.state === "finished" ? `(exit ${p.exit_code})` : `(${p.state})`}`);
