@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { bigWheel, slowProxy } from "./fixtures/slow-index.ts";
 import { importPythonImage, pythonRootfs } from "./fixtures/python-image.ts";
-import { ENGINES, engineMatrix, engineTest } from "./fixtures/registry.ts";
+import { ENGINES, engineMatrix, engineTest, useRegistry } from "./fixtures/registry.ts";
 import { cli, run, sandbox, startCli, tempDir } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 
@@ -22,6 +22,7 @@ setDefaultTimeout(300_000);
 const matrix = await engineMatrix("image-env.test");
 const rootfs = await pythonRootfs();
 if ("reason" in rootfs) console.warn(`[image-env.test] skipping: ${rootfs.reason}`);
+const registryOf = useRegistry(matrix.working);
 const world = tempDir("gpl-image-env-");
 const index = new PackageIndex(join(world, "index"));
 
@@ -130,6 +131,37 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       slow.stop();
       box.cleanup();
       await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
+    }
+  });
+
+  it("a new image pushed under the same tag, with --pull always: a new env (the key is the image, not its tag)", async () => {
+    const local = await imageWithGreetb(name);
+    const ref = `${registryOf().host}/image-env-${name}:1`;
+    const push = async () => {
+      expect((await run([name, "tag", local, ref])).code).toBe(0);
+      expect((await run([name, "push", ...(name === "podman" ? ["--tls-verify=false"] : []), ref])).code).toBe(0);
+    };
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    try {
+      await push();
+      const prepare = async () => JSON.parse((await cli(["env", "prepare", "--image", ref, "--pull", "always", "-p", "greetb>=2", "--index-url", index.url, "--json"], { env: box.env, cwd: box.root })).stdout);
+      const first = await prepare();
+      expect(first.env.status).toBe("built");
+      expect((await prepare()).env).toMatchObject({ status: "reused", key: first.env.key });
+      // Another image under the same tag: one more file in it is another image id.
+      const c = `gpl-test-retag-${process.pid}`;
+      expect((await run([name, "run", "--name", c, local, "sh", "-c", "echo 2 > /etc/image-version"])).code).toBe(0);
+      expect((await run([name, "commit", c, local])).code).toBe(0);
+      await run([name, "rm", "-f", c]);
+      await push();
+      const second = await prepare();
+      expect(second.image_id).not.toBe(first.image_id);
+      expect(second.env.status).toBe("built");
+      expect(second.env.key).not.toBe(first.env.key);
+    } finally {
+      box.cleanup();
+      await run([name, "rmi", "-f", ref, local, `gpl-test/python-base:${name}`]);
     }
   });
 
