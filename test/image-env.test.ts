@@ -5,7 +5,7 @@ import { PackageIndex } from "./fixtures/index.ts";
 import { bigWheel, slowProxy } from "./fixtures/slow-index.ts";
 import { importPythonImage, pythonRootfs } from "./fixtures/python-image.ts";
 import { ENGINES, engineMatrix, engineTest, useRegistry } from "./fixtures/registry.ts";
-import { cli, run, sandbox, startCli, tempDir } from "./helpers.ts";
+import { cli, realUv, run, sandbox, startCli, tempDir } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 
 /**
@@ -57,10 +57,12 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
   const it = "reason" in rootfs ? test.skip : engineTest(matrix, name);
   if (!it) return;
 
-  it("what the image has is not installed again; what it lacks is, in an env the job imports; reused next time; read-only", async () => {
+  const installers: [string, string][] = [["pip", "off"], ...(realUv() ? [["uv", realUv()!] as [string, string]] : [])];
+  it.each(installers)("by %s: what the image has is not installed again; what it lacks is, in an env the job imports; reused next time; read-only", async (installer, uvSetting) => {
     const ref = await imageWithGreetb(name);
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;
+    box.env.GPULAYER_UV = uvSetting;
     try {
       const wd = join(box.root, "wd");
       mkdirSync(wd);
@@ -84,6 +86,10 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       expect(ownSite(second).some((n) => n.startsWith("greetb-2.0"))).toBe(true);
       const built = JSON.parse(two.stdout).phases.find((p: any) => p.name === "task.prepare");
       expect(built.cache).toBe("miss");
+      const shown = JSON.parse((await cli(["env", "show", second, "--json"], { env: box.env })).stdout);
+      expect(shown.installer_path).toBe(`${installer} (inside the image)`);
+      // No stand-in of the image's packages is left in the env.
+      expect(ownSite(second).filter((n) => n.startsWith("pip-"))).toEqual([]);
 
       // The same again: the env is reused, nothing built.
       const again = await job("greetb>=2", "python -c 'import greetb; print(greetb.__version__)'");

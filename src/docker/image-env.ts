@@ -1,5 +1,5 @@
-import { mkdirSync } from "node:fs";
-import { resolve } from "node:path";
+import { mkdirSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { contentHash } from "../core/hashing.ts";
 import type { Lease } from "../core/lease.ts";
@@ -11,6 +11,7 @@ import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../en
 import { scanRequest } from "../env/requirements.ts";
 import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/store.ts";
 import { redactUrl } from "../env/url-credentials.ts";
+import { pinnedUvPath } from "../env/uv-tool.ts";
 import { type Engine, type EngineEnv, engineExec } from "./engine.ts";
 import { type ImagePython, imagePython } from "./image-python.ts";
 
@@ -39,6 +40,8 @@ export interface ImageEnvRequest {
   cwd: string;
   env: NodeJS.ProcessEnv;
   network: string;
+  /** The uv setting: auto (uv on PATH, else the pinned one, when it is a binary that can be mounted in), a path, off. */
+  uv?: string;
 }
 
 export interface ImageEnvResult {
@@ -71,13 +74,71 @@ function resolveImageRequest(layout: HomeLayout, imageId: string, py: ImagePytho
   return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: "image", isolated: true };
 }
 
-/** The shell (its -c and script) that builds the env inside the container: a venv over the image's packages, then the image's pip. */
-function buildScript(py: ImagePython, req: ImageEnvRequest): string[] {
+/** Where the host's uv and its cache are, inside a build container. */
+const UV_MOUNT = "/opt/gpulayer/uv";
+const UV_CACHE_MOUNT = "/opt/gpulayer/uv-cache";
+const MARK = "gpulayer-image-standin";
+
+/**
+ * The image's packages shown to uv as installed: a stand-in dist-info (their
+ * METADATA, a RECORD naming only the stand-in) for each distribution the
+ * image's Python sees, in the env's own site-packages, where uv looks; uv
+ * then keeps what the image has, as pip does through the system site. The
+ * stand-ins uv did not replace are removed after (by their INSTALLER mark).
+ */
+const STANDINS = `
+import importlib.metadata as md, os, re, sys, sysconfig
+site = sys.argv[1]
+for d in md.distributions():
+    name = d.metadata["Name"]
+    text = d.read_text("METADATA") or d.read_text("PKG-INFO")
+    if not name or text is None:
+        continue
+    folder = os.path.join(site, "%s-%s.dist-info" % (re.sub(r"[-_.]+", "_", name).lower(), d.version))
+    if os.path.exists(folder):
+        continue
+    os.makedirs(folder)
+    files = {"METADATA": text, "WHEEL": "Wheel-Version: 1.0\\nGenerator: gpulayer (stand-in of an image package)\\nRoot-Is-Purelib: true\\n", "INSTALLER": "${MARK}\\n"}
+    for f, body in files.items():
+        open(os.path.join(folder, f), "w").write(body)
+    base = os.path.basename(folder)
+    open(os.path.join(folder, "RECORD"), "w").write("".join("%s/%s,,\\n" % (base, f) for f in list(files) + ["RECORD"]))
+`;
+const CLEANUP = `
+import os, shutil, sys
+site = sys.argv[1]
+for n in os.listdir(site):
+    p = os.path.join(site, n, "INSTALLER")
+    if n.endswith(".dist-info") and os.path.isfile(p) and open(p).read().strip() == "${MARK}":
+        shutil.rmtree(os.path.join(site, n))
+`;
+
+/** The shell (its -c, script and arguments) that builds the env inside the container: uv when it runs there, else the image's pip. */
+function buildScript(py: ImagePython, req: ImageEnvRequest, withUv: boolean): string[] {
   const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
   const index = [...(req.indexUrl ? ["--index-url", req.indexUrl] : []), ...req.extraIndexUrls.flatMap((u) => ["--extra-index-url", u]), ...req.findLinks.flatMap((u) => ["--find-links", u])];
   const what = [...(req.requirementsFile ? ["-r", resolve(req.cwd, req.requirementsFile)] : []), ...req.specs];
+  const site = `${IMAGE_ENV_MOUNT}/lib/python${py.pyVersion}/site-packages`;
   const pip = [`${IMAGE_ENV_MOUNT}/bin/python`, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-warn-script-location", ...index, ...what].map(q).join(" ");
-  return ["-c", `set -e; ${q(py.executable)} -m venv --system-site-packages --without-pip ${IMAGE_ENV_MOUNT}; echo "gpulayer: installing with the image's pip"; ${pip}`];
+  const uv = [UV_MOUNT, "pip", "install", "--python", `${IMAGE_ENV_MOUNT}/bin/python`, "--compile-bytecode", ...index, ...what].map(q).join(" ");
+  const viaPip = `echo "gpulayer-installer: pip"; ${pip}`;
+  const viaUv = `echo "gpulayer-installer: uv"; ${q(py.executable)} -c "$1" ${q(site)}; UV_CACHE_DIR=${UV_CACHE_MOUNT} UV_LINK_MODE=copy ${uv}; ${q(py.executable)} -c "$2" ${q(site)}`;
+  const install = withUv ? `if ${UV_MOUNT} --version >/dev/null 2>&1; then ${viaUv}; else ${viaPip}; fi` : viaPip;
+  return ["-c", `set -e; ${q(py.executable)} -m venv --system-site-packages --without-pip ${IMAGE_ENV_MOUNT}; ${install}`, "gpulayer-build", STANDINS, CLEANUP];
+}
+
+/** A uv binary that can be mounted into a container (an ELF file, not a shim script), from the uv setting; null: the image's pip. */
+function mountableUv(setting: string | undefined, env: NodeJS.ProcessEnv, toolsDir: string): string | null {
+  if (setting === "off") return null;
+  const elf = (p: string | null) => {
+    try {
+      return p && readFileSync(p).subarray(0, 4).equals(Buffer.from([0x7f, 0x45, 0x4c, 0x46])) ? p : null;
+    } catch {
+      return null;
+    }
+  };
+  if (setting && setting !== "auto") return elf(setting);
+  return elf(Bun.which("uv", { PATH: env.PATH ?? "" })) ?? elf(pinnedUvPath(toolsDir));
 }
 
 export async function ensureImageEnv(
@@ -104,7 +165,8 @@ export async function ensureImageEnv(
       removeEntryDir(layout, paths.dir);
       mkdirSync(paths.dir, { recursive: true });
       try {
-        if (!py.hasPip) throw new InstallError(`image ${image.ref}: its Python (${py.executable}) has no pip to install the requirements with`, "");
+        const uv = mountableUv(req.uv, req.env, layout.tools);
+        if (!py.hasPip && !uv) throw new InstallError(`image ${image.ref}: its Python (${py.executable}) has no pip to install the requirements with, and there is no uv to mount in`, "");
         hooks.onStep?.("building", `the env inside ${image.ref} with its Python ${py.version}`);
         const buildStart = performance.now();
         // One name per key: holding the lock, a container of that name is a dead builder's, still writing here; it goes first.
@@ -112,7 +174,10 @@ export async function ensureImageEnv(
         await engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
         removeEntryDir(layout, paths.dir);
         mkdirSync(paths.dir, { recursive: true });
-        const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, "--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req)];
+        const uvCache = uv ? (req.env.UV_CACHE_DIR ?? join(layout.tools, "uv-cache")) : null;
+        if (uvCache) mkdirSync(uvCache, { recursive: true });
+        const mounts = ["--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, ...(uv ? ["--volume", `${uv}:${UV_MOUNT}:ro`, "--volume", `${uvCache}:${UV_CACHE_MOUNT}`] : [])];
+        const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, ...mounts, "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req, Boolean(uv))];
         const lines: string[] = [];
         const proc = Bun.spawn([image.engine.bin, ...args], { env: opts.engineEnv as Record<string, string>, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
         const stop = () => {
@@ -135,6 +200,7 @@ export async function ensureImageEnv(
         await Promise.all([read(proc.stdout), read(proc.stderr)]);
         const code = await proc.exited;
         opts.signal?.removeEventListener("abort", stop);
+        const installerUsed = lines.some((l) => l === "gpulayer-installer: uv") ? "uv" : "pip";
         if (code !== 0) {
           const detail = redactUrl(lines.filter((l) => /error|ERROR|No matching|not find|Could not/.test(l)).slice(-5).join("\n") || lines.slice(-5).join("\n"));
           throw new InstallError(`installing the requirements in image ${image.ref} failed (exit ${code})`, detail);
@@ -147,8 +213,8 @@ export async function ensureImageEnv(
           buildSeconds: (performance.now() - buildStart) / 1000,
           sizeBytes: diskUsage(paths.dir),
           venvCreator: "venv",
-          installer: "pip",
-          installerPath: `pip (inside ${image.ref})`,
+          installer: installerUsed,
+          installerPath: `${installerUsed === "uv" ? "uv" : "pip"} (inside the image)`,
           installerFallback: null,
           summary: `${resolved.summary} on ${image.ref}`,
           request: resolved.doc,

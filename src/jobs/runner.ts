@@ -184,7 +184,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
             ? await ensureImageEnv(
                 layout,
                 { ref: image.image, imageId: image.imageId, engine: image.engine },
-                { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: spec.workdir, env: settings.env, network: settings.container.network },
+                { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: spec.workdir, env: settings.env, network: settings.container.network, uv: settings.uv },
                 { engineEnv: settings.engine.env, hooks: { onStep: io.prepareHooks?.onStep }, leaseHolder: `job ${job.id}`, signal: preparing.signal },
               ).catch((err) => (image.lease?.release(), Promise.reject(err)))
             : undefined;

@@ -57,7 +57,7 @@ export default defineCommand({
       const env = await ensureImageEnv(
         layout,
         { ref: result.image, imageId: result.imageId, engine: result.engine },
-        { requirementsFile: a.requirements, specs, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), cwd: ctx.cwd, env: ctx.childEnv, network: values["container.network"] },
+        { requirementsFile: a.requirements, specs, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), cwd: ctx.cwd, env: ctx.childEnv, network: values["container.network"], uv: values.uv },
         { engineEnv: host.env, hooks: { onStep: (step, detail) => out.phase(`${step} ${detail}`) }, signal: stopOnSignals() },
       );
       out.progress(`env ${shortKey(env.key)} ${env.status} (${formatSeconds(env.seconds)}) on ${result.image}`);
