@@ -6,6 +6,13 @@
  * Run: bun run bench/image.ts [--image REF] [--engine docker|podman]...
  *   BENCH_RUNS=N (default 10) runs each, alternating, after 2 warm-ups.
  * Without --image: a busybox image imported into each engine (no registry).
+ *
+ * Then requirements on top of an image (an image made from Debian's python3,
+ * test/fixtures/python-image.ts; a wheel index on 127.0.0.1): a warm job with
+ * requirements against the same job without them and plain `<engine> run`,
+ * and a cold build of the env against `pip install` in a plain container of
+ * the same image (a fresh home each time; BENCH_UV names a uv binary to
+ * mount in, else the image's pip builds).
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -97,6 +104,54 @@ for (const engine of wanted) {
   console.log(`added by gpulayer: ${(results[ours]!.median - results[plain]!.median).toFixed(1)} ms per job`);
   if (tar) Bun.spawnSync([engine, "rmi", "-f", BENCH_REF], { stdout: "ignore", stderr: "ignore" });
 }
+// Requirements on top of an image.
+const { pythonRootfs } = await import("../test/fixtures/python-image.ts");
+const rootfs = await pythonRootfs();
+if ("reason" in rootfs) console.log(`\nimage + requirements: skipped (${rootfs.reason})`);
+else {
+  // The index in a process of its own: the timed runs below wait synchronously, and an index in this one could not answer them.
+  const indexProc = Bun.spawn([process.execPath, "-e", `const { PackageIndex } = await import(${JSON.stringify(join(import.meta.dir, "..", "test", "fixtures", "index.ts"))}); const i = new PackageIndex(${JSON.stringify(join(home, "index"))}).start(); i.wheel({ name: "benchdep", version: "1.0" }); console.log(i.url); await new Promise(() => {});`], { stdout: "pipe", stderr: "inherit" });
+  const reader = (indexProc.stdout as ReadableStream<Uint8Array>).getReader();
+  const index = { url: new TextDecoder().decode((await reader.read()).value).trim(), stop: () => indexProc.kill() };
+  const PY_REF = "localhost/gpulayer-bench/python:bookworm";
+  const uvEnv = process.env.BENCH_UV ? { GPULAYER_UV: process.env.BENCH_UV } : { GPULAYER_UV: "off" };
+  for (const engine of wanted) {
+    if (works(engine)) continue;
+    must([engine, "import", rootfs.tar, PY_REF]);
+    const env = { ...process.env, ...uvEnv, GPULAYER_HOME: join(home, `py-${engine}`), GPULAYER_CONTAINER_ENGINE: engine, PIP_CONFIG_FILE: "/dev/null" } as Record<string, string>;
+    const req = ["-p", "benchdep", "--index-url", index.url];
+    must([bin, "env", "prepare", "--quiet", "--image", PY_REF, ...req], env);
+    const plain = `${engine} run --rm REF python3 -c pass`;
+    const imageOnly = "job run --image REF -- python3 -c pass";
+    const withReq = "job run --image REF -p benchdep -- python3 -c pass";
+    const warm = sideBySide(
+      {
+        [plain]: () => timeProcess([engine, "run", "--rm", "--network", "host", PY_REF, "python3", "-c", "pass"], { env, cwd: workdir }),
+        [imageOnly]: () => timeProcess([bin, "job", "run", "--quiet", "--workdir", workdir, "--image", PY_REF, "--", "python3", "-c", "pass"], { env, cwd: workdir }),
+        [withReq]: () => timeProcess([bin, "job", "run", "--quiet", "--workdir", workdir, "--image", PY_REF, ...req, "--", "python3", "-c", "pass"], { env, cwd: workdir }),
+      },
+      runs,
+      2,
+    );
+    printTable(`${engine}: warm, image + requirements (${process.env.BENCH_UV ? "uv" : "pip"} built the env)`, Object.entries(warm), imageOnly);
+    let fresh = 0;
+    const pipPlain = `pip install in a plain ${engine} container`;
+    const ours = "gpulayer env prepare --image REF -p benchdep (cold)";
+    const cold = sideBySide(
+      {
+        [pipPlain]: () => timeProcess([engine, "run", "--rm", "--network", "host", PY_REF, "sh", "-c", `python3 -m venv --system-site-packages /tmp/v && /tmp/v/bin/python -m pip install -q --disable-pip-version-check --index-url ${index.url} benchdep`], { env, cwd: workdir }),
+        // A fresh home each run: nothing reused, the image's Python probed again too.
+        [ours]: () => timeProcess([bin, "env", "prepare", "--quiet", "--image", PY_REF, ...req], { env: { ...env, GPULAYER_HOME: join(home, `cold-${engine}-${fresh++}`) }, cwd: workdir }),
+      },
+      Math.max(3, Math.floor(runs / 2)),
+      1,
+    );
+    printTable(`${engine}: cold env on the image`, Object.entries(cold), pipPlain);
+    Bun.spawnSync([engine, "rmi", "-f", PY_REF], { stdout: "ignore", stderr: "ignore" });
+  }
+  index.stop();
+}
+
 rmSync(home, { recursive: true, force: true });
 rmSync(workdir, { recursive: true, force: true });
 if (failures) {
