@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { bigWheel, slowProxy } from "./fixtures/slow-index.ts";
@@ -146,6 +146,8 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
     const push = async () => {
       expect((await run([name, "tag", local, ref])).code).toBe(0);
       expect((await run([name, "push", ...(name === "podman" ? ["--tls-verify=false"] : []), ref])).code).toBe(0);
+      // Only the registry has it under that name: gpulayer's pull brings it, so it is gc's to remove.
+      await run([name, "rmi", ref]);
     };
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;
@@ -165,6 +167,22 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       expect(second.image_id).not.toBe(first.image_id);
       expect(second.env.status).toBe("built");
       expect(second.env.key).not.toBe(first.env.key);
+
+      // gc takes the image (its record follows the tag: the new one), and the env built on it goes along, though the limit alone would keep it.
+      const gc = async (args: string[]) => JSON.parse((await cli(["gc", "--min-age", "0", "--json", ...args], { env: box.env })).stdout);
+      await run([name, "rmi", local]); // the image is the pulled reference's alone now: removing it frees its bytes
+      // The old env used last of all (gc orders by this file's mtime): the limit is met without it.
+      const now = new Date();
+      utimesSync(join(box.home, "envs-v1", first.env.key, ".gpulayer", "last-used"), now, now);
+      const plan = await gc(["--max-size", "0", "--dry-run"]);
+      expect(plan.removed[0]).toMatchObject({ kind: "image", id: second.image_id });
+      const total = plan.total_before_bytes;
+      const done = await gc(["--max-size", String(total - plan.removed[0].size_bytes)]);
+      expect(done.removed.map((r: any) => [r.kind, r.id, r.reason])).toEqual([
+        ["image", second.image_id, "lru"],
+        ["env", second.env.key, "image"],
+      ]);
+      expect(existsSync(join(box.home, "envs-v1", first.env.key))).toBe(true);
     } finally {
       box.cleanup();
       await run([name, "rmi", "-f", ref, local, `gpl-test/python-base:${name}`]);

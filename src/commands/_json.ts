@@ -157,7 +157,7 @@ const gcItemEntries = {
   image: v.optional(v.strictObject({ engine: str, refs: strList, digest: str })),
 };
 
-export const GcRemovedItem = v.strictObject({ ...gcItemEntries, reason: v.picklist(["lru", "incomplete"]) });
+export const GcRemovedItem = v.strictObject({ ...gcItemEntries, reason: v.picklist(["lru", "incomplete", "image"]) });
 
 export const GcSkippedItem = v.strictObject({
   ...gcItemEntries,

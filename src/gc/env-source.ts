@@ -57,7 +57,8 @@ async function listEnvEntries(layout: HomeLayout, opts: ListOptions): Promise<Gc
       sizeRefreshed = true;
       if (opts.persistSizes && meta) await persistSize(paths, meta, sizeBytes, started);
     }
-    entries.push(envEntry(layout, paths, { state: "ready", sizeBytes, lastUsedMs: statMs(paths.lastUsed) ?? 0, createdMs, summary: meta?.summary ?? "", sizeRefreshed }));
+    const onImage = (meta?.request as { image?: unknown } | undefined)?.image;
+    entries.push(envEntry(layout, paths, { state: "ready", sizeBytes, lastUsedMs: statMs(paths.lastUsed) ?? 0, createdMs, summary: meta?.summary ?? "", sizeRefreshed, ...(typeof onImage === "string" ? { onImage } : {}) }));
   }
   return entries;
 }
@@ -76,7 +77,7 @@ async function persistSize(paths: EntryPaths, meta: SizedMeta, sizeBytes: number
   }
 }
 
-type EntryFacts = Pick<GcEntry, "state" | "sizeBytes" | "lastUsedMs" | "createdMs" | "summary" | "sizeRefreshed">;
+type EntryFacts = Pick<GcEntry, "state" | "sizeBytes" | "lastUsedMs" | "createdMs" | "summary" | "sizeRefreshed" | "onImage">;
 
 function leaseReason(holders: string[]): SkipReason {
   return { code: "leased", message: `in use by ${holders.join(", ")}` };

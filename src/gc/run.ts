@@ -51,7 +51,8 @@ export interface GcReport {
   totalAfterBytes: number;
   /** Entries removed plus interrupted deletions finished. */
   freedBytes: number;
-  removed: (GcItem & { reason: "lru" | "incomplete" })[];
+  /** `image`: an env built on top of an image this run removed. */
+  removed: (GcItem & { reason: "lru" | "incomplete" | "image" })[];
   skipped: (GcItem & { reasons: SkipReason[] })[];
   trash: TrashReport;
   limitReached: boolean;
@@ -121,7 +122,7 @@ export async function runGc(layout: HomeLayout, opts: GcOptions): Promise<GcRepo
     const target = cacheTarget(current, opts.maxSize?.bytes, excess);
     report.targetBytes = target;
 
-    const remove = async (e: GcEntry, reason: "lru" | "incomplete"): Promise<boolean> => {
+    const remove = async (e: GcEntry, reason: "lru" | "incomplete" | "image"): Promise<boolean> => {
       if (opts.dryRun) {
         const reasons = e.state === "ready" ? await e.inUse() : [];
         if (reasons.length) {
@@ -162,6 +163,14 @@ export async function runGc(layout: HomeLayout, opts: GcOptions): Promise<GcRepo
         }
         await remove(e, "lru");
       }
+    }
+    // An env on top of an image is of no use without it: it goes with the image (unless kept or leased).
+    const goneImages = new Set(report.removed.filter((r) => r.kind === "image").map((r) => r.id));
+    for (const e of entries) {
+      if (!e.onImage || !goneImages.has(e.onImage) || report.removed.some((r) => r.kind === e.kind && r.id === e.id)) continue;
+      const kept = protectedBy(e, { now, minAgeMs: 0, keep: opts.keep });
+      if (kept.length) report.skipped.push({ ...item(e), reasons: kept });
+      else await remove(e, "image");
     }
     for (const e of excluded) report.skipped.push({ ...item(e), reasons: [e.excluded!] });
     report.totalAfterBytes = current;

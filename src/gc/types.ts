@@ -49,6 +49,8 @@ export interface GcEntry {
   names?: string[];
   /** Images: the engine that holds it and the references gpulayer recorded for it. */
   image?: { engine: string; refs: string[]; digest: string };
+  /** Envs built on top of an image (docker/image-env.ts): that image's id; they go when it goes. */
+  onImage?: string;
   /**
    * Never the policy's to remove, and not part of the cache's total (an
    * image gpulayer did not pull): reported as skipped with this reason.
