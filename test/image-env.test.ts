@@ -157,6 +157,12 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       const first = await prepare();
       expect(first.env.status).toBe("built");
       expect((await prepare()).env).toMatchObject({ status: "reused", key: first.env.key });
+      // A job with the default pull policy: the image and the env reused, the registry not asked.
+      const asked = registryOf().manifestRequests(`image-env-${name}`, "1");
+      const job = await cli(["job", "run", "--json", "--image", ref, "-p", "greetb>=2", "--index-url", index.url, "--", "python", "-c", "import greetb"], { env: box.env, cwd: box.root });
+      expect(job.code, job.stderr).toBe(0);
+      expect(JSON.parse(job.stdout).phases.find((p: any) => p.name === "task.prepare").cache).toBe("hit");
+      expect(registryOf().manifestRequests(`image-env-${name}`, "1")).toBe(asked);
       // Another image under the same tag: one more file in it is another image id.
       const c = `gpl-test-retag-${process.pid}`;
       expect((await run([name, "run", "--name", c, local, "sh", "-c", "echo 2 > /etc/image-version"])).code).toBe(0);
@@ -209,6 +215,24 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
     } finally {
       box.cleanup();
       await run([name, "rmi", "-f", ref]);
+    }
+  });
+
+  it("a requirement the image's Python cannot install: the installer's message, in task.prepare; nothing kept", async () => {
+    const ref = await imageWithGreetb(name);
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    try {
+      const r = await cli(["job", "run", "--image", ref, "-p", "nosuchpkg-gpl", "--index-url", index.url, "--", "echo", "ran"], { env: box.env, cwd: box.root });
+      expect(r.code).not.toBe(0);
+      expect(r.stdout).not.toContain("ran");
+      expect(r.stderr).toContain("nosuchpkg-gpl");
+      expect(envDirs(box.home)).toEqual([]);
+      const [job] = JSON.parse((await cli(["job", "list", "--json"], { env: box.env })).stdout);
+      expect(job.phases.map((p: any) => [p.name, p.state])).toEqual([["task.prepare", "failed"]]);
+    } finally {
+      box.cleanup();
+      await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
     }
   });
 });
