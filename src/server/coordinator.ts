@@ -58,7 +58,6 @@ export class Coordinator {
     return registerWorker(this, body, joinedWith);
   }
 
-  /** A request from a worker: it is alive. A lost or departed one is told so (409) and must register again. */
   /** A request from a worker: it is alive. A lost one back within its lease keeps its tasks; a departed one must register again (409). */
   private seen(w: WorkerRow): void {
     if (w.state === "left") throw new HttpFail(409, `worker ${w.name} is ${w.state}; register again`, { lost: true });
