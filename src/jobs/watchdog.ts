@@ -11,6 +11,8 @@
 const SCRIPT = [
   'stat_of() { sed "s/.*) //" /proc/$1/stat 2>/dev/null; }',
   'RS=$(stat_of $R | cut -d" " -f20)',
+  // A runner it cannot read (no /proc, no sed): it watches nothing rather than take the job for orphaned.
+  '[ -n "$RS" ] || exit 0',
   'alive() { s=$(stat_of $R); [ -n "$s" ] || return 1; set -- $s; [ "$1" != Z ] && [ "${20}" = "$RS" ]; }',
   "while alive; do sleep 1; done",
   'for round in 1 2 3; do for f in /proc/[0-9]*/environ; do p=${f#/proc/}; p=${p%/environ}; tr "\\0" "\\n" < "$f" 2>/dev/null | grep -qxF "GPULAYER_JOB_ID=$J" && kill -KILL "$p" 2>/dev/null; done; sleep 0.2; done',
