@@ -120,6 +120,7 @@ describe("named tokens", () => {
 });
 
 describe("no job can read a token", () => {
+  // These start processes as another user (setpriv, chown to nobody), which only root may; CI runs as root.
   test.skipIf(!IS_ROOT)("worker.run_as: the job runs as that user and finds no secret in any process or under the worker's home", async () => {
     const home = join(box.root, "w1-home");
     const tokenFile = join(box.root, "box1.token");
