@@ -3,14 +3,14 @@ import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { contentHash } from "../core/hashing.ts";
 import type { Lease } from "../core/lease.ts";
-import { InstallError, UsageError } from "../errors.ts";
+import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
 import { acquireEntry } from "../env/cache-entry.ts";
 import { inputsReport } from "../env/inputs-report.ts";
 import type { InterpreterInfo } from "../env/interpreter.ts";
 import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../env/key.ts";
 import { scanRequest } from "../env/requirements.ts";
 import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/store.ts";
-import { redactUrl } from "../env/url-credentials.ts";
+import { installFailure, runTool, ToolStopped } from "../env/run-tool.ts";
 import { pinnedUvPath } from "../env/uv-tool.ts";
 import { type Engine, type EngineEnv, engineExec } from "./engine.ts";
 import { type ImagePython, imagePython } from "./image-python.ts";
@@ -162,8 +162,6 @@ export async function ensureImageEnv(
       return done("reused");
     },
     build: async () => {
-      removeEntryDir(layout, paths.dir);
-      mkdirSync(paths.dir, { recursive: true });
       try {
         const uv = mountableUv(req.uv, req.env, layout.tools);
         if (!py.hasPip && !uv) throw new InstallError(`image ${image.ref}: its Python (${py.executable}) has no pip to install the requirements with, and there is no uv to mount in`, "");
@@ -178,33 +176,21 @@ export async function ensureImageEnv(
         if (uvCache) mkdirSync(uvCache, { recursive: true });
         const mounts = ["--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, ...(uv ? ["--volume", `${uv}:${UV_MOUNT}:ro`, "--volume", `${uvCache}:${UV_CACHE_MOUNT}`] : [])];
         const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, ...mounts, "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req, Boolean(uv))];
-        const lines: string[] = [];
-        const proc = Bun.spawn([image.engine.bin, ...args], { env: opts.engineEnv as Record<string, string>, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
-        const stop = () => {
-          proc.kill("SIGKILL");
-          void engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
-        };
+        // Stopped (a cancel, a time limit): the engine's CLI is killed, and the container with it, by its name.
+        const stop = () => void engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
         opts.signal?.addEventListener("abort", stop, { once: true });
-        const read = async (s: ReadableStream<Uint8Array>) => {
-          let rest = "";
-          for await (const c of s) {
-            const parts = (rest + new TextDecoder().decode(c)).split("\n");
-            rest = parts.pop()!;
-            for (const l of parts) {
-              lines.push(l);
-              hooks.onLine?.(redactUrl(l));
-            }
-          }
-          if (rest) lines.push(rest);
-        };
-        await Promise.all([read(proc.stdout), read(proc.stderr)]);
-        const code = await proc.exited;
-        opts.signal?.removeEventListener("abort", stop);
-        const installerUsed = lines.some((l) => l === "gpulayer-installer: uv") ? "uv" : "pip";
-        if (code !== 0) {
-          const detail = redactUrl(lines.filter((l) => /error|ERROR|No matching|not find|Could not/.test(l)).slice(-5).join("\n") || lines.slice(-5).join("\n"));
-          throw new InstallError(`installing the requirements in image ${image.ref} failed (exit ${code})`, detail);
+        let ran: { code: number; lines: string[] };
+        try {
+          const cliEnv = Object.fromEntries(Object.entries(opts.engineEnv).filter((e): e is [string, string] => e[1] !== undefined));
+          ran = await runTool([image.engine.bin, ...args], { env: cliEnv, cwd: req.cwd, hooks: { onOutput: hooks.onLine }, signal: opts.signal });
+        } catch (error) {
+          if (error instanceof ToolStopped) throw new UserError(`stopped while building the env inside ${image.ref} (nothing was kept)`, ExitCode.cancelled);
+          throw error;
+        } finally {
+          opts.signal?.removeEventListener("abort", stop);
         }
+        const installerUsed = ran.lines.includes("gpulayer-installer: uv") ? "uv" : "pip";
+        if (ran.code !== 0) throw installFailure(`installing the requirements in image ${image.ref} with its ${installerUsed} failed`, ran.lines);
         markReady(paths, {
           key: resolved.key,
           path: paths.dir,
