@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
-import { type Kept, keepOutput, stopAll, waitFor, watchdogsOfRunner } from "./fixtures/processes.ts";
+import { type Kept, keepOutput, stopAll, waitFor, watchdogs } from "./fixtures/processes.ts";
 
 /**
  * A worker's agent killed alone (SIGKILL, what the OOM killer does) while its
@@ -71,7 +71,7 @@ async function run(withoutWatchdog: boolean): Promise<void> {
   const [child1] = lines(children);
   everyPid.push(main1!, child1!);
 
-  if (withoutWatchdog) for (const dog of watchdogsOfRunner(wa.proc.pid)) process.kill(dog, "SIGKILL");
+  if (withoutWatchdog) for (const dog of watchdogs({ runner: wa.proc.pid })) process.kill(dog, "SIGKILL");
   wa.proc.kill("SIGKILL");
   await wa.proc.exited;
   await waitFor("attempt 1's main process to die with the agent", () => !alive(main1!));

@@ -2,7 +2,7 @@ import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
-import { waitFor, watchdogOf } from "./fixtures/processes.ts";
+import { waitFor, watchdogs } from "./fixtures/processes.ts";
 
 /**
  * A job's processes as a whole, with real processes: a child that leaves the
@@ -87,8 +87,11 @@ describe("a SIGKILLed job run", () => {
 
   test("with its watchdog gone too, the env stays leased while a child of the job lives, and gc takes it after", async () => {
     const { run, main, child, id } = await start("lease");
-    const dog = await waitFor("the job's watchdog", () => watchdogOf(id));
-    process.kill(dog, "SIGKILL");
+    const [dog] = await waitFor("the job's watchdog", () => {
+      const found = watchdogs({ job: id });
+      return found.length ? found : null;
+    });
+    process.kill(dog!, "SIGKILL");
     run.kill("SIGKILL");
     await run.exited;
     await waitFor("the job's main process to die with its runner", () => !alive(main));

@@ -10,7 +10,7 @@ import { homeLayout } from "../src/config/paths.ts";
 import { bootId, liveness, processStartTime, readProcStat, signalRecorded } from "../src/core/process-identity.ts";
 import { JobStore } from "../src/jobs/store.ts";
 import { cli, sandbox } from "./helpers.ts";
-import { watchdogOf } from "./fixtures/processes.ts";
+import { watchdogs } from "./fixtures/processes.ts";
 
 /**
  * "Reads never write": job status, list and logs report a job whose runner is
@@ -170,9 +170,9 @@ describe("reads never write", () => {
     spawned.push(left);
 
     // Its watchdog gone first (else it ends the child within a second): what a reader sees of a job's leftovers.
-    const dog = watchdogOf(id);
-    expect(dog).not.toBeNull();
-    process.kill(dog!, "SIGKILL");
+    const dogs = watchdogs({ job: id });
+    expect(dogs).toHaveLength(1);
+    process.kill(dogs[0]!, "SIGKILL");
     process.kill(rec.runner_pid, "SIGKILL");
     await until("the runner gone", () => !isRunning(rec.runner_pid));
     // The job's main process dies with its runner (its parent-death signal); the child it started lives on.
