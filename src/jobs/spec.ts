@@ -4,7 +4,6 @@ import { type JobFile, loadJobFile } from "../config/jobfile.ts";
 import { type EnvironmentSource, environmentRequest } from "../env/request.ts";
 import { positiveDuration } from "../config/kinds.ts";
 import { UsageError } from "../errors.ts";
-import { redactUrl } from "../env/url-credentials.ts";
 
 /** A job with every path resolved and flags merged over its file: what a runner needs, nothing else. */
 export interface JobSpec {
@@ -114,20 +113,5 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
     env,
     environment,
     resources: { gpus: flags.gpus ?? file.resources?.gpus ?? 0, frameworks: file.resources?.frameworks ?? {} },
-  };
-}
-
-/** The spec as it may be stored: every URL's user and password shown as ***. */
-export function withoutCredentials(spec: JobSpec): JobSpec {
-  const e = spec.environment;
-  return {
-    ...spec,
-    environment: {
-      ...e,
-      specs: e.specs.map(redactUrl),
-      indexUrl: e.indexUrl === undefined ? undefined : redactUrl(e.indexUrl),
-      extraIndexUrls: e.extraIndexUrls.map(redactUrl),
-      findLinks: e.findLinks.map(redactUrl),
-    },
   };
 }

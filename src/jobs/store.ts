@@ -4,7 +4,7 @@ import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
 import { redactDeep, redactUrl } from "../env/url-credentials.ts";
-import { type JobSpec, withoutCredentials } from "./spec.ts";
+import type { JobSpec } from "./spec.ts";
 
 export type JobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled";
 export const FINAL_STATES: JobState[] = ["succeeded", "failed", "cancelled"];
@@ -125,7 +125,7 @@ export class JobStore {
     const id = Buffer.from(crypto.getRandomValues(new Uint8Array(8))).toString("hex");
     const now = Date.now();
     this.db.transaction(() => {
-      this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec) VALUES (?, ?, 'queued', ?, ?, ?)").run(id, spec.name, now, now, JSON.stringify(withoutCredentials(spec)));
+      this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec) VALUES (?, ?, 'queued', ?, ?, ?)").run(id, spec.name, now, now, JSON.stringify(redactDeep(spec)));
       this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, 'job.submitted', ?)").run(id, now, JSON.stringify({ name: spec.name, command: spec.commandText }));
     })();
     return { ...this.get(id)!, spec };
