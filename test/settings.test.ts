@@ -5,7 +5,7 @@ import { resolveSettings } from "../src/config/resolve.ts";
 import { settingsMarkdown } from "../src/config/report.ts";
 import { SETTING_NAMES, SETTINGS, type SettingDef, type SettingName } from "../src/config/table.ts";
 import { ExitCode, UsageError } from "../src/errors.ts";
-import { cli, sandbox } from "./helpers.ts";
+import { CLI_ARGV, cli, sandbox } from "./helpers.ts";
 
 /**
  * Every setting of the table, from every source: flag > GPULAYER_* variable >
@@ -158,4 +158,59 @@ test("the README's configuration table is the table of settings", () => {
   const table = settingsMarkdown();
   if (!readme.includes(table)) console.error(`the README's configuration table should read:\n${table}`);
   expect(readme.includes(table)).toBe(true);
+});
+
+describe("the token and its file: one setting in two forms, the more directly given one wins", () => {
+  /** A stand-in server that answers `job list` and records the token each request carried. */
+  const seen: string[] = [];
+  const server = Bun.serve({
+    hostname: "127.0.0.1",
+    port: 0,
+    fetch(req) {
+      seen.push((req.headers.get("authorization") ?? "").replace(/^Bearer /, ""));
+      return Response.json([]);
+    },
+  });
+  afterAll(() => server.stop(true));
+  const url = `http://127.0.0.1:${server.port}`;
+  const fileWith = (name: string, token: string) => {
+    const f = join(box.root, name);
+    writeFileSync(f, `${token}\n`, { mode: 0o600 });
+    return f;
+  };
+  const list = async (args: string[], env: Record<string, string>, config?: string) => {
+    writeFileSync(join(box.home, "config.yaml"), config ?? "");
+    seen.length = 0;
+    const r = await cli(["job", "list", "--json", "--server", url, ...args], { env: { ...box.env, ...env } });
+    return { ...r, token: seen[0] };
+  };
+
+  test("a flag beats a variable, a variable beats the config file, whichever form each takes", async () => {
+    const a = fileWith("a.token", "token-from-file-aaaaaaaa");
+    expect((await list(["--token", "token-from-flag-bbbbbbbb"], { GPULAYER_TOKEN_FILE: a })).token).toBe("token-from-flag-bbbbbbbb");
+    expect((await list(["--token-file", a], { GPULAYER_TOKEN: "token-from-var-cccccccc" })).token).toBe("token-from-file-aaaaaaaa");
+    expect((await list([], { GPULAYER_TOKEN: "token-from-var-cccccccc" }, `token_file: ${a}\n`)).token).toBe("token-from-var-cccccccc");
+    expect((await list([], {}, `token_file: ${a}\n`)).token).toBe("token-from-file-aaaaaaaa");
+  });
+
+  test("both forms at one level is refused, naming both; an unreadable file names itself", async () => {
+    const a = fileWith("b.token", "token-from-file-dddddddd");
+    const both = await list([], { GPULAYER_TOKEN: "token-from-var-eeeeeeee", GPULAYER_TOKEN_FILE: a });
+    expect(both.code).toBe(2);
+    expect(both.stderr.trim()).toBe("error: GPULAYER_TOKEN and GPULAYER_TOKEN_FILE: give the token one way");
+    const missing = await list(["--token-file", join(box.root, "nope.token")], {});
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toContain(`--token-file ${join(box.root, "nope.token")}: cannot read it (ENOENT)`);
+  });
+
+  test("--token-file - reads it from standard input", async () => {
+    writeFileSync(join(box.home, "config.yaml"), "");
+    seen.length = 0;
+    const proc = Bun.spawn([...CLI_ARGV, "job", "list", "--json", "--server", url, "--token-file", "-"], { env: box.env, stdin: "pipe", stdout: "pipe", stderr: "pipe" });
+    proc.stdin.write("token-from-stdin-ffffffff\n");
+    await proc.stdin.end();
+    const code = await proc.exited;
+    expect(code, await new Response(proc.stderr).text()).toBe(0);
+    expect(seen[0]).toBe("token-from-stdin-ffffffff");
+  });
 });

@@ -54,14 +54,20 @@ export function runAsChecks(ctx: CommandContext) {
   };
 }
 
-/** token_file read into token (it wins over GPULAYER_TOKEN; with --token as well, the user meant two things). */
+/** How directly a setting was given: the token and its file are one setting in two forms, and the more direct one wins. */
+const RANK = { flag: 3, env: 2, file: 1, default: 0 } as const;
+
+/** token_file read into token, unless the token itself was given more directly; both at one level: the user meant two things. */
 function tokenFromFile(settings: ResolvedSettings): void {
   const file = settings.values.token_file!;
   const from = settings.origins.token_file.name;
-  if (settings.origins.token.source === "flag" && settings.origins.token_file.source === "flag") throw new UsageError("--token and --token-file: give the token one way");
+  const [given, viaFile] = [settings.origins.token, settings.origins.token_file];
+  if (RANK[given.source] > RANK[viaFile.source]) return;
+  if (RANK[given.source] === RANK[viaFile.source]) throw new UsageError(`${given.name} and ${viaFile.name}: give the token one way`);
   let text: string;
   try {
-    text = readFileSync(file === "-" ? "/dev/stdin" : file, "utf8");
+    // fd 0 itself, not /dev/stdin: a socket (as some launchers give) cannot be opened by path.
+    text = readFileSync(file === "-" ? 0 : file, "utf8");
   } catch (error) {
     throw new UsageError(`${from} ${file}: cannot read it (${(error as NodeJS.ErrnoException).code ?? (error as Error).message})`);
   }
