@@ -13,7 +13,7 @@ import { sleep } from "./sleep.ts";
 
 const MARK = "GPULAYER_JOB_ID";
 
-export const jobMark = (jobId: string) => `${MARK}=${jobId}`;
+const jobMark = (jobId: string) => `${MARK}=${jobId}`;
 
 /** The live processes carrying the job's mark (this process excluded). */
 export function jobProcesses(jobId: string): number[] {
@@ -36,6 +36,39 @@ export function jobProcesses(jobId: string): number[] {
     }
   }
   return found;
+}
+
+let snapshot: { at: number; counts: Map<string, number> } | null = null;
+
+/**
+ * How many live processes carry each job's mark, from one pass over /proc
+ * (kept a second): a reader showing many jobs asks per job, and scans once.
+ */
+export function markedJobCounts(now = Date.now()): Map<string, number> {
+  if (snapshot && now - snapshot.at < 1000) return snapshot.counts;
+  const counts = new Map<string, number>();
+  const prefix = `\0${MARK}=`;
+  let names: string[] = [];
+  try {
+    names = readdirSync("/proc");
+  } catch {
+    // no /proc: nothing is found
+  }
+  for (const name of names) {
+    if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
+    try {
+      const environ = `\0${readFileSync(`/proc/${name}/environ`, "latin1")}`;
+      const at = environ.indexOf(prefix);
+      if (at === -1 || isZombie(name)) continue;
+      const end = environ.indexOf("\0", at + 1);
+      const id = environ.slice(at + prefix.length, end === -1 ? undefined : end);
+      counts.set(id, (counts.get(id) ?? 0) + 1);
+    } catch {
+      // gone, or not ours to read
+    }
+  }
+  snapshot = { at: now, counts };
+  return counts;
 }
 
 function isZombie(pid: string): boolean {

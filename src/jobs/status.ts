@@ -1,4 +1,4 @@
-import { jobProcesses } from "../core/job-processes.ts";
+import { markedJobCounts } from "../core/job-processes.ts";
 import { liveness } from "../core/process-identity.ts";
 import { FINAL_STATES, type JobEvent, type JobRecord, type JobStore } from "./store.ts";
 
@@ -97,7 +97,7 @@ export function lostReason(job: JobRecord): string | null {
   const child = job.childPid ? liveness({ pid: job.childPid, start: job.childStart, boot: job.pidBoot }) : "gone";
   if (child === "alive") return `${reason}; its command (pid ${job.childPid}) still runs: gpulayer job cancel ${job.id} stops it`;
   // Its main process died with the runner; what it started may live on.
-  const left = jobProcesses(job.id).length;
+  const left = markedJobCounts().get(job.id) ?? 0;
   return left ? `${reason}; ${left} process(es) it started still run: gpulayer job cancel ${job.id} stops them` : reason;
 }
 
