@@ -47,6 +47,8 @@ export interface ImageEnvRequest {
 export interface ImageEnvResult {
   key: string;
   path: string;
+  /** Where it is inside the job's container (IMAGE_ENV_MOUNT). */
+  mount: string;
   status: "built" | "reused";
   seconds: number;
   python: ImagePython;
@@ -152,7 +154,7 @@ export async function ensureImageEnv(
   const py = await imagePython(layout, image.engine, image.imageId, image.ref, opts.engineEnv);
   const resolved = resolveImageRequest(layout, image.imageId, py, req);
   const paths = entryPaths(layout, resolved.key);
-  const done = (status: "built" | "reused") => ({ key: resolved.key, path: paths.dir, status, seconds: (performance.now() - started) / 1000, python: py });
+  const done = (status: "built" | "reused") => ({ key: resolved.key, path: paths.dir, mount: IMAGE_ENV_MOUNT, status, seconds: (performance.now() - started) / 1000, python: py });
   const { entry, lease } = await acquireEntry({
     lease: opts.leaseHolder ? { layout, kind: "env", id: resolved.key, holder: opts.leaseHolder } : undefined,
     lock: paths.lock,

@@ -8,7 +8,7 @@ import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
 import { type ContainerSettings, type EngineHost, type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, type RunningContainer, runContainer } from "../docker/index.ts";
-import { ensureImageEnv, IMAGE_ENV_MOUNT, type ImageEnvResult } from "../docker/image-env.ts";
+import type { ImageEnvResult } from "../docker/image-env.ts";
 import type { InstallerSetting } from "../env/build-plan.ts";
 import type { JobRecord, JobState, JobStore } from "./store.ts";
 import { bootId, processStartTime } from "../core/process-identity.ts";
@@ -138,8 +138,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         image: image.imageId,
         workdir: spec.workdir,
         // The env first on the image's own PATH, as a venv's activation would put it.
-        env: { ...spec.env, GPULAYER_JOB_ID: job.id, ...(env ? { PATH: `${IMAGE_ENV_MOUNT}/bin:${env.python.path}`, VIRTUAL_ENV: IMAGE_ENV_MOUNT } : {}) },
-        mounts: env ? [{ host: env.path, target: IMAGE_ENV_MOUNT, readOnly: true }] : [],
+        env: { ...spec.env, GPULAYER_JOB_ID: job.id, ...(env ? { PATH: `${env.mount}/bin:${env.python.path}`, VIRTUAL_ENV: env.mount } : {}) },
+        mounts: env ? [{ host: env.path, target: env.mount, readOnly: true }] : [],
         command: spec.argv,
         name: `gpulayer-${job.id}`.replace(/[^a-zA-Z0-9_.-]/g, "-"),
         gpus: spec.resources.gpus || undefined,
@@ -181,7 +181,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         if (withEnv) io.onPrepared?.({ status: image.status, seconds: image.seconds, key: image.digest, kind: "image" });
         const env =
           withEnv
-            ? await ensureImageEnv(
+            ? // Loaded only for an image with requirements: a plain job never pays for it.
+              await (await import("../docker/image-env.ts")).ensureImageEnv(
                 layout,
                 { ref: image.image, imageId: image.imageId, engine: image.engine },
                 { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: spec.workdir, env: settings.env, network: settings.container.network, uv: settings.uv },
