@@ -1,14 +1,14 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { readdirSync, statSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
-import { leftoverPlaceholders } from "../src/env/worker-mirror.ts";
+import { leftoverPlaceholders } from "../src/env/standins.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, HAS_UV, makeWorkerVenv, pipInstall, sandbox, tempDir } from "./helpers.ts";
 
 /**
  * What a cold build leaves and costs, on real builds: bytecode compiled at
  * build time (so no job compiles or writes into a shared env), and the
- * worker's stand-ins made once per worker state and linked in after.
+ * worker's stand-ins made once per worker state and taken by each build after.
  */
 
 setDefaultTimeout(120_000);
@@ -22,7 +22,11 @@ beforeAll(async () => {
   index.wheel({ name: "alpha", version: "1.0", requires: ["beta"] });
   index.wheel({ name: "beta", version: "1.0" });
   index.wheel({ name: "gamma", version: "1.0" });
-  worker = await makeWorkerVenv(join(world, "worker"), { env: sandbox().env, withPip: true, packages: ["gamma"], findLinks: index.dir });
+  index.wheel({ name: "gamma", version: "2.0" });
+  index.wheel({ name: "zeta", version: "1.0" });
+  index.wheel({ name: "delta", version: "1.0", requires: ["epsilon", "gamma<2"] });
+  index.wheel({ name: "epsilon", version: "1.0" });
+  worker = await makeWorkerVenv(join(world, "worker"), { env: sandbox().env, withPip: true, packages: ["gamma==1.0"], findLinks: index.dir });
 });
 afterAll(() => index.stop());
 
@@ -71,27 +75,84 @@ for (const installer of HAS_UV ? (["auto", "pip"] as const) : (["pip"] as const)
 
 // Skipped only without uv: stand-ins are what the fast path shows uv. CI installs uv (.ci/run), so there it runs.
 describe.skipIf(!HAS_UV)("the worker's stand-ins", () => {
-  test("are made once per worker state and linked into each build; none is left in an env; a changed worker gets new ones", async () => {
+  const build = async (s: ReturnType<typeof sandbox>, spec: string, w = worker) => {
+    const r = await cli(["env", "prepare", "-p", spec, "--index-url", index.url, "--python", w, "--json"], { env: s.env, cwd: s.root });
+    if (r.code !== 0) throw new Error(r.stderr);
+    return JSON.parse(r.stdout) as { path: string; check: string[] };
+  };
+  /** Worker states (folders) and their slots under the home's stand-in root. */
+  const slots = (s: ReturnType<typeof sandbox>) => {
+    const root = join(s.home, "tools", "standins-v2");
+    return readdirSync(root)
+      .filter((n) => !n.includes("."))
+      .map((state) => readdirSync(join(root, state)).length);
+  };
+
+  test("are made once per worker state and taken by each build; none is left in an env; a changed worker gets new ones", async () => {
     const s = sandbox();
     try {
-      const templates = join(s.home, "tools", "standins-v1");
-      const build = async (spec: string) => {
-        const r = await cli(["env", "prepare", "-p", spec, "--index-url", index.url, "--python", worker], { env: s.env, cwd: s.root });
-        if (r.code !== 0) throw new Error(r.stderr);
-        return r.stdout.trim().split("\n").at(-1)!;
-      };
-      const a = await build("alpha");
-      expect(readdirSync(templates)).toHaveLength(1);
-      const b = await build("beta");
-      expect(readdirSync(templates)).toHaveLength(1);
+      const a = (await build(s, "alpha")).path;
+      expect(slots(s)).toEqual([1]);
+      const b = (await build(s, "beta")).path;
+      expect(slots(s)).toEqual([1]);
       for (const env of [a, b]) expect(leftoverPlaceholders(site(env))).toEqual([]);
       // The worker's own gamma was shown to uv: neither env installed it again.
       for (const env of [a, b]) expect(readdirSync(site(env)).some((n) => n.startsWith("gamma-"))).toBe(false);
       await pipInstall(worker, ["--find-links", index.dir, "--no-index", "beta"], s.env);
-      const c = await build("alpha==1.0");
-      expect(readdirSync(templates)).toHaveLength(2);
+      const c = (await build(s, "alpha==1.0")).path;
+      expect(slots(s).sort()).toEqual([1, 1]);
       // beta is the worker's now: the env holds only alpha.
       expect(readdirSync(site(c)).filter((n) => n.endsWith(".dist-info"))).toEqual(["alpha-1.0.dist-info"]);
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  test("builds at once each take their own set; a slot uv emptied part of comes back whole", async () => {
+    const s = sandbox();
+    try {
+      await build(s, "alpha");
+      const [x, y, z] = await Promise.all([build(s, "beta"), build(s, "gamma==2.0"), build(s, "zeta")]);
+      for (const env of [x, y, z]) expect(leftoverPlaceholders(site(env.path))).toEqual([]);
+      // gamma 2.0 replaced the worker's 1.0 in its env: the placeholder uv removed was written back into the slot.
+      expect(readdirSync(site(y.path)).filter((n) => n.endsWith(".dist-info"))).toEqual(["gamma-2.0.dist-info"]);
+      const [count] = slots(s);
+      expect(count).toBeGreaterThanOrEqual(1);
+      expect(count).toBeLessThanOrEqual(3);
+      const root = join(s.home, "tools", "standins-v2");
+      const state = readdirSync(root).find((n) => !n.includes("."))!;
+      for (const slot of readdirSync(join(root, state))) expect(readdirSync(join(root, state, slot)).some((n) => n.startsWith("gamma-1.0"))).toBe(true);
+      // The next build, after the worker's gamma was replaced in one env, still keeps the worker's copy.
+      const again = await build(s, "beta");
+      expect(readdirSync(site(again.path)).some((n) => n.startsWith("gamma-"))).toBe(false);
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  test("the worker's own findings are told by every build, and go where a build's packages change them (pip check as the reference)", async () => {
+    const s = sandbox();
+    try {
+      // delta needs epsilon, which the worker lacks; delta needs gamma<2, which the worker has (1.0).
+      const broken = await makeWorkerVenv(join(s.root, "broken"), { env: s.env, withPip: true, packages: ["gamma==1.0"], findLinks: index.dir });
+      await pipInstall(broken, ["--find-links", index.dir, "--no-index", "--no-deps", "delta"], s.env);
+      const names = (lines: string[]) => ["epsilon", "gamma"].filter((n) => lines.some((l) => l.toLowerCase().includes(n)));
+      const viaPip = async (spec: string) => {
+        const r = await cli(["env", "prepare", "-p", spec, "--index-url", index.url, "--python", broken, "--json"], { env: { ...s.env, GPULAYER_INSTALLER: "pip" }, cwd: s.root });
+        if (r.code !== 0) throw new Error(r.stderr);
+        return names((JSON.parse(r.stdout) as { check: string[] }).check);
+      };
+      for (const [spec, expected] of [
+        ["beta", ["epsilon"]], // first build of this worker state: its findings asked once
+        ["alpha", ["epsilon"]], // kept findings told again
+        ["epsilon", []], // the env has what delta lacked: no finding
+        ["gamma==2.0", ["epsilon", "gamma"]], // the env replaced the worker's gamma with one delta cannot use
+      ] as const) {
+        const got = (await build(s, spec, broken)).check;
+        const fast = names(got);
+        expect({ spec, fast }).toEqual({ spec, fast: [...expected] });
+        expect({ spec, pip: await viaPip(spec) }).toEqual({ spec, pip: [...expected] });
+      }
     } finally {
       s.cleanup();
     }

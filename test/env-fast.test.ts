@@ -2,7 +2,8 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { installedSet } from "../src/env/interpreter.ts";
-import { eggInfoRequires, leftoverPlaceholders } from "../src/env/worker-mirror.ts";
+import { eggInfoRequires } from "../src/env/worker-mirror.ts";
+import { leftoverPlaceholders } from "../src/env/standins.ts";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { cli, HAS_UV, makeWorkerVenv, pipInstall, run, sandbox, tempDir } from "./helpers.ts";
 

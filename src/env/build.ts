@@ -11,7 +11,8 @@ import type { InterpreterInfo } from "./interpreter.ts";
 import { installedSet } from "./interpreter.ts";
 import { pipCheck, pipCommand, pipInstall } from "./pip-path.ts";
 import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-tool.ts";
-import { linkPlaceholders, removePlaceholders, scanWorker } from "./worker-mirror.ts";
+import { scanWorker } from "./worker-mirror.ts";
+import { type AfterInstall, afterInstall, baseCheckHolds, placeStandins, readBaseCheck, returnStandins, saveBaseCheck, type StandinLease } from "./standins.ts";
 import { findUv } from "./uv-tool.ts";
 import { writeFileNamed } from "../core/atomic.ts";
 
@@ -133,7 +134,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     const argv = venvUv ? [venvUv, "venv", "--no-config", "--quiet", "--python", info.executable, plan.dir] : [info.executable, "-m", "venv", "--without-pip", plan.dir];
     const [{ code, lines }, scanned, machine] = await Promise.all([
       runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }),
-      uv ? scanWorker(info.path, info.siteDirs, env) : null,
+      uv ? scanWorker(info.path, info.siteDirs, env, join(plan.toolsDir, "worker-scan-v1"), Date.now()) : null,
       uv ? machineSettingsForUv(plan, env) : null,
     ]);
     if (code !== 0) throw installFailure("creating the virtual environment failed", lines);
@@ -150,30 +151,58 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
 
   const site = envSitePackages(plan.dir, info);
   const envPython = join(plan.dir, "bin", "python");
-  let placeholders: string[] = [];
+  const standinRoot = join(plan.toolsDir, "standins-v2");
+  let lease: StandinLease | null = null;
   await timed("linking", `${info.siteDirs.length} site dir(s) of ${info.path}${fast ? `; ${dists!.length} of its packages shown to uv` : ""}`, async () => {
     if (!existsSync(site)) throw new InstallError(`the new environment has no ${site}`, "");
+    if (fast) lease = placeStandins(site, plan.dir, dists!, standinRoot);
     // addsitedir (not a bare path line) also runs the worker's own .pth files: editable installs keep working.
     const lines = info.siteDirs.map((d) => `import site; site.addsitedir(${JSON.stringify(d)})`);
     writeFileNamed(join(site, "_gpulayer_worker.pth"), `${lines.join("\n")}\n`);
-    if (fast) placeholders = linkPlaceholders(site, dists!, join(plan.toolsDir, "standins-v1"));
   });
 
   const { requirements } = plan.inputs;
   let installer: string;
   let check: string[];
   if (fast) {
-    installer = `uv ${await uvVersion(uv!, plan.dir)} (fast path)`;
-    if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
-    const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site);
-    if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
-    // The check reads metadata, the compile writes only __pycache__: side by side, each timed as its own step.
-    [, check] = await Promise.all([
-      timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, env, plan, hooks)),
-      timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks)),
-    ]);
-    // The env keeps its own packages and the .pth link, exactly as pip leaves it.
-    removePlaceholders(site, placeholders);
+    const standins: StandinLease = lease!;
+    const version = await uvVersion(uv!, plan.dir);
+    installer = `uv ${version} (fast path)`;
+    // The worker's own findings, asked once per worker state while the env holds nothing but its placeholders (standins.ts).
+    const base = readBaseCheck(standinRoot, standins.state, version) ?? saveBaseCheck(standinRoot, standins.state, version, await timed("checking", `uv pip check of the worker's ${dists!.length} packages (once per worker state)`, () => uvCheck(plan, uv!, envPython, fastEnv!, hooks)));
+    let after: AfterInstall | null = null;
+    let returned = false;
+    const giveBack = (state: AfterInstall) => {
+      returned = true;
+      returnStandins(site, plan.dir, standins, state, standinRoot);
+    };
+    try {
+      if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
+      const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site);
+      if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
+      after = afterInstall(site, standins);
+      const held = plan.inputs.optionsSeen.has("--no-deps") ? null : baseCheckHolds(base, after, standins);
+      const compile = () => timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, env, plan, hooks));
+      if (held) {
+        // The worker's findings hold for this env: the placeholders go first, so the compile walks only the env's own files.
+        giveBack(after);
+        await compile();
+        check = held;
+      } else {
+        // The check reads metadata (the placeholders' too), the compile writes only __pycache__: side by side, each timed as its own step.
+        [, check] = await Promise.all([compile(), timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks))]);
+        giveBack(after);
+      }
+    } finally {
+      // The env keeps its own packages and the .pth link, exactly as pip leaves it; the placeholders go back for the next build, failed or not.
+      if (!returned) {
+        try {
+          giveBack(after ?? afterInstall(site, standins));
+        } catch {
+          // the build's own failure is the one to tell
+        }
+      }
+    }
   } else {
     const pip = await pipCommand(plan, envPython, env, hooks);
     installer = pip.name;

@@ -72,6 +72,23 @@ function askWrapper(path: string, env: Record<string, string | undefined>, cwd: 
   return { path: out, via: `wrapper ${path} (asked: sys.executable)` };
 }
 
+/**
+ * A tool behind a pyenv shim (uv installed with a pyenv Python's pip), resolved
+ * as pyenv would, for this run only: the shim's bash costs tens of
+ * milliseconds at every start. Anything else, or a shim whose choice is not
+ * certain from files alone, is returned as it is.
+ */
+export function resolveToolShim(path: string, env: Record<string, string | undefined>, cwd: string): string {
+  try {
+    if (firstBytes(realpathSync(path), 2).toString("latin1") !== "#!") return path;
+    const text = readFileSync(path, "utf8").slice(0, 4096);
+    if (!/pyenv"? exec/.test(text)) return path;
+    return resolvePyenvShim(path, text, env, cwd)?.path ?? path;
+  } catch {
+    return path;
+  }
+}
+
 /** Resolve shims and wrappers; a binary (or a link to one) is returned as it is. */
 export function resolveInterpreter(path: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter {
   let head: Buffer;

@@ -5,6 +5,7 @@ import { contentHash } from "../core/hashing.ts";
 import type { BuildPlan } from "./build-plan.ts";
 import { installedSet } from "./interpreter.ts";
 import { installerMessage, runTool } from "./run-tool.ts";
+import { resolveToolShim } from "./shims.ts";
 
 /**
  * The uv a build uses, by the `uv` setting: off, none; a path, that one;
@@ -68,7 +69,7 @@ async function lookUp(plan: UvPlan, env: Record<string, string>): Promise<UvFoun
   if (setting === "off") return { path: null, reason: "the uv setting is off (GPULAYER_UV=off)" };
   if (setting !== "auto") return ownUv(plan, setting);
   const onPath = Bun.which("uv", { PATH: plan.env.PATH ?? "" });
-  if (onPath) return { path: onPath, reason: null };
+  if (onPath) return { path: resolveToolShim(onPath, plan.env, plan.cwd), reason: null };
   const pinned = pinnedUvPath(plan.toolsDir);
   if (isExecutable(pinned)) return { path: pinned, reason: null };
   // Nothing of this build would run uv: no download for it.
@@ -118,7 +119,7 @@ function rememberFailure(file: string, asked: string, reason: string): void {
 /** A uv the setting names: a path (relative to the working directory), or a name looked up on PATH. */
 function ownUv(plan: UvPlan, setting: string): UvFound {
   const path = setting.includes("/") ? resolve(plan.cwd, setting) : Bun.which(setting, { PATH: plan.env.PATH ?? "" });
-  if (path && isExecutable(path)) return { path, reason: null };
+  if (path && isExecutable(path)) return { path: resolveToolShim(path, plan.env, plan.cwd), reason: null };
   return { path: null, reason: `the uv setting names ${setting}, which is not an executable file` };
 }
 

@@ -1,7 +1,8 @@
-import { copyFileSync, existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { valid as validVersion } from "@renovatebot/pep440";
 import { contentHash } from "../core/hashing.ts";
+import { writeFileAtomic } from "../core/atomic.ts";
 import { normalizeName } from "./canonical.ts";
 
 /**
@@ -43,47 +44,104 @@ print(state, *before, *[p for p in sys.path if p not in before], sep="\\0", end=
 /** pip leaves these out of what is installed (pip._internal.utils.compat.stdlib_pkgs). */
 const PIP_SKIPS = new Set(["python", "wsgiref", "argparse"]);
 
-export async function scanWorker(python: string, siteDirs: string[], env: Record<string, string>): Promise<WorkerScan> {
+/** A scan and what it read: the search path's folders and the files whose content it depends on. */
+interface Scanned {
+  scan: WorkerScan;
+  watched: string[];
+}
+
+async function scan(python: string, siteDirs: string[], env: Record<string, string>): Promise<Scanned | { failed: string }> {
   const proc = Bun.spawn([python, "-E", "-S", "-c", SEARCH_PATH, ...siteDirs], { env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
   const [out, err, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
-  if (code !== 0) return { unsupported: `${python} did not tell its search path (${err.trim().split("\n").pop() || `exit ${code}`})` };
+  if (code !== 0) return { failed: `${python} did not tell its search path (${err.trim().split("\n").pop() || `exit ${code}`})` };
   const [state, ...entries] = out.split("\0");
-  if (state === "moved") return { unsupported: "a .pth file of the worker puts paths ahead of the env's own site-packages; only pip sees that order" };
+  // The .pth files of the site dirs decide the search path; a folder's mtime changes with what it holds.
+  const watched = [python, ...siteDirs];
+  for (const d of siteDirs) for (const n of safeReaddir(d)) if (n.endsWith(".pth")) watched.push(join(d, n));
+  const done = (result: WorkerScan): Scanned => ({ scan: result, watched });
+  if (state === "moved") return done({ unsupported: "a .pth file of the worker puts paths ahead of the env's own site-packages; only pip sees that order" });
   const seen = new Set<string>();
   const dists: WorkerDist[] = [];
   for (const entry of entries) {
     if (!entry) continue; // '' (the working directory of `python -c`): not on the env's path
-    if (entry.endsWith(".egg")) return { unsupported: `the worker has an egg on its path (${entry}); only pip reads eggs` };
-    let names: string[];
-    try {
-      names = readdirSync(entry).sort();
-    } catch {
-      continue; // missing, or a zip: nothing installed there that pip would count
-    }
+    if (entry.endsWith(".egg")) return done({ unsupported: `the worker has an egg on its path (${entry}); only pip reads eggs` });
+    watched.push(entry);
+    const names = safeReaddir(entry).sort(); // missing, or a zip: nothing installed there that pip would count
     for (const n of names) {
-      if (n.endsWith(".egg-link") || n.endsWith(".egg")) return { unsupported: `the worker has ${join(entry, n)}; only pip reads eggs and .egg-link files` };
+      if (n.endsWith(".egg-link") || n.endsWith(".egg")) return done({ unsupported: `the worker has ${join(entry, n)}; only pip reads eggs and .egg-link files` });
       const kind = n.endsWith(".dist-info") ? "dist-info" : n.endsWith(".egg-info") ? "egg-info" : null;
       if (!kind) continue;
-      const found = identify(join(entry, n), kind);
+      const found = identify(join(entry, n), kind, watched);
       if (found === null) continue; // no metadata: pip skips it too
-      if ("unsupported" in found) return found;
+      if ("unsupported" in found) return done(found);
       const key = normalizeName(found.name);
       if (seen.has(key) || PIP_SKIPS.has(key)) continue; // the first on the path is the one pip and Python see
       seen.add(key);
       dists.push(found);
     }
   }
-  return { dists };
+  return done({ dists });
+}
+
+function safeReaddir(dir: string): string[] {
+  try {
+    return readdirSync(dir);
+  } catch {
+    return [];
+  }
+}
+
+function signature(paths: string[]): string {
+  return paths
+    .map((p) => {
+      const st = statSync(p, { throwIfNoEntry: false });
+      return st ? `${p}:${st.ino}:${st.size}:${st.mtimeMs}` : `${p}:-`;
+    })
+    .join("\n");
+}
+
+/** Changes closer to now than this may share an mtime with the next one (coarse file clocks): such a scan is not kept. */
+const SETTLED_MS = 2000;
+
+/**
+ * What pip in the env would find of the worker. Kept under `cacheDir` with
+ * the identity (inode, size, mtime) of every folder on the search path and of
+ * every file the answer rests on (.pth files, metadata read for a name): an
+ * install or removal in the worker changes its folder's mtime, so the kept
+ * scan is used only while none of them changed, at the cost of a stat each.
+ */
+export async function scanWorker(python: string, siteDirs: string[], env: Record<string, string>, cacheDir: string, nowMs: number): Promise<WorkerScan> {
+  const file = join(cacheDir, `${contentHash([python, ...siteDirs].join("\0")).slice(0, 32)}.json`);
+  try {
+    const kept = JSON.parse(readFileSync(file, "utf8")) as { watched: string[]; signature: string; scan: WorkerScan };
+    if (kept.signature === signature(kept.watched)) return kept.scan;
+  } catch {
+    // none kept, or unreadable: scanned afresh
+  }
+  const result = await scan(python, siteDirs, env);
+  if ("failed" in result) return { unsupported: result.failed };
+  const sig = signature(result.watched);
+  const settled = result.watched.every((p) => (statSync(p, { throwIfNoEntry: false })?.mtimeMs ?? 0) < nowMs - SETTLED_MS);
+  if (settled) {
+    try {
+      mkdirSync(cacheDir, { recursive: true });
+      writeFileAtomic(file, JSON.stringify({ watched: result.watched, signature: sig, scan: result.scan }));
+    } catch {
+      // a read-only home: scanned again next time
+    }
+  }
+  return result.scan;
 }
 
 /** Name and version as pip reads them: from the folder's name, else from the metadata. */
-function identify(path: string, kind: WorkerDist["kind"]): WorkerDist | { unsupported: string } | null {
+function identify(path: string, kind: WorkerDist["kind"], watched: string[]): WorkerDist | { unsupported: string } | null {
   const base = path.slice(path.lastIndexOf("/") + 1);
   const m = kind === "dist-info" ? /^(.+)-([^-]+)\.dist-info$/.exec(base) : null;
   if (m && validVersion(m[2]!)) {
     if (!isFile(join(path, "METADATA"))) return null;
     return { name: m[1]!, version: m[2]!, path, kind };
   }
+  watched.push(metadataFile(path, kind));
   const text = metadataText(path, kind);
   if (text === null) return null;
   const name = header(text, "Name");
@@ -101,10 +159,13 @@ function isFile(p: string): boolean {
   }
 }
 
+function metadataFile(path: string, kind: WorkerDist["kind"]): string {
+  return kind === "dist-info" ? join(path, "METADATA") : isFile(path) ? path : join(path, "PKG-INFO");
+}
+
 function metadataText(path: string, kind: WorkerDist["kind"]): string | null {
-  const file = kind === "dist-info" ? join(path, "METADATA") : isFile(path) ? path : join(path, "PKG-INFO");
   try {
-    return readFileSync(file, "utf8");
+    return readFileSync(metadataFile(path, kind), "utf8");
   } catch {
     return null;
   }
@@ -162,11 +223,16 @@ function eggInfoMetadata(dist: WorkerDist): string {
   return `${lines.join("\n")}\n${body}`;
 }
 
-/** Write the placeholders into the env's site-packages; returns their folder names. */
+/** The placeholder's folder name in site-packages. */
+export function placeholderDir(dist: WorkerDist): string {
+  return `${normalizeName(dist.name).replace(/-/g, "_")}-${dist.version}.dist-info`;
+}
+
+/** Write the placeholders into a folder (the env's site-packages, or a slot: standins.ts); returns their folder names. */
 export function writePlaceholders(site: string, dists: WorkerDist[]): string[] {
   const created: string[] = [];
   for (const dist of dists) {
-    const dir = `${normalizeName(dist.name).replace(/-/g, "_")}-${dist.version}.dist-info`;
+    const dir = placeholderDir(dist);
     const target = join(site, dir);
     mkdirSync(target);
     if (dist.kind === "dist-info") copyFileSync(join(dist.path, "METADATA"), join(target, "METADATA"));
@@ -177,71 +243,4 @@ export function writePlaceholders(site: string, dists: WorkerDist[]): string[] {
     created.push(dir);
   }
   return created;
-}
-
-const PLACEHOLDER_FILES = ["METADATA", "WHEEL", "INSTALLER", "RECORD"];
-
-/**
- * The placeholders of one worker state, made once and kept under `templates`
- * by a fingerprint of every distribution's name, version, place and METADATA
- * (size, mtime): a build links them in (a folder and four hard links each,
- * never a copy), so a cold build does not pay for the worker's size in
- * writes. Hard links, not symbolic: uv replacing a placeholder unlinks the
- * env's names, never the template's files.
- */
-export function linkPlaceholders(site: string, dists: WorkerDist[], templates: string): string[] {
-  const facts = dists.map((d) => {
-    const meta = d.kind === "dist-info" ? join(d.path, "METADATA") : d.path;
-    const st = statSync(meta, { throwIfNoEntry: false });
-    return `${d.name}\0${d.version}\0${d.kind}\0${d.path}\0${st?.size}:${st?.mtimeMs}`;
-  });
-  const template = join(templates, contentHash(facts.join("\n")).slice(0, 32));
-  if (!existsSync(template)) {
-    const tmp = `${template}.${process.pid}.${crypto.randomUUID()}.tmp`;
-    mkdirSync(tmp, { recursive: true });
-    writePlaceholders(tmp, dists);
-    try {
-      renameSync(tmp, template);
-    } catch {
-      rmSync(tmp, { recursive: true, force: true }); // another build made it first
-    }
-  }
-  const created = readdirSync(template);
-  try {
-    for (const dir of created) {
-      mkdirSync(join(site, dir));
-      for (const f of PLACEHOLDER_FILES) linkSync(join(template, dir, f), join(site, dir, f));
-    }
-  } catch {
-    // Another filesystem, or a template half gone: placeholders written afresh.
-    for (const dir of created) rmSync(join(site, dir), { recursive: true, force: true });
-    return writePlaceholders(site, dists);
-  }
-  return created;
-}
-
-/** Remove the placeholders uv left (those it replaced carry its own INSTALLER, and stay). */
-export function removePlaceholders(site: string, created: string[]): void {
-  for (const dir of created) {
-    const target = join(site, dir);
-    let mark = "";
-    try {
-      mark = readFileSync(join(target, "INSTALLER"), "utf8").trim();
-    } catch {
-      continue; // uv uninstalled it: the worker's copy was not good enough
-    }
-    if (mark === MIRROR_MARK) rmSync(target, { recursive: true, force: true });
-  }
-}
-
-/** Every folder in site-packages that is one of ours: none must be left in a finished env. */
-export function leftoverPlaceholders(site: string): string[] {
-  return readdirSync(site).filter((n) => {
-    if (!n.endsWith(".dist-info")) return false;
-    try {
-      return readFileSync(join(site, n, "INSTALLER"), "utf8").trim() === MIRROR_MARK;
-    } catch {
-      return false;
-    }
-  });
 }
