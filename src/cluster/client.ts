@@ -52,10 +52,14 @@ export class ClusterClient {
     private readonly token: string,
   ) {}
 
-  async request(method: string, path: string, body?: Body, opts: { signal?: AbortSignal; raw?: boolean } = {}): Promise<Response> {
-    const headers: Record<string, string> = { authorization: `Bearer ${this.token}` };
-    let payload: string | Uint8Array | undefined;
-    if (body instanceof Uint8Array) {
+  async request(method: string, path: string, body?: Body | Blob, opts: { signal?: AbortSignal; raw?: boolean; headers?: Record<string, string> } = {}): Promise<Response> {
+    const headers: Record<string, string> = { ...opts.headers, authorization: `Bearer ${this.token}` };
+    let payload: string | Uint8Array | Blob | undefined;
+    if (body instanceof Blob) {
+      // A file, streamed (an env artifact of gigabytes never sits in memory).
+      headers["content-type"] = "application/octet-stream";
+      payload = body;
+    } else if (body instanceof Uint8Array) {
       headers["content-type"] = "application/octet-stream";
       payload = body;
     } else if (body !== undefined) {

@@ -32,6 +32,10 @@ export interface MachineProbe {
   cuda: string | null;
   engine: "docker" | "podman" | null;
   probeMs: number;
+  /** worker.offline: it builds no env, only fetches other workers' artifacts. */
+  offline?: boolean;
+  /** worker.share_envs: false when it neither uploads nor fetches env artifacts. */
+  shareEnvs?: boolean;
 }
 
 export type WorkerState = "idle" | "busy" | "draining" | "lost" | "left";
@@ -71,8 +75,10 @@ export interface SubmitResponse {
 export type PrepareRequestPayload = JobSpec["environment"] & { pull?: string };
 
 export interface PrepareTaskResult {
-  status: "built" | "reused" | "pulled" | "failed";
+  status: "built" | "reused" | "fetched" | "pulled" | "failed";
   seconds: number;
+  /** status fetched: the artifact's size, the download's seconds, and the worker that built it. */
+  fetched?: { bytes: number; seconds: number; built_by: string };
   key?: string;
   path?: string;
   /** Which build made the env: "uv (fast path)" or "pip". */

@@ -6,3 +6,29 @@ export async function listWorkers(target: RemoteTarget, opts: { all?: boolean } 
   const workers = await connect(target).json<WorkerView[]>("GET", "/v1/workers");
   return opts.all ? workers : workers.filter((w) => w.state !== "left" && w.state !== "lost");
 }
+
+/** The env artifacts the coordinator keeps (server/artifacts.ts), with their totals. */
+export interface ArtifactsView {
+  share: boolean;
+  max_bytes: number;
+  count: number;
+  bytes: number;
+  artifacts: { sha256: string; key: string; bytes: number; built_by: string; created: string; last_used: string }[];
+}
+
+export function listArtifacts(target: RemoteTarget): Promise<ArtifactsView> {
+  return connect(target).json<ArtifactsView>("GET", "/v1/artifacts");
+}
+
+export interface ArtifactTrimView {
+  removed: { sha: string; key: string; bytes: number; built_by: string }[];
+  skipped: { sha: string; reason: string }[];
+  kept_bytes: number;
+  kept: number;
+  max_bytes: number;
+}
+
+/** Trim the coordinator's artifacts, least recently used first, to `maxBytes` (its own limit when not given). */
+export function trimArtifacts(target: RemoteTarget, opts: { maxBytes?: number; dryRun: boolean }): Promise<ArtifactTrimView> {
+  return connect(target).json<ArtifactTrimView>("POST", "/v1/artifacts/gc", { ...(opts.maxBytes !== undefined ? { max_bytes: opts.maxBytes } : {}), dry_run: opts.dryRun });
+}

@@ -282,6 +282,17 @@ export const WorkersDocument = v.array(WorkerEntry);
 
 // ---- errors ----
 
+/** `gc --server URL --json`: the server's env artifacts trimmed (or, with --dry-run, that would be). */
+export const GcServerDocument = v.strictObject({
+  server: str,
+  dry_run: v.boolean(),
+  max_bytes: num,
+  removed: v.array(v.strictObject({ sha256: str, key: str, bytes: num, built_by: str })),
+  skipped: v.array(v.strictObject({ sha256: str, reason: str })),
+  kept: num,
+  kept_bytes: num,
+});
+
 /** Any failure under --json (a job that ran and failed prints its status instead). */
 export const ErrorDocument = v.strictObject({ error: v.strictObject({ message: str, exit_code: num }) });
 
@@ -297,6 +308,7 @@ export const DOCUMENTS = {
   "env show": EnvShowDocument,
   "env rm": EnvRmDocument,
   gc: GcDocument,
+  "gc --server": GcServerDocument,
   "job run": JobStatusDocument,
   "job run --detach": JobStateDocument,
   "job status": JobStatusDocument,
@@ -363,6 +375,7 @@ export type EnvListDoc = v.InferOutput<typeof EnvListDocument>;
 export type EnvShowDoc = v.InferOutput<typeof EnvShowDocument>;
 export type EnvRmDoc = v.InferOutput<typeof EnvRmDocument>;
 export type GcDoc = v.InferOutput<typeof GcDocument>;
+export type GcServerDoc = v.InferOutput<typeof GcServerDocument>;
 export type JobStatusDoc = v.InferOutput<typeof JobStatusDocument>;
 export type JobListDoc = v.InferOutput<typeof JobListDocument>;
 export type JobStateDoc = v.InferOutput<typeof JobStateDocument>;

@@ -4,8 +4,10 @@ import { ExitCode, ExitError, UserError } from "../errors.ts";
 import { resolveGcLimits } from "../gc/limits.ts";
 import { type GcItem, type GcReport, runGc } from "../gc/run.ts";
 import { formatBytes, formatAgo, formatSeconds, Output, shortKey, table } from "../ui/output.ts";
-import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
-import type { GcDoc } from "./_json.ts";
+import { outputArgs, rejectUnknownFlags, repeated, serverArgs } from "./_args.ts";
+import type { GcDoc, GcServerDoc } from "./_json.ts";
+import { remoteTarget } from "../cluster/client.ts";
+import { trimArtifacts } from "../cluster/workers-client.ts";
 
 const args = {
   "max-size": { type: "string", valueHint: "SIZE", description: `Trim the cache to this size, least recently used first (50G, 500MiB; powers of 1024). Else GPULAYER_CACHE_MAX_SIZE, else cache.max_size in config.yaml` },
@@ -16,6 +18,9 @@ const args = {
   "low-watermark": { type: "string", valueHint: "PCT", description: "Filesystem use to get down to once above --high-watermark (default high - 5)" },
   "refresh-sizes": { type: "boolean", description: "Measure every entry's size again instead of trusting recorded sizes" },
   strict: { type: "boolean", description: "Exit 1 when the limit cannot be reached (entries in use, kept, or too new)" },
+  server: { type: "string", valueHint: "URL", description: "Trim a gpulayer server's env artifacts instead of this machine's cache (--max-size, else its coordinator.artifacts_max_size)" },
+  token: serverArgs.token,
+  "token-file": serverArgs["token-file"],
   ...outputArgs,
 } as const;
 
@@ -81,12 +86,27 @@ function human(r: GcReport, entriesWord = (n: number) => `${n} ${n === 1 ? "entr
   return lines;
 }
 
+async function gcServer(out: Output, a: { server?: string; token?: string; "token-file"?: string; "max-size"?: string; "dry-run"?: boolean }): Promise<void> {
+  const ctx = commandContext({ server: a.server, token: a.token, token_file: a["token-file"], "cache.max_size": a["max-size"] });
+  const remote = remoteTarget(ctx.settings)!;
+  const maxBytes = a["max-size"] === undefined ? undefined : ctx.values["cache.max_size"];
+  const r = await trimArtifacts(remote, { maxBytes, dryRun: Boolean(a["dry-run"]) });
+  const doc: GcServerDoc = { server: remote.url, dry_run: Boolean(a["dry-run"]), max_bytes: r.max_bytes, removed: r.removed.map((x) => ({ sha256: x.sha, key: x.key, bytes: x.bytes, built_by: x.built_by })), skipped: r.skipped.map((x) => ({ sha256: x.sha, reason: x.reason })), kept: r.kept, kept_bytes: r.kept_bytes };
+  out.result(doc, () => [
+    `${a["dry-run"] ? "would remove" : "removed"} ${r.removed.length} env artifact(s) of ${remote.url}, ${size(r.removed.reduce((n, x) => n + x.bytes, 0))}; ${r.kept} kept, ${size(r.kept_bytes)} (limit ${size(r.max_bytes)})`,
+    ...table(r.removed.map((x) => [`  artifact ${shortKey(x.sha)}`, size(x.bytes), `env ${shortKey(x.key)}`, `built by ${x.built_by}`])),
+    ...r.skipped.map((x) => `  skipped ${shortKey(x.sha)}: ${x.reason}`),
+  ]);
+}
+
 export default defineCommand({
   meta: { name: "gc", description: "Keep the cache under a size limit: least recently used first, never what is in use" },
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
+    // Only a --server given here: a GPULAYER_SERVER in cron's environment must not turn a worker's gc into the server's.
+    if (a.server !== undefined) return gcServer(out, a);
     const ctx = commandContext({ "cache.max_size": a["max-size"] });
     const { layout } = ctx;
     const maxSize = ctx.values["cache.max_size"];

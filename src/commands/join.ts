@@ -20,6 +20,7 @@ const args = {
   "token-file": { type: "string", valueHint: "FILE", description: "Read the join token from FILE (- : standard input; else GPULAYER_TOKEN_FILE, else GPULAYER_TOKEN). Never on the command line: every process here could read it" },
   token: { type: "string", valueHint: "TOKEN", description: "Refused: a token on the command line is readable by every process on the machine; use --token-file" },
   "run-as": { type: "string", valueHint: "USER", description: "Run jobs as this OS user (the worker runs as root; else GPULAYER_WORKER_RUN_AS)" },
+  offline: { type: "boolean", description: "This worker has no package index: it never builds an env, only fetches those other workers built (else GPULAYER_OFFLINE)" },
   python: { type: "string", valueHint: "PATH", description: "The worker's default Python (its torch/CUDA); jobs' envs link to it" },
   name: { type: "string", description: "This worker's name (default: the host name)" },
   label: { type: "string", valueHint: "K=V", description: "A label jobs can ask for with --label (repeatable)" },
@@ -55,7 +56,7 @@ export default defineCommand({
     if (a.token !== undefined) throw new UsageError("join --token: a token on the command line can be read by every process on this machine (/proc/PID/cmdline), jobs included; use --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN");
     // Before anything else: a job of the same user may not read this process's environment or memory.
     forbidDumps();
-    const ctx = commandContext({ python: a.python, token_file: a["token-file"], "worker.run_as": a["run-as"] });
+    const ctx = commandContext({ python: a.python, token_file: a["token-file"], "worker.run_as": a["run-as"], ...(a.offline ? { "worker.offline": "true" } : {}) });
     const { layout, values } = ctx;
     const saved = loadWorkerSettings(layout);
     const settings = mergeWorkerSettings(saved, { python: values.python, name: a.name, labels: parseLabels(repeated(rawArgs, ["--label"])) });
@@ -63,7 +64,8 @@ export default defineCommand({
     const labels = settings.labels ?? {};
     const runAs = values["worker.run_as"] === undefined ? undefined : resolveRunAs(values["worker.run_as"], process.getuid?.() === 0, runAsChecks(ctx));
     const runner = { ...runnerSettings(ctx), defaultPython: settings.python, runAs };
-    const probe = await probeMachine(layout, settings.python, { env: ctx.childEnv, engine: values["worker.engine"] === "none" ? null : runner.engine }, ctx.cwd);
+    const probed = await probeMachine(layout, settings.python, { env: ctx.childEnv, engine: values["worker.engine"] === "none" ? null : runner.engine }, ctx.cwd);
+    const probe = { ...probed, offline: values["worker.offline"], shareEnvs: values["worker.share_envs"] };
     // A Python named now must work now: a bad path is never saved.
     if (a.python !== undefined && !probe.python) throw new UsageError(probe.pythonError ?? `--python: ${a.python} is not a working Python 3`);
 
@@ -92,6 +94,8 @@ export default defineCommand({
       runner,
       bundleLimits: bundleLimits(values),
       keepWorkdirs: values["worker.keep_workdirs"],
+      shareEnvs: values["worker.share_envs"],
+      offline: values["worker.offline"],
       heartbeatMs: ctx.settings.origins["coordinator.heartbeat"].source === "default" ? undefined : values["coordinator.heartbeat"],
       drainSeconds: values["worker.drain"] / 1000,
       onLog: (m) => out.log.info(m),

@@ -1,9 +1,9 @@
 import { defineCommand } from "citty";
 import { remoteTarget } from "../cluster/client.ts";
-import { listWorkers } from "../cluster/workers-client.ts";
+import { listArtifacts, listWorkers } from "../cluster/workers-client.ts";
 import { formatLabels } from "../cluster/protocol.ts";
 import { UsageError } from "../errors.ts";
-import { formatAgo, Output, table } from "../ui/output.ts";
+import { formatAgo, formatBytes, Output, table } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags, serverArgs } from "./_args.ts";
 import { commandContext } from "./_context.ts";
 import { workersJson } from "./_probe-json.ts";
@@ -22,7 +22,7 @@ export default defineCommand({
     const out = new Output(a);
     const remote = remoteTarget(commandContext({ server: a.server, token: a.token, token_file: a["token-file"] }).settings);
     if (!remote) throw new UsageError("gpulayer workers asks a server: --server URL or GPULAYER_SERVER (and --token or GPULAYER_TOKEN)");
-    const workers = await listWorkers(remote, { all: Boolean(a.all) });
+    const [workers, artifacts] = await Promise.all([listWorkers(remote, { all: Boolean(a.all) }), out.json ? null : listArtifacts(remote)]);
     out.result(workersJson(workers), () => {
       if (!workers.length) return `no workers${a.all ? "" : " connected"} (on a GPU box: gpulayer join ${remote.url} --token-file FILE)`;
       const rows = [["NAME", "GPUS", "TORCH/CUDA", "PYTHON", "STATE", "LAST SEEN", "LABELS"]];
@@ -30,10 +30,15 @@ export default defineCommand({
         const p = w.probe;
         const gpus = p.gpus.length ? `${w.free_gpus.length}/${p.gpus.length} free${p.gpus[0]?.name ? ` ${p.gpus[0].name}` : ""}` : "0";
         const torch = p.frameworks.torch ? `${p.frameworks.torch}/${p.cuda ?? "cpu"}` : "-";
-        const state = w.running ? `${w.state} (${w.running}/${w.slots})` : w.state;
+        const state = `${w.running ? `${w.state} (${w.running}/${w.slots})` : w.state}${p.offline ? " offline" : ""}`;
         rows.push([w.name, gpus, torch, p.python?.version ?? "-", state, formatAgo(Date.parse(w.last_seen)), formatLabels(w.labels)]);
       }
-      return table(rows);
+      const built = new Map<string, number>();
+      for (const x of artifacts?.artifacts ?? []) built.set(x.built_by, (built.get(x.built_by) ?? 0) + 1);
+      const shared = artifacts
+        ? [`artifacts  ${artifacts.count} (${formatBytes(artifacts.bytes)} of ${formatBytes(artifacts.max_bytes)}${artifacts.share ? "" : "; sharing is off"})${built.size ? `, built by ${[...built].map(([n, c]) => `${n} ${c}`).join(", ")}` : ""}`]
+        : [];
+      return [...table(rows), ...shared];
     });
   },
 });

@@ -45,10 +45,14 @@ export const SETTINGS = {
   "coordinator.max_body": { env: "GPULAYER_MAX_BODY_BYTES", kind: size, default: 8 * 1024 ** 2, help: "the largest JSON request the server reads" },
   "coordinator.bundles_max_size": { env: "GPULAYER_BUNDLE_MAX_SIZE", kind: size, default: 10 * 1024 ** 3, help: "the most the server keeps of uploaded bundles, together" },
   "coordinator.bundle_retention": { env: "GPULAYER_BUNDLE_RETENTION", kind: duration, default: 86_400_000, help: "how long an unused bundle is kept" },
+  "coordinator.artifacts_max_size": { env: "GPULAYER_ARTIFACTS_MAX_SIZE", kind: size, default: 50 * 1024 ** 3, help: "the most the server keeps of env artifacts workers uploaded, together (least recently used go first)" },
+  "coordinator.share_envs": { env: "GPULAYER_SERVER_SHARE_ENVS", kind: boolean, default: true, help: "false: workers neither upload env artifacts nor fetch them; each builds its own" },
   "worker.slots": { env: "GPULAYER_WORKER_SLOTS", kind: count(1), defaultText: "the number of GPUs, at least 1", help: "jobs a worker runs at once" },
   "worker.drain": { env: "GPULAYER_WORKER_DRAIN_SECONDS", kind: duration, default: 30_000, help: "how long a stopping worker lets its jobs finish" },
   "worker.engine": { env: "GPULAYER_WORKER_ENGINE", kind: choice("auto", "none"), default: "auto", help: "none: the worker offers no container engine" },
   "worker.run_as": { env: "GPULAYER_WORKER_RUN_AS", flag: "--run-as", kind: word, defaultText: "none: jobs run as the worker's own user", help: "a worker running as root runs every job (not its builds) as this OS user, so no job can read the worker's token, credential or home" },
+  "worker.share_envs": { env: "GPULAYER_SHARE_ENVS", kind: boolean, default: true, help: "false: this worker neither uploads the envs it builds nor fetches other workers' (it trusts no other worker's build)" },
+  "worker.offline": { env: "GPULAYER_OFFLINE", flag: "--offline", kind: boolean, default: false, help: "a worker without a package index: it never builds an env, only fetches the artifacts other workers built" },
   "worker.keep_workdirs": { env: "GPULAYER_KEEP_WORKDIRS", kind: boolean, default: false, help: "keep remote jobs' unpacked workdirs (for debugging)" },
 } satisfies Record<string, SettingDef<any>>;
 

@@ -1,4 +1,7 @@
+import { rmSync } from "node:fs";
 import { join, resolve } from "node:path";
+import { artifactConditions } from "./artifact.ts";
+import { type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
 import type { BuildHooks, BuildOutcome } from "./build.ts";
@@ -46,9 +49,11 @@ export interface PrepareResult {
   key: string;
   path: string;
   python: string;
-  status: "built" | "reused";
+  status: "built" | "reused" | "fetched";
   seconds: number;
   summary: string;
+  /** Unpacked from another worker's artifact (status fetched). */
+  fetched?: FetchedEnv;
   build?: BuildOutcome & { sizeBytes: number };
   check: string[];
   /** Which installer built the env (`uv (fast path)` or `pip`); null for an env built before this was recorded. */
@@ -93,7 +98,7 @@ export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest) {
   return { key: resolved.key, would: isReady(paths) ? ("reuse" as const) : ("build" as const), path: paths.dir, summary: resolved.summary, inputs: inputsReport(resolved) };
 }
 
-export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: { hooks?: PrepareHooks; leaseHolder?: string } = {}): Promise<PrepareResult> {
+export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: { hooks?: PrepareHooks; leaseHolder?: string; shipping?: Shipping } = {}): Promise<PrepareResult> {
   const started = performance.now();
   const hooks = opts.hooks ?? {};
   const venvCreator = req.venvCreator ?? "auto";
@@ -107,7 +112,7 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
   const stop = signal.length ? AbortSignal.any(signal) : undefined;
   let step = "waiting for another build of it";
   const watched: PrepareHooks = { ...hooks, onStep: (s, detail) => ((step = `${s} ${detail}`), hooks.onStep?.(s, detail)) };
-  const done = (status: "built" | "reused", build?: PrepareResult["build"]): Omit<PrepareResult, "lease"> => {
+  const done = (status: PrepareResult["status"], build?: PrepareResult["build"], fetched?: FetchedEnv): Omit<PrepareResult, "lease"> => {
     const meta = build ? null : readMeta(paths);
     return {
       key: resolved.key,
@@ -117,6 +122,7 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
       seconds: (performance.now() - started) / 1000,
       summary: resolved.summary,
       build,
+      ...(fetched ? { fetched } : {}),
       check: build?.check ?? meta?.check ?? [],
       installerPath: build?.installerPath ?? meta?.installerPath ?? null,
       installerFallback: build ? build.fallback : (meta?.installerFallback ?? null),
@@ -131,7 +137,18 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
       touchLastUsed(paths);
       return done("reused");
     },
-    build: async (lock) => done("built", await buildUnderLock(layout, resolved, { ...req, venvCreator, installer, signal: stop }, paths, watched, lock.keep)),
+    build: async (lock) => {
+      const ticket = opts.shipping ? await fromFleet(layout, opts.shipping, resolved, paths, watched, stop) : null;
+      if (ticket && "fetched" in ticket) return done("fetched", undefined, ticket.fetched);
+      try {
+        const built = await buildUnderLock(layout, resolved, { ...req, venvCreator, installer, signal: stop }, paths, watched, lock.keep);
+        ticket?.build.built();
+        return done("built", built);
+      } catch (error) {
+        ticket?.build.failed();
+        throw error;
+      }
+    },
     onWait: () => hooks.onWait?.(`another process is building ${resolved.key.slice(0, 12)}; waiting for it`),
     signal: stop,
   }).catch((error) => {
@@ -140,6 +157,23 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
     throw new UserError(`stopped while ${step} (nothing was kept)`, ExitCode.cancelled);
   });
   return { ...entry, lease };
+}
+
+/** Before a build: the env from another worker of the fleet, unpacked and marked ready here; or a ticket to build it. */
+async function fromFleet(layout: HomeLayout, shipping: Shipping, resolved: ResolvedRequest, paths: ReturnType<typeof entryPaths>, hooks: PrepareHooks, signal?: AbortSignal): Promise<{ fetched: FetchedEnv } | { build: BuildTicket }> {
+  const into = fetchFolder(layout, resolved.key);
+  hooks.onStep?.("fetching", `env ${resolved.key.slice(0, 12)} from the fleet`);
+  const t = performance.now();
+  try {
+    const got = await shipping.acquire({ key: resolved.key, conditions: artifactConditions(paths.dir, resolved.interpreter, resolved.doc.base), into, signal, onStep: (detail) => hooks.onStep?.("fetching", detail) });
+    if ("fetched" in got) {
+      installFetched(layout, resolved.key, paths, into, got.fetched);
+      hooks.onStepDone?.("fetching", (performance.now() - t) / 1000);
+    }
+    return got;
+  } finally {
+    rmSync(into, { recursive: true, force: true });
+  }
 }
 
 const formatLimit = (ms: number) => (ms % 1000 === 0 ? `${ms / 1000} s` : `${(ms / 1000).toFixed(1)} s`);

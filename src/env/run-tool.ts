@@ -3,7 +3,7 @@ import { killTree } from "../core/process-tree.ts";
 import { redactUrl } from "./url-credentials.ts";
 
 /** What a build tells whoever watches it: steps with their times, and the installers' own lines. */
-export type BuildStep = "creating" | "linking" | "installing" | "compiling" | "checking";
+export type BuildStep = "fetching" | "creating" | "linking" | "installing" | "compiling" | "checking";
 
 export interface BuildHooks {
   onStep?(step: BuildStep, detail: string): void;

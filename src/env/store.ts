@@ -25,6 +25,8 @@ export interface EnvMeta {
   inputs?: InputsReport;
   installed: string[];
   check: string[];
+  /** Unpacked from another worker's artifact rather than built here (env/shipping.ts). */
+  fetched?: { sha256: string; bytes: number; seconds: number; built_by: string };
 }
 
 export interface EntryPaths {

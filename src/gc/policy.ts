@@ -54,12 +54,14 @@ export function cacheTarget(totalBytes: number, maxSizeBytes: number | undefined
 }
 
 /** When an entry was last used; one never used counts from when it was made. */
-export function lastUseOf(entry: GcEntry): number {
+type Dated = Pick<GcEntry, "id" | "state" | "lastUsedMs" | "createdMs">;
+
+export function lastUseOf(entry: Dated): number {
   return entry.lastUsedMs || entry.createdMs;
 }
 
 /** Ready entries, least recently used first (ties: older first, then by id, so runs are repeatable). */
-export function lruOrder(entries: GcEntry[]): GcEntry[] {
+export function lruOrder<T extends Dated>(entries: T[]): T[] {
   return entries.filter((e) => e.state === "ready").sort((a, b) => lastUseOf(a) - lastUseOf(b) || a.createdMs - b.createdMs || a.id.localeCompare(b.id));
 }
 

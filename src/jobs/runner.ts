@@ -7,6 +7,7 @@ import { type Watchdog, watchJob } from "./watchdog.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
+import type { Shipping } from "../env/shipping.ts";
 import { type ContainerSettings, type EngineHost, type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, type RunningContainer, runContainer } from "../docker/index.ts";
 import type { ImageEnvResult } from "../docker/image-env.ts";
 import type { InstallerSetting } from "../env/build-plan.ts";
@@ -28,6 +29,8 @@ export interface RunnerIO {
   onPrepareFailed?(message: string): void;
   /** Every event as it is recorded (a cluster worker forwards them to the server). */
   onEvent?(type: string, data: Record<string, unknown>): void;
+  /** A joined worker's env artifacts: fetched before a build, shared after one (env/shipping.ts). */
+  shipping?: Shipping;
 }
 
 export interface JobOutcome {
@@ -209,7 +212,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
           confineTo: spec.environment.confineTo,
           signal: preparing.signal,
         },
-        { hooks: io.prepareHooks, leaseHolder: `job ${job.id}` },
+        { hooks: io.prepareHooks, leaseHolder: `job ${job.id}`, shipping: io.shipping },
       );
     } catch (error) {
       const seconds = (performance.now() - prepStart) / 1000;
@@ -222,7 +225,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     }
     const prepareSeconds = (performance.now() - prepStart) / 1000;
     store.update(job.id, { envKey: prepared.key });
-    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath });
+    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath, ...(prepared.fetched ? { fetched: { bytes: prepared.fetched.bytes, seconds: prepared.fetched.seconds, built_by: prepared.fetched.builtBy } } : {}) });
     io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
 
     try {

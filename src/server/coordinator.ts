@@ -145,6 +145,7 @@ export class Coordinator {
       return;
     }
     for (const t of this.store.activeTasks(w.id)) this.releaseTask(t, `worker ${w.name} left`, false);
+    this.store.artifacts.dropClaimsOf(w.id);
     this.store.updateWorker(w.id, { state: "left" });
     this.log(`worker ${w.name} left`);
     this.dispatch();
@@ -185,6 +186,8 @@ export class Coordinator {
   /** `release`: its tasks go now (it is known gone: another process took its name, its token was revoked); else at its lease's end. */
   markLost(w: WorkerRow, reason: string, release = false): void {
     this.store.updateWorker(w.id, { state: "lost" });
+    // Workers waiting for its env build stop waiting: one of them builds instead.
+    this.store.artifacts.dropClaimsOf(w.id);
     this.log(reason);
     for (const t of this.store.activeTasks(w.id)) {
       if (release) this.releaseTask(t, reason, true);

@@ -9,6 +9,7 @@ import type { Coordinator } from "./coordinator.ts";
 import { HttpFail } from "./http-fail.ts";
 import type { JobsApi } from "./jobs-api.ts";
 import * as S from "./schemas.ts";
+import { artifactRoute, type ArtifactSettings } from "./artifact-routes.ts";
 import type { WorkerRow } from "./store.ts";
 
 /**
@@ -31,6 +32,7 @@ export interface RouteContext {
   limits: BundleLimits;
   /** JSON bodies (output chunks included). */
   maxBodyBytes: number;
+  artifacts: ArtifactSettings;
   onError(error: unknown): void;
 }
 
@@ -193,6 +195,13 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
     if (method === "GET") return visible() ? (bundles.touch(id), new Response(Bun.file(bundles.path(id)))) : reply({ error: "no such bundle" }, 404);
     if (method === "PUT") return needUser(), await putBundle(req, ctx, id);
   }
+  if (kind === "artifacts") return artifactRoute(req, url, id, caller, coord, ctx.artifacts, (r) => readBody(r, ctx.maxBodyBytes).then((b) => {
+    try {
+      return JSON.parse(new TextDecoder().decode(b)) as unknown;
+    } catch {
+      throw new HttpFail(400, "the body is not JSON");
+    }
+  }));
   if (kind === "jobs") {
     needUser();
     if (!id && method === "POST") return reply(jobs.submit(await jsonBody(req, ctx, S.SubmitSchema)), 201);

@@ -78,6 +78,8 @@ export const RegisterSchema = v.strictObject({
     cuda: v.nullable(v.string()),
     engine: v.nullable(v.picklist(["docker", "podman"])),
     probeMs: v.number(),
+    offline: v.optional(v.boolean()),
+    shareEnvs: v.optional(v.boolean()),
   }),
   /** The id and credential it was given before (kept in its home): the same worker, back. */
   resume: v.optional(v.strictObject({ id: v.pipe(v.string(), v.maxLength(100)), credential: v.pipe(v.string(), v.maxLength(200)) })),
@@ -106,8 +108,9 @@ export const FinishSchema = v.object({
   error: v.nullable(Str),
   result: v.optional(
     v.object({
-      status: v.picklist(["built", "reused", "pulled", "failed"]),
+      status: v.picklist(["built", "reused", "fetched", "pulled", "failed"]),
       seconds: v.number(),
+      fetched: v.optional(v.object({ bytes: v.number(), seconds: v.number(), built_by: v.pipe(v.string(), v.maxLength(200)) })),
       key: v.optional(v.string()),
       path: v.optional(v.string()),
       image: v.optional(v.string()),

@@ -6,6 +6,7 @@ import type { SettingValues } from "../config/table.ts";
 import { UsageError } from "../errors.ts";
 import type { BundlePolicy } from "./bundles.ts";
 import { Coordinator } from "./coordinator.ts";
+import type { ArtifactSettings } from "./artifact-routes.ts";
 import { JobsApi } from "./jobs-api.ts";
 import { handler } from "./routes.ts";
 import { ServerStore } from "./store.ts";
@@ -23,6 +24,7 @@ export interface ServerSettings {
   bundles: BundlePolicy;
   /** What one uploaded bundle may hold. */
   bundleLimits: BundleLimits;
+  artifacts: ArtifactSettings;
 }
 
 /** How often the server looks for bundles to remove (and once when it starts). */
@@ -58,6 +60,7 @@ export function serverSettings(values: SettingValues): ServerSettings {
     maxBodyBytes: positive("coordinator.max_body"),
     bundles: { retentionMs: values["coordinator.bundle_retention"], maxBytes: values["coordinator.bundles_max_size"] },
     bundleLimits: bundleLimits(values),
+    artifacts: { maxBytes: values["coordinator.artifacts_max_size"], share: values["coordinator.share_envs"] },
   };
 }
 
@@ -119,8 +122,8 @@ export function startServer(dir: string, token: string, settings: ServerSettings
       port: settings.port,
       // Long polls hold a request open for up to 30 s.
       idleTimeout: 120,
-      maxRequestBodySize: Math.max(limits.maxBytes, settings.maxBodyBytes) + 1024 * 1024,
-      fetch: handler({ coord, jobs, token, limits, maxBodyBytes: settings.maxBodyBytes, onError: (e) => log(`internal error: ${(e as Error).stack ?? e}`) }),
+      maxRequestBodySize: Math.max(limits.maxBytes, settings.maxBodyBytes, settings.artifacts.maxBytes) + 1024 * 1024,
+      fetch: handler({ coord, jobs, token, limits, maxBodyBytes: settings.maxBodyBytes, artifacts: settings.artifacts, onError: (e) => log(`internal error: ${(e as Error).stack ?? e}`) }),
     });
   } catch (error) {
     clearInterval(janitor);

@@ -3,6 +3,7 @@ import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { MachineProbe, PrepareRequestPayload, PrepareTaskResult, RemoteSpec, WorkerState } from "../cluster/protocol.ts";
 import { BundleStore } from "./bundles.ts";
+import { ARTIFACTS_SCHEMA, ArtifactStore } from "./artifacts.ts";
 import { TokenStore } from "./tokens.ts";
 import { redactDeep, redactUrl } from "../env/url-credentials.ts";
 
@@ -166,6 +167,7 @@ export const newId = (n = 8) => Buffer.from(crypto.getRandomValues(new Uint8Arra
 export class ServerStore {
   readonly db: Database;
   readonly bundles: BundleStore;
+  readonly artifacts: ArtifactStore;
   readonly tokens: TokenStore;
 
   constructor(readonly dir: string) {
@@ -183,6 +185,8 @@ export class ServerStore {
       }
     }
     this.bundles = new BundleStore(this.db, dir);
+    this.db.exec(ARTIFACTS_SCHEMA);
+    this.artifacts = new ArtifactStore(this.db, dir);
     this.tokens = new TokenStore(this.db);
   }
 

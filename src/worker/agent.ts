@@ -31,6 +31,9 @@ export interface AgentOptions {
   runner: RunnerSettings;
   bundleLimits: BundleLimits;
   keepWorkdirs: boolean;
+  /** worker.share_envs and worker.offline (worker/env-shipping.ts). */
+  shareEnvs: boolean;
+  offline: boolean;
   /** coordinator.heartbeat when set on this machine: it wins over what the server asks. */
   heartbeatMs?: number;
   drainSeconds: number;
@@ -54,6 +57,8 @@ export class Agent {
   private beatWake: (() => void) | null = null;
   private rejoining: Promise<void> | null = null;
   private readonly outbox: Outbox;
+  /** Env artifacts being uploaded (worker/env-shipping.ts): a stopping worker lets them end. */
+  private readonly uploads = new Set<Promise<void>>();
   /** The server's lease (lease_seconds): out of touch this long, this worker's jobs are given out again. */
   private leaseMs = Number.POSITIVE_INFINITY;
   private lastContact = Date.now();
@@ -116,7 +121,8 @@ export class Agent {
   }
 
   private context(): WorkerContext {
-    return { layout: this.opts.layout, client: this.client!, gpus: this.opts.probe.gpus, runner: this.opts.runner, bundleLimits: this.opts.bundleLimits, outbox: this.outbox, keepWorkdirs: this.opts.keepWorkdirs, log: (m) => this.log(m) };
+    const shipping = { layout: this.opts.layout, client: this.client!, offline: this.opts.offline, share: this.opts.shareEnvs, log: (m: string) => this.log(m), uploads: this.uploads };
+    return { layout: this.opts.layout, client: this.client!, gpus: this.opts.probe.gpus, runner: this.opts.runner, bundleLimits: this.opts.bundleLimits, outbox: this.outbox, keepWorkdirs: this.opts.keepWorkdirs, shipping, log: (m) => this.log(m) };
   }
 
   private start(task: TaskAssignment): void {

@@ -18,6 +18,7 @@ import { touchFile } from "../env/store.ts";
 import { bundlePaths } from "../gc/bundle-source.ts";
 import { ensureImageEnv } from "../docker/image-env.ts";
 import { TaskChannel } from "./channel.ts";
+import { type ShippingSettings, workerShipping } from "./env-shipping.ts";
 import type { Outbox } from "./outbox.ts";
 
 /**
@@ -37,6 +38,8 @@ export interface WorkerContext {
   outbox: Outbox;
   /** worker.keep_workdirs: leave remote jobs' unpacked workdirs (for debugging). */
   keepWorkdirs: boolean;
+  /** Env artifacts with the rest of the fleet (worker/env-shipping.ts). */
+  shipping: ShippingSettings;
   log(message: string): void;
 }
 
@@ -171,6 +174,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       const store = new JobStore(ctx.layout);
       const job = store.create(localSpec(task.spec!, workdir, source, ctx, task.gpus));
       running = startJob(store, ctx.layout, job, ctx.runner, {
+        shipping: workerShipping(ctx.shipping, task.id),
         onEvent: (type, data) => channel.event(type, { ...data, local_job: job.id }),
         // The build's progress, relayed to whoever follows the job (not kept in the local job store).
         prepareHooks: {
@@ -265,13 +269,14 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
           timeoutMs: ctx.runner.prepareTimeoutMs,
           confineTo: cwd,
         }, {
+          shipping: workerShipping(ctx.shipping, task.id),
           // The build's steps, relayed to whoever runs `env prepare --server` (as a job's are).
           hooks: {
             onStep: (step, detail) => channel.event("task.prepare.step", { step, detail }),
             onQuiet: (tool, seconds) => channel.event("task.prepare.quiet", { tool, seconds }),
           },
         });
-        result = { status: r.status, seconds: r.seconds, key: r.key, path: r.path, installer_path: r.installerPath };
+        result = { status: r.status, seconds: r.seconds, key: r.key, path: r.path, installer_path: r.installerPath, ...(r.fetched ? { fetched: { bytes: r.fetched.bytes, seconds: r.fetched.seconds, built_by: r.fetched.builtBy } } : {}) };
       }
       body = { state: "succeeded", exit_code: ExitCode.ok, error: null, result };
     } catch (error) {

@@ -1,0 +1,143 @@
+import { open } from "node:fs/promises";
+import * as v from "valibot";
+import type { WorkerRow } from "./store.ts";
+import type { Coordinator } from "./coordinator.ts";
+import { HttpFail } from "./http-fail.ts";
+
+/**
+ * /v1/artifacts: env artifacts between workers of this server (env/artifact.ts,
+ * server/artifacts.ts).
+ *
+ *   GET  /v1/artifacts?key=K&path=P   (worker) what there is for K, who builds it now, who could
+ *   POST /v1/artifacts/claim          (worker) {key, path, release?}: build it here, or wait for the holder
+ *   PUT  /v1/artifacts/SHA?task=T&key=K  (worker) the artifact of a build for task T, its conditions in x-gpulayer-conditions
+ *   GET  /v1/artifacts/SHA            (worker, user) the bytes
+ *   GET  /v1/artifacts                (user) every artifact, with totals
+ *   POST /v1/artifacts/gc             (user) {max_bytes?, dry_run?}: trim least recently used first
+ *
+ * Only a worker uploads, only for a task it was given (the upload names it),
+ * once per key and path (never replaced), never past the size limit.
+ */
+
+export interface ArtifactSettings {
+  maxBytes: number;
+  /** coordinator.share_envs */
+  share: boolean;
+}
+
+type Caller = { role: "admin" | "user" | "join" } | { role: "worker"; worker: WorkerRow };
+
+const SHA = /^[0-9a-f]{64}$/;
+const CLAIM_MS = 60_000;
+/** An upload names a task of its worker given out at most this long ago. */
+const TASK_WINDOW_MS = 24 * 3_600_000;
+
+const Conditions = v.strictObject({ env_path: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), platform: v.pipe(v.string(), v.maxLength(200)), interpreter: v.pipe(v.string(), v.maxLength(4096)), python: v.pipe(v.string(), v.maxLength(50)), base: v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/)) });
+const ClaimBody = v.strictObject({ key: v.pipe(v.string(), v.regex(SHA)), path: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), release: v.optional(v.boolean()) });
+
+const reply = (data: unknown, status = 200) => Response.json(data, { status });
+
+function view(a: ReturnType<Coordinator["store"]["artifacts"]["list"]>[number]) {
+  return { sha256: a.sha, key: a.key, bytes: a.bytes, built_by: a.builtBy, conditions: a.conditions, created: new Date(a.created).toISOString(), last_used: new Date(a.lastUsed).toISOString() };
+}
+
+export async function artifactRoute(req: Request, url: URL, sub: string | undefined, caller: Caller, coord: Coordinator, settings: ArtifactSettings, readJson: (req: Request) => Promise<unknown>): Promise<Response> {
+  const store = coord.store.artifacts;
+  const method = req.method;
+  const worker = () => {
+    if (caller.role !== "worker") throw new HttpFail(403, "only a worker of this server may do this");
+    return caller.worker;
+  };
+  const user = () => {
+    if (caller.role !== "admin" && caller.role !== "user") throw new HttpFail(403, "this needs a user token");
+  };
+  const parse = <S extends v.GenericSchema>(schema: S, data: unknown): v.InferOutput<S> => {
+    const r = v.safeParse(schema, data);
+    if (!r.success) throw new HttpFail(400, `${v.getDotPath(r.issues[0]) ?? "body"}: ${r.issues[0].message}`);
+    return r.output;
+  };
+
+  if (!sub && method === "GET") {
+    if (caller.role === "worker") {
+      const key = url.searchParams.get("key") ?? "";
+      const path = url.searchParams.get("path") ?? "";
+      if (!SHA.test(key)) throw new HttpFail(400, "key: not an env key");
+      const builders = coord.store.workers().filter((w) => w.state !== "left" && w.state !== "lost" && !w.probe.offline).map((w) => w.name);
+      return reply({ share: settings.share, artifacts: settings.share ? store.forKey(key).map(view) : [], building: store.builder(key, path), builders });
+    }
+    user();
+    const t = store.totals();
+    return reply({ share: settings.share, max_bytes: settings.maxBytes, count: t.count, bytes: t.bytes, artifacts: store.list().map(view) });
+  }
+  if (sub === "claim" && method === "POST") {
+    const w = worker();
+    const body = parse(ClaimBody, await readJson(req));
+    if (body.release) return store.release(body.key, body.path, w.id), reply({ released: true });
+    if (!settings.share) return reply({ granted: true });
+    return reply(store.claim(body.key, body.path, { id: w.id, name: w.name }, CLAIM_MS));
+  }
+  if (sub === "gc" && method === "POST") {
+    user();
+    const body = parse(v.strictObject({ max_bytes: v.optional(v.pipe(v.number(), v.minValue(0))), dry_run: v.optional(v.boolean()) }), await readJson(req));
+    return reply(store.trim(body.max_bytes ?? settings.maxBytes, body.dry_run ?? false));
+  }
+  if (sub && SHA.test(sub) && method === "GET") {
+    if (caller.role === "join") throw new HttpFail(403, "a join token only registers workers");
+    const a = store.get(sub);
+    if (!a) return reply({ error: "no such artifact" }, 404);
+    const done = store.read(sub);
+    const file = Bun.file(store.path(sub));
+    // The download holds the artifact against trimming until its last byte is sent (or the worker goes away).
+    const body = file.stream().pipeThrough(new TransformStream({ flush: () => done() }));
+    req.signal.addEventListener("abort", done, { once: true });
+    return new Response(body, { headers: { "content-type": "application/zstd", "content-length": String(a.bytes), "x-gpulayer-built-by": a.builtBy } });
+  }
+  if (sub && SHA.test(sub) && method === "PUT") return upload(req, url, sub, worker(), coord, settings);
+  throw new HttpFail(404, `no route ${method} ${url.pathname}`);
+}
+
+async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: Coordinator, settings: ArtifactSettings): Promise<Response> {
+  const store = coord.store.artifacts;
+  if (!settings.share) throw new HttpFail(403, "this server does not share envs (coordinator.share_envs is false)");
+  const key = url.searchParams.get("key") ?? "";
+  const taskId = url.searchParams.get("task") ?? "";
+  if (!SHA.test(key)) throw new HttpFail(400, "key: not an env key");
+  const task = coord.store.task(taskId);
+  if (!task || task.workerId !== w.id || Date.now() - task.created > TASK_WINDOW_MS) throw new HttpFail(403, "an artifact is taken only for a task this worker was given");
+  let conditions: v.InferOutput<typeof Conditions>;
+  try {
+    conditions = v.parse(Conditions, JSON.parse(Buffer.from(req.headers.get("x-gpulayer-conditions") ?? "", "base64").toString("utf8")));
+  } catch {
+    throw new HttpFail(400, "x-gpulayer-conditions: not the artifact's conditions");
+  }
+  const there = store.existing(key, conditions.env_path);
+  if (there) return reply({ sha256: there.sha, stored: false, reason: `an artifact of this env is there already (built by ${there.builtBy}); it is never replaced` }, 409);
+  if (store.get(sha)) return reply({ sha256: sha, stored: false, reason: "this artifact is there already" }, 409);
+  const declared = Number(req.headers.get("content-length") ?? "0");
+  if (declared > settings.maxBytes) throw new HttpFail(413, `the artifact is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
+  const tmp = store.receiving();
+  try {
+    const hasher = new Bun.CryptoHasher("sha256");
+    const handle = await open(tmp.path, "wx", 0o600);
+    let total = 0;
+    try {
+      for await (const chunk of (req.body ?? []) as AsyncIterable<Uint8Array>) {
+        total += chunk.length;
+        if (total > settings.maxBytes) throw new HttpFail(413, `the artifact is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
+        hasher.update(chunk);
+        await handle.write(chunk);
+      }
+    } finally {
+      await handle.close();
+    }
+    if (hasher.digest("hex") !== sha) throw new HttpFail(400, "artifact refused: its content does not match its sha256");
+    // Checked again now the bytes are in: another upload of the same env may have finished meanwhile.
+    if (store.existing(key, conditions.env_path)) return reply({ sha256: sha, stored: false, reason: "an artifact of this env arrived first" }, 409);
+    tmp.keep({ sha, key, conditions, bytes: total, builtBy: w.name, taskId });
+  } finally {
+    tmp.drop();
+  }
+  store.release(key, conditions.env_path, w.id);
+  const trimmed = store.trim(settings.maxBytes);
+  return reply({ sha256: sha, stored: true, trimmed: trimmed.removed.length }, 201);
+}

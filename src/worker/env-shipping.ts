@@ -1,0 +1,178 @@
+import { createWriteStream, mkdirSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import type { ClusterClient } from "../cluster/client.ts";
+import type { HomeLayout } from "../config/paths.ts";
+import { sleep } from "../core/sleep.ts";
+import { InstallError } from "../errors.ts";
+import { type ArtifactConditions, conditionsDiffer, packEnv, unpackEnv } from "../env/artifact.ts";
+import type { BuildTicket, FetchedEnv, Shipping, ShippingRequest } from "../env/shipping.ts";
+import { entryPaths } from "../env/store.ts";
+
+/**
+ * A joined worker's side of env artifacts (env/shipping.ts): before a build,
+ * ask the server for an artifact of the key whose conditions match here;
+ * none, and another worker is building it for the same path: wait for its
+ * artifact; none being built: claim the build, build, then pack and upload
+ * in the background (the job goes on) and let the claim go. An offline
+ * worker never builds. Every failure to fetch falls back to a build, its
+ * reason in the build's steps.
+ */
+
+export interface ShippingSettings {
+  layout: HomeLayout;
+  client: ClusterClient;
+  /** worker.offline */
+  offline: boolean;
+  /** worker.share_envs */
+  share: boolean;
+  log(message: string): void;
+  /** Uploads still running (awaited when the worker stops). */
+  uploads: Set<Promise<void>>;
+}
+
+interface ArtifactView {
+  sha256: string;
+  bytes: number;
+  built_by: string;
+  conditions: ArtifactConditions;
+}
+
+interface Listing {
+  share: boolean;
+  artifacts: ArtifactView[];
+  building: string | null;
+  builders: string[];
+}
+
+/** How long a wait for another worker's build looks again, and how often a claim is renewed. */
+const POLL_MS = 1000;
+const RENEW_MS = 20_000;
+
+export function workerShipping(s: ShippingSettings, taskId: string): Shipping | undefined {
+  if (!s.share && !s.offline) return undefined;
+  return {
+    acquire: (req) => acquire(s, taskId, req),
+  };
+}
+
+async function acquire(s: ShippingSettings, taskId: string, req: ShippingRequest): Promise<{ fetched: FetchedEnv } | { build: BuildTicket }> {
+  const q = `key=${req.key}&path=${encodeURIComponent(req.conditions.env_path)}`;
+  let told = false;
+  for (;;) {
+    req.signal?.throwIfAborted();
+    const list = await s.client.json<Listing>("GET", `/v1/artifacts?${q}`, undefined, { signal: req.signal });
+    const sharing = list.share && s.share;
+    const refusals: string[] = [];
+    for (const a of sharing ? list.artifacts : []) {
+      const differs = conditionsDiffer(a.conditions, req.conditions);
+      if (differs) {
+        refusals.push(`${a.sha256.slice(0, 12)} from ${a.built_by}: ${differs}`);
+        continue;
+      }
+      try {
+        return { fetched: await download(s, a, req) };
+      } catch (error) {
+        if (req.signal?.aborted) throw error;
+        refusals.push(`${a.sha256.slice(0, 12)} from ${a.built_by}: ${(error as Error).message}`);
+        req.onStep?.(`artifact ${a.sha256.slice(0, 12)} from ${a.built_by} refused: ${(error as Error).message}`);
+      }
+    }
+    if (s.offline) {
+      const can = list.builders.filter((b) => b);
+      const why = !sharing ? "sharing envs is off" : refusals.length ? `none fits here (${refusals.join("; ")})` : "no worker has built it yet";
+      throw new InstallError(`this worker is offline (worker.offline) and builds no env; no artifact of env ${req.key.slice(0, 12)} to fetch: ${why}${can.length ? `; a worker with a package index can build it: ${can.join(", ")}` : "; no worker with a package index is joined"}`, "");
+    }
+    if (!sharing) return { build: noTicket() };
+    if (refusals.length) return { build: await claimed(s, taskId, req, refusals.join("; ")) };
+    const claim = await s.client.json<{ granted: boolean; holder?: string }>("POST", "/v1/artifacts/claim", { key: req.key, path: req.conditions.env_path }, { signal: req.signal });
+    if (claim.granted) return { build: ticket(s, taskId, req) };
+    if (!told) req.onStep?.(`waiting for ${claim.holder}, which is building env ${req.key.slice(0, 12)} for this same path`);
+    told = true;
+    await sleep(POLL_MS);
+  }
+}
+
+function noTicket(): BuildTicket {
+  return { built() {}, failed() {} };
+}
+
+/** An artifact was there but would not do: build here, and share nothing (one artifact per key and path is kept, and it is that one). */
+async function claimed(_s: ShippingSettings, _taskId: string, req: ShippingRequest, why: string): Promise<BuildTicket> {
+  req.onStep?.(`building here: ${why}`);
+  return noTicket();
+}
+
+/** The build is ours: renew the claim while it runs; once built, pack and upload in the background, then let the claim go. */
+function ticket(s: ShippingSettings, taskId: string, req: ShippingRequest): BuildTicket {
+  const claimBody = { key: req.key, path: req.conditions.env_path };
+  const renew = setInterval(() => void s.client.json("POST", "/v1/artifacts/claim", claimBody).catch(() => undefined), RENEW_MS);
+  renew.unref();
+  const release = () => s.client.json("POST", "/v1/artifacts/claim", { ...claimBody, release: true }).catch(() => undefined);
+  return {
+    built() {
+      clearInterval(renew);
+      const upload = share(s, taskId, req)
+        .catch((error) => s.log(`env ${req.key.slice(0, 12)}: not shared (${(error as Error).message})`))
+        .finally(() => {
+          void release();
+          s.uploads.delete(upload);
+        });
+      s.uploads.add(upload);
+    },
+    failed() {
+      clearInterval(renew);
+      void release();
+    },
+  };
+}
+
+async function share(s: ShippingSettings, taskId: string, req: ShippingRequest): Promise<void> {
+  const paths = entryPaths(s.layout, req.key);
+  const dir = join(s.layout.root, "cluster", "artifacts");
+  mkdirSync(dir, { recursive: true });
+  const file = join(dir, `${req.key}.${process.pid}.${crypto.randomUUID()}.tar.zst`);
+  try {
+    const t = performance.now();
+    const packed = await packEnv(paths.dir, file);
+    const conditions = Buffer.from(JSON.stringify(req.conditions)).toString("base64");
+    const res = await s.client.request("PUT", `/v1/artifacts/${packed.sha256}?task=${encodeURIComponent(taskId)}&key=${req.key}`, Bun.file(file), { headers: { "x-gpulayer-conditions": conditions } }).catch((error) => {
+      if ((error as { status?: number }).status === 409) return null; // another worker's artifact of it is there: fine
+      throw error;
+    });
+    if (res) s.log(`env ${req.key.slice(0, 12)}: shared as artifact ${packed.sha256.slice(0, 12)} (${(packed.bytes / 1024 ** 2).toFixed(1)} MiB, ${((performance.now() - t) / 1000).toFixed(1)} s)`);
+  } finally {
+    rmSync(file, { force: true });
+  }
+}
+
+/** Download into a file beside the fetch folder, checking the digest as it comes, then unpack into `req.into`. */
+async function download(s: ShippingSettings, a: ArtifactView, req: ShippingRequest): Promise<FetchedEnv> {
+  const t = performance.now();
+  req.onStep?.(`fetching artifact ${a.sha256.slice(0, 12)} (${(a.bytes / 1024 ** 2).toFixed(1)} MiB) built by ${a.built_by}`);
+  mkdirSync(req.into, { recursive: true });
+  const file = `${req.into}.tar.zst`;
+  try {
+    const res = await s.client.request("GET", `/v1/artifacts/${a.sha256}`, undefined, { signal: req.signal });
+    const hasher = new Bun.CryptoHasher("sha256");
+    const out = createWriteStream(file, { mode: 0o600 });
+    let bytes = 0;
+    try {
+      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+        hasher.update(chunk);
+        bytes += chunk.length;
+        if (!out.write(chunk)) await new Promise((r) => out.once("drain", r));
+      }
+    } finally {
+      await new Promise<void>((resolve, reject) => out.end((e?: Error | null) => (e ? reject(e) : resolve())));
+    }
+    const got = hasher.digest("hex");
+    if (got !== a.sha256) throw new Error(`its content does not match its sha256 (got ${got.slice(0, 12)}, ${bytes} bytes)`);
+    await unpackEnv(file, req.into);
+    return { sha256: a.sha256, bytes, seconds: (performance.now() - t) / 1000, builtBy: a.built_by };
+  } catch (error) {
+    rmSync(req.into, { recursive: true, force: true });
+    throw error;
+  } finally {
+    rmSync(file, { force: true });
+  }
+}

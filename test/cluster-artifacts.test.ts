@@ -1,0 +1,173 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { PackageIndex } from "./fixtures/index.ts";
+import { CLI_ARGV, cli, makeWorkerVenv, sandbox, tempDir } from "./helpers.ts";
+import { keepOutput, type Kept, stopAll, waitFor } from "./fixtures/processes.ts";
+
+/**
+ * Build once, ship to identical workers: a real server and five workers on
+ * 127.0.0.1, each in its own mount namespace where its own home is mounted at
+ * one path (as identical machines of a fleet have it), with one worker venv.
+ *   w1, w2, w3: identical        w4: another gamma in the same venv path (another base)
+ *   w5: --offline
+ * A local index counts what it is asked.
+ */
+
+const TOKEN = "artifact-test-token-0123456789";
+const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.5", GPULAYER_WORKER_LOST_SECONDS: "3", GPULAYER_WORKER_ENGINE: "none", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
+const T = 120_000;
+const world = tempDir("gpl-fleet-");
+const index = new PackageIndex(join(world, "index"));
+const server = sandbox();
+const client = sandbox();
+const kept: Kept[] = [];
+let url = "";
+/** The one path every worker sees its home at, and its venv at. */
+const HOME = join(world, "home");
+const VENV = join(world, "venv");
+const boxes: Record<string, ReturnType<typeof sandbox>> = {};
+
+const gpl = (args: string[]) => cli(args, { env: { ...client.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN }, cwd: client.root });
+const api = async <X = any>(path: string, init: RequestInit = {}): Promise<X> => (await fetch(`${url}${path}`, { ...init, headers: { authorization: `Bearer ${TOKEN}`, "content-type": "application/json" } })).json() as Promise<X>;
+const prepare = async (args: string[], label: string) => {
+  const r = await gpl(["env", "prepare", ...args, "--index-url", index.url, "--label", label, "--json"]);
+  return { ...r, doc: r.stdout.trim() ? JSON.parse(r.stdout) : null };
+};
+
+/** A worker in its own mount namespace: its real home mounted at HOME, and `venv` (when given) at VENV. */
+function startWorker(name: string, opts: { venv?: string; extra?: string[] } = {}) {
+  const box = sandbox();
+  boxes[name] = box;
+  const mounts = [`mount --bind "${box.home}" "${HOME}"`, ...(opts.venv ? [`mount --bind "${opts.venv}" "${VENV}"`] : [])].join(" && ");
+  const argv = [...CLI_ARGV, "join", url, "--name", name, "--label", `box=${name}`, ...(["w1", "w2", "w3"].includes(name) ? ["--label", "fleet=a"] : []), "--python", join(VENV, "bin", "python"), ...(opts.extra ?? [])];
+  const proc = Bun.spawn(["unshare", "-m", "sh", "-c", `${mounts} && exec "$@"`, "sh", ...argv], { env: { ...box.env, ...FAST, GPULAYER_HOME: HOME, GPULAYER_TOKEN: TOKEN }, stdout: "pipe", stderr: "pipe", stdin: "ignore" });
+  return keepOutput(proc, kept);
+}
+
+beforeAll(async () => {
+  index.start();
+  index.wheel({ name: "alpha", version: "1.0", requires: ["beta"], files: { "alpha/__init__.py": "import beta\nVALUE = 'alpha ok'\n" } });
+  // Incompressible bytes: the artifact has a size worth counting.
+  index.wheel({ name: "beta", version: "1.0", files: { "beta/__init__.py": "", "beta/a.txt": Buffer.from(crypto.getRandomValues(new Uint8Array(33_000))).toString("base64"), "beta/b.txt": Buffer.from(crypto.getRandomValues(new Uint8Array(33_000))).toString("base64") } });
+  index.wheel({ name: "gamma", version: "1.0", files: { "gamma/__init__.py": "V = '1.0'\n" } });
+  index.wheel({ name: "gamma", version: "2.0", files: { "gamma/__init__.py": "V = '2.0'\n" } });
+  index.wheel({ name: "zeta", version: "1.0", files: { "zeta/__init__.py": "" } });
+  index.wheel({ name: "epsilon", version: "1.0", files: { "epsilon/__init__.py": "" } });
+  mkdirSync(HOME);
+  await makeWorkerVenv(VENV, { env: server.env, withPip: true, packages: ["gamma==1.0"], findLinks: index.dir });
+  const other = join(world, "venv-other");
+  // The same venv again (same paths inside), then another gamma: another base at the same path.
+  await makeWorkerVenv(other, { env: server.env, withPip: true, packages: ["gamma==1.0"], findLinks: index.dir });
+  const s = Bun.spawn(["sh", "-c", `unshare -m sh -c 'mount --bind "${other}" "${VENV}" && "${VENV}/bin/python" -m pip install -q --no-index --find-links "${index.dir}" gamma==2.0'`], { env: server.env, stdout: "pipe", stderr: "pipe" });
+  expect(await s.exited).toBe(0);
+  const srv = keepOutput(Bun.spawn([...CLI_ARGV, "server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...server.env, ...FAST }, stdout: "pipe", stderr: "pipe", stdin: "ignore" }), kept);
+  url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(srv.out())?.[1])) as string;
+  for (const n of ["w1", "w2", "w3"]) startWorker(n);
+  startWorker("w4", { venv: other });
+  startWorker("w5", { extra: ["--offline"] });
+  await waitFor("five workers", async () => ((await api<unknown[]>("/v1/workers")).length === 5 ? true : null));
+}, T);
+
+afterAll(async () => {
+  await stopAll(kept);
+  index.stop();
+  for (const b of [server, client, ...Object.values(boxes)]) b.cleanup();
+}, 30_000);
+
+const artifacts = () => api<{ count: number; bytes: number; artifacts: { sha256: string; key: string; built_by: string; bytes: number }[] }>("/v1/artifacts");
+
+describe("env artifacts", () => {
+  test("env prepare over three identical workers: one build, two fetches; the index is asked by one worker only; the fetched envs import", async () => {
+    const r = await prepare(["-p", "alpha"], "box=w1");
+    expect(r.code).toBe(0);
+    const afterBuild = index.requests.length;
+    // The same request on w2 and w3 at once: both fetch what w1 built.
+    const both = await Promise.all([prepare(["-p", "alpha"], "box=w2"), prepare(["-p", "alpha"], "box=w3")]);
+    const first = r.doc.workers[0];
+    expect(first).toMatchObject({ worker: "w1", status: "built" });
+    for (const b of both) {
+      expect(b.code).toBe(0);
+      expect(b.doc.workers[0]).toMatchObject({ status: "fetched", key: first.key, path: first.path });
+      expect(b.doc.workers[0].fetched.built_by).toBe("w1");
+      expect(b.doc.workers[0].fetched.bytes).toBeGreaterThan(50_000);
+    }
+    // One build's worth: each project page once, and nothing at all asked by the two that fetched.
+    expect(index.asked("alpha")).toBe(1);
+    expect(index.asked("beta")).toBe(1);
+    expect(index.requests.slice(afterBuild)).toEqual([]);
+    const a = await artifacts();
+    expect(a.artifacts.filter((x) => x.key === first.key).map((x) => x.built_by)).toEqual(["w1"]);
+    // The fetched env works on its worker: its own packages and the worker's (gamma) import; nothing is built again.
+    for (const w of ["w2", "w3"]) {
+      const job = await gpl(["job", "run", "-p", "alpha", "--index-url", index.url, "--label", `box=${w}`, "--", "python", "-c", "import alpha, gamma; print(alpha.VALUE, gamma.V)"]);
+      expect({ w, out: job.stdout.trim(), code: job.code }).toEqual({ w, out: "alpha ok 1.0", code: 0 });
+    }
+    expect(index.asked("alpha")).toBe(1);
+  }, T);
+
+  test("fan-out: one env prepare over every identical worker makes one build; the others wait for it and fetch", async () => {
+    const r = await prepare(["-p", "zeta"], "fleet=a");
+    expect(r.code).toBe(0);
+    const statuses = r.doc.workers.map((x: { status: string }) => x.status).sort();
+    expect(statuses).toEqual(["built", "fetched", "fetched"]);
+    expect(index.asked("zeta")).toBe(1);
+    expect(r.stderr).toMatch(/waiting for w\d, which is building env/);
+  }, T);
+
+  test("a worker with another base never receives the artifact: it builds its own", async () => {
+    const r = await prepare(["-p", "alpha"], "box=w4");
+    expect(r.code).toBe(0);
+    expect(r.doc.workers[0].status).toBe("built");
+    expect(index.asked("alpha")).toBe(2);
+  }, T);
+
+  test("an offline worker fetches what exists, and for what does not fails with one line naming who could build it", async () => {
+    const ok = await prepare(["-p", "alpha"], "box=w5");
+    expect(ok.code).toBe(0);
+    expect(ok.doc.workers[0].status).toBe("fetched");
+    const none = await prepare(["-p", "epsilon"], "box=w5");
+    expect(none.code).toBe(1);
+    const msg: string = none.doc.workers[0].message;
+    expect(msg).toContain("offline");
+    expect(msg).toContain("no worker has built it yet");
+    expect(msg).toMatch(/can build it: .*w1/);
+    expect(index.asked("epsilon")).toBe(0);
+  }, T);
+
+  test("a corrupted artifact (a byte flipped on the server's disk) is refused by its digest; the worker builds instead and says why", async () => {
+    const r1 = await prepare(["-p", "gamma==2.0"], "box=w1");
+    expect(r1.doc.workers[0].status).toBe("built");
+    const key = r1.doc.workers[0].key;
+    const sha = await waitFor("the artifact", async () => (await artifacts()).artifacts.find((a) => a.key === key)?.sha256);
+    const file = join(server.home, "server", "artifacts", `${sha}.tar.zst`);
+    const bytes = readFileSync(file);
+    bytes[Math.floor(bytes.length / 2)]! ^= 0xff;
+    writeFileSync(file, bytes);
+    const r2 = await gpl(["env", "prepare", "-p", "gamma==2.0", "--index-url", index.url, "--label", "box=w2", "--json"]);
+    expect(r2.code).toBe(0);
+    expect(JSON.parse(r2.stdout).workers[0].status).toBe("built");
+    expect(r2.stderr).toMatch(/\[w2\] fetching artifact [0-9a-f]{12} from w1 refused: its content does not match its sha256/);
+    // Nothing half-unpacked is left beside the entry.
+    expect(readdirSync(join(boxes.w2!.home, "envs-v1")).filter((n) => n.startsWith(".fetch-"))).toEqual([]);
+  }, T);
+
+  test("gc --server trims the server's artifacts least recently used first, and workers shows them", async () => {
+    const a = await artifacts();
+    expect(a.count).toBeGreaterThanOrEqual(3);
+    const dry = await gpl(["gc", "--server", url, "--max-size", "1", "--dry-run", "--json"]);
+    expect(dry.code).toBe(0);
+    const plan = JSON.parse(dry.stdout);
+    expect(plan.removed.length).toBe(a.count);
+    expect((await artifacts()).count).toBe(a.count);
+    const keepBytes = a.bytes - a.artifacts[0]!.bytes;
+    const real = await gpl(["gc", "--server", url, "--max-size", String(keepBytes), "--json"]);
+    expect(real.code).toBe(0);
+    const done = JSON.parse(real.stdout);
+    // The least recently used (first in the server's list) went, and only it.
+    expect(done.removed.map((x: { sha256: string }) => x.sha256)).toEqual([a.artifacts[0]!.sha256]);
+    expect((await artifacts()).count).toBe(a.count - 1);
+    const ws = await gpl(["workers"]);
+    expect(ws.stdout).toMatch(/artifacts\s+\d+ \(/);
+  }, T);
+});
