@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { CLI_ARGV, cli, makeWorkerVenv, sandbox, tempDir } from "./helpers.ts";
 import { keepOutput, type Kept, stopAll, waitFor } from "./fixtures/processes.ts";
+import { TcpProxy } from "./fixtures/tcp-proxy.ts";
 
 /**
  * Build once, ship to identical workers: a real server and five workers on
@@ -36,13 +37,13 @@ const prepare = async (args: string[], label: string) => {
 };
 
 /** A worker in its own mount namespace: its real home mounted at HOME, and `venv` (when given) at VENV. */
-function startWorker(name: string, opts: { venv?: string; extra?: string[] } = {}) {
-  const box = sandbox();
+function startWorker(name: string, opts: { venv?: string; extra?: string[]; via?: string } = {}) {
+  const box = boxes[name] ?? sandbox();
   boxes[name] = box;
   const mounts = [`mount --bind "${box.home}" "${HOME}"`, ...(opts.venv ? [`mount --bind "${opts.venv}" "${VENV}"`] : [])].join(" && ");
-  const argv = [...CLI_ARGV, "join", url, "--name", name, "--label", `box=${name}`, ...(["w1", "w2", "w3"].includes(name) ? ["--label", "fleet=a"] : []), "--python", join(VENV, "bin", "python"), ...(opts.extra ?? [])];
+  const argv = [...CLI_ARGV, "join", opts.via ?? url, "--name", name, "--label", `box=${name}`, ...(["w1", "w2", "w3"].includes(name) ? ["--label", "fleet=a"] : []), "--python", join(VENV, "bin", "python"), ...(opts.extra ?? [])];
   const proc = Bun.spawn(["unshare", "-m", "sh", "-c", `${mounts} && exec "$@"`, "sh", ...argv], { env: { ...box.env, ...FAST, GPULAYER_HOME: HOME, GPULAYER_TOKEN: TOKEN }, stdout: "pipe", stderr: "pipe", stdin: "ignore" });
-  return keepOutput(proc, kept);
+  return { ...keepOutput(proc, kept), proc };
 }
 
 beforeAll(async () => {
@@ -150,6 +151,31 @@ describe("env artifacts", () => {
     expect(r2.stderr).toMatch(/\[w2\] fetching artifact [0-9a-f]{12} from w1 refused: its content does not match its sha256/);
     // Nothing half-unpacked is left beside the entry.
     expect(readdirSync(join(boxes.w2!.home, "envs-v1")).filter((n) => n.startsWith(".fetch-"))).toEqual([]);
+  }, T);
+
+  test("a worker killed (SIGKILL) mid-download leaves nothing marked ready; its next prepare cleans the remains and gets the env", async () => {
+    const proxy = new TcpProxy(Number(new URL(url).port)).start();
+    proxy.stallAfter = "application/zstd";
+    const w6 = startWorker("w6", { via: `http://127.0.0.1:${proxy.port}` });
+    await waitFor("w6", async () => ((await api<{ name: string; state: string }[]>("/v1/workers")).some((w) => w.name === "w6" && w.state === "idle") ? true : null));
+    const envs = join(boxes.w6!.home, "envs-v1");
+    const asked = gpl(["env", "prepare", "-p", "alpha", "--index-url", index.url, "--label", "box=w6", "--json"]);
+    await waitFor("the stalled download", () => proxy.stalled && readdirSync(envs).some((n) => n.startsWith(".fetch-")));
+    w6.proc.kill("SIGKILL");
+    await w6.proc.exited;
+    const key = readdirSync(envs).find((n) => n.startsWith(".fetch-"))!.slice(".fetch-".length, ".fetch-".length + 64);
+    expect(readdirSync(envs).filter((n) => /^[0-9a-f]{64}$/.test(n))).toEqual([]);
+    proxy.cut();
+    void asked;
+    // Back, straight to the server: the same env is fetched whole, and nothing of the killed fetch is left.
+    startWorker("w6");
+    const again = await waitFor("w6's prepare", async () => {
+      const r = await prepare(["-p", "alpha"], "box=w6");
+      return r.code === 0 && r.doc.workers[0]?.status === "fetched" ? r : null;
+    }, 60_000);
+    expect(again.doc.workers[0].key).toBe(key);
+    expect(readdirSync(envs).filter((n) => n.startsWith(".fetch-"))).toEqual([]);
+    expect(readdirSync(join(envs, key, ".gpulayer"))).toContain("ready");
   }, T);
 
   test("gc --server trims the server's artifacts least recently used first, and workers shows them", async () => {
