@@ -346,6 +346,7 @@ export const README_TABLES = {
   "gc: limit": GcLimit,
   "gc: removed[]": GcRemovedItem,
   "gc: skipped[]": GcSkippedItem,
+  "gc --server": GcServerDocument,
   "job status": JobStatusDocument,
   "job status: phases[]": JobPhase,
   "job status: events[]": JobEventEntry,
