@@ -6,7 +6,7 @@
  * $BENCH_INDEX (a PEP 503 folder, file:///…/simple) served over HTTP by this
  * process so its bytes are counted. Workers run in mount namespaces with their
  * homes at one path, as identical machines have it (needs root).
- * Run by bench/cluster.ts; alone: bun run bench/cluster-ship.ts   (BENCH_SHIP_SPECS="transformers==4.46.3 datasets accelerate")
+ * Run by bench/cluster.ts; alone: bun run bench/cluster-ship.ts   (BENCH_SHIP_SPECS="transformers datasets")
  */
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -25,7 +25,7 @@ export async function shipBench(): Promise<ShipResult[]> {
   const bin = binary();
   const { index } = benchIndex();
   const folder = index.replace(/^file:\/\//, "").replace(/\/simple\/?$/, "");
-  const specs = (process.env.BENCH_SHIP_SPECS ?? "transformers==4.46.3 datasets accelerate").split(/\s+/).filter(Boolean);
+  const specs = (process.env.BENCH_SHIP_SPECS ?? "transformers datasets").split(/\s+/).filter(Boolean);
   let served = 0;
   const http = Bun.serve({
     hostname: "127.0.0.1",
@@ -53,8 +53,8 @@ export async function shipBench(): Promise<ShipResult[]> {
   const children: Bun.Subprocess[] = [];
   const results: ShipResult[] = [];
   try {
-    for (const [mode, share] of [["shipped: one build, 3 fetches", "true"], ["each of 4 workers builds", "false"]] as const) {
-      const dir = join(root, share);
+    for (const [mode, share, count] of [["one worker builds (the reference: one build)", "false", 1], ["shipped: one build, 3 fetches", "true", 4], ["each of 4 workers builds", "false", 4]] as const) {
+      const dir = join(root, `${share}-${count}`);
       const at = join(dir, "home-path");
       mkdirSync(at, { recursive: true });
       const server = Bun.spawn([bin, "server", "--listen", "127.0.0.1:0", "--token", token, "--json"], { env: { ...base, GPULAYER_HOME: join(dir, "server"), GPULAYER_SERVER_SHARE_ENVS: share }, stdout: "pipe", stderr: "ignore" });
@@ -65,7 +65,7 @@ export async function shipBench(): Promise<ShipResult[]> {
         if (doc.trimEnd().endsWith("}")) break;
       }
       const url = JSON.parse(doc).url as string;
-      for (let i = 1; i <= 4; i++) {
+      for (let i = 1; i <= count; i++) {
         const real = join(dir, `w${i}`);
         mkdirSync(join(real, "home"), { recursive: true });
         const env = { ...base, GPULAYER_HOME: at, GPULAYER_TOKEN: token, UV_CACHE_DIR: join(real, "uv"), PIP_CACHE_DIR: join(real, "pip") };
@@ -76,7 +76,7 @@ export async function shipBench(): Promise<ShipResult[]> {
       for (let i = 0; i < 200; i++) {
         const r = Bun.spawn([bin, "workers", "--json"], { env: client, stdout: "pipe", stderr: "ignore" });
         const out = await new Response(r.stdout).text();
-        if ((await r.exited) === 0 && JSON.parse(out).length === 4) break;
+        if ((await r.exited) === 0 && JSON.parse(out).length === count) break;
         await Bun.sleep(100);
       }
       const before = served;

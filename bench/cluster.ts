@@ -4,6 +4,7 @@
  * side by side in one run (alternating, so drift hits both alike).
  * Then `/v1/health` latency while the server checks the worst bundle it
  * accepts, against the same probe with the server idle.
+ * Then (with $BENCH_INDEX) env prepare of a realistic env across 4 workers: shipped against each worker building (bench/cluster-ship.ts).
  * Run: bun run bench/cluster.ts   (BENCH_RUNS=20 by default)
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -11,6 +12,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { zerosBundle } from "../test/fixtures/bombs.ts";
 import { binary, machine, printTable, stats } from "./_lib.ts";
+import { shipBench } from "./cluster-ship.ts";
 
 const bin = binary();
 const root = mkdtempSync(join(tmpdir(), "gpl-bench-cluster-"));
@@ -130,4 +132,13 @@ try {
   for (const c of children) c.kill("SIGTERM");
   await Promise.all(children.map((c) => c.exited));
   rmSync(root, { recursive: true, force: true });
+}
+
+// Env artifacts: a realistic env across 4 workers, shipped against each building (needs $BENCH_INDEX and root).
+if (process.env.BENCH_INDEX) {
+  const rows = await shipBench();
+  const mb = (b: number) => `${(b / 1024 ** 2).toFixed(0)} MB`;
+  console.log(`\n## env prepare of ${process.env.BENCH_SHIP_SPECS ?? "transformers datasets"} (env ${mb(rows[0]!.envBytes)}) on 4 workers`);
+  console.log("| | seconds | from the index | workers |\n|---|---:|---:|---|");
+  for (const r of rows) console.log(`| ${r.mode} | ${r.seconds.toFixed(1)} s | ${mb(r.indexBytes)} | ${r.statuses.join(", ")} |`);
 }
