@@ -119,6 +119,7 @@ if (cannotMount) {
   rmSync(disk, { recursive: true, force: true });
 }
 
+// Skipped only where a tmpfs cannot be mounted (not root): a full disk needs a small filesystem of its own. CI runs as root, so there it runs.
 describe.skipIf(Boolean(cannotMount))("a disk that fills during a build", () => {
   afterAll(() => {
     Bun.spawnSync(["umount", disk]);

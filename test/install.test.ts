@@ -10,12 +10,14 @@ import { join, normalize } from "node:path";
 import { ROOT, tempDir, run } from "./helpers.ts";
 import { hostTarget, TARGETS } from "../scripts/build-binaries.ts";
 
+// The build and install tests skip only where this machine is no release target (hostTarget() is null): there is no binary of it to build. Linux x64 (CI) is one.
 const HOST = hostTarget();
 const VERSION = (JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as { version: string }).version;
 const ARCHIVE = `gpulayer-${VERSION}-${HOST}.tar.gz`;
 /** A target other than this machine's: its runtime would have to be downloaded, which the build below makes impossible. */
 const CROSS = TARGETS.find((t) => t !== HOST)!;
 const SH = Bun.which("dash") ?? "/bin/sh";
+// install.sh fetches with curl or wget: each path is tested where that tool is installed (CI installs both, and shellcheck).
 const HAS_WGET = Boolean(Bun.which("wget"));
 const HAS_CURL = Boolean(Bun.which("curl"));
 const HAS_SHELLCHECK = Boolean(Bun.which("shellcheck"));
