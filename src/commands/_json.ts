@@ -45,7 +45,7 @@ export const EnvPrepareDocument = v.strictObject({
   key: str,
   path: str,
   python: str,
-  status: v.picklist(["built", "reused"]),
+  status: v.picklist(["built", "reused", "fetched"]),
   seconds: num,
   check: strList,
   installer_path: nullableStr,

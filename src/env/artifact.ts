@@ -4,39 +4,16 @@ import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import zlib from "node:zlib";
 import * as tar from "tar";
-import type { InterpreterInfo } from "./interpreter.ts";
 
 /**
  * An env as an artifact another worker can unpack: a tar of the env folder
  * (entries sorted, no owners, times kept so the bytecode stays valid), zstd
  * compressed, named by its sha256. Envs hold their own absolute path (scripts'
  * shebangs, pip's RECORD, editable .pth lines), so an artifact is unpacked
- * only at the same path: the path is one of its conditions, with the worker's
- * interpreter, platform and installed base (which the key covers too).
+ * only at the same path: the path is one of its conditions (shipping.ts), with
+ * the worker's interpreter, platform and installed base (which the key covers too).
+ * Loaded only to pack or unpack: tar and zstd cost the warm path nothing.
  */
-
-export interface ArtifactConditions {
-  /** Where the env was built (and the only place it may be unpacked). */
-  env_path: string;
-  platform: string;
-  /** The interpreter's real binary. */
-  interpreter: string;
-  python: string;
-  /** The worker's installed base (interpreter.ts baseFingerprint). */
-  base: string;
-}
-
-export function artifactConditions(envPath: string, interpreter: InterpreterInfo, base: string): ArtifactConditions {
-  return { env_path: envPath, platform: interpreter.platform, interpreter: interpreter.realExecutable, python: interpreter.version, base };
-}
-
-/** Why `have` may not be unpacked here, or null when it may. */
-export function conditionsDiffer(have: ArtifactConditions, want: ArtifactConditions): string | null {
-  for (const k of ["env_path", "platform", "interpreter", "python", "base"] as const) {
-    if (have[k] !== want[k]) return `its ${k.replace("_", " ")} is ${have[k]}, here ${want[k]}`;
-  }
-  return null;
-}
 
 /** What is never shipped: the entry's own state of use on the worker that built it. */
 const LOCAL_ONLY = new Set([".gpulayer/ready", ".gpulayer/last-used", ".lock"]);

@@ -1,7 +1,6 @@
 import { rmSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { artifactConditions } from "./artifact.ts";
-import { type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
+import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
 import type { BuildHooks, BuildOutcome } from "./build.ts";

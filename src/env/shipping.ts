@@ -1,7 +1,7 @@
 import { readdirSync, readFileSync, renameSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import type { ArtifactConditions } from "./artifact.ts";
+import type { InterpreterInfo } from "./interpreter.ts";
 import { type EntryPaths, type EnvMeta, markReady, removeEntryDir } from "./store.ts";
 
 /**
@@ -41,6 +41,29 @@ export interface ShippingRequest {
 export interface Shipping {
   /** An artifact unpacked into `into`, or a ticket to build it here; throws (a UserError) where it may not be built here either (offline). */
   acquire(req: ShippingRequest): Promise<{ fetched: FetchedEnv } | { build: BuildTicket }>;
+}
+
+export interface ArtifactConditions {
+  /** Where the env was built (and the only place it may be unpacked). */
+  env_path: string;
+  platform: string;
+  /** The interpreter's real binary. */
+  interpreter: string;
+  python: string;
+  /** The worker's installed base (interpreter.ts baseFingerprint). */
+  base: string;
+}
+
+export function artifactConditions(envPath: string, interpreter: InterpreterInfo, base: string): ArtifactConditions {
+  return { env_path: envPath, platform: interpreter.platform, interpreter: interpreter.realExecutable, python: interpreter.version, base };
+}
+
+/** Why `have` may not be unpacked here, or null when it may. */
+export function conditionsDiffer(have: ArtifactConditions, want: ArtifactConditions): string | null {
+  for (const k of ["env_path", "platform", "interpreter", "python", "base"] as const) {
+    if (have[k] !== want[k]) return `its ${k.replace("_", " ")} is ${have[k]}, here ${want[k]}`;
+  }
+  return null;
 }
 
 const FETCHING = ".fetch-";

@@ -91,13 +91,18 @@ function safeReaddir(dir: string): string[] {
   }
 }
 
-function signature(paths: string[]): string {
-  return paths
+/** The identity of every path, and the newest mtime among them. */
+function signature(paths: string[]): { text: string; newestMs: number } {
+  let newestMs = 0;
+  const text = paths
     .map((p) => {
       const st = statSync(p, { throwIfNoEntry: false });
-      return st ? `${p}:${st.ino}:${st.size}:${st.mtimeMs}` : `${p}:-`;
+      if (!st) return `${p}:-`;
+      newestMs = Math.max(newestMs, st.mtimeMs);
+      return `${p}:${st.ino}:${st.size}:${st.mtimeMs}`;
     })
     .join("\n");
+  return { text, newestMs };
 }
 
 /** Changes closer to now than this may share an mtime with the next one (coarse file clocks): such a scan is not kept. */
@@ -114,18 +119,17 @@ export async function scanWorker(python: string, siteDirs: string[], env: Record
   const file = join(cacheDir, `${contentHash([python, ...siteDirs].join("\0")).slice(0, 32)}.json`);
   try {
     const kept = JSON.parse(readFileSync(file, "utf8")) as { watched: string[]; signature: string; scan: WorkerScan };
-    if (kept.signature === signature(kept.watched)) return kept.scan;
+    if (kept.signature === signature(kept.watched).text) return kept.scan;
   } catch {
     // none kept, or unreadable: scanned afresh
   }
   const result = await scan(python, siteDirs, env);
   if ("failed" in result) return { unsupported: result.failed };
   const sig = signature(result.watched);
-  const settled = result.watched.every((p) => (statSync(p, { throwIfNoEntry: false })?.mtimeMs ?? 0) < nowMs - SETTLED_MS);
-  if (settled) {
+  if (sig.newestMs < nowMs - SETTLED_MS) {
     try {
       mkdirSync(cacheDir, { recursive: true });
-      writeFileAtomic(file, JSON.stringify({ watched: result.watched, signature: sig, scan: result.scan }));
+      writeFileAtomic(file, JSON.stringify({ watched: result.watched, signature: sig.text, scan: result.scan }));
     } catch {
       // a read-only home: scanned again next time
     }

@@ -33,6 +33,7 @@ const CLAIM_MS = 60_000;
 const TASK_WINDOW_MS = 24 * 3_600_000;
 
 const Conditions = v.strictObject({ env_path: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), platform: v.pipe(v.string(), v.maxLength(200)), interpreter: v.pipe(v.string(), v.maxLength(4096)), python: v.pipe(v.string(), v.maxLength(50)), base: v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/)) });
+const GcBody = v.strictObject({ max_bytes: v.optional(v.pipe(v.number(), v.minValue(0))), dry_run: v.optional(v.boolean()) });
 const ClaimBody = v.strictObject({ key: v.pipe(v.string(), v.regex(SHA)), path: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), release: v.optional(v.boolean()) });
 
 const reply = (data: unknown, status = 200) => Response.json(data, { status });
@@ -41,7 +42,8 @@ function view(a: ReturnType<Coordinator["store"]["artifacts"]["list"]>[number]) 
   return { sha256: a.sha, key: a.key, bytes: a.bytes, built_by: a.builtBy, conditions: a.conditions, created: new Date(a.created).toISOString(), last_used: new Date(a.lastUsed).toISOString() };
 }
 
-export async function artifactRoute(req: Request, url: URL, sub: string | undefined, caller: Caller, coord: Coordinator, settings: ArtifactSettings, readJson: (req: Request) => Promise<unknown>): Promise<Response> {
+/** `body`: the request's JSON checked against a schema (routes.ts jsonBody: size limit, one clear 400). */
+export async function artifactRoute(req: Request, url: URL, sub: string | undefined, caller: Caller, coord: Coordinator, settings: ArtifactSettings, body: <S extends v.GenericSchema>(schema: S) => Promise<v.InferOutput<S>>): Promise<Response> {
   const store = coord.store.artifacts;
   const method = req.method;
   const worker = () => {
@@ -50,11 +52,6 @@ export async function artifactRoute(req: Request, url: URL, sub: string | undefi
   };
   const user = () => {
     if (caller.role !== "admin" && caller.role !== "user") throw new HttpFail(403, "this needs a user token");
-  };
-  const parse = <S extends v.GenericSchema>(schema: S, data: unknown): v.InferOutput<S> => {
-    const r = v.safeParse(schema, data);
-    if (!r.success) throw new HttpFail(400, `${v.getDotPath(r.issues[0]) ?? "body"}: ${r.issues[0].message}`);
-    return r.output;
   };
 
   if (!sub && method === "GET") {
@@ -71,15 +68,15 @@ export async function artifactRoute(req: Request, url: URL, sub: string | undefi
   }
   if (sub === "claim" && method === "POST") {
     const w = worker();
-    const body = parse(ClaimBody, await readJson(req));
-    if (body.release) return store.release(body.key, body.path, w.id), reply({ released: true });
+    const claim = await body(ClaimBody);
+    if (claim.release) return store.release(claim.key, claim.path, w.id), reply({ released: true });
     if (!settings.share) return reply({ granted: true });
-    return reply(store.claim(body.key, body.path, { id: w.id, name: w.name }, CLAIM_MS));
+    return reply(store.claim(claim.key, claim.path, { id: w.id, name: w.name }, CLAIM_MS));
   }
   if (sub === "gc" && method === "POST") {
     user();
-    const body = parse(v.strictObject({ max_bytes: v.optional(v.pipe(v.number(), v.minValue(0))), dry_run: v.optional(v.boolean()) }), await readJson(req));
-    return reply(store.trim(body.max_bytes ?? settings.maxBytes, body.dry_run ?? false));
+    const gc = await body(GcBody);
+    return reply(store.trim(gc.max_bytes ?? settings.maxBytes, gc.dry_run ?? false));
   }
   if (sub && SHA.test(sub) && method === "GET") {
     if (caller.role === "join") throw new HttpFail(403, "a join token only registers workers");

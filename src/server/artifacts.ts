@@ -1,7 +1,7 @@
 import type { Database } from "bun:sqlite";
 import { mkdirSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
-import type { ArtifactConditions } from "../env/artifact.ts";
+import type { ArtifactConditions } from "../env/shipping.ts";
 import { lruOrder } from "../gc/policy.ts";
 
 /**
@@ -170,18 +170,9 @@ export class ArtifactStore {
     }
   }
 
-  totals(): { count: number; bytes: number; byWorker: Map<string, { count: number; bytes: number }> } {
-    const byWorker = new Map<string, { count: number; bytes: number }>();
-    let bytes = 0;
+  totals(): { count: number; bytes: number } {
     const rows = this.list();
-    for (const a of rows) {
-      bytes += a.bytes;
-      const w = byWorker.get(a.builtBy) ?? { count: 0, bytes: 0 };
-      w.count++;
-      w.bytes += a.bytes;
-      byWorker.set(a.builtBy, w);
-    }
-    return { count: rows.length, bytes, byWorker };
+    return { count: rows.length, bytes: rows.reduce((n, a) => n + a.bytes, 0) };
   }
 
   /**

@@ -195,13 +195,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
     if (method === "GET") return visible() ? (bundles.touch(id), new Response(Bun.file(bundles.path(id)))) : reply({ error: "no such bundle" }, 404);
     if (method === "PUT") return needUser(), await putBundle(req, ctx, id);
   }
-  if (kind === "artifacts") return artifactRoute(req, url, id, caller, coord, ctx.artifacts, (r) => readBody(r, ctx.maxBodyBytes).then((b) => {
-    try {
-      return JSON.parse(new TextDecoder().decode(b)) as unknown;
-    } catch {
-      throw new HttpFail(400, "the body is not JSON");
-    }
-  }));
+  if (kind === "artifacts") return artifactRoute(req, url, id, caller, coord, ctx.artifacts, (schema) => jsonBody(req, ctx, schema));
   if (kind === "jobs") {
     needUser();
     if (!id && method === "POST") return reply(jobs.submit(await jsonBody(req, ctx, S.SubmitSchema)), 201);

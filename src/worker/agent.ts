@@ -302,6 +302,8 @@ export class Agent {
     while (this.tasks.size && !this.urgent && Date.now() < deadline) {
       await Promise.race([nap(deadline - Date.now()), new Promise<void>((r) => (this.wake = r))]);
     }
+    // Env artifacts still uploading (worker/env-shipping.ts) end within the same drain time: the fleet waits for them.
+    if (this.uploads.size && !this.urgent) await Promise.race([Promise.allSettled([...this.uploads]), nap(deadline - Date.now())]);
     if (this.tasks.size) {
       this.log(`handing back ${this.tasks.size} task(s)`);
       const all = Promise.all([...this.tasks.values()].map((t) => t.handBack(`worker ${this.opts.name} left`)));

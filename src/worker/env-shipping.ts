@@ -4,8 +4,8 @@ import type { ClusterClient } from "../cluster/client.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { sleep } from "../core/sleep.ts";
 import { InstallError } from "../errors.ts";
-import { type ArtifactConditions, conditionsDiffer, packEnv, unpackEnv } from "../env/artifact.ts";
-import type { BuildTicket, FetchedEnv, Shipping, ShippingRequest } from "../env/shipping.ts";
+import { packEnv, unpackEnv } from "../env/artifact.ts";
+import { type ArtifactConditions, type BuildTicket, conditionsDiffer, type FetchedEnv, type Shipping, type ShippingRequest } from "../env/shipping.ts";
 import { entryPaths } from "../env/store.ts";
 
 /**
@@ -55,7 +55,20 @@ export function workerShipping(s: ShippingSettings, taskId: string): Shipping | 
   };
 }
 
+/** The server could not be asked (an outage, an older server): a worker with an index builds; an offline one cannot. */
 async function acquire(s: ShippingSettings, taskId: string, req: ShippingRequest): Promise<{ fetched: FetchedEnv } | { build: BuildTicket }> {
+  try {
+    return await fromServer(s, taskId, req);
+  } catch (error) {
+    if (req.signal?.aborted || error instanceof InstallError) throw error;
+    const why = (error as Error).message;
+    if (s.offline) throw new InstallError(`this worker is offline (worker.offline) and builds no env, and the server could not be asked for an artifact of env ${req.key.slice(0, 12)}: ${why}`, "");
+    req.onStep?.(`building here: the server could not be asked for an artifact (${why})`);
+    return { build: noTicket() };
+  }
+}
+
+async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequest): Promise<{ fetched: FetchedEnv } | { build: BuildTicket }> {
   const q = `key=${req.key}&path=${encodeURIComponent(req.conditions.env_path)}`;
   let told = false;
   for (;;) {
@@ -78,12 +91,16 @@ async function acquire(s: ShippingSettings, taskId: string, req: ShippingRequest
       }
     }
     if (s.offline) {
-      const can = list.builders.filter((b) => b);
+      const can = list.builders;
       const why = !sharing ? "sharing envs is off" : refusals.length ? `none fits here (${refusals.join("; ")})` : "no worker has built it yet";
       throw new InstallError(`this worker is offline (worker.offline) and builds no env; no artifact of env ${req.key.slice(0, 12)} to fetch: ${why}${can.length ? `; a worker with a package index can build it: ${can.join(", ")}` : "; no worker with a package index is joined"}`, "");
     }
     if (!sharing) return { build: noTicket() };
-    if (refusals.length) return { build: await claimed(s, taskId, req, refusals.join("; ")) };
+    if (refusals.length) {
+      // One artifact per key and path is kept, and it is the one refused: build here, share nothing.
+      req.onStep?.(`building here: ${refusals.join("; ")}`);
+      return { build: noTicket() };
+    }
     const claim = await s.client.json<{ granted: boolean; holder?: string }>("POST", "/v1/artifacts/claim", { key: req.key, path: req.conditions.env_path }, { signal: req.signal });
     if (claim.granted) return { build: ticket(s, taskId, req) };
     if (!told) req.onStep?.(`waiting for ${claim.holder}, which is building env ${req.key.slice(0, 12)} for this same path`);
@@ -94,12 +111,6 @@ async function acquire(s: ShippingSettings, taskId: string, req: ShippingRequest
 
 function noTicket(): BuildTicket {
   return { built() {}, failed() {} };
-}
-
-/** An artifact was there but would not do: build here, and share nothing (one artifact per key and path is kept, and it is that one). */
-async function claimed(_s: ShippingSettings, _taskId: string, req: ShippingRequest, why: string): Promise<BuildTicket> {
-  req.onStep?.(`building here: ${why}`);
-  return noTicket();
 }
 
 /** The build is ours: renew the claim while it runs; once built, pack and upload in the background, then let the claim go. */

@@ -1,7 +1,7 @@
 import { dirname, resolve } from "node:path";
 import { ExitError } from "../../errors.ts";
 import { packLines } from "./pack-lines.ts";
-import { formatSeconds, type Output, shortKey } from "../../ui/output.ts";
+import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import type { RemoteTarget } from "../../cluster/client.ts";
 import { followPrepare, type RemotePrepareRequest, startPrepare, type WorkerPrepareResult } from "../../cluster/prepare-client.ts";
 import { formatLabels, labelsFromArgs, type PrepareTaskResult } from "../../cluster/protocol.ts";
@@ -15,7 +15,7 @@ import { formatLabels, labelsFromArgs, type PrepareTaskResult } from "../../clus
 
 function line(worker: string, r: PrepareTaskResult | null): string {
   if (!r) return `${worker}  failed  -  no result`;
-  const what = r.status === "failed" ? r.message?.split("\n").join("\n    ") : r.image ? `${r.image} ${r.digest ?? ""}`.trim() : `env ${shortKey(r.key ?? "")} ${r.path ?? ""}`.trim();
+  const what = r.status === "failed" ? r.message?.split("\n").join("\n    ") : r.image ? `${r.image} ${r.digest ?? ""}`.trim() : `env ${shortKey(r.key ?? "")} ${r.path ?? ""}${r.fetched ? ` (from ${r.fetched.built_by}, ${formatBytes(r.fetched.bytes)})` : ""}`.trim();
   return `${worker}  ${r.status}  ${formatSeconds(r.seconds)}  ${what}`;
 }
 
