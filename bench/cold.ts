@@ -97,7 +97,7 @@ interface Notes {
   torch: Record<string, string>;
 }
 
-/** A home that has built before: its interpreter probe and tools (stand-in templates, pip's reading of its configuration) are kept; envs and pip/uv caches are fresh every run. */
+/** A home that has built before: its interpreter probe, tools (stand-ins, a bare venv, pip's reading of its configuration) and stat cache of local files are kept; envs and pip/uv caches are fresh every run. */
 const seedHome = join(work, "seed-home");
 
 /** `machine`: the case's machine pip configuration (PIP_CONFIG_FILE...), given to gpulayer and raw pip; raw uv gets `rawUvArgs` instead. */
@@ -107,7 +107,7 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
   const gpulayer = (installer: "auto" | "pip", seeded = false) => async () => {
     const { env: freshEnv } = fresh();
     const env = { ...freshEnv, ...extra };
-    if (seeded) for (const kept of ["interpreters-v1", "tools"]) if (existsSync(join(seedHome, kept))) cpSync(join(seedHome, kept), join(env.GPULAYER_HOME, kept), { recursive: true });
+    if (seeded) for (const kept of ["interpreters-v1", "tools", "digests-v2"]) if (existsSync(join(seedHome, kept))) cpSync(join(seedHome, kept), join(env.GPULAYER_HOME, kept), { recursive: true });
     const t = performance.now();
     const r = await run([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker], { ...env, GPULAYER_INSTALLER: installer });
     const ms = performance.now() - t;
@@ -150,7 +150,7 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
   const rows = await sideBySide(
     [
       ["`gpulayer env prepare`, uv fast path (auto)", gpulayer("auto")],
-      ["`gpulayer env prepare`, uv fast path, on a home that has built before (interpreter probe and tools kept)", gpulayer("auto", true)],
+      ["`gpulayer env prepare`, uv fast path, on a home that has built before (interpreter probe, tools and stat cache kept)", gpulayer("auto", true)],
       ["`gpulayer env prepare`, pip path (GPULAYER_INSTALLER=pip, the ADR's build)", gpulayer("pip")],
       [RAW_UV, rawUv],
       ["`uv venv` + `uv pip install --compile-bytecode` (raw, compiled as gpulayer's envs are)", rawUvCompiled],
@@ -192,7 +192,8 @@ try {
   }
   const bigPy = join(bigWorker, "bin", "python");
   const bigCount = readdirSync(sitePackages(bigWorker)).filter((d) => d.endsWith(".dist-info")).length;
-  const big = await coldCase(bigPy, "tqdm", idx, runs, { steps: {}, torch: {} });
+  const bigNotes: Notes = { steps: {}, torch: {} };
+  const big = await coldCase(bigPy, "tqdm", idx, runs, bigNotes);
 
   // The machine's pip configuration, as GPU boxes behind a mirror have it: a pip.conf with the index, a find-links
   // folder and a constraint file, no --index-url given. gpulayer gives uv what pip reads there; raw uv gets the same as flags.
@@ -201,8 +202,11 @@ try {
   makeDist("wheel", join(conf, "links"), { name: "bench-local-extra", version: "1.0" });
   writeFileSync(join(conf, "constraints.txt"), "tqdm<5\n");
   writeFileSync(join(conf, "pip.conf"), `[global]\nindex-url = ${INDEX}\nfind-links = ${join(conf, "links")}\nconstraint = ${join(conf, "constraints.txt")}\ntimeout = 60\n`);
-  const machineRows = await coldCase(smallPy, "tqdm", [], runs, { steps: {}, torch: {} }, {
-    env: { PIP_CONFIG_FILE: join(conf, "pip.conf") },
+  // Only that file: the bench machine's own user and site pip files (a home and XDG_CONFIG_DIRS of their own) would add options raw uv is not given.
+  mkdirSync(join(conf, "home"), { recursive: true });
+  const machineNotes: Notes = { steps: {}, torch: {} };
+  const machineRows = await coldCase(smallPy, "tqdm", [], runs, machineNotes, {
+    env: { PIP_CONFIG_FILE: join(conf, "pip.conf"), HOME: join(conf, "home"), XDG_CONFIG_DIRS: join(conf, "home") },
     rawUvArgs: ["--index-url", INDEX, "--find-links", join(conf, "links"), "-c", join(conf, "constraints.txt")],
   });
 
@@ -232,7 +236,7 @@ try {
     "# Benchmark: cold builds, the uv fast path against the pip path (the ADR), raw uv and raw pip",
     "",
     "Made by `bun run bench/cold.ts` (it rewrites this part; the notes below stay). Whole processes, alternated run by",
-    "run, each with a fresh GPULAYER_HOME (one row keeps only the interpreter probe of an earlier build) and fresh pip and",
+    "run, each with a fresh GPULAYER_HOME (one row keeps what an earlier build left besides its env: the interpreter probe, tools and the stat cache) and fresh pip and",
     "uv caches; every contender gets the same request from the same",
     `local index (\`${INDEX}\`, a PEP 503 folder on this machine) and the same uv binary (${uv}, not a pyenv shim).`,
     "",
@@ -292,6 +296,14 @@ try {
     torchNotes.steps.auto ?? "",
     "",
     torchNotes.steps.pip ?? "",
+    "```",,
+    "",
+    `Steps of the last cold fast-path builds on the ${bigCount}-distribution worker and under the machine's pip configuration:`,
+    "",
+    "```",
+    (bigNotes.steps.auto ?? "").split("\n").filter((l) => !l.startsWith("warning: pip check")).join("\n"),
+    "",
+    machineNotes.steps.auto ?? "",
     "```",
   ].join("\n");
   console.log(doc);

@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { readdirSync, statSync, writeFileSync } from "node:fs";
+import { lstatSync, readdirSync, readFileSync, readlinkSync, statSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
 import { leftoverPlaceholders } from "../src/env/standins.ts";
 import { PackageIndex } from "./fixtures/index.ts";
-import { cli, HAS_UV, makeWorkerVenv, pipInstall, sandbox, tempDir } from "./helpers.ts";
+import { cli, HAS_UV, makeWorkerVenv, pipInstall, realUv, sandbox, tempDir } from "./helpers.ts";
 
 /**
  * What a cold build leaves and costs, on real builds: bytecode compiled at
@@ -153,6 +153,51 @@ describe.skipIf(!HAS_UV)("the worker's stand-ins", () => {
         expect({ spec, fast }).toEqual({ spec, fast: [...expected] });
         expect({ spec, pip: await viaPip(spec) }).toEqual({ spec, pip: [...expected] });
       }
+    } finally {
+      s.cleanup();
+    }
+  });
+});
+
+// Skipped only without uv: the kept venv is uv's own. CI installs uv (.ci/run), so there it runs.
+describe.skipIf(!HAS_UV)("the bare venv of a first build, kept for the next", () => {
+  /** Every entry of a tree: kind, mode, and a file's text or a link's target, with `dir` written as <ENV>. */
+  const tree = (dir: string, only?: Set<string>) => {
+    const out = new Map<string, string>();
+    const walk = (rel: string) => {
+      for (const n of readdirSync(join(dir, rel))) {
+        const r = rel ? `${rel}/${n}` : n;
+        if (only && !only.has(r)) continue;
+        const st = lstatSync(join(dir, r));
+        const body = st.isSymbolicLink() ? readlinkSync(join(dir, r)) : st.isFile() ? readFileSync(join(dir, r), "utf8") : "";
+        out.set(r, `${st.mode.toString(8)} ${body.replaceAll(dir, "<ENV>")}`);
+        if (st.isDirectory()) walk(r);
+      }
+    };
+    walk("");
+    return out;
+  };
+
+  test("a later build's venv is what uv venv makes at its path, and its activate script names it", async () => {
+    const s = sandbox();
+    try {
+      const build = async (spec: string) => {
+        const r = await cli(["env", "prepare", "-p", spec, "--index-url", index.url, "--python", worker], { env: s.env, cwd: s.root });
+        expect(r.code).toBe(0);
+        return { path: r.stdout.trim().split("\n").at(-1)!, stderr: r.stderr };
+      };
+      const first = await build("beta");
+      expect(first.stderr).not.toContain("kept from an earlier build");
+      const second = await build("zeta");
+      expect(second.stderr).toContain("creating virtual environment with uv (kept from an earlier build)");
+      // The reference: uv itself, asked for a venv of the same interpreter at a path of the same shape.
+      const reference = join(s.root, "f".repeat(64));
+      expect(Bun.spawnSync([realUv()!, "venv", "--no-config", "--quiet", "--python", worker, reference], { env: s.env }).exitCode).toBe(0);
+      const made = tree(reference);
+      const names = new Set(made.keys());
+      expect(tree(second.path, names)).toEqual(made);
+      const activated = Bun.spawnSync(["bash", "-c", `. '${second.path}/bin/activate' && echo "$VIRTUAL_ENV" && command -v python && python -c 'import zeta, sys; print(sys.prefix)'`], { env: s.env, stdout: "pipe" });
+      expect(activated.stdout.toString().trim().split("\n")).toEqual([second.path, join(second.path, "bin", "python"), second.path]);
     } finally {
       s.cleanup();
     }

@@ -14,6 +14,7 @@ import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-
 import { scanWorker } from "./worker-mirror.ts";
 import { type AfterInstall, afterInstall, baseCheckHolds, placeStandins, readBaseCheck, returnStandins, saveBaseCheck, type StandinLease } from "./standins.ts";
 import { findUv } from "./uv-tool.ts";
+import { keepVenvTemplate, venvFromTemplate } from "./venv-template.ts";
 import { writeFileNamed } from "../core/atomic.ts";
 
 export type { BuildHooks, BuildStep } from "./run-tool.ts";
@@ -114,13 +115,19 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
 /** One build from nothing: with uv when given one (unless the worker's packages rule it out), else with pip. */
 async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["steps"], uv: string | null, reason: string | null): Promise<BuildOutcome> {
   let fallback = reason;
-  const timed = async <T>(step: BuildStep, detail: string, fn: () => Promise<T>): Promise<T> => {
+  const begin = (step: BuildStep, detail: string) => {
     hooks.onStep?.(step, detail);
     const t = performance.now();
+    return () => {
+      const seconds = (performance.now() - t) / 1000;
+      steps.push({ step, seconds });
+      hooks.onStepDone?.(step, seconds);
+    };
+  };
+  const timed = async <T>(step: BuildStep, detail: string, fn: () => Promise<T>): Promise<T> => {
+    const end = begin(step, detail);
     const result = await fn();
-    const seconds = (performance.now() - t) / 1000;
-    steps.push({ step, seconds });
-    hooks.onStepDone?.(step, seconds);
+    end();
     return result;
   };
   const env = installerEnv(plan);
@@ -130,14 +137,17 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const fastEnv = uv ? uvEnv(plan, env) : null;
 
   // What pip in the env would find of the worker, and what the machine's pip configuration says: asked while the venv is made.
-  const [scan, machine] = await timed("creating", `virtual environment with ${venvCreator}`, async () => {
+  // uv's venv for this interpreter, kept from an earlier build, is written out again (venv-template.ts): no process.
+  const kept = venvUv && !existsSync(plan.dir) && venvFromTemplate(plan.dir, plan.toolsDir, venvUv, info);
+  const [scan, machine] = await timed("creating", `virtual environment with ${venvCreator}${kept ? " (kept from an earlier build)" : ""}`, async () => {
     const argv = venvUv ? [venvUv, "venv", "--no-config", "--quiet", "--python", info.executable, plan.dir] : [info.executable, "-m", "venv", "--without-pip", plan.dir];
     const [{ code, lines }, scanned, machine] = await Promise.all([
-      runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }),
+      kept ? { code: 0, lines: [] } : runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }),
       uv ? scanWorker(info.path, info.siteDirs, env, join(plan.toolsDir, "worker-scan-v1"), Date.now()) : null,
       uv ? machineSettingsForUv(plan, env) : null,
     ]);
     if (code !== 0) throw installFailure("creating the virtual environment failed", lines);
+    if (venvUv && !kept) keepVenvTemplate(plan.dir, plan.toolsDir, venvUv, info);
     return [scanned, machine] as const;
   });
   const dists = scan && "dists" in scan ? scan.dists : null;
@@ -177,22 +187,28 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
       returnStandins(site, plan.dir, standins, state, standinRoot);
     };
     try {
-      if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
+      if (requirements.length) {
+        // One uv process installs, then compiles (the placeholders hold no sources): each is its own step, split at uv's "Installed" line.
+        let end = begin("installing", `${requirements.length} requirement(s) with ${installer}`);
+        let compiling = false;
+        const onCompiling = () => {
+          end();
+          compiling = true;
+          end = begin("compiling", "bytecode of the env's own packages (by uv)");
+        };
+        await uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation, { onCompiling });
+        if (!compiling) onCompiling(); // uv said nothing of its install: its compile is counted with it
+        end();
+        // A compile cut short by a full disk can leave a .pyc cut short; no env that may hold one is kept.
+        if (nearlyFull(site)) throw new NoSpaceLeft("ENOSPC", "compiling the env's bytecode");
+      }
       const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site);
       if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
       after = afterInstall(site, standins);
       const held = plan.inputs.optionsSeen.has("--no-deps") ? null : baseCheckHolds(base, after, standins);
-      const compile = () => timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, env, plan, hooks));
-      if (held) {
-        // The worker's findings hold for this env: the placeholders go first, so the compile walks only the env's own files.
-        giveBack(after);
-        await compile();
-        check = held;
-      } else {
-        // The check reads metadata (the placeholders' too), the compile writes only __pycache__: side by side, each timed as its own step.
-        [, check] = await Promise.all([compile(), timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks))]);
-        giveBack(after);
-      }
+      if (held) check = held; // the worker's findings hold for this env (standins.ts)
+      else check = await timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks));
+      giveBack(after);
     } finally {
       // The env keeps its own packages and the .pth link, exactly as pip leaves it; the placeholders go back for the next build, failed or not.
       if (!returned) {
