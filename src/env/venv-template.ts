@@ -35,6 +35,9 @@ interface Template {
   entries: Entry[];
 }
 
+/** A path no activation script quotes or escapes. */
+const PLAIN_PATH = /^[\w./-]+$/;
+
 function identity(path: string): string {
   const s = statSync(path, { throwIfNoEntry: false });
   return s ? `${path}:${s.ino}:${s.size}:${s.mtimeMs}` : `${path}:-`;
@@ -53,8 +56,8 @@ export function venvFromTemplate(dir: string, toolsDir: string, uv: string, info
   } catch {
     return false;
   }
-  // The same parent, so the same escaping: only the env's own name differs (keepVenvTemplate).
-  if (dirname(template.origin) !== dirname(dir) || !/^[\w.-]+$/.test(basename(dir))) return false;
+  // Plain paths, as the origin's (keepVenvTemplate): written as they are, quoted by no script.
+  if (!PLAIN_PATH.test(dir)) return false;
   const moved = (text: string) => text.replaceAll(template.origin, dir);
   mkdirSync(dirname(dir), { recursive: true });
   mkdirSync(dir);
@@ -93,7 +96,7 @@ export function keepVenvTemplate(dir: string, toolsDir: string, uv: string, info
   };
   // Kept only where the path is the one thing that differs and is written as is: no character a script would quote,
   // and the env's name nowhere but inside its path (a prompt of its own would not be replaced).
-  if (!/^[\w./-]+$/.test(dir)) return;
+  if (!PLAIN_PATH.test(dir)) return;
   const name = basename(dir);
   try {
     if (!walk("")) return;
