@@ -2,8 +2,8 @@
 import { defineCommand, runCommand, type CommandDef } from "citty";
 import { errorReport, ExitCode, ExitError, UserError } from "./errors.ts";
 import type { ErrorDoc } from "./commands/_json.ts";
-import { onBrokenPipe } from "./ui/output.ts";
 import { versionInfo } from "./version.ts";
+import { writeOut, writeErr } from "./ui/terminal.ts";
 
 const main = defineCommand({
   meta: {
@@ -40,11 +40,11 @@ async function run(argv: string[]): Promise<number> {
   if (beforeDashes.includes("--help") || beforeDashes.includes("-h") || argv.length === 0) {
     const [cmd, , path] = await resolveCommand(main, beforeDashes);
     const [{ helpText }, { colorFor }] = await Promise.all([import("./commands/_help.ts"), import("./commands/_context.ts")]);
-    process.stdout.write(await helpText(cmd, path, { color: colorFor(process.stdout) }));
+    writeOut(await helpText(cmd, path, { color: colorFor(process.stdout) }));
     return ExitCode.ok;
   }
   if (argv.length === 1 && (argv[0] === "--version" || argv[0] === "-v")) {
-    process.stdout.write(`${versionInfo.version}\n`);
+    writeOut(`${versionInfo.version}\n`);
     return ExitCode.ok;
   }
   const verbose = beforeDashes.includes("--verbose");
@@ -67,9 +67,9 @@ function reportFailure(error: unknown, opts: { verbose: boolean; json: boolean }
   const report = errorReport(error, { verbose: opts.verbose });
   if (error instanceof ExitError) return report.exitCode;
   const internal = report.exitCode === ExitCode.internal && !(error instanceof UserError);
-  if (opts.json) process.stdout.write(`${JSON.stringify(errorDocument(report), null, 2)}\n`);
-  process.stderr.write(`${internal ? "internal error" : "error"}: ${report.message}\n`);
-  if (internal) process.stderr.write(report.stack ? `${report.stack}\n` : "(run again with --verbose for the stack; this is a bug in gpulayer)\n");
+  if (opts.json) writeOut(`${JSON.stringify(errorDocument(report), null, 2)}\n`);
+  writeErr(`${internal ? "internal error" : "error"}: ${report.message}\n`);
+  if (internal) writeErr(report.stack ? `${report.stack}\n` : "(run again with --verbose for the stack; this is a bug in gpulayer)\n");
   return report.exitCode;
 }
 
@@ -82,9 +82,6 @@ function errorDocument(report: { message: string; exitCode: number }): ErrorDoc 
 function isBrokenPipe(error: unknown): boolean {
   return (error as NodeJS.ErrnoException | null)?.code === "EPIPE";
 }
-process.stdout.on("error", (error) => {
-  if (isBrokenPipe(error)) onBrokenPipe.handler();
-});
 
 process.exitCode = await run(process.argv.slice(2)).catch((error) => {
   if (isBrokenPipe(error)) return ExitCode.ok;

@@ -9,6 +9,7 @@ import { helpText } from "../src/commands/_help.ts";
 import { Output } from "../src/ui/output.ts";
 import { cli, makeWorkerVenv, readyKeys, sandbox } from "./helpers.ts";
 import { PackageIndex } from "./fixtures/index.ts";
+import { capture } from "../src/ui/terminal.ts";
 
 /** One CLI voice: usage lines, help, colour, error and warning lines. In-process where no real process is needed. */
 
@@ -84,17 +85,16 @@ describe("--help", () => {
 describe("one error style", () => {
   test("warnings and errors from a command are one prefixed line each, no colour, no padding", () => {
     const written: string[] = [];
-    const write = process.stderr.write;
-    process.stderr.write = ((chunk: string) => (written.push(String(chunk)), true)) as typeof process.stderr.write;
+    capture.sink = (fd, text) => written.push(`${fd}:${text}`);
     try {
       const out = new Output({});
       out.log.warn("pip check: x 1.0 requires y");
       out.log.error("task.prepare failed: nope");
       out.log.info("plain");
     } finally {
-      process.stderr.write = write;
+      capture.sink = null;
     }
-    expect(written).toEqual(["warning: pip check: x 1.0 requires y\n", "error: task.prepare failed: nope\n", "plain\n"]);
+    expect(written).toEqual(["2:warning: pip check: x 1.0 requires y\n", "2:error: task.prepare failed: nope\n", "2:plain\n"]);
   });
 
   test("a command given without -- gets the hint; a negative size is named", async () => {
@@ -109,14 +109,13 @@ describe("one error style", () => {
   test("in-process: a command run through citty's runCommand, as its tests would", async () => {
     const before = { ...process.env };
     const printed: string[] = [];
-    const write = process.stdout.write;
     process.env.GPULAYER_HOME = box.home;
     process.env.GPULAYER_CACHE_MAX_SIZE = "3G";
-    process.stdout.write = ((chunk: string) => (printed.push(String(chunk)), true)) as typeof process.stdout.write;
+    capture.sink = (fd, text) => fd === 1 && printed.push(text);
     try {
       await runCommand(await COMMANDS.config!(), { rawArgs: ["--json"] });
     } finally {
-      process.stdout.write = write;
+      capture.sink = null;
       for (const k of Object.keys(process.env)) if (!(k in before)) delete process.env[k];
       Object.assign(process.env, before);
     }

@@ -8,6 +8,7 @@ import { outputArgs, rejectUnknownFlags, repeated, serverArgs } from "./_args.ts
 import type { GcDoc, GcServerDoc } from "./_json.ts";
 import { remoteTarget } from "../cluster/client.ts";
 import { trimArtifacts } from "../cluster/workers-client.ts";
+import { writeErr } from "../ui/terminal.ts";
 
 const args = {
   "max-size": { type: "string", valueHint: "SIZE", description: `Trim the cache to this size, least recently used first (50G, 500MiB; powers of 1024). Else GPULAYER_CACHE_MAX_SIZE, else cache.max_size in config.yaml` },
@@ -140,7 +141,7 @@ export default defineCommand({
       if (a.strict) {
         if (!out.json) throw new UserError(message, ExitCode.failed);
         // The report is the --json document: the failure is its line on stderr and the code, not a second document.
-        process.stderr.write(`error: ${message}\n`);
+        writeErr(`error: ${message}\n`);
         throw new ExitError(ExitCode.failed);
       }
       out.log.warn(message);

@@ -19,9 +19,9 @@ type Signature = [number, number, number, number, number];
 type Entry = [...Signature, string];
 const sameFile = (e: Entry, s: Stats): boolean => e[0] === s.size && e[1] === s.mtimeMs && e[2] === s.ctimeMs && e[3] === s.ino && e[4] === s.dev;
 
-/** One cache file per root; loaded once, written back only when something changed. */
+/** One cache file per root; loaded on first use, written back only when something changed. */
 export class DigestCache {
-  private entries: Record<string, Entry> = {};
+  private loaded: Record<string, Entry> | null = null;
   private dirty = false;
   private readonly file: string | null;
 
@@ -31,12 +31,19 @@ export class DigestCache {
     private readonly now: () => number = Date.now,
   ) {
     this.file = dir ? join(dir, `${contentHash(root).slice(0, 32)}.json`) : null;
-    if (!this.file) return;
-    try {
-      this.entries = JSON.parse(readFileSync(this.file, "utf8"));
-    } catch {
-      // none yet, or unreadable: rebuilt as files are hashed
+  }
+
+  private get entries(): Record<string, Entry> {
+    if (this.loaded) return this.loaded;
+    this.loaded = {};
+    if (this.file) {
+      try {
+        this.loaded = JSON.parse(readFileSync(this.file, "utf8"));
+      } catch {
+        // none yet, or unreadable: rebuilt as files are hashed
+      }
     }
+    return this.loaded!;
   }
 
   /** `id` names the file within this cache's root (shorter than its path: the cache is read on every warm run). */
@@ -79,6 +86,8 @@ export interface TreeOptions {
   /** An editable install serves pure-Python sources inside its packages live: an edit there needs no rebuild. */
   editable: boolean;
   cacheDir: string | null;
+  /** The clock that says whether a file is settled (RACY_MS); injected by tests. */
+  now?: () => number;
 }
 
 export interface TreeDigest {
@@ -90,13 +99,88 @@ export interface TreeDigest {
  * A project folder by everything a fresh install reads: every file, symlinks
  * followed, except VCS metadata, what the project's .gitignore files exclude,
  * bytecode, egg-info and setuptools' own build output.
+ *
+ * The warm path is a stat per file: when every file's identity (path, size,
+ * mtime, ctime, inode, device) is what it was when the tree was last digested,
+ * and all were settled then (older than RACY_MS), that digest is the answer,
+ * kept in a small file of its own; only a change reads the per-file cache.
  */
 export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
-  const cache = new DigestCache(opts.cacheDir, `tree:${root}`);
+  const now = opts.now ?? Date.now;
+  const cache = new DigestCache(opts.cacheDir, `tree:${root}`, now);
+  const items = walkTree(root, opts.editable);
+  // The stat fields as raw doubles: formatting 10,000 floats as text would cost more than the stats.
+  let newest = 0;
+  const numbers = new Float64Array(items.length * 5);
+  items.forEach((item, i) => {
+    const st = item.stat;
+    if (!st) return;
+    newest = Math.max(newest, st.mtimeMs, st.ctimeMs);
+    const at = i * 5;
+    numbers[at] = st.size;
+    numbers[at + 1] = st.mtimeMs;
+    numbers[at + 2] = st.ctimeMs;
+    numbers[at + 3] = st.ino;
+    numbers[at + 4] = st.dev;
+  });
+  const hasher = new Bun.CryptoHasher("sha256");
+  hasher.update(items.map((item) => `${item.kind}\0${item.relPath}`).join("\0"));
+  hasher.update(numbers);
+  const identity = hasher.digest("hex");
+  const summaryFile = opts.cacheDir ? join(opts.cacheDir, `${contentHash(`tree-summary:${opts.editable}:${root}`).slice(0, 32)}.json`) : null;
+  if (summaryFile) {
+    try {
+      const kept = JSON.parse(readFileSync(summaryFile, "utf8")) as { identity: string } & TreeDigest;
+      if (kept.identity === identity) return { digest: kept.digest, files: kept.files };
+    } catch {
+      // none yet: digested below
+    }
+  }
   // Hashed once at the end: one update per file costs more than the stat.
   const parts: string[] = [];
-  const seenDirs = new Set<string>();
   let files = 0;
+  for (const item of items) {
+    if (item.kind !== "file") parts.push(item.kind, item.relPath);
+    else {
+      parts.push("file", item.relPath, cache.digest(item.path, item.stat!, item.relPath));
+      files++;
+    }
+  }
+  cache.save();
+  const result = { digest: contentHash(parts.join("\0")), files };
+  if (summaryFile && now() - newest > RACY_MS) {
+    try {
+      mkdirSync(opts.cacheDir!, { recursive: true });
+      writeFileAtomic(summaryFile, JSON.stringify({ identity, ...result }));
+    } catch {
+      // not kept: the next run reads the per-file cache
+    }
+  }
+  return result;
+}
+
+/** stat(2), or null for a dangling link; without an options object, which costs Bun's statSync a tenth more per file. */
+function statFollowing(path: string): Stats | null {
+  try {
+    return statSync(path);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
+    throw error;
+  }
+}
+
+interface TreeItem {
+  /** file: by content; live: served by an editable's live link, by name; dangling: a symlink to nothing. */
+  kind: "file" | "live" | "dangling";
+  relPath: string;
+  path: string;
+  stat: Stats | null;
+}
+
+/** What a fresh install of the project reads, in a stable order: the files, and the names that count by name only. */
+function walkTree(root: string, editable: boolean): TreeItem[] {
+  const items: TreeItem[] = [];
+  const seenDirs = new Set<string>();
   const walk = (dir: string, rel: string, rules: { base: string; ig: Ignore }[]) => {
     let real: string;
     try {
@@ -114,14 +198,14 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
         // an unreadable ignore file excludes nothing
       }
     }
-    const isPackage = opts.editable && dir !== root && names.includes("__init__.py");
+    const isPackage = editable && dir !== root && names.includes("__init__.py");
     for (const name of names) {
       const path = `${dir}/${name}`; // not join(): it normalises, and this runs per file
       const relPath = rel ? `${rel}/${name}` : name;
       // Follows symlinks: their target's content is what gets installed.
-      const stat = statSync(path, { throwIfNoEntry: false });
+      const stat = statFollowing(path);
       if (!stat) {
-        parts.push("dangling", relPath);
+        items.push({ kind: "dangling", relPath, path, stat: null });
         continue;
       }
       const isDir = stat.isDirectory();
@@ -134,17 +218,12 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
         continue;
       }
       if (!stat.isFile()) continue; // sockets, FIFOs: nothing an installer copies
-      if (isPackage && name.endsWith(".py")) {
-        parts.push("live", relPath); // served by the live link: its name counts, not its content
-        continue;
-      }
-      parts.push("file", relPath, cache.digest(path, stat, relPath));
-      files++;
+      // Served by the live link: its name counts, not its content.
+      items.push({ kind: isPackage && name.endsWith(".py") ? "live" : "file", relPath, path, stat: isPackage && name.endsWith(".py") ? null : stat });
     }
   };
   walk(root, "", []);
-  cache.save();
-  return { digest: contentHash(parts.join("\0")), files };
+  return items;
 }
 
 /** A find-links location on disk: a folder by its files, a file by its bytes, "missing" when absent (pip warns and goes on). */

@@ -1,5 +1,5 @@
 import type { ConsolaInstance } from "consola";
-import { ExitCode } from "../errors.ts";
+import { writeErr, writeOut } from "./terminal.ts";
 
 export interface OutputFlags {
   json?: boolean;
@@ -29,7 +29,7 @@ export class Output {
           {
             log: (entry) => {
               const text = entry.args.map((a) => (a instanceof Error ? a.message : String(a))).join(" ");
-              process.stderr.write(`${prefix[entry.type] ?? ""}${text}\n`);
+              writeErr(`${prefix[entry.type] ?? ""}${text}\n`);
             },
           },
         ],
@@ -50,32 +50,32 @@ export class Output {
   /** The result: JSON with --json, else the human lines (skipped with --quiet unless essential). */
   result(data: unknown, human: () => string | string[], essential = false): void {
     if (this.flags.json) {
-      process.stdout.write(`${JSON.stringify(data, null, 2)}\n`);
+      writeOut(`${JSON.stringify(data, null, 2)}\n`);
       return;
     }
     if (this.flags.quiet && !essential) return;
     const text = human();
     const lines = Array.isArray(text) ? text : [text];
-    if (lines.length) process.stdout.write(`${lines.join("\n")}\n`);
+    if (lines.length) writeOut(`${lines.join("\n")}\n`);
   }
 
   /** A progress line on stderr, not shown with --quiet or --json. */
   progress(message: string): void {
     if (this.flags.quiet || this.flags.json) {
-      if (this.flags.verbose) process.stderr.write(`${message}\n`);
+      if (this.flags.verbose) writeErr(`${message}\n`);
       return;
     }
-    process.stderr.write(`${message}\n`);
+    writeErr(`${message}\n`);
   }
 
   /** A build's progress on stderr: shown with --json too (stdout keeps the one document), not with --quiet. */
   phase(message: string): void {
-    if (!this.flags.quiet || this.flags.verbose) process.stderr.write(`${message}\n`);
+    if (!this.flags.quiet || this.flags.verbose) writeErr(`${message}\n`);
   }
 
   /** Raw tool output (pip's), shown only with --verbose. */
   tool(line: string): void {
-    if (this.flags.verbose) process.stderr.write(`  │ ${line}\n`);
+    if (this.flags.verbose) writeErr(`  │ ${line}\n`);
   }
 }
 
@@ -105,13 +105,6 @@ export function table(rows: string[][]): string[] {
   for (const row of rows) row.forEach((c, i) => (widths[i] = Math.max(widths[i] ?? 0, c.length)));
   return rows.map((row) => row.map((c, i) => (i === row.length - 1 ? c : c.padEnd(widths[i] ?? 0))).join("  ").trimEnd());
 }
-
-/**
- * What to do when the reader of stdout goes away (`gpulayer job list | head`):
- * by default end quietly; a running job is cancelled instead, as SIGPIPE would
- * end a plain command, so it is never left orphaned.
- */
-export const onBrokenPipe = { handler: (): void => process.exit(ExitCode.ok) };
 
 /** Sizes as gc reads them (powers of 1024: 50G = 50 GiB), the same unit in every command. */
 export function formatBytes(n: number): string {

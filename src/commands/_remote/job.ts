@@ -5,6 +5,7 @@ import type { RemoteTarget } from "../../cluster/client.ts";
 import { exitCodeOf, followJob, type JobUpdate, jobStatus, requestCancel, submitJob } from "../../cluster/jobs-client.ts";
 import { packLines } from "./pack-lines.ts";
 import { formatLabels, labelsFromArgs } from "../../cluster/protocol.ts";
+import { writeOut, writeErr } from "../../ui/terminal.ts";
 
 /**
  * `job run` against a server, printed: the library (src/cluster/jobs-client.ts)
@@ -66,7 +67,7 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
   try {
     for await (const u of followJob(target, id, { onTrouble: (m) => (m ? out.log.warn(m) : out.progress(`the server answers again; following job ${id}`)) })) {
       // With --json, stdout carries only the final document: the job's output goes to stderr.
-      if (u.kind === "output") void (out.json || u.stream === "stderr" ? process.stderr.write(u.data) : process.stdout.write(u.data));
+      if (u.kind === "output") void (out.json || u.stream === "stderr" ? writeErr(u.data) : writeOut(u.data));
       else printEvent(out, u);
     }
   } finally {

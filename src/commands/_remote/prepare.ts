@@ -5,6 +5,7 @@ import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/outp
 import type { RemoteTarget } from "../../cluster/client.ts";
 import { followPrepare, type RemotePrepareRequest, startPrepare, type WorkerPrepareResult } from "../../cluster/prepare-client.ts";
 import { formatLabels, labelsFromArgs, type PrepareTaskResult } from "../../cluster/protocol.ts";
+import { writeOut } from "../../ui/terminal.ts";
 
 /**
  * `env prepare` against a server, printed: the library (src/cluster/prepare-client.ts)
@@ -32,7 +33,7 @@ export async function prepareRemote(target: RemoteTarget, req: RemotePrepareRequ
       const d = u.data as { step?: string; detail?: string; tool?: string; seconds?: number };
       if (u.type === "task.prepare.step") out.phase(`[${u.worker}] ${d.step} ${d.detail}`);
       else if (u.type === "task.prepare.quiet") out.phase(`[${u.worker}] still preparing; ${d.tool} has said nothing for a minute (running ${formatSeconds(Number(d.seconds))})`);
-    } else if (!out.json) process.stdout.write(`${line(u.worker, u.result)}\n`);
+    } else if (!out.json) writeOut(`${line(u.worker, u.result)}\n`);
   }
   if (out.json) out.result({ server: target.url, workers }, () => "");
   const failed = workers.filter((w) => w.status === "failed");

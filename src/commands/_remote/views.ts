@@ -2,6 +2,7 @@ import { formatAgo, formatSeconds, type Output, table } from "../../ui/output.ts
 import type { RemoteTarget } from "../../cluster/client.ts";
 import { cancelJob, followJob, jobLog, jobStatus, listJobs } from "../../cluster/jobs-client.ts";
 import { statusLines } from "../job/_lines.ts";
+import { writeOut } from "../../ui/terminal.ts";
 
 /**
  * `job status/list/logs/cancel` against a server, printed: what the library
@@ -30,10 +31,10 @@ export async function remoteList(target: RemoteTarget, limit: number, out: Outpu
 
 export async function remoteLogs(target: RemoteTarget, id: string, follow: boolean, onTrouble?: (message: string | null) => void): Promise<void> {
   if (!follow) {
-    process.stdout.write(await jobLog(target, id));
+    writeOut(await jobLog(target, id));
     return;
   }
-  for await (const u of followJob(target, id, { onTrouble })) if (u.kind === "output") process.stdout.write(u.data);
+  for await (const u of followJob(target, id, { onTrouble })) if (u.kind === "output") writeOut(u.data);
 }
 
 export async function remoteCancel(target: RemoteTarget, id: string, out: Output): Promise<void> {

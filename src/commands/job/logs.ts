@@ -4,6 +4,7 @@ import { followLog } from "../../jobs/logs.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { rejectUnknownFlags, serverArgs } from "../_args.ts";
+import { writeOut, writeErr } from "../../ui/terminal.ts";
 
 const args = {
   id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" },
@@ -20,13 +21,13 @@ export default defineCommand({
     const remote = remoteTarget(ctx.settings);
     if (remote) {
       // Output on stdout; a server that stops answering is said on stderr, once, and following goes on.
-      const say = (m: string | null) => process.stderr.write(m ? `warning: ${m}\n` : `the server answers again\n`);
+      const say = (m: string | null) => writeErr(m ? `warning: ${m}\n` : `the server answers again\n`);
       return (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow), say);
     }
     // A read: the store opened read-only; nothing recorded or signalled, even for a job whose runner is gone.
     const store = new JobStore(ctx.layout, { readOnly: true });
     const job = store.find(a.id);
-    await followLog(store, job.id, Boolean(a.follow), (chunk) => process.stdout.write(chunk));
+    await followLog(store, job.id, Boolean(a.follow), (chunk) => writeOut(chunk));
     store.close();
   },
 });

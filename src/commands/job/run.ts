@@ -6,12 +6,13 @@ import { startJob } from "../../jobs/runner.ts";
 import { buildJobSpec } from "../../jobs/spec.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { jobStatus } from "../../jobs/status.ts";
-import { formatSeconds, onBrokenPipe, Output, shortKey } from "../../ui/output.ts";
+import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
 import { imageHooks } from "../_image-ui.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
 import type { JobStateDoc, JobStatusDoc } from "../_json.ts";
+import { onBrokenPipe, writeErr, writeOut } from "../../ui/terminal.ts";
 
 function parseGpus(value: string): number {
   if (!/^\d{1,4}$/.test(value.trim())) throw new UsageError(`--gpus ${value}: expected a whole number of GPUs (0 or more)`);
@@ -83,10 +84,10 @@ export default defineCommand({
     out.progress(`job ${job.id} (${spec.name})`);
     // With --json, stdout carries only the final document: the job's output goes to stderr.
     let stdoutGone = false;
-    const toStdout = a.json ? (c: Uint8Array) => process.stderr.write(c) : (c: Uint8Array) => void (stdoutGone || process.stdout.write(c));
+    const toStdout = a.json ? (c: Uint8Array) => writeErr(c) : (c: Uint8Array) => void (stdoutGone || writeOut(c));
     const running = startJob(store, layout, job, runnerSettings(ctx), {
       onStdout: toStdout,
-      onStderr: (c) => process.stderr.write(c),
+      onStderr: (c) => writeErr(c),
       prepareHooks: prepareHooks(out),
       imageHooks: imageHooks(out),
       onPrepared: (p) => out.progress(`task.prepare ${p.status} ${p.kind} ${p.kind === "env" ? shortKey(p.key) : p.key.slice(0, 19)} in ${formatSeconds(p.seconds)}`),
