@@ -95,6 +95,9 @@ try {
   mkdirSync(join(proj, "data"), { recursive: true });
   for (let i = 0; i < 1_997; i++) writeFileSync(join(proj, "data", `f${i}.txt`), `file ${i}\n`);
   const projRequest = ["-p", "bench-top", "-p", `./${relative(work, proj)}`, "--index-url", index.url, "--python", worker];
+  // Files changed in the last 2 s are digested every time (their stat cannot be trusted yet: "racily clean", as in git);
+  // a user's project is not rewritten before every prepare: wait until these have settled.
+  await Bun.sleep(2_100);
   const projFirst = await run([bin, "env", "prepare", ...projRequest, "--json"], { env: warmEnv, cwd: work });
   if (projFirst.code !== 0) throw new Error(`project prepare failed: ${projFirst.err}`);
   const pyenvRoot = process.env.PYENV_ROOT ?? join(process.env.HOME ?? "", ".pyenv");

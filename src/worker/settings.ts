@@ -1,6 +1,6 @@
 import { mkdirSync, readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
-import type * as Valibot from "valibot";
+import * as v from "valibot";
 import type { HomeLayout } from "../config/paths.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
 import { UsageError } from "../errors.ts";
@@ -16,10 +16,9 @@ export interface WorkerSettings {
   labels?: Record<string, string>;
 }
 
-/** Made when a file is there to check: valibot costs every warm `env prepare` a few milliseconds otherwise. */
+/** Made when a file is there to check, not when the module loads: the warm path builds no schema it does not use. */
 function workerSettingsSchema() {
-  const v = require("valibot") as typeof Valibot;
-  return { v, schema: v.strictObject({ python: v.optional(v.string()), name: v.optional(v.string()), labels: v.optional(v.record(v.string(), v.string())) }) };
+  return v.strictObject({ python: v.optional(v.string()), name: v.optional(v.string()), labels: v.optional(v.record(v.string(), v.string())) });
 }
 
 export function workerSettingsFile(layout: HomeLayout): string {
@@ -40,7 +39,7 @@ export function loadWorkerSettings(layout: HomeLayout): WorkerSettings {
   } catch (error) {
     throw new UsageError(`${file}: not valid JSON: ${(error as Error).message}`);
   }
-  const { v, schema } = workerSettingsSchema();
+  const schema = workerSettingsSchema();
   const parsed = v.safeParse(schema, data);
   if (!parsed.success) throw new UsageError(`${file}: ${v.getDotPath(parsed.issues[0]) ?? ""}: ${parsed.issues[0].message}`);
   return parsed.output;
