@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout, type HomeLayout } from "../config/paths.ts";
 import { UsageError } from "../errors.ts";
@@ -108,6 +108,20 @@ export function engineHost(ctx: CommandContext): EngineHost {
 }
 
 /** Everything a local job's runner takes from the settings. */
+/**
+ * How many tasks of a job run here at once: worker.slots, else the number of
+ * GPUs (counted by the NVIDIA driver's own folder: no process started), at least 1.
+ */
+export function localSlots(ctx: CommandContext): number {
+  const set = ctx.values["worker.slots"];
+  if (set) return set;
+  try {
+    return Math.max(1, readdirSync("/proc/driver/nvidia/gpus").length);
+  } catch {
+    return 1;
+  }
+}
+
 export function runnerSettings(ctx: CommandContext): RunnerSettings {
   const v = ctx.values;
   return {

@@ -191,7 +191,7 @@ export const GcDocument = v.strictObject({
 
 // ---- job run, status, list, cancel ----
 
-const JobState = v.picklist(["queued", "preparing", "running", "succeeded", "failed", "cancelled"]);
+const JobState = v.picklist(["queued", "preparing", "running", "succeeded", "failed", "cancelled", "skipped"]);
 
 export const JobPhase = v.strictObject({
   name: v.picklist(["task.prepare", "task.run"]),
@@ -221,12 +221,43 @@ export const JobStatusDocument = v.strictObject({
   error: nullableStr,
   lost: v.optional(v.literal(true)),
   phases: v.array(JobPhase),
+  /** A job of several tasks: each task, in the job file's order (its own events: `job status JOB --task NAME`). */
+  tasks: v.optional(v.array(v.lazy(() => JobTaskEntry))),
   events: v.array(JobEventEntry),
+});
+
+/** One task of a job: its record's id, where it stands, what it waits for, and its own phases. */
+export const JobTaskEntry = v.strictObject({
+  name: str,
+  id: str,
+  state: JobState,
+  needs: v.array(str),
+  exit_code: v.nullable(num),
+  env_key: nullableStr,
+  error: nullableStr,
+  command: str,
+  phases: v.array(JobPhase),
 });
 
 export const JobListEntry = v.omit(JobStatusDocument, ["events"]);
 
 export const JobListDocument = v.array(JobListEntry);
+
+/** `job run --dry-run --json`: each task as it would run (a job without tasks: one, named after it). */
+export const JobDryRunDocument = v.strictObject({
+  name: str,
+  tasks: v.array(
+    v.strictObject({
+      name: str,
+      command: str,
+      workdir: str,
+      needs: v.array(str),
+      environment: v.strictObject({ key: nullableStr, would: v.nullable(v.picklist(["reuse", "build"])), summary: str, python: nullableStr, image: nullableStr, conda: nullableStr }),
+      env: v.array(str),
+      resources: v.strictObject({ gpus: num, frameworks: v.record(v.string(), v.string()) }),
+    }),
+  ),
+});
 
 /** `job run --detach --json` and `job cancel --json`. */
 export const JobStateDocument = v.strictObject({ id: str, state: JobState });
@@ -311,6 +342,7 @@ export const DOCUMENTS = {
   "gc --server": GcServerDocument,
   "job run": JobStatusDocument,
   "job run --detach": JobStateDocument,
+  "job run --dry-run": JobDryRunDocument,
   "job status": JobStatusDocument,
   "job list": JobListDocument,
   "job cancel": JobStateDocument,
@@ -349,6 +381,7 @@ export const README_TABLES = {
   "gc --server": GcServerDocument,
   "job status": JobStatusDocument,
   "job status: phases[]": JobPhase,
+  "job status: tasks[]": JobTaskEntry,
   "job status: events[]": JobEventEntry,
   "job list": JobListEntry,
   "job cancel": JobStateDocument,
@@ -378,6 +411,7 @@ export type EnvRmDoc = v.InferOutput<typeof EnvRmDocument>;
 export type GcDoc = v.InferOutput<typeof GcDocument>;
 export type GcServerDoc = v.InferOutput<typeof GcServerDocument>;
 export type JobStatusDoc = v.InferOutput<typeof JobStatusDocument>;
+export type JobDryRunDoc = v.InferOutput<typeof JobDryRunDocument>;
 export type JobListDoc = v.InferOutput<typeof JobListDocument>;
 export type JobStateDoc = v.InferOutput<typeof JobStateDocument>;
 export type ProbeDoc = v.InferOutput<typeof ProbeDocument>;

@@ -9,31 +9,51 @@ import { positiveDuration } from "./kinds.ts";
 /** The job file, exactly as DESIGN.md shows it. Strict: an unknown key is an error naming its path. */
 const NonEmpty = v.pipe(v.string(), v.minLength(1, "must not be empty"));
 
+const Command = v.union([NonEmpty, v.pipe(v.array(v.string()), v.minLength(1, "must not be empty"))], "must be a string or a list of strings");
+const Env = v.record(v.pipe(v.string(), v.regex(/^[A-Za-z_][A-Za-z0-9_]*$/, "is not a valid variable name")), v.union([v.string(), v.number(), v.boolean()], "must be a string, number or boolean"));
+
+const Environment = v.strictObject({
+  requirements: v.optional(v.union([NonEmpty, v.array(NonEmpty)], "must be a file path or a list of requirement specs")),
+  python: v.optional(NonEmpty),
+  conda: v.optional(NonEmpty),
+  index_url: v.optional(NonEmpty),
+  extra_index_urls: v.optional(v.array(NonEmpty)),
+  find_links: v.optional(v.array(NonEmpty)),
+  image: v.optional(NonEmpty),
+  prepare_timeout: v.optional(v.pipe(v.union([v.string(), v.number()], "must be a duration such as 30m or a number of seconds"), v.check((d) => typeof positiveDuration.parse(d) === "number", "must be a duration of more than 0, such as 90s, 30m or 2h"))),
+});
+
+const Resources = v.strictObject({
+  gpus: v.optional(v.pipe(v.number("must be a number"), v.integer("must be a whole number"), v.minValue(0, "must be 0 or more"))),
+  frameworks: v.optional(v.record(v.string(), v.pipe(v.string("must be a version specifier string"), v.check((s) => s === "" || s === "*" || validRange(s), "is not a valid PEP 440 specifier")))),
+});
+
+/** A task name: what `--task`, `needs:` and the output's `[name]` prefix use. */
+export const TASK_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
+
+/** One task of a job: the job's own fields (its defaults) and the tasks it waits for. */
+const Task = v.strictObject({
+  command: Command,
+  workdir: v.optional(NonEmpty),
+  env: v.optional(Env),
+  environment: v.optional(Environment),
+  resources: v.optional(Resources),
+  needs: v.optional(v.array(NonEmpty, "must be a list of task names")),
+});
+
 export const JobFileSchema = v.strictObject({
   name: v.optional(NonEmpty),
-  command: v.optional(v.union([NonEmpty, v.pipe(v.array(v.string()), v.minLength(1, "must not be empty"))], "must be a string or a list of strings")),
+  command: v.optional(Command),
   workdir: v.optional(NonEmpty),
-  env: v.optional(v.record(v.pipe(v.string(), v.regex(/^[A-Za-z_][A-Za-z0-9_]*$/, "is not a valid variable name")), v.union([v.string(), v.number(), v.boolean()], "must be a string, number or boolean"))),
-  environment: v.optional(
-    v.strictObject({
-      requirements: v.optional(v.union([NonEmpty, v.array(NonEmpty)], "must be a file path or a list of requirement specs")),
-      python: v.optional(NonEmpty),
-      index_url: v.optional(NonEmpty),
-      extra_index_urls: v.optional(v.array(NonEmpty)),
-      find_links: v.optional(v.array(NonEmpty)),
-      image: v.optional(NonEmpty),
-      prepare_timeout: v.optional(v.pipe(v.union([v.string(), v.number()], "must be a duration such as 30m or a number of seconds"), v.check((d) => typeof positiveDuration.parse(d) === "number", "must be a duration of more than 0, such as 90s, 30m or 2h"))),
-    }),
-  ),
-  resources: v.optional(
-    v.strictObject({
-      gpus: v.optional(v.pipe(v.number("must be a number"), v.integer("must be a whole number"), v.minValue(0, "must be 0 or more"))),
-      frameworks: v.optional(v.record(v.string(), v.pipe(v.string("must be a version specifier string"), v.check((s) => s === "" || s === "*" || validRange(s), "is not a valid PEP 440 specifier")))),
-    }),
-  ),
+  env: v.optional(Env),
+  environment: v.optional(Environment),
+  resources: v.optional(Resources),
+  tasks: v.optional(v.pipe(v.record(v.pipe(v.string(), v.regex(TASK_NAME, "is not a valid task name (letters, digits, . _ -)")), Task), v.check((t) => Object.keys(t).length > 0, "must name at least one task"))),
 });
 
 export type JobFile = v.InferOutput<typeof JobFileSchema>;
+export type TaskFile = v.InferOutput<typeof Task>;
+export type EnvironmentFile = v.InferOutput<typeof Environment>;
 
 function describeIssue(issue: v.BaseIssue<unknown>): string {
   const path = v.getDotPath(issue) ?? "";

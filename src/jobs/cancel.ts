@@ -33,6 +33,16 @@ export async function cancelJob(store: JobStore, job: JobRecord, opts: { cancelG
       await sleep(100);
     }
   }
+  // A job of tasks whose runner is gone: each task not ended yet is ended as a job of its own would be.
+  for (const task of store.tasks(job.id)) {
+    if (FINAL_STATES.includes(task.state)) continue;
+    await endWithoutRunner(store, task, opts);
+  }
+  return endWithoutRunner(store, job, opts);
+}
+
+/** What is left of a job (or task) whose runner is gone: its container, its process group, what carries its mark. */
+async function endWithoutRunner(store: JobStore, job: JobRecord, opts: { engine: EngineHost }): Promise<JobRecord> {
   const started = store.events(job.id).findLast((e) => e.type === "task.run.started");
   const container = started?.data.container as string | undefined;
   if (container) {

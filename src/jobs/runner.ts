@@ -6,12 +6,13 @@ import { jobArgv, type RunAs, runAsEnv } from "./run-as.ts";
 import { type Watchdog, watchJob } from "./watchdog.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
-import { type PrepareHooks, prepareEnv } from "../env/prepare.ts";
+import { type PrepareHooks, type PrepareRequest, prepareEnv } from "../env/prepare.ts";
 import type { Shipping } from "../env/shipping.ts";
 import { type ContainerSettings, type EngineHost, type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, type RunningContainer, runContainer } from "../docker/index.ts";
 import type { ImageEnvResult } from "../docker/image-env.ts";
 import type { InstallerSetting } from "../env/build-plan.ts";
 import type { JobRecord, JobState, JobStore } from "./store.ts";
+import type { JobSpec } from "./spec.ts";
 import { bootId, processStartTime } from "../core/process-identity.ts";
 
 /**
@@ -68,6 +69,25 @@ export interface RunnerSettings {
   runAs?: RunAs;
   /** setpriv (util-linux) when on PATH: the job's main process gets a parent-death signal (and run_as its user). */
   setpriv: string | null;
+}
+
+/** The env a job's spec asks for, as prepareEnv takes it: what the runner builds, and what `job run --dry-run` keys. */
+export function envRequestOf(spec: JobSpec, settings: RunnerSettings): PrepareRequest {
+  return {
+    requirementsFile: spec.environment.requirementsFile,
+    specs: spec.environment.specs,
+    python: spec.environment.python ?? settings.defaultPython,
+    indexUrl: spec.environment.indexUrl,
+    extraIndexUrls: spec.environment.extraIndexUrls,
+    findLinks: spec.environment.findLinks,
+    cwd: spec.workdir,
+    env: settings.env,
+    installer: settings.installer,
+    venvCreator: settings.venvCreator,
+    uv: settings.uv,
+    timeoutMs: spec.environment.prepareTimeoutMs ?? settings.prepareTimeoutMs,
+    confineTo: spec.environment.confineTo,
+  };
 }
 
 function killGroup(pid: number, signal: NodeJS.Signals): void {
@@ -194,26 +214,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
             : undefined;
         return await runImage(image, (performance.now() - prepStart) / 1000, env);
       }
-      prepared = await prepareEnv(
-        layout,
-        {
-          requirementsFile: spec.environment.requirementsFile,
-          specs: spec.environment.specs,
-          python: spec.environment.python ?? settings.defaultPython,
-          indexUrl: spec.environment.indexUrl,
-          extraIndexUrls: spec.environment.extraIndexUrls,
-          findLinks: spec.environment.findLinks,
-          cwd: spec.workdir,
-          env: settings.env,
-          installer: settings.installer,
-          venvCreator: settings.venvCreator,
-          uv: settings.uv,
-          timeoutMs: spec.environment.prepareTimeoutMs ?? settings.prepareTimeoutMs,
-          confineTo: spec.environment.confineTo,
-          signal: preparing.signal,
-        },
-        { hooks: io.prepareHooks, leaseHolder: `job ${job.id}`, shipping: io.shipping },
-      );
+      prepared = await prepareEnv(layout, { ...envRequestOf(spec, settings), signal: preparing.signal }, { hooks: io.prepareHooks, leaseHolder: `job ${job.id}`, shipping: io.shipping });
     } catch (error) {
       const seconds = (performance.now() - prepStart) / 1000;
       if (!(error instanceof UserError)) throw error;

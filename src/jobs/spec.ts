@@ -1,6 +1,6 @@
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
-import { type JobFile, loadJobFile } from "../config/jobfile.ts";
+import { type EnvironmentFile, type JobFile, loadJobFile, type TaskFile } from "../config/jobfile.ts";
 import { type EnvironmentSource, environmentRequest } from "../env/request.ts";
 import { positiveDuration } from "../config/kinds.ts";
 import { UsageError } from "../errors.ts";
@@ -13,8 +13,25 @@ export interface JobSpec {
   commandText: string;
   workdir: string;
   env: Record<string, string>;
-  environment: EnvironmentSource & { image?: string; /** environment.prepare_timeout or --prepare-timeout; else the runner's default. */ prepareTimeoutMs?: number; /** A remote job's bundle on its worker: the request may reach nothing outside it. */ confineTo?: string };
+  environment: EnvironmentSource & {
+    image?: string;
+    /** A conda environment on the worker (name or path): its Python is the base interpreter, its activation applies to the job. */
+    conda?: string;
+    /** environment.prepare_timeout or --prepare-timeout; else the runner's default. */
+    prepareTimeoutMs?: number;
+    /** A remote job's bundle on its worker: the request may reach nothing outside it. */
+    confineTo?: string;
+  };
   resources: { gpus: number; frameworks: Record<string, string> };
+  /** A job of several tasks (the job file's `tasks:`): each runs on its own, with the job's fields as its defaults. */
+  tasks?: TaskSpec[];
+}
+
+/** One task of a job: its own spec (the job's fields inherited), and the tasks that must succeed before it starts. */
+export interface TaskSpec {
+  name: string;
+  needs: string[];
+  spec: JobSpec;
 }
 
 /** What `job run` flags can say; each one overrides the job file's field. */
@@ -33,6 +50,7 @@ export interface JobFlags {
   command: string[]; // after --
   name?: string;
   gpus?: number;
+  conda?: string;
 }
 
 function parseEnvPairs(pairs: string[]): Record<string, string> {
@@ -47,47 +65,69 @@ function parseEnvPairs(pairs: string[]): Record<string, string> {
   return env;
 }
 
+/** The environment fields a job file's section sets, resolved against `workdir`; fields it does not set are absent. */
+function environmentFromFile(fe: EnvironmentFile, workdir: string, where: string): Partial<JobSpec["environment"]> {
+  const byFile = environmentRequest({ specs: [], python: fe.python, indexUrl: fe.index_url, extraIndexUrls: fe.extra_index_urls ?? [], findLinks: fe.find_links ?? [] }, workdir);
+  const out: Partial<JobSpec["environment"]> = {};
+  if (fe.python !== undefined) out.python = byFile.python;
+  if (fe.conda !== undefined) out.conda = fe.conda;
+  if (fe.index_url !== undefined) out.indexUrl = fe.index_url;
+  if (fe.extra_index_urls !== undefined) out.extraIndexUrls = byFile.extraIndexUrls;
+  if (fe.find_links !== undefined) out.findLinks = byFile.findLinks;
+  if (fe.image !== undefined) out.image = fe.image;
+  if (fe.prepare_timeout !== undefined) out.prepareTimeoutMs = positiveDuration.parse(fe.prepare_timeout) as number;
+  if (typeof fe.requirements === "string") {
+    const path = resolve(workdir, fe.requirements);
+    const rel = relative(workdir, path);
+    if (rel.startsWith("..") || isAbsolute(rel)) throw new UsageError(`${where}.requirements: must be a path inside workdir: ${fe.requirements}`);
+    if (!existsSync(path)) throw new UsageError(`${where}.requirements: file not found: ${fe.requirements}`);
+    Object.assign(out, { requirementsFile: path, specs: [] });
+  } else if (Array.isArray(fe.requirements)) Object.assign(out, { requirementsFile: undefined, specs: fe.requirements });
+  return out;
+}
+
+function commandOf(command: string | string[]): { argv: string[]; commandText: string } {
+  return typeof command === "string" ? { argv: ["/bin/sh", "-c", command], commandText: command } : { argv: command, commandText: command.join(" ") };
+}
+
+function directory(path: string, notOne: string): string {
+  if (!existsSync(path) || !statSync(path).isDirectory()) throw new UsageError(notOne);
+  return path;
+}
+
 export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   const file: JobFile = flags.file ? loadJobFile(resolve(cwd, flags.file)) : {};
   const fileDir = flags.file ? dirname(resolve(cwd, flags.file)) : cwd;
   const source = flags.file ? basename(flags.file) : "job";
 
   const workdir = flags.workdir ? resolve(cwd, flags.workdir) : resolve(fileDir, file.workdir ?? ".");
-  if (!existsSync(workdir) || !statSync(workdir).isDirectory()) {
-    throw new UsageError(flags.workdir ? `--workdir: not a directory: ${flags.workdir}` : `${source}: workdir: not a directory: ${file.workdir}`);
-  }
+  directory(workdir, flags.workdir ? `--workdir: not a directory: ${flags.workdir}` : `${source}: workdir: not a directory: ${file.workdir}`);
 
-  let argv: string[];
-  let commandText: string;
-  if (flags.command.length) {
-    argv = flags.command;
-    commandText = flags.command.join(" ");
-  } else if (typeof file.command === "string") {
-    argv = ["/bin/sh", "-c", file.command];
-    commandText = file.command;
-  } else if (Array.isArray(file.command)) {
-    argv = file.command;
-    commandText = file.command.join(" ");
-  } else {
-    throw new UsageError(flags.file ? `${source}: command: is required (or give one after --)` : "no command: give one after -- (gpulayer job run -p tqdm -- python train.py) or use -f JOB_FILE");
-  }
+  let argv: string[] = [];
+  let commandText = "";
+  if (file.tasks) {
+    if (file.command !== undefined) throw new UsageError(`${source}: command: a job with tasks has no command of its own; give each task its command`);
+    if (flags.command.length) throw new UsageError(`${source} has tasks, each with its own command: give none after --`);
+  } else if (flags.command.length) ({ argv, commandText } = { argv: flags.command, commandText: flags.command.join(" ") });
+  else if (file.command !== undefined) ({ argv, commandText } = commandOf(file.command));
+  else throw new UsageError(flags.file ? `${source}: command: is required (or give one after --)` : "no command: give one after -- (gpulayer job run -p tqdm -- python train.py) or use -f JOB_FILE");
 
   const env: Record<string, string> = {};
   for (const [k, val] of Object.entries(file.env ?? {})) env[k] = String(val);
   Object.assign(env, parseEnvPairs(flags.env));
 
   // Each field from the flags (paths against the current directory), else from the file (paths against the workdir): one rule, environmentRequest.
-  const fe = file.environment ?? {};
   const byFlags = environmentRequest({ requirementsFile: flags.requirementsFile, specs: flags.specs, python: flags.python, indexUrl: flags.indexUrl, extraIndexUrls: flags.extraIndexUrls, findLinks: flags.findLinks }, cwd);
-  const byFile = environmentRequest({ specs: [], python: fe.python, indexUrl: fe.index_url, extraIndexUrls: fe.extra_index_urls ?? [], findLinks: fe.find_links ?? [] }, workdir);
+  const byFile = environmentFromFile(file.environment ?? {}, workdir, `${source}: environment`);
   const environment: JobSpec["environment"] = {
     specs: [],
     python: byFlags.python ?? byFile.python,
+    conda: flags.conda ?? byFile.conda,
     indexUrl: byFlags.indexUrl ?? byFile.indexUrl,
-    extraIndexUrls: byFlags.extraIndexUrls.length ? byFlags.extraIndexUrls : byFile.extraIndexUrls,
-    findLinks: byFlags.findLinks.length ? byFlags.findLinks : byFile.findLinks,
-    image: flags.image ?? fe.image,
-    prepareTimeoutMs: flags.prepareTimeoutMs ?? (fe.prepare_timeout === undefined ? undefined : (positiveDuration.parse(fe.prepare_timeout) as number)),
+    extraIndexUrls: byFlags.extraIndexUrls.length ? byFlags.extraIndexUrls : (byFile.extraIndexUrls ?? []),
+    findLinks: byFlags.findLinks.length ? byFlags.findLinks : (byFile.findLinks ?? []),
+    image: flags.image ?? byFile.image,
+    prepareTimeoutMs: flags.prepareTimeoutMs ?? byFile.prepareTimeoutMs,
   };
   if (byFlags.requirementsFile || flags.specs.length) {
     if (byFlags.requirementsFile) {
@@ -95,23 +135,56 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
       environment.requirementsFile = byFlags.requirementsFile;
     }
     environment.specs = flags.specs;
-  } else if (typeof fe.requirements === "string") {
-    const path = resolve(workdir, fe.requirements);
-    const rel = relative(workdir, path);
-    if (rel.startsWith("..") || isAbsolute(rel)) throw new UsageError(`${source}: environment.requirements: must be a path inside workdir: ${fe.requirements}`);
-    if (!existsSync(path)) throw new UsageError(`${source}: environment.requirements: file not found: ${fe.requirements}`);
-    environment.requirementsFile = path;
-  } else if (Array.isArray(fe.requirements)) {
-    environment.specs = fe.requirements;
+  } else {
+    environment.requirementsFile = byFile.requirementsFile;
+    environment.specs = byFile.specs ?? [];
   }
 
-  return {
-    name: flags.name ?? file.name ?? (flags.file ? basename(flags.file).replace(/\.(ya?ml|json)$/, "") : basename(argv[argv[0] === "/bin/sh" ? 2 : 0]?.split(" ")[0] ?? "job")),
-    argv,
-    commandText,
-    workdir,
-    env,
-    environment,
-    resources: { gpus: flags.gpus ?? file.resources?.gpus ?? 0, frameworks: file.resources?.frameworks ?? {} },
+  const name = flags.name ?? file.name ?? (flags.file ? basename(flags.file).replace(/\.(ya?ml|json)$/, "") : basename(argv[argv[0] === "/bin/sh" ? 2 : 0]?.split(" ")[0] ?? "job"));
+  const resources = { gpus: flags.gpus ?? file.resources?.gpus ?? 0, frameworks: file.resources?.frameworks ?? {} };
+  const job: JobSpec = { name, argv, commandText, workdir, env, environment, resources };
+  if (!file.tasks) return job;
+  const tasks = Object.entries(file.tasks).map(([taskName, task]) => ({ name: taskName, needs: task.needs ?? [], spec: taskSpec(job, taskName, task, fileDir, source) }));
+  checkNeeds(tasks, source);
+  return { ...job, commandText: `tasks: ${tasks.map((t) => t.name).join(", ")}`, tasks };
+}
+
+/**
+ * A task's spec: the job's fields are its defaults. `env` is merged (the
+ * task's value wins per variable); in `environment` and `resources`, each
+ * field the task sets replaces the job's (requirements replace, they do not
+ * add), and `environment: {}` is the worker's default, none of the job's.
+ */
+function taskSpec(job: JobSpec, name: string, task: TaskFile, fileDir: string, source: string): JobSpec {
+  const at = `${source}: tasks.${name}`;
+  const workdir = task.workdir ? directory(resolve(fileDir, task.workdir), `${at}.workdir: not a directory: ${task.workdir}`) : job.workdir;
+  const env = { ...job.env };
+  for (const [k, val] of Object.entries(task.env ?? {})) env[k] = String(val);
+  let environment: JobSpec["environment"];
+  if (task.environment === undefined) environment = job.environment;
+  else if (Object.keys(task.environment).length === 0) environment = { specs: [], extraIndexUrls: [], findLinks: [] };
+  else environment = { ...job.environment, ...environmentFromFile(task.environment, workdir, `${at}.environment`) };
+  const resources = { gpus: task.resources?.gpus ?? job.resources.gpus, frameworks: task.resources?.frameworks ?? job.resources.frameworks };
+  return { name, ...commandOf(task.command), workdir, env, environment, resources };
+}
+
+/** Every `needs` names another task of the job, and no task waits on itself through others. */
+function checkNeeds(tasks: TaskSpec[], source: string): void {
+  const names = new Set(tasks.map((t) => t.name));
+  for (const t of tasks) {
+    for (const n of t.needs) {
+      if (n === t.name) throw new UsageError(`${source}: tasks.${t.name}.needs: a task cannot need itself`);
+      if (!names.has(n)) throw new UsageError(`${source}: tasks.${t.name}.needs: no task named ${n} (tasks: ${[...names].join(", ")})`);
+    }
+  }
+  const needs = new Map(tasks.map((t) => [t.name, t.needs]));
+  const state = new Map<string, "visiting" | "done">();
+  const visit = (n: string, path: string[]): void => {
+    if (state.get(n) === "done") return;
+    if (state.get(n) === "visiting") throw new UsageError(`${source}: tasks: a cycle of needs: ${[...path.slice(path.indexOf(n)), n].join(" → ")}`);
+    state.set(n, "visiting");
+    for (const m of needs.get(n)!) visit(m, [...path, n]);
+    state.set(n, "done");
   };
+  for (const t of tasks) visit(t.name, []);
 }

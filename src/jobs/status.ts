@@ -29,7 +29,21 @@ export interface JobStatus {
   /** Present (true) when the record says the job runs but its runner is gone: shown failed, nothing recorded. */
   lost?: true;
   phases: Phase[];
+  tasks?: TaskStatus[];
   events: (JobEvent & { time: string })[];
+}
+
+/** A task of a job as readers show it. */
+export interface TaskStatus {
+  name: string;
+  id: string;
+  state: JobRecord["state"];
+  needs: string[];
+  exit_code: number | null;
+  env_key: string | null;
+  error: string | null;
+  command: string;
+  phases: Phase[];
 }
 
 /** Phases come from events alone: one way for the data to flow, and the same answer for every reader. */
@@ -76,8 +90,28 @@ export function jobStatus(store: JobStore, record: JobRecord): JobStatus {
     error: job.error,
     ...(lost ? { lost: true as const } : {}),
     phases: phasesOf(events),
+    ...(job.spec.tasks ? { tasks: taskStatuses(store, job, Boolean(lost)) } : {}),
     events: events.map((e) => ({ ts: e.ts, type: e.type, data: e.data, time: new Date(e.ts).toISOString() })),
   };
+}
+
+/** Each task of a job; when the job's runner is gone, a task the record says is going is shown failed with it. */
+function taskStatuses(store: JobStore, job: JobRecord, lost: boolean): TaskStatus[] {
+  const needs = new Map((job.spec.tasks ?? []).map((t) => [t.name, t.needs]));
+  return store.tasks(job.id).map((t) => {
+    const gone = lost && !FINAL_STATES.includes(t.state);
+    return {
+      name: t.task!,
+      id: t.id,
+      state: gone ? "failed" : t.state,
+      needs: needs.get(t.task!) ?? [],
+      exit_code: t.exitCode,
+      env_key: t.envKey,
+      error: gone ? "the job's runner is gone" : t.error,
+      command: t.spec.commandText,
+      phases: phasesOf(store.events(t.id)),
+    };
+  });
 }
 
 /**

@@ -6,8 +6,9 @@ import { UsageError, UserError } from "../errors.ts";
 import { redactDeep, redactUrl } from "../env/url-credentials.ts";
 import type { JobSpec } from "./spec.ts";
 
-export type JobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled";
-export const FINAL_STATES: JobState[] = ["succeeded", "failed", "cancelled"];
+/** `skipped`: a task of a job that never started, because a task it needs failed or the job was cancelled. */
+export type JobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled" | "skipped";
+export const FINAL_STATES: JobState[] = ["succeeded", "failed", "cancelled", "skipped"];
 
 export interface JobRecord {
   id: string;
@@ -26,6 +27,9 @@ export interface JobRecord {
   pidBoot: string | null;
   envKey: string | null;
   error: string | null;
+  /** A task's record: the job it belongs to, and its name there (null for a job itself). */
+  parentId: string | null;
+  task: string | null;
 }
 
 export interface JobEvent {
@@ -48,6 +52,8 @@ interface JobRow {
   runner_start?: number | null;
   child_start?: number | null;
   pid_boot?: string | null;
+  parent_id?: string | null;
+  task?: string | null;
   env_key: string | null;
   error: string | null;
 }
@@ -69,6 +75,8 @@ const ADDED_COLUMNS: [name: string, type: string][] = [
   ["runner_start", "INTEGER"],
   ["child_start", "INTEGER"],
   ["pid_boot", "TEXT"],
+  ["parent_id", "TEXT"],
+  ["task", "TEXT"],
 ];
 
 function migrate(db: Database): void {
@@ -122,13 +130,26 @@ export class JobStore {
    * whole spec, in memory only: a detached runner gets it on its stdin.
    */
   create(spec: JobSpec): JobRecord {
-    const id = Buffer.from(crypto.getRandomValues(new Uint8Array(8))).toString("hex");
+    const id = newId();
     const now = Date.now();
     this.db.transaction(() => {
       this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec) VALUES (?, ?, 'queued', ?, ?, ?)").run(id, spec.name, now, now, JSON.stringify(redactDeep(spec)));
       this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, 'job.submitted', ?)").run(id, now, JSON.stringify({ name: spec.name, command: spec.commandText }));
+      // A job of tasks: a record per task, queued with the job; each has its own events, log and phases.
+      for (const t of spec.tasks ?? []) {
+        this.db
+          .query("INSERT INTO jobs (id, name, state, created, updated, spec, parent_id, task) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)")
+          .run(newId(), `${spec.name}/${t.name}`, now, now, JSON.stringify(redactDeep(t.spec)), id, t.name);
+      }
     })();
     return { ...this.get(id)!, spec };
+  }
+
+  /** A job's task records, in the job file's order; each holds the task's whole spec when `spec` is given (credentials included). */
+  tasks(parentId: string, spec?: JobSpec): JobRecord[] {
+    const rows = this.db.query<JobRow, [string]>("SELECT * FROM jobs WHERE parent_id = ? ORDER BY rowid").all(parentId).map(toRecord);
+    if (!spec?.tasks) return rows;
+    return rows.map((r) => ({ ...r, spec: spec.tasks!.find((t) => t.name === r.task)?.spec ?? r.spec }));
   }
 
   get(id: string): JobRecord | null {
@@ -139,14 +160,14 @@ export class JobStore {
   /** A unique prefix of an id is enough. */
   find(prefix: string): JobRecord {
     if (!/^[0-9a-f]{1,16}$/i.test(prefix)) throw new UsageError(`not a job id: ${prefix}`);
-    const rows = this.db.query<JobRow, [string]>("SELECT * FROM jobs WHERE id LIKE ? LIMIT 2").all(`${prefix.toLowerCase()}%`);
+    const rows = this.db.query<JobRow, [string]>("SELECT * FROM jobs WHERE id LIKE ? AND parent_id IS NULL LIMIT 2").all(`${prefix.toLowerCase()}%`);
     if (rows.length > 1) throw new UsageError(`job id prefix ${prefix} matches several jobs; give more of it`);
     if (!rows[0]) throw new UserError(`no job with id ${prefix} (see gpulayer job list)`);
     return toRecord(rows[0]);
   }
 
   list(limit = 50): JobRecord[] {
-    return this.db.query<JobRow, [number]>("SELECT * FROM jobs ORDER BY created DESC LIMIT ?").all(limit).map(toRecord);
+    return this.db.query<JobRow, [number]>("SELECT * FROM jobs WHERE parent_id IS NULL ORDER BY created DESC LIMIT ?").all(limit).map(toRecord);
   }
 
   update(id: string, fields: Partial<Pick<JobRecord, "state" | "exitCode" | "runnerPid" | "childPid" | "runnerStart" | "childStart" | "pidBoot" | "envKey" | "error">>): void {
@@ -202,5 +223,11 @@ function toRecord(row: JobRow): JobRecord {
     pidBoot: row.pid_boot ?? null,
     envKey: row.env_key,
     error: row.error,
+    parentId: row.parent_id ?? null,
+    task: row.task ?? null,
   };
+}
+
+function newId(): string {
+  return Buffer.from(crypto.getRandomValues(new Uint8Array(8))).toString("hex");
 }

@@ -1,7 +1,8 @@
 import { defineCommand } from "citty";
-import { commandContext, runnerSettings } from "../_context.ts";
+import { commandContext, localSlots, runnerSettings } from "../_context.ts";
 import { UserError } from "../../errors.ts";
 import { startJob } from "../../jobs/runner.ts";
+import { startJobTasks } from "../../jobs/job-tasks.ts";
 import { JobStore } from "../../jobs/store.ts";
 
 /** Internal: the background runner behind `job run --detach`. Output goes to the job's log only. */
@@ -16,7 +17,9 @@ export default defineCommand({
     if (!job || job.state !== "queued") throw new UserError(`job ${args.id} is not queued`);
     // The spec with its credentials comes on stdin (see spawnDetachedRunner); the stored one is a fallback.
     const piped = await Bun.stdin.text().catch(() => "");
-    const running = startJob(store, layout, piped ? { ...job, spec: JSON.parse(piped) } : job, runnerSettings(ctx));
+    const record = piped ? { ...job, spec: JSON.parse(piped) } : job;
+    // A job of tasks: each task's output goes to its own log (job logs JOB --task NAME).
+    const running = record.spec.tasks ? startJobTasks(store, layout, record, { ...runnerSettings(ctx), slots: localSlots(ctx) }, { forTask: () => ({}) }) : startJob(store, layout, record, runnerSettings(ctx));
     process.on("SIGTERM", () => running.cancel("job cancel"));
     process.on("SIGINT", () => running.cancel("SIGINT"));
     await running.done;

@@ -5,10 +5,13 @@ import { JobStore } from "../../jobs/store.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { rejectUnknownFlags, serverArgs } from "../_args.ts";
 import { writeOut, writeErr } from "../../ui/terminal.ts";
+import { UsageError } from "../../errors.ts";
+import { prefixedLines } from "../_tasks-ui.ts";
 
 const args = {
   id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" },
   follow: { type: "boolean", alias: "f", description: "Keep printing new output until the job ends" },
+  task: { type: "string", valueHint: "NAME", description: "A job of tasks: this task's output (without it: each task's, one after another, each line with [name])" },
   ...serverArgs,
 } as const;
 
@@ -27,7 +30,19 @@ export default defineCommand({
     // A read: the store opened read-only; nothing recorded or signalled, even for a job whose runner is gone.
     const store = new JobStore(ctx.layout, { readOnly: true });
     const job = store.find(a.id);
-    await followLog(store, job.id, Boolean(a.follow), (chunk) => writeOut(chunk));
+    const tasks = store.tasks(job.id);
+    if (a.task !== undefined) {
+      const task = tasks.find((t) => t.task === a.task);
+      if (!task) throw new UsageError(tasks.length ? `job ${job.id} has no task ${a.task} (tasks: ${tasks.map((t) => t.task).join(", ")})` : `--task: job ${job.id} is not a job of tasks`);
+      await followLog(store, task.id, Boolean(a.follow), (chunk) => writeOut(chunk));
+    } else if (tasks.length) {
+      if (a.follow) throw new UsageError(`job ${job.id} has tasks (${tasks.map((t) => t.task).join(", ")}): follow one with --task NAME`);
+      for (const t of tasks) {
+        const lines = prefixedLines(`[${t.task}] `, (text) => writeOut(text));
+        await followLog(store, t.id, false, (chunk) => lines.push(chunk));
+        lines.flush();
+      }
+    } else await followLog(store, job.id, Boolean(a.follow), (chunk) => writeOut(chunk));
     store.close();
   },
 });

@@ -1,8 +1,10 @@
 import { defineCommand } from "citty";
-import { commandContext, runnerSettings } from "../_context.ts";
+import { commandContext, localSlots, runnerSettings } from "../_context.ts";
 import { ExitError, UsageError } from "../../errors.ts";
 import { spawnDetachedRunner } from "../../jobs/detach.ts";
 import { startJob } from "../../jobs/runner.ts";
+import { startJobTasks } from "../../jobs/job-tasks.ts";
+import { taskStdout, tasksIO, tasksSummary } from "../_tasks-ui.ts";
 import { buildJobSpec } from "../../jobs/spec.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { jobStatus } from "../../jobs/status.ts";
@@ -11,7 +13,9 @@ import { remoteTarget } from "../../cluster/client.ts";
 import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
 import { imageHooks } from "../_image-ui.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
-import type { JobStateDoc, JobStatusDoc } from "../_json.ts";
+import type { JobDryRunDoc, JobStateDoc, JobStatusDoc } from "../_json.ts";
+import { dryRunJob } from "../../jobs/dry-run.ts";
+import { dryRunLines } from "./_lines.ts";
 import { onBrokenPipe, writeErr, writeOut } from "../../ui/terminal.ts";
 
 function parseGpus(value: string): number {
@@ -30,6 +34,7 @@ const args = {
   name: { type: "string", description: "A name for the job" },
   gpus: { type: "string", valueHint: "N", description: "GPUs the job needs (overrides resources.gpus); with a server, only a worker with N free GPUs takes it" },
   detach: { type: "boolean", alias: "d", description: "Start in the background and print the job id" },
+  "dry-run": { type: "boolean", description: "Print each task as it would run (command, environment and its key, variables by name, needs); run nothing, build nothing" },
   ...serverArgs,
   ...labelArgs,
   ...buildOutputArgs,
@@ -72,6 +77,11 @@ export default defineCommand({
       ctx.cwd,
     );
     const remote = remoteTarget(ctx.settings, rawArgs);
+    if (a["dry-run"]) {
+      if (remote) throw new UsageError("--dry-run resolves the job on this machine; it does not go with --server (each worker keys its own env)");
+      const plan: JobDryRunDoc = dryRunJob(layout, spec, runnerSettings(ctx));
+      return out.result(plan, () => dryRunLines(plan));
+    }
     if (remote) return (await import("../_remote/job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out, sendWorkdir: Boolean(a.file || a.workdir) });
     const store = new JobStore(layout);
     const job = store.create(spec);
@@ -85,14 +95,16 @@ export default defineCommand({
     // With --json, stdout carries only the final document: the job's output goes to stderr.
     let stdoutGone = false;
     const toStdout = a.json ? (c: Uint8Array) => writeErr(c) : (c: Uint8Array) => void (stdoutGone || writeOut(c));
-    const running = startJob(store, layout, job, runnerSettings(ctx), {
-      onStdout: toStdout,
-      onStderr: (c) => writeErr(c),
-      prepareHooks: prepareHooks(out),
-      imageHooks: imageHooks(out),
-      onPrepared: (p) => out.progress(`task.prepare ${p.status} ${p.kind} ${p.kind === "env" ? shortKey(p.key) : p.key.slice(0, 19)} in ${formatSeconds(p.seconds)}`),
-      onPrepareFailed: (m) => out.log.error(`task.prepare failed: ${m}`),
-    });
+    const running = spec.tasks
+      ? startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx) }, tasksIO(out, { stdout: taskStdout(Boolean(a.json), () => stdoutGone) }))
+      : startJob(store, layout, job, runnerSettings(ctx), {
+          onStdout: toStdout,
+          onStderr: (c) => writeErr(c),
+          prepareHooks: prepareHooks(out),
+          imageHooks: imageHooks(out),
+          onPrepared: (p) => out.progress(`task.prepare ${p.status} ${p.kind} ${p.kind === "env" ? shortKey(p.key) : p.key.slice(0, 19)} in ${formatSeconds(p.seconds)}`),
+          onPrepareFailed: (m) => out.log.error(`task.prepare failed: ${m}`),
+        });
     // The reader of our stdout went away: the job is cancelled (as SIGPIPE ends a plain command), never orphaned.
     onBrokenPipe.handler = () => {
       stdoutGone = true;
@@ -109,7 +121,8 @@ export default defineCommand({
     for (const s of signals) process.off(s, onSignal);
     const status: JobStatusDoc = jobStatus(store, store.get(job.id)!);
     store.close();
-    if (outcome.runSeconds !== null) out.progress(`task.run exit ${outcome.exitCode} in ${formatSeconds(outcome.runSeconds)} (job ${job.id} ${outcome.state})`);
+    if (spec.tasks) out.progress(tasksSummary(status));
+    else if (outcome.runSeconds !== null) out.progress(`task.run exit ${outcome.exitCode} in ${formatSeconds(outcome.runSeconds)} (job ${job.id} ${outcome.state})`);
     if (a.json) out.result(status, () => "");
     if (outcome.exitCode !== 0) throw new ExitError(outcome.exitCode);
   },

@@ -1,0 +1,110 @@
+import { ExitCode } from "../errors.ts";
+import type { HomeLayout } from "../config/paths.ts";
+import { bootId, processStartTime } from "../core/process-identity.ts";
+import { type JobOutcome, type RunnerIO, type RunnerSettings, type RunningJob, startJob } from "./runner.ts";
+import { FINAL_STATES, type JobRecord, type JobState, type JobStore } from "./store.ts";
+
+/**
+ * A job of several tasks, run here: each task is a job record of its own
+ * (its task.prepare and task.run, events and log; runner.ts runs it), started
+ * once every task it needs has succeeded, up to `slots` at a time. A failed
+ * task fails the job: what needs it (directly or not) is skipped, never
+ * started; tasks running meanwhile finish, and tasks that do not need it go
+ * on. The job's exit code is the first failed task's. A cancel cancels every
+ * running task and every one not started yet.
+ */
+
+export interface TasksIO {
+  /** What one task's runner reports to (its output, prepare progress, events). */
+  forTask(name: string): RunnerIO;
+  /** A task started, finished, or was skipped or cancelled before it started. */
+  onTask?(name: string, state: JobState | "started", detail: string | null): void;
+}
+
+export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecord, settings: RunnerSettings & { slots: number }, io: TasksIO): RunningJob {
+  const tasks = job.spec.tasks ?? [];
+  const records = new Map(store.tasks(job.id, job.spec).map((r) => [r.task!, r]));
+  const state = new Map<string, JobState | "waiting">(tasks.map((t) => [t.name, "waiting"]));
+  const running = new Map<string, RunningJob>();
+  let cancelReason: string | null = null;
+  let firstFailure: { name: string; exitCode: number } | null = null;
+  let settle: (outcome: JobOutcome) => void = () => undefined;
+  const done = new Promise<JobOutcome>((resolve) => (settle = resolve));
+
+  store.update(job.id, { state: "running", runnerPid: process.pid, runnerStart: processStartTime(process.pid), pidBoot: bootId() });
+
+  /** Ended without starting (skipped after a failure, cancelled): recorded on the task and on the job. */
+  const endUnstarted = (name: string, ended: "skipped" | "cancelled", because: string) => {
+    const record = records.get(name)!;
+    state.set(name, ended);
+    store.update(record.id, { state: ended, error: because });
+    store.event(record.id, `task.${ended}`, { because });
+    store.event(job.id, `task.${ended}`, { task: name, because });
+    io.onTask?.(name, ended, because);
+  };
+
+  const start = (name: string) => {
+    const record = records.get(name)!;
+    state.set(name, "running");
+    store.event(job.id, "task.started", { task: name, id: record.id });
+    io.onTask?.(name, "started", null);
+    const run = startJob(store, layout, record, settings, io.forTask(name));
+    running.set(name, run);
+    void run.done
+      .catch((error: unknown): JobOutcome => {
+        // A runner bug must not leave the job waiting forever: the task failed, and says why.
+        store.update(record.id, { state: "failed", error: (error as Error).message });
+        return { state: "failed", exitCode: ExitCode.internal, prepareSeconds: null, runSeconds: null };
+      })
+      .then((outcome) => {
+        running.delete(name);
+        state.set(name, outcome.state);
+        if (outcome.state === "failed" && !firstFailure) firstFailure = { name, exitCode: outcome.exitCode };
+        store.event(job.id, "task.finished", { task: name, state: outcome.state, exit_code: outcome.exitCode });
+        io.onTask?.(name, outcome.state, `exit ${outcome.exitCode}`);
+        step();
+      });
+  };
+
+  const step = () => {
+    for (const t of tasks) {
+      if (state.get(t.name) !== "waiting") continue;
+      if (cancelReason) {
+        endUnstarted(t.name, "cancelled", `the job was cancelled (${cancelReason})`);
+        continue;
+      }
+      const blocker = t.needs.find((n) => {
+        const s = state.get(n)!;
+        return FINAL_STATES.includes(s as JobState) && s !== "succeeded";
+      });
+      if (blocker) endUnstarted(t.name, "skipped", `not started: ${blocker}, which it needs, ${state.get(blocker)}`);
+    }
+    // Skipping can unblock nothing but can skip more: the loop above ran in file order, and needs point backwards or forwards.
+    if (tasks.some((t) => state.get(t.name) === "waiting" && t.needs.some((n) => ["skipped", "failed", "cancelled"].includes(state.get(n)!)))) return step();
+    for (const t of tasks) {
+      if (running.size >= settings.slots || cancelReason) break;
+      if (state.get(t.name) === "waiting" && t.needs.every((n) => state.get(n) === "succeeded")) start(t.name);
+    }
+    if (running.size === 0 && tasks.every((t) => state.get(t.name) !== "waiting")) finish();
+  };
+
+  const finish = () => {
+    const states = tasks.map((t) => state.get(t.name));
+    const final: JobState = cancelReason ? "cancelled" : states.every((s) => s === "succeeded") ? "succeeded" : "failed";
+    const exitCode = firstFailure?.exitCode ?? (final === "cancelled" ? ExitCode.cancelled : final === "succeeded" ? 0 : ExitCode.failed);
+    if (cancelReason) store.event(job.id, "job.cancelled", { reason: cancelReason });
+    store.event(job.id, "job.finished", { state: final, exit_code: exitCode, ...(firstFailure ? { failed_task: firstFailure.name } : {}) });
+    store.update(job.id, { state: final, exitCode, ...(firstFailure ? { error: `task ${firstFailure.name} failed (exit ${firstFailure.exitCode})` } : {}) });
+    settle({ state: final, exitCode, prepareSeconds: null, runSeconds: null });
+  };
+
+  const cancel = (reason: string) => {
+    if (cancelReason) return;
+    cancelReason = reason;
+    for (const run of running.values()) run.cancel(reason);
+    step();
+  };
+
+  step();
+  return { done, cancel };
+}
