@@ -58,7 +58,7 @@ export type EnvironmentFile = v.InferOutput<typeof Environment>;
 function describeIssue(issue: v.BaseIssue<unknown>): string {
   const path = v.getDotPath(issue) ?? "";
   if (issue.expected === "never" && issue.path?.length) return `${path}: unknown key`;
-  if (issue.kind === "schema" && issue.type === "object" && issue.received === "undefined") return `${path}: is required`;
+  if (issue.received === "undefined" && issue.path?.length) return `${path}: is required`;
   const message = /^Invalid (type|key)/.test(issue.message) ? `expected ${issue.expected}, got ${issue.received}` : issue.message;
   return path ? `${path}: ${message}` : message;
 }
