@@ -36,7 +36,14 @@ export function remoteSpec(spec: JobSpec, pack?: PackResult): RemoteSpec {
       ...(e.prepareTimeoutMs ? { prepareTimeoutMs: e.prepareTimeoutMs } : {}),
     },
     resources: spec.resources,
+    ...(spec.tasks ? { tasks: spec.tasks.map((t) => ({ name: t.name, needs: t.needs, spec: remoteSpec(taskInBundle(spec, t), pack) })) } : {}),
   };
+}
+
+/** A task runs in the job's folder on its worker: one of its own elsewhere cannot travel with it. */
+function taskInBundle(job: JobSpec, task: NonNullable<JobSpec["tasks"]>[number]): JobSpec {
+  if (task.spec.workdir !== job.workdir && task.spec.workdir !== job.workdir.replace(/\/$/, "")) throw new UsageError(`task ${task.name}: a workdir of its own (${task.spec.workdir}) does not go with --server: its tasks run in the job's folder on their workers`);
+  return { ...task.spec, workdir: job.workdir };
 }
 
 export interface SubmitHooks extends UploadHooks {
@@ -59,6 +66,10 @@ export interface SubmitOptions {
 
 /** Why a job cannot run without its folder, or null. */
 function needsFolder(spec: JobSpec): string | null {
+  for (const t of spec.tasks ?? []) {
+    const why = needsFolder(t.spec);
+    if (why) return `task ${t.name}: ${why}`;
+  }
   const e = spec.environment;
   if (e.requirementsFile) return "-r needs its folder sent: give --workdir (the folder that holds the requirements file, e.g. --workdir .)";
   const local = e.findLinks.find((f) => !isUrl(f));

@@ -55,7 +55,10 @@ export interface WorkerView {
 }
 
 /** A job as it travels: the local JobSpec without its folder; paths inside the bundle are relative to its root. */
-export type RemoteSpec = Omit<JobSpec, "workdir">;
+export type RemoteSpec = Omit<JobSpec, "workdir" | "tasks"> & {
+  /** A job of tasks: each task's own spec, as it travels; run in the job's folder on its worker. */
+  tasks?: { name: string; needs: string[]; spec: Omit<JobSpec, "workdir" | "tasks"> }[];
+};
 
 export interface SubmitRequest {
   spec: RemoteSpec;
@@ -157,7 +160,7 @@ export interface PrepareGroupView {
   steps?: { seq: number; worker: string; type: string; data: Record<string, unknown> }[];
 }
 
-export const FINAL_JOB_STATES = ["succeeded", "failed", "cancelled"];
+export const FINAL_JOB_STATES = ["succeeded", "failed", "cancelled", "skipped"];
 
 /** K=V pairs from --label flags. */
 export function parseLabels(pairs: string[], origin = "--label"): Record<string, string> {

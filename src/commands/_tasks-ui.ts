@@ -6,7 +6,7 @@ import { imageHooks } from "./_image-ui.ts";
 import { prepareHooks } from "./_prepare-ui.ts";
 
 /** A task's lines on the terminal: every one says which task it is, as `docker compose` does. */
-class TaskOutput extends Output {
+export class PrefixedOutput extends Output {
   constructor(
     private readonly parent: Output,
     private readonly prefix: string,
@@ -51,12 +51,15 @@ export function prefixedLines(prefix: string, write: (text: string) => void) {
 }
 
 /** The terminal side of a job of tasks: each task's output and progress with `[name] ` before it. */
-export function tasksIO(out: Output, opts: { stdout: (text: string) => void }): TasksIO {
+export function tasksIO(out: Output, opts: { stdout: (text: string) => void }): TasksIO & { flush(name: string): void } {
   const streams = new Map<string, ReturnType<typeof prefixedLines>[]>();
   return {
+    flush(name) {
+      for (const s of streams.get(name) ?? []) s.flush();
+    },
     forTask(name) {
       const prefix = `[${name}] `;
-      const taskOut = new TaskOutput(out, prefix);
+      const taskOut = new PrefixedOutput(out, prefix);
       const stdout = prefixedLines(prefix, opts.stdout);
       const stderr = prefixedLines(prefix, (t) => writeErr(t));
       streams.set(name, [stdout, stderr]);

@@ -177,14 +177,28 @@ function checkNeeds(tasks: TaskSpec[], source: string): void {
       if (!names.has(n)) throw new UsageError(`${source}: tasks.${t.name}.needs: no task named ${n} (tasks: ${[...names].join(", ")})`);
     }
   }
+  const cycle = needsCycle(tasks);
+  if (cycle) throw new UsageError(`${source}: tasks: a cycle of needs: ${cycle.join(" → ")}`);
+}
+
+/** A cycle of needs among tasks (its names, the first repeated at the end), or null: the server checks what it is sent too. */
+export function needsCycle(tasks: { name: string; needs: string[] }[]): string[] | null {
   const needs = new Map(tasks.map((t) => [t.name, t.needs]));
   const state = new Map<string, "visiting" | "done">();
-  const visit = (n: string, path: string[]): void => {
-    if (state.get(n) === "done") return;
-    if (state.get(n) === "visiting") throw new UsageError(`${source}: tasks: a cycle of needs: ${[...path.slice(path.indexOf(n)), n].join(" → ")}`);
+  const visit = (n: string, path: string[]): string[] | null => {
+    if (state.get(n) === "done") return null;
+    if (state.get(n) === "visiting") return [...path.slice(path.indexOf(n)), n];
     state.set(n, "visiting");
-    for (const m of needs.get(n)!) visit(m, [...path, n]);
+    for (const m of needs.get(n) ?? []) {
+      const found = visit(m, [...path, n]);
+      if (found) return found;
+    }
     state.set(n, "done");
+    return null;
   };
-  for (const t of tasks) visit(t.name, []);
+  for (const t of tasks) {
+    const found = visit(t.name, []);
+    if (found) return found;
+  }
+  return null;
 }

@@ -107,7 +107,7 @@ export class BundleStore {
   referenced(): Set<string> {
     const rows = this.db
       .query<{ bundle: string }, []>(
-        `SELECT bundle FROM jobs WHERE bundle IS NOT NULL AND state NOT IN ('succeeded', 'failed', 'cancelled')
+        `SELECT bundle FROM jobs WHERE bundle IS NOT NULL AND state NOT IN ('succeeded', 'failed', 'cancelled', 'skipped')
          UNION SELECT bundle FROM tasks WHERE bundle IS NOT NULL AND state IN ('assigned', 'running')`,
       )
       .all();

@@ -8,6 +8,7 @@ import { BeatReconciler, freshOutput, outboxSkip, prepareSteps } from "./task-re
 import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
+import { endUnstarted, settleJob, taskBlocked } from "./job-tasks.ts";
 
 /**
  * The coordinator's rules: workers come, beat and go (or are lost), queued
@@ -48,7 +49,11 @@ export class Coordinator {
   }
 
   private wakeJob(id: string | null): void {
-    if (id) this.notify.wake(`job:${id}`);
+    if (!id) return;
+    this.notify.wake(`job:${id}`);
+    // A task of a job: the job's own row follows its tasks' (job-tasks.ts).
+    const parent = this.store.job(id)?.parentId;
+    if (parent && settleJob(this.store, parent)) this.notify.wake(`job:${parent}`);
   }
 
   // Workers
@@ -206,7 +211,7 @@ export class Coordinator {
       return;
     }
     const job = this.store.job(t.jobId!);
-    if (!job || ["succeeded", "failed", "cancelled"].includes(job.state)) return;
+    if (!job || FINAL.includes(job.state)) return;
     if (job.cancelRequested) {
       this.store.event(job.id, "job.cancelled", { reason: `job cancel (${reason})` });
       this.store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled });
@@ -314,6 +319,17 @@ export class Coordinator {
     const workers = this.store.workers({ present: true });
     const loads = this.loads(workers);
     for (const job of this.store.queuedJobs()) {
+      const blocked = taskBlocked(this.store, job);
+      if (blocked && "skip" in blocked) {
+        endUnstarted(this.store, job, blocked.skip);
+        this.wakeJob(job.id);
+        // What needs this one may come earlier in the queue: look again.
+        return this.dispatch();
+      }
+      if (blocked) {
+        this.setWaiting(job, blocked.wait);
+        continue;
+      }
       if (this.heldSpecs.resolve(job.id, job.spec) === null) {
         this.failJob(job.id, `job cannot be built: ${CREDENTIALS_LOST}`);
         continue;
@@ -333,6 +349,7 @@ export class Coordinator {
       this.store.addTask({ id, kind: "job", jobId: job.id, groupId: null, workerId: w.id, attempt, gpus, prepare: null, bundle: job.bundle });
       this.store.updateJob(job.id, { attempts: attempt, workerId: w.id, waiting: null });
       this.store.event(job.id, "job.assigned", { worker: w.name, worker_id: w.id, attempt, gpus });
+      if (job.parentId) this.store.event(job.parentId, "task.assigned", { task: job.task, worker: w.name, attempt });
       this.notify.wake(`worker:${w.id}`);
       this.wakeJob(job.id);
     }

@@ -7,6 +7,8 @@ import { HttpFail } from "./http-fail.ts";
 import { jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
 import { type JobRow, newId, type WorkerRow } from "./store.ts";
 import { prepareSteps } from "./task-reports.ts";
+import { endUnstarted, settleJob } from "./job-tasks.ts";
+import { needsCycle } from "../jobs/spec.ts";
 
 const NO_WORKERS = "no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)";
 
@@ -22,14 +24,25 @@ export class JobsApi {
   submit(body: SubmitRequest): SubmitResponse {
     const workers = this.store.workers({ present: true });
     if (!workers.length) throw new HttpFail(422, `job refused: ${NO_WORKERS}`);
-    const needs = jobNeeds(body.spec, body.labels);
-    if (workers.every((w) => neverReason(needs, w))) throw new HttpFail(422, `job refused: no worker can run it: ${reasons(workers, (w) => neverReason(needs, w))}`);
+    const cycle = body.spec.tasks ? needsCycle(body.spec.tasks) : null;
+    if (cycle) throw new HttpFail(422, `job refused: its tasks need each other in a cycle (${cycle.join(" → ")})`);
+    // A job of tasks: each task is matched on its own, so each must have a worker that could run it.
+    for (const [what, spec] of body.spec.tasks ? body.spec.tasks.map((t) => [`task ${t.name}`, t.spec] as const) : [["job", body.spec] as const]) {
+      const needs = jobNeeds(spec, body.labels);
+      if (workers.every((w) => neverReason(needs, w))) throw new HttpFail(422, `${what} refused: no worker can run it: ${reasons(workers, (w) => neverReason(needs, w))}`);
+    }
     if (body.bundle && !this.store.bundles.has(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
     if (body.bundle) this.store.bundles.touch(body.bundle);
     const id = newId(8);
     this.c.heldSpecs.hold(id, body.spec);
     this.store.addJob({ id, name: body.spec.name, spec: body.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir });
     this.store.event(id, "job.submitted", { name: body.spec.name, command: body.spec.commandText, labels: body.labels });
+    for (const t of body.spec.tasks ?? []) {
+      const taskId = newId(8);
+      this.c.heldSpecs.hold(taskId, t.spec);
+      this.store.addJob({ id: taskId, name: `${body.spec.name}/${t.name}`, spec: t.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir, parentId: id, task: t.name, needs: t.needs });
+      this.store.event(taskId, "job.submitted", { name: t.name, command: t.spec.commandText, job: id });
+    }
     this.c.dispatch();
     const job = this.store.job(id)!;
     return { id, state: job.state, waiting: job.waiting };
@@ -59,12 +72,21 @@ export class JobsApi {
       env_key: job.envKey,
       error: job.error,
       phases: phasesOf(lastAssigned >= 0 ? events.slice(lastAssigned) : events),
+      ...(job.spec.tasks ? { tasks: this.taskStatuses(job) } : {}),
       events: withEvents ? events : [],
       worker: worker?.name ?? null,
       attempts: job.attempts,
       waiting: job.waiting,
       labels: job.labels,
     };
+  }
+
+  /** Each task of a job: its own row's state and phases (of its latest attempt), and the worker it ran on. */
+  private taskStatuses(job: JobRow): NonNullable<RemoteJobStatus["tasks"]> {
+    return this.store.tasksOf(job.id).map((t) => {
+      const s = this.status(t, false);
+      return { name: t.task!, id: t.id, state: t.state, needs: t.needs, exit_code: t.exitCode, env_key: t.envKey, error: t.error, command: t.spec.commandText, phases: this.status(t, true).phases, worker: s.worker };
+    });
   }
 
   list(limit: number): Omit<RemoteJobStatus, "events">[] {
@@ -77,6 +99,23 @@ export class JobsApi {
   /** Queued: cancelled at once. Running: its worker is told (on its long poll) and reports the outcome. */
   cancel(job: JobRow): { id: string; state: string } {
     if (FINAL_JOB_STATES.includes(job.state)) throw new HttpFail(409, `job ${job.id} has already ended (${job.state})`);
+    const tasks = this.store.tasksOf(job.id);
+    if (tasks.length) {
+      // A job of tasks: each running task is cancelled on its worker, each not started ends now; the job ends with the last.
+      this.store.updateJob(job.id, { cancelRequested: true });
+      this.store.event(job.id, "job.cancel.requested", { tasks: tasks.filter((t) => !FINAL_JOB_STATES.includes(t.state)).map((t) => t.task) });
+      for (const t of tasks) {
+        if (FINAL_JOB_STATES.includes(t.state)) continue;
+        if (this.store.activeTaskOfJob(t.id)) this.cancel(t);
+        else {
+          endUnstarted(this.store, t, "the job was cancelled");
+          this.c.notify.wake(`job:${t.id}`);
+        }
+      }
+      if (settleJob(this.store, job.id)) this.c.notify.wake(`job:${job.id}`);
+      const now = this.store.job(job.id)!;
+      return { id: now.id, state: now.state };
+    }
     const task = this.store.activeTaskOfJob(job.id);
     if (!task) {
       this.store.event(job.id, "job.cancelled", { reason: "job cancel" });

@@ -26,7 +26,7 @@ const Environment = v.strictObject({
   prepareTimeoutMs: v.optional(v.pipe(v.number(), v.integer(), v.minValue(1))),
 });
 
-export const RemoteSpecSchema = v.strictObject({
+const SpecEntries = {
   name: Name,
   argv: v.pipe(v.array(Str), v.minLength(1), v.maxLength(10_000)),
   commandText: Str,
@@ -36,7 +36,24 @@ export const RemoteSpecSchema = v.strictObject({
     gpus: v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(1024)),
     frameworks: v.record(v.string(), v.string()),
   }),
-});
+};
+
+const TaskName = v.pipe(v.string(), v.regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/));
+
+/** A job, or a job of tasks: then it has no command of its own (argv empty) and each task is a job spec of its own. */
+export const RemoteSpecSchema = v.union([
+  v.strictObject(SpecEntries),
+  v.strictObject({
+    ...SpecEntries,
+    argv: v.pipe(v.array(Str), v.maxLength(0)),
+    tasks: v.pipe(
+      v.array(v.strictObject({ name: TaskName, needs: v.array(TaskName), spec: v.strictObject(SpecEntries) })),
+      v.minLength(1),
+      v.maxLength(1000),
+      v.check((ts) => ts.every((t) => t.needs.every((n) => n !== t.name && ts.some((o) => o.name === n))), "every need must name another task of the job"),
+    ),
+  }),
+]);
 
 const BundleHash = v.nullable(v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/)));
 

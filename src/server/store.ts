@@ -27,7 +27,8 @@ export interface WorkerRow {
   joinedWith: string | null;
 }
 
-export type ServerJobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled";
+/** `skipped`: a task of a job that never started (a task it needs failed, or the job was cancelled first). */
+export type ServerJobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled" | "skipped";
 
 export interface JobRow {
   id: string;
@@ -47,6 +48,10 @@ export interface JobRow {
   waiting: string | null;
   cancelRequested: boolean;
   logSize: number;
+  /** A task's row: its job, its name there, and the tasks it needs (null and [] for a job itself). */
+  parentId: string | null;
+  task: string | null;
+  needs: string[];
 }
 
 export type TaskState = "assigned" | "running" | "done" | "lost" | "handed_back";
@@ -125,6 +130,9 @@ function toJob(r: Row): JobRow {
     waiting: r.waiting as string | null,
     cancelRequested: Boolean(r.cancel_requested),
     logSize: r.log_size as number,
+    parentId: (r.parent_id as string | null) ?? null,
+    task: (r.task as string | null) ?? null,
+    needs: r.needs ? json(r.needs) : [],
   };
 }
 
@@ -177,13 +185,14 @@ export class ServerStore {
     this.db.exec("PRAGMA journal_mode = WAL");
     this.db.exec("PRAGMA synchronous = NORMAL");
     this.db.exec(SCHEMA);
-    for (const column of ["workers ADD COLUMN joined_with TEXT", "tasks ADD COLUMN applied_seq INTEGER NOT NULL DEFAULT 0"]) {
+    for (const column of ["workers ADD COLUMN joined_with TEXT", "tasks ADD COLUMN applied_seq INTEGER NOT NULL DEFAULT 0", "jobs ADD COLUMN parent_id TEXT", "jobs ADD COLUMN task TEXT", "jobs ADD COLUMN needs TEXT"]) {
       try {
         this.db.exec(`ALTER TABLE ${column}`);
       } catch (error) {
         if (!/duplicate column name/i.test((error as Error).message)) throw error;
       }
     }
+    this.db.exec("CREATE INDEX IF NOT EXISTS jobs_parent ON jobs(parent_id)");
     this.bundles = new BundleStore(this.db, dir);
     this.db.exec(ARTIFACTS_SCHEMA);
     this.artifacts = new ArtifactStore(this.db, dir);
@@ -233,23 +242,35 @@ export class ServerStore {
   }
 
   // Jobs
-  addJob(j: Pick<JobRow, "id" | "name" | "spec" | "bundle" | "labels" | "workdir">): void {
+  addJob(j: Pick<JobRow, "id" | "name" | "spec" | "bundle" | "labels" | "workdir"> & Partial<Pick<JobRow, "parentId" | "task" | "needs">>): void {
     const now = Date.now();
-    this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec, bundle, labels, workdir) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?)").run(j.id, j.name, now, now, sqlValue(j.spec), j.bundle, sqlValue(j.labels), sqlValue(j.workdir));
+    this.db
+      .query("INSERT INTO jobs (id, name, state, created, updated, spec, bundle, labels, workdir, parent_id, task, needs) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+      .run(j.id, j.name, now, now, sqlValue(j.spec), j.bundle, sqlValue(j.labels), sqlValue(j.workdir), j.parentId ?? null, j.task ?? null, j.parentId ? JSON.stringify(j.needs ?? []) : null);
+  }
+  /** A job's task rows, in the job file's order. */
+  tasksOf(parentId: string): JobRow[] {
+    return this.db.query<Row, [string]>("SELECT * FROM jobs WHERE parent_id = ? ORDER BY rowid").all(parentId).map(toJob);
   }
   job(id: string): JobRow | null {
     const r = this.db.query<Row, [string]>("SELECT * FROM jobs WHERE id = ?").get(id);
     return r ? toJob(r) : null;
   }
   jobsByPrefix(prefix: string): JobRow[] {
-    return this.db.query<Row, [string]>("SELECT * FROM jobs WHERE id LIKE ? LIMIT 2").all(`${prefix}%`).map(toJob);
+    // A task's row by its whole id (a client following it); by a prefix, jobs only.
+    if (prefix.length === 16) return this.db.query<Row, [string]>("SELECT * FROM jobs WHERE id = ?").all(prefix).map(toJob);
+    return this.db.query<Row, [string]>("SELECT * FROM jobs WHERE id LIKE ? AND parent_id IS NULL LIMIT 2").all(`${prefix}%`).map(toJob);
   }
   jobs(limit: number): JobRow[] {
-    return this.db.query<Row, [number]>("SELECT * FROM jobs ORDER BY created DESC LIMIT ?").all(limit).map(toJob);
+    return this.db.query<Row, [number]>("SELECT * FROM jobs WHERE parent_id IS NULL ORDER BY created DESC LIMIT ?").all(limit).map(toJob);
   }
   /** Queued and not yet given to a worker (an assigned job stays "queued" until its worker starts preparing it). */
   queuedJobs(): JobRow[] {
-    return this.db.query<Row, []>("SELECT * FROM jobs WHERE state = 'queued' AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id AND tasks.state IN ('assigned', 'running')) ORDER BY created").all().map(toJob);
+    // A job of tasks is never dispatched itself: its tasks are, each on its own.
+    return this.db
+      .query<Row, []>("SELECT * FROM jobs WHERE state = 'queued' AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id AND tasks.state IN ('assigned', 'running')) AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id) ORDER BY created, rowid")
+      .all()
+      .map(toJob);
   }
   updateJob(id: string, fields: Partial<Pick<JobRow, "state" | "exitCode" | "error" | "envKey" | "workerId" | "attempts" | "waiting" | "cancelRequested">>): void {
     this.update("jobs", JOB_COLUMNS, id, fields, true);

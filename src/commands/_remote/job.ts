@@ -6,6 +6,7 @@ import { exitCodeOf, followJob, type JobUpdate, jobStatus, requestCancel, submit
 import { packLines } from "./pack-lines.ts";
 import { formatLabels, labelsFromArgs } from "../../cluster/protocol.ts";
 import { writeOut, writeErr } from "../../ui/terminal.ts";
+import { PrefixedOutput, taskStdout, tasksIO, tasksSummary } from "../_tasks-ui.ts";
 
 /**
  * `job run` against a server, printed: the library (src/cluster/jobs-client.ts)
@@ -64,21 +65,66 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
   };
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
+  const onTrouble = (m: string | null) => (m ? out.log.warn(m) : out.progress(`the server answers again; following job ${id}`));
   try {
-    for await (const u of followJob(target, id, { onTrouble: (m) => (m ? out.log.warn(m) : out.progress(`the server answers again; following job ${id}`)) })) {
-      // With --json, stdout carries only the final document: the job's output goes to stderr.
-      if (u.kind === "output") void (out.json || u.stream === "stderr" ? writeErr(u.data) : writeOut(u.data));
-      else printEvent(out, u);
+    if (spec.tasks) await followTasks(target, id, out, onTrouble);
+    else {
+      for await (const u of followJob(target, id, { onTrouble })) {
+        // With --json, stdout carries only the final document: the job's output goes to stderr.
+        if (u.kind === "output") void (out.json || u.stream === "stderr" ? writeErr(u.data) : writeOut(u.data));
+        else printEvent(out, u);
+      }
     }
   } finally {
     process.off("SIGINT", onSignal);
     process.off("SIGTERM", onSignal);
   }
   const status = await jobStatus(target, id);
+  if (spec.tasks) {
+    out.progress(tasksSummary(status));
+    if (out.json) out.result(status, () => "");
+    const code = exitCodeOf(status);
+    if (code !== 0) throw new ExitError(code);
+    return;
+  }
   const run = status.phases.find((p) => p.name === "task.run");
   if (run?.seconds != null) out.progress(`task.run exit ${status.exit_code} in ${formatSeconds(run.seconds)} (job ${id} ${status.state} on ${status.worker})`);
   else if (status.error) out.log.error(`job ${id} ${status.state}: ${status.error}`);
   if (out.json) out.result(status, () => "");
   const code = exitCodeOf(status);
   if (code !== 0) throw new ExitError(code);
+}
+
+/**
+ * A job of tasks on a server: the job's own events say when each task was
+ * given to a worker; each task is then followed on its own (output and
+ * events, each line with `[name] `), and this ends when the job and every
+ * task followed have.
+ */
+async function followTasks(target: RemoteTarget, id: string, out: Output, onTrouble: (m: string | null) => void): Promise<void> {
+  const followed = new Map<string, Promise<void>>();
+  const io = tasksIO(out, { stdout: taskStdout(out.json, () => false) });
+  const follow = async (name: string, taskId: string) => {
+    const task = io.forTask(name);
+    const prefixed = new PrefixedOutput(out, `[${name}] `);
+    for await (const u of followJob(target, taskId, { onTrouble })) {
+      if (u.kind === "output") (u.stream === "stderr" ? task.onStderr : task.onStdout)?.(u.data);
+      else printEvent(prefixed, u);
+    }
+  };
+  const startFollowing = async () => {
+    const status = await jobStatus(target, id);
+    for (const t of status.tasks ?? []) {
+      if (followed.has(t.name) || t.state === "queued" || t.state === "skipped" || (t.state === "cancelled" && !t.phases.length)) continue;
+      followed.set(t.name, follow(t.name, t.id).finally(() => io.flush(t.name)));
+    }
+  };
+  for await (const u of followJob(target, id, { onTrouble })) {
+    if (u.kind !== "event") continue;
+    if (u.type === "task.assigned") await startFollowing();
+    if (u.type === "task.skipped" || u.type === "task.cancelled") out.progress(`[${String(u.data.task)}] ${u.type.slice(5)} (${String(u.data.because)})`);
+    if (u.type === "task.finished") out.progress(`[${String(u.data.task)}] ${String(u.data.state)} (exit ${String(u.data.exit_code)})`);
+  }
+  await startFollowing();
+  await Promise.all(followed.values());
 }

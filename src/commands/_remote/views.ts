@@ -3,6 +3,8 @@ import type { RemoteTarget } from "../../cluster/client.ts";
 import { cancelJob, followJob, jobLog, jobStatus, listJobs } from "../../cluster/jobs-client.ts";
 import { statusLines } from "../job/_lines.ts";
 import { writeOut } from "../../ui/terminal.ts";
+import { UsageError } from "../../errors.ts";
+import { prefixedLines } from "../_tasks-ui.ts";
 
 /**
  * `job status/list/logs/cancel` against a server, printed: what the library
@@ -29,7 +31,22 @@ export async function remoteList(target: RemoteTarget, limit: number, out: Outpu
   });
 }
 
-export async function remoteLogs(target: RemoteTarget, id: string, follow: boolean, onTrouble?: (message: string | null) => void): Promise<void> {
+export async function remoteLogs(target: RemoteTarget, id: string, follow: boolean, onTrouble?: (message: string | null) => void, task?: string): Promise<void> {
+  const status = await jobStatus(target, id);
+  const tasks = status.tasks ?? [];
+  if (task !== undefined) {
+    const t = tasks.find((x) => x.name === task);
+    if (!t) throw new UsageError(tasks.length ? `job ${status.id} has no task ${task} (tasks: ${tasks.map((x) => x.name).join(", ")})` : `--task: job ${status.id} is not a job of tasks`);
+    id = t.id;
+  } else if (tasks.length) {
+    if (follow) throw new UsageError(`job ${status.id} has tasks (${tasks.map((x) => x.name).join(", ")}): follow one with --task NAME`);
+    for (const t of tasks) {
+      const lines = prefixedLines(`[${t.name}] `, (text) => writeOut(text));
+      lines.push(await jobLog(target, t.id));
+      lines.flush();
+    }
+    return;
+  } else id = status.id;
   if (!follow) {
     writeOut(await jobLog(target, id));
     return;

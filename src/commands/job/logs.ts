@@ -25,7 +25,7 @@ export default defineCommand({
     if (remote) {
       // Output on stdout; a server that stops answering is said on stderr, once, and following goes on.
       const say = (m: string | null) => writeErr(m ? `warning: ${m}\n` : `the server answers again\n`);
-      return (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow), say);
+      return (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow), say, a.task);
     }
     // A read: the store opened read-only; nothing recorded or signalled, even for a job whose runner is gone.
     const store = new JobStore(ctx.layout, { readOnly: true });
