@@ -237,6 +237,8 @@ export const JobTaskEntry = v.strictObject({
   error: nullableStr,
   command: str,
   phases: v.array(JobPhase),
+  /** Through a server: the worker it ran on. */
+  worker: v.optional(nullableStr),
 });
 
 export const JobListEntry = v.omit(JobStatusDocument, ["events"]);
@@ -244,20 +246,17 @@ export const JobListEntry = v.omit(JobStatusDocument, ["events"]);
 export const JobListDocument = v.array(JobListEntry);
 
 /** `job run --dry-run --json`: each task as it would run (a job without tasks: one, named after it). */
-export const JobDryRunDocument = v.strictObject({
+export const JobDryRunTask = v.strictObject({
   name: str,
-  tasks: v.array(
-    v.strictObject({
-      name: str,
-      command: str,
-      workdir: str,
-      needs: v.array(str),
-      environment: v.strictObject({ key: nullableStr, would: v.nullable(v.picklist(["reuse", "build"])), summary: str, python: nullableStr, image: nullableStr, conda: nullableStr }),
-      env: v.array(str),
-      resources: v.strictObject({ gpus: num, frameworks: v.record(v.string(), v.string()) }),
-    }),
-  ),
+  command: str,
+  workdir: str,
+  needs: v.array(str),
+  environment: v.strictObject({ key: nullableStr, would: v.nullable(v.picklist(["reuse", "build"])), summary: str, python: nullableStr, image: nullableStr, conda: nullableStr }),
+  env: v.array(str),
+  resources: v.strictObject({ gpus: num, frameworks: v.record(v.string(), v.string()) }),
 });
+
+export const JobDryRunDocument = v.strictObject({ name: str, tasks: v.array(JobDryRunTask) });
 
 /** `job run --detach --json` and `job cancel --json`. */
 export const JobStateDocument = v.strictObject({ id: str, state: JobState });
@@ -382,6 +381,8 @@ export const README_TABLES = {
   "job status": JobStatusDocument,
   "job status: phases[]": JobPhase,
   "job status: tasks[]": JobTaskEntry,
+  "job run --dry-run": JobDryRunDocument,
+  "job run --dry-run: tasks[]": JobDryRunTask,
   "job status: events[]": JobEventEntry,
   "job list": JobListEntry,
   "job cancel": JobStateDocument,

@@ -79,8 +79,12 @@ const ADDED_COLUMNS: [name: string, type: string][] = [
   ["task", "TEXT"],
 ];
 
+function columnsOf(db: Database): Set<string> {
+  return new Set(db.query<{ name: string }, []>("PRAGMA table_info(jobs)").all().map((c) => c.name));
+}
+
 function migrate(db: Database): void {
-  const have = new Set(db.query<{ name: string }, []>("PRAGMA table_info(jobs)").all().map((c) => c.name));
+  const have = columnsOf(db);
   for (const [name, type] of ADDED_COLUMNS) {
     if (have.has(name)) continue;
     try {
@@ -99,6 +103,8 @@ function migrate(db: Database): void {
  */
 export class JobStore {
   readonly db: Database;
+  /** A database from before jobs of tasks, opened by a reader (which never migrates): it holds no tasks. */
+  private readonly hasTasks: boolean;
   constructor(
     readonly layout: HomeLayout,
     opts: { readOnly?: boolean } = {},
@@ -108,7 +114,11 @@ export class JobStore {
       const present = existsSync(path);
       this.db = present ? new Database(path, { readonly: true }) : new Database(":memory:");
       this.db.exec("PRAGMA busy_timeout = 10000");
-      if (!present) this.db.exec(SCHEMA);
+      if (!present) {
+        this.db.exec(SCHEMA);
+        migrate(this.db);
+      }
+      this.hasTasks = columnsOf(this.db).has("parent_id");
       return;
     }
     mkdirSync(layout.jobs, { recursive: true });
@@ -118,6 +128,7 @@ export class JobStore {
     this.db.exec("PRAGMA synchronous = NORMAL");
     this.db.exec(SCHEMA);
     migrate(this.db);
+    this.hasTasks = true;
   }
 
   logPath(id: string): string {
@@ -147,6 +158,7 @@ export class JobStore {
 
   /** A job's task records, in the job file's order; each holds the task's whole spec when `spec` is given (credentials included). */
   tasks(parentId: string, spec?: JobSpec): JobRecord[] {
+    if (!this.hasTasks) return [];
     const rows = this.db.query<JobRow, [string]>("SELECT * FROM jobs WHERE parent_id = ? ORDER BY rowid").all(parentId).map(toRecord);
     if (!spec?.tasks) return rows;
     return rows.map((r) => ({ ...r, spec: spec.tasks!.find((t) => t.name === r.task)?.spec ?? r.spec }));
@@ -160,14 +172,14 @@ export class JobStore {
   /** A unique prefix of an id is enough. */
   find(prefix: string): JobRecord {
     if (!/^[0-9a-f]{1,16}$/i.test(prefix)) throw new UsageError(`not a job id: ${prefix}`);
-    const rows = this.db.query<JobRow, [string]>("SELECT * FROM jobs WHERE id LIKE ? AND parent_id IS NULL LIMIT 2").all(`${prefix.toLowerCase()}%`);
+    const rows = this.db.query<JobRow, [string]>(`SELECT * FROM jobs WHERE id LIKE ? ${this.hasTasks ? "AND parent_id IS NULL" : ""} LIMIT 2`).all(`${prefix.toLowerCase()}%`);
     if (rows.length > 1) throw new UsageError(`job id prefix ${prefix} matches several jobs; give more of it`);
     if (!rows[0]) throw new UserError(`no job with id ${prefix} (see gpulayer job list)`);
     return toRecord(rows[0]);
   }
 
   list(limit = 50): JobRecord[] {
-    return this.db.query<JobRow, [number]>("SELECT * FROM jobs WHERE parent_id IS NULL ORDER BY created DESC LIMIT ?").all(limit).map(toRecord);
+    return this.db.query<JobRow, [number]>(`SELECT * FROM jobs ${this.hasTasks ? "WHERE parent_id IS NULL" : ""} ORDER BY created DESC LIMIT ?`).all(limit).map(toRecord);
   }
 
   update(id: string, fields: Partial<Pick<JobRecord, "state" | "exitCode" | "runnerPid" | "childPid" | "runnerStart" | "childStart" | "pidBoot" | "envKey" | "error">>): void {
