@@ -155,7 +155,9 @@ describe("a job of tasks, here", () => {
       expect(existsSync(join(s.home, "jobs", "jobs.db"))).toBe(false);
       const key = async (...args: string[]) => JSON.parse((await cli(["env", "prepare", ...args, "--dry-run", "--json"], { env: s.env, cwd: s.root })).stdout).key as string;
       expect(plan.tasks[1]!.environment.key).toBe(await key("-p", "gl-base==2.0", "--index-url", index.url, "--python", worker));
-      expect(plan.tasks[2]!.environment.python).toBe("python3");
+      // The worker's default (python3 on PATH here), as env prepare resolves it with nothing asked for.
+      const bare = JSON.parse((await cli(["env", "prepare", "--dry-run", "--json"], { env: s.env, cwd: s.root })).stdout) as { key: string; inputs: { interpreter: { path: string } } };
+      expect(plan.tasks[2]!.environment).toMatchObject({ key: bare.key, python: bare.inputs.interpreter.path });
       const human = await cli(["job", "run", "-f", file, "--dry-run"], { env: s.env, cwd: s.root });
       expect(human.stdout).toContain(`task replaced\n  command  python -c`);
       expect(human.stdout).toContain(`  env      ${plan.tasks[1]!.environment.key} (would build: gl-base==2; python ${worker})\n  vars     A, B, C\n  needs    -\n`);

@@ -29,6 +29,7 @@ export function remoteSpec(spec: JobSpec, pack?: PackResult): RemoteSpec {
       ...(e.requirementsFile ? { requirementsFile: inBundle(spec.workdir, e.requirementsFile, "the requirements file", pack) } : {}),
       specs: e.specs,
       ...(e.python ? { python: e.python } : {}),
+      ...(e.conda ? { conda: e.conda } : {}),
       ...(e.indexUrl ? { indexUrl: e.indexUrl } : {}),
       extraIndexUrls: e.extraIndexUrls,
       findLinks: e.findLinks.map((f) => (isUrl(f) ? f : inBundle(spec.workdir, f, "--find-links", pack))),

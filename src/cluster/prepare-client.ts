@@ -51,6 +51,7 @@ export async function startPrepare(target: RemoteTarget, req: RemotePrepareReque
       ...(req.requirementsFile ? { requirementsFile: inBundle(root, resolve(cwd, req.requirementsFile), "the requirements file", pack ?? undefined) } : {}),
       specs: req.specs,
       ...(req.python ? { python: req.python } : {}),
+      ...(req.conda ? { conda: req.conda } : {}),
       ...(req.indexUrl ? { indexUrl: req.indexUrl } : {}),
       extraIndexUrls: req.extraIndexUrls,
       findLinks: req.findLinks.map((f) => (isUrl(f) ? f : inBundle(root, resolve(cwd, f), "--find-links", pack ?? undefined))),

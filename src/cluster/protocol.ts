@@ -36,6 +36,8 @@ export interface MachineProbe {
   offline?: boolean;
   /** worker.share_envs: false when it neither uploads nor fetches env artifacts. */
   shareEnvs?: boolean;
+  /** The conda environments here, as conda finds them, each with the distributions its Python has (for `resources.frameworks`). */
+  conda?: { name: string | null; prefix: string; frameworks: Record<string, string> }[];
 }
 
 export type WorkerState = "idle" | "busy" | "draining" | "lost" | "left";

@@ -19,6 +19,7 @@ export const buildOutputArgs = {
 /** Where the environment's packages come from; shared by `env prepare` and `job run`. */
 export const installerArgs = {
   python: { type: "string", valueHint: "PATH", description: "The worker's Python the env links to (default: the configured one, else python3 on PATH)" },
+  conda: { type: "string", valueHint: "NAME|PATH", description: "A conda environment on the worker as the base: its Python, its packages under the env's, its activation for the job" },
   "index-url": { type: "string", valueHint: "URL", description: "Base URL of the package index (pip's --index-url); shuts out pip's own config" },
   "extra-index-url": { type: "string", valueHint: "URL", description: "Another index to search (repeatable)" },
   "find-links": { type: "string", valueHint: "DIR|URL", description: "A folder or page of distributions to use (repeatable)" },

@@ -61,6 +61,8 @@ export const InputsReport = v.strictObject({
   index: v.strictObject({ index_url: nullableStr, extra_index_urls: strList, machine_pip_config: bool }),
   interpreter: v.strictObject({ path: str, via: nullableStr, executable: str, version: str, platform: str }),
   base: str,
+  /** The conda environment the interpreter is from, when the request named one. */
+  conda: v.optional(v.strictObject({ prefix: str, name: nullableStr, packages: num, meta_digest: str })),
 });
 
 export const EnvDryRunDocument = v.strictObject({ key: str, would: v.picklist(["reuse", "build"]), path: str, summary: str, inputs: InputsReport });
@@ -277,6 +279,7 @@ export const ProbeDocument = v.strictObject({
   frameworks: strRecord,
   cuda: nullableStr,
   engine: v.nullable(v.picklist(["docker", "podman"])),
+  conda: v.array(v.strictObject({ name: nullableStr, prefix: str, frameworks: strRecord })),
   probe_ms: num,
 });
 

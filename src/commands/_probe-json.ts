@@ -15,6 +15,7 @@ export function probeJson(p: MachineProbe): ProbeDoc {
     frameworks: p.frameworks,
     cuda: p.cuda,
     engine: p.engine,
+    conda: p.conda ?? [],
     probe_ms: p.probeMs,
   };
 }

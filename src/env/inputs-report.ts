@@ -27,6 +27,7 @@ export function inputsReport(r: ResolvedRequest) {
     },
     interpreter: { path: interpreter.path, via: r.interpreterVia, executable: interpreter.realExecutable, version: interpreter.version, platform: interpreter.platform },
     base: r.doc.base,
+    ...(r.conda ? { conda: { prefix: r.conda.prefix, name: r.conda.name, packages: r.conda.packages.length, meta_digest: r.conda.metaDigest } } : {}),
   };
 }
 
@@ -42,6 +43,7 @@ export function inputsLines(report: InputsReport): string[] {
   for (const l of report.locals) out.push(`local        ${l.kind} ${l.path}${l.files === undefined ? "" : ` (${l.files} files)`} sha256:${l.digest.slice(0, 12)}`);
   for (const f of report.find_links) out.push(`find-links   ${f.url ?? `${f.path} sha256:${f.digest?.slice(0, 12)}`}`);
   out.push(`index        ${report.index.index_url ?? (report.index.machine_pip_config ? "the machine's pip configuration (in the key)" : "pip's default")}${report.index.extra_index_urls.length ? ` + ${report.index.extra_index_urls.join(", ")}` : ""}`);
+  if (report.conda) out.push(`conda        ${report.conda.name ?? report.conda.prefix} (${report.conda.prefix}; ${report.conda.packages} conda packages, conda-meta sha256:${report.conda.meta_digest.slice(0, 12)})`);
   out.push(`base         sha256:${report.base.slice(0, 12)} (the interpreter's installed name==version set)`);
   return out;
 }

@@ -1,6 +1,7 @@
 import { contentHash } from "../core/hashing.ts";
 import { hideCredentials } from "./url-credentials.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
+import type { CondaEnv } from "./conda.ts";
 import { type RequestInputs, variableDigests } from "./requirements.ts";
 
 /** Bumped whenever the key document or the build changes meaning; old entries are then never reused. */
@@ -21,6 +22,8 @@ export interface KeyInput {
   base: string; // fingerprint of the worker's installed set
   /** null when gpulayer isolates the installer from the machine's own config. */
   installerConfig: string | null;
+  /** The conda environment the interpreter is from: its prefix and what conda installed in it (conda-meta). */
+  conda?: { prefix: string; meta: string };
 }
 
 /**
@@ -54,6 +57,8 @@ export function keyDocument(input: KeyInput) {
       soabi: input.interpreter.soabi,
     },
     base: input.base,
+    // Only when there is one: the keys of every other request stay what they were.
+    ...(input.conda ? { conda: input.conda } : {}),
   };
 }
 
@@ -70,6 +75,8 @@ export interface ResolvedRequest {
   /** How a shim or wrapper was resolved to the interpreter that runs, when it was one. */
   interpreterVia: string | null;
   isolated: boolean;
+  /** The conda environment the base interpreter is from, when the request named one. */
+  conda: CondaEnv | null;
 }
 
 export function envKey(doc: KeyDocument): string {

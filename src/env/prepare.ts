@@ -1,4 +1,5 @@
 import { rmSync } from "node:fs";
+import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
@@ -16,6 +17,7 @@ import { diskFull } from "./disk-full.ts";
 import { confineTo, scanRequest } from "./requirements.ts";
 import type { EnvironmentSource } from "./request.ts";
 import { findLinksDigest } from "./content-digest.ts";
+import { type CondaEnv, findCondaEnv } from "./conda.ts";
 import { inputsReport } from "./inputs-report.ts";
 import { diskUsage, entryPaths, isReady, markReady, readMeta, removeEntryDir, touchLastUsed } from "./store.ts";
 
@@ -61,11 +63,15 @@ export interface PrepareResult {
   installerFallback: string | null;
   /** Held when asked for (a job): released by the caller when it is done with the env. */
   lease?: Lease;
+  /** The conda environment under the env, when the request named one: a job runs with its activation. */
+  conda: CondaEnv | null;
 }
 
 /** From a request to its key: stats, readdirs and a hash; no Python is started on the warm path (a wrapper script aside). */
 export function resolveRequest(layout: HomeLayout, req: PrepareRequest): ResolvedRequest {
-  const { info: interpreter, resolved } = runningInterpreter(req.python, req.env, req.cwd, layout.interpreters);
+  if (req.conda !== undefined && req.python !== undefined) throw new UsageError(`--python ${req.python} and --conda ${req.conda} both name the base interpreter: give one`);
+  const conda = req.conda === undefined ? null : findCondaEnv(req.conda, { env: req.env, home: req.env.HOME || homedir(), cwd: req.cwd });
+  const { info: interpreter, resolved } = runningInterpreter(conda?.python ?? req.python, req.env, req.cwd, layout.interpreters);
   const ctx = { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo };
   const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
   for (const u of [req.indexUrl, ...req.extraIndexUrls]) {
@@ -86,8 +92,9 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest): Resolve
     interpreter,
     base: baseFingerprint(interpreter.siteDirs),
     installerConfig: isolated ? null : pipConfigDigest(req.env, layout.digests),
+    ...(conda ? { conda: { prefix: conda.prefix, meta: conda.metaDigest } } : {}),
   });
-  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated };
+  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda };
 }
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, and the inputs the key covers. */
@@ -125,6 +132,7 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
       check: build?.check ?? meta?.check ?? [],
       installerPath: build?.installerPath ?? meta?.installerPath ?? null,
       installerFallback: build ? build.fallback : (meta?.installerFallback ?? null),
+      conda: resolved.conda,
     };
   };
   // The lease comes before the lookup, so gc can never take the env between the two.

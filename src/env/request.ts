@@ -5,6 +5,8 @@ export interface EnvironmentSource {
   requirementsFile?: string;
   specs: string[];
   python?: string;
+  /** A conda environment on this machine (name or path): its Python is the base interpreter (conda.ts). */
+  conda?: string;
   indexUrl?: string;
   extraIndexUrls: string[];
   findLinks: string[];
@@ -25,10 +27,13 @@ export const isUrl = (text: string): boolean => /^[a-z][a-z0-9+.-]*:\/\//i.test(
 export function environmentRequest(asked: EnvironmentSource, base: string, defaultPython?: string): EnvironmentSource {
   const path = (p: string) => (isAbsolute(p) ? p : resolve(base, p));
   const python = asked.python ?? defaultPython;
+  // A conda environment names the base interpreter itself: the default Python does not apply to it.
+  const basePython = asked.conda === undefined ? python : asked.python;
   return {
     requirementsFile: asked.requirementsFile === undefined ? undefined : path(asked.requirementsFile),
     specs: asked.specs,
-    python: python && python.includes("/") ? path(python) : python,
+    python: basePython && basePython.includes("/") ? path(basePython) : basePython,
+    ...(asked.conda === undefined ? {} : { conda: asked.conda }),
     indexUrl: asked.indexUrl,
     extraIndexUrls: asked.extraIndexUrls,
     findLinks: asked.findLinks.map((f) => (isUrl(f) ? f : path(f))),

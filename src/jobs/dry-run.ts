@@ -38,7 +38,7 @@ export function dryRunJob(layout: HomeLayout, spec: JobSpec, settings: RunnerSet
           key: keyed?.key ?? null,
           would: keyed?.would ?? null,
           summary: keyed?.summary ?? [...e.specs, ...(e.requirementsFile ? [e.requirementsFile] : [])].join(", "),
-          python: keyed ? (e.python ?? settings.defaultPython ?? "python3") : null,
+          python: keyed?.inputs.interpreter.path ?? null,
           image: e.image ?? null,
           conda: e.conda ?? null,
         },

@@ -7,6 +7,7 @@ import { type Watchdog, watchJob } from "./watchdog.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
 import { type PrepareHooks, type PrepareRequest, prepareEnv } from "../env/prepare.ts";
+import { condaActivation } from "../env/conda-activation.ts";
 import type { Shipping } from "../env/shipping.ts";
 import { type ContainerSettings, type EngineHost, type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, type RunningContainer, runContainer } from "../docker/index.ts";
 import type { ImageEnvResult } from "../docker/image-env.ts";
@@ -76,7 +77,9 @@ export function envRequestOf(spec: JobSpec, settings: RunnerSettings): PrepareRe
   return {
     requirementsFile: spec.environment.requirementsFile,
     specs: spec.environment.specs,
-    python: spec.environment.python ?? settings.defaultPython,
+    // A conda environment is the base interpreter itself: the default Python is for requests that name neither.
+    python: spec.environment.conda === undefined ? (spec.environment.python ?? settings.defaultPython) : spec.environment.python,
+    ...(spec.environment.conda === undefined ? {} : { conda: spec.environment.conda }),
     indexUrl: spec.environment.indexUrl,
     extraIndexUrls: spec.environment.extraIndexUrls,
     findLinks: spec.environment.findLinks,
@@ -193,7 +196,9 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     store.update(job.id, { state: "preparing", runnerPid: process.pid, runnerStart: processStartTime(process.pid), pidBoot: bootId() });
     emit("task.prepare.started", { image: spec.environment.image ?? null });
     const prepStart = performance.now();
-    let prepared;
+    let prepared: Awaited<ReturnType<typeof prepareEnv>> | undefined;
+    /** What the job's command inherits before its own variables and the env's PATH. */
+    let base: Record<string, string> = {};
     try {
       if (spec.environment.image) {
         const image = await ensureImage(layout, spec.environment.image, { ...io.imageHooks, host: settings.engine, leaseHolder: `job ${job.id}` });
@@ -215,8 +220,12 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         return await runImage(image, (performance.now() - prepStart) / 1000, env);
       }
       prepared = await prepareEnv(layout, { ...envRequestOf(spec, settings), signal: preparing.signal }, { hooks: io.prepareHooks, leaseHolder: `job ${job.id}`, shipping: io.shipping });
+      for (const [k, val] of Object.entries(settings.env)) if (k !== "PYTHONHOME") base[k] = val;
+      // As `conda activate` leaves a shell (its variables, its activate.d scripts); the env goes on top, as a venv's activation.
+      if (prepared.conda) base = await condaActivation(prepared.conda, base);
     } catch (error) {
       const seconds = (performance.now() - prepStart) / 1000;
+      prepared?.lease?.release();
       if (!(error instanceof UserError)) throw error;
       const message = error instanceof InstallError && error.detail ? `${error.message}: ${error.detail}` : error.message;
       emit("task.prepare.failed", { seconds, message });
@@ -232,10 +241,9 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     try {
       if (cancelReason) return finish("cancelled", ExitCode.cancelled, { prepareSeconds });
       const log = openSync(store.logPath(job.id), "a");
-      const env: Record<string, string> = {};
-      for (const [k, val] of Object.entries(settings.env)) if (k !== "PYTHONHOME") env[k] = val;
+      const env: Record<string, string> = { ...base };
       Object.assign(env, spec.env, {
-        PATH: `${join(prepared.path, "bin")}:${settings.env.PATH ?? "/usr/bin:/bin"}`,
+        PATH: `${join(prepared.path, "bin")}:${base.PATH ?? "/usr/bin:/bin"}`,
         VIRTUAL_ENV: prepared.path,
         GPULAYER_JOB_ID: job.id,
       });

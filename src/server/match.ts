@@ -16,6 +16,8 @@ export interface Needs {
   image: boolean;
   /** The job relies on the worker's own Python (it names none). */
   workerPython: boolean;
+  /** A conda environment the worker must have (by name, or by path: its prefix). */
+  conda?: string;
 }
 
 export interface Load {
@@ -24,7 +26,8 @@ export interface Load {
 }
 
 export function jobNeeds(spec: RemoteSpec, labels: Record<string, string>): Needs {
-  return { gpus: spec.resources.gpus, frameworks: spec.resources.frameworks, labels, image: Boolean(spec.environment.image), workerPython: !spec.environment.image && !spec.environment.python };
+  const e = spec.environment;
+  return { gpus: spec.resources.gpus, frameworks: spec.resources.frameworks, labels, image: Boolean(e.image), workerPython: !e.image && !e.python && !e.conda, ...(e.conda ? { conda: e.conda } : {}) };
 }
 
 export function labelsMatch(want: Record<string, string>, have: Record<string, string>): string | null {
@@ -41,8 +44,12 @@ export function neverReason(needs: Needs, w: WorkerRow): string | null {
   if (labels) return labels;
   const gpus = w.probe.gpus.length;
   if (needs.gpus > gpus) return `has ${gpus} GPU${gpus === 1 ? "" : "s"}, the job needs ${needs.gpus}`;
+  // With a conda environment, its packages are the base the frameworks are matched against.
+  const conda = needs.conda ? (w.probe.conda ?? []).find((c) => (needs.conda!.includes("/") ? c.prefix === needs.conda : c.name === needs.conda)) : null;
+  if (needs.conda && !conda) return `no conda environment ${needs.conda}`;
+  const frameworks = conda ? conda.frameworks : w.probe.frameworks;
   for (const [name, spec] of Object.entries(needs.frameworks)) {
-    const have = w.probe.frameworks[normalizeName(name)];
+    const have = frameworks[normalizeName(name)];
     if (!have) return `${name} is not installed`;
     const range = spec.trim();
     if (range && range !== "*" && !safeSatisfies(have, range)) return `${name} ${have} does not satisfy ${range}`;

@@ -18,6 +18,8 @@ const Environment = v.strictObject({
   requirementsFile: v.optional(RelPath),
   specs: StrList,
   python: v.optional(Str),
+  /** A conda environment on the worker (name or path), the env's base. */
+  conda: v.optional(Str),
   indexUrl: v.optional(Str),
   extraIndexUrls: StrList,
   findLinks: StrList,

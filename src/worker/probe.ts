@@ -1,10 +1,11 @@
-import { existsSync, readFileSync } from "node:fs";
-import { availableParallelism, hostname, release, totalmem } from "node:os";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { availableParallelism, homedir, hostname, release, totalmem } from "node:os";
 import { join } from "node:path";
 import type { GpuInfo, MachineProbe } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { detectEngine, type EngineHost } from "../docker/engine.ts";
 import { distributions, runningInterpreter } from "../env/interpreter.ts";
+import { listCondaEnvs } from "../env/conda.ts";
 
 /**
  * The machine probe: what a worker tells the coordinator about itself. Read
@@ -112,6 +113,7 @@ export async function probeMachine(layout: HomeLayout, python: string | undefine
   } catch (error) {
     pythonError = (error as Error).message;
   }
+  const conda = condaEnvironments(env, cwd);
   return {
     hostname: hostname(),
     os: `${process.platform} ${release()}`,
@@ -124,6 +126,22 @@ export async function probeMachine(layout: HomeLayout, python: string | undefine
     frameworks,
     cuda,
     engine,
+    ...(conda.length ? { conda } : {}),
     probeMs: Math.round((performance.now() - started) * 10) / 10,
   };
+}
+
+/** Each conda environment with a Python, and what its site-packages hold: read from folders, nothing started but conda itself. */
+function condaEnvironments(env: Record<string, string>, cwd: string): NonNullable<MachineProbe["conda"]> {
+  try {
+    return listCondaEnvs({ env, home: env.HOME || homedir(), cwd })
+      .filter((e) => e.python)
+      .map((e) => {
+        const lib = join(e.prefix, "lib");
+        const sites = (existsSync(lib) ? readdirSync(lib) : []).filter((d) => /^python3\.\d+$/.test(d)).map((d) => join(lib, d, "site-packages"));
+        return { name: e.name, prefix: e.prefix, frameworks: readFrameworks(sites).frameworks };
+      });
+  } catch {
+    return []; // a broken conda setup is no reason for a worker not to join
+  }
 }

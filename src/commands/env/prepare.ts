@@ -39,7 +39,7 @@ export default defineCommand({
     const remote = remoteTarget(ctx.settings, rawArgs);
     if (a["dry-run"] && (remote || a.image !== undefined)) throw new UsageError("--dry-run shows a local request's key; it does not go with --server or --image");
     if (remote) {
-      const request = { requirementsFile: a.requirements, specs, python: a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), image: a.image, pull: a.pull };
+      const request = { requirementsFile: a.requirements, specs, python: a.python, conda: a.conda, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), image: a.image, pull: a.pull };
       return (await import("../_remote/prepare.ts")).prepareRemote(remote, request, rawArgs, out, ctx.cwd);
     }
     if (a.image !== undefined || a.pull !== undefined) {
@@ -64,7 +64,7 @@ export default defineCommand({
       out.result({ ...imageJson(result), env: { key: env.key, path: env.path, status: env.status, seconds: Number(env.seconds.toFixed(4)) } }, () => env.path, true);
       return;
     }
-    const asked = { requirementsFile: a.requirements, specs, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]) };
+    const asked = { requirementsFile: a.requirements, specs, conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]) };
     const request = {
       ...environmentRequest(asked, ctx.cwd, defaultPython(layout, values.python)),
       cwd: ctx.cwd,

@@ -62,6 +62,7 @@ export default defineCommand({
         requirementsFile: a.requirements,
         specs: repeated(rawArgs, ["-p", "--package"]),
         python: a.python,
+        conda: a.conda,
         workdir: a.workdir,
         env: repeated(rawArgs, ["-e", "--env"]),
         image: a.image,
