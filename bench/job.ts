@@ -3,7 +3,7 @@
  * same `python -c pass` directly, as whole processes, side by side.
  * Run: bun run bench/job.ts
  */
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { binary, machine, printTable, sideBySide, timeProcess } from "./_lib.ts";
@@ -29,4 +29,23 @@ console.log(`machine: ${machine()}; ${runs} runs each, alternating`);
 printTable("job run overhead", Object.entries(results), "python -c pass (the env's python, direct)");
 const added = results["gpulayer job run -- python -c pass (warm)"]!.median - results["python -c pass (the env's python, direct)"]!.median;
 console.log(`\nadded by gpulayer: ${added.toFixed(1)} ms (aim: under 30 ms)`);
+
+// Tasks: a job of two tasks (the second needs the first; both envs warm) against the same two commands as two
+// single-task jobs run one after the other: what the task orchestration adds (its own record per task, the scheduler).
+const work = mkdtempSync(join(tmpdir(), "gpl-bench-tasks-"));
+const jobFile = join(work, "two.yaml");
+writeFileSync(jobFile, `environment: {python: ${python}}\ntasks:\n  first: {command: [python, -c, pass]}\n  second: {command: [python, -c, pass], needs: [first]}\n`);
+const single = [bin, "job", "run", "--quiet", "--python", python, "--", "python", "-c", "pass"];
+timeProcess([bin, "job", "run", "--quiet", "-f", jobFile], { env, cwd: work });
+const tasks = sideBySide(
+  {
+    "two single-task jobs, one after the other": () => timeProcess(single, { env }) + timeProcess(single, { env }),
+    "one job of two tasks (second needs first)": () => timeProcess([bin, "job", "run", "--quiet", "-f", jobFile], { env, cwd: work }),
+  },
+  runs,
+);
+printTable("job of tasks against separate jobs", Object.entries(tasks), "two single-task jobs, one after the other");
+const orchestration = tasks["one job of two tasks (second needs first)"]!.median - tasks["two single-task jobs, one after the other"]!.median;
+console.log(`\nadded by the task orchestration: ${orchestration.toFixed(1)} ms (aim: under 30 ms; negative: one process instead of two)`);
+rmSync(work, { recursive: true, force: true });
 rmSync(home, { recursive: true, force: true });

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
-import { cli, makeWorkerVenv, sandbox, tempDir } from "./helpers.ts";
+import { cli, makeWorkerVenv, ROOT, sandbox, tempDir } from "./helpers.ts";
 
 /**
  * Jobs of several tasks, run on this machine with real builds from a local
@@ -238,6 +238,23 @@ describe("a job of tasks, here", () => {
       ]);
       expect(existsSync(join(s.root, "later.ran"))).toBe(false);
       expect(Bun.spawnSync(["pgrep", "-f", marker]).stdout.toString().trim()).toBe("");
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  test("the example job of tasks resolves: three tasks, two with conflicting pins after the first", async () => {
+    const s = sandbox();
+    try {
+      const r = await cli(["job", "run", "-f", join(ROOT, "examples", "pipeline", "job.yaml"), "--dry-run", "--json"], { env: s.env, cwd: s.root });
+      expect(r.code).toBe(0);
+      const plan = JSON.parse(r.stdout) as { name: string; tasks: { name: string; needs: string[]; environment: { summary: string; key: string } }[] };
+      expect(plan.tasks.map((t) => [t.name, t.needs, t.environment.summary])).toEqual([
+        ["prepare", [], "(no requirements)"],
+        ["report-old", ["prepare"], "tqdm==4.66.5"],
+        ["report-new", ["prepare"], "tqdm==4.67.1"],
+      ]);
+      expect(new Set(plan.tasks.map((t) => t.environment.key)).size).toBe(3);
     } finally {
       s.cleanup();
     }

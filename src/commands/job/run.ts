@@ -24,7 +24,7 @@ function parseGpus(value: string): number {
 }
 
 const args = {
-  file: { type: "string", alias: "f", valueHint: "JOB_FILE", description: "A job file (YAML or JSON): command, workdir, env, environment, resources" },
+  file: { type: "string", alias: "f", valueHint: "JOB_FILE", description: "A job file (YAML or JSON): command, workdir, env, environment (requirements, python or conda, ...), resources; or tasks: several, each with its own command and needs, the job's fields their defaults" },
   requirements: { type: "string", alias: "r", valueHint: "REQ_FILE", description: "Requirements file for the job's environment (overrides the file's)" },
   package: { type: "string", alias: "p", valueHint: "SPEC", description: "A requirement such as 'numpy<3' (repeatable; overrides the file's)" },
   ...installerArgs,
