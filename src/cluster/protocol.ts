@@ -42,6 +42,13 @@ export interface MachineProbe {
 
 export type WorkerState = "idle" | "busy" | "draining" | "lost" | "left";
 
+/** What a worker's env cache holds, as it reports it (with its heartbeats, when it changed): for the dashboard and /metrics. */
+export interface WorkerCache {
+  bytes: number;
+  entries: number;
+  envs: { key: string; summary: string; bytes: number; last_used: string | null; state: string }[];
+}
+
 export interface WorkerView {
   id: string;
   name: string;

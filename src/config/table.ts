@@ -46,6 +46,7 @@ export const SETTINGS = {
   "coordinator.bundles_max_size": { env: "GPULAYER_BUNDLE_MAX_SIZE", kind: size, default: 10 * 1024 ** 3, help: "the most the server keeps of uploaded bundles, together" },
   "coordinator.bundle_retention": { env: "GPULAYER_BUNDLE_RETENTION", kind: duration, default: 86_400_000, help: "how long an unused bundle is kept" },
   "coordinator.artifacts_max_size": { env: "GPULAYER_ARTIFACTS_MAX_SIZE", kind: size, default: 50 * 1024 ** 3, help: "the most the server keeps of env artifacts workers uploaded, together (least recently used go first)" },
+  "coordinator.metrics_token": { env: "GPULAYER_METRICS_TOKEN", kind: secret, defaultText: "none: /metrics takes the server's token or a user token", help: "a token good for GET /metrics only, for a Prometheus scraper (at least 16 characters)" },
   "coordinator.share_envs": { env: "GPULAYER_SERVER_SHARE_ENVS", kind: boolean, default: true, help: "false: workers neither upload env artifacts nor fetch them; each builds its own" },
   "worker.slots": { env: "GPULAYER_WORKER_SLOTS", kind: count(1), defaultText: "the number of GPUs, at least 1", help: "jobs a worker runs at once" },
   "worker.drain": { env: "GPULAYER_WORKER_DRAIN_SECONDS", kind: duration, default: 30_000, help: "how long a stopping worker lets its jobs finish" },

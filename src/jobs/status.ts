@@ -44,6 +44,8 @@ export interface TaskStatus {
   error: string | null;
   command: string;
   phases: Phase[];
+  /** Through a server: the worker it ran on. */
+  worker?: string | null;
 }
 
 /** Phases come from events alone: one way for the data to flow, and the same answer for every reader. */

@@ -1,4 +1,4 @@
-import type { FinishRequest, PollResponse, PrepareRequestPayload, RegisterResponse, RemoteSpec, TaskAssignment, TaskEventIn } from "../cluster/protocol.ts";
+import type { FinishRequest, PollResponse, PrepareRequestPayload, RegisterResponse, RemoteSpec, TaskAssignment, TaskEventIn, WorkerCache } from "../cluster/protocol.ts";
 import { FINAL_JOB_STATES as FINAL } from "../cluster/protocol.ts";
 import { ExitCode } from "../errors.ts";
 import { CREDENTIALS_LOST, HeldSecrets } from "./held-secrets.ts";
@@ -82,9 +82,10 @@ export class Coordinator {
    * (after it had time to start it) ended there unheard: back to the queue,
    * as for a lost worker, rather than "running" forever.
    */
-  heartbeat(w: WorkerRow, body: { running: string[]; free_gpus?: number[] }): { cancel: string[] } {
+  heartbeat(w: WorkerRow, body: { running: string[]; free_gpus?: number[]; cache?: WorkerCache }): { cancel: string[] } {
     this.seen(w);
     if (body.free_gpus) this.store.updateWorker(w.id, { freeGpus: body.free_gpus });
+    if (body.cache) this.store.updateWorker(w.id, { cache: body.cache });
     const gone = this.unlisted.gone(this.store.activeTasks(w.id), new Set(body.running), Date.now() - 3 * this.opts.heartbeatSeconds * 1000);
     for (const t of gone) this.releaseTask(t, `worker ${w.name} no longer runs it`, true);
     if (gone.length) this.dispatch();

@@ -3,7 +3,6 @@ import { timingSafeEqual } from "node:crypto";
 import type * as v from "valibot";
 import { type BundleLimits, inspectBundle, isBundleHash } from "../cluster/bundle.ts";
 import { BundleError } from "../errors.ts";
-import type { WorkerView } from "../cluster/protocol.ts";
 import { contentHash as sha256 } from "../core/hashing.ts";
 import type { Coordinator } from "./coordinator.ts";
 import { HttpFail } from "./http-fail.ts";
@@ -11,6 +10,10 @@ import type { JobsApi } from "./jobs-api.ts";
 import * as S from "./schemas.ts";
 import { artifactRoute, type ArtifactSettings } from "./artifact-routes.ts";
 import type { WorkerRow } from "./store.ts";
+import { workerView } from "./worker-view.ts";
+import { serverMetrics } from "./metrics.ts";
+import { type DashboardContext, dashboardRoute } from "./dashboard/routes.ts";
+import type { Sessions } from "./dashboard/session.ts";
 
 /**
  * The HTTP API under /v1. Every request carries a bearer token: the
@@ -33,6 +36,10 @@ export interface RouteContext {
   /** JSON bodies (output chunks included). */
   maxBodyBytes: number;
   artifacts: ArtifactSettings;
+  /** The dashboard's sign-in sessions (dashboard/session.ts). */
+  sessions: Sessions;
+  /** coordinator.metrics_token: a token good for /metrics only (a scraper need not hold a user token). */
+  metricsToken: string | null;
   onError(error: unknown): void;
 }
 
@@ -80,16 +87,6 @@ async function jsonBody<Sch extends v.GenericSchema>(req: Request, ctx: RouteCon
   const parsed = S.parseBody(schema, data);
   if (!parsed.ok) throw new HttpFail(400, parsed.message);
   return parsed.value;
-}
-
-function workerView(ctx: RouteContext): WorkerView[] {
-  const active = ctx.coord.store.activeTasks();
-  return ctx.coord.store.workers().map((w) => {
-    const mine = active.filter((t) => t.workerId === w.id && t.kind === "job");
-    const used = new Set(mine.flatMap((t) => t.gpus));
-    const state = w.state === "idle" && mine.length ? "busy" : w.state;
-    return { id: w.id, name: w.name, labels: w.labels, joined_with: w.joinedWith, state, registered: new Date(w.registered).toISOString(), last_seen: new Date(w.lastSeen).toISOString(), slots: w.slots, running: mine.length, free_gpus: w.probe.gpus.map((g) => g.index).filter((i) => !used.has(i)), probe: w.probe };
-  });
 }
 
 /**
@@ -162,7 +159,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
 
   if (kind === "health" && method === "GET") return reply({ ok: true });
   if (kind === "workers") {
-    if (!id && method === "GET") return needUser(), reply(workerView(ctx));
+    if (!id && method === "GET") return needUser(), reply(workerView(ctx.coord.store));
     if (id === "register" && method === "POST") return needJoin(), reply(coord.register(await jsonBody(req, ctx, S.RegisterSchema), caller.role === "join" ? caller.name : null), 201);
     if (id && action === "heartbeat" && method === "POST") return reply(coord.heartbeat(asWorker(id), await jsonBody(req, ctx, S.HeartbeatSchema)));
     if (id && action === "tasks" && method === "GET") return reply(await coord.poll(asWorker(id), waitMs(url), req.signal, caller.role === "worker" ? caller.secretHash : undefined));
@@ -216,8 +213,40 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   throw new HttpFail(404, `no route ${method} ${url.pathname}`);
 }
 
+/** GET /metrics: the server's token, a user token, or the metrics token. */
+function metrics(req: Request, ctx: RouteContext): Response {
+  const m = /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "");
+  const caller = authenticate(req, ctx);
+  const allowed = caller?.role === "admin" || caller?.role === "user" || Boolean(m && ctx.metricsToken && tokenEquals(m[1]!, ctx.metricsToken));
+  if (!allowed) return new Response("unauthorized\n", { status: 401, headers: { "content-type": "text/plain" } });
+  const running = new Map(workerView(ctx.coord.store).map((w) => [w.id, w.running]));
+  const workers = ctx.coord.store.workers().map((w) => ({ ...w, running: running.get(w.id) ?? 0 }));
+  return new Response(serverMetrics(ctx.coord.store, workers), { headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" } });
+}
+
 export function handler(ctx: RouteContext): (req: Request) => Promise<Response> {
+  const dashboard: DashboardContext = {
+    coord: ctx.coord,
+    jobs: ctx.jobs,
+    sessions: ctx.sessions,
+    signIn: (token) => {
+      if (tokenEquals(token, ctx.token)) return "admin";
+      const named = ctx.coord.store.tokens.authenticate(token);
+      return named?.role === "user" ? named.name : null;
+    },
+  };
   return async (req) => {
+    const path = new URL(req.url).pathname;
+    // The API is under /v1; /metrics for Prometheus; everything else is the dashboard, behind its own session.
+    if (path !== "/v1" && !path.startsWith("/v1/")) {
+      try {
+        return path === "/metrics" && req.method === "GET" ? metrics(req, ctx) : await dashboardRoute(req, dashboard);
+      } catch (error) {
+        if (error instanceof HttpFail) return new Response(error.message, { status: error.status });
+        ctx.onError(error);
+        return new Response("internal error in the gpulayer server (see its log)", { status: 500 });
+      }
+    }
     const caller = authenticate(req, ctx);
     if (!caller) return reply({ error: "unauthorized" }, 401);
     try {

@@ -107,6 +107,14 @@ export const RegisterSchema = v.strictObject({
 export const HeartbeatSchema = v.object({
   running: v.pipe(v.array(v.string()), v.maxLength(10_000)),
   free_gpus: v.optional(v.array(v.number())),
+  /** Its env cache, sent when it changed (a worker reports at most 1,000 envs). */
+  cache: v.optional(
+    v.object({
+      bytes: v.number(),
+      entries: v.number(),
+      envs: v.pipe(v.array(v.object({ key: v.pipe(v.string(), v.maxLength(64)), summary: v.pipe(v.string(), v.maxLength(200)), bytes: v.number(), last_used: v.nullable(v.string()), state: v.pipe(v.string(), v.maxLength(20)) })), v.maxLength(1000)),
+    }),
+  ),
 });
 
 /** `seq`: the outbox number of the first item (worker/outbox.ts); the rest follow it. */

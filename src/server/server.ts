@@ -9,6 +9,7 @@ import { Coordinator } from "./coordinator.ts";
 import type { ArtifactSettings } from "./artifact-routes.ts";
 import { JobsApi } from "./jobs-api.ts";
 import { handler } from "./routes.ts";
+import { Sessions } from "./dashboard/session.ts";
 import { ServerStore } from "./store.ts";
 
 /** `gpulayer server`: the store, the coordinator and the HTTP API, started together. */
@@ -25,6 +26,8 @@ export interface ServerSettings {
   /** What one uploaded bundle may hold. */
   bundleLimits: BundleLimits;
   artifacts: ArtifactSettings;
+  /** coordinator.metrics_token: good for GET /metrics only. */
+  metricsToken: string | null;
 }
 
 /** How often the server looks for bundles to remove (and once when it starts). */
@@ -61,6 +64,7 @@ export function serverSettings(values: SettingValues): ServerSettings {
     bundles: { retentionMs: values["coordinator.bundle_retention"], maxBytes: values["coordinator.bundles_max_size"] },
     bundleLimits: bundleLimits(values),
     artifacts: { maxBytes: values["coordinator.artifacts_max_size"], share: values["coordinator.share_envs"] },
+    metricsToken: values["coordinator.metrics_token"] ?? null,
   };
 }
 
@@ -123,7 +127,7 @@ export function startServer(dir: string, token: string, settings: ServerSettings
       // Long polls hold a request open for up to 30 s.
       idleTimeout: 120,
       maxRequestBodySize: Math.max(limits.maxBytes, settings.maxBodyBytes, settings.artifacts.maxBytes) + 1024 * 1024,
-      fetch: handler({ coord, jobs, token, limits, maxBodyBytes: settings.maxBodyBytes, artifacts: settings.artifacts, onError: (e) => log(`internal error: ${(e as Error).stack ?? e}`) }),
+      fetch: handler({ coord, jobs, token, limits, maxBodyBytes: settings.maxBodyBytes, artifacts: settings.artifacts, sessions: new Sessions(), metricsToken: settings.metricsToken, onError: (e) => log(`internal error: ${(e as Error).stack ?? e}`) }),
     });
   } catch (error) {
     clearInterval(janitor);

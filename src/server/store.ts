@@ -1,7 +1,7 @@
 import { Database } from "bun:sqlite";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import type { MachineProbe, PrepareRequestPayload, PrepareTaskResult, RemoteSpec, WorkerState } from "../cluster/protocol.ts";
+import type { MachineProbe, PrepareRequestPayload, PrepareTaskResult, RemoteSpec, WorkerCache, WorkerState } from "../cluster/protocol.ts";
 import { BundleStore } from "./bundles.ts";
 import { ARTIFACTS_SCHEMA, ArtifactStore } from "./artifacts.ts";
 import { TokenStore } from "./tokens.ts";
@@ -25,6 +25,8 @@ export interface WorkerRow {
   freeGpus: number[];
   /** The named join token it registered with (null: the server's own token); revoking that token drops the worker. */
   joinedWith: string | null;
+  /** Its env cache as it last reported it; null before its first report. */
+  cache: WorkerCache | null;
 }
 
 /** `skipped`: a task of a job that never started (a task it needs failed, or the job was cancelled first). */
@@ -108,7 +110,7 @@ type Row = Record<string, unknown>;
 const json = <T>(s: unknown): T => JSON.parse(String(s)) as T;
 
 function toWorker(r: Row): WorkerRow {
-  return { id: r.id as string, name: r.name as string, labels: json(r.labels), probe: json(r.probe), slots: r.slots as number, state: r.state as WorkerState, registered: r.registered as number, lastSeen: r.last_seen as number, freeGpus: json(r.free_gpus), joinedWith: (r.joined_with as string | null) ?? null };
+  return { id: r.id as string, name: r.name as string, labels: json(r.labels), probe: json(r.probe), slots: r.slots as number, state: r.state as WorkerState, registered: r.registered as number, lastSeen: r.last_seen as number, freeGpus: json(r.free_gpus), joinedWith: (r.joined_with as string | null) ?? null, cache: r.cache ? json(r.cache) : null };
 }
 
 function toJob(r: Row): JobRow {
@@ -160,7 +162,7 @@ function toTask(r: Row): TaskRow {
 
 const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_code", error: "error", envKey: "env_key", workerId: "worker_id", attempts: "attempts", waiting: "waiting", cancelRequested: "cancel_requested" };
 const TASK_COLUMNS: Record<string, string> = { state: "state", result: "result", delivered: "delivered", cancel: "cancel", cancelSent: "cancel_sent", appliedSeq: "applied_seq" };
-const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots", joinedWith: "joined_with" };
+const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots", joinedWith: "joined_with", cache: "cache" };
 
 /** What a column may keep: never a URL's credentials (error messages and results included). */
 function sqlValue(v: unknown): string | number | null {
@@ -185,7 +187,7 @@ export class ServerStore {
     this.db.exec("PRAGMA journal_mode = WAL");
     this.db.exec("PRAGMA synchronous = NORMAL");
     this.db.exec(SCHEMA);
-    for (const column of ["workers ADD COLUMN joined_with TEXT", "tasks ADD COLUMN applied_seq INTEGER NOT NULL DEFAULT 0", "jobs ADD COLUMN parent_id TEXT", "jobs ADD COLUMN task TEXT", "jobs ADD COLUMN needs TEXT"]) {
+    for (const column of ["workers ADD COLUMN joined_with TEXT", "tasks ADD COLUMN applied_seq INTEGER NOT NULL DEFAULT 0", "jobs ADD COLUMN parent_id TEXT", "workers ADD COLUMN cache TEXT", "jobs ADD COLUMN task TEXT", "jobs ADD COLUMN needs TEXT"]) {
       try {
         this.db.exec(`ALTER TABLE ${column}`);
       } catch (error) {
@@ -211,7 +213,7 @@ export class ServerStore {
   }
 
   // Workers
-  addWorker(w: Omit<WorkerRow, "freeGpus">, secretHash: string): void {
+  addWorker(w: Omit<WorkerRow, "freeGpus" | "cache">, secretHash: string): void {
     this.db
       .query("INSERT INTO workers (id, name, secret, labels, probe, slots, state, registered, last_seen, free_gpus, joined_with) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
       .run(w.id, w.name, secretHash, JSON.stringify(w.labels), JSON.stringify(w.probe), w.slots, w.state, w.registered, w.lastSeen, JSON.stringify(w.probe.gpus.map((g) => g.index)), w.joinedWith);
@@ -237,7 +239,7 @@ export class ServerStore {
     const where = opts.present ? "WHERE state NOT IN ('lost', 'left')" : "";
     return this.db.query<Row, []>(`SELECT * FROM workers ${where} ORDER BY name, registered`).all().map(toWorker);
   }
-  updateWorker(id: string, fields: Partial<Pick<WorkerRow, "state" | "lastSeen" | "freeGpus" | "probe" | "labels" | "slots" | "joinedWith">>): void {
+  updateWorker(id: string, fields: Partial<Pick<WorkerRow, "state" | "lastSeen" | "freeGpus" | "probe" | "labels" | "slots" | "joinedWith" | "cache">>): void {
     this.update("workers", WORKER_COLUMNS, id, fields, false);
   }
 
@@ -321,6 +323,18 @@ export class ServerStore {
       .query<{ seq: number; ts: number; type: string; data: string }, [string, number]>("SELECT seq, ts, type, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq")
       .all(jobId, afterSeq)
       .map((r) => ({ seq: r.seq, ts: r.ts, type: r.type, data: JSON.parse(r.data) }));
+  }
+  /** Every event of these types, oldest first, with the worker its job last ran on: what /metrics counts. */
+  phaseEvents(types: string[]): { jobId: string; ts: number; type: string; data: Record<string, unknown>; workerId: string | null }[] {
+    const marks = types.map(() => "?").join(", ");
+    return this.db
+      .query<{ job_id: string; ts: number; type: string; data: string; worker_id: string | null }, string[]>(`SELECT e.job_id, e.ts, e.type, e.data, j.worker_id FROM events e LEFT JOIN jobs j ON j.id = e.job_id WHERE e.type IN (${marks}) ORDER BY e.seq`)
+      .all(...types)
+      .map((r) => ({ jobId: r.job_id, ts: r.ts, type: r.type, data: JSON.parse(r.data), workerId: r.worker_id }));
+  }
+  /** How many jobs (and tasks of jobs) are in each state. */
+  jobStateCounts(): Map<string, number> {
+    return new Map(this.db.query<{ state: string; n: number }, []>("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state").all().map((r) => [r.state, r.n]));
   }
   /** Output as it came, stdout (1) and stderr (2) interleaved in one log with byte offsets. */
   appendLog(jobId: string, data: Uint8Array, stream: 1 | 2 = 1): number {

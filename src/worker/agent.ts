@@ -1,5 +1,6 @@
 import { ClusterClient } from "../cluster/client.ts";
-import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment } from "../cluster/protocol.ts";
+import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment, WorkerCache } from "../cluster/protocol.ts";
+import { listEnvs } from "../env/inventory.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { HttpError, UserError } from "../errors.ts";
 import { sleep } from "../core/sleep.ts";
@@ -18,6 +19,9 @@ import { startJobTask, startPrepareTask, type TaskHandle, type WorkerContext } f
  * work and let what runs finish (up to the drain time), then hand back what
  * is left and leave; a second signal hands back at once.
  */
+
+/** How often a worker reads its env cache for its report (a readdir and a meta.json per env). */
+const CACHE_REPORT_MS = 5_000;
 
 export interface AgentOptions {
   url: string;
@@ -53,6 +57,8 @@ export class Agent {
   private workerId = "";
   private credential = "";
   private heartbeatMs = 2000;
+  private cacheReadAt = 0;
+  private cacheSent = "";
   private left = false;
   private beatWake: (() => void) | null = null;
   private rejoining: Promise<void> | null = null;
@@ -145,6 +151,23 @@ export class Agent {
     for (const id of ids) this.tasks.get(id)?.cancel("job cancel");
   }
 
+  /** The env cache for the server, when it changed since the last report (read at most every CACHE_REPORT_MS). */
+  private async cacheReport(): Promise<WorkerCache | undefined> {
+    if (Date.now() - this.cacheReadAt < CACHE_REPORT_MS) return undefined;
+    this.cacheReadAt = Date.now();
+    const envs = await listEnvs(this.opts.layout).catch(() => null);
+    if (!envs) return undefined;
+    const report: WorkerCache = {
+      bytes: envs.reduce((n, e) => n + e.sizeBytes, 0),
+      entries: envs.length,
+      envs: envs.slice(0, 1000).map((e) => ({ key: e.key, summary: e.summary.slice(0, 200), bytes: e.sizeBytes, last_used: e.lastUsed, state: e.state })),
+    };
+    const text = JSON.stringify(report);
+    if (text === this.cacheSent) return undefined;
+    this.cacheSent = text;
+    return report;
+  }
+
   private freeGpus(): number[] {
     const used = new Set([...this.tasks.values()].flatMap((t) => t.task.gpus));
     return this.opts.probe.gpus.map((g) => g.index).filter((i) => !used.has(i));
@@ -180,7 +203,11 @@ export class Agent {
       try {
         // What runs here, and what ended here but the server has not all of yet: the server reconciles its view with this.
         const running = [...new Set([...this.tasks.keys(), ...this.outbox.pendingTasks()])];
-        const r = await this.client!.json<{ cancel: string[] }>("POST", `/v1/workers/${this.workerId}/heartbeat`, { running, free_gpus: this.freeGpus() });
+        const cache = await this.cacheReport();
+        const r = await this.client!.json<{ cancel: string[] }>("POST", `/v1/workers/${this.workerId}/heartbeat`, { running, free_gpus: this.freeGpus(), ...(cache ? { cache } : {}) }).catch((error: unknown) => {
+          this.cacheSent = ""; // not heard: sent again with the next beat
+          throw error;
+        });
         this.contact();
         this.cancel(r.cancel);
         if (failing) this.log("the server answers again");

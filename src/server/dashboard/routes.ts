@@ -1,0 +1,119 @@
+import { FINAL_JOB_STATES } from "../../cluster/protocol.ts";
+import type { Coordinator } from "../coordinator.ts";
+import { HttpFail } from "../http-fail.ts";
+import type { JobsApi } from "../jobs-api.ts";
+import { cacheHits } from "../metrics.ts";
+import { workerView } from "../worker-view.ts";
+import { SCRIPT, STYLE } from "./assets.ts";
+import { envsPage, jobPage, jobsPage, signInPage, type WorkerLine, workersPage } from "./pages.ts";
+import { clearedCookie, sameOrigin, sessionCookie, sessionId, type Sessions } from "./session.ts";
+
+/**
+ * The dashboard at `/`: read-only pages behind the same tokens as the API.
+ * The sign-in page takes a token once and keeps a session cookie; every page,
+ * asset and live read needs that session (pages send the browser to sign in,
+ * the rest answer 401). Form posts from another site are refused.
+ */
+
+export interface DashboardContext {
+  coord: Coordinator;
+  jobs: JobsApi;
+  sessions: Sessions;
+  /** Who a token signs in as (`admin`, or a user token's name); null for any other token (a join token included). */
+  signIn(token: string): string | null;
+}
+
+const SECURITY_HEADERS = {
+  "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+  "x-content-type-options": "nosniff",
+  "x-frame-options": "DENY",
+  // same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with the sign-in form, which sameOrigin refuses.
+  "referrer-policy": "same-origin",
+  "cache-control": "no-store",
+};
+
+function respond(body: string | null, status: number, headers: Record<string, string> = {}): Response {
+  return new Response(body, { status, headers: { ...SECURITY_HEADERS, ...headers } });
+}
+
+const page = (text: string, status = 200) => respond(text, status, { "content-type": "text/html; charset=utf-8" });
+const redirect = (to: string, extra: Record<string, string> = {}) => respond(null, 303, { location: to, ...extra });
+/** The longest sign-in form read: a token and its field name. */
+const MAX_FORM_BYTES = 4096;
+
+async function formToken(req: Request): Promise<string> {
+  const text = await req.text();
+  if (text.length > MAX_FORM_BYTES) throw new HttpFail(413, "the form is too large");
+  return new URLSearchParams(text).get("token")?.trim() ?? "";
+}
+
+function workerLines(ctx: DashboardContext): WorkerLine[] {
+  const rows = new Map(ctx.coord.store.workers().map((w) => [w.id, w]));
+  const hits = cacheHits(ctx.coord.store);
+  return workerView(ctx.coord.store).map((w) => ({ ...w, cache: rows.get(w.id)?.cache ?? null, hits: hits.get(w.id) ?? null }));
+}
+
+export async function dashboardRoute(req: Request, ctx: DashboardContext): Promise<Response> {
+  const url = new URL(req.url);
+  const path = url.pathname;
+  const method = req.method;
+  if (path === "/login") {
+    if (method === "GET") return ctx.sessions.who(sessionId(req)) ? redirect("/jobs") : page(signInPage(null));
+    if (method !== "POST") return respond("method not allowed", 405);
+    if (!sameOrigin(req)) return respond("a sign-in from another site is refused", 403, { "content-type": "text/plain" });
+    const who = ctx.signIn(await formToken(req));
+    if (!who) return page(signInPage("That is not a token this server takes (the server's token, or a user token)."), 401);
+    return redirect("/jobs", { "set-cookie": sessionCookie(ctx.sessions.create(who), req) });
+  }
+  if (path === "/logout" && method === "POST") {
+    if (!sameOrigin(req)) return respond("a post from another site is refused", 403, { "content-type": "text/plain" });
+    ctx.sessions.drop(sessionId(req));
+    return redirect("/login", { "set-cookie": clearedCookie(req) });
+  }
+  // Everything else needs a session.
+  if (!ctx.sessions.who(sessionId(req))) {
+    if (method === "GET" && !path.startsWith("/assets/") && !path.startsWith("/dash/api/")) return redirect("/login");
+    return respond("sign in first", 401, { "content-type": "text/plain" });
+  }
+  if (method !== "GET") return respond("method not allowed", 405);
+  if (path === "/") return redirect("/jobs");
+  if (path === "/assets/style.css") return respond(STYLE, 200, { "content-type": "text/css; charset=utf-8" });
+  if (path === "/assets/app.js") return respond(SCRIPT, 200, { "content-type": "text/javascript; charset=utf-8" });
+  if (path === "/workers") return page(workersPage(workerLines(ctx)));
+  if (path === "/envs") return page(envsPage(workerLines(ctx)));
+  if (path === "/jobs") {
+    const filter = { state: url.searchParams.get("state") ?? "", worker: url.searchParams.get("worker") ?? "" };
+    const jobs = ctx.jobs.list(200).filter((j) => (!filter.state || j.state === filter.state) && (!filter.worker || j.worker === filter.worker || j.tasks?.some((t) => t.worker === filter.worker)));
+    return page(jobsPage(jobs, filter, ctx.coord.store.workers().map((w) => w.name)));
+  }
+  const job = /^\/jobs\/([0-9a-f]{1,16})$/.exec(path);
+  if (job) {
+    const row = findJob(ctx, job[1]!);
+    if (!row) return page(signInPageless("No such job"), 404);
+    const status = ctx.jobs.status(row);
+    const log = new TextDecoder().decode(ctx.coord.store.readLog(row.id, 0, 1024 * 1024));
+    return page(jobPage(status, log, Buffer.byteLength(log), !FINAL_JOB_STATES.includes(status.state)));
+  }
+  const live = /^\/dash\/api\/jobs\/([0-9a-f]{16})\/log$/.exec(path);
+  if (live) {
+    const row = ctx.coord.store.job(live[1]!);
+    if (!row) return respond("no such job", 404);
+    const offset = Math.max(0, Math.floor(Number(url.searchParams.get("offset") ?? "0")) || 0);
+    const chunk = ctx.coord.store.readLog(row.id, offset, 256 * 1024);
+    return respond(new TextDecoder().decode(chunk), 200, { "content-type": "text/plain; charset=utf-8", "x-gpulayer-state": row.state, "x-gpulayer-log-size": String(offset + chunk.length) });
+  }
+  return page(signInPageless("Not found"), 404);
+}
+
+function findJob(ctx: DashboardContext, id: string) {
+  try {
+    return ctx.jobs.find(id);
+  } catch {
+    return null;
+  }
+}
+
+/** A bare page with one line (not found), inside the layout's look but without its navigation's data. */
+function signInPageless(message: string): string {
+  return `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${message} · gpulayer</title><link rel="stylesheet" href="/assets/style.css"></head><body><main><h1>${message}</h1><p><a href="/jobs">Jobs</a></p></main></body></html>`;
+}

@@ -1,0 +1,75 @@
+/**
+ * Dashboard sessions: a token typed once on the sign-in page becomes a
+ * random session id in a cookie (HttpOnly, SameSite=Strict, Secure over
+ * https); the token itself never goes in a URL or a cookie. Sessions live in
+ * the server's memory: a restart signs everyone out, which is the safe side.
+ */
+
+export const COOKIE = "gpulayer_session";
+/** How long a session lasts without a new sign-in. */
+export const SESSION_MS = 12 * 3600_000;
+
+export class Sessions {
+  private readonly live = new Map<string, { who: string; expires: number }>();
+
+  constructor(private readonly now: () => number = Date.now) {}
+
+  create(who: string): string {
+    const id = Buffer.from(crypto.getRandomValues(new Uint8Array(32))).toString("hex");
+    this.live.set(id, { who, expires: this.now() + SESSION_MS });
+    return id;
+  }
+
+  /** Who the session is, or null when there is none, or it expired. */
+  who(id: string | null): string | null {
+    if (!id) return null;
+    const s = this.live.get(id);
+    if (!s) return null;
+    if (s.expires <= this.now()) {
+      this.live.delete(id);
+      return null;
+    }
+    return s.who;
+  }
+
+  drop(id: string | null): void {
+    if (id) this.live.delete(id);
+  }
+}
+
+export function sessionId(req: Request): string | null {
+  for (const part of (req.headers.get("cookie") ?? "").split(";")) {
+    const [name, ...value] = part.trim().split("=");
+    if (name === COOKIE && /^[0-9a-f]{64}$/.test(value.join("="))) return value.join("=");
+  }
+  return null;
+}
+
+/** Served over https (directly, or behind a proxy that says so): the cookie is then Secure. */
+export function overHttps(req: Request): boolean {
+  return new URL(req.url).protocol === "https:" || req.headers.get("x-forwarded-proto") === "https";
+}
+
+export function sessionCookie(id: string, req: Request): string {
+  return `${COOKIE}=${id}; Path=/; HttpOnly; SameSite=Strict; Max-Age=${SESSION_MS / 1000}${overHttps(req) ? "; Secure" : ""}`;
+}
+
+export function clearedCookie(req: Request): string {
+  return `${COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0${overHttps(req) ? "; Secure" : ""}`;
+}
+
+/**
+ * A form post from this server's own pages: a browser says where a post
+ * comes from (Origin, or Sec-Fetch-Site); one from another site is refused,
+ * whatever cookie it carries. A client that says neither is not a browser.
+ */
+export function sameOrigin(req: Request): boolean {
+  const origin = req.headers.get("origin");
+  if (origin) {
+    const url = new URL(req.url);
+    const host = req.headers.get("host") ?? url.host;
+    return origin === `${url.protocol}//${host}` || origin === `https://${host}`;
+  }
+  const site = req.headers.get("sec-fetch-site");
+  return !site || site === "same-origin" || site === "none";
+}

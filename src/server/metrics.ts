@@ -1,0 +1,129 @@
+import type { ServerStore, WorkerRow } from "./store.ts";
+
+/**
+ * The server's Prometheus metrics, in the text exposition format, computed
+ * at each scrape from the store (one way for the data to flow: the same
+ * records `job status` and the dashboard read; nothing is counted twice or
+ * lost at a restart). A scrape reads the jobs table and the phase events.
+ */
+
+/** Seconds, for the phases (a reused env is milliseconds, a cold build minutes). */
+const BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800];
+
+type Labels = Record<string, string>;
+
+/** One metric family: its HELP, TYPE and samples, each labelled. */
+class Family {
+  readonly lines: string[] = [];
+  constructor(
+    readonly name: string,
+    type: "gauge" | "counter" | "histogram",
+    help: string,
+  ) {
+    this.lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
+  }
+  sample(value: number, labels: Labels = {}, suffix = ""): void {
+    this.lines.push(`${this.name}${suffix}${labelText(labels)} ${formatValue(value)}`);
+  }
+  /** A histogram per label set: cumulative buckets, +Inf, _sum and _count. */
+  histogram(groups: Map<string, { labels: Labels; values: number[] }>): void {
+    for (const { labels, values } of groups.values()) {
+      for (const le of BUCKETS) this.sample(values.filter((v) => v <= le).length, { ...labels, le: String(le) }, "_bucket");
+      this.sample(values.length, { ...labels, le: "+Inf" }, "_bucket");
+      this.sample(values.reduce((a, b) => a + b, 0), labels, "_sum");
+      this.sample(values.length, labels, "_count");
+    }
+  }
+}
+
+function labelText(labels: Labels): string {
+  const parts = Object.entries(labels).map(([k, v]) => `${k}="${v.replace(/\\/g, "\\\\").replace(/\n/g, "\\n").replace(/"/g, '\\"')}"`);
+  return parts.length ? `{${parts.join(",")}}` : "";
+}
+
+function formatValue(v: number): string {
+  return Number.isFinite(v) ? String(Math.round(v * 1e6) / 1e6) : v > 0 ? "+Inf" : "-Inf";
+}
+
+function group(into: Map<string, { labels: Labels; values: number[] }>, labels: Labels, value: number): void {
+  const id = JSON.stringify(labels);
+  const g = into.get(id) ?? { labels, values: [] };
+  g.values.push(value);
+  into.set(id, g);
+}
+
+const JOB_STATES = ["queued", "preparing", "running", "succeeded", "failed", "cancelled", "skipped"];
+const WORKER_STATES = ["idle", "busy", "draining", "lost", "left"];
+
+/** What each worker's cache answered: hits and misses of the env prepares it ran. */
+export function cacheHits(store: ServerStore): Map<string, { hit: number; miss: number }> {
+  const byWorker = new Map<string, { hit: number; miss: number }>();
+  for (const e of store.phaseEvents(["task.prepare.finished"])) {
+    if (!e.workerId) continue;
+    const c = byWorker.get(e.workerId) ?? { hit: 0, miss: 0 };
+    if (e.data.cache === "hit") c.hit++;
+    else c.miss++;
+    byWorker.set(e.workerId, c);
+  }
+  return byWorker;
+}
+
+export function serverMetrics(store: ServerStore, workers: (WorkerRow & { running: number })[]): string {
+  const families: Family[] = [];
+  const family = (name: string, type: "gauge" | "counter" | "histogram", help: string) => {
+    const f = new Family(name, type, help);
+    families.push(f);
+    return f;
+  };
+
+  const states = store.jobStateCounts();
+  const jobs = family("gpulayer_jobs", "gauge", "Jobs (and tasks of jobs) on the server, by state.");
+  for (const s of JOB_STATES) jobs.sample(states.get(s) ?? 0, { state: s });
+  const finished = family("gpulayer_jobs_finished_total", "counter", "Jobs that have ended, by how.");
+  for (const s of ["succeeded", "failed", "cancelled", "skipped"]) finished.sample(states.get(s) ?? 0, { state: s });
+
+  const events = store.phaseEvents(["job.submitted", "job.assigned", "task.prepare.started", "task.prepare.finished", "task.run.finished"]);
+  const prepare = new Map<string, { labels: Labels; values: number[] }>();
+  const run = new Map<string, { labels: Labels; values: number[] }>();
+  const wait = new Map<string, { labels: Labels; values: number[] }>();
+  const dispatch = new Map<string, { labels: Labels; values: number[] }>();
+  const submitted = new Map<string, number>();
+  const assigned = new Set<string>();
+  const started = new Set<string>();
+  for (const e of events) {
+    if (e.type === "job.submitted") submitted.set(e.jobId, e.ts);
+    else if (e.type === "job.assigned" && !assigned.has(e.jobId) && submitted.has(e.jobId)) {
+      assigned.add(e.jobId);
+      group(dispatch, {}, (e.ts - submitted.get(e.jobId)!) / 1000);
+    } else if (e.type === "task.prepare.started" && !started.has(e.jobId) && submitted.has(e.jobId)) {
+      started.add(e.jobId);
+      group(wait, {}, (e.ts - submitted.get(e.jobId)!) / 1000);
+    } else if (e.type === "task.prepare.finished") {
+      const kind = e.data.status === "fetched" ? "fetched" : e.data.image ? "image" : "env";
+      group(prepare, { cache: e.data.cache === "hit" ? "hit" : "miss", kind }, Number(e.data.seconds) || 0);
+    } else if (e.type === "task.run.finished") group(run, {}, Number(e.data.seconds) || 0);
+  }
+  family("gpulayer_task_prepare_seconds", "histogram", "Time in task.prepare (finding or building the environment), by cache hit or miss and by kind (env, image, fetched).").histogram(prepare);
+  family("gpulayer_task_run_seconds", "histogram", "Time in task.run (the job's own command).").histogram(run);
+  family("gpulayer_queue_wait_seconds", "histogram", "From a job's submission to the start of its task.prepare on a worker.").histogram(wait);
+  family("gpulayer_dispatch_latency_seconds", "histogram", "From a job's submission to its assignment to a worker.").histogram(dispatch);
+
+  const byState = family("gpulayer_workers", "gauge", "Workers, by state.");
+  for (const s of WORKER_STATES) byState.sample(workers.filter((w) => (w.state === "idle" && w.running ? "busy" : w.state) === s).length, { state: s });
+  const bytes = family("gpulayer_worker_cache_bytes", "gauge", "Bytes of envs in each worker's cache, as it last reported.");
+  const entries = family("gpulayer_worker_cache_entries", "gauge", "Envs in each worker's cache, as it last reported.");
+  const ratio = family("gpulayer_worker_cache_hit_ratio", "gauge", "Share of each worker's env prepares that reused a cached env (0 when it prepared none).");
+  const running = family("gpulayer_worker_running_tasks", "gauge", "Jobs each worker runs now.");
+  const hits = cacheHits(store);
+  for (const w of workers) {
+    const labels = { worker: w.name };
+    bytes.sample(w.cache?.bytes ?? 0, labels);
+    entries.sample(w.cache?.entries ?? 0, labels);
+    const h = hits.get(w.id);
+    ratio.sample(h && h.hit + h.miss ? h.hit / (h.hit + h.miss) : 0, labels);
+    running.sample(w.running, labels);
+  }
+  family("gpulayer_bundle_storage_bytes", "gauge", "Bytes of job bundles the server keeps.").sample(store.bundles.list().reduce((n, b) => n + b.bytes, 0));
+  family("gpulayer_artifact_storage_bytes", "gauge", "Bytes of env artifacts the server keeps for workers to fetch.").sample(store.artifacts.totals().bytes);
+  return `${families.flatMap((f) => f.lines).join("\n")}\n`;
+}
