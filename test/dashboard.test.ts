@@ -26,6 +26,7 @@ let url = "";
 let browser: Browser | null = null;
 /** The job named with markup, and a job still running (its log growing). */
 let hostileJob = "";
+let workerMetricsUrl = "";
 
 const gpl = (args: string[], cwd?: string) => cli(args, { env: { ...boxes.client.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN }, cwd: cwd ?? boxes.client.root });
 const HOSTILE = "<script>alert(1)</script>";
@@ -36,7 +37,8 @@ beforeAll(async () => {
   const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...boxes.server.env, ...FAST, GPULAYER_METRICS_TOKEN: METRICS_TOKEN } }), procs);
   url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
   const venv = await makeWorkerVenv(join(boxes.worker.root, "venv"), { env: boxes.worker.env });
-  keepOutput(startCli(["join", url, "--name", "gpu-box-1", "--label", `team=${HOSTILE}`, "--python", venv], { env: { ...boxes.worker.env, ...FAST, GPULAYER_TOKEN: TOKEN } }), procs);
+  const worker = keepOutput(startCli(["join", url, "--name", "gpu-box-1", "--label", `team=${HOSTILE}`, "--python", venv, "--metrics-listen", "127.0.0.1:0"], { env: { ...boxes.worker.env, ...FAST, GPULAYER_TOKEN: TOKEN } }), procs);
+  workerMetricsUrl = (await waitFor("the worker's metrics", async () => /metrics at (http:\S+)/.exec(worker.out())?.[1])) as string;
   await waitFor("the worker", async () => (JSON.parse((await gpl(["workers", "--json"])).stdout) as unknown[]).length === 1);
   const dir = join(boxes.client.root, "hostile");
   mkdirSync(dir, { recursive: true });
@@ -195,5 +197,19 @@ describe("/metrics", () => {
     expect(after).toMatch(/^gpulayer_worker_cache_hit_ratio\{worker="gpu-box-1"\} 0\.\d+$/m);
     expect(after).toMatch(/^gpulayer_dispatch_latency_seconds_count \d+$/m);
     expect((await fetch(`${url}/metrics`, { headers: { authorization: "Bearer wrong-token-0123456789" } })).status).toBe(401);
+  });
+
+  test("a worker serves its own on request (join --metrics-listen): its slots, load, connection and cache", async () => {
+    const text = await waitFor("a connected worker's metrics", async () => {
+      const t = await (await fetch(workerMetricsUrl)).text();
+      return /gpulayer_worker_connected\{worker="gpu-box-1"\} 1/.test(t) && /gpulayer_worker_cache_entries\{worker="gpu-box-1"\} [1-9]/.test(t) ? t : null;
+    });
+    expect(text).toMatch(/^gpulayer_worker_slots\{worker="gpu-box-1"\} 1$/m);
+    expect(text).toMatch(/^gpulayer_worker_running_tasks\{worker="gpu-box-1"\} 0$/m);
+    if (PROMTOOL) {
+      const file = join(boxes.client.root, "worker-metrics.txt");
+      writeFileSync(file, text);
+      expect((await run(["sh", "-c", `promtool check metrics < ${file}`])).code).toBe(0);
+    }
   });
 });

@@ -8,6 +8,8 @@ import { UsageError } from "../errors.ts";
 import { forbidDumps } from "../core/no-dump.ts";
 import { resolveRunAs } from "../jobs/run-as.ts";
 import { Agent } from "../worker/agent.ts";
+import { serveWorkerMetrics } from "../worker/metrics.ts";
+import { parseListen } from "../cluster/listen.ts";
 import { probeMachine } from "../worker/probe.ts";
 import { loadWorkerSettings, mergeWorkerSettings, saveWorkerSettings } from "../worker/settings.ts";
 import { formatBytes, Output } from "../ui/output.ts";
@@ -24,6 +26,7 @@ const args = {
   python: { type: "string", valueHint: "PATH", description: "The worker's default Python (its torch/CUDA); jobs' envs link to it" },
   name: { type: "string", description: "This worker's name (default: the host name)" },
   label: { type: "string", valueHint: "K=V", description: "A label jobs can ask for with --label (repeatable)" },
+  "metrics-listen": { type: "string", valueHint: "HOST:PORT", description: "Serve this worker's Prometheus metrics at http://HOST:PORT/metrics, without a token (bind it to 127.0.0.1 or a private interface; else GPULAYER_WORKER_METRICS_LISTEN)" },
   ...outputArgs,
 } as const;
 
@@ -56,7 +59,7 @@ export default defineCommand({
     if (a.token !== undefined) throw new UsageError("join --token: a token on the command line can be read by every process on this machine (/proc/PID/cmdline), jobs included; use --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN");
     // Before anything else: a job of the same user may not read this process's environment or memory.
     forbidDumps();
-    const ctx = commandContext({ python: a.python, token_file: a["token-file"], "worker.run_as": a["run-as"], ...(a.offline ? { "worker.offline": "true" } : {}) });
+    const ctx = commandContext({ python: a.python, token_file: a["token-file"], "worker.run_as": a["run-as"], "worker.metrics_listen": a["metrics-listen"], ...(a.offline ? { "worker.offline": "true" } : {}) });
     const { layout, values } = ctx;
     const saved = loadWorkerSettings(layout);
     const settings = mergeWorkerSettings(saved, { python: values.python, name: a.name, labels: parseLabels(repeated(rawArgs, ["--label"])) });
@@ -100,9 +103,12 @@ export default defineCommand({
       drainSeconds: values["worker.drain"] / 1000,
       onLog: (m) => out.log.info(m),
     });
+    const metricsAt = values["worker.metrics_listen"] === undefined ? null : parseListen(values["worker.metrics_listen"], "--metrics-listen");
+    const metrics = metricsAt ? serveWorkerMetrics(metricsAt, () => agent.metricsSource()) : null;
+    if (metrics) out.progress(`metrics at ${metrics.url}`);
     process.on("SIGINT", () => agent.stop("SIGINT"));
     process.on("SIGTERM", () => agent.stop("SIGTERM"));
-    await agent.run();
+    await agent.run().finally(() => metrics?.stop());
     const left: JoinLeftDoc = { name, url, left: true };
     if (a.json) out.result(left, () => "");
   },

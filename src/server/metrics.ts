@@ -1,3 +1,4 @@
+import { exposition, Family, type Groups, observe } from "../core/prometheus.ts";
 import type { ServerStore, WorkerRow } from "./store.ts";
 
 /**
@@ -6,51 +7,6 @@ import type { ServerStore, WorkerRow } from "./store.ts";
  * records `job status` and the dashboard read; nothing is counted twice or
  * lost at a restart). A scrape reads the jobs table and the phase events.
  */
-
-/** Seconds, for the phases (a reused env is milliseconds, a cold build minutes). */
-const BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800];
-
-type Labels = Record<string, string>;
-
-/** One metric family: its HELP, TYPE and samples, each labelled. */
-class Family {
-  readonly lines: string[] = [];
-  constructor(
-    readonly name: string,
-    type: "gauge" | "counter" | "histogram",
-    help: string,
-  ) {
-    this.lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
-  }
-  sample(value: number, labels: Labels = {}, suffix = ""): void {
-    this.lines.push(`${this.name}${suffix}${labelText(labels)} ${formatValue(value)}`);
-  }
-  /** A histogram per label set: cumulative buckets, +Inf, _sum and _count. */
-  histogram(groups: Map<string, { labels: Labels; values: number[] }>): void {
-    for (const { labels, values } of groups.values()) {
-      for (const le of BUCKETS) this.sample(values.filter((v) => v <= le).length, { ...labels, le: String(le) }, "_bucket");
-      this.sample(values.length, { ...labels, le: "+Inf" }, "_bucket");
-      this.sample(values.reduce((a, b) => a + b, 0), labels, "_sum");
-      this.sample(values.length, labels, "_count");
-    }
-  }
-}
-
-function labelText(labels: Labels): string {
-  const parts = Object.entries(labels).map(([k, v]) => `${k}="${v.replace(/\\/g, "\\\\").replace(/\n/g, "\\n").replace(/"/g, '\\"')}"`);
-  return parts.length ? `{${parts.join(",")}}` : "";
-}
-
-function formatValue(v: number): string {
-  return Number.isFinite(v) ? String(Math.round(v * 1e6) / 1e6) : v > 0 ? "+Inf" : "-Inf";
-}
-
-function group(into: Map<string, { labels: Labels; values: number[] }>, labels: Labels, value: number): void {
-  const id = JSON.stringify(labels);
-  const g = into.get(id) ?? { labels, values: [] };
-  g.values.push(value);
-  into.set(id, g);
-}
 
 const JOB_STATES = ["queued", "preparing", "running", "succeeded", "failed", "cancelled", "skipped"];
 const WORKER_STATES = ["idle", "busy", "draining", "lost", "left"];
@@ -83,10 +39,10 @@ export function serverMetrics(store: ServerStore, workers: (WorkerRow & { runnin
   for (const s of ["succeeded", "failed", "cancelled", "skipped"]) finished.sample(states.get(s) ?? 0, { state: s });
 
   const events = store.phaseEvents(["job.submitted", "job.assigned", "task.prepare.started", "task.prepare.finished", "task.run.finished"]);
-  const prepare = new Map<string, { labels: Labels; values: number[] }>();
-  const run = new Map<string, { labels: Labels; values: number[] }>();
-  const wait = new Map<string, { labels: Labels; values: number[] }>();
-  const dispatch = new Map<string, { labels: Labels; values: number[] }>();
+  const prepare: Groups = new Map();
+  const run: Groups = new Map();
+  const wait: Groups = new Map();
+  const dispatch: Groups = new Map();
   const submitted = new Map<string, number>();
   const assigned = new Set<string>();
   const started = new Set<string>();
@@ -94,14 +50,14 @@ export function serverMetrics(store: ServerStore, workers: (WorkerRow & { runnin
     if (e.type === "job.submitted") submitted.set(e.jobId, e.ts);
     else if (e.type === "job.assigned" && !assigned.has(e.jobId) && submitted.has(e.jobId)) {
       assigned.add(e.jobId);
-      group(dispatch, {}, (e.ts - submitted.get(e.jobId)!) / 1000);
+      observe(dispatch, {}, (e.ts - submitted.get(e.jobId)!) / 1000);
     } else if (e.type === "task.prepare.started" && !started.has(e.jobId) && submitted.has(e.jobId)) {
       started.add(e.jobId);
-      group(wait, {}, (e.ts - submitted.get(e.jobId)!) / 1000);
+      observe(wait, {}, (e.ts - submitted.get(e.jobId)!) / 1000);
     } else if (e.type === "task.prepare.finished") {
       const kind = e.data.status === "fetched" ? "fetched" : e.data.image ? "image" : "env";
-      group(prepare, { cache: e.data.cache === "hit" ? "hit" : "miss", kind }, Number(e.data.seconds) || 0);
-    } else if (e.type === "task.run.finished") group(run, {}, Number(e.data.seconds) || 0);
+      observe(prepare, { cache: e.data.cache === "hit" ? "hit" : "miss", kind }, Number(e.data.seconds) || 0);
+    } else if (e.type === "task.run.finished") observe(run, {}, Number(e.data.seconds) || 0);
   }
   family("gpulayer_task_prepare_seconds", "histogram", "Time in task.prepare (finding or building the environment), by cache hit or miss and by kind (env, image, fetched).").histogram(prepare);
   family("gpulayer_task_run_seconds", "histogram", "Time in task.run (the job's own command).").histogram(run);
@@ -125,5 +81,5 @@ export function serverMetrics(store: ServerStore, workers: (WorkerRow & { runnin
   }
   family("gpulayer_bundle_storage_bytes", "gauge", "Bytes of job bundles the server keeps.").sample(store.bundles.list().reduce((n, b) => n + b.bytes, 0));
   family("gpulayer_artifact_storage_bytes", "gauge", "Bytes of env artifacts the server keeps for workers to fetch.").sample(store.artifacts.totals().bytes);
-  return `${families.flatMap((f) => f.lines).join("\n")}\n`;
+  return exposition(families);
 }

@@ -9,6 +9,8 @@ import { Coordinator } from "./coordinator.ts";
 import type { ArtifactSettings } from "./artifact-routes.ts";
 import { JobsApi } from "./jobs-api.ts";
 import { handler } from "./routes.ts";
+import { parseListen } from "../cluster/listen.ts";
+export { parseListen } from "../cluster/listen.ts";
 import { Sessions } from "./dashboard/session.ts";
 import { ServerStore } from "./store.ts";
 
@@ -32,15 +34,6 @@ export interface ServerSettings {
 
 /** How often the server looks for bundles to remove (and once when it starts). */
 export const BUNDLE_CHECK_MS = 5 * 60_000;
-
-/** HOST:PORT, :PORT or PORT (default 127.0.0.1:7070). */
-export function parseListen(value: string | undefined): { hostname: string; port: number } {
-  const text = value ?? "127.0.0.1:7070";
-  const m = /^(?:\[?([^\]]*?)\]?:)?(\d{1,5})$/.exec(text);
-  const port = Number(m?.[2]);
-  if (!m || port > 65535) throw new UsageError(`--listen ${text}: expected HOST:PORT (e.g. 0.0.0.0:7070)`);
-  return { hostname: m[1] || "127.0.0.1", port };
-}
 
 /** From the coordinator.* and bundle.* settings. */
 /** The lease outlasts the lost window: a worker is first seen as lost (no new work), then, after the lease, loses its jobs. */

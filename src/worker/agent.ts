@@ -1,6 +1,7 @@
 import { ClusterClient } from "../cluster/client.ts";
 import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment, WorkerCache } from "../cluster/protocol.ts";
 import { listEnvs } from "../env/inventory.ts";
+import type { WorkerMetricsSource } from "./metrics.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { HttpError, UserError } from "../errors.ts";
 import { sleep } from "../core/sleep.ts";
@@ -59,6 +60,7 @@ export class Agent {
   private heartbeatMs = 2000;
   private cacheReadAt = 0;
   private cacheSent = "";
+  private connected = false;
   private left = false;
   private beatWake: (() => void) | null = null;
   private rejoining: Promise<void> | null = null;
@@ -168,6 +170,12 @@ export class Agent {
     return report;
   }
 
+  /** What `join --metrics-listen` shows: read from the agent as it is now. */
+  metricsSource(): WorkerMetricsSource {
+    const cache = this.cacheSent ? (JSON.parse(this.cacheSent) as WorkerCache) : null;
+    return { name: this.opts.name, running: this.tasks.size, slots: this.opts.slots, gpus: this.opts.probe.gpus.length, freeGpus: this.freeGpus().length, connected: this.connected, cache: cache && { bytes: cache.bytes, entries: cache.entries } };
+  }
+
   private freeGpus(): number[] {
     const used = new Set([...this.tasks.values()].flatMap((t) => t.task.gpus));
     return this.opts.probe.gpus.map((g) => g.index).filter((i) => !used.has(i));
@@ -209,11 +217,13 @@ export class Agent {
           throw error;
         });
         this.contact();
+        this.connected = true;
         this.cancel(r.cancel);
         if (failing) this.log("the server answers again");
         failing = false;
       } catch (error) {
         if (this.left) return;
+        this.connected = false;
         this.fenceIfCutOff();
         if (error instanceof HttpError && error.status === 409 && !this.stopping) await this.rejoin().catch((e) => this.log(`joining again failed: ${(e as Error).message}`));
         // A refused credential is the poll loop's to deal with.

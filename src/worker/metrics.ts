@@ -1,0 +1,41 @@
+import { exposition, Family } from "../core/prometheus.ts";
+
+/** What a worker tells a node-level scraper about itself (`join --metrics-listen`): the agent's own view, read at each scrape. */
+export interface WorkerMetricsSource {
+  name: string;
+  running: number;
+  slots: number;
+  gpus: number;
+  freeGpus: number;
+  /** Whether the server answered its last heartbeat. */
+  connected: boolean;
+  cache: { bytes: number; entries: number } | null;
+}
+
+export function workerMetrics(s: WorkerMetricsSource): string {
+  const labels = { worker: s.name };
+  const family = (name: string, help: string, value: number) => {
+    const f = new Family(name, "gauge", help);
+    f.sample(value, labels);
+    return f;
+  };
+  return exposition([
+    family("gpulayer_worker_running_tasks", "Jobs this worker runs now.", s.running),
+    family("gpulayer_worker_slots", "Jobs this worker runs at once at most (worker.slots).", s.slots),
+    family("gpulayer_worker_gpus", "GPUs this worker has.", s.gpus),
+    family("gpulayer_worker_free_gpus", "GPUs no job of this worker holds now.", s.freeGpus),
+    family("gpulayer_worker_connected", "1 while the server answers this worker's heartbeats.", s.connected ? 1 : 0),
+    family("gpulayer_worker_cache_bytes", "Bytes of envs in this worker's cache.", s.cache?.bytes ?? 0),
+    family("gpulayer_worker_cache_entries", "Envs in this worker's cache.", s.cache?.entries ?? 0),
+  ]);
+}
+
+/** GET /metrics on `listen` (HOST:PORT), without a token: bind it to loopback or a private interface. */
+export function serveWorkerMetrics(listen: { hostname: string; port: number }, read: () => WorkerMetricsSource): { url: string; stop(): void } {
+  const server = Bun.serve({
+    hostname: listen.hostname,
+    port: listen.port,
+    fetch: (req) => (new URL(req.url).pathname === "/metrics" && req.method === "GET" ? new Response(workerMetrics(read()), { headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" } }) : new Response("not found\n", { status: 404 })),
+  });
+  return { url: `http://${listen.hostname}:${server.port}/metrics`, stop: () => void server.stop(true) };
+}
