@@ -55,6 +55,11 @@ async function toFirstLine(args: string[], env: Record<string, string>, cwd: str
   return ms;
 }
 
+function jobsCount(url: string, token: string): number {
+  const r = Bun.spawnSync(["curl", "-s", "-H", `authorization: Bearer ${token}`, `${url}/v1/jobs?limit=1000`], { stdout: "pipe" });
+  return (JSON.parse(r.stdout.toString() || "[]") as unknown[]).length;
+}
+
 try {
   const server = start(["server", "--listen", "127.0.0.1:0", "--token", token, "--json"], home("server"));
   let doc = "";
@@ -128,6 +133,45 @@ try {
   }
   printTable("`/v1/health` while the server checks the worst accepted bundle (1.9 GiB of zeros, 2 MB sent)", [["health, server idle", stats(idle)], ["health, during the check", stats(during)]], "health, server idle");
   console.log(`\n${during.length} probes during checks of up to ${(checkMs / 1000).toFixed(1)} s each; slowest probe ${Math.max(...during).toFixed(1)} ms (aim: under 100 ms)`);
+
+  // The dashboard: the API's latency (a job's status, GET /v1/jobs/ID) with and without a browser's worth of polling
+  // of the jobs page (signed in; every 200 ms, harder than the page's own 5 s refresh), alternated in rounds.
+  const login = await fetch(`${url}/login`, { method: "POST", redirect: "manual", body: new URLSearchParams({ token }), headers: { "content-type": "application/x-www-form-urlencoded" } });
+  const cookie = (login.headers.get("set-cookie") ?? "").split(";")[0]!;
+  const someJob = ((await (await fetch(`${url}/v1/jobs?limit=1`, { headers: { authorization: `Bearer ${token}` } })).json()) as { id: string }[])[0]!.id;
+  const apiCall = async () => {
+    const t = performance.now();
+    await (await fetch(`${url}/v1/jobs/${someJob}`, { headers: { authorization: `Bearer ${token}` } })).arrayBuffer();
+    return performance.now() - t;
+  };
+  const quiet: number[] = [];
+  const polled: number[] = [];
+  let pages = 0;
+  for (let round = 0; round < Number(process.env.BENCH_DASH_ROUNDS ?? 5); round++) {
+    // 100 calls 10 ms apart: about 1.5 s, long enough for several page loads of the poller.
+    for (let i = 0; i < 100; i++) {
+      quiet.push(await apiCall());
+      await Bun.sleep(10);
+    }
+    let polling = true;
+    const poller = (async () => {
+      while (polling) {
+        const r = await fetch(`${url}/jobs`, { headers: { cookie } });
+        if (r.status !== 200) throw new Error(`the jobs page answered ${r.status}`);
+        await r.arrayBuffer();
+        pages++;
+        await Bun.sleep(200);
+      }
+    })();
+    for (let i = 0; i < 100; i++) {
+      polled.push(await apiCall());
+      await Bun.sleep(10);
+    }
+    polling = false;
+    await poller;
+  }
+  printTable("a job's status (GET /v1/jobs/ID) with and without the dashboard's jobs page polled", [["API, no dashboard open", stats(quiet)], ["API, the jobs page polled every 200 ms", stats(polled)]], "API, no dashboard open");
+  console.log(`\n${pages} jobs pages served meanwhile (${jobsCount(url, token)} jobs listed)`);
 } finally {
   for (const c of children) c.kill("SIGTERM");
   await Promise.all(children.map((c) => c.exited));
