@@ -31,6 +31,14 @@ export default defineCommand({
         if (!statuses.length) return "no jobs yet (gpulayer job run -p tqdm -- python -c 'import tqdm')";
         const rows = [["ID", "NAME", "STATE", "EXIT", "PREPARE", "RUN", "CREATED"]];
         for (const s of statuses) {
+          if (s.tasks) {
+            // A job of tasks: its tasks' phases added up, and how many of its tasks' envs were reused.
+            const sum = (name: string) => s.tasks!.reduce((n, t) => n + (t.phases.find((p) => p.name === name)?.seconds ?? 0), 0);
+            const preps = s.tasks.flatMap((t) => t.phases.filter((p) => p.name === "task.prepare"));
+            const hits = preps.filter((p) => p.cache === "hit").length;
+            rows.push([s.id, `${printable(s.name)} (${s.tasks.length} tasks)`, s.state, s.exit_code === null ? "-" : String(s.exit_code), preps.length ? `${formatSeconds(sum("task.prepare"))} ${hits}/${preps.length} hit` : "-", sum("task.run") ? formatSeconds(sum("task.run")) : "-", formatAgo(Date.parse(s.created))]);
+            continue;
+          }
           const prep = s.phases.find((p) => p.name === "task.prepare");
           const run = s.phases.find((p) => p.name === "task.run");
           rows.push([s.id, printable(s.name), s.state, s.exit_code === null ? "-" : String(s.exit_code), prep?.seconds != null ? `${formatSeconds(prep.seconds)}${prep.cache ? ` ${prep.cache}` : ""}` : "-", run?.seconds != null ? formatSeconds(run.seconds) : "-", formatAgo(Date.parse(s.created))]);
