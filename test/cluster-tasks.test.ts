@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, sandbox, startCli, tempDir } from "./helpers.ts";
 import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+import { makeCondaRoot, pyenvPython } from "./fixtures/conda.ts";
 
 /**
  * A job of tasks through a server with two workers (one slot each), all
@@ -31,9 +32,12 @@ beforeAll(async () => {
   index.wheel({ name: "gl-base", version: "2.0" });
   const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...boxes.server.env, ...FAST } }), procs);
   url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
+  // w2 has a conda environment (laid out as conda leaves it; see test/fixtures/conda.ts), w1 none.
+  const conda = pyenvPython() ? makeCondaRoot(join(boxes.w2.root, "miniconda3"), { envs: { ml: {} } }).root : null;
   for (const name of ["w1", "w2"] as const) {
     const venv = await makeWorkerVenv(join(boxes[name].root, "venv"), { env: boxes[name].env });
-    keepOutput(startCli(["join", url, "--name", name, "--python", venv], { env: { ...boxes[name].env, ...FAST, GPULAYER_TOKEN: TOKEN } }), procs);
+    const extra: Record<string, string> = name === "w2" && conda ? { CONDA_ROOT: conda } : {};
+    keepOutput(startCli(["join", url, "--name", name, "--python", venv], { env: { ...boxes[name].env, ...FAST, GPULAYER_TOKEN: TOKEN, ...extra } }), procs);
   }
   await waitFor("two workers", async () => (JSON.parse((await gpl(["workers", "--json"])).stdout) as unknown[]).length === 2);
 }, T);
@@ -122,6 +126,36 @@ describe("a job of tasks through a server", () => {
     expect(status.tasks[1]!.error).toBe("not started: breaks, which it needs, failed");
     // Their output would be on stderr under --json, each line with its task: there is none.
     expect(r.stderr).not.toMatch(/^\[(after|last)\] never$/m);
+  }, T);
+
+  test("each task's output streams back as it comes, with [name], not at the job's end", async () => {
+    const gate = join(meeting, "gate");
+    const dir = jobDir("live", ["tasks:", `  a: {command: "echo a-waiting; while [ ! -e ${gate} ]; do sleep 0.05; done; echo a-through"}`, "  b: {command: echo b-after, needs: [a]}", ""].join("\n"));
+    const proc = startCli(["job", "run", "-f", "job.yaml"], { env: { ...boxes.client.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN }, cwd: dir });
+    let out = "";
+    const reading = (async () => {
+      for await (const c of proc.stdout as ReadableStream<Uint8Array>) out += new TextDecoder().decode(c);
+    })();
+    // a's first line arrives while a still runs (it waits for the gate, which only this test opens).
+    await waitFor("a's first line, live", async () => out.includes("[a] a-waiting\n"));
+    expect(out).not.toContain("a-through");
+    writeFileSync(gate, "");
+    expect(await proc.exited).toBe(0);
+    await reading;
+    expect(out).toBe("[a] a-waiting\n[a] a-through\n[b] b-after\n");
+  }, T);
+
+  // Skipped only without a pyenv Python to copy into the conda fixture; this machine and CI have pyenv's.
+  test.skipIf(!pyenvPython())("a worker's conda environments reach the server; a job naming one goes to that worker", async () => {
+    const workers = JSON.parse((await gpl(["workers", "--json"])).stdout) as { name: string; probe: { conda: { name: string | null }[] } }[];
+    expect(workers.find((w) => w.name === "w2")!.probe.conda.map((c) => c.name).sort()).toEqual(["base", "ml"]);
+    expect(workers.find((w) => w.name === "w1")!.probe.conda).toEqual([]);
+    const dir = jobDir("conda", ["command: python -c \"import os; print(os.environ['CONDA_DEFAULT_ENV'])\"", "environment: {conda: ml}", ""].join("\n"));
+    const r = await gpl(["job", "run", "-f", "job.yaml", "--json"], dir);
+    expect(r.code).toBe(0);
+    const status = JSON.parse(r.stdout) as { worker: string };
+    expect(status.worker).toBe("w2");
+    expect(r.stderr).toContain("ml\n");
   }, T);
 
   test("job cancel ends the running task on its worker and every task not started", async () => {

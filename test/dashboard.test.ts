@@ -107,6 +107,8 @@ describe.skipIf(!CHROMIUM)("in a browser", () => {
     const b = browser!;
     await b.goto(`${url}/jobs`);
     expect(await path()).toBe("/login");
+    // Styled, though the stylesheet file needs a session: its own copy, allowed by the CSP's hash.
+    expect(await b.eval<string>(`getComputedStyle(document.querySelector("form.signin")).backgroundColor`)).toBe("rgb(255, 255, 255)");
     await shoot("sign-in");
     const loaded = b.once("Page.loadEventFired");
     await b.eval(`(document.getElementById("token").value = ${JSON.stringify(TOKEN)}, document.querySelector("form.signin").submit(), true)`);

@@ -84,7 +84,8 @@ describe("names and commands never forge lines or drive the terminal", () => {
       expect(out.stdout.split("\n").some((l) => l.startsWith("error: forged"))).toBe(false);
     }
     expect(status.stdout).toContain(`job ${job.id} a\\nerror: forged: succeeded, exit 0`);
-    expect(status.stdout).toContain(`  command  sh -c : "\\x1b[2J"; ${script}`);
+    // The command as a shell line (each word quoted as it must be), its control characters escaped.
+    expect(status.stdout).toContain(`  command  sh -c ': "\\x1b[2J"; printf '"'"'\\033[2J'"'"'; echo done'`);
     // The table stays a table: one line per job, its columns aligned.
     const lines = list.stdout.trimEnd().split("\n");
     const row = lines.find((l) => l.startsWith(job.id))!;

@@ -266,7 +266,7 @@ describe("a job of tasks, here", () => {
     ["a task that needs itself", "tasks:\n  a: {command: 'true', needs: [a]}\n", "job.yaml: tasks.a.needs: a task cannot need itself"],
     ["a command of the job's own beside tasks", "command: 'true'\ntasks:\n  a: {command: 'true'}\n", "job.yaml: command: a job with tasks has no command of its own; give each task its command"],
     ["a task without a command", "tasks:\n  a: {env: {X: '1'}}\n", "job.yaml: tasks.a.command: is required"],
-    ["a task name with a space", "tasks:\n  'a b': {command: 'true'}\n", "job.yaml: tasks.a b: is not a valid task name (letters, digits, . _ -)"],
+    ["a task name with a space", "tasks:\n  'a b': {command: 'true'}\n", "job.yaml: tasks.\"a b\": is not a valid task name (letters, digits, . _ -)"],
     ["an unknown key in a task", "tasks:\n  a: {command: 'true', after: [b]}\n", "job.yaml: tasks.a.after: unknown key"],
   ];
   for (const [what, yaml, message] of bad) {

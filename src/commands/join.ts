@@ -44,6 +44,7 @@ function probeLines(p: MachineProbe, labels: Record<string, string>, name: strin
     `torch     ${torch}`,
     `packages  ${Object.keys(p.frameworks).length} in the worker's site-packages`,
     `engine    ${p.engine ?? "none (no working docker or podman)"}`,
+    ...(p.conda?.length ? [`conda     ${p.conda.map((c) => c.name ?? c.prefix).join(", ")}`] : []),
     `labels    ${formatLabels(labels)}`,
     `probe     ${p.probeMs} ms`,
   ];

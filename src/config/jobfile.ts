@@ -55,11 +55,16 @@ export type JobFile = v.InferOutput<typeof JobFileSchema>;
 export type TaskFile = v.InferOutput<typeof Task>;
 export type EnvironmentFile = v.InferOutput<typeof Environment>;
 
+/** valibot's words for a type, as a job file's author says them. */
+const TYPE_WORDS: Record<string, string> = { Object: "a mapping", Array: "a list", null: "nothing", undefined: "nothing" };
+
 function describeIssue(issue: v.BaseIssue<unknown>): string {
-  const path = v.getDotPath(issue) ?? "";
+  // A key that is empty or has spaces is shown quoted: `tasks."a b"`, `tasks.""`.
+  const path = (issue.path ?? []).map((p) => String(p.key)).map((k, i) => (i && !/^[A-Za-z0-9_-]+$/.test(k) ? JSON.stringify(k) : k)).join(".");
   if (issue.expected === "never" && issue.path?.length) return `${path}: unknown key`;
   if (issue.received === "undefined" && issue.path?.length) return `${path}: is required`;
-  const message = /^Invalid (type|key)/.test(issue.message) ? `expected ${issue.expected}, got ${issue.received}` : issue.message;
+  const words = (t: string | null) => TYPE_WORDS[t ?? ""] ?? t;
+  const message = /^Invalid (type|key)/.test(issue.message) ? `expected ${words(issue.expected)}, got ${words(issue.received)}` : issue.message;
   return path ? `${path}: ${message}` : message;
 }
 
@@ -134,7 +139,8 @@ export function loadJobFile(path: string): JobFile {
   try {
     data = path.endsWith(".json") ? JSON.parse(text) : parseYaml(text);
   } catch (error) {
-    throw new UsageError(`${basename(path)}: not valid ${path.endsWith(".json") ? "JSON" : "YAML"}: ${(error as Error).message.split("\n")[0]}`);
+    // The parser's first line; one that ends in a colon announces a code frame (dropped): the colon goes too.
+    throw new UsageError(`${basename(path)}: not valid ${path.endsWith(".json") ? "JSON" : "YAML"}: ${(error as Error).message.split("\n")[0]!.replace(/:\s*$/, "")}`);
   }
   return validateJobFile(data, basename(path));
 }

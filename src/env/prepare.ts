@@ -69,6 +69,7 @@ export interface PrepareResult {
 
 /** From a request to its key: stats, readdirs and a hash; no Python is started on the warm path (a wrapper script aside). */
 export function resolveRequest(layout: HomeLayout, req: PrepareRequest): ResolvedRequest {
+  if (req.conda !== undefined && !req.conda.trim()) throw new UsageError("--conda: give a conda environment's name or path");
   if (req.conda !== undefined && req.python !== undefined) throw new UsageError(`--python ${req.python} and --conda ${req.conda} both name the base interpreter: give one`);
   const conda = req.conda === undefined ? null : findCondaEnv(req.conda, { env: req.env, home: req.env.HOME || homedir(), cwd: req.cwd });
   const { info: interpreter, resolved } = runningInterpreter(conda?.python ?? req.python, req.env, req.cwd, layout.interpreters);

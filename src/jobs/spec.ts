@@ -3,6 +3,7 @@ import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
 import { type EnvironmentFile, type JobFile, loadJobFile, type TaskFile } from "../config/jobfile.ts";
 import { type EnvironmentSource, environmentRequest } from "../env/request.ts";
 import { positiveDuration } from "../config/kinds.ts";
+import { join as shlexJoin } from "shlex";
 import { UsageError } from "../errors.ts";
 
 /** A job with every path resolved and flags merged over its file: what a runner needs, nothing else. */
@@ -86,8 +87,13 @@ function environmentFromFile(fe: EnvironmentFile, workdir: string, where: string
   return out;
 }
 
+/** A list command as a shell line would say it (quoted where a word needs it): what status, logs and --dry-run show. */
+function commandLine(argv: string[]): string {
+  return shlexJoin(argv);
+}
+
 function commandOf(command: string | string[]): { argv: string[]; commandText: string } {
-  return typeof command === "string" ? { argv: ["/bin/sh", "-c", command], commandText: command } : { argv: command, commandText: command.join(" ") };
+  return typeof command === "string" ? { argv: ["/bin/sh", "-c", command], commandText: command } : { argv: command, commandText: commandLine(command) };
 }
 
 function directory(path: string, notOne: string): string {
@@ -108,7 +114,7 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   if (file.tasks) {
     if (file.command !== undefined) throw new UsageError(`${source}: command: a job with tasks has no command of its own; give each task its command`);
     if (flags.command.length) throw new UsageError(`${source} has tasks, each with its own command: give none after --`);
-  } else if (flags.command.length) ({ argv, commandText } = { argv: flags.command, commandText: flags.command.join(" ") });
+  } else if (flags.command.length) ({ argv, commandText } = { argv: flags.command, commandText: commandLine(flags.command) });
   else if (file.command !== undefined) ({ argv, commandText } = commandOf(file.command));
   else throw new UsageError(flags.file ? `${source}: command: is required (or give one after --)` : "no command: give one after -- (gpulayer job run -p tqdm -- python train.py) or use -f JOB_FILE");
 
@@ -119,10 +125,13 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   // Each field from the flags (paths against the current directory), else from the file (paths against the workdir): one rule, environmentRequest.
   const byFlags = environmentRequest({ requirementsFile: flags.requirementsFile, specs: flags.specs, python: flags.python, indexUrl: flags.indexUrl, extraIndexUrls: flags.extraIndexUrls, findLinks: flags.findLinks }, cwd);
   const byFile = environmentFromFile(file.environment ?? {}, workdir, `${source}: environment`);
+  // python and conda both name the base interpreter: one field. A flag for either replaces the file's.
+  const base = flags.python !== undefined || flags.conda !== undefined ? { python: byFlags.python, conda: flags.conda } : { python: byFile.python, conda: byFile.conda };
+  if (base.python !== undefined && base.conda !== undefined) throw new UsageError(flags.python !== undefined || flags.conda !== undefined ? `--python and --conda both name the base interpreter: give one` : `${source}: environment: python and conda both name the base interpreter: give one`);
   const environment: JobSpec["environment"] = {
     specs: [],
-    python: byFlags.python ?? byFile.python,
-    conda: flags.conda ?? byFile.conda,
+    python: base.python,
+    conda: base.conda,
     indexUrl: byFlags.indexUrl ?? byFile.indexUrl,
     extraIndexUrls: byFlags.extraIndexUrls.length ? byFlags.extraIndexUrls : (byFile.extraIndexUrls ?? []),
     findLinks: byFlags.findLinks.length ? byFlags.findLinks : (byFile.findLinks ?? []),
@@ -163,7 +172,13 @@ function taskSpec(job: JobSpec, name: string, task: TaskFile, fileDir: string, s
   let environment: JobSpec["environment"];
   if (task.environment === undefined) environment = job.environment;
   else if (Object.keys(task.environment).length === 0) environment = { specs: [], extraIndexUrls: [], findLinks: [] };
-  else environment = { ...job.environment, ...environmentFromFile(task.environment, workdir, `${at}.environment`) };
+  else {
+    const own = environmentFromFile(task.environment, workdir, `${at}.environment`);
+    if (own.python !== undefined && own.conda !== undefined) throw new UsageError(`${at}.environment: python and conda both name the base interpreter: give one`);
+    // One field, the base interpreter: a task's python replaces the job's conda, and its conda the job's python.
+    const base = own.python !== undefined || own.conda !== undefined ? { python: own.python, conda: own.conda } : {};
+    environment = { ...job.environment, ...own, ...base };
+  }
   const resources = { gpus: task.resources?.gpus ?? job.resources.gpus, frameworks: task.resources?.frameworks ?? job.resources.frameworks };
   return { name, ...commandOf(task.command), workdir, env, environment, resources };
 }

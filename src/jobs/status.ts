@@ -75,6 +75,11 @@ export function phasesOf(events: JobEvent[], now = Date.now()): Phase[] {
   return phases.sort((a, b) => (a.name === "task.prepare" ? -1 : 1) - (b.name === "task.prepare" ? -1 : 1));
 }
 
+/** A lost job's phases: one its runner left running ended when the record last changed, and failed (it did not finish). */
+function endedPhases(events: JobEvent[], lastKnown: number): Phase[] {
+  return phasesOf(events, lastKnown).map((p) => (p.state === "running" ? { ...p, state: "failed" as const } : p));
+}
+
 /** The status of a job as a reader shows it (see shownJob): reads only, whatever state the record is in. */
 export function jobStatus(store: JobStore, record: JobRecord): JobStatus {
   const lost = lostReason(record);
@@ -91,7 +96,7 @@ export function jobStatus(store: JobStore, record: JobRecord): JobStatus {
     env_key: job.envKey,
     error: job.error,
     ...(lost ? { lost: true as const } : {}),
-    phases: phasesOf(events),
+    phases: lost ? endedPhases(events, record.updated) : phasesOf(events),
     ...(job.spec.tasks ? { tasks: taskStatuses(store, job, Boolean(lost)) } : {}),
     events: events.map((e) => ({ ts: e.ts, type: e.type, data: e.data, time: new Date(e.ts).toISOString() })),
   };
@@ -111,7 +116,7 @@ function taskStatuses(store: JobStore, job: JobRecord, lost: boolean): TaskStatu
       env_key: t.envKey,
       error: gone ? "the job's runner is gone" : t.error,
       command: t.spec.commandText,
-      phases: phasesOf(store.events(t.id)),
+      phases: gone ? endedPhases(store.events(t.id), t.updated) : phasesOf(store.events(t.id)),
     };
   });
 }

@@ -172,6 +172,11 @@ export class JobStore {
   /** A unique prefix of an id is enough. */
   find(prefix: string): JobRecord {
     if (!/^[0-9a-f]{1,16}$/i.test(prefix)) throw new UsageError(`not a job id: ${prefix}`);
+    // A task's record by its whole id (job status TASK_ID, as `tasks[].id` shows it); by a prefix, jobs only.
+    if (prefix.length === 16) {
+      const row = this.get(prefix.toLowerCase());
+      if (row) return row;
+    }
     const rows = this.db.query<JobRow, [string]>(`SELECT * FROM jobs WHERE id LIKE ? ${this.hasTasks ? "AND parent_id IS NULL" : ""} LIMIT 2`).all(`${prefix.toLowerCase()}%`);
     if (rows.length > 1) throw new UsageError(`job id prefix ${prefix} matches several jobs; give more of it`);
     if (!rows[0]) throw new UserError(`no job with id ${prefix} (see gpulayer job list)`);

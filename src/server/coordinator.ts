@@ -350,7 +350,11 @@ export class Coordinator {
       this.store.addTask({ id, kind: "job", jobId: job.id, groupId: null, workerId: w.id, attempt, gpus, prepare: null, bundle: job.bundle });
       this.store.updateJob(job.id, { attempts: attempt, workerId: w.id, waiting: null });
       this.store.event(job.id, "job.assigned", { worker: w.name, worker_id: w.id, attempt, gpus });
-      if (job.parentId) this.store.event(job.parentId, "task.assigned", { task: job.task, worker: w.name, attempt });
+      if (job.parentId) {
+        this.store.event(job.parentId, "task.assigned", { task: job.task, worker: w.name, attempt });
+        // Whoever follows the job hears of it now, not at its next long poll's end.
+        this.notify.wake(`job:${job.parentId}`);
+      }
       this.notify.wake(`worker:${w.id}`);
       this.wakeJob(job.id);
     }

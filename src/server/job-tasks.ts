@@ -14,7 +14,7 @@ import type { JobRow, ServerJobState, ServerStore } from "./store.ts";
 export function taskBlocked(store: ServerStore, task: JobRow): { skip: string } | { wait: string } | null {
   if (!task.parentId) return null;
   const parent = store.job(task.parentId);
-  if (parent?.cancelRequested) return { skip: "the job was cancelled" };
+  if (parent?.cancelRequested) return { skip: JOB_CANCELLED };
   if (!task.needs.length) return null;
   const siblings = new Map(store.tasksOf(task.parentId).map((t) => [t.task, t]));
   for (const n of task.needs) {
@@ -25,11 +25,13 @@ export function taskBlocked(store: ServerStore, task: JobRow): { skip: string } 
   return pending.length ? { wait: `the tasks it needs (${pending.join(", ")})` } : null;
 }
 
-/** Ended without ever starting; `cancelled` when the job was cancelled first. */
+export const JOB_CANCELLED = "the job was cancelled";
+
+/** Ended without ever starting (no exit code: nothing ran); `cancelled` when the job was cancelled first. */
 export function endUnstarted(store: ServerStore, task: JobRow, because: string): void {
-  const state: ServerJobState = because === "the job was cancelled" ? "cancelled" : "skipped";
+  const state: ServerJobState = because === JOB_CANCELLED ? "cancelled" : "skipped";
   store.event(task.id, `task.${state}`, { because });
-  store.updateJob(task.id, { state, error: because, waiting: null, exitCode: state === "cancelled" ? ExitCode.cancelled : null });
+  store.updateJob(task.id, { state, error: because, waiting: null, exitCode: null });
   if (task.parentId) store.event(task.parentId, `task.${state}`, { task: task.task, because });
 }
 
@@ -43,7 +45,12 @@ export function settleJob(store: ServerStore, parentId: string): boolean {
   const tasks = store.tasksOf(parentId);
   // Each task's end, once, in the job's own events (skipped and cancelled ones were told by endUnstarted).
   const told = new Set(store.events(parentId).filter((e) => /^task\.(finished|skipped|cancelled)$/.test(e.type)).map((e) => e.data.task));
-  for (const t of tasks) if (FINAL_JOB_STATES.includes(t.state) && !told.has(t.task)) store.event(parentId, "task.finished", { task: t.task, state: t.state, exit_code: t.exitCode });
+  let changed = false;
+  for (const t of tasks) {
+    if (!FINAL_JOB_STATES.includes(t.state) || told.has(t.task)) continue;
+    store.event(parentId, "task.finished", { task: t.task, state: t.state, exit_code: t.exitCode });
+    changed = true;
+  }
   if (tasks.every((t) => FINAL_JOB_STATES.includes(t.state))) {
     const failed = tasks.filter((t) => t.state === "failed").sort((a, b) => a.updated - b.updated)[0];
     const state: ServerJobState = job.cancelRequested ? "cancelled" : tasks.every((t) => t.state === "succeeded") ? "succeeded" : "failed";
@@ -56,5 +63,5 @@ export function settleJob(store: ServerStore, parentId: string): boolean {
     store.updateJob(parentId, { state: "running" });
     return true;
   }
-  return false;
+  return changed;
 }

@@ -7,7 +7,7 @@ import { HttpFail } from "./http-fail.ts";
 import { jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
 import { type JobRow, newId, type WorkerRow } from "./store.ts";
 import { prepareSteps } from "./task-reports.ts";
-import { endUnstarted, settleJob } from "./job-tasks.ts";
+import { endUnstarted, JOB_CANCELLED, settleJob } from "./job-tasks.ts";
 import { needsCycle } from "../jobs/spec.ts";
 
 const NO_WORKERS = "no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)";
@@ -108,7 +108,7 @@ export class JobsApi {
         if (FINAL_JOB_STATES.includes(t.state)) continue;
         if (this.store.activeTaskOfJob(t.id)) this.cancel(t);
         else {
-          endUnstarted(this.store, t, "the job was cancelled");
+          endUnstarted(this.store, t, JOB_CANCELLED);
           this.c.notify.wake(`job:${t.id}`);
         }
       }

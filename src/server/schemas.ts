@@ -99,6 +99,7 @@ export const RegisterSchema = v.strictObject({
     probeMs: v.number(),
     offline: v.optional(v.boolean()),
     shareEnvs: v.optional(v.boolean()),
+    conda: v.optional(v.pipe(v.array(v.object({ name: v.nullable(v.string()), prefix: v.string(), frameworks: v.record(v.string(), v.string()) })), v.maxLength(1000))),
   }),
   /** The id and credential it was given before (kept in its home): the same worker, back. */
   resume: v.optional(v.strictObject({ id: v.pipe(v.string(), v.maxLength(100)), credential: v.pipe(v.string(), v.maxLength(200)) })),

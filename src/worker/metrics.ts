@@ -1,4 +1,5 @@
 import { exposition, Family } from "../core/prometheus.ts";
+import { UsageError } from "../errors.ts";
 
 /** What a worker tells a node-level scraper about itself (`join --metrics-listen`): the agent's own view, read at each scrape. */
 export interface WorkerMetricsSource {
@@ -32,10 +33,15 @@ export function workerMetrics(s: WorkerMetricsSource): string {
 
 /** GET /metrics on `listen` (HOST:PORT), without a token: bind it to loopback or a private interface. */
 export function serveWorkerMetrics(listen: { hostname: string; port: number }, read: () => WorkerMetricsSource): { url: string; stop(): void } {
-  const server = Bun.serve({
-    hostname: listen.hostname,
-    port: listen.port,
-    fetch: (req) => (new URL(req.url).pathname === "/metrics" && req.method === "GET" ? new Response(workerMetrics(read()), { headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" } }) : new Response("not found\n", { status: 404 })),
-  });
+  let server: ReturnType<typeof Bun.serve>;
+  try {
+    server = Bun.serve({
+      hostname: listen.hostname,
+      port: listen.port,
+      fetch: (req) => (new URL(req.url).pathname === "/metrics" && req.method === "GET" ? new Response(workerMetrics(read()), { headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" } }) : new Response("not found\n", { status: 404 })),
+    });
+  } catch (error) {
+    throw new UsageError(`--metrics-listen ${listen.hostname}:${listen.port}: cannot listen there: ${(error as Error).message}`);
+  }
   return { url: `http://${listen.hostname}:${server.port}/metrics`, stop: () => void server.stop(true) };
 }

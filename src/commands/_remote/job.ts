@@ -3,6 +3,7 @@ import type { JobSpec } from "../../jobs/spec.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import type { RemoteTarget } from "../../cluster/client.ts";
 import { exitCodeOf, followJob, type JobUpdate, jobStatus, requestCancel, submitJob } from "../../cluster/jobs-client.ts";
+import type { WatchResponse } from "../../cluster/protocol.ts";
 import { packLines } from "./pack-lines.ts";
 import { formatLabels, labelsFromArgs } from "../../cluster/protocol.ts";
 import { writeOut, writeErr } from "../../ui/terminal.ts";
@@ -104,26 +105,37 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
 async function followTasks(target: RemoteTarget, id: string, out: Output, onTrouble: (m: string | null) => void): Promise<void> {
   const followed = new Map<string, Promise<void>>();
   const io = tasksIO(out, { stdout: taskStdout(out.json, () => false) });
-  const follow = async (name: string, taskId: string) => {
+  const follow = async (name: string, taskId: string): Promise<WatchResponse> => {
     const task = io.forTask(name);
     const prefixed = new PrefixedOutput(out, `[${name}] `);
-    for await (const u of followJob(target, taskId, { onTrouble })) {
+    const updates = followJob(target, taskId, { onTrouble });
+    for (;;) {
+      const next = await updates.next();
+      if (next.done) return next.value;
+      const u = next.value;
       if (u.kind === "output") (u.stream === "stderr" ? task.onStderr : task.onStdout)?.(u.data);
       else printEvent(prefixed, u);
     }
   };
+  // A task given to a worker is followed from then on (it may still read "queued" until its worker starts preparing it).
+  const assigned = new Set<string>();
   const startFollowing = async () => {
     const status = await jobStatus(target, id);
     for (const t of status.tasks ?? []) {
-      if (followed.has(t.name) || t.state === "queued" || t.state === "skipped" || (t.state === "cancelled" && !t.phases.length)) continue;
-      followed.set(t.name, follow(t.name, t.id).finally(() => io.flush(t.name)));
+      const started = assigned.has(t.name) || !(t.state === "queued" || t.state === "skipped" || (t.state === "cancelled" && !t.phases.length));
+      if (followed.has(t.name) || !started) continue;
+      // Its end is told once its output is all here: in the order things happened.
+      const ended = (u: WatchResponse) => out.progress(`[${t.name}] ${u.state}${u.exit_code !== null ? ` (exit ${u.exit_code})` : ""}`);
+      followed.set(t.name, follow(t.name, t.id).then(ended).finally(() => io.flush(t.name)));
     }
   };
   for await (const u of followJob(target, id, { onTrouble })) {
     if (u.kind !== "event") continue;
-    if (u.type === "task.assigned") await startFollowing();
+    if (u.type === "task.assigned") {
+      assigned.add(String(u.data.task));
+      await startFollowing();
+    }
     if (u.type === "task.skipped" || u.type === "task.cancelled") out.progress(`[${String(u.data.task)}] ${u.type.slice(5)} (${String(u.data.because)})`);
-    if (u.type === "task.finished") out.progress(`[${String(u.data.task)}] ${String(u.data.state)} (exit ${String(u.data.exit_code)})`);
   }
   await startFollowing();
   await Promise.all(followed.values());

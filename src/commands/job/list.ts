@@ -36,7 +36,7 @@ export default defineCommand({
             const sum = (name: string) => s.tasks!.reduce((n, t) => n + (t.phases.find((p) => p.name === name)?.seconds ?? 0), 0);
             const preps = s.tasks.flatMap((t) => t.phases.filter((p) => p.name === "task.prepare"));
             const hits = preps.filter((p) => p.cache === "hit").length;
-            rows.push([s.id, `${printable(s.name)} (${s.tasks.length} tasks)`, s.state, s.exit_code === null ? "-" : String(s.exit_code), preps.length ? `${formatSeconds(sum("task.prepare"))} ${hits}/${preps.length} hit` : "-", sum("task.run") ? formatSeconds(sum("task.run")) : "-", formatAgo(Date.parse(s.created))]);
+            rows.push([s.id, `${printable(s.name)} (${s.tasks.length} task${s.tasks.length === 1 ? "" : "s"})`, s.state, s.exit_code === null ? "-" : String(s.exit_code), preps.length ? `${formatSeconds(sum("task.prepare"))} ${hits}/${preps.length} hit` : "-", sum("task.run") ? formatSeconds(sum("task.run")) : "-", formatAgo(Date.parse(s.created))]);
             continue;
           }
           const prep = s.phases.find((p) => p.name === "task.prepare");

@@ -1,6 +1,7 @@
 import type { RemoteJobStatus, WorkerCache, WorkerView } from "../../cluster/protocol.ts";
 import type { Phase } from "../../jobs/status.ts";
 import { ago, bar, esc, formatBytes, formatSeconds, Html, html, layout } from "./html.ts";
+import { STYLE } from "./assets.ts";
 
 /** The pages, rendered from what the API reads (the same documents `job status` and `workers` print). */
 
@@ -11,9 +12,10 @@ export interface WorkerLine extends WorkerView {
 
 const state = (s: string) => html`<span class="state-${s}">${s}</span>`;
 
+/** The sign-in page carries its stylesheet inline (the stylesheet file, like every asset, needs a session); the CSP names its hash. */
 export function signInPage(error: string | null): string {
   return html`<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>Sign in · gpulayer</title><link rel="stylesheet" href="/assets/style.css"></head>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>Sign in · gpulayer</title><style>${new Html(STYLE)}</style></head>
 <body><form class="signin" method="post" action="/login"><h1>gpulayer</h1><label for="token">The server's token, or a user token</label>
 <input id="token" name="token" type="password" autocomplete="current-password" autofocus required>
 ${error ? html`<p class="error">${error}</p>` : ""}<button type="submit">Sign in</button></form></body></html>
@@ -54,7 +56,7 @@ export function jobsPage(jobs: Omit<RemoteJobStatus, "events">[], filter: { stat
   const rows = jobs.map((j) => {
     const p = phase(j, "task.prepare");
     const r = phase(j, "task.run");
-    return html`<tr><td><a href="/jobs/${j.id}">${j.id.slice(0, 8)}</a></td><td class="wrap">${j.name}${j.tasks?.length ? html` <span class="muted">(${j.tasks.length} tasks)</span>` : ""}</td><td>${state(j.state)}</td>
+    return html`<tr><td><a href="/jobs/${j.id}">${j.id.slice(0, 8)}</a></td><td class="wrap">${j.name}${j.tasks?.length ? html` <span class="muted">(${j.tasks.length} task${j.tasks.length === 1 ? "" : "s"})</span>` : ""}</td><td>${state(j.state)}</td>
 <td>${j.worker ?? (j.tasks?.length ? [...new Set(j.tasks.map((t) => t.worker).filter(Boolean))].join(", ") : "–")}</td>
 <td>${bar(p, max, "prepare")} ${formatSeconds(p)}</td><td>${bar(r, max, "run")} ${formatSeconds(r)}</td><td>${cacheOf(j)}</td><td>${j.exit_code ?? "–"}</td><td>${ago(j.created)}</td></tr>`;
   });
