@@ -213,6 +213,21 @@ describe("a job of tasks, here", () => {
     }
   });
 
+  test("job logs --follow of a job of tasks prints every task's lines with its name as they come, and ends with the job", async () => {
+    const s = sandbox();
+    try {
+      writeFileSync(join(s.root, "job.yaml"), ["environment: {}", "tasks:", "  a: {command: 'echo a1; sleep 0.5; echo a2'}", "  b: {command: 'echo b1', needs: [a]}", ""].join("\n"));
+      const started = JSON.parse((await cli(["job", "run", "-f", "job.yaml", "--detach", "--json"], { env: s.env, cwd: s.root })).stdout) as { id: string };
+      const followed = await cli(["job", "logs", started.id, "--follow"], { env: s.env });
+      expect(followed.code).toBe(0);
+      expect(followed.stdout).toBe("[a] a1\n[a] a2\n[b] b1\n");
+      const status = JSON.parse((await cli(["job", "status", started.id, "--json"], { env: s.env })).stdout) as { state: string };
+      expect(status.state).toBe("succeeded");
+    } finally {
+      s.cleanup();
+    }
+  });
+
   test("job cancel of a detached job of tasks ends the running ones and every one not started", async () => {
     const s = sandbox();
     try {

@@ -39,12 +39,14 @@ export async function remoteLogs(target: RemoteTarget, id: string, follow: boole
     if (!t) throw new UsageError(tasks.length ? `job ${status.id} has no task ${task} (tasks: ${tasks.map((x) => x.name).join(", ")})` : `--task: job ${status.id} is not a job of tasks`);
     id = t.id;
   } else if (tasks.length) {
-    if (follow) throw new UsageError(`job ${status.id} has tasks (${tasks.map((x) => x.name).join(", ")}): follow one with --task NAME`);
-    for (const t of tasks) {
+    const read = async (t: (typeof tasks)[number]) => {
       const lines = prefixedLines(`[${t.name}] `, (text) => writeOut(text));
-      lines.push(await jobLog(target, t.id));
+      if (follow) for await (const u of followJob(target, t.id, { onTrouble })) (u.kind === "output" ? lines.push(u.data) : undefined);
+      else lines.push(await jobLog(target, t.id));
       lines.flush();
-    }
+    };
+    if (follow) await Promise.all(tasks.map(read));
+    else for (const t of tasks) await read(t);
     return;
   } else id = status.id;
   if (!follow) {

@@ -11,7 +11,7 @@ import { prefixedLines } from "../_tasks-ui.ts";
 const args = {
   id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" },
   follow: { type: "boolean", alias: "f", description: "Keep printing new output until the job ends" },
-  task: { type: "string", valueHint: "NAME", description: "A job of tasks: this task's output (without it: each task's, one after another, each line with [name])" },
+  task: { type: "string", valueHint: "NAME", description: "A job of tasks: this task's output (without it: each task's, each line with [name]; with --follow, all of them as their lines come)" },
   ...serverArgs,
 } as const;
 
@@ -36,12 +36,14 @@ export default defineCommand({
       if (!task) throw new UsageError(tasks.length ? `job ${job.id} has no task ${a.task} (tasks: ${tasks.map((t) => t.task).join(", ")})` : `--task: job ${job.id} is not a job of tasks`);
       await followLog(store, task.id, Boolean(a.follow), (chunk) => writeOut(chunk));
     } else if (tasks.length) {
-      if (a.follow) throw new UsageError(`job ${job.id} has tasks (${tasks.map((t) => t.task).join(", ")}): follow one with --task NAME`);
-      for (const t of tasks) {
+      // Each task's log, each line with its name: one after another, or (--follow) all at once as their lines come.
+      const read = async (t: (typeof tasks)[number]) => {
         const lines = prefixedLines(`[${t.task}] `, (text) => writeOut(text));
-        await followLog(store, t.id, false, (chunk) => lines.push(chunk));
+        await followLog(store, t.id, Boolean(a.follow), (chunk) => lines.push(chunk));
         lines.flush();
-      }
+      };
+      if (a.follow) await Promise.all(tasks.map(read));
+      else for (const t of tasks) await read(t);
     } else await followLog(store, job.id, Boolean(a.follow), (chunk) => writeOut(chunk));
     store.close();
   },
