@@ -18,6 +18,8 @@ export async function cancelJob(store: JobStore, job: JobRecord, opts: { cancelG
   if (job.runnerPid && runnerState === "unverifiable") {
     throw new UserError(`job ${job.id}: its runner, pid ${job.runnerPid}, was recorded without a start time, so it cannot be told from another process that has that pid now; not signalling it`);
   }
+  // Said before the signal: the runner reads it to record who cancelled (a SIGTERM alone could come from anyone).
+  if (job.runnerPid && runnerState === "alive") store.event(job.id, "job.cancel.requested", { by: "job cancel" });
   if (job.runnerPid && runnerState === "alive" && signalRecorded(runner, "SIGTERM") === "signalled") {
     const deadline = Date.now() + opts.cancelGraceMs + 10_000;
     for (;;) {

@@ -112,8 +112,10 @@ export default defineCommand({
       running.cancel("stdout closed");
     };
     const onSignal = (signal: string) => {
-      out.progress(`\n${signal}: cancelling job ${job.id}`);
-      running.cancel(`${signal} to gpulayer`);
+      // A SIGTERM that `job cancel` sent (it says so in the job's events first) is recorded as that.
+      const byCancel = signal === "SIGTERM" && store.events(job.id).some((e) => e.type === "job.cancel.requested");
+      out.progress(`\n${byCancel ? "job cancel" : signal}: cancelling job ${job.id}`);
+      running.cancel(byCancel ? "job cancel" : `${signal} to gpulayer`);
     };
     // SIGHUP too: a closed terminal must not leave the job running on, orphaned in its own process group.
     const signals = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
