@@ -16,7 +16,8 @@ import { TcpProxy } from "./fixtures/tcp-proxy.ts";
  */
 
 const TOKEN = "artifact-test-token-0123456789";
-const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.5", GPULAYER_WORKER_LOST_SECONDS: "3", GPULAYER_WORKER_ENGINE: "none", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
+// Lost after 10 s of silence, not 3: on a loaded box a 3 s stall of heartbeats can declare the builder lost, which drops its claim (the others then build too).
+const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.5", GPULAYER_WORKER_LOST_SECONDS: "10", GPULAYER_WORKER_ENGINE: "none", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
 const T = 120_000;
 const world = tempDir("gpl-fleet-");
 const index = new PackageIndex(join(world, "index"));
