@@ -89,8 +89,8 @@ describe("without a session", () => {
     const https = await post(TOKEN, { "x-forwarded-proto": "https" });
     expect(https.headers.get("set-cookie")).toEndWith("; Secure");
     // A join token signs nobody in.
-    const join = JSON.parse((await gpl(["server", "token", "create", "--role", "join", "--name", "j1", "--json"])).stdout || "{}") as { token?: string };
-    if (join.token) expect((await post(join.token)).status).toBe(401);
+    const join = JSON.parse((await cli(["server", "token", "create", "--role", "join", "--name", "j1", "--json"], { env: boxes.server.env })).stdout) as { token: string };
+    expect((await post(join.token)).status).toBe(401);
     // The page sends its security headers.
     const page = await fetch(`${url}/jobs`, { headers: { cookie: cookie.split(";")[0]! } });
     expect(page.status).toBe(200);
@@ -98,6 +98,39 @@ describe("without a session", () => {
     expect(page.headers.get("x-content-type-options")).toBe("nosniff");
     // Signing out from another site is refused too.
     expect((await fetch(`${url}/logout`, { method: "POST", redirect: "manual", headers: { cookie: cookie.split(";")[0]!, origin: "http://evil.example" } })).status).toBe(403);
+  });
+});
+
+describe("sessions and edges", () => {
+  const signIn = async (token: string) => {
+    const r = await fetch(`${url}/login`, { method: "POST", redirect: "manual", body: new URLSearchParams({ token }), headers: { "content-type": "application/x-www-form-urlencoded" } });
+    return (r.headers.get("set-cookie") ?? "").split(";")[0]!;
+  };
+
+  test("a session made with a user token ends when that token is revoked", async () => {
+    // Tokens are made and revoked on the server's own machine (its home), as an admin does.
+    const admin = (args: string[]) => cli(["server", "token", ...args], { env: boxes.server.env });
+    const made = JSON.parse((await admin(["create", "--role", "user", "--name", "dash-user", "--json"])).stdout) as { token: string };
+    const cookie = await signIn(made.token);
+    expect((await fetch(`${url}/jobs`, { redirect: "manual", headers: { cookie } })).status).toBe(200);
+    expect((await admin(["revoke", "dash-user"])).code).toBe(0);
+    const after = await fetch(`${url}/jobs`, { redirect: "manual", headers: { cookie } });
+    expect({ status: after.status, to: after.headers.get("location") }).toEqual({ status: 303, to: "/login" });
+  });
+
+  test("every answer outside the API has the security headers; HEAD answers as GET without a body; a live read's offset is clamped to the log", async () => {
+    const denied = await fetch(`${url}/metrics`);
+    expect(denied.status).toBe(401);
+    expect(denied.headers.get("content-security-policy")).toContain("default-src 'none'");
+    const head = await fetch(`${url}/metrics`, { method: "HEAD", headers: { authorization: `Bearer ${TOKEN}` } });
+    expect({ status: head.status, body: await head.text() }).toEqual({ status: 200, body: "" });
+    const cookie = await signIn(TOKEN);
+    for (const offset of ["Infinity", "1e20", "-5", "abc"]) {
+      const r = await fetch(`${url}/dash/api/jobs/${hostileJob}/log?offset=${offset}`, { headers: { cookie } });
+      const size = Number(r.headers.get("x-gpulayer-log-size"));
+      // The log is one short line: whatever was asked, the size told back is where the log really ends.
+      expect({ offset, size }).toEqual({ offset, size: offset === "-5" ? (await r.text()).length : Buffer.byteLength("<b>bold</b> & <img src=x onerror=alert(2)>\n") });
+    }
   });
 });
 

@@ -1,3 +1,4 @@
+import type { ConsolaInstance } from "consola";
 import type { TasksIO } from "../jobs/job-tasks.ts";
 import type { JobStatus } from "../jobs/status.ts";
 import { formatSeconds, Output, shortKey } from "../ui/output.ts";
@@ -24,6 +25,18 @@ export class PrefixedOutput extends Output {
   }
   override debug(message: () => string): void {
     this.parent.debug(() => `${this.prefix}${message()}`);
+  }
+  /** Errors and warnings too: `error: [name] ...`. */
+  override get log(): ConsolaInstance {
+    const log = this.parent.log;
+    const prefix = this.prefix;
+    return new Proxy(log, {
+      get(target, key, receiver) {
+        const value = Reflect.get(target, key, receiver) as unknown;
+        if (typeof value !== "function" || !["error", "warn", "info", "log", "success", "debug"].includes(String(key))) return value;
+        return (...args: unknown[]) => (value as (...a: unknown[]) => void).call(target, `${prefix}${args.map((a) => (a instanceof Error ? a.message : String(a))).join(" ")}`);
+      },
+    });
   }
 }
 
@@ -69,7 +82,7 @@ export function tasksIO(out: Output, opts: { stdout: (text: string) => void }): 
         prepareHooks: prepareHooks(taskOut),
         imageHooks: imageHooks(taskOut),
         onPrepared: (p) => taskOut.progress(`task.prepare ${p.status} ${p.kind} ${p.kind === "env" ? shortKey(p.key) : p.key.slice(0, 19)} in ${formatSeconds(p.seconds)}`),
-        onPrepareFailed: (m) => taskOut.log.error(`[${name}] task.prepare failed: ${m}`),
+        onPrepareFailed: (m) => taskOut.log.error(`task.prepare failed: ${m}`),
       };
     },
     onTask(name, state, detail) {

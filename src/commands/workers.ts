@@ -2,6 +2,7 @@ import { defineCommand } from "citty";
 import { remoteTarget } from "../cluster/client.ts";
 import { listArtifacts, listWorkers } from "../cluster/workers-client.ts";
 import { formatLabels } from "../cluster/protocol.ts";
+import { printable } from "../ui/escape.ts";
 import { UsageError } from "../errors.ts";
 import { formatAgo, formatBytes, Output, table } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags, serverArgs } from "./_args.ts";
@@ -31,7 +32,8 @@ export default defineCommand({
         const gpus = p.gpus.length ? `${w.free_gpus.length}/${p.gpus.length} free${p.gpus[0]?.name ? ` ${p.gpus[0].name}` : ""}` : "0";
         const torch = p.frameworks.torch ? `${p.frameworks.torch}/${p.cuda ?? "cpu"}` : "-";
         const state = `${w.running ? `${w.state} (${w.running}/${w.slots})` : w.state}${p.offline ? " offline" : ""}`;
-        rows.push([w.name, gpus, torch, p.python?.version ?? "-", state, formatAgo(Date.parse(w.last_seen)), formatLabels(w.labels)]);
+        // Labels and GPU names come from the worker (a join token's holder): shown with control characters escaped.
+        rows.push([w.name, printable(gpus), printable(torch), printable(p.python?.version ?? "-"), state, formatAgo(Date.parse(w.last_seen)), printable(formatLabels(w.labels))]);
       }
       const built = new Map<string, number>();
       for (const x of artifacts?.artifacts ?? []) built.set(x.built_by, (built.get(x.built_by) ?? 0) + 1);

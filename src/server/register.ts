@@ -1,6 +1,7 @@
 import type { MachineProbe, RegisterResponse } from "../cluster/protocol.ts";
 import { contentHash as sha256 } from "../core/hashing.ts";
 import { HttpFail } from "./http-fail.ts";
+import { printable } from "../ui/escape.ts";
 import { newId, type ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
 
 /**
@@ -62,7 +63,8 @@ export function registerWorker(c: Registrar, body: RegisterBody, joinedWith: str
   }
   const credential = `gplw_${newId(24)}`;
   const gpus = body.probe.gpus.map((g) => g.index);
-  const labels = Object.entries(body.labels).map(([k, v]) => `${k}=${v}`).join(",") || "-";
+  // For the server's log: what a worker sends is escaped there, so no label forges a line or drives the terminal.
+  const labels = printable(Object.entries(body.labels).map(([k, v]) => `${k}=${v}`).join(",") || "-");
   let id: string;
   if (same) {
     id = same.id;
@@ -72,11 +74,11 @@ export function registerWorker(c: Registrar, body: RegisterBody, joinedWith: str
     c.store.updateWorker(id, { state: "idle", lastSeen: now, probe: body.probe, labels: body.labels, slots: body.slots, freeGpus: gpus, joinedWith });
     // A poll still open for the old credential ends now.
     c.notify.wake(`worker:${id}`);
-    c.log(`worker ${body.name} is back (same worker ${id}, was ${same.state}; ${body.probe.hostname}, ${gpus.length} GPU(s), labels ${labels})`);
+    c.log(`worker ${body.name} is back (same worker ${id}, was ${same.state}; ${printable(body.probe.hostname)}, ${gpus.length} GPU(s), labels ${labels})`);
   } else {
     id = newId(6);
     c.store.addWorker({ id, name: body.name, labels: body.labels, probe: body.probe, slots: body.slots, state: "idle", registered: now, lastSeen: now, joinedWith }, sha256(credential));
-    c.log(`worker ${body.name} joined (${body.probe.hostname}, ${gpus.length} GPU(s), labels ${labels})`);
+    c.log(`worker ${body.name} joined (${printable(body.probe.hostname)}, ${gpus.length} GPU(s), labels ${labels})`);
   }
   c.dispatch();
   return { id, name: body.name, credential, heartbeat_seconds: c.opts.heartbeatSeconds, lease_seconds: c.opts.leaseSeconds, resumed: Boolean(same) };

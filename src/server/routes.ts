@@ -12,7 +12,7 @@ import { artifactRoute, type ArtifactSettings } from "./artifact-routes.ts";
 import type { WorkerRow } from "./store.ts";
 import { workerView } from "./worker-view.ts";
 import { serverMetrics } from "./metrics.ts";
-import { type DashboardContext, dashboardRoute } from "./dashboard/routes.ts";
+import { type DashboardContext, dashboardRoute, withSecurityHeaders } from "./dashboard/routes.ts";
 import type { Sessions } from "./dashboard/session.ts";
 
 /**
@@ -230,22 +230,31 @@ export function handler(ctx: RouteContext): (req: Request) => Promise<Response> 
     jobs: ctx.jobs,
     sessions: ctx.sessions,
     signIn: (token) => {
-      if (tokenEquals(token, ctx.token)) return "admin";
+      if (tokenEquals(token, ctx.token)) return { who: "admin", proof: "admin" };
       const named = ctx.coord.store.tokens.authenticate(token);
-      return named?.role === "user" ? named.name : null;
+      return named?.role === "user" ? { who: named.name, proof: sha256(token) } : null;
     },
+    stillValid: (proof) => proof === "admin" || ctx.coord.store.tokens.hasHash(proof),
   };
   return async (req) => {
     const path = new URL(req.url).pathname;
     // The API is under /v1; /metrics for Prometheus; everything else is the dashboard, behind its own session.
     if (path !== "/v1" && !path.startsWith("/v1/")) {
+      // HEAD is GET without the body, for pages and /metrics alike.
+      const head = req.method === "HEAD";
+      const asked = head ? new Request(req.url, { method: "GET", headers: req.headers }) : req;
+      let res: Response;
       try {
-        return path === "/metrics" && req.method === "GET" ? metrics(req, ctx) : await dashboardRoute(req, dashboard);
+        res = path === "/metrics" && asked.method === "GET" ? metrics(asked, ctx) : await dashboardRoute(asked, dashboard);
       } catch (error) {
-        if (error instanceof HttpFail) return new Response(error.message, { status: error.status });
-        ctx.onError(error);
-        return new Response("internal error in the gpulayer server (see its log)", { status: 500 });
+        if (error instanceof HttpFail) res = new Response(error.message, { status: error.status, headers: { "content-type": "text/plain" } });
+        else {
+          ctx.onError(error);
+          res = new Response("internal error in the gpulayer server (see its log)", { status: 500, headers: { "content-type": "text/plain" } });
+        }
       }
+      res = withSecurityHeaders(res);
+      return head ? new Response(null, { status: res.status, headers: res.headers }) : res;
     }
     const caller = authenticate(req, ctx);
     if (!caller) return reply({ error: "unauthorized" }, 401);

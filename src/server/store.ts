@@ -346,12 +346,13 @@ export class ServerStore {
     })();
   }
   /** Output from byte `offset` on, chunk by chunk with its stream, at most about `max` bytes. */
+  /** At most `max` bytes of output from `offset` on: rows read one at a time (never a whole big log into memory), the last cut to fit. */
   readChunks(jobId: string, offset: number, max = 1024 * 1024): { stream: 1 | 2; data: Uint8Array }[] {
-    const rows = this.db.query<{ start: number; stream: 1 | 2; data: Uint8Array }, [string, number]>("SELECT start, stream, data FROM logs WHERE job_id = ? AND start + length(data) > ? ORDER BY start").all(jobId, offset);
+    const rows = this.db.query<{ start: number; stream: 1 | 2; data: Uint8Array }, [string, number]>("SELECT start, stream, data FROM logs WHERE job_id = ? AND start + length(data) > ? ORDER BY start").iterate(jobId, offset);
     const chunks: { stream: 1 | 2; data: Uint8Array }[] = [];
     let total = 0;
     for (const r of rows) {
-      const piece = r.data.subarray(Math.max(0, offset - r.start));
+      const piece = r.data.subarray(Math.max(0, offset - r.start)).subarray(0, max - total);
       chunks.push({ stream: r.stream, data: piece });
       total += piece.length;
       if (total >= max) break;

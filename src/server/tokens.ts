@@ -68,6 +68,11 @@ export class TokenStore {
     return toRow(r);
   }
 
+  /** Whether a token of this hash is still there (not revoked): what a dashboard session is checked against. */
+  hasHash(hash: string): boolean {
+    return Boolean(this.db.query("SELECT 1 FROM tokens WHERE hash = ?").get(hash));
+  }
+
   has(name: string): boolean {
     return Boolean(this.db.query("SELECT 1 FROM tokens WHERE name = ?").get(name));
   }

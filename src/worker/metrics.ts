@@ -38,7 +38,11 @@ export function serveWorkerMetrics(listen: { hostname: string; port: number }, r
     server = Bun.serve({
       hostname: listen.hostname,
       port: listen.port,
-      fetch: (req) => (new URL(req.url).pathname === "/metrics" && req.method === "GET" ? new Response(workerMetrics(read()), { headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" } }) : new Response("not found\n", { status: 404 })),
+      fetch: (req) => {
+        if (new URL(req.url).pathname !== "/metrics") return new Response("not found\n", { status: 404 });
+        if (req.method !== "GET" && req.method !== "HEAD") return new Response("method not allowed\n", { status: 405, headers: { allow: "GET, HEAD" } });
+        return new Response(req.method === "HEAD" ? null : workerMetrics(read()), { headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" } });
+      },
     });
   } catch (error) {
     throw new UsageError(`--metrics-listen ${listen.hostname}:${listen.port}: cannot listen there: ${(error as Error).message}`);

@@ -7,6 +7,7 @@ import type { WatchResponse } from "../../cluster/protocol.ts";
 import { packLines } from "./pack-lines.ts";
 import { formatLabels, labelsFromArgs } from "../../cluster/protocol.ts";
 import { writeOut, writeErr } from "../../ui/terminal.ts";
+import { printable } from "../../ui/escape.ts";
 import { PrefixedOutput, taskStdout, tasksIO, tasksSummary } from "../_tasks-ui.ts";
 
 /**
@@ -56,7 +57,7 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
     out.result({ id, state: submitted.state, server: target.url }, () => id, true);
     return;
   }
-  out.progress(`job ${id} (${spec.name}) on ${target.url}${Object.keys(labels).length ? ` [${formatLabels(labels)}]` : ""}`);
+  out.progress(`job ${id} (${printable(spec.name)}) on ${target.url}${Object.keys(labels).length ? ` [${formatLabels(labels)}]` : ""}`);
   let cancelling = false;
   const onSignal = (signal: string) => {
     if (cancelling) return;

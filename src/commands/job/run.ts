@@ -17,6 +17,7 @@ import type { JobDryRunDoc, JobStateDoc, JobStatusDoc } from "../_json.ts";
 import { dryRunJob } from "../../jobs/dry-run.ts";
 import { dryRunLines } from "./_lines.ts";
 import { onBrokenPipe, writeErr, writeOut } from "../../ui/terminal.ts";
+import { printable } from "../../ui/escape.ts";
 
 function parseGpus(value: string): number {
   if (!/^\d{1,4}$/.test(value.trim())) throw new UsageError(`--gpus ${value}: expected a whole number of GPUs (0 or more)`);
@@ -92,7 +93,7 @@ export default defineCommand({
       out.result(doc, () => job.id, true);
       return;
     }
-    out.progress(`job ${job.id} (${spec.name})`);
+    out.progress(`job ${job.id} (${printable(spec.name)})`);
     // With --json, stdout carries only the final document: the job's output goes to stderr.
     let stdoutGone = false;
     const toStdout = a.json ? (c: Uint8Array) => writeErr(c) : (c: Uint8Array) => void (stdoutGone || writeOut(c));

@@ -103,7 +103,8 @@ function timeline(s: RemoteJobStatus): Html {
   )}</svg>`;
 }
 
-export function jobPage(s: RemoteJobStatus, log: string, logSize: number, live: boolean): string {
+/** `logFrom`: where the shown log starts (its earlier part is left out of the page). */
+export function jobPage(s: RemoteJobStatus, log: string, logSize: number, live: boolean, logFrom = 0): string {
   const events = s.events.map((e) => html`<tr><td>${e.time}</td><td>${e.type}</td><td class="wrap">${JSON.stringify(e.data)}</td></tr>`);
   const tasks = (s.tasks ?? []).map(
     (t) => html`<tr><td><a href="/jobs/${t.id}">${t.name}</a></td><td>${state(t.state)}</td><td>${t.needs.join(", ") || "–"}</td><td>${t.worker ?? "–"}</td><td>${formatSeconds(t.phases.find((p) => p.name === "task.prepare")?.seconds)}</td><td>${formatSeconds(t.phases.find((p) => p.name === "task.run")?.seconds)}</td><td>${t.exit_code ?? "–"}</td></tr>`,
@@ -115,7 +116,7 @@ export function jobPage(s: RemoteJobStatus, log: string, logSize: number, live: 
 <dl class="facts"><dt>id</dt><dd>${s.id}</dd><dt>command</dt><dd>${s.command}</dd><dt>worker</dt><dd>${s.worker ?? "–"}</dd><dt>exit code</dt><dd>${s.exit_code ?? "–"}</dd>
 <dt>env</dt><dd>${s.env_key ? esc(s.env_key.slice(0, 16)) : "–"}</dd>${s.error ? html`<dt>error</dt><dd class="error">${s.error}</dd>` : ""}</dl>
 ${s.tasks?.length ? html`<h2>Tasks</h2><table><thead><tr><th>Task</th><th>State</th><th>Needs</th><th>Worker</th><th>Prepare</th><th>Run</th><th>Exit</th></tr></thead><tbody>${tasks}</tbody></table>` : html`<h2>Timeline</h2>${timeline(s)}`}
-${s.tasks?.length ? "" : html`<h2>Log</h2><pre class="log" id="log" data-job="${s.id}" data-offset="${logSize}">${log}</pre>`}
+${s.tasks?.length ? "" : html`<h2>Log</h2>${logFrom ? html`<p class="muted">The first ${formatBytes(logFrom)} are left out: <code>gpulayer job logs ${s.id}</code> prints it all.</p>` : ""}<pre class="log" id="log" data-job="${s.id}" data-offset="${logSize}">${log}</pre>`}
 <h2>Events</h2><table><thead><tr><th>Time</th><th>Event</th><th>Data</th></tr></thead><tbody>${events}</tbody></table>`,
     { data: live ? { live: "1" } : {} },
   );

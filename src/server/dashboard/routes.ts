@@ -6,7 +6,7 @@ import { cacheHits } from "../metrics.ts";
 import { workerView } from "../worker-view.ts";
 import { SCRIPT, STYLE } from "./assets.ts";
 import { envsPage, jobPage, jobsPage, signInPage, type WorkerLine, workersPage } from "./pages.ts";
-import { clearedCookie, sameOrigin, sessionCookie, sessionId, type Sessions } from "./session.ts";
+import { clearedCookie, sameOrigin, sessionCookie, sessionId, type Sessions, type SignedIn } from "./session.ts";
 
 /**
  * The dashboard at `/`: read-only pages behind the same tokens as the API.
@@ -19,8 +19,10 @@ export interface DashboardContext {
   coord: Coordinator;
   jobs: JobsApi;
   sessions: Sessions;
-  /** Who a token signs in as (`admin`, or a user token's name); null for any other token (a join token included). */
-  signIn(token: string): string | null;
+  /** Who a token signs in as (`admin`, or a user token's name), with its proof; null for any other token (a join token included). */
+  signIn(token: string): SignedIn | null;
+  /** Whether the token a session was made with is still good (not revoked). */
+  stillValid(proof: string): boolean;
 }
 
 const SECURITY_HEADERS = {
@@ -32,6 +34,12 @@ const SECURITY_HEADERS = {
   "cache-control": "no-store",
 };
 
+/** Every answer outside the API carries the security headers, whatever made it (a 401 of /metrics, a 413, a 500). */
+export function withSecurityHeaders(res: Response): Response {
+  for (const [k, v] of Object.entries(SECURITY_HEADERS)) if (!res.headers.has(k)) res.headers.set(k, v);
+  return res;
+}
+
 function respond(body: string | null, status: number, headers: Record<string, string> = {}): Response {
   return new Response(body, { status, headers: { ...SECURITY_HEADERS, ...headers } });
 }
@@ -42,6 +50,9 @@ const STYLE_HASH = `'sha256-${new Bun.CryptoHasher("sha256").update(STYLE).diges
 const signIn = (error: string | null, status = 200) =>
   respond(signInPage(error), status, { "content-type": "text/html; charset=utf-8", "content-security-policy": SECURITY_HEADERS["content-security-policy"].replace("style-src 'self'", `style-src ${STYLE_HASH}`) });
 const redirect = (to: string, extra: Record<string, string> = {}) => respond(null, 303, { location: to, ...extra });
+/** How much of a log a job's page shows (its end), and a live read brings at a time. */
+const PAGE_LOG_BYTES = 256 * 1024;
+const LIVE_LOG_BYTES = 256 * 1024;
 /** The longest sign-in form read: a token and its field name. */
 const MAX_FORM_BYTES = 4096;
 
@@ -62,7 +73,7 @@ export async function dashboardRoute(req: Request, ctx: DashboardContext): Promi
   const path = url.pathname;
   const method = req.method;
   if (path === "/login") {
-    if (method === "GET") return ctx.sessions.who(sessionId(req)) ? redirect("/jobs") : signIn(null);
+    if (method === "GET") return ctx.sessions.who(sessionId(req), ctx.stillValid) ? redirect("/jobs") : signIn(null);
     if (method !== "POST") return respond("method not allowed", 405);
     if (!sameOrigin(req)) return respond("a sign-in from another site is refused", 403, { "content-type": "text/plain" });
     const who = ctx.signIn(await formToken(req));
@@ -75,7 +86,7 @@ export async function dashboardRoute(req: Request, ctx: DashboardContext): Promi
     return redirect("/login", { "set-cookie": clearedCookie(req) });
   }
   // Everything else needs a session.
-  if (!ctx.sessions.who(sessionId(req))) {
+  if (!ctx.sessions.who(sessionId(req), ctx.stillValid)) {
     if (method === "GET" && !path.startsWith("/assets/") && !path.startsWith("/dash/api/")) return redirect("/login");
     return respond("sign in first", 401, { "content-type": "text/plain" });
   }
@@ -95,15 +106,19 @@ export async function dashboardRoute(req: Request, ctx: DashboardContext): Promi
     const row = findJob(ctx, job[1]!);
     if (!row) return page(signInPageless("No such job"), 404);
     const status = ctx.jobs.status(row);
-    const log = new TextDecoder().decode(ctx.coord.store.readLog(row.id, 0, 1024 * 1024));
-    return page(jobPage(status, log, Buffer.byteLength(log), !FINAL_JOB_STATES.includes(status.state)));
+    // The log's last part only: a big log is for `gpulayer job logs`, not for one page.
+    const from = Math.max(0, row.logSize - PAGE_LOG_BYTES);
+    const tail = ctx.coord.store.readLog(row.id, from, PAGE_LOG_BYTES);
+    return page(jobPage(status, new TextDecoder().decode(tail), from + tail.length, !FINAL_JOB_STATES.includes(status.state), from));
   }
   const live = /^\/dash\/api\/jobs\/([0-9a-f]{16})\/log$/.exec(path);
   if (live) {
     const row = ctx.coord.store.job(live[1]!);
     if (!row) return respond("no such job", 404);
-    const offset = Math.max(0, Math.floor(Number(url.searchParams.get("offset") ?? "0")) || 0);
-    const chunk = ctx.coord.store.readLog(row.id, offset, 256 * 1024);
+    // An offset past the end (or nonsense) reads from the end: what the page is told is where the log really is.
+    const asked = Math.floor(Number(url.searchParams.get("offset") ?? "0"));
+    const offset = Number.isFinite(asked) ? Math.min(Math.max(0, asked), row.logSize) : row.logSize;
+    const chunk = ctx.coord.store.readLog(row.id, offset, LIVE_LOG_BYTES);
     return respond(new TextDecoder().decode(chunk), 200, { "content-type": "text/plain; charset=utf-8", "x-gpulayer-state": row.state, "x-gpulayer-log-size": String(offset + chunk.length) });
   }
   return page(signInPageless("Not found"), 404);

@@ -9,23 +9,29 @@ export const COOKIE = "gpulayer_session";
 /** How long a session lasts without a new sign-in. */
 export const SESSION_MS = 12 * 3600_000;
 
+/** A signed-in user: who, and the token's proof (its hash), checked again on every request: a revoked token ends its sessions. */
+export interface SignedIn {
+  who: string;
+  proof: string;
+}
+
 export class Sessions {
-  private readonly live = new Map<string, { who: string; expires: number }>();
+  private readonly live = new Map<string, SignedIn & { expires: number }>();
 
   constructor(private readonly now: () => number = Date.now) {}
 
-  create(who: string): string {
+  create(user: SignedIn): string {
     const id = Buffer.from(crypto.getRandomValues(new Uint8Array(32))).toString("hex");
-    this.live.set(id, { who, expires: this.now() + SESSION_MS });
+    this.live.set(id, { ...user, expires: this.now() + SESSION_MS });
     return id;
   }
 
-  /** Who the session is, or null when there is none, or it expired. */
-  who(id: string | null): string | null {
+  /** Who the session is, or null when there is none, it expired, or its token is no longer good (`valid`). */
+  who(id: string | null, valid: (proof: string) => boolean): string | null {
     if (!id) return null;
     const s = this.live.get(id);
     if (!s) return null;
-    if (s.expires <= this.now()) {
+    if (s.expires <= this.now() || !valid(s.proof)) {
       this.live.delete(id);
       return null;
     }
