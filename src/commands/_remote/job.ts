@@ -32,6 +32,7 @@ export function printEvent(out: Output, u: Extract<JobUpdate, { kind: "event" }>
   if (type === "task.bundle.failed") out.log.error(`the job could not start on ${worker}: ${d.message}`);
   if (type === "job.requeued") out.log.warn(`re-queued: ${d.reason}`);
   if (type === "job.lost") out.log.error(String(d.message));
+  if (type === "job.worker_lost") out.log.warn(`worker ${d.worker} does not answer (${d.message}); the job stays its own until its lease ends, then runs elsewhere`);
   if (type === "job.cancel.requested") out.progress(`cancelling on ${d.worker}`);
 }
 
@@ -115,7 +116,8 @@ async function followTasks(target: RemoteTarget, id: string, out: Output, onTrou
       if (next.done) return next.value;
       const u = next.value;
       if (u.kind === "output") (u.stream === "stderr" ? task.onStderr : task.onStdout)?.(u.data);
-      else printEvent(prefixed, u);
+      // What it waited for before it was given to a worker is over by now: followed from its assignment on.
+      else if (u.type !== "job.waiting") printEvent(prefixed, u);
     }
   };
   // A task given to a worker is followed from then on (it may still read "queued" until its worker starts preparing it).
