@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, ROOT, sandbox, tempDir } from "./helpers.ts";
@@ -208,6 +208,50 @@ describe("a job of tasks, here", () => {
       expect(existsSync(join(s.root, "after.ran"))).toBe(false);
       expect(existsSync(join(s.root, "after-after.ran"))).toBe(false);
       expect(existsSync(join(s.root, "aside.ran"))).toBe(true);
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  test("with the machine's GPUs (nvidia-smi), each task gets its own and sees only those; one that needs more than there are fails, and what needs it is skipped", async () => {
+    const s = sandbox();
+    try {
+      // Two GPUs, as nvidia-smi reports them (a stand-in: this machine has none).
+      const bin = join(s.root, "bin");
+      mkdirSync(bin);
+      writeFileSync(join(bin, "nvidia-smi"), "#!/bin/sh\necho '0, GPU-aaaa-0000, Fake H100, 81559, 550.54'\necho '1, GPU-bbbb-1111, Fake H100, 81559, 550.54'\n");
+      chmodSync(join(bin, "nvidia-smi"), 0o755);
+      const show = (me: string, other: string) => JSON.stringify(`echo "${me} $CUDA_VISIBLE_DEVICES"; touch ${me}.started; for i in $(seq 200); do [ -e ${other}.started ] && exit 0; sleep 0.05; done; exit 9`);
+      writeFileSync(
+        join(s.root, "job.yaml"),
+        [
+          "environment: {}",
+          "resources: {gpus: 1}",
+          "tasks:",
+          `  one: {command: ${show("one", "two")}}`,
+          `  two: {command: ${show("two", "one")}}`,
+          `  both: {command: 'echo "both $CUDA_VISIBLE_DEVICES"', needs: [one, two], resources: {gpus: 2}}`,
+          "  three: {command: 'echo never', resources: {gpus: 3}}",
+          "  after-three: {command: 'echo never', needs: [three]}",
+          "",
+        ].join("\n"),
+      );
+      const r = await cli(["job", "run", "-f", "job.yaml", "--json"], { env: { ...s.env, PATH: `${bin}:${s.env.PATH}`, GPULAYER_WORKER_SLOTS: "4" }, cwd: s.root });
+      const status = JSON.parse(r.stdout) as { state: string; tasks: TaskDoc[] };
+      expect(status.tasks.map((t) => [t.name, t.state])).toEqual([
+        ["one", "succeeded"],
+        ["two", "succeeded"],
+        ["both", "succeeded"],
+        ["three", "failed"],
+        ["after-three", "skipped"],
+      ]);
+      expect(status.tasks[3]!.error).toBe("it needs 3 GPUs; this machine has 2");
+      const lines = r.stderr.split("\n");
+      const seen = (who: string) => lines.find((l) => l.startsWith(`[${who}] ${who} `))?.split(" ").pop();
+      // One and two ran at once, each on a GPU of its own; both had the two.
+      expect(new Set([seen("one"), seen("two")])).toEqual(new Set(["GPU-aaaa-0000", "GPU-bbbb-1111"]));
+      expect(seen("both")).toBe("GPU-aaaa-0000,GPU-bbbb-1111");
+      expect(r.code).toBe(1);
     } finally {
       s.cleanup();
     }

@@ -8,6 +8,9 @@ import type { SettingName } from "../config/table.ts";
 import type { EngineHost } from "../docker/engine.ts";
 import { containerSettings } from "../docker/container-settings.ts";
 import type { RunnerSettings } from "../jobs/runner.ts";
+import type { JobSpec } from "../jobs/spec.ts";
+import type { LocalGpu } from "../jobs/job-tasks.ts";
+import { probeGpus } from "../worker/probe.ts";
 
 /**
  * What every command starts from, built once at its top: the settings
@@ -120,6 +123,12 @@ export function localSlots(ctx: CommandContext): number {
   } catch {
     return 1;
   }
+}
+
+/** The GPUs a job of tasks shares out here: asked of nvidia-smi only when one of its tasks needs a GPU (null: none needs one). */
+export async function localGpus(ctx: CommandContext, spec: JobSpec): Promise<LocalGpu[] | null> {
+  if (!spec.tasks?.some((t) => t.spec.resources.gpus > 0)) return null;
+  return (await probeGpus(ctx.childEnv)).map((g) => ({ index: g.index, uuid: g.uuid }));
 }
 
 export function runnerSettings(ctx: CommandContext): RunnerSettings {

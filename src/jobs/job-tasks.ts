@@ -11,8 +11,16 @@ import { FINAL_STATES, type JobRecord, type JobState, type JobStore } from "./st
  * task fails the job: what needs it (directly or not) is skipped, never
  * started; tasks running meanwhile finish, and tasks that do not need it go
  * on. The job's exit code is the first failed task's. A cancel cancels every
- * running task and every one not started yet.
+ * running task and every one not started yet. With the machine's GPUs known,
+ * a task that needs N of them starts once N are free and sees only those
+ * (CUDA_VISIBLE_DEVICES), as a worker's tasks do.
  */
+
+/** The machine's GPUs, by index (and UUID, which CUDA_VISIBLE_DEVICES takes when there is one). */
+export interface LocalGpu {
+  index: number;
+  uuid: string | null;
+}
 
 export interface TasksIO {
   /** What one task's runner reports to (its output, prepare progress, events). */
@@ -21,11 +29,15 @@ export interface TasksIO {
   onTask?(name: string, state: JobState | "started", detail: string | null): void;
 }
 
-export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecord, settings: RunnerSettings & { slots: number }, io: TasksIO): RunningJob {
+export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecord, settings: RunnerSettings & { slots: number; gpus?: LocalGpu[] | null }, io: TasksIO): RunningJob {
   const tasks = job.spec.tasks ?? [];
   const records = new Map(store.tasks(job.id, job.spec).map((r) => [r.task!, r]));
   const state = new Map<string, JobState | "waiting">(tasks.map((t) => [t.name, "waiting"]));
   const running = new Map<string, RunningJob>();
+  const gpus = settings.gpus ?? null;
+  const freeGpus = new Set((gpus ?? []).map((g) => g.index));
+  const held = new Map<string, number[]>();
+  const needsGpus = (name: string) => tasks.find((t) => t.name === name)!.spec.resources.gpus;
   let cancelReason: string | null = null;
   let firstFailure: { name: string; exitCode: number } | null = null;
   let settle: (outcome: JobOutcome) => void = () => undefined;
@@ -43,10 +55,30 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
     io.onTask?.(name, ended, because);
   };
 
-  const start = (name: string) => {
+  /** A task that can never start here: more GPUs than the machine has. */
+  const failUnstartable = (name: string, because: string) => {
     const record = records.get(name)!;
+    state.set(name, "failed");
+    if (!firstFailure) firstFailure = { name, exitCode: ExitCode.failed };
+    store.update(record.id, { state: "failed", exitCode: ExitCode.failed, error: because });
+    store.event(record.id, "task.prepare.failed", { seconds: 0, message: because });
+    store.event(job.id, "task.finished", { task: name, state: "failed", exit_code: ExitCode.failed });
+    io.onTask?.(name, "failed", because);
+  };
+
+  const start = (name: string) => {
+    let record = records.get(name)!;
     state.set(name, "running");
-    store.event(job.id, "task.started", { task: name, id: record.id });
+    const n = gpus ? needsGpus(name) : 0;
+    if (n) {
+      // The GPUs it is given, and no others; they are its until it ends.
+      const mine = [...freeGpus].sort((a, b) => a - b).slice(0, n);
+      for (const g of mine) freeGpus.delete(g);
+      held.set(name, mine);
+      const visible = mine.map((i) => gpus!.find((g) => g.index === i)?.uuid ?? String(i)).join(",");
+      record = { ...record, spec: { ...record.spec, env: { ...record.spec.env, CUDA_VISIBLE_DEVICES: visible } } };
+    }
+    store.event(job.id, "task.started", { task: name, id: record.id, ...(n ? { gpus: held.get(name) } : {}) });
     io.onTask?.(name, "started", null);
     const run = startJob(store, layout, record, settings, io.forTask(name));
     running.set(name, run);
@@ -58,6 +90,8 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
       })
       .then((outcome) => {
         running.delete(name);
+        for (const g of held.get(name) ?? []) freeGpus.add(g);
+        held.delete(name);
         state.set(name, outcome.state);
         if (outcome.state === "failed" && !firstFailure) firstFailure = { name, exitCode: outcome.exitCode };
         store.event(job.id, "task.finished", { task: name, state: outcome.state, exit_code: outcome.exitCode });
@@ -83,7 +117,14 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
     if (tasks.some((t) => state.get(t.name) === "waiting" && t.needs.some((n) => ["skipped", "failed", "cancelled"].includes(state.get(n)!)))) return step();
     for (const t of tasks) {
       if (running.size >= settings.slots || cancelReason) break;
-      if (state.get(t.name) === "waiting" && t.needs.every((n) => state.get(n) === "succeeded")) start(t.name);
+      if (state.get(t.name) !== "waiting" || !t.needs.every((n) => state.get(n) === "succeeded")) continue;
+      const n = gpus ? t.spec.resources.gpus : 0;
+      if (n > (gpus?.length ?? 0)) {
+        failUnstartable(t.name, `it needs ${n} GPU${n === 1 ? "" : "s"}; this machine has ${gpus!.length}`);
+        return step();
+      }
+      if (n > freeGpus.size) continue; // waits for GPUs other tasks hold
+      start(t.name);
     }
     if (running.size === 0 && tasks.every((t) => state.get(t.name) !== "waiting")) finish();
   };

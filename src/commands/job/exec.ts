@@ -1,5 +1,5 @@
 import { defineCommand } from "citty";
-import { commandContext, localSlots, runnerSettings } from "../_context.ts";
+import { commandContext, localGpus, localSlots, runnerSettings } from "../_context.ts";
 import { UserError } from "../../errors.ts";
 import { startJob } from "../../jobs/runner.ts";
 import { startJobTasks } from "../../jobs/job-tasks.ts";
@@ -19,7 +19,7 @@ export default defineCommand({
     const piped = await Bun.stdin.text().catch(() => "");
     const record = piped ? { ...job, spec: JSON.parse(piped) } : job;
     // A job of tasks: each task's output goes to its own log (job logs JOB --task NAME).
-    const running = record.spec.tasks ? startJobTasks(store, layout, record, { ...runnerSettings(ctx), slots: localSlots(ctx) }, { forTask: () => ({}) }) : startJob(store, layout, record, runnerSettings(ctx));
+    const running = record.spec.tasks ? startJobTasks(store, layout, record, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus: await localGpus(ctx, record.spec) }, { forTask: () => ({}) }) : startJob(store, layout, record, runnerSettings(ctx));
     process.on("SIGTERM", () => running.cancel("job cancel"));
     process.on("SIGINT", () => running.cancel("SIGINT"));
     await running.done;

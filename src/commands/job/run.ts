@@ -1,5 +1,5 @@
 import { defineCommand } from "citty";
-import { commandContext, localSlots, runnerSettings } from "../_context.ts";
+import { commandContext, localGpus, localSlots, runnerSettings } from "../_context.ts";
 import { ExitError, UsageError } from "../../errors.ts";
 import { spawnDetachedRunner } from "../../jobs/detach.ts";
 import { startJob } from "../../jobs/runner.ts";
@@ -98,7 +98,7 @@ export default defineCommand({
     let stdoutGone = false;
     const toStdout = a.json ? (c: Uint8Array) => writeErr(c) : (c: Uint8Array) => void (stdoutGone || writeOut(c));
     const running = spec.tasks
-      ? startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx) }, tasksIO(out, { stdout: taskStdout(Boolean(a.json), () => stdoutGone) }))
+      ? startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus: await localGpus(ctx, spec) }, tasksIO(out, { stdout: taskStdout(Boolean(a.json), () => stdoutGone) }))
       : startJob(store, layout, job, runnerSettings(ctx), {
           onStdout: toStdout,
           onStderr: (c) => writeErr(c),
