@@ -133,6 +133,7 @@ describe("no job can read a token", () => {
     expect(json<any[]>((await gpl(["workers", "--json"])).stdout).find((w) => w.name === "w1")?.joined_with).toBe("box1");
   }, T);
 
+  // Skipped only when not root: it starts processes as another user (setpriv, nobody), which only root may; CI runs as root.
   test.skipIf(!IS_ROOT)("a token file the job user could read stops the worker before it joins", async () => {
     const open = join(box.root, "open.token");
     writeFileSync(open, `${tokens.box1}\n`, { mode: 0o644 });
@@ -142,6 +143,7 @@ describe("no job can read a token", () => {
     expect(r.stderr).toContain(`nobody, who runs the jobs, can read ${open}`);
   });
 
+  // Skipped only when not root: it starts processes as another user (setpriv, nobody), which only root may; CI runs as root.
   test.skipIf(!IS_ROOT)("the worker's own user: its environment is closed to the job (non-dumpable), its command line holds no token", async () => {
     // The whole worker as nobody, its token in GPULAYER_TOKEN: the job runs as the same user.
     const home = join(box.root, "w2-home");

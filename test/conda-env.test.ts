@@ -52,6 +52,7 @@ beforeAll(() => {
 });
 afterAll(() => index.stop());
 
+// Skipped only without a pyenv Python 3.8+ to copy into the conda fixture's prefix; this machine and CI have pyenv's.
 describe.skipIf(!python)("a conda environment as the base interpreter", () => {
   const env = (s: ReturnType<typeof sandbox>) => ({ ...s.env, CONDA_ROOT: roots.root });
 

@@ -57,6 +57,7 @@ function running(text: string): string[] {
 /** Machine-wide roots (/opt/conda …) that exist here: a not-found message names their envs/ too. */
 const machineEnvsDirs = CONDA_DEFAULT_ROOTS.filter((r) => r.startsWith("/") && existsSync(join(r, "envs"))).map((r) => realpathSync(join(r, "envs")));
 
+// Skipped only without a pyenv Python 3.8+ to copy into the prefixes; this machine and CI have pyenv's.
 describe.skipIf(!PY)("conda fixture", () => {
   test("a made prefix's python is a base interpreter of its own: sys.prefix and site-packages are the prefix's", async () => {
     const { root } = world();
@@ -69,6 +70,7 @@ describe.skipIf(!PY)("conda fixture", () => {
   });
 });
 
+// Skipped only without a pyenv Python 3.8+ to copy into the prefixes; this machine and CI have pyenv's.
 describe.skipIf(!PY)("findCondaEnv by name", () => {
   test("under a root's envs/ (CONDA_ROOT), and the root itself as base", () => {
     const w = world();
@@ -140,6 +142,7 @@ describe.skipIf(!PY)("findCondaEnv by name", () => {
   });
 });
 
+// Skipped only without a pyenv Python 3.8+ to copy into the prefixes; this machine and CI have pyenv's.
 describe.skipIf(!PY)("findCondaEnv by path", () => {
   test("relative to cwd, from ~, and absolute; a link resolved to the real prefix", () => {
     const w = world();
@@ -163,6 +166,7 @@ describe.skipIf(!PY)("findCondaEnv by path", () => {
   });
 });
 
+// Skipped only without a pyenv Python 3.8+ to copy into the prefixes; this machine and CI have pyenv's.
 describe.skipIf(!PY)("conda on PATH", () => {
   test("conda env list is asked, with the caller's environment; its root is base, others go by folder name", () => {
     const w = world();
@@ -205,6 +209,7 @@ describe.skipIf(!PY)("conda on PATH", () => {
   });
 });
 
+// Skipped only without a pyenv Python 3.8+ to copy into the prefixes; this machine and CI have pyenv's.
 describe.skipIf(!PY)("packages and metaDigest", () => {
   const numpy = { name: "numpy", version: "1.26.4", build: "py311h64a7726_0" };
   const zlib = { name: "zlib", version: "1.2.13", build: "hd590333_5" };
@@ -238,6 +243,7 @@ describe.skipIf(!PY)("packages and metaDigest", () => {
   });
 });
 
+// Skipped only without a pyenv Python 3.8+ to copy into the prefixes; this machine and CI have pyenv's.
 describe.skipIf(!PY)("condaActivation", () => {
   const base = { PATH: "/usr/bin:/bin", HOME: "/nonexistent", CHANGED: "start", DROP_ME: "1", REMOVE_ME: "1" };
 
@@ -291,6 +297,7 @@ describe.skipIf(!PY)("condaActivation", () => {
     });
   });
 
+  // Skipped only without bash (conda-forge's activate scripts need it); CI's Debian has bash.
   test.skipIf(!Bun.which("bash"))("scripts run in bash where there is one: conda-forge's scripts use [[ ]]", async () => {
     const w = world();
     const prefix = makeCondaEnv(join(w.root, "env"), { activate: { "gdal.sh": 'if [[ -n "${CONDA_PREFIX:-}" ]]; then export GDAL_DATA="$CONDA_PREFIX/share/gdal"; fi\n' } });

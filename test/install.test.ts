@@ -107,6 +107,7 @@ function installSh(env: Record<string, string>) {
   return run([SH, join(ROOT, "install.sh")], { env, cwd: scratch("gpl-cwd-") });
 }
 
+// Skipped only where this machine is no release target (hostTarget() is null); CI is Linux x64, one, so there it runs.
 test.skipIf(!HOST)("build-binaries: the host archive, SHASUMS256.txt, no build paths; an unreachable cross target is reported, not fatal", async () => {
   expect(build.code).toBe(0);
   expect(build.stderr).toContain(`built ${HOST}`);
@@ -145,6 +146,7 @@ test.skipIf(!HOST)("build-binaries: the host archive, SHASUMS256.txt, no build p
   rmSync(unpacked, { recursive: true, force: true });
 });
 
+// Skipped only where this machine is no release target (hostTarget() is null); CI is Linux x64, one, so there it runs.
 test.skipIf(!HOST)("build-binaries: usage errors exit 2; a release with nothing built, or --strict with a target missing, fails", async () => {
   const script = join(ROOT, "scripts/build-binaries.ts");
   const bogus = await run([BUN, "run", script, "--target", "linux-riscv64", "--out", join(work, "bogus")]);
@@ -159,6 +161,7 @@ test.skipIf(!HOST)("build-binaries: usage errors exit 2; a release with nothing 
   expect(strict.code).toBe(1);
 });
 
+// Skipped only where this machine is no release target (hostTarget() is null); CI is Linux x64, one, so there it runs.
 test.skipIf(!HOST)("build-binaries --local: one self-contained executable for this machine", async () => {
   const out = join(work, "local");
   const r = await run([BUN, "run", join(ROOT, "scripts/build-binaries.ts"), "--local", "--out", out]);
@@ -169,6 +172,7 @@ test.skipIf(!HOST)("build-binaries --local: one self-contained executable for th
   expect(JSON.parse(v.stdout)).toMatchObject({ version: VERSION, target: HOST });
 });
 
+// Skipped only where this machine is no release target or has no curl; CI (Linux x64) installs curl, so there it runs.
 test.skipIf(!HOST || !HAS_CURL)(`curl | sh (dash) installs the latest release into ~/.local/bin, and it runs from a bare folder${HAS_CURL ? "" : " [skipped: curl is not installed]"}`, async () => {
   const home = scratch("gpl-home-");
   const tools = toolsDir({ without: ["wget"], fakes: NOT_ROOT });
@@ -215,6 +219,7 @@ test.skipIf(!HOST || !HAS_CURL)(`curl | sh (dash) installs the latest release in
   expect(readdirSync(bare)).toEqual([]);
 });
 
+// Skipped only where this machine is no release target or has no wget; CI (Linux x64) installs wget, so there it runs.
 test.skipIf(!HOST || !HAS_WGET)(`wget only, pinned GPULAYER_VERSION, GPULAYER_INSTALL_DIR on PATH: replaces the old binary, no PATH advice${HAS_WGET ? "" : " [skipped: wget is not installed; apt-get install wget]"}`, async () => {
   const home = scratch("gpl-home-");
   const dir = join(home, "tools bin"); // a space in the path, too
@@ -234,6 +239,7 @@ test.skipIf(!HOST || !HAS_WGET)(`wget only, pinned GPULAYER_VERSION, GPULAYER_IN
   expect(JSON.parse(v.stdout)).toMatchObject({ version: VERSION, target: HOST });
 });
 
+// Skipped only where this machine is no release target (hostTarget() is null); CI is Linux x64, one, so there it runs.
 test.skipIf(!HOST)("a tampered archive is refused and nothing is installed or replaced", async () => {
   const home = scratch("gpl-home-");
   const dir = join(home, "bin");
@@ -267,6 +273,7 @@ test("an unknown architecture or operating system gets a clear message before an
   expect(existsSync(join(home, ".local"))).toBe(false);
 });
 
+// Skipped only where this machine is no release target (hostTarget() is null); CI is Linux x64, one, so there it runs.
 test.skipIf(!HOST)("a version that does not exist, and a machine with neither curl nor wget, fail clearly", async () => {
   const home = scratch("gpl-home-");
   const missing = await installSh(installerEnv({ HOME: home, PATH: toolsDir({ fakes: NOT_ROOT }), GPULAYER_INSTALL_URL: `${base}/releases`, GPULAYER_VERSION: "9.9.9" }));
@@ -283,6 +290,7 @@ test.skipIf(!HOST)("a version that does not exist, and a machine with neither cu
   expect(existsSync(join(home, ".local"))).toBe(false);
 });
 
+// Skipped only without shellcheck; CI installs it (.ci/run), so there it runs.
 test.skipIf(!HAS_SHELLCHECK)(`install.sh is POSIX sh and shellcheck-clean${HAS_SHELLCHECK ? "" : " [skipped: shellcheck is not installed]"}`, async () => {
   const r = await run(["shellcheck", "--shell=sh", "--severity=style", join(ROOT, "install.sh")]);
   expect(r.stdout + r.stderr).toBe("");
