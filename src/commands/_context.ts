@@ -10,7 +10,6 @@ import { containerSettings } from "../docker/container-settings.ts";
 import type { RunnerSettings } from "../jobs/runner.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { LocalGpu } from "../jobs/job-tasks.ts";
-import { probeGpus } from "../worker/probe.ts";
 
 /**
  * What every command starts from, built once at its top: the settings
@@ -128,6 +127,8 @@ export function localSlots(ctx: CommandContext): number {
 /** The GPUs a job of tasks shares out here: asked of nvidia-smi only when one of its tasks needs a GPU (null: none needs one). */
 export async function localGpus(ctx: CommandContext, spec: JobSpec): Promise<LocalGpu[] | null> {
   if (!spec.tasks?.some((t) => t.spec.resources.gpus > 0)) return null;
+  // Loaded only here: the worker's probe is no part of any other command's start.
+  const { probeGpus } = await import("../worker/probe.ts");
   return (await probeGpus(ctx.childEnv)).map((g) => ({ index: g.index, uuid: g.uuid }));
 }
 

@@ -98,7 +98,7 @@ export function tasksSummary(status: JobStatus): string {
   return `job ${status.id} ${status.state}: ${tasks.join(", ")}`;
 }
 
-/** stdout for a task's output: the terminal's, or stderr under --json (stdout keeps the one document). */
-export function taskStdout(json: boolean, gone: () => boolean): (text: string) => void {
+/** stdout for a job's output: the terminal's, or stderr under --json (stdout keeps the one document); nothing once its reader is gone. */
+export function jobStdout(json: boolean, gone: () => boolean): (data: string | Uint8Array) => void {
   return json ? (t) => writeErr(t) : (t) => void (gone() || writeOut(t));
 }

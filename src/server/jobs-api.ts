@@ -85,7 +85,7 @@ export class JobsApi {
   private taskStatuses(job: JobRow): NonNullable<RemoteJobStatus["tasks"]> {
     return this.store.tasksOf(job.id).map((t) => {
       const s = this.status(t, false);
-      return { name: t.task!, id: t.id, state: t.state, needs: t.needs, exit_code: t.exitCode, env_key: t.envKey, error: t.error, command: t.spec.commandText, phases: this.status(t, true).phases, worker: s.worker };
+      return { name: t.task!, id: t.id, state: t.state, needs: t.needs, exit_code: t.exitCode, env_key: t.envKey, error: t.error, command: t.spec.commandText, phases: s.phases, worker: s.worker };
     });
   }
 

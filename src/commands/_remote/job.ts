@@ -8,7 +8,7 @@ import { packLines } from "./pack-lines.ts";
 import { formatLabels, labelsFromArgs } from "../../cluster/protocol.ts";
 import { writeOut, writeErr } from "../../ui/terminal.ts";
 import { printable } from "../../ui/escape.ts";
-import { PrefixedOutput, taskStdout, tasksIO, tasksSummary } from "../_tasks-ui.ts";
+import { PrefixedOutput, jobStdout, tasksIO, tasksSummary } from "../_tasks-ui.ts";
 
 /**
  * `job run` against a server, printed: the library (src/cluster/jobs-client.ts)
@@ -106,7 +106,7 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
  */
 async function followTasks(target: RemoteTarget, id: string, out: Output, onTrouble: (m: string | null) => void): Promise<void> {
   const followed = new Map<string, Promise<void>>();
-  const io = tasksIO(out, { stdout: taskStdout(out.json, () => false) });
+  const io = tasksIO(out, { stdout: jobStdout(out.json, () => false) });
   const follow = async (name: string, taskId: string): Promise<WatchResponse> => {
     const task = io.forTask(name);
     const prefixed = new PrefixedOutput(out, `[${name}] `);

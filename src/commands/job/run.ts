@@ -4,7 +4,7 @@ import { ExitError, UsageError } from "../../errors.ts";
 import { spawnDetachedRunner } from "../../jobs/detach.ts";
 import { startJob } from "../../jobs/runner.ts";
 import { startJobTasks } from "../../jobs/job-tasks.ts";
-import { taskStdout, tasksIO, tasksSummary } from "../_tasks-ui.ts";
+import { jobStdout, tasksIO, tasksSummary } from "../_tasks-ui.ts";
 import { buildJobSpec } from "../../jobs/spec.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { jobStatus } from "../../jobs/status.ts";
@@ -16,7 +16,7 @@ import { prepareHooks } from "../_prepare-ui.ts";
 import type { JobDryRunDoc, JobStateDoc, JobStatusDoc } from "../_json.ts";
 import { dryRunJob } from "../../jobs/dry-run.ts";
 import { dryRunLines } from "./_lines.ts";
-import { onBrokenPipe, writeErr, writeOut } from "../../ui/terminal.ts";
+import { onBrokenPipe, writeErr } from "../../ui/terminal.ts";
 import { printable } from "../../ui/escape.ts";
 
 function parseGpus(value: string): number {
@@ -96,9 +96,9 @@ export default defineCommand({
     out.progress(`job ${job.id} (${printable(spec.name)})`);
     // With --json, stdout carries only the final document: the job's output goes to stderr.
     let stdoutGone = false;
-    const toStdout = a.json ? (c: Uint8Array) => writeErr(c) : (c: Uint8Array) => void (stdoutGone || writeOut(c));
+    const toStdout = jobStdout(Boolean(a.json), () => stdoutGone);
     const running = spec.tasks
-      ? startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus: await localGpus(ctx, spec) }, tasksIO(out, { stdout: taskStdout(Boolean(a.json), () => stdoutGone) }))
+      ? startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus: await localGpus(ctx, spec) }, tasksIO(out, { stdout: toStdout }))
       : startJob(store, layout, job, runnerSettings(ctx), {
           onStdout: toStdout,
           onStderr: (c) => writeErr(c),

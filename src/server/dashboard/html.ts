@@ -1,3 +1,5 @@
+import { formatAgo, formatBytes, formatSeconds } from "../../ui/output.ts";
+
 /**
  * HTML for the dashboard: every value from a job, a worker or a log goes
  * through `esc` (names, commands, labels and log lines are user data), and
@@ -40,34 +42,19 @@ export function layout(title: string, active: string, body: Html, opts: { data?:
 `.text;
 }
 
-export function formatBytes(n: number): string {
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let i = 0;
-  let v = n;
-  while (v >= 1024 && i < units.length - 1) {
-    v /= 1024;
-    i++;
-  }
-  return `${i ? v.toFixed(1) : v} ${units[i]}`;
+/** The CLI's own formats (ui/output.ts), with a dash for what is not known yet. */
+export function seconds(s: number | null | undefined): string {
+  return s === null || s === undefined ? "–" : formatSeconds(s);
 }
 
-export function formatSeconds(s: number | null | undefined): string {
-  if (s === null || s === undefined) return "–";
-  if (s < 1) return `${Math.round(s * 1000)} ms`;
-  if (s < 60) return `${s.toFixed(2)} s`;
-  return `${Math.floor(s / 60)}m${Math.round(s % 60)}s`;
+export function ago(iso: string | null): string {
+  return iso ? formatAgo(Date.parse(iso)) : "–";
 }
 
-export function ago(iso: string | null, now = Date.now()): string {
-  if (!iso) return "–";
-  const s = Math.max(0, (now - Date.parse(iso)) / 1000);
-  if (s < 60) return `${Math.round(s)}s ago`;
-  if (s < 3600) return `${Math.round(s / 60)} min ago`;
-  return `${Math.round(s / 3600)} h ago`;
-}
+export { formatBytes };
 
 /** A horizontal bar, `value` of `max`, as SVG (no inline style needed). */
 export function bar(value: number | null | undefined, max: number, kind: "prepare" | "run"): Html {
   const width = value && max > 0 ? Math.max(1, Math.round((value / max) * 160)) : 0;
-  return html`<svg class="bar" width="160" height="12" role="img" aria-label="${kind} ${formatSeconds(value)}"><rect class="${kind}" x="0" y="1" width="${width}" height="10"></rect></svg>`;
+  return html`<svg class="bar" width="160" height="12" role="img" aria-label="${kind} ${seconds(value)}"><rect class="${kind}" x="0" y="1" width="${width}" height="10"></rect></svg>`;
 }

@@ -1,6 +1,6 @@
 import type { RemoteJobStatus, WorkerCache, WorkerView } from "../../cluster/protocol.ts";
 import type { Phase } from "../../jobs/status.ts";
-import { ago, bar, esc, formatBytes, formatSeconds, Html, html, layout } from "./html.ts";
+import { ago, bar, esc, formatBytes, Html, html, layout, seconds } from "./html.ts";
 import { STYLE } from "./assets.ts";
 
 /** The pages, rendered from what the API reads (the same documents `job status` and `workers` print). */
@@ -58,7 +58,7 @@ export function jobsPage(jobs: Omit<RemoteJobStatus, "events">[], filter: { stat
     const r = phase(j, "task.run");
     return html`<tr><td><a href="/jobs/${j.id}">${j.id.slice(0, 8)}</a></td><td class="wrap">${j.name}${j.tasks?.length ? html` <span class="muted">(${j.tasks.length} task${j.tasks.length === 1 ? "" : "s"})</span>` : ""}</td><td>${state(j.state)}</td>
 <td>${j.worker ?? (j.tasks?.length ? [...new Set(j.tasks.map((t) => t.worker).filter(Boolean))].join(", ") : "–")}</td>
-<td>${bar(p, max, "prepare")} ${formatSeconds(p)}</td><td>${bar(r, max, "run")} ${formatSeconds(r)}</td><td>${cacheOf(j)}</td><td>${j.exit_code ?? "–"}</td><td>${ago(j.created)}</td></tr>`;
+<td>${bar(p, max, "prepare")} ${seconds(p)}</td><td>${bar(r, max, "run")} ${seconds(r)}</td><td>${cacheOf(j)}</td><td>${j.exit_code ?? "–"}</td><td>${ago(j.created)}</td></tr>`;
   });
   const option = (value: string, current: string, label = value) => html`<option value="${value}"${value === current ? new Html(" selected") : ""}>${label}</option>`;
   const states = ["", "queued", "preparing", "running", "succeeded", "failed", "cancelled"];
@@ -99,7 +99,7 @@ function timeline(s: RemoteJobStatus): Html {
   const span = Math.max(1, Math.max(...bars.map((b) => b.to)) - t0);
   const x = (ms: number) => 120 + Math.round(((ms - t0) / span) * 560);
   return html`<svg class="timeline" width="760" height="${bars.length * 26 + 10}" role="img" aria-label="timeline">${bars.map(
-    (b, i) => html`<text x="0" y="${i * 26 + 20}">${b.label}</text><rect class="${b.kind}" x="${x(b.from)}" y="${i * 26 + 8}" width="${Math.max(2, x(b.to) - x(b.from))}" height="16"></rect><text x="${Math.min(700, x(b.to) + 6)}" y="${i * 26 + 20}">${formatSeconds((b.to - b.from) / 1000)}</text>`,
+    (b, i) => html`<text x="0" y="${i * 26 + 20}">${b.label}</text><rect class="${b.kind}" x="${x(b.from)}" y="${i * 26 + 8}" width="${Math.max(2, x(b.to) - x(b.from))}" height="16"></rect><text x="${Math.min(700, x(b.to) + 6)}" y="${i * 26 + 20}">${seconds((b.to - b.from) / 1000)}</text>`,
   )}</svg>`;
 }
 
@@ -107,7 +107,7 @@ function timeline(s: RemoteJobStatus): Html {
 export function jobPage(s: RemoteJobStatus, log: string, logSize: number, live: boolean, logFrom = 0): string {
   const events = s.events.map((e) => html`<tr><td>${e.time}</td><td>${e.type}</td><td class="wrap">${JSON.stringify(e.data)}</td></tr>`);
   const tasks = (s.tasks ?? []).map(
-    (t) => html`<tr><td><a href="/jobs/${t.id}">${t.name}</a></td><td>${state(t.state)}</td><td>${t.needs.join(", ") || "–"}</td><td>${t.worker ?? "–"}</td><td>${formatSeconds(t.phases.find((p) => p.name === "task.prepare")?.seconds)}</td><td>${formatSeconds(t.phases.find((p) => p.name === "task.run")?.seconds)}</td><td>${t.exit_code ?? "–"}</td></tr>`,
+    (t) => html`<tr><td><a href="/jobs/${t.id}">${t.name}</a></td><td>${state(t.state)}</td><td>${t.needs.join(", ") || "–"}</td><td>${t.worker ?? "–"}</td><td>${seconds(t.phases.find((p) => p.name === "task.prepare")?.seconds)}</td><td>${seconds(t.phases.find((p) => p.name === "task.run")?.seconds)}</td><td>${t.exit_code ?? "–"}</td></tr>`,
   );
   return layout(
     `Job ${s.name}`,

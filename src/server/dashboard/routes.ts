@@ -40,8 +40,9 @@ export function withSecurityHeaders(res: Response): Response {
   return res;
 }
 
+/** The security headers are added once, to every answer outside the API, by whoever serves this (withSecurityHeaders). */
 function respond(body: string | null, status: number, headers: Record<string, string> = {}): Response {
-  return new Response(body, { status, headers: { ...SECURITY_HEADERS, ...headers } });
+  return new Response(body, { status, headers });
 }
 
 const page = (text: string, status = 200) => respond(text, status, { "content-type": "text/html; charset=utf-8" });
@@ -104,7 +105,7 @@ export async function dashboardRoute(req: Request, ctx: DashboardContext): Promi
   const job = /^\/jobs\/([0-9a-f]{1,16})$/.exec(path);
   if (job) {
     const row = findJob(ctx, job[1]!);
-    if (!row) return page(signInPageless("No such job"), 404);
+    if (!row) return page(messagePage("No such job"), 404);
     const status = ctx.jobs.status(row);
     // The log's last part only: a big log is for `gpulayer job logs`, not for one page.
     const from = Math.max(0, row.logSize - PAGE_LOG_BYTES);
@@ -121,7 +122,7 @@ export async function dashboardRoute(req: Request, ctx: DashboardContext): Promi
     const chunk = ctx.coord.store.readLog(row.id, offset, LIVE_LOG_BYTES);
     return respond(new TextDecoder().decode(chunk), 200, { "content-type": "text/plain; charset=utf-8", "x-gpulayer-state": row.state, "x-gpulayer-log-size": String(offset + chunk.length) });
   }
-  return page(signInPageless("Not found"), 404);
+  return page(messagePage("Not found"), 404);
 }
 
 function findJob(ctx: DashboardContext, id: string) {
@@ -132,7 +133,7 @@ function findJob(ctx: DashboardContext, id: string) {
   }
 }
 
-/** A bare page with one line (not found), inside the layout's look but without its navigation's data. */
-function signInPageless(message: string): string {
+/** A bare page of one line (not found): its text is ours, never the request's. */
+function messagePage(message: string): string {
   return `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${message} · gpulayer</title><link rel="stylesheet" href="/assets/style.css"></head><body><main><h1>${message}</h1><p><a href="/jobs">Jobs</a></p></main></body></html>`;
 }
