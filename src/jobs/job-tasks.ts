@@ -100,21 +100,22 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
       });
   };
 
+  /** The first task this one needs that ended without succeeding: it can never start. */
+  const blockerOf = (t: (typeof tasks)[number]) => t.needs.find((n) => FINAL_STATES.includes(state.get(n) as JobState) && state.get(n) !== "succeeded");
+
   const step = () => {
-    for (const t of tasks) {
-      if (state.get(t.name) !== "waiting") continue;
-      if (cancelReason) {
-        endUnstarted(t.name, "cancelled", `the job was cancelled (${cancelReason})`);
-        continue;
+    // Until nothing more ends unstarted: a skip can skip more, and needs point backwards or forwards in the file.
+    for (let ended = true; ended; ) {
+      ended = false;
+      for (const t of tasks) {
+        if (state.get(t.name) !== "waiting") continue;
+        const blocker = cancelReason ? null : blockerOf(t);
+        if (cancelReason) endUnstarted(t.name, "cancelled", `the job was cancelled (${cancelReason})`);
+        else if (blocker) endUnstarted(t.name, "skipped", `not started: ${blocker}, which it needs, ${state.get(blocker)}`);
+        else continue;
+        ended = true;
       }
-      const blocker = t.needs.find((n) => {
-        const s = state.get(n)!;
-        return FINAL_STATES.includes(s as JobState) && s !== "succeeded";
-      });
-      if (blocker) endUnstarted(t.name, "skipped", `not started: ${blocker}, which it needs, ${state.get(blocker)}`);
     }
-    // Skipping can unblock nothing but can skip more: the loop above ran in file order, and needs point backwards or forwards.
-    if (tasks.some((t) => state.get(t.name) === "waiting" && t.needs.some((n) => ["skipped", "failed", "cancelled"].includes(state.get(n)!)))) return step();
     for (const t of tasks) {
       if (running.size >= settings.slots || cancelReason) break;
       if (state.get(t.name) !== "waiting" || !t.needs.every((n) => state.get(n) === "succeeded")) continue;
