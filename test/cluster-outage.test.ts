@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync } from "node:fs";
+import { existsSync, mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
@@ -114,5 +114,31 @@ describe("the worker killed during the outage, its job's end undelivered", () =>
     expect(s.attempts).toBe(1);
     expect(worker.out()).toContain("delivering what 1 task(s) of a previous run left undelivered");
     expect((await gpl(["job", "logs", id])).stdout.trim().split("\n")).toEqual(expected());
+  }, T);
+});
+
+describe("a job of tasks across a server restart", () => {
+  test("the server SIGKILLed while the first task runs: started again, it dispatches the task that needs it, and the job ends once, succeeded", async () => {
+    const release = join(box.root, "release-tasks");
+    const dir = join(box.root, "tasks-job");
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, "job.yaml"), ["tasks:", `  first: {command: "echo first-up; while [ ! -e ${release} ]; do sleep 0.1; done; echo first-done"}`, "  second: {command: echo second-ran, needs: [first]}", ""].join("\n"));
+    const d = await cli(["job", "run", "-d", "-f", "job.yaml"], { env: env(), cwd: dir });
+    const id = d.stdout.trim();
+    await waitFor("the first task to run", async () => (await gpl(["job", "logs", id, "--task", "first"])).stdout.includes("first-up"));
+    await stopServer();
+    await startServer();
+    Bun.write(release, "");
+    const s = await waitFor("the job's final state", async () => {
+      const r = json((await gpl(["job", "status", id, "--json"])).stdout);
+      return ["succeeded", "failed", "cancelled"].includes(r.state) ? r : null;
+    }, 60_000);
+    expect(s.state).toBe("succeeded");
+    expect(s.tasks.map((t: { name: string; state: string }) => [t.name, t.state])).toEqual([
+      ["first", "succeeded"],
+      ["second", "succeeded"],
+    ]);
+    expect(s.events.filter((e: { type: string }) => e.type === "job.finished")).toHaveLength(1);
+    expect((await gpl(["job", "logs", id])).stdout).toBe("[first] first-up\n[first] first-done\n[second] second-ran\n");
   }, T);
 });
