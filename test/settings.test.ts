@@ -30,6 +30,8 @@ function samples(name: SettingName): { a: string; b: string; c: string; bad?: st
       return { a: "true", b: "false", c: "1", bad: "maybe" };
     case "url":
       return { a: "http://a.example:1", b: "http://b.example:2", c: "https://c.example", bad: "ftp://x.example" };
+    case "database url":
+      return { a: "postgres://gpl:pw-a@a.example:5432/gpl", b: "postgres://b.example/gpl", c: "postgresql://gpl@c.example/gpl", bad: "mysql://gpl:hunter2@x.example/gpl" };
     case "secret":
       return { a: "tok-aaaaaaaaaaaaaaaa", b: "tok-bbbbbbbbbbbbbbbb", c: "tok-cccccccccccccccc", bad: "tok\u0001" };
     case "text":
@@ -89,11 +91,13 @@ describe("every setting: what wins", () => {
         const message = (error as UsageError).message;
         expect((error as UsageError).exitCode).toBe(ExitCode.usage);
         expect(message).not.toContain("\n");
-        const shown = def.kind.name === "secret" ? "***" : s.bad!;
+        // A database URL's password is never shown back, in an error either.
+        const shown = def.kind.name === "secret" ? "***" : def.kind.name === "database url" ? s.bad!.replace("hunter2", "***") : s.bad!;
         if (source === "env") expect(message).toStartWith(`${def.env}=${shown} (environment): `);
         if (source === "flag") expect(message).toStartWith(`${def.flag} ${shown}: `);
         if (source === "file") expect(message).toStartWith(`${name}: ${shown} (in ${env.GPULAYER_CONFIG}): `);
         if (def.kind.name === "secret") expect(message.includes(s.bad!)).toBe(false);
+        if (def.kind.name === "database url") expect(message).not.toContain("hunter2");
       });
     }
   }

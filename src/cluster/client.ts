@@ -1,11 +1,14 @@
-import { isProblem, serverUrl } from "../config/kinds.ts";
+import { isProblem, serverUrl, serverUrls } from "../config/kinds.ts";
 import type { ResolvedSettings } from "../config/resolve.ts";
 import { type BundleLimits, bundleLimits } from "./bundle-limits.ts";
 import { HttpError, UsageError, UserError } from "../errors.ts";
 
 /** Where a command runs: this machine (null) or a coordinator. */
 export interface RemoteTarget {
+  /** The server's URLs joined with "," (for display; one URL for most). */
   url: string;
+  /** Its replicas, in the order they are tried. */
+  urls: string[];
   token: string;
   /** What a bundle sent there may hold (bundle.max_size, bundle.max_unpacked). */
   bundleLimits: BundleLimits;
@@ -28,10 +31,10 @@ export function remoteTarget(settings: ResolvedSettings, rawArgs: string[] = [])
     return null;
   }
   if (!token) throw new UsageError(`${origin} ${url}: a token is needed too (--token or GPULAYER_TOKEN; the server printed it on its first start)`);
-  return { url, token, bundleLimits: bundleLimits(settings.values), cancelGraceMs: settings.values.cancel_grace };
+  return { url, urls: serverUrls(url), token, bundleLimits: bundleLimits(settings.values), cancelGraceMs: settings.values.cancel_grace };
 }
 
-/** A server URL as the `server` setting reads one (http(s), no credentials in it), for a URL given elsewhere (`join URL`). */
+/** A server URL (or several, comma-separated) as the `server` setting reads it (http(s), no credentials in it), for one given elsewhere (`join URL`). */
 export function normalizeServerUrl(url: string, origin = "server URL"): string {
   const parsed = serverUrl.parse(url);
   if (isProblem(parsed)) throw new UsageError(`${origin} ${url}: ${parsed.problem}`);
@@ -39,24 +42,85 @@ export function normalizeServerUrl(url: string, origin = "server URL"): string {
 }
 
 type Body = Record<string, unknown> | Uint8Array | undefined;
+type RequestOpts = { signal?: AbortSignal; raw?: boolean; headers?: Record<string, string> };
 
-/** A client of the target's coordinator. */
-export function connect(target: RemoteTarget): ClusterClient {
-  return new ClusterClient(target.url, target.token);
+/** Answers that say "this replica cannot serve now" (a proxy in front of a stopped one, or one shedding load): the next replica is asked. */
+export const isUnavailable = (status: number): boolean => status === 502 || status === 503 || status === 504;
+
+/**
+ * The replicas of one server and which of them answered last: shared by the
+ * clients of one target (and a worker's clients), so that after a failover
+ * every request goes to the replica that answers.
+ */
+export class Replicas {
+  readonly urls: string[];
+  current = 0;
+
+  constructor(
+    urls: string | readonly string[],
+    /** Told when requests move to another replica (modules never print: the caller logs it). */
+    readonly onMove?: (from: string, to: string) => void,
+  ) {
+    this.urls = typeof urls === "string" ? serverUrls(urls) : [...urls];
+    if (!this.urls.length) throw new UsageError("no server URL given");
+  }
 }
 
-/** The coordinator's API: JSON in and out, the token as a bearer credential (never put in a message). */
-export class ClusterClient {
-  constructor(
-    readonly url: string,
-    private readonly token: string,
-  ) {}
+const sharedReplicas = new WeakMap<RemoteTarget, Replicas>();
 
-  async request(method: string, path: string, body?: Body | Blob, opts: { signal?: AbortSignal; raw?: boolean; headers?: Record<string, string> } = {}): Promise<Response> {
+/** A client of the target's coordinator; clients of one target share which replica answers. */
+export function connect(target: RemoteTarget): ClusterClient {
+  let replicas = sharedReplicas.get(target);
+  if (!replicas) sharedReplicas.set(target, (replicas = new Replicas(target.urls)));
+  return new ClusterClient(replicas, target.token);
+}
+
+/** One replica's failure: a network error (message) or an unavailable answer. */
+type Failure = { url: string; message: string; answer?: { status: number; data: Record<string, unknown> } };
+
+async function readJson(res: Response): Promise<Record<string, unknown>> {
+  try {
+    return (await res.json()) as Record<string, unknown>;
+  } catch {
+    return {}; // not JSON
+  }
+}
+
+/**
+ * The coordinator's API: JSON in and out, the token as a bearer credential
+ * (never put in a message). Given several replicas, a request that cannot
+ * reach one (a network error, or 502/503/504) is sent to the next, once
+ * around the list, and the one that answered is asked first next time.
+ */
+export class ClusterClient {
+  readonly replicas: Replicas;
+
+  constructor(
+    urls: string | readonly string[] | Replicas,
+    private readonly token: string,
+  ) {
+    this.replicas = urls instanceof Replicas ? urls : new Replicas(urls);
+  }
+
+  /** The replica requests go to first: the one that answered last. */
+  get url(): string {
+    return this.replicas.urls[this.replicas.current]!;
+  }
+
+  get urls(): string[] {
+    return this.replicas.urls;
+  }
+
+  /** A client with another token (a worker's credential) that follows the same replica as this one. */
+  withToken(token: string): ClusterClient {
+    return new ClusterClient(this.replicas, token);
+  }
+
+  async request(method: string, path: string, body?: Body | Blob | ReadableStream<Uint8Array>, opts: RequestOpts = {}): Promise<Response> {
     const headers: Record<string, string> = { ...opts.headers, authorization: `Bearer ${this.token}` };
-    let payload: string | Uint8Array | Blob | undefined;
-    if (body instanceof Blob) {
-      // A file, streamed (an env artifact of gigabytes never sits in memory).
+    let payload: string | Uint8Array | Blob | ReadableStream<Uint8Array> | undefined;
+    if (body instanceof Blob || body instanceof ReadableStream) {
+      // A file, streamed (an env artifact of gigabytes never sits in memory). A Blob can be sent again; a stream cannot.
       headers["content-type"] = "application/octet-stream";
       payload = body;
     } else if (body instanceof Uint8Array) {
@@ -66,23 +130,59 @@ export class ClusterClient {
       headers["content-type"] = "application/json";
       payload = JSON.stringify(body);
     }
-    let res: Response;
-    try {
-      res = await fetch(`${this.url}${path}`, { method, headers, body: payload, signal: opts.signal });
-    } catch (error) {
-      if ((error as Error).name === "AbortError") throw error;
-      throw new UserError(`cannot reach the gpulayer server at ${this.url}: ${(error as Error).message}`);
+    const replayable = !(payload instanceof ReadableStream);
+    const { urls } = this.replicas;
+    const first = this.replicas.current;
+    const failures: Failure[] = [];
+    for (let i = 0; i < urls.length && (i === 0 || replayable); i++) {
+      const at = (first + i) % urls.length;
+      const url = urls[at]!;
+      let res: Response;
+      try {
+        res = await fetch(`${url}${path}`, { method, headers, body: payload, signal: opts.signal });
+      } catch (error) {
+        // The caller's own abort (or timeout) is an answer, not a replica's failure: never retried.
+        if ((error as Error).name === "AbortError" || opts.signal?.aborted) throw error;
+        failures.push({ url, message: (error as Error).message });
+        continue;
+      }
+      if (isUnavailable(res.status)) {
+        const data = await readJson(res);
+        failures.push({ url, message: typeof data.error === "string" ? data.error : `HTTP ${res.status}`, answer: { status: res.status, data } });
+        continue;
+      }
+      this.answered(at);
+      return this.checked(res, url, method, path, opts);
     }
+    throw this.allFailed(failures, method, path, replayable);
+  }
+
+  private answered(at: number): void {
+    const from = this.replicas.current;
+    if (from === at) return;
+    this.replicas.current = at;
+    this.replicas.onMove?.(this.replicas.urls[from]!, this.replicas.urls[at]!);
+  }
+
+  private async checked(res: Response, url: string, method: string, path: string, opts: RequestOpts): Promise<Response> {
     if (res.ok || (opts.raw && res.status === 404)) return res;
-    let data: Record<string, unknown> = {};
-    try {
-      data = (await res.json()) as Record<string, unknown>;
-    } catch {
-      // not JSON
-    }
-    if (res.status === 401) throw new HttpError(401, `the server at ${this.url} refused the token (401): check --token / GPULAYER_TOKEN`, data);
+    const data = await readJson(res);
+    if (res.status === 401) throw new HttpError(401, `the server at ${url} refused the token (401): check --token / GPULAYER_TOKEN`, data);
     const message = typeof data.error === "string" ? data.error : `${method} ${path}: HTTP ${res.status}`;
     throw new HttpError(res.status, message, data);
+  }
+
+  /** One line naming every replica tried; an HttpError (5xx) when one of them answered, so callers that wait out a 5xx still do. */
+  private allFailed(failures: Failure[], method: string, path: string, replayable: boolean): UserError {
+    const answered = failures.findLast((f) => f.answer)?.answer;
+    const untried = replayable ? "" : " (the request's body cannot be sent again, so no other replica was tried)";
+    if (failures.length === 1 && this.replicas.urls.length === 1) {
+      const [f] = failures as [Failure];
+      if (answered) return new HttpError(answered.status, typeof answered.data.error === "string" ? answered.data.error : `${method} ${path}: HTTP ${answered.status}`, answered.data);
+      return new UserError(`cannot reach the gpulayer server at ${f.url}: ${f.message}`);
+    }
+    const message = failures.length === 1 ? `cannot reach the gpulayer server at ${failures[0]!.url}: ${failures[0]!.message}${untried}` : `cannot reach the gpulayer server at any of ${failures.map((f) => f.url).join(", ")}: ${failures.map((f) => `${f.url}: ${f.message}`).join("; ")}`;
+    return answered ? new HttpError(answered.status, message, answered.data) : new UserError(message);
   }
 
   async json<T>(method: string, path: string, body?: Body, opts: { signal?: AbortSignal } = {}): Promise<T> {

@@ -28,7 +28,7 @@ export const installerArgs = {
 
 /** Run against a coordinator instead of this machine; shared by `env prepare`, `job …` and `workers`. */
 export const serverArgs = {
-  server: { type: "string", valueHint: "URL", description: "A gpulayer server to run against (else GPULAYER_SERVER; neither: this machine)" },
+  server: { type: "string", valueHint: "URL", description: "A gpulayer server to run against (else GPULAYER_SERVER; neither: this machine); several replicas may be given, comma-separated: the next is asked when one stops answering" },
   token: { type: "string", valueHint: "TOKEN", description: "A user token of the server (else GPULAYER_TOKEN)" },
   "token-file": { type: "string", valueHint: "FILE", description: "Read the token from FILE (- : standard input; else GPULAYER_TOKEN_FILE)" },
 } as const satisfies ArgsDef;

@@ -41,6 +41,7 @@ export const EXAMPLES: Record<string, string[]> = {
     "gpulayer join --python /opt/venv/bin/python --label zone=a     # save this box's worker settings, show its probe",
     "gpulayer join http://coord:7070 --token-file join.token --python /opt/venv/bin/python",
     "sudo gpulayer join http://coord:7070 --token-file /etc/gpulayer/join.token --run-as gpujobs   # jobs as another user",
+    "gpulayer join http://coord-a:7070,http://coord-b:7070 --token-file join.token   # replicas: the next when one stops answering",
   ],
   server: ["gpulayer server --listen 0.0.0.0:7070     # prints its own token on first start"],
   "server token create": ["gpulayer server token create --role join --name gpu-boxes > join.token", "gpulayer server token create --role user --name alice --json"],

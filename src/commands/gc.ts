@@ -19,7 +19,7 @@ const args = {
   "low-watermark": { type: "string", valueHint: "PCT", description: "Filesystem use to get down to once above --high-watermark (default high - 5)" },
   "refresh-sizes": { type: "boolean", description: "Measure every entry's size again instead of trusting recorded sizes" },
   strict: { type: "boolean", description: "Exit 1 when the limit cannot be reached (entries in use, kept, or too new)" },
-  server: { type: "string", valueHint: "URL", description: "Trim a gpulayer server's env artifacts instead of this machine's cache (--max-size, else its coordinator.artifacts_max_size)" },
+  server: { type: "string", valueHint: "URL", description: "Trim a gpulayer server's env artifacts instead of this machine's cache (--max-size, else its coordinator.artifacts_max_size); several replicas may be given, comma-separated" },
   token: serverArgs.token,
   "token-file": serverArgs["token-file"],
   ...outputArgs,

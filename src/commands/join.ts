@@ -18,7 +18,7 @@ import type { JoinDoc, JoinLeftDoc } from "./_json.ts";
 import { probeJson } from "./_probe-json.ts";
 
 const args = {
-  server: { type: "positional", required: false, valueHint: "SERVER_URL", description: "The coordinator to work for; without it, save this machine's worker settings and show its probe" },
+  server: { type: "positional", required: false, valueHint: "SERVER_URL", description: "The coordinator to work for; several replicas of it may be given, comma-separated (http://a:7070,http://b:7070): the worker moves to the next when one stops answering. Without it, save this machine's worker settings and show its probe" },
   "token-file": { type: "string", valueHint: "FILE", description: "Read the join token from FILE (- : standard input; else GPULAYER_TOKEN_FILE, else GPULAYER_TOKEN). Never on the command line: every process here could read it" },
   token: { type: "string", valueHint: "TOKEN", description: "Refused: a token on the command line is readable by every process on the machine; use --token-file" },
   "run-as": { type: "string", valueHint: "USER", description: "Run jobs as this OS user (the worker runs as root; else GPULAYER_WORKER_RUN_AS)" },

@@ -12,6 +12,8 @@ const args = {
   listen: { type: "string", valueHint: "HOST:PORT", description: "Where to listen (default 127.0.0.1:7070; 0.0.0.0:7070 for other machines)" },
   token: { type: "string", valueHint: "TOKEN", description: "The server's own token, good for everything (else GPULAYER_TOKEN, else the one generated on first start); named user and join tokens: gpulayer server token create" },
   "token-file": { type: "string", valueHint: "FILE", description: "Read the server's own token from FILE (- : standard input)" },
+  database: { type: "string", valueHint: "postgres://USER:PASSWORD@HOST/DB", description: "Keep the state in PostgreSQL (default: SQLite in the server's home): any number of replicas on one database serve clients and workers alike" },
+  files: { type: "string", valueHint: "DIR", description: "Where uploaded bundles and env artifacts go (default: the server's home); replicas need one folder they all reach" },
   ...outputArgs,
 } as const;
 
@@ -25,21 +27,22 @@ export default defineCommand({
     // A job on this machine may not read the server's token from its environment or memory.
     forbidDumps();
     const out = new Output(a);
-    const ctx = commandContext({ "coordinator.listen": a.listen, token: a.token, token_file: a["token-file"] });
+    const ctx = commandContext({ "coordinator.listen": a.listen, token: a.token, token_file: a["token-file"], "coordinator.database": a.database, "coordinator.files": a.files });
     const dir = join(ctx.layout.root, "server");
     const settings = serverSettings(ctx.values);
     const token = serverToken(dir, ctx.values.token);
-    const server = startServer(dir, token.token, settings, (m) => out.log.info(m));
+    const server = await startServer(dir, token.token, settings, (m) => out.log.info(m));
     // 0.0.0.0 is where it listens, not an address to give others: name this host instead.
     const where = new URL(server.url);
     if (where.hostname === "0.0.0.0" || where.hostname === "[::]") where.hostname = hostname();
     const reachable = where.origin;
     const joinHint = `GPULAYER_TOKEN=${token.generated ? token.token : "<token>"} gpulayer join ${reachable}   (or --token-file FILE; named join tokens: gpulayer server token create --role join --name NAME)`;
-    const doc: ServerDoc = { url: server.url, port: server.port, state: dir, token_file: token.file, ...(token.generated ? { token: token.token } : {}) };
+    const doc: ServerDoc = { url: server.url, port: server.port, state: dir, token_file: token.file, replica: server.replica, database: server.database, ...(token.generated ? { token: token.token } : {}) };
     out.result(
       doc,
       () => [
-        `gpulayer server listening on ${server.url} (state in ${dir})`,
+        `gpulayer server listening on ${server.url} (state in ${settings.database ? server.database : dir})`,
+        ...(settings.database ? [`replica ${server.replica} of the servers on ${server.database} (bundles and artifacts in ${settings.files ?? dir})`] : []),
         token.generated ? `join token (shown once; kept in ${token.file}): ${token.token}` : `token: ${token.file ? `kept in ${token.file}` : "as given"}`,
         `workers: ${joinHint}`,
         `clients: export GPULAYER_SERVER=${reachable} GPULAYER_TOKEN=…`,

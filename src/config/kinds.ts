@@ -98,23 +98,73 @@ export const boolean: Kind<boolean> = {
   show: String,
 };
 
-/** A server URL: http(s), no credentials in it (the token goes apart). */
+/** One server URL, normalized: http(s), no credentials in it (the token goes apart). */
+function oneServerUrl(s: string): string | { problem: string } {
+  let parsed: URL;
+  try {
+    parsed = new URL(/^[a-z][a-z0-9+.-]*:\/\//i.test(s) ? s : `http://${s}`);
+  } catch {
+    return { problem: "not a URL (expected http://HOST:PORT)" };
+  }
+  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") return { problem: "expected http:// or https://" };
+  if (parsed.username || parsed.password) return { problem: "put the token in --token or GPULAYER_TOKEN, not in the URL" };
+  return `${parsed.protocol}//${parsed.host}${parsed.pathname.replace(/\/+$/, "")}`;
+}
+
+/**
+ * A server: one URL, or several replicas of it separated by commas (tried in
+ * that order, the next when one stops answering). The value is the
+ * normalized URLs joined with ","; serverUrls splits it again.
+ */
 export const serverUrl: Kind<string> = {
   name: "url",
+  parse(raw) {
+    const parts = text(raw).split(",").map((p) => p.trim());
+    if (parts.length === 1) return oneServerUrl(parts[0]!);
+    const urls: string[] = [];
+    for (const part of parts) {
+      if (!part) return { problem: "an empty URL in the list (two commas in a row, or one at an end)" };
+      const url = oneServerUrl(part);
+      if (isProblem(url)) return { problem: `${part}: ${url.problem}` };
+      if (urls.includes(url)) return { problem: `${url} is in the list twice` };
+      urls.push(url);
+    }
+    return urls.join(",");
+  },
+  show: String,
+};
+
+/** The URLs of a `serverUrl` value, in the order they are tried. */
+export const serverUrls = (value: string): string[] => value.split(",").map((u) => u.trim()).filter(Boolean);
+
+/** A PostgreSQL URL (postgres://USER:PASSWORD@HOST:PORT/DB); shown without its password. */
+export const databaseUrl: Kind<string> = {
+  name: "database url",
   parse(raw) {
     const s = text(raw);
     let parsed: URL;
     try {
-      parsed = new URL(/^[a-z][a-z0-9+.-]*:\/\//i.test(s) ? s : `http://${s}`);
+      parsed = new URL(s);
     } catch {
-      return { problem: "not a URL (expected http://HOST:PORT)" };
+      return { problem: "not a URL (expected postgres://USER:PASSWORD@HOST:PORT/DATABASE)" };
     }
-    if (parsed.protocol !== "http:" && parsed.protocol !== "https:") return { problem: "expected http:// or https://" };
-    if (parsed.username || parsed.password) return { problem: "put the token in --token or GPULAYER_TOKEN, not in the URL" };
-    return `${parsed.protocol}//${parsed.host}${parsed.pathname.replace(/\/+$/, "")}`;
+    if (parsed.protocol !== "postgres:" && parsed.protocol !== "postgresql:") return { problem: "expected postgres:// (PostgreSQL; leave it unset for SQLite in the server's home)" };
+    if (!parsed.hostname) return { problem: "names no host (expected postgres://USER:PASSWORD@HOST:PORT/DATABASE)" };
+    return s;
   },
-  show: String,
+  show: (s) => hidePassword(s),
+  json: (s) => hidePassword(s),
 };
+
+export function hidePassword(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = "***";
+    return u.toString();
+  } catch {
+    return "***";
+  }
+}
 
 export const secret: Kind<string> = {
   name: "secret",

@@ -2,7 +2,7 @@ import { readFileSync, statSync } from "node:fs";
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
-import { isProblem } from "./kinds.ts";
+import { databaseUrl, hidePassword, isProblem } from "./kinds.ts";
 import { SETTING_NAMES, SETTINGS, type SettingDef, type SettingName, type SettingValues } from "./table.ts";
 
 /** Where a setting's value came from: `gpulayer config` shows it, messages name it. */
@@ -70,7 +70,8 @@ function readConfigFile(file: string): Map<SettingName, Raw> | null {
 }
 
 function describe(name: SettingName, raw: Raw, origin: Origin): string {
-  const shown = SETTINGS[name].kind.name === "secret" ? "***" : String(raw);
+  const kind = SETTINGS[name].kind as unknown;
+  const shown = SETTINGS[name].kind.name === "secret" ? "***" : kind === databaseUrl ? hidePassword(String(raw)) : String(raw);
   if (origin.source === "env") return `${origin.name}=${shown} (environment)`;
   if (origin.source === "flag") return `${origin.name} ${shown}`;
   return `${name}: ${shown} (in ${origin.name})`;

@@ -1,4 +1,4 @@
-import { anyText, boolean, choice, count, duration, type Kind, positiveDuration, secret, serverUrl, size, word } from "./kinds.ts";
+import { anyText, boolean, choice, count, databaseUrl, duration, type Kind, positiveDuration, secret, serverUrl, size, word } from "./kinds.ts";
 
 /**
  * Every setting gpulayer has, in one table: its config.yaml key (the name used
@@ -32,12 +32,14 @@ export const SETTINGS = {
   "container.engine": { env: "GPULAYER_CONTAINER_ENGINE", kind: choice("docker", "podman"), defaultText: "the first that works", help: "the container engine for images" },
   "container.network": { env: "GPULAYER_CONTAINER_NETWORK", kind: word, default: "host", help: "the network mode of job containers" },
   "container.options": { env: "GPULAYER_CONTAINER_OPTIONS", kind: anyText, default: "", help: "extra engine options for job containers, shell-split (--shm-size 8g)" },
-  server: { env: "GPULAYER_SERVER", flag: "--server", kind: serverUrl, defaultText: "none: commands run on this machine", help: "the coordinator to send jobs to" },
+  server: { env: "GPULAYER_SERVER", flag: "--server", kind: serverUrl, defaultText: "none: commands run on this machine", help: "the coordinator to send jobs to; several replicas of it may be given, comma-separated (http://a:7070,http://b:7070): the client moves to the next when one stops answering" },
   token: { env: "GPULAYER_TOKEN", flag: "--token", kind: secret, defaultText: "none; the server makes one on its first start", help: "the server's token; never passed on to jobs" },
   token_file: { env: "GPULAYER_TOKEN_FILE", flag: "--token-file", kind: word, defaultText: "none", help: "a file holding the token, `-` for standard input (how `join` should get it: a token on a command line can be read by every process on the machine)" },
   "bundle.max_size": { env: "GPULAYER_BUNDLE_MAX", kind: size, default: 200 * 1024 ** 2, help: "the largest packed workdir bundle a remote job may send or a worker accept" },
   "bundle.max_unpacked": { env: "GPULAYER_BUNDLE_MAX_UNPACKED", kind: size, default: 2 * 1024 ** 3, help: "the most a bundle may hold unpacked" },
   "coordinator.listen": { env: "GPULAYER_LISTEN", flag: "--listen", kind: word, default: "127.0.0.1:7070", help: "where `gpulayer server` listens (HOST:PORT)" },
+  "coordinator.database": { env: "GPULAYER_DATABASE", flag: "--database", kind: databaseUrl, defaultText: "SQLite in the server's home", help: "where `gpulayer server` keeps its state: a postgres:// URL lets several server replicas share it (one machine: leave it unset)" },
+  "coordinator.files": { env: "GPULAYER_SERVER_FILES", flag: "--files", kind: word, defaultText: "$GPULAYER_HOME/server", help: "where the server keeps uploaded bundles and env artifacts; replicas on one database need one folder they all reach (NFS, a shared volume)" },
   "coordinator.heartbeat": { env: "GPULAYER_HEARTBEAT_SECONDS", kind: positiveDuration, default: 2_000, help: "how often workers report (the server tells them; a worker's own setting wins)" },
   "coordinator.worker_lost": { env: "GPULAYER_WORKER_LOST_SECONDS", kind: positiveDuration, default: 30_000, help: "silence after which a worker counts as gone and its jobs are retried" },
   "coordinator.worker_lease": { env: "GPULAYER_WORKER_LEASE", kind: positiveDuration, default: 300_000, help: "how long a lost worker's jobs stay its own: re-queued only after this much silence (a worker out of touch that long stops them itself), so no job runs twice at once" },

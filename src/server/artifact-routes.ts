@@ -1,6 +1,7 @@
 import { open } from "node:fs/promises";
 import * as v from "valibot";
 import type { WorkerRow } from "./store.ts";
+import type { ArtifactRow } from "./artifacts.ts";
 import type { Coordinator } from "./coordinator.ts";
 import { HttpFail } from "./http-fail.ts";
 
@@ -23,6 +24,8 @@ export interface ArtifactSettings {
   maxBytes: number;
   /** coordinator.share_envs */
   share: boolean;
+  /** The files folder is shared with other replicas (their uploads in flight are not strays). */
+  sharedFiles: boolean;
 }
 
 type Caller = { role: "admin" | "user" | "join" } | { role: "worker"; worker: WorkerRow };
@@ -38,7 +41,7 @@ const ClaimBody = v.strictObject({ key: v.pipe(v.string(), v.regex(SHA)), path: 
 
 const reply = (data: unknown, status = 200) => Response.json(data, { status });
 
-function view(a: ReturnType<Coordinator["store"]["artifacts"]["list"]>[number]) {
+function view(a: ArtifactRow) {
   return { sha256: a.sha, key: a.key, bytes: a.bytes, built_by: a.builtBy, conditions: a.conditions, created: new Date(a.created).toISOString(), last_used: new Date(a.lastUsed).toISOString() };
 }
 
@@ -59,30 +62,30 @@ export async function artifactRoute(req: Request, url: URL, sub: string | undefi
       const key = url.searchParams.get("key") ?? "";
       const path = url.searchParams.get("path") ?? "";
       if (!SHA.test(key)) throw new HttpFail(400, "key: not an env key");
-      const builders = coord.store.workers().filter((w) => w.state !== "left" && w.state !== "lost" && !w.probe.offline).map((w) => w.name);
-      return reply({ share: settings.share, artifacts: settings.share ? store.forKey(key).map(view) : [], building: store.builder(key, path), builders });
+      const builders = (await coord.store.workers()).filter((w) => w.state !== "left" && w.state !== "lost" && !w.probe.offline).map((w) => w.name);
+      return reply({ share: settings.share, artifacts: settings.share ? (await store.forKey(key)).map(view) : [], building: await store.builder(key, path), builders });
     }
     user();
-    const t = store.totals();
-    return reply({ share: settings.share, max_bytes: settings.maxBytes, count: t.count, bytes: t.bytes, artifacts: store.list().map(view) });
+    const t = await store.totals();
+    return reply({ share: settings.share, max_bytes: settings.maxBytes, count: t.count, bytes: t.bytes, artifacts: (await store.list()).map(view) });
   }
   if (sub === "claim" && method === "POST") {
     const w = worker();
     const claim = await body(ClaimBody);
-    if (claim.release) return store.release(claim.key, claim.path, w.id), reply({ released: true });
+    if (claim.release) return await store.release(claim.key, claim.path, w.id), reply({ released: true });
     if (!settings.share) return reply({ granted: true });
-    return reply(store.claim(claim.key, claim.path, { id: w.id, name: w.name }, CLAIM_MS));
+    return reply(await store.claim(claim.key, claim.path, { id: w.id, name: w.name }, CLAIM_MS));
   }
   if (sub === "gc" && method === "POST") {
     user();
     const gc = await body(GcBody);
-    return reply(store.trim(gc.max_bytes ?? settings.maxBytes, gc.dry_run ?? false));
+    return reply(await store.trim(gc.max_bytes ?? settings.maxBytes, gc.dry_run ?? false, settings.sharedFiles));
   }
   if (sub && SHA.test(sub) && method === "GET") {
     if (caller.role === "join") throw new HttpFail(403, "a join token only registers workers");
-    const a = store.get(sub);
+    const a = await store.get(sub);
     if (!a) return reply({ error: "no such artifact" }, 404);
-    const done = store.read(sub);
+    const done = await store.read(sub);
     const file = Bun.file(store.path(sub));
     // The download holds the artifact against trimming until its last byte is sent (or the worker goes away).
     const body = file.stream().pipeThrough(new TransformStream({ flush: () => done() }));
@@ -99,7 +102,7 @@ async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: 
   const key = url.searchParams.get("key") ?? "";
   const taskId = url.searchParams.get("task") ?? "";
   if (!SHA.test(key)) throw new HttpFail(400, "key: not an env key");
-  const task = coord.store.task(taskId);
+  const task = await coord.store.task(taskId);
   if (!task || task.workerId !== w.id || Date.now() - task.created > TASK_WINDOW_MS) throw new HttpFail(403, "an artifact is taken only for a task this worker was given");
   let conditions: v.InferOutput<typeof Conditions>;
   try {
@@ -107,9 +110,9 @@ async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: 
   } catch {
     throw new HttpFail(400, "x-gpulayer-conditions: not the artifact's conditions");
   }
-  const there = store.existing(key, conditions.env_path);
+  const there = await store.existing(key, conditions.env_path);
   if (there) return reply({ sha256: there.sha, stored: false, reason: `an artifact of this env is there already (built by ${there.builtBy}); it is never replaced` }, 409);
-  if (store.get(sha)) return reply({ sha256: sha, stored: false, reason: "this artifact is there already" }, 409);
+  if (await store.get(sha)) return reply({ sha256: sha, stored: false, reason: "this artifact is there already" }, 409);
   const declared = Number(req.headers.get("content-length") ?? "0");
   if (declared > settings.maxBytes) throw new HttpFail(413, `the artifact is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
   const tmp = store.receiving();
@@ -129,12 +132,12 @@ async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: 
     }
     if (hasher.digest("hex") !== sha) throw new HttpFail(400, "artifact refused: its content does not match its sha256");
     // Checked again now the bytes are in: another upload of the same env may have finished meanwhile.
-    if (store.existing(key, conditions.env_path)) return reply({ sha256: sha, stored: false, reason: "an artifact of this env arrived first" }, 409);
-    tmp.keep({ sha, key, conditions, bytes: total, builtBy: w.name, taskId });
+    if (await store.existing(key, conditions.env_path)) return reply({ sha256: sha, stored: false, reason: "an artifact of this env arrived first" }, 409);
+    await tmp.keep({ sha, key, conditions, bytes: total, builtBy: w.name, taskId });
   } finally {
     tmp.drop();
   }
-  store.release(key, conditions.env_path, w.id);
-  const trimmed = store.trim(settings.maxBytes);
+  await store.release(key, conditions.env_path, w.id);
+  const trimmed = await store.trim(settings.maxBytes, false, settings.sharedFiles);
   return reply({ sha256: sha, stored: true, trimmed: trimmed.removed.length }, 201);
 }

@@ -1,4 +1,4 @@
-import type { Database } from "bun:sqlite";
+import type { Sql } from "./db/sql.ts";
 import { mkdirSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 
@@ -35,21 +35,31 @@ const FILE = /^([0-9a-f]{64})\.tar\.gz$/;
 /** An upload on its way in: its temporary file, kept as the bundle once checked, removed otherwise. */
 export interface Receiving {
   path: string;
-  keep(bytes: number): void;
+  keep(bytes: number): Promise<void>;
   drop(): void;
 }
 
+/**
+ * With several replicas, the folder is shared: a file another replica is
+ * receiving or keeping now is neither in this process's in-flight set nor,
+ * yet, in the table; strays are then removed only once this old.
+ */
+const SHARED_STRAY_MS = 3_600_000;
+
 export class BundleStore {
   readonly dir: string;
-  /** Temporary files of uploads being received or checked now: the sweep leaves them alone. */
-  private inFlight = new Set<string>();
+  /** Temporary files of uploads being received or checked now, in this process: the sweep leaves them alone. */
+  static local = () => ({ inFlight: new Set<string>() });
+  private readonly inFlight: Set<string>;
 
   constructor(
-    private readonly db: Database,
+    private readonly db: Sql,
     root: string,
+    readonly local: { inFlight: Set<string> },
   ) {
     this.dir = join(root, "bundles");
     mkdirSync(this.dir, { recursive: true });
+    this.inFlight = local.inFlight;
   }
 
   path(hash: string): string {
@@ -57,13 +67,13 @@ export class BundleStore {
   }
 
   /** Its row and its file; a row whose file went missing is dropped (so the client uploads it again). */
-  has(hash: string): boolean {
-    if (!this.db.query("SELECT hash FROM bundles WHERE hash = ?").get(hash)) return false;
+  async has(hash: string): Promise<boolean> {
+    if (!(await this.db.get("SELECT hash FROM bundles WHERE hash = ?", hash))) return false;
     try {
       statSync(this.path(hash));
       return true;
     } catch {
-      this.db.query("DELETE FROM bundles WHERE hash = ?").run(hash);
+      await this.db.run("DELETE FROM bundles WHERE hash = ?", hash);
       return false;
     }
   }
@@ -75,9 +85,9 @@ export class BundleStore {
     let kept = false;
     return {
       path,
-      keep: (bytes) => {
+      keep: async (bytes) => {
         renameSync(path, this.path(hash));
-        this.add(hash, bytes);
+        await this.add(hash, bytes);
         kept = true;
       },
       drop: () => {
@@ -87,51 +97,47 @@ export class BundleStore {
     };
   }
 
-  add(hash: string, bytes: number): void {
+  async add(hash: string, bytes: number): Promise<void> {
     const now = Date.now();
-    this.db.query("INSERT OR REPLACE INTO bundles (hash, bytes, created, last_used) VALUES (?, ?, ?, ?)").run(hash, bytes, now, now);
+    await this.db.run("INSERT INTO bundles (hash, bytes, created, last_used) VALUES (?, ?, ?, ?) ON CONFLICT (hash) DO UPDATE SET bytes = excluded.bytes, last_used = excluded.last_used", hash, bytes, now, now);
   }
 
-  touch(hash: string): void {
-    this.db.query("UPDATE bundles SET last_used = ? WHERE hash = ?").run(Date.now(), hash);
+  async touch(hash: string): Promise<void> {
+    await this.db.run("UPDATE bundles SET last_used = ? WHERE hash = ?", Date.now(), hash);
   }
 
-  list(): BundleRow[] {
-    return this.db
-      .query<{ hash: string; bytes: number; created: number; last_used: number }, []>("SELECT hash, bytes, created, last_used FROM bundles ORDER BY last_used, hash")
-      .all()
-      .map((r) => ({ hash: r.hash, bytes: r.bytes, created: r.created, lastUsed: r.last_used }));
+  async list(): Promise<BundleRow[]> {
+    const rows = await this.db.all<{ hash: string; bytes: number; created: number; last_used: number }>("SELECT hash, bytes, created, last_used FROM bundles ORDER BY last_used, hash");
+    return rows.map((r) => ({ hash: r.hash, bytes: Number(r.bytes), created: Number(r.created), lastUsed: Number(r.last_used) }));
   }
 
   /** Bundles a job that has not ended, or a task held by a worker, still needs. */
-  referenced(): Set<string> {
-    const rows = this.db
-      .query<{ bundle: string }, []>(
-        `SELECT bundle FROM jobs WHERE bundle IS NOT NULL AND state NOT IN ('succeeded', 'failed', 'cancelled', 'skipped')
-         UNION SELECT bundle FROM tasks WHERE bundle IS NOT NULL AND state IN ('assigned', 'running')`,
-      )
-      .all();
+  async referenced(): Promise<Set<string>> {
+    const rows = await this.db.all<{ bundle: string }>(
+      `SELECT bundle FROM jobs WHERE bundle IS NOT NULL AND state NOT IN ('succeeded', 'failed', 'cancelled', 'skipped')
+       UNION SELECT bundle FROM tasks WHERE bundle IS NOT NULL AND state IN ('assigned', 'running')`,
+    );
     return new Set(rows.map((r) => r.bundle));
   }
 
-  private remove(hash: string): void {
-    this.db.query("DELETE FROM bundles WHERE hash = ?").run(hash);
+  private async remove(hash: string): Promise<void> {
+    await this.db.run("DELETE FROM bundles WHERE hash = ?", hash);
     rmSync(this.path(hash), { force: true });
   }
 
   /**
    * Remove what no live job needs: first every bundle unused for longer than
    * the retention, then, while the total is over the cap, the least recently
-   * used of the rest. Synchronous, like every other write to the store, so no
-   * submission or upload runs in between.
+   * used of the rest. Run under the writer lock (store.exclusive), so no
+   * submission runs in between. `shared`: other replicas use the folder too.
    */
-  sweep(policy: BundlePolicy, now = Date.now()): BundleSweep {
-    const inUse = this.referenced();
+  async sweep(policy: BundlePolicy, now = Date.now(), shared = false): Promise<BundleSweep> {
+    const inUse = await this.referenced();
     const result: BundleSweep = { removed: [], strays: 0, keptBytes: 0 };
     const kept: BundleRow[] = [];
-    for (const b of this.list()) {
+    for (const b of await this.list()) {
       if (!inUse.has(b.hash) && now - b.lastUsed >= policy.retentionMs) {
-        this.remove(b.hash);
+        await this.remove(b.hash);
         result.removed.push({ hash: b.hash, bytes: b.bytes, why: "expired" });
       } else kept.push(b);
     }
@@ -140,16 +146,17 @@ export class BundleStore {
     for (const b of kept) {
       if (total <= policy.maxBytes) break;
       if (inUse.has(b.hash)) continue;
-      this.remove(b.hash);
+      await this.remove(b.hash);
       total -= b.bytes;
       result.removed.push({ hash: b.hash, bytes: b.bytes, why: "over size" });
     }
     result.keptBytes = total;
     // Besides uploads in flight, any temp file or rowless bundle here is left from a crash.
-    const rows = new Set(this.list().map((b) => b.hash));
+    const rows = new Set((await this.list()).map((b) => b.hash));
     for (const name of readdirSync(this.dir)) {
       const m = FILE.exec(name);
       if ((m && rows.has(m[1]!)) || this.inFlight.has(name)) continue;
+      if (shared && now - (statSync(join(this.dir, name), { throwIfNoEntry: false })?.mtimeMs ?? 0) < SHARED_STRAY_MS) continue;
       rmSync(join(this.dir, name), { recursive: true, force: true });
       result.strays++;
     }

@@ -1,7 +1,7 @@
 import type { FinishRequest, PollResponse, PrepareRequestPayload, RegisterResponse, RemoteSpec, TaskAssignment, TaskEventIn, WorkerCache } from "../cluster/protocol.ts";
 import { FINAL_JOB_STATES as FINAL } from "../cluster/protocol.ts";
 import { ExitCode } from "../errors.ts";
-import { CREDENTIALS_LOST, HeldSecrets } from "./held-secrets.ts";
+import { CREDENTIALS_LOST, HeldSecrets, type SecretSeal } from "./held-secrets.ts";
 import { HttpFail } from "./http-fail.ts";
 import { Notifier } from "./notifier.ts";
 import { BeatReconciler, freshOutput, outboxSkip, prepareSteps } from "./task-reports.ts";
@@ -16,6 +16,11 @@ import { endUnstarted, settleJob, taskBlocked } from "./job-tasks.ts";
  * jobs are re-queued a bounded number of times, and everyone waiting on a
  * change (a worker's long poll, a client watching a job) is woken when it
  * happens. The HTTP routes are only a skin over this.
+ *
+ * Every change runs under the database's writer lock (store.exclusive), so
+ * it lands whole and alone, also against other replicas on one database:
+ * a job is dispatched once, a worker declared lost once. Its wake-ups are
+ * sent once it has committed, here and (PostgreSQL) to the other replicas.
  */
 
 export interface CoordinatorOptions {
@@ -24,56 +29,91 @@ export interface CoordinatorOptions {
   /** A lost worker's tasks are released only after this much silence (it fences itself before). */
   leaseSeconds: number;
   maxAttempts: number;
+  /** Replicas on one database: requests' credentials sealed in it (held-secrets.ts) rather than in memory. */
+  seal?: SecretSeal | null;
+  /** Tell the other replicas (PostgreSQL NOTIFY); none for one server. */
+  publish?: (key: string) => Promise<void>;
+}
+
+/** With replicas, a long poll looks again this often even without a wake-up (one lost with a NOTIFY connection). */
+const REPLICA_RECHECK_MS = 1_000;
+
+/** One change under the writer lock: the transaction's store, and the wake-ups to send once it has committed. */
+export interface Change {
+  readonly store: ServerStore;
+  wake(key: string): void;
 }
 
 export class Coordinator {
-  readonly notify = new Notifier();
-  /** Requests as sent, credentials included: in memory only, by job id and by prepare id. */
-  readonly heldSpecs = new HeldSecrets<RemoteSpec>();
-  readonly heldPrepares = new HeldSecrets<PrepareRequestPayload>();
+  readonly notify: Notifier;
+  /** Requests as sent, credentials included: in memory only (or sealed, for replicas), by job id and by prepare id. */
+  readonly heldSpecs: HeldSecrets<RemoteSpec>;
+  readonly heldPrepares: HeldSecrets<PrepareRequestPayload>;
   private unlisted = new BeatReconciler();
   /** The server's own downtime is no worker's silence: silence counts from this start at the earliest. */
   private readonly startedAt = Date.now();
   private sweeper: ReturnType<typeof setInterval>;
+  private sweeping: Promise<void> | null = null;
 
   constructor(
     readonly store: ServerStore,
     readonly opts: CoordinatorOptions,
     readonly log: (message: string) => void = () => {},
+    /** A sweep that failed (the database went away): the server decides what that means. */
+    private readonly onSweepError: (error: unknown) => void = () => {},
   ) {
-    this.sweeper = setInterval(() => this.sweep(), Math.min(1000, Math.max(100, (opts.lostSeconds * 1000) / 4)));
+    this.notify = new Notifier(opts.publish ? REPLICA_RECHECK_MS : undefined);
+    this.heldSpecs = new HeldSecrets("job", opts.seal ?? null);
+    this.heldPrepares = new HeldSecrets("prepare", opts.seal ?? null);
+    this.sweeper = setInterval(() => void this.sweep().catch(this.onSweepError), Math.min(1000, Math.max(100, (opts.lostSeconds * 1000) / 4)));
   }
 
   close(): void {
     clearInterval(this.sweeper);
   }
 
-  private wakeJob(id: string | null): void {
+  /** `fn` as one change; its wake-ups go out after the commit. */
+  async change<T>(fn: (ch: Change) => Promise<T>): Promise<T> {
+    const keys = new Set<string>();
+    const result = await this.store.exclusive((store) => fn({ store, wake: (key) => keys.add(key) }));
+    for (const key of keys) {
+      this.notify.wake(key);
+      void this.opts.publish?.(key).catch(() => {});
+    }
+    return result;
+  }
+
+  private async wakeJob(ch: Change, id: string | null): Promise<void> {
     if (!id) return;
-    this.notify.wake(`job:${id}`);
+    ch.wake(`job:${id}`);
     // A task of a job: the job's own row follows its tasks' (job-tasks.ts).
-    const parent = this.store.job(id)?.parentId;
-    if (parent && settleJob(this.store, parent)) this.notify.wake(`job:${parent}`);
+    const parent = (await ch.store.job(id))?.parentId;
+    if (parent && (await settleJob(ch.store, parent))) ch.wake(`job:${parent}`);
   }
 
   // Workers
 
   /** A worker joins, or one that has been here before comes back with its saved credential (see register.ts). */
-  register(body: RegisterBody, joinedWith: string | null = null): RegisterResponse {
-    return registerWorker(this, body, joinedWith);
+  register(body: RegisterBody, joinedWith: string | null = null): Promise<RegisterResponse> {
+    return this.change((ch) => registerWorker(this, ch, body, joinedWith));
   }
 
   /** A request from a worker: it is alive. A lost one back within its lease keeps its tasks; a departed one must register again (409). */
-  private seen(w: WorkerRow): void {
+  private async seen(ch: Change, w: WorkerRow): Promise<void> {
     if (w.state === "left") throw new HttpFail(409, `worker ${w.name} is ${w.state}; register again`, { lost: true });
     if (w.state === "lost") {
-      this.store.updateWorker(w.id, { state: "idle", lastSeen: Date.now() });
+      await ch.store.updateWorker(w.id, { state: "idle", lastSeen: Date.now() });
       this.log(`worker ${w.name} is back after ${((Date.now() - w.lastSeen) / 1000).toFixed(1)} s; it keeps what it runs`);
-      for (const t of this.store.activeTasks(w.id)) if (t.jobId) this.store.event(t.jobId, "job.worker_back", { worker: w.name });
-      this.dispatch();
+      for (const t of await ch.store.activeTasks(w.id)) if (t.jobId) await ch.store.event(t.jobId, "job.worker_back", { worker: w.name });
+      await this.dispatch(ch);
       return;
     }
-    this.store.updateWorker(w.id, { lastSeen: Date.now() });
+    await ch.store.updateWorker(w.id, { lastSeen: Date.now() });
+  }
+
+  /** The worker's row as it is now (the one the request authenticated may be a moment old). */
+  private async current(ch: Change, w: WorkerRow): Promise<WorkerRow> {
+    return (await ch.store.worker(w.id)) ?? w;
   }
 
   /**
@@ -82,14 +122,17 @@ export class Coordinator {
    * (after it had time to start it) ended there unheard: back to the queue,
    * as for a lost worker, rather than "running" forever.
    */
-  heartbeat(w: WorkerRow, body: { running: string[]; free_gpus?: number[]; cache?: WorkerCache }): { cancel: string[] } {
-    this.seen(w);
-    if (body.free_gpus) this.store.updateWorker(w.id, { freeGpus: body.free_gpus });
-    if (body.cache) this.store.updateWorker(w.id, { cache: body.cache });
-    const gone = this.unlisted.gone(this.store.activeTasks(w.id), new Set(body.running), Date.now() - 3 * this.opts.heartbeatSeconds * 1000);
-    for (const t of gone) this.releaseTask(t, `worker ${w.name} no longer runs it`, true);
-    if (gone.length) this.dispatch();
-    return { cancel: this.store.activeTasks(w.id).filter((t) => t.cancel).map((t) => t.id) };
+  heartbeat(worker: WorkerRow, body: { running: string[]; free_gpus?: number[]; cache?: WorkerCache }): Promise<{ cancel: string[] }> {
+    return this.change(async (ch) => {
+      const w = await this.current(ch, worker);
+      await this.seen(ch, w);
+      if (body.free_gpus) await ch.store.updateWorker(w.id, { freeGpus: body.free_gpus });
+      if (body.cache) await ch.store.updateWorker(w.id, { cache: body.cache });
+      const gone = this.unlisted.gone(await ch.store.activeTasks(w.id), new Set(body.running), Date.now() - 3 * this.opts.heartbeatSeconds * 1000);
+      for (const t of gone) await this.releaseTask(ch, t, `worker ${w.name} no longer runs it`, true);
+      if (gone.length) await this.dispatch(ch);
+      return { cancel: (await ch.store.activeTasks(w.id)).filter((t) => t.cancel).map((t) => t.id) };
+    });
   }
 
   /** Waits for work; `secretHash` is the credential it came with, which a restarted worker replaces and leaving or being lost kills (the poll then ends with 401). */
@@ -98,215 +141,237 @@ export class Coordinator {
     for (;;) {
       // A poll cut off (the worker died) is no sign of life.
       if (signal?.aborted) return { tasks: [], cancel: [] };
-      // Replaced (it registered again), or the worker left or was declared lost: that credential is dead.
-      if (secretHash && this.store.workerByCredential(secretHash)?.id !== w.id) throw new HttpFail(401, "unauthorized");
-      this.seen(this.store.worker(w.id)!);
-      const active = this.store.activeTasks(w.id);
-      const tasks = active.filter((t) => !t.delivered);
-      const cancel = active.filter((t) => t.cancel && !t.cancelSent);
-      if (tasks.length || cancel.length || Date.now() >= deadline) {
+      const answer = await this.change(async (ch): Promise<PollResponse | null> => {
+        // Replaced (it registered again), or the worker left or was declared lost: that credential is dead.
+        if (secretHash && (await ch.store.workerByCredential(secretHash))?.id !== w.id) throw new HttpFail(401, "unauthorized");
+        await this.seen(ch, (await ch.store.worker(w.id))!);
+        const active = await ch.store.activeTasks(w.id);
+        const tasks = active.filter((t) => !t.delivered);
+        const cancel = active.filter((t) => t.cancel && !t.cancelSent);
+        if (!tasks.length && !cancel.length) return Date.now() >= deadline ? { tasks: [], cancel: [] } : null;
         const handed: TaskAssignment[] = [];
         for (const t of tasks) {
-          const a = this.assignment(t);
+          const a = await this.assignment(ch, t);
           if (a) handed.push(a);
-          else this.failUnbuildable(t);
-          this.store.updateTask(t.id, { delivered: true });
+          else await this.failUnbuildable(ch, t);
+          await ch.store.updateTask(t.id, { delivered: true });
         }
-        for (const t of cancel) this.store.updateTask(t.id, { cancelSent: true });
-        if (handed.length || cancel.length || Date.now() >= deadline) return { tasks: handed, cancel: cancel.map((t) => t.id) };
-        continue;
-      }
+        for (const t of cancel) await ch.store.updateTask(t.id, { cancelSent: true });
+        return handed.length || cancel.length || Date.now() >= deadline ? { tasks: handed, cancel: cancel.map((t) => t.id) } : null;
+      });
+      if (answer) return answer;
       await this.notify.wait(`worker:${w.id}`, deadline - Date.now(), signal);
     }
   }
 
-  /** What the worker is handed: the request with its credentials, from memory; null when a restart lost them. */
-  private assignment(t: TaskRow): TaskAssignment | null {
-    const job = t.jobId ? this.store.job(t.jobId) : null;
-    const spec = job ? this.heldSpecs.resolve(job.id, job.spec) : undefined;
-    const prepare = t.prepare ? this.heldPrepares.resolve(t.groupId!, t.prepare) : undefined;
+  /** What the worker is handed: the request with its credentials (memory, or sealed); null when a restart lost them. */
+  private async assignment(ch: Change, t: TaskRow): Promise<TaskAssignment | null> {
+    const job = t.jobId ? await ch.store.job(t.jobId) : null;
+    const spec = job ? await this.heldSpecs.resolve(ch.store.sql, job.id, job.spec) : undefined;
+    const prepare = t.prepare ? await this.heldPrepares.resolve(ch.store.sql, t.groupId!, t.prepare) : undefined;
     if (spec === null || prepare === null) return null;
     return { id: t.id, kind: t.kind, attempt: t.attempt, job_id: t.jobId, bundle: job?.bundle ?? t.bundle, gpus: t.gpus, ...(spec ? { spec } : {}), ...(prepare ? { prepare } : {}) };
   }
 
   /** A task whose request lost its credentials: it ends here, failed, with the reason; the worker never sees it. */
-  private failUnbuildable(t: TaskRow): void {
+  private async failUnbuildable(ch: Change, t: TaskRow): Promise<void> {
     const message = `${t.kind === "job" ? "job" : "prepare"} cannot be built: ${CREDENTIALS_LOST}`;
-    this.store.updateTask(t.id, { state: "done", result: { status: "failed", seconds: 0, message, state: "failed" } });
-    if (t.jobId) this.failJob(t.jobId, message);
-    if (t.groupId) this.notify.wake(`group:${t.groupId}`);
+    await ch.store.updateTask(t.id, { state: "done", result: { status: "failed", seconds: 0, message, state: "failed" } });
+    if (t.jobId) await this.failJob(ch, t.jobId, message);
+    if (t.groupId) ch.wake(`group:${t.groupId}`);
   }
 
-  private failJob(id: string, message: string): void {
-    this.store.event(id, "job.failed", { message });
-    this.store.updateJob(id, { state: "failed", error: message, exitCode: ExitCode.failed });
-    this.wakeJob(id);
+  private async failJob(ch: Change, id: string, message: string): Promise<void> {
+    await ch.store.event(id, "job.failed", { message });
+    await ch.store.updateJob(id, { state: "failed", error: message, exitCode: ExitCode.failed });
+    await this.wakeJob(ch, id);
   }
 
-  leave(w: WorkerRow, final: boolean): void {
-    this.seen(w);
-    if (!final) {
-      this.store.updateWorker(w.id, { state: "draining" });
-      this.log(`worker ${w.name} is draining: no new work`);
-      return;
-    }
-    for (const t of this.store.activeTasks(w.id)) this.releaseTask(t, `worker ${w.name} left`, false);
-    this.store.artifacts.dropClaimsOf(w.id);
-    this.store.updateWorker(w.id, { state: "left" });
-    this.log(`worker ${w.name} left`);
-    this.dispatch();
+  leave(worker: WorkerRow, final: boolean): Promise<void> {
+    return this.change(async (ch) => {
+      const w = await this.current(ch, worker);
+      await this.seen(ch, w);
+      if (!final) {
+        await ch.store.updateWorker(w.id, { state: "draining" });
+        this.log(`worker ${w.name} is draining: no new work`);
+        return;
+      }
+      for (const t of await ch.store.activeTasks(w.id)) await this.releaseTask(ch, t, `worker ${w.name} left`, false);
+      await ch.store.artifacts.dropClaimsOf(w.id);
+      await ch.store.updateWorker(w.id, { state: "left" });
+      this.log(`worker ${w.name} left`);
+      await this.dispatch(ch);
+    });
   }
 
   /**
    * Workers silent for longer than lostSeconds are lost: no new work. What
    * they run stays theirs until their lease runs out (they stop it
    * themselves by then, when cut off), and is re-queued or failed only then:
-   * a job never runs in two places at once.
+   * a job never runs in two places at once. One sweep at a time, under the
+   * writer lock: with several replicas, each worker is declared lost once.
    */
-  sweep(): void {
+  sweep(): Promise<void> {
+    this.sweeping ??= this.change((ch) => this.sweepIn(ch)).finally(() => (this.sweeping = null));
+    return this.sweeping;
+  }
+
+  private async sweepIn(ch: Change): Promise<void> {
+    const { store } = ch;
     const now = Date.now();
     const silence = (w: WorkerRow) => (now - Math.max(w.lastSeen, this.startedAt)) / 1000;
-    for (const w of this.store.workers({ present: true })) {
-      if (silence(w) > this.opts.lostSeconds) this.markLost(w, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s; what it runs is given out again after ${this.opts.leaseSeconds} s of silence`);
+    for (const w of await store.workers({ present: true })) {
+      if (silence(w) > this.opts.lostSeconds) await this.markLost(ch, w, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s; what it runs is given out again after ${this.opts.leaseSeconds} s of silence`);
     }
     let released = 0;
-    for (const w of this.store.workers().filter((x) => x.state === "lost" && silence(x) > this.opts.leaseSeconds)) {
-      for (const t of this.store.activeTasks(w.id)) {
-        this.releaseTask(t, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s (its lease, ${this.opts.leaseSeconds} s, is over)`, true);
+    for (const w of (await store.workers()).filter((x) => x.state === "lost" && silence(x) > this.opts.leaseSeconds)) {
+      for (const t of await store.activeTasks(w.id)) {
+        await this.releaseTask(ch, t, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s (its lease, ${this.opts.leaseSeconds} s, is over)`, true);
         released++;
       }
     }
-    if (released) this.dispatch();
+    if (released) await this.dispatch(ch);
     // A revoked join token takes the workers that joined with it along (a leaked token's workers among them): at once.
-    for (const w of this.store.workers({ present: true })) {
-      if (w.joinedWith && !this.store.tokens.has(w.joinedWith)) {
-        this.markLost(w, `worker ${w.name} dropped: the join token ${w.joinedWith} it joined with was revoked`, true);
-        this.store.updateWorker(w.id, { state: "left" });
+    for (const w of await store.workers({ present: true })) {
+      if (w.joinedWith && !(await store.tokens.has(w.joinedWith))) {
+        await this.markLost(ch, w, `worker ${w.name} dropped: the join token ${w.joinedWith} it joined with was revoked`, true);
+        await store.updateWorker(w.id, { state: "left" });
       }
     }
     // Credentials live as long as what needs them: a job until it ends, a prepare while any of its tasks runs.
-    this.heldSpecs.keepOnly((id) => !FINAL.includes(this.store.job(id)?.state ?? "failed"));
-    this.heldPrepares.keepOnly((id) => this.store.groupTasks(id).some((t) => t.state === "assigned" || t.state === "running"));
+    await this.heldSpecs.keepOnly(store.sql, async (id) => !FINAL.includes((await store.job(id))?.state ?? "failed"));
+    await this.heldPrepares.keepOnly(store.sql, async (id) => (await store.groupTasks(id)).some((t) => t.state === "assigned" || t.state === "running"));
   }
 
   /** `release`: its tasks go now (it is known gone: another process took its name, its token was revoked); else at its lease's end. */
-  markLost(w: WorkerRow, reason: string, release = false): void {
-    this.store.updateWorker(w.id, { state: "lost" });
+  async markLost(ch: Change, w: WorkerRow, reason: string, release = false): Promise<void> {
+    const { store } = ch;
+    await store.updateWorker(w.id, { state: "lost" });
     // Workers waiting for its env build stop waiting: one of them builds instead.
-    this.store.artifacts.dropClaimsOf(w.id);
+    await store.artifacts.dropClaimsOf(w.id);
     this.log(reason);
-    for (const t of this.store.activeTasks(w.id)) {
-      if (release) this.releaseTask(t, reason, true);
-      else if (t.jobId) this.store.event(t.jobId, "job.worker_lost", { worker: w.name, message: reason });
+    for (const t of await store.activeTasks(w.id)) {
+      if (release) await this.releaseTask(ch, t, reason, true);
+      else if (t.jobId) await store.event(t.jobId, "job.worker_lost", { worker: w.name, message: reason });
     }
-    this.notify.wake(`worker:${w.id}`);
-    this.dispatch();
+    ch.wake(`worker:${w.id}`);
+    await this.dispatch(ch);
   }
 
   /** A task its worker no longer runs: a job goes back to the queue (a lost attempt counts), a prepare fails. */
-  releaseTask(t: TaskRow, reason: string, lost: boolean): void {
-    this.store.updateTask(t.id, { state: lost ? "lost" : "handed_back" });
+  async releaseTask(ch: Change, t: TaskRow, reason: string, lost: boolean): Promise<void> {
+    const { store } = ch;
+    await store.updateTask(t.id, { state: lost ? "lost" : "handed_back" });
     if (t.kind === "prepare") {
-      this.store.updateTask(t.id, { result: { status: "failed", seconds: (Date.now() - t.created) / 1000, message: reason } });
-      this.notify.wake(`group:${t.groupId}`);
+      await store.updateTask(t.id, { result: { status: "failed", seconds: (Date.now() - t.created) / 1000, message: reason } });
+      ch.wake(`group:${t.groupId}`);
       return;
     }
-    const job = this.store.job(t.jobId!);
+    const job = await store.job(t.jobId!);
     if (!job || FINAL.includes(job.state)) return;
     if (job.cancelRequested) {
-      this.store.event(job.id, "job.cancelled", { reason: `job cancel (${reason})` });
-      this.store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled });
+      await store.event(job.id, "job.cancelled", { reason: `job cancel (${reason})` });
+      await store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled });
     } else if (lost && job.attempts >= this.opts.maxAttempts) {
       const error = `${reason}; gave up after ${job.attempts} attempt(s) (GPULAYER_JOB_MAX_ATTEMPTS=${this.opts.maxAttempts})`;
-      this.store.event(job.id, "job.lost", { message: error, worker: this.store.worker(t.workerId)?.name ?? null });
-      this.store.updateJob(job.id, { state: "failed", error, exitCode: ExitCode.failed });
+      await store.event(job.id, "job.lost", { message: error, worker: (await store.worker(t.workerId))?.name ?? null });
+      await store.updateJob(job.id, { state: "failed", error, exitCode: ExitCode.failed });
     } else {
-      this.store.event(job.id, "job.requeued", { reason, attempt: job.attempts, worker: this.store.worker(t.workerId)?.name ?? null });
-      this.store.updateJob(job.id, { state: "queued", workerId: null });
+      await store.event(job.id, "job.requeued", { reason, attempt: job.attempts, worker: (await store.worker(t.workerId))?.name ?? null });
+      await store.updateJob(job.id, { state: "queued", workerId: null });
     }
-    this.wakeJob(job.id);
+    await this.wakeJob(ch, job.id);
   }
 
   // Tasks, as their worker reports them
 
-  ownTask(w: WorkerRow, taskId: string): TaskRow {
-    const t = this.store.task(taskId);
-    if (!t || t.workerId !== w.id) throw new HttpFail(404, "no such task for this worker");
-    this.seen(w);
+  private async ownTask(ch: Change, worker: WorkerRow, taskId: string): Promise<TaskRow> {
+    const t = await ch.store.task(taskId);
+    if (!t || t.workerId !== worker.id) throw new HttpFail(404, "no such task for this worker");
+    await this.seen(ch, await this.current(ch, worker));
     if (t.state !== "assigned" && t.state !== "running") throw new HttpFail(409, `task ${t.id} is no longer yours (${t.state})`, { revoked: true });
     return t;
   }
 
   /** How many of these outbox items were applied already (task-reports.ts); the rest count as applied from now. */
-  private alreadyApplied(t: TaskRow, seq: number | undefined, count: number): number {
+  private async alreadyApplied(ch: Change, t: TaskRow, seq: number | undefined, count: number): Promise<number> {
     const { skip, applied } = outboxSkip(t.appliedSeq, seq, count);
-    if (applied !== t.appliedSeq) this.store.updateTask(t.id, { appliedSeq: applied });
+    if (applied !== t.appliedSeq) await ch.store.updateTask(t.id, { appliedSeq: applied });
     return skip;
   }
 
   /** A finish sent again after the server applied it (its answer was lost): acknowledged, not applied twice. */
-  private finishedBefore(w: WorkerRow, taskId: string, seq: number | undefined): boolean {
-    const t = this.store.task(taskId);
+  private async finishedBefore(ch: Change, w: WorkerRow, taskId: string, seq: number | undefined): Promise<boolean> {
+    const t = await ch.store.task(taskId);
     return Boolean(t && t.workerId === w.id && seq !== undefined && (t.state === "done" || t.state === "handed_back") && t.appliedSeq >= seq);
   }
 
-  taskEvents(w: WorkerRow, taskId: string, events: TaskEventIn[], seq?: number): void {
-    const t = this.ownTask(w, taskId);
-    if (t.state === "assigned") this.store.updateTask(t.id, { state: "running" });
-    const skip = this.alreadyApplied(t, seq, events.length);
-    if (!t.jobId) {
-      // A prepare's build steps, kept by task for `env prepare --server` to show.
-      for (const e of events.slice(skip)) if (e.type.startsWith("task.prepare.")) this.store.event(prepareSteps(t.id), e.type, e.data);
-      if (t.groupId) this.notify.wake(`group:${t.groupId}`);
-      return;
-    }
-    for (const e of events.slice(skip)) {
-      // The server's clock, so running phases measure against the same clock that reads them.
-      this.store.event(t.jobId, e.type, e.data);
-      if (e.type === "task.prepare.started") this.store.updateJob(t.jobId, { state: "preparing" });
-      if (e.type === "task.prepare.finished" && typeof e.data.env_key === "string") this.store.updateJob(t.jobId, { envKey: e.data.env_key });
-      if (e.type === "task.run.started") this.store.updateJob(t.jobId, { state: "running" });
-    }
-    this.wakeJob(t.jobId);
+  taskEvents(w: WorkerRow, taskId: string, events: TaskEventIn[], seq?: number): Promise<void> {
+    return this.change(async (ch) => {
+      const { store } = ch;
+      const t = await this.ownTask(ch, w, taskId);
+      if (t.state === "assigned") await store.updateTask(t.id, { state: "running" });
+      const skip = await this.alreadyApplied(ch, t, seq, events.length);
+      if (!t.jobId) {
+        // A prepare's build steps, kept by task for `env prepare --server` to show.
+        for (const e of events.slice(skip)) if (e.type.startsWith("task.prepare.")) await store.event(prepareSteps(t.id), e.type, e.data);
+        if (t.groupId) ch.wake(`group:${t.groupId}`);
+        return;
+      }
+      for (const e of events.slice(skip)) {
+        // The server's clock, so running phases measure against the same clock that reads them.
+        await store.event(t.jobId, e.type, e.data);
+        if (e.type === "task.prepare.started") await store.updateJob(t.jobId, { state: "preparing" });
+        if (e.type === "task.prepare.finished" && typeof e.data.env_key === "string") await store.updateJob(t.jobId, { envKey: e.data.env_key });
+        if (e.type === "task.run.started") await store.updateJob(t.jobId, { state: "running" });
+      }
+      await this.wakeJob(ch, t.jobId);
+    });
   }
 
   /** `lengths`: the items the body joins (with `seq`); without, the body is one piece. */
-  taskOutput(w: WorkerRow, taskId: string, data: Uint8Array, stream: "stdout" | "stderr", seq?: number, lengths?: number[]): void {
-    const t = this.ownTask(w, taskId);
-    const { fresh, applied } = freshOutput(data, lengths, seq, t.appliedSeq);
-    if (applied !== t.appliedSeq) this.store.updateTask(t.id, { appliedSeq: applied });
-    if (t.jobId && fresh.length) {
-      this.store.appendLog(t.jobId, fresh, stream === "stderr" ? 2 : 1);
-      this.wakeJob(t.jobId);
-    }
+  taskOutput(w: WorkerRow, taskId: string, data: Uint8Array, stream: "stdout" | "stderr", seq?: number, lengths?: number[]): Promise<void> {
+    return this.change(async (ch) => {
+      const t = await this.ownTask(ch, w, taskId);
+      const { fresh, applied } = freshOutput(data, lengths, seq, t.appliedSeq);
+      if (applied !== t.appliedSeq) await ch.store.updateTask(t.id, { appliedSeq: applied });
+      if (t.jobId && fresh.length) {
+        await ch.store.appendLog(t.jobId, fresh, stream === "stderr" ? 2 : 1);
+        ch.wake(`job:${t.jobId}`);
+      }
+    });
   }
 
-  taskFinish(w: WorkerRow, taskId: string, body: FinishRequest & { seq?: number }): void {
-    if (this.finishedBefore(w, taskId, body.seq)) return;
-    const t = this.ownTask(w, taskId);
-    this.alreadyApplied(t, body.seq, 1);
-    this.store.updateTask(t.id, { state: "done", result: body.result ? { ...body.result, state: body.state } : null });
-    if (t.jobId) {
-      this.store.updateJob(t.jobId, { state: body.state, exitCode: body.exit_code, error: body.error });
-      this.wakeJob(t.jobId);
-    }
-    if (t.groupId) this.notify.wake(`group:${t.groupId}`);
-    this.dispatch();
+  taskFinish(w: WorkerRow, taskId: string, body: FinishRequest & { seq?: number }): Promise<void> {
+    return this.change(async (ch) => {
+      if (await this.finishedBefore(ch, w, taskId, body.seq)) return;
+      const t = await this.ownTask(ch, w, taskId);
+      await this.alreadyApplied(ch, t, body.seq, 1);
+      await ch.store.updateTask(t.id, { state: "done", result: body.result ? { ...body.result, state: body.state } : null });
+      if (t.jobId) {
+        await ch.store.updateJob(t.jobId, { state: body.state, exitCode: body.exit_code, error: body.error });
+        await this.wakeJob(ch, t.jobId);
+      }
+      if (t.groupId) ch.wake(`group:${t.groupId}`);
+      await this.dispatch(ch);
+    });
   }
 
-  handback(w: WorkerRow, taskId: string, reason: string, seq?: number): void {
-    if (this.finishedBefore(w, taskId, seq)) return;
-    const t = this.ownTask(w, taskId);
-    this.alreadyApplied(t, seq, 1);
-    this.releaseTask(t, reason, false);
-    this.dispatch();
+  handback(w: WorkerRow, taskId: string, reason: string, seq?: number): Promise<void> {
+    return this.change(async (ch) => {
+      if (await this.finishedBefore(ch, w, taskId, seq)) return;
+      const t = await this.ownTask(ch, w, taskId);
+      await this.alreadyApplied(ch, t, seq, 1);
+      await this.releaseTask(ch, t, reason, false);
+      await this.dispatch(ch);
+    });
   }
 
   // Dispatch
 
-  private loads(workers: WorkerRow[]): Map<string, Load> {
+  private async loads(ch: Change, workers: WorkerRow[]): Promise<Map<string, Load>> {
     const loads = new Map<string, Load>(workers.map((w) => [w.id, { running: 0, usedGpus: new Set<number>() }]));
-    for (const t of this.store.activeTasks()) {
+    for (const t of await ch.store.activeTasks()) {
       const load = loads.get(t.workerId);
       if (!load || t.kind !== "job") continue;
       load.running++;
@@ -316,29 +381,30 @@ export class Coordinator {
   }
 
   /** Give each queued job, oldest first, to a matching worker with room; the others say what they wait for. */
-  dispatch(): void {
-    const workers = this.store.workers({ present: true });
-    const loads = this.loads(workers);
-    for (const job of this.store.queuedJobs()) {
-      const blocked = taskBlocked(this.store, job);
+  async dispatch(ch: Change): Promise<void> {
+    const { store } = ch;
+    const workers = await store.workers({ present: true });
+    const loads = await this.loads(ch, workers);
+    for (const job of await store.queuedJobs()) {
+      const blocked = await taskBlocked(store, job);
       if (blocked && "skip" in blocked) {
-        endUnstarted(this.store, job, blocked.skip);
-        this.wakeJob(job.id);
+        await endUnstarted(store, job, blocked.skip);
+        await this.wakeJob(ch, job.id);
         // What needs this one may come earlier in the queue: look again.
-        return this.dispatch();
+        return this.dispatch(ch);
       }
       if (blocked) {
-        this.setWaiting(job, blocked.wait);
+        await this.setWaiting(ch, job, blocked.wait);
         continue;
       }
-      if (this.heldSpecs.resolve(job.id, job.spec) === null) {
-        this.failJob(job.id, `job cannot be built: ${CREDENTIALS_LOST}`);
+      if ((await this.heldSpecs.resolve(store.sql, job.id, job.spec)) === null) {
+        await this.failJob(ch, job.id, `job cannot be built: ${CREDENTIALS_LOST}`);
         continue;
       }
       const needs = jobNeeds(job.spec, job.labels);
       const w = choose(needs, workers, loads);
       if (!w) {
-        this.setWaiting(job, this.waitingFor(job, workers, loads));
+        await this.setWaiting(ch, job, this.waitingFor(job, workers, loads));
         continue;
       }
       const load = loads.get(w.id)!;
@@ -347,16 +413,16 @@ export class Coordinator {
       for (const g of gpus) load.usedGpus.add(g);
       const attempt = job.attempts + 1;
       const id = newId(8);
-      this.store.addTask({ id, kind: "job", jobId: job.id, groupId: null, workerId: w.id, attempt, gpus, prepare: null, bundle: job.bundle });
-      this.store.updateJob(job.id, { attempts: attempt, workerId: w.id, waiting: null });
-      this.store.event(job.id, "job.assigned", { worker: w.name, worker_id: w.id, attempt, gpus });
+      await store.addTask({ id, kind: "job", jobId: job.id, groupId: null, workerId: w.id, attempt, gpus, prepare: null, bundle: job.bundle });
+      await store.updateJob(job.id, { attempts: attempt, workerId: w.id, waiting: null });
+      await store.event(job.id, "job.assigned", { worker: w.name, worker_id: w.id, attempt, gpus });
       if (job.parentId) {
-        this.store.event(job.parentId, "task.assigned", { task: job.task, worker: w.name, attempt });
+        await store.event(job.parentId, "task.assigned", { task: job.task, worker: w.name, attempt });
         // Whoever follows the job hears of it now, not at its next long poll's end.
-        this.notify.wake(`job:${job.parentId}`);
+        ch.wake(`job:${job.parentId}`);
       }
-      this.notify.wake(`worker:${w.id}`);
-      this.wakeJob(job.id);
+      ch.wake(`worker:${w.id}`);
+      await this.wakeJob(ch, job.id);
     }
   }
 
@@ -367,10 +433,10 @@ export class Coordinator {
     return `room on a worker (${reasons(able, (w) => busyReason(needs, w, loads.get(w.id)!))})`;
   }
 
-  private setWaiting(job: JobRow, reason: string): void {
+  private async setWaiting(ch: Change, job: JobRow, reason: string): Promise<void> {
     if (job.waiting === reason) return;
-    this.store.updateJob(job.id, { waiting: reason });
-    this.store.event(job.id, "job.waiting", { for: reason });
-    this.wakeJob(job.id);
+    await ch.store.updateJob(job.id, { waiting: reason });
+    await ch.store.event(job.id, "job.waiting", { for: reason });
+    await this.wakeJob(ch, job.id);
   }
 }

@@ -1,7 +1,7 @@
 import type { PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, SubmitRequest, SubmitResponse, WatchResponse } from "../cluster/protocol.ts";
 import { FINAL_JOB_STATES } from "../cluster/protocol.ts";
 import { phasesOf } from "../jobs/status.ts";
-import { Coordinator } from "./coordinator.ts";
+import type { Change, Coordinator } from "./coordinator.ts";
 import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
 import { jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
@@ -21,8 +21,13 @@ export class JobsApi {
   }
 
   /** Refused (422) when no worker present could ever run it; asks for the bundle (409) when the server lacks it. */
-  submit(body: SubmitRequest): SubmitResponse {
-    const workers = this.store.workers({ present: true });
+  submit(body: SubmitRequest): Promise<SubmitResponse> {
+    return this.c.change((ch) => this.submitIn(ch, body));
+  }
+
+  private async submitIn(ch: Change, body: SubmitRequest): Promise<SubmitResponse> {
+    const { store } = ch;
+    const workers = await store.workers({ present: true });
     if (!workers.length) throw new HttpFail(422, `job refused: ${NO_WORKERS}`);
     const cycle = body.spec.tasks ? needsCycle(body.spec.tasks) : null;
     if (cycle) throw new HttpFail(422, `job refused: its tasks need each other in a cycle (${cycle.join(" → ")})`);
@@ -31,36 +36,36 @@ export class JobsApi {
       const needs = jobNeeds(spec, body.labels);
       if (workers.every((w) => neverReason(needs, w))) throw new HttpFail(422, `${what} refused: no worker can run it: ${reasons(workers, (w) => neverReason(needs, w))}`);
     }
-    if (body.bundle && !this.store.bundles.has(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
-    if (body.bundle) this.store.bundles.touch(body.bundle);
+    if (body.bundle && !(await store.bundles.has(body.bundle))) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
+    if (body.bundle) await store.bundles.touch(body.bundle);
     const id = newId(8);
-    this.c.heldSpecs.hold(id, body.spec);
-    this.store.addJob({ id, name: body.spec.name, spec: body.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir });
-    this.store.event(id, "job.submitted", { name: body.spec.name, command: body.spec.commandText, labels: body.labels });
+    await this.c.heldSpecs.hold(store.sql, id, body.spec);
+    await store.addJob({ id, name: body.spec.name, spec: body.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir });
+    await store.event(id, "job.submitted", { name: body.spec.name, command: body.spec.commandText, labels: body.labels });
     for (const t of body.spec.tasks ?? []) {
       const taskId = newId(8);
-      this.c.heldSpecs.hold(taskId, t.spec);
-      this.store.addJob({ id: taskId, name: `${body.spec.name}/${t.name}`, spec: t.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir, parentId: id, task: t.name, needs: t.needs });
-      this.store.event(taskId, "job.submitted", { name: t.name, command: t.spec.commandText, job: id });
+      await this.c.heldSpecs.hold(store.sql, taskId, t.spec);
+      await store.addJob({ id: taskId, name: `${body.spec.name}/${t.name}`, spec: t.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir, parentId: id, task: t.name, needs: t.needs });
+      await store.event(taskId, "job.submitted", { name: t.name, command: t.spec.commandText, job: id });
     }
-    this.c.dispatch();
-    const job = this.store.job(id)!;
+    await this.c.dispatch(ch);
+    const job = (await store.job(id))!;
     return { id, state: job.state, waiting: job.waiting };
   }
 
-  find(prefix: string): JobRow {
+  async find(prefix: string): Promise<JobRow> {
     if (!/^[0-9a-f]{1,16}$/i.test(prefix)) throw new HttpFail(400, `not a job id: ${prefix}`);
-    const rows = this.store.jobsByPrefix(prefix.toLowerCase());
+    const rows = await this.store.jobsByPrefix(prefix.toLowerCase());
     if (rows.length > 1) throw new HttpFail(400, `job id prefix ${prefix} matches several jobs; give more of it`);
     if (!rows[0]) throw new HttpFail(404, `no job with id ${prefix} on this server (see gpulayer job list)`);
     return rows[0];
   }
 
-  status(job: JobRow, withEvents = true): RemoteJobStatus {
-    const events = this.store.events(job.id).map(({ seq: _s, ...e }) => ({ ...e, time: new Date(e.ts).toISOString() }));
+  async status(job: JobRow, withEvents = true): Promise<RemoteJobStatus> {
+    const events = (await this.store.events(job.id)).map(({ seq: _s, ...e }) => ({ ...e, time: new Date(e.ts).toISOString() }));
     // Phases of the latest attempt only: a lost attempt stays in the events, not in the phases.
     const lastAssigned = events.findLastIndex((e) => e.type === "job.assigned" || e.type === "job.requeued" || e.type === "job.lost");
-    const worker = job.workerId ? this.store.worker(job.workerId) : null;
+    const worker = job.workerId ? await this.store.worker(job.workerId) : null;
     return {
       id: job.id,
       name: job.name,
@@ -72,7 +77,7 @@ export class JobsApi {
       env_key: job.envKey,
       error: job.error,
       phases: phasesOf(lastAssigned >= 0 ? events.slice(lastAssigned) : events),
-      ...(job.spec.tasks ? { tasks: this.taskStatuses(job) } : {}),
+      ...(job.spec.tasks ? { tasks: await this.taskStatuses(job) } : {}),
       events: withEvents ? events : [],
       worker: worker?.name ?? null,
       attempts: job.attempts,
@@ -82,52 +87,63 @@ export class JobsApi {
   }
 
   /** Each task of a job: its own row's state and phases (of its latest attempt), and the worker it ran on. */
-  private taskStatuses(job: JobRow): NonNullable<RemoteJobStatus["tasks"]> {
-    return this.store.tasksOf(job.id).map((t) => {
-      const s = this.status(t, false);
-      return { name: t.task!, id: t.id, state: t.state, needs: t.needs, exit_code: t.exitCode, env_key: t.envKey, error: t.error, command: t.spec.commandText, phases: s.phases, worker: s.worker };
-    });
+  private async taskStatuses(job: JobRow): Promise<NonNullable<RemoteJobStatus["tasks"]>> {
+    const out: NonNullable<RemoteJobStatus["tasks"]> = [];
+    for (const t of await this.store.tasksOf(job.id)) {
+      const s = await this.status(t, false);
+      out.push({ name: t.task!, id: t.id, state: t.state, needs: t.needs, exit_code: t.exitCode, env_key: t.envKey, error: t.error, command: t.spec.commandText, phases: s.phases, worker: s.worker });
+    }
+    return out;
   }
 
-  list(limit: number): Omit<RemoteJobStatus, "events">[] {
-    return this.store.jobs(limit).map((j) => {
-      const { events: _e, ...s } = this.status(j, false);
-      return s;
-    });
+  async list(limit: number): Promise<Omit<RemoteJobStatus, "events">[]> {
+    const out: Omit<RemoteJobStatus, "events">[] = [];
+    for (const j of await this.store.jobs(limit)) {
+      const { events: _e, ...s } = await this.status(j, false);
+      out.push(s);
+    }
+    return out;
   }
 
   /** Queued: cancelled at once. Running: its worker is told (on its long poll) and reports the outcome. */
-  cancel(job: JobRow): { id: string; state: string } {
+  cancel(jobId: string): Promise<{ id: string; state: string }> {
+    return this.c.change((ch) => this.cancelIn(ch, jobId));
+  }
+
+  private async cancelIn(ch: Change, jobId: string): Promise<{ id: string; state: string }> {
+    const { store } = ch;
+    // Read again under the lock: it may have ended since the request found it.
+    const job = (await store.job(jobId))!;
     if (FINAL_JOB_STATES.includes(job.state)) throw new HttpFail(409, `job ${job.id} has already ended (${job.state})`);
-    const tasks = this.store.tasksOf(job.id);
+    const tasks = await store.tasksOf(job.id);
     if (tasks.length) {
       // A job of tasks: each running task is cancelled on its worker, each not started ends now; the job ends with the last.
-      this.store.updateJob(job.id, { cancelRequested: true });
-      this.store.event(job.id, "job.cancel.requested", { tasks: tasks.filter((t) => !FINAL_JOB_STATES.includes(t.state)).map((t) => t.task) });
+      await store.updateJob(job.id, { cancelRequested: true });
+      await store.event(job.id, "job.cancel.requested", { tasks: tasks.filter((t) => !FINAL_JOB_STATES.includes(t.state)).map((t) => t.task) });
       for (const t of tasks) {
         if (FINAL_JOB_STATES.includes(t.state)) continue;
-        if (this.store.activeTaskOfJob(t.id)) this.cancel(t);
+        if (await store.activeTaskOfJob(t.id)) await this.cancelIn(ch, t.id);
         else {
-          endUnstarted(this.store, t, JOB_CANCELLED);
-          this.c.notify.wake(`job:${t.id}`);
+          await endUnstarted(store, t, JOB_CANCELLED);
+          ch.wake(`job:${t.id}`);
         }
       }
-      if (settleJob(this.store, job.id)) this.c.notify.wake(`job:${job.id}`);
-      const now = this.store.job(job.id)!;
+      if (await settleJob(store, job.id)) ch.wake(`job:${job.id}`);
+      const now = (await store.job(job.id))!;
       return { id: now.id, state: now.state };
     }
-    const task = this.store.activeTaskOfJob(job.id);
+    const task = await store.activeTaskOfJob(job.id);
     if (!task) {
-      this.store.event(job.id, "job.cancelled", { reason: "job cancel" });
-      this.store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled, cancelRequested: true });
+      await store.event(job.id, "job.cancelled", { reason: "job cancel" });
+      await store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled, cancelRequested: true });
     } else {
-      this.store.updateJob(job.id, { cancelRequested: true });
-      this.store.updateTask(task.id, { cancel: true });
-      this.store.event(job.id, "job.cancel.requested", { worker: this.store.worker(task.workerId)?.name ?? null });
-      this.c.notify.wake(`worker:${task.workerId}`);
+      await store.updateJob(job.id, { cancelRequested: true });
+      await store.updateTask(task.id, { cancel: true });
+      await store.event(job.id, "job.cancel.requested", { worker: (await store.worker(task.workerId))?.name ?? null });
+      ch.wake(`worker:${task.workerId}`);
     }
-    this.c.notify.wake(`job:${job.id}`);
-    const now = this.store.job(job.id)!;
+    ch.wake(`job:${job.id}`);
+    const now = (await store.job(job.id))!;
     return { id: now.id, state: now.state };
   }
 
@@ -135,13 +151,13 @@ export class JobsApi {
   async watch(jobId: string, logOffset: number, afterSeq: number, waitMs: number, signal?: AbortSignal): Promise<WatchResponse> {
     const deadline = Date.now() + waitMs;
     for (;;) {
-      const job = this.store.job(jobId)!;
-      const chunks = job.logSize > logOffset ? this.store.readChunks(jobId, logOffset) : [];
+      const job = (await this.store.job(jobId))!;
+      const chunks = job.logSize > logOffset ? await this.store.readChunks(jobId, logOffset) : [];
       const size = chunks.reduce((n, c) => n + c.data.length, 0);
-      const events = this.store.events(jobId, afterSeq);
+      const events = await this.store.events(jobId, afterSeq);
       const final = FINAL_JOB_STATES.includes(job.state);
       if (size || events.length || final || Date.now() >= deadline || signal?.aborted) {
-        const worker = job.workerId ? this.store.worker(job.workerId) : null;
+        const worker = job.workerId ? await this.store.worker(job.workerId) : null;
         return {
           state: job.state,
           exit_code: job.exitCode,
@@ -159,19 +175,24 @@ export class JobsApi {
   }
 
   /** A prepare task on every present worker that matches the labels (and, for an image, has an engine). */
-  prepare(body: { request: PrepareRequestPayload; bundle: string | null; labels: Record<string, string> }): { id: string; workers: string[] } {
-    const workers = this.store.workers({ present: true });
+  prepare(body: { request: PrepareRequestPayload; bundle: string | null; labels: Record<string, string> }): Promise<{ id: string; workers: string[] }> {
+    return this.c.change((ch) => this.prepareIn(ch, body));
+  }
+
+  private async prepareIn(ch: Change, body: { request: PrepareRequestPayload; bundle: string | null; labels: Record<string, string> }): Promise<{ id: string; workers: string[] }> {
+    const { store } = ch;
+    const workers = await store.workers({ present: true });
     if (!workers.length) throw new HttpFail(422, `prepare refused: ${NO_WORKERS}`);
     const why = (w: WorkerRow) => (w.state === "draining" ? "draining" : null) ?? labelsMatch(body.labels, w.labels) ?? (body.request.image ? (w.probe.engine ? null : "no working container engine") : null);
     const chosen = workers.filter((w) => !why(w));
     if (!chosen.length) throw new HttpFail(422, `prepare refused: no worker matches: ${reasons(workers, why)}`);
-    if (body.bundle && !this.store.bundles.has(body.bundle)) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
-    if (body.bundle) this.store.bundles.touch(body.bundle);
+    if (body.bundle && !(await store.bundles.has(body.bundle))) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
+    if (body.bundle) await store.bundles.touch(body.bundle);
     const id = newId(8);
-    this.c.heldPrepares.hold(id, body.request);
+    await this.c.heldPrepares.hold(store.sql, id, body.request);
     for (const w of chosen) {
-      this.store.addTask({ id: newId(8), kind: "prepare", jobId: null, groupId: id, workerId: w.id, attempt: 1, gpus: [], prepare: body.request, bundle: body.bundle });
-      this.c.notify.wake(`worker:${w.id}`);
+      await store.addTask({ id: newId(8), kind: "prepare", jobId: null, groupId: id, workerId: w.id, attempt: 1, gpus: [], prepare: body.request, bundle: body.bundle });
+      ch.wake(`worker:${w.id}`);
     }
     return { id, workers: chosen.map((w) => w.name) };
   }
@@ -180,13 +201,13 @@ export class JobsApi {
   async group(id: string, known: number, waitMs: number, signal?: AbortSignal, after = 0): Promise<PrepareGroupView> {
     const deadline = Date.now() + waitMs;
     for (;;) {
-      const tasks = this.store.groupTasks(id);
+      const tasks = await this.store.groupTasks(id);
       if (!tasks.length) throw new HttpFail(404, `no prepare ${id}`);
       const finished = tasks.filter((t) => t.state !== "assigned" && t.state !== "running");
-      const names = new Map(this.store.workers().map((w) => [w.id, w.name]));
-      const steps = tasks
-        .flatMap((t) => this.store.events(prepareSteps(t.id), after).map((e) => ({ seq: e.seq, worker: names.get(t.workerId) ?? t.workerId, type: e.type, data: e.data })))
-        .sort((a, b) => a.seq - b.seq);
+      const names = new Map((await this.store.workers()).map((w) => [w.id, w.name]));
+      const steps: PrepareGroupView["steps"] = [];
+      for (const t of tasks) for (const e of await this.store.events(prepareSteps(t.id), after)) steps.push({ seq: e.seq, worker: names.get(t.workerId) ?? t.workerId, type: e.type, data: e.data });
+      steps.sort((a, b) => a.seq - b.seq);
       if (steps.length || finished.length > known || finished.length === tasks.length || Date.now() >= deadline || signal?.aborted) {
         return {
           id,

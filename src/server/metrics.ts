@@ -12,9 +12,9 @@ const JOB_STATES = ["queued", "preparing", "running", "succeeded", "failed", "ca
 const WORKER_STATES = ["idle", "busy", "draining", "lost", "left"];
 
 /** What each worker's cache answered: hits and misses of the env prepares it ran. */
-export function cacheHits(store: ServerStore): Map<string, { hit: number; miss: number }> {
+export async function cacheHits(store: ServerStore): Promise<Map<string, { hit: number; miss: number }>> {
   const byWorker = new Map<string, { hit: number; miss: number }>();
-  for (const e of store.phaseEvents(["task.prepare.finished"])) {
+  for (const e of await store.phaseEvents(["task.prepare.finished"])) {
     if (!e.workerId) continue;
     const c = byWorker.get(e.workerId) ?? { hit: 0, miss: 0 };
     if (e.data.cache === "hit") c.hit++;
@@ -24,7 +24,7 @@ export function cacheHits(store: ServerStore): Map<string, { hit: number; miss: 
   return byWorker;
 }
 
-export function serverMetrics(store: ServerStore, workers: (WorkerRow & { running: number })[]): string {
+export async function serverMetrics(store: ServerStore, workers: (WorkerRow & { running: number })[]): Promise<string> {
   const families: Family[] = [];
   const family = (name: string, type: "gauge" | "counter" | "histogram", help: string) => {
     const f = new Family(name, type, help);
@@ -32,13 +32,13 @@ export function serverMetrics(store: ServerStore, workers: (WorkerRow & { runnin
     return f;
   };
 
-  const states = store.jobStateCounts();
+  const states = await store.jobStateCounts();
   const jobs = family("gpulayer_jobs", "gauge", "Jobs (and tasks of jobs) on the server, by state.");
   for (const s of JOB_STATES) jobs.sample(states.get(s) ?? 0, { state: s });
   const finished = family("gpulayer_jobs_finished_total", "counter", "Jobs that have ended, by how.");
   for (const s of ["succeeded", "failed", "cancelled", "skipped"]) finished.sample(states.get(s) ?? 0, { state: s });
 
-  const events = store.phaseEvents(["job.submitted", "job.assigned", "task.prepare.started", "task.prepare.finished", "task.run.finished"]);
+  const events = await store.phaseEvents(["job.submitted", "job.assigned", "task.prepare.started", "task.prepare.finished", "task.run.finished"]);
   const prepare: Groups = new Map();
   const run: Groups = new Map();
   const wait: Groups = new Map();
@@ -70,7 +70,7 @@ export function serverMetrics(store: ServerStore, workers: (WorkerRow & { runnin
   const entries = family("gpulayer_worker_cache_entries", "gauge", "Envs in each worker's cache, as it last reported.");
   const ratio = family("gpulayer_worker_cache_hit_ratio", "gauge", "Share of each worker's env prepares that reused a cached env (0 when it prepared none).");
   const running = family("gpulayer_worker_running_tasks", "gauge", "Jobs each worker runs now.");
-  const hits = cacheHits(store);
+  const hits = await cacheHits(store);
   for (const w of workers) {
     const labels = { worker: w.name };
     bytes.sample(w.cache?.bytes ?? 0, labels);
@@ -79,7 +79,7 @@ export function serverMetrics(store: ServerStore, workers: (WorkerRow & { runnin
     ratio.sample(h && h.hit + h.miss ? h.hit / (h.hit + h.miss) : 0, labels);
     running.sample(w.running, labels);
   }
-  family("gpulayer_bundle_storage_bytes", "gauge", "Bytes of job bundles the server keeps.").sample(store.bundles.list().reduce((n, b) => n + b.bytes, 0));
-  family("gpulayer_artifact_storage_bytes", "gauge", "Bytes of env artifacts the server keeps for workers to fetch.").sample(store.artifacts.totals().bytes);
+  family("gpulayer_bundle_storage_bytes", "gauge", "Bytes of job bundles the server keeps.").sample((await store.bundles.list()).reduce((n, b) => n + b.bytes, 0));
+  family("gpulayer_artifact_storage_bytes", "gauge", "Bytes of env artifacts the server keeps for workers to fetch.").sample((await store.artifacts.totals()).bytes);
   return exposition(families);
 }

@@ -1,6 +1,12 @@
-/** Wake-ups by key: a long poll waits on its key until something happens or time runs out. */
+/**
+ * Wake-ups by key: a long poll waits on its key until something happens or
+ * time runs out. `longestWaitMs` bounds each wait: with replicas, a wake-up
+ * from another one (NOTIFY) may be missed while its connection is down, and
+ * the waiter then looks again on its own.
+ */
 export class Notifier {
   private waiters = new Map<string, Set<() => void>>();
+  constructor(private readonly longestWaitMs = Number.POSITIVE_INFINITY) {}
   wait(key: string, ms: number, signal?: AbortSignal): Promise<void> {
     return new Promise((resolve) => {
       const set = this.waiters.get(key) ?? new Set();
@@ -12,7 +18,7 @@ export class Notifier {
         signal?.removeEventListener("abort", done);
         resolve();
       };
-      const timer = setTimeout(done, ms);
+      const timer = setTimeout(done, Math.min(ms, this.longestWaitMs));
       set.add(done);
       signal?.addEventListener("abort", done);
     });

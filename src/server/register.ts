@@ -4,6 +4,12 @@ import { HttpFail } from "./http-fail.ts";
 import { printable } from "../ui/escape.ts";
 import { newId, type ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
 
+/** One change under the writer lock (coordinator.ts Change), by shape. */
+interface Change {
+  readonly store: ServerStore;
+  wake(key: string): void;
+}
+
 /**
  * Workers joining. A worker keeps the id and credential it was given in its
  * home and presents them when it starts again: the server takes it back as
@@ -24,13 +30,11 @@ export interface RegisterBody {
 
 /** What registering needs of the coordinator; by shape, since coordinator.ts imports this file. */
 export interface Registrar {
-  readonly store: ServerStore;
   readonly opts: { heartbeatSeconds: number; lostSeconds: number; leaseSeconds: number };
-  readonly notify: { wake(key: string): void };
   log(message: string): void;
-  markLost(w: WorkerRow, reason: string, release?: boolean): void;
-  releaseTask(t: TaskRow, reason: string, lost: boolean): void;
-  dispatch(): void;
+  markLost(ch: Change, w: WorkerRow, reason: string, release?: boolean): Promise<void>;
+  releaseTask(ch: Change, t: TaskRow, reason: string, lost: boolean): Promise<void>;
+  dispatch(ch: Change): Promise<void>;
 }
 
 /** A worker heard from within this window still runs: a few heartbeats, at most the time after which it is lost. */
@@ -48,18 +52,19 @@ function refuseIfLive(c: Registrar, w: WorkerRow, now: number, message: (silentM
 }
 
 /** `joinedWith`: the named join token it came with, or null for the server's own token. */
-export function registerWorker(c: Registrar, body: RegisterBody, joinedWith: string | null): RegisterResponse {
+export async function registerWorker(c: Registrar, ch: Change, body: RegisterBody, joinedWith: string | null): Promise<RegisterResponse> {
+  const { store } = ch;
   const now = Date.now();
-  const known = body.resume ? c.store.workerBySecret(sha256(body.resume.credential)) : null;
+  const known = body.resume ? await store.workerBySecret(sha256(body.resume.credential)) : null;
   const same = known && known.id === body.resume?.id && known.name === body.name ? known : null;
   if (same) {
     refuseIfLive(c, same, now, (s) => `worker ${body.name} is already running (the server heard from it ${ago(s)}): another gpulayer join with this name and GPULAYER_HOME is still running; stop it first, or give this one another --name and GPULAYER_HOME`);
   }
-  for (const old of c.store.workers({ present: true }).filter((w) => w.name === body.name && w.id !== same?.id)) {
+  for (const old of (await store.workers({ present: true })).filter((w) => w.name === body.name && w.id !== same?.id)) {
     if (old.probe.hostname !== body.probe.hostname) throw new HttpFail(409, `a worker named ${body.name} is already connected from ${old.probe.hostname}; give this one another --name`);
     refuseIfLive(c, old, now, (s) => `a worker named ${body.name} is already running on ${old.probe.hostname} (the server heard from it ${ago(s)}); stop it first, or give this one another --name`);
     // The same machine back without its credential (a wiped home), the old process gone: that registration is over.
-    c.markLost(old, `worker ${old.name} registered again`, true);
+    await c.markLost(ch, old, `worker ${old.name} registered again`, true);
   }
   const credential = `gplw_${newId(24)}`;
   const gpus = body.probe.gpus.map((g) => g.index);
@@ -69,17 +74,17 @@ export function registerWorker(c: Registrar, body: RegisterBody, joinedWith: str
   if (same) {
     id = same.id;
     // The process that held these died: what it ran is gone with it.
-    for (const t of c.store.activeTasks(id)) c.releaseTask(t, `worker ${same.name} restarted`, true);
-    c.store.setWorkerSecret(id, sha256(credential));
-    c.store.updateWorker(id, { state: "idle", lastSeen: now, probe: body.probe, labels: body.labels, slots: body.slots, freeGpus: gpus, joinedWith });
+    for (const t of await store.activeTasks(id)) await c.releaseTask(ch, t, `worker ${same.name} restarted`, true);
+    await store.setWorkerSecret(id, sha256(credential));
+    await store.updateWorker(id, { state: "idle", lastSeen: now, probe: body.probe, labels: body.labels, slots: body.slots, freeGpus: gpus, joinedWith });
     // A poll still open for the old credential ends now.
-    c.notify.wake(`worker:${id}`);
+    ch.wake(`worker:${id}`);
     c.log(`worker ${body.name} is back (same worker ${id}, was ${same.state}; ${printable(body.probe.hostname)}, ${gpus.length} GPU(s), labels ${labels})`);
   } else {
     id = newId(6);
-    c.store.addWorker({ id, name: body.name, labels: body.labels, probe: body.probe, slots: body.slots, state: "idle", registered: now, lastSeen: now, joinedWith }, sha256(credential));
+    await store.addWorker({ id, name: body.name, labels: body.labels, probe: body.probe, slots: body.slots, state: "idle", registered: now, lastSeen: now, joinedWith }, sha256(credential));
     c.log(`worker ${body.name} joined (${printable(body.probe.hostname)}, ${gpus.length} GPU(s), labels ${labels})`);
   }
-  c.dispatch();
+  await c.dispatch(ch);
   return { id, name: body.name, credential, heartbeat_seconds: c.opts.heartbeatSeconds, lease_seconds: c.opts.leaseSeconds, resumed: Boolean(same) };
 }

@@ -6,6 +6,7 @@ import { BundleError } from "../errors.ts";
 import { contentHash as sha256 } from "../core/hashing.ts";
 import type { Coordinator } from "./coordinator.ts";
 import { HttpFail } from "./http-fail.ts";
+import { DatabaseDown } from "./db/sql.ts";
 import type { JobsApi } from "./jobs-api.ts";
 import * as S from "./schemas.ts";
 import { artifactRoute, type ArtifactSettings } from "./artifact-routes.ts";
@@ -40,8 +41,14 @@ export interface RouteContext {
   sessions: Sessions;
   /** coordinator.metrics_token: a token good for /metrics only (a scraper need not hold a user token). */
   metricsToken: string | null;
+  /** Which replica this is (printed at start, told at /v1/health). */
+  replica: string;
+  /** Whether the database answers now (server.ts DatabaseHealth). */
+  health: { readonly error: string | null; down(error: unknown): void };
   onError(error: unknown): void;
 }
+
+const DATABASE_DOWN = "this gpulayer server replica cannot reach its database; it takes no work until it can (another replica may: the client moves on by itself)";
 
 const reply = (data: unknown, status = 200) => Response.json(data, { status });
 const MAX_WAIT_MS = 30_000;
@@ -50,14 +57,14 @@ function tokenEquals(given: string, token: string): boolean {
   return timingSafeEqual(Buffer.from(sha256(given), "hex"), Buffer.from(sha256(token), "hex"));
 }
 
-function authenticate(req: Request, ctx: RouteContext): Caller | null {
+async function authenticate(req: Request, ctx: RouteContext): Promise<Caller | null> {
   const m = /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "");
   if (!m) return null;
   if (tokenEquals(m[1]!, ctx.token)) return { role: "admin" };
-  const named = ctx.coord.store.tokens.authenticate(m[1]!);
+  const named = await ctx.coord.store.tokens.authenticate(m[1]!);
   if (named) return { role: named.role, name: named.name };
   const secretHash = sha256(m[1]!);
-  const worker = ctx.coord.store.workerByCredential(secretHash);
+  const worker = await ctx.coord.store.workerByCredential(secretHash);
   return worker ? { role: "worker", worker, secretHash } : null;
 }
 
@@ -96,7 +103,7 @@ async function jsonBody<Sch extends v.GenericSchema>(req: Request, ctx: RouteCon
  */
 async function putBundle(req: Request, ctx: RouteContext, hash: string): Promise<Response> {
   const store = ctx.coord.store.bundles;
-  if (store.has(hash)) return reply({ hash, stored: false });
+  if (await store.has(hash)) return reply({ hash, stored: false });
   const tmp = store.receiving(hash);
   try {
     const received = await receiveTo(req, ctx.limits.maxBytes, tmp.path);
@@ -107,7 +114,7 @@ async function putBundle(req: Request, ctx: RouteContext, hash: string): Promise
       if (error instanceof BundleError) throw new HttpFail(400, error.message);
       throw error;
     }
-    tmp.keep(received.bytes);
+    await tmp.keep(received.bytes);
   } finally {
     tmp.drop();
   }
@@ -157,71 +164,70 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   if (parts[0] !== "v1") throw new HttpFail(404, "not found");
   const [, kind, id, action] = parts;
 
-  if (kind === "health" && method === "GET") return reply({ ok: true });
   if (kind === "workers") {
-    if (!id && method === "GET") return needUser(), reply(workerView(ctx.coord.store));
-    if (id === "register" && method === "POST") return needJoin(), reply(coord.register(await jsonBody(req, ctx, S.RegisterSchema), caller.role === "join" ? caller.name : null), 201);
-    if (id && action === "heartbeat" && method === "POST") return reply(coord.heartbeat(asWorker(id), await jsonBody(req, ctx, S.HeartbeatSchema)));
+    if (!id && method === "GET") return needUser(), reply(await workerView(ctx.coord.store));
+    if (id === "register" && method === "POST") return needJoin(), reply(await coord.register(await jsonBody(req, ctx, S.RegisterSchema), caller.role === "join" ? caller.name : null), 201);
+    if (id && action === "heartbeat" && method === "POST") return reply(await coord.heartbeat(asWorker(id), await jsonBody(req, ctx, S.HeartbeatSchema)));
     if (id && action === "tasks" && method === "GET") return reply(await coord.poll(asWorker(id), waitMs(url), req.signal, caller.role === "worker" ? caller.secretHash : undefined));
-    if (id && action === "leave" && method === "POST") return coord.leave(asWorker(id), (await jsonBody(req, ctx, S.LeaveSchema)).final), reply({ ok: true });
+    if (id && action === "leave" && method === "POST") return await coord.leave(asWorker(id), (await jsonBody(req, ctx, S.LeaveSchema)).final), reply({ ok: true });
   }
   if (kind === "tasks" && id) {
     const w = asWorker();
     if (action === "events" && method === "POST") {
       const body = await jsonBody(req, ctx, S.EventsSchema);
-      return coord.taskEvents(w, id, body.events, body.seq), reply({ ok: true });
+      return await coord.taskEvents(w, id, body.events, body.seq), reply({ ok: true });
     }
     if (action === "output" && method === "POST") {
       const seq = intParam(url, "seq") || undefined;
       const lengths = (url.searchParams.get("lengths") ?? "").split(",").filter(Boolean).map(Number);
       if (lengths.some((n) => !Number.isInteger(n) || n < 0)) throw new HttpFail(400, "lengths: comma-separated byte counts");
-      return coord.taskOutput(w, id, await readBody(req, ctx.maxBodyBytes), url.searchParams.get("stream") === "stderr" ? "stderr" : "stdout", seq, lengths.length ? lengths : undefined), reply({ ok: true });
+      return await coord.taskOutput(w, id, await readBody(req, ctx.maxBodyBytes), url.searchParams.get("stream") === "stderr" ? "stderr" : "stdout", seq, lengths.length ? lengths : undefined), reply({ ok: true });
     }
-    if (action === "finish" && method === "POST") return coord.taskFinish(w, id, await jsonBody(req, ctx, S.FinishSchema)), reply({ ok: true });
+    if (action === "finish" && method === "POST") return await coord.taskFinish(w, id, await jsonBody(req, ctx, S.FinishSchema)), reply({ ok: true });
     if (action === "handback" && method === "POST") {
       const body = await jsonBody(req, ctx, S.HandbackSchema);
-      return coord.handback(w, id, body.reason, body.seq), reply({ ok: true });
+      return await coord.handback(w, id, body.reason, body.seq), reply({ ok: true });
     }
   }
   if (kind === "bundles" && id) {
     if (!isBundleHash(id)) throw new HttpFail(400, "not a bundle hash");
     const bundles = coord.store.bundles;
     // A worker sees only its own tasks' bundles; to it, any other is missing.
-    const visible = () => bundles.has(id) && (caller.role === "admin" || caller.role === "user" || (caller.role === "worker" && coord.store.workerHoldsBundle(caller.worker.id, id)));
-    if (method === "HEAD") return new Response(null, { status: visible() ? 200 : 404 });
-    if (method === "GET") return visible() ? (bundles.touch(id), new Response(Bun.file(bundles.path(id)))) : reply({ error: "no such bundle" }, 404);
+    const visible = async () => (await bundles.has(id)) && (caller.role === "admin" || caller.role === "user" || (caller.role === "worker" && (await coord.store.workerHoldsBundle(caller.worker.id, id))));
+    if (method === "HEAD") return new Response(null, { status: (await visible()) ? 200 : 404 });
+    if (method === "GET") return (await visible()) ? (await bundles.touch(id), new Response(Bun.file(bundles.path(id)))) : reply({ error: "no such bundle" }, 404);
     if (method === "PUT") return needUser(), await putBundle(req, ctx, id);
   }
   if (kind === "artifacts") return artifactRoute(req, url, id, caller, coord, ctx.artifacts, (schema) => jsonBody(req, ctx, schema));
   if (kind === "jobs") {
     needUser();
-    if (!id && method === "POST") return reply(jobs.submit(await jsonBody(req, ctx, S.SubmitSchema)), 201);
-    if (!id && method === "GET") return reply(jobs.list(Math.min(1000, intParam(url, "limit") || 50)));
-    if (id && !action && method === "GET") return reply(jobs.status(jobs.find(id)));
-    if (id && action === "cancel" && method === "POST") return reply(jobs.cancel(jobs.find(id)));
+    if (!id && method === "POST") return reply(await jobs.submit(await jsonBody(req, ctx, S.SubmitSchema)), 201);
+    if (!id && method === "GET") return reply(await jobs.list(Math.min(1000, intParam(url, "limit") || 50)));
+    if (id && !action && method === "GET") return reply(await jobs.status(await jobs.find(id)));
+    if (id && action === "cancel" && method === "POST") return reply(await jobs.cancel((await jobs.find(id)).id));
     if (id && action === "log" && method === "GET") {
-      const job = jobs.find(id);
-      return new Response(coord.store.readLog(job.id, intParam(url, "offset"), Number.MAX_SAFE_INTEGER), { headers: { "content-type": "application/octet-stream", "x-gpulayer-job": job.id } });
+      const job = await jobs.find(id);
+      return new Response(await coord.store.readLog(job.id, intParam(url, "offset"), Number.MAX_SAFE_INTEGER), { headers: { "content-type": "application/octet-stream", "x-gpulayer-job": job.id } });
     }
-    if (id && action === "watch" && method === "GET") return reply(await jobs.watch(jobs.find(id).id, intParam(url, "log"), intParam(url, "after"), waitMs(url, 20), req.signal));
+    if (id && action === "watch" && method === "GET") return reply(await jobs.watch((await jobs.find(id)).id, intParam(url, "log"), intParam(url, "after"), waitMs(url, 20), req.signal));
   }
   if (kind === "prepares") {
     needUser();
-    if (!id && method === "POST") return reply(jobs.prepare(await jsonBody(req, ctx, S.PrepareSchema)), 201);
+    if (!id && method === "POST") return reply(await jobs.prepare(await jsonBody(req, ctx, S.PrepareSchema)), 201);
     if (id && method === "GET") return reply(await jobs.group(id, intParam(url, "known"), waitMs(url, 20), req.signal, intParam(url, "after")));
   }
   throw new HttpFail(404, `no route ${method} ${url.pathname}`);
 }
 
 /** GET /metrics: the server's token, a user token, or the metrics token. */
-function metrics(req: Request, ctx: RouteContext): Response {
+async function metrics(req: Request, ctx: RouteContext): Promise<Response> {
   const m = /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "");
-  const caller = authenticate(req, ctx);
+  const caller = await authenticate(req, ctx);
   const allowed = caller?.role === "admin" || caller?.role === "user" || Boolean(m && ctx.metricsToken && tokenEquals(m[1]!, ctx.metricsToken));
   if (!allowed) return new Response("unauthorized\n", { status: 401, headers: { "content-type": "text/plain" } });
-  const running = new Map(workerView(ctx.coord.store).map((w) => [w.id, w.running]));
-  const workers = ctx.coord.store.workers().map((w) => ({ ...w, running: running.get(w.id) ?? 0 }));
-  return new Response(serverMetrics(ctx.coord.store, workers), { headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" } });
+  const running = new Map((await workerView(ctx.coord.store)).map((w) => [w.id, w.running]));
+  const workers = (await ctx.coord.store.workers()).map((w) => ({ ...w, running: running.get(w.id) ?? 0 }));
+  return new Response(await serverMetrics(ctx.coord.store, workers), { headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" } });
 }
 
 export function handler(ctx: RouteContext): (req: Request) => Promise<Response> {
@@ -229,12 +235,12 @@ export function handler(ctx: RouteContext): (req: Request) => Promise<Response> 
     coord: ctx.coord,
     jobs: ctx.jobs,
     sessions: ctx.sessions,
-    signIn: (token) => {
+    signIn: async (token) => {
       if (tokenEquals(token, ctx.token)) return { who: "admin", proof: "admin" };
-      const named = ctx.coord.store.tokens.authenticate(token);
+      const named = await ctx.coord.store.tokens.authenticate(token);
       return named?.role === "user" ? { who: named.name, proof: sha256(token) } : null;
     },
-    stillValid: (proof) => proof === "admin" || ctx.coord.store.tokens.hasHash(proof),
+    stillValid: async (proof) => proof === "admin" || (await ctx.coord.store.tokens.hasHash(proof)),
   };
   return async (req) => {
     const path = new URL(req.url).pathname;
@@ -245,7 +251,7 @@ export function handler(ctx: RouteContext): (req: Request) => Promise<Response> 
       const asked = head ? new Request(req.url, { method: "GET", headers: req.headers }) : req;
       let res: Response;
       try {
-        res = path === "/metrics" && asked.method === "GET" ? metrics(asked, ctx) : await dashboardRoute(asked, dashboard);
+        res = path === "/metrics" && asked.method === "GET" ? await metrics(asked, ctx) : await dashboardRoute(asked, dashboard);
       } catch (error) {
         if (error instanceof HttpFail) res = new Response(error.message, { status: error.status, headers: { "content-type": "text/plain" } });
         else {
@@ -256,12 +262,20 @@ export function handler(ctx: RouteContext): (req: Request) => Promise<Response> 
       res = withSecurityHeaders(res);
       return head ? new Response(null, { status: res.status, headers: res.headers }) : res;
     }
-    const caller = authenticate(req, ctx);
-    if (!caller) return reply({ error: "unauthorized" }, 401);
+    // Without its database a replica can check no token: everything is a 503 (clients and workers move to another replica).
+    const health = path === "/v1/health" && req.method === "GET";
+    if (ctx.health.error !== null) return reply(health ? { ok: false, replica: ctx.replica, database: `unreachable: ${ctx.health.error}` } : { error: DATABASE_DOWN }, 503);
     try {
+      const caller = await authenticate(req, ctx);
+      if (!caller) return reply({ error: "unauthorized" }, 401);
+      if (health) return reply({ ok: true, replica: ctx.replica, database: "ok" });
       return await route(req, ctx, caller);
     } catch (error) {
       if (error instanceof HttpFail) return reply({ error: error.message, ...error.extra }, error.status);
+      if (error instanceof DatabaseDown) {
+        ctx.health.down(error);
+        return reply({ error: DATABASE_DOWN }, 503);
+      }
       ctx.onError(error);
       return reply({ error: "internal error in the gpulayer server (see its log)" }, 500);
     }

@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { formatBytes } from "../ui/output.ts";
 import { type BundleLimits, bundleLimits } from "../cluster/bundle.ts";
 import type { SettingValues } from "../config/table.ts";
-import { UsageError } from "../errors.ts";
+import { UsageError, UserError } from "../errors.ts";
 import type { BundlePolicy } from "./bundles.ts";
 import { Coordinator } from "./coordinator.ts";
 import type { ArtifactSettings } from "./artifact-routes.ts";
@@ -13,6 +13,12 @@ import { parseListen } from "../cluster/listen.ts";
 export { parseListen } from "../cluster/listen.ts";
 import { Sessions } from "./dashboard/session.ts";
 import { ServerStore } from "./store.ts";
+import { SqliteDatabase } from "./db/sqlite.ts";
+import { PostgresDatabase } from "./db/postgres.ts";
+import { type Database, DatabaseDown } from "./db/sql.ts";
+import { migrate } from "./db/migrations.ts";
+import { SecretSeal } from "./held-secrets.ts";
+import { hostname } from "node:os";
 
 /** `gpulayer server`: the store, the coordinator and the HTTP API, started together. */
 
@@ -30,6 +36,10 @@ export interface ServerSettings {
   artifacts: ArtifactSettings;
   /** coordinator.metrics_token: good for GET /metrics only. */
   metricsToken: string | null;
+  /** coordinator.database: a PostgreSQL URL (replicas), or null for SQLite in the server's home. */
+  database: string | null;
+  /** coordinator.files: bundles and artifacts; null for the server's home. */
+  files: string | null;
 }
 
 /** How often the server looks for bundles to remove (and once when it starts). */
@@ -56,8 +66,10 @@ export function serverSettings(values: SettingValues): ServerSettings {
     maxBodyBytes: positive("coordinator.max_body"),
     bundles: { retentionMs: values["coordinator.bundle_retention"], maxBytes: values["coordinator.bundles_max_size"] },
     bundleLimits: bundleLimits(values),
-    artifacts: { maxBytes: values["coordinator.artifacts_max_size"], share: values["coordinator.share_envs"] },
+    artifacts: { maxBytes: values["coordinator.artifacts_max_size"], share: values["coordinator.share_envs"], sharedFiles: Boolean(values["coordinator.database"]) },
     metricsToken: values["coordinator.metrics_token"] ?? null,
+    database: values["coordinator.database"] ?? null,
+    files: values["coordinator.files"] ?? null,
   };
 }
 
@@ -89,17 +101,69 @@ export function serverToken(dir: string, given: string | undefined): TokenInfo {
 export interface RunningServer {
   url: string;
   port: number;
+  /** This process among the replicas on one database (host, pid and a random part). */
+  replica: string;
+  /** The database, credentials left out. */
+  database: string;
   stop(): Promise<void>;
 }
 
-export function startServer(dir: string, token: string, settings: ServerSettings, log: (message: string) => void): RunningServer {
-  const store = new ServerStore(dir);
-  const coord = new Coordinator(store, { heartbeatSeconds: settings.heartbeatSeconds, lostSeconds: settings.lostSeconds, leaseSeconds: settings.leaseSeconds, maxAttempts: settings.maxAttempts }, log);
+/** The server's database: SQLite in its home, or the PostgreSQL of coordinator.database; migrated before use. */
+export async function openDatabase(dir: string, url: string | null): Promise<Database> {
+  const db: Database = url ? new PostgresDatabase(url) : new SqliteDatabase(join(dir, "server.db"));
+  try {
+    await migrate(db);
+  } catch (error) {
+    await db.close().catch(() => {});
+    if (error instanceof DatabaseDown) throw new UserError(`cannot reach the server's database at ${db.where}: ${error.message}`);
+    throw new UserError(`the server's database at ${db.where}: ${(error as Error).message}`);
+  }
+  return db;
+}
+
+/** How often a replica checks that its database answers (and says so at /v1/health). */
+const DATABASE_CHECK_MS = 2_000;
+
+/** Whether the database answers: a replica that lost it takes no work (503, so clients and workers move on) until it answers again. */
+export class DatabaseHealth {
+  error: string | null = null;
+  constructor(private readonly log: (message: string) => void) {}
+  down(error: unknown): void {
+    const message = error instanceof Error ? error.message : String(error);
+    if (this.error === null) this.log(`lost the database (${message}): taking no work until it answers again`);
+    this.error = message;
+  }
+  up(): void {
+    if (this.error !== null) this.log("the database answers again: taking work");
+    this.error = null;
+  }
+}
+
+export async function startServer(dir: string, token: string, settings: ServerSettings, log: (message: string) => void): Promise<RunningServer> {
+  const db = await openDatabase(dir, settings.database);
+  const replicas = settings.database !== null;
+  const replica = `${hostname()}-${process.pid}-${Buffer.from(crypto.getRandomValues(new Uint8Array(3))).toString("hex")}`;
+  const store = new ServerStore(db, settings.files ?? dir);
+  const health = new DatabaseHealth(log);
+  const coord = new Coordinator(
+    store,
+    {
+      heartbeatSeconds: settings.heartbeatSeconds,
+      lostSeconds: settings.lostSeconds,
+      leaseSeconds: settings.leaseSeconds,
+      maxAttempts: settings.maxAttempts,
+      ...(replicas ? { seal: new SecretSeal(token), publish: (key: string) => db.publish(key) } : {}),
+    },
+    log,
+    (error) => (error instanceof DatabaseDown ? health.down(error) : log(`sweep failed: ${(error as Error).stack ?? error}`)),
+  );
+  if (replicas) await db.subscribe((key) => coord.notify.wake(key));
+  const checker = setInterval(() => void db.ping().then(() => health.up(), (e) => health.down(e)), DATABASE_CHECK_MS);
   const jobs = new JobsApi(coord);
   const limits = settings.bundleLimits;
-  const cleanBundles = () => {
+  const cleanBundles = async () => {
     try {
-      const r = store.bundles.sweep(settings.bundles);
+      const r = await store.exclusive((s) => s.bundles.sweep(settings.bundles, Date.now(), replicas));
       if (!r.removed.length && !r.strays) return;
       const freed = r.removed.reduce((n, b) => n + b.bytes, 0);
       const expired = r.removed.filter((b) => b.why === "expired").length;
@@ -109,9 +173,15 @@ export function startServer(dir: string, token: string, settings: ServerSettings
       log(`bundle cleanup failed: ${(error as Error).message}`);
     }
   };
-  cleanBundles();
-  const janitor = setInterval(cleanBundles, BUNDLE_CHECK_MS);
+  await cleanBundles();
+  const janitor = setInterval(() => void cleanBundles(), BUNDLE_CHECK_MS);
   janitor.unref();
+  const closeAll = async () => {
+    clearInterval(janitor);
+    clearInterval(checker);
+    coord.close();
+    await db.close();
+  };
   let server: ReturnType<typeof Bun.serve>;
   try {
     server = Bun.serve({
@@ -120,23 +190,33 @@ export function startServer(dir: string, token: string, settings: ServerSettings
       // Long polls hold a request open for up to 30 s.
       idleTimeout: 120,
       maxRequestBodySize: Math.max(limits.maxBytes, settings.maxBodyBytes, settings.artifacts.maxBytes) + 1024 * 1024,
-      fetch: handler({ coord, jobs, token, limits, maxBodyBytes: settings.maxBodyBytes, artifacts: settings.artifacts, sessions: new Sessions(), metricsToken: settings.metricsToken, onError: (e) => log(`internal error: ${(e as Error).stack ?? e}`) }),
+      fetch: handler({
+        coord,
+        jobs,
+        token,
+        limits,
+        maxBodyBytes: settings.maxBodyBytes,
+        artifacts: settings.artifacts,
+        sessions: new Sessions(),
+        metricsToken: settings.metricsToken,
+        replica,
+        health,
+        onError: (e) => (e instanceof DatabaseDown ? health.down(e) : log(`internal error: ${(e as Error).stack ?? e}`)),
+      }),
     });
   } catch (error) {
-    clearInterval(janitor);
-    coord.close();
-    store.close();
+    await closeAll();
     throw new UsageError(`cannot listen on ${settings.hostname}:${settings.port}: ${(error as Error).message}`);
   }
   const host = settings.hostname.includes(":") ? `[${settings.hostname}]` : settings.hostname;
   return {
     url: `http://${host}:${server.port}`,
     port: server.port!,
+    replica,
+    database: db.where,
     async stop() {
-      clearInterval(janitor);
-      coord.close();
       await server.stop(true);
-      store.close();
+      await closeAll();
     },
   };
 }

@@ -1,4 +1,4 @@
-import type { Database } from "bun:sqlite";
+import type { Sql } from "./db/sql.ts";
 import { contentHash as sha256 } from "../core/hashing.ts";
 import { UsageError } from "../errors.ts";
 
@@ -22,58 +22,62 @@ export interface TokenRow {
   lastUsed: number | null;
 }
 
-export const TOKENS_SCHEMA = "CREATE TABLE IF NOT EXISTS tokens (name TEXT PRIMARY KEY, role TEXT NOT NULL, hash TEXT NOT NULL UNIQUE, created REAL NOT NULL, last_used REAL);";
-
 const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 /** last_used is written at most this often per token: a request is not a write. */
 const TOUCH_MS = 60_000;
 
-const toRow = (r: { name: string; role: string; created: number; last_used: number | null }): TokenRow => ({ name: r.name, role: r.role as TokenRole, created: r.created, lastUsed: r.last_used });
+type Stored = { name: string; role: string; created: number; last_used: number | null };
+const toRow = (r: Stored): TokenRow => ({ name: r.name, role: r.role as TokenRole, created: Number(r.created), lastUsed: r.last_used === null ? null : Number(r.last_used) });
 
 export class TokenStore {
-  private touched = new Map<string, number>();
+  /** When this process last wrote each token's last use. */
+  static local = () => ({ touched: new Map<string, number>() });
+  private readonly touched: Map<string, number>;
 
-  constructor(private readonly db: Database) {
-    db.exec(TOKENS_SCHEMA);
+  constructor(
+    private readonly db: Sql,
+    readonly local: { touched: Map<string, number> },
+  ) {
+    this.touched = local.touched;
   }
 
   /** A new token: returned once, only its hash kept. */
-  create(name: string, role: TokenRole, now = Date.now()): string {
+  async create(name: string, role: TokenRole, now = Date.now()): Promise<string> {
     if (!NAME.test(name)) throw new UsageError(`--name ${JSON.stringify(name)}: a token name is letters, digits, '.', '_' and '-' (at most 63), starting with a letter or digit`);
     if (!TOKEN_ROLES.includes(role)) throw new UsageError(`--role ${role}: one of ${TOKEN_ROLES.join(", ")}`);
-    if (this.db.query("SELECT 1 FROM tokens WHERE name = ?").get(name)) throw new UsageError(`a token named ${name} exists already (gpulayer server token revoke ${name} first)`);
+    if (await this.db.get("SELECT 1 AS yes FROM tokens WHERE name = ?", name)) throw new UsageError(`a token named ${name} exists already (gpulayer server token revoke ${name} first)`);
     const token = `gpl${role[0]}_${Buffer.from(crypto.getRandomValues(new Uint8Array(24))).toString("base64url")}`;
-    this.db.query("INSERT INTO tokens (name, role, hash, created, last_used) VALUES (?, ?, ?, ?, NULL)").run(name, role, sha256(token), now);
+    await this.db.run("INSERT INTO tokens (name, role, hash, created, last_used) VALUES (?, ?, ?, ?, NULL)", name, role, sha256(token), now);
     return token;
   }
 
-  list(): TokenRow[] {
-    return this.db.query<{ name: string; role: string; created: number; last_used: number | null }, []>("SELECT name, role, created, last_used FROM tokens ORDER BY name").all().map(toRow);
+  async list(): Promise<TokenRow[]> {
+    return (await this.db.all<Stored>("SELECT name, role, created, last_used FROM tokens ORDER BY name")).map(toRow);
   }
 
   /** False when there was no such token. */
-  revoke(name: string): boolean {
-    return this.db.query("DELETE FROM tokens WHERE name = ?").run(name).changes > 0;
+  async revoke(name: string): Promise<boolean> {
+    return (await this.db.run("DELETE FROM tokens WHERE name = ?", name)) > 0;
   }
 
   /** The token a secret is, by its hash; its last use noted (at most once a minute). */
-  authenticate(secret: string, now = Date.now()): TokenRow | null {
+  async authenticate(secret: string, now = Date.now()): Promise<TokenRow | null> {
     const hash = sha256(secret);
-    const r = this.db.query<{ name: string; role: string; created: number; last_used: number | null }, [string]>("SELECT name, role, created, last_used FROM tokens WHERE hash = ?").get(hash);
+    const r = await this.db.get<Stored>("SELECT name, role, created, last_used FROM tokens WHERE hash = ?", hash);
     if (!r) return null;
     if (now - (this.touched.get(r.name) ?? 0) >= TOUCH_MS) {
       this.touched.set(r.name, now);
-      this.db.query("UPDATE tokens SET last_used = ? WHERE name = ?").run(now, r.name);
+      await this.db.run("UPDATE tokens SET last_used = ? WHERE name = ?", now, r.name);
     }
     return toRow(r);
   }
 
   /** Whether a token of this hash is still there (not revoked): what a dashboard session is checked against. */
-  hasHash(hash: string): boolean {
-    return Boolean(this.db.query("SELECT 1 FROM tokens WHERE hash = ?").get(hash));
+  async hasHash(hash: string): Promise<boolean> {
+    return Boolean(await this.db.get("SELECT 1 AS yes FROM tokens WHERE hash = ?", hash));
   }
 
-  has(name: string): boolean {
-    return Boolean(this.db.query("SELECT 1 FROM tokens WHERE name = ?").get(name));
+  async has(name: string): Promise<boolean> {
+    return Boolean(await this.db.get("SELECT 1 AS yes FROM tokens WHERE name = ?", name));
   }
 }

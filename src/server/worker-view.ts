@@ -2,9 +2,9 @@ import type { WorkerView } from "../cluster/protocol.ts";
 import type { ServerStore } from "./store.ts";
 
 /** Each worker as clients see it: its state (busy when it runs a job), what runs there, which GPUs are free. */
-export function workerView(store: ServerStore): WorkerView[] {
-  const active = store.activeTasks();
-  return store.workers().map((w) => {
+export async function workerView(store: ServerStore): Promise<WorkerView[]> {
+  const active = await store.activeTasks();
+  return (await store.workers()).map((w) => {
     const mine = active.filter((t) => t.workerId === w.id && t.kind === "job");
     const used = new Set(mine.flatMap((t) => t.gpus));
     const state = w.state === "idle" && mine.length ? "busy" : w.state;

@@ -1,4 +1,4 @@
-import { ClusterClient } from "../cluster/client.ts";
+import { ClusterClient, isUnavailable, Replicas } from "../cluster/client.ts";
 import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment, WorkerCache } from "../cluster/protocol.ts";
 import { listEnvs } from "../env/inventory.ts";
 import type { WorkerMetricsSource } from "./metrics.ts";
@@ -25,6 +25,7 @@ import { startJobTask, startPrepareTask, type TaskHandle, type WorkerContext } f
 const CACHE_REPORT_MS = 5_000;
 
 export interface AgentOptions {
+  /** The server: one URL, or its replicas joined with "," (the client moves to the next when one stops answering). */
   url: string;
   token: string;
   name: string;
@@ -72,8 +73,12 @@ export class Agent {
   private lastContact = Date.now();
   private fenced = false;
 
+  /** The server's replicas, shared by every client of this worker: after a failover all of them talk to the one that answers. */
+  private readonly replicas: Replicas;
+
   constructor(private readonly opts: AgentOptions) {
     this.outbox = new Outbox(opts.layout);
+    this.replicas = new Replicas(opts.url, (from, to) => this.log(`the server at ${from} does not answer; now talking to ${to}`));
   }
 
   private log(message: string): void {
@@ -92,7 +97,7 @@ export class Agent {
   }
 
   private async register(): Promise<void> {
-    const admin = new ClusterClient(this.opts.url, this.opts.token);
+    const admin = new ClusterClient(this.replicas, this.opts.token);
     const { url, name, layout } = this.opts;
     let delay = 1000;
     let waitedForOld = false;
@@ -104,11 +109,11 @@ export class Agent {
         saveIdentity(layout, { server: url, name: r.name, id: r.id, credential: r.credential });
         this.workerId = r.id;
         this.credential = r.credential;
-        this.client = new ClusterClient(url, r.credential);
+        this.client = admin.withToken(r.credential);
         this.heartbeatMs = this.opts.heartbeatMs ?? r.heartbeat_seconds * 1000;
         this.leaseMs = r.lease_seconds ? r.lease_seconds * 1000 : Number.POSITIVE_INFINITY;
         this.contact();
-        this.log(`joined ${url} as ${r.name}${r.resumed ? ` again (the same worker, ${r.id})` : ""}; waiting for work`);
+        this.log(`joined ${admin.url}${this.replicas.urls.length > 1 ? ` (one of ${this.replicas.urls.length} replicas)` : ""} as ${r.name}${r.resumed ? ` again (the same worker, ${r.id})` : ""}; waiting for work`);
         return;
       } catch (error) {
         // Heard from moments ago: a process that has just died (restarted after a crash) or one still running. Ask once more when it would count as gone.
@@ -119,8 +124,8 @@ export class Agent {
           await sleep(retryAfter * 1000 + 300);
           continue;
         }
-        // A wrong token or a taken name will not fix itself; a server that is not up yet may.
-        if (error instanceof HttpError || this.stopping) throw error;
+        // A wrong token or a taken name will not fix itself; a server that is not up yet (or unavailable: 502/503/504) may.
+        if ((error instanceof HttpError && !isUnavailable(error.status)) || this.stopping) throw error;
         this.log(`${(error as Error).message}; retrying in ${delay / 1000} s`);
         await sleep(delay);
         delay = Math.min(delay * 2, 30_000);
@@ -322,7 +327,7 @@ export class Agent {
       return;
     }
     this.log(`delivering what ${tasks.length} task(s) of a previous run left undelivered`);
-    const client = new ClusterClient(this.opts.url, saved.credential);
+    const client = new ClusterClient(this.replicas, saved.credential);
     await Promise.all(
       tasks.map((t) => {
         const channel = new TaskChannel(client, t, this.outbox, () => {}, (m) => this.log(m));

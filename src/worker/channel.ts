@@ -1,4 +1,4 @@
-import type { ClusterClient } from "../cluster/client.ts";
+import { type ClusterClient, isUnavailable } from "../cluster/client.ts";
 import { HttpError } from "../errors.ts";
 import type { TaskEventIn } from "../cluster/protocol.ts";
 import { sleep } from "../core/sleep.ts";
@@ -14,10 +14,11 @@ const MAX_OUTPUT_POST = 1024 * 1024;
  * is on disk before it is sent and stays there until the server acknowledges
  * it, numbered so that the server applies it once. One request at a time;
  * whatever piled up meanwhile goes in the next one (a chatty job costs few
- * requests, a quiet one's first line leaves at once). Network trouble is
- * retried for as long as it lasts; a 409 means the server took the task back
- * (its worker was declared lost), and the task is stopped, as it is on a 401
- * (the worker's credential was replaced); its items are dropped then.
+ * requests, a quiet one's first line leaves at once). Network trouble (and
+ * 502/503/504: no replica can serve now) is retried for as long as it lasts;
+ * a 409 means the server took the task back (its worker was declared lost),
+ * and the task is stopped, as it is on a 401 (the worker's credential was
+ * replaced); its items are dropped then.
  */
 export class TaskChannel {
   private pumping: Promise<void> | null = null;
@@ -108,7 +109,8 @@ export class TaskChannel {
         if (told) this.log(`task ${this.taskId}: the server has it again`);
         return true;
       } catch (error) {
-        if (error instanceof HttpError) {
+        // 502/503/504 from every replica: none can take it now, as when the network fails; the items wait on disk.
+        if (error instanceof HttpError && !isUnavailable(error.status)) {
           // 409: the server took the task back. 401: this worker's credential was replaced (it joined again); the agent deals with that.
           const revoked = error.status === 409 || error.status === 401;
           if (revoked && !this.muted) {

@@ -20,9 +20,9 @@ export interface DashboardContext {
   jobs: JobsApi;
   sessions: Sessions;
   /** Who a token signs in as (`admin`, or a user token's name), with its proof; null for any other token (a join token included). */
-  signIn(token: string): SignedIn | null;
+  signIn(token: string): Promise<SignedIn | null>;
   /** Whether the token a session was made with is still good (not revoked). */
-  stillValid(proof: string): boolean;
+  stillValid(proof: string): Promise<boolean>;
 }
 
 const SECURITY_HEADERS = {
@@ -63,10 +63,10 @@ async function formToken(req: Request): Promise<string> {
   return new URLSearchParams(text).get("token")?.trim() ?? "";
 }
 
-function workerLines(ctx: DashboardContext): WorkerLine[] {
-  const rows = new Map(ctx.coord.store.workers().map((w) => [w.id, w]));
-  const hits = cacheHits(ctx.coord.store);
-  return workerView(ctx.coord.store).map((w) => ({ ...w, cache: rows.get(w.id)?.cache ?? null, hits: hits.get(w.id) ?? null }));
+async function workerLines(ctx: DashboardContext): Promise<WorkerLine[]> {
+  const rows = new Map((await ctx.coord.store.workers()).map((w) => [w.id, w]));
+  const hits = await cacheHits(ctx.coord.store);
+  return (await workerView(ctx.coord.store)).map((w) => ({ ...w, cache: rows.get(w.id)?.cache ?? null, hits: hits.get(w.id) ?? null }));
 }
 
 export async function dashboardRoute(req: Request, ctx: DashboardContext): Promise<Response> {
@@ -74,10 +74,10 @@ export async function dashboardRoute(req: Request, ctx: DashboardContext): Promi
   const path = url.pathname;
   const method = req.method;
   if (path === "/login") {
-    if (method === "GET") return ctx.sessions.who(sessionId(req), ctx.stillValid) ? redirect("/jobs") : signIn(null);
+    if (method === "GET") return (await ctx.sessions.who(sessionId(req), ctx.stillValid)) ? redirect("/jobs") : signIn(null);
     if (method !== "POST") return respond("method not allowed", 405);
     if (!sameOrigin(req)) return respond("a sign-in from another site is refused", 403, { "content-type": "text/plain" });
-    const who = ctx.signIn(await formToken(req));
+    const who = await ctx.signIn(await formToken(req));
     if (!who) return signIn("That is not a token this server takes (the server's token, or a user token).", 401);
     return redirect("/jobs", { "set-cookie": sessionCookie(ctx.sessions.create(who), req) });
   }
@@ -87,7 +87,7 @@ export async function dashboardRoute(req: Request, ctx: DashboardContext): Promi
     return redirect("/login", { "set-cookie": clearedCookie(req) });
   }
   // Everything else needs a session.
-  if (!ctx.sessions.who(sessionId(req), ctx.stillValid)) {
+  if (!(await ctx.sessions.who(sessionId(req), ctx.stillValid))) {
     if (method === "GET" && !path.startsWith("/assets/") && !path.startsWith("/dash/api/")) return redirect("/login");
     return respond("sign in first", 401, { "content-type": "text/plain" });
   }
@@ -95,39 +95,39 @@ export async function dashboardRoute(req: Request, ctx: DashboardContext): Promi
   if (path === "/") return redirect("/jobs");
   if (path === "/assets/style.css") return respond(STYLE, 200, { "content-type": "text/css; charset=utf-8" });
   if (path === "/assets/app.js") return respond(SCRIPT, 200, { "content-type": "text/javascript; charset=utf-8" });
-  if (path === "/workers") return page(workersPage(workerLines(ctx)));
-  if (path === "/envs") return page(envsPage(workerLines(ctx)));
+  if (path === "/workers") return page(workersPage(await workerLines(ctx)));
+  if (path === "/envs") return page(envsPage(await workerLines(ctx)));
   if (path === "/jobs") {
     const filter = { state: url.searchParams.get("state") ?? "", worker: url.searchParams.get("worker") ?? "" };
-    const jobs = ctx.jobs.list(200).filter((j) => (!filter.state || j.state === filter.state) && (!filter.worker || j.worker === filter.worker || j.tasks?.some((t) => t.worker === filter.worker)));
-    return page(jobsPage(jobs, filter, ctx.coord.store.workers().map((w) => w.name)));
+    const jobs = (await ctx.jobs.list(200)).filter((j) => (!filter.state || j.state === filter.state) && (!filter.worker || j.worker === filter.worker || j.tasks?.some((t) => t.worker === filter.worker)));
+    return page(jobsPage(jobs, filter, (await ctx.coord.store.workers()).map((w) => w.name)));
   }
   const job = /^\/jobs\/([0-9a-f]{1,16})$/.exec(path);
   if (job) {
-    const row = findJob(ctx, job[1]!);
+    const row = await findJob(ctx, job[1]!);
     if (!row) return page(messagePage("No such job"), 404);
-    const status = ctx.jobs.status(row);
+    const status = await ctx.jobs.status(row);
     // The log's last part only: a big log is for `gpulayer job logs`, not for one page.
     const from = Math.max(0, row.logSize - PAGE_LOG_BYTES);
-    const tail = ctx.coord.store.readLog(row.id, from, PAGE_LOG_BYTES);
+    const tail = await ctx.coord.store.readLog(row.id, from, PAGE_LOG_BYTES);
     return page(jobPage(status, new TextDecoder().decode(tail), from + tail.length, !FINAL_JOB_STATES.includes(status.state), from));
   }
   const live = /^\/dash\/api\/jobs\/([0-9a-f]{16})\/log$/.exec(path);
   if (live) {
-    const row = ctx.coord.store.job(live[1]!);
+    const row = await ctx.coord.store.job(live[1]!);
     if (!row) return respond("no such job", 404);
     // An offset past the end (or nonsense) reads from the end: what the page is told is where the log really is.
     const asked = Math.floor(Number(url.searchParams.get("offset") ?? "0"));
     const offset = Number.isFinite(asked) ? Math.min(Math.max(0, asked), row.logSize) : row.logSize;
-    const chunk = ctx.coord.store.readLog(row.id, offset, LIVE_LOG_BYTES);
+    const chunk = await ctx.coord.store.readLog(row.id, offset, LIVE_LOG_BYTES);
     return respond(new TextDecoder().decode(chunk), 200, { "content-type": "text/plain; charset=utf-8", "x-gpulayer-state": row.state, "x-gpulayer-log-size": String(offset + chunk.length) });
   }
   return page(messagePage("Not found"), 404);
 }
 
-function findJob(ctx: DashboardContext, id: string) {
+async function findJob(ctx: DashboardContext, id: string) {
   try {
-    return ctx.jobs.find(id);
+    return await ctx.jobs.find(id);
   } catch {
     return null;
   }

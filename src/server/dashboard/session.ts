@@ -27,11 +27,11 @@ export class Sessions {
   }
 
   /** Who the session is, or null when there is none, it expired, or its token is no longer good (`valid`). */
-  who(id: string | null, valid: (proof: string) => boolean): string | null {
+  async who(id: string | null, valid: (proof: string) => Promise<boolean>): Promise<string | null> {
     if (!id) return null;
     const s = this.live.get(id);
     if (!s) return null;
-    if (s.expires <= this.now() || !valid(s.proof)) {
+    if (s.expires <= this.now() || !(await valid(s.proof))) {
       this.live.delete(id);
       return null;
     }

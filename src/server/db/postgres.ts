@@ -1,0 +1,103 @@
+import { DatabaseDown, type Database, numbered, type Row, type Sql, type SqlValue } from "./sql.ts";
+
+/**
+ * PostgreSQL through Bun's own client: any number of replicas on one
+ * database. The writer lock is a transaction-scoped advisory lock (released
+ * by COMMIT, ROLLBACK or a dead connection, never left held by a dead
+ * replica); wake-ups between replicas go by NOTIFY on one channel.
+ */
+
+/** pg_advisory_xact_lock's key for the coordinator's writer lock (any fixed number; "gpl" in ASCII). */
+const WRITER_LOCK = 0x67706c;
+const CHANNEL = "gpulayer";
+
+type Client = InstanceType<typeof Bun.SQL>;
+
+/** A connection that failed, as opposed to a query the database refused. */
+function down(error: unknown): unknown {
+  const code = String((error as { code?: unknown }).code ?? "");
+  if (/^ERR_POSTGRES_(CONNECTION|SERVER_CLOSED|IDLE_TIMEOUT|LIFETIME)/.test(code) || /^(ECONNREFUSED|ECONNRESET|ETIMEDOUT)$/.test(code)) return new DatabaseDown(`the database does not answer (${code})`);
+  return error;
+}
+
+function over(client: Pick<Client, "unsafe">, exclusive: Sql["exclusive"]): Sql {
+  const all = async <T>(q: string, ...p: SqlValue[]): Promise<T[]> => {
+    try {
+      return [...((await client.unsafe(numbered(q), p)) as T[])];
+    } catch (error) {
+      throw down(error);
+    }
+  };
+  return {
+    dialect: "postgres",
+    all,
+    get: async <T>(q: string, ...p: SqlValue[]) => ((await all<T>(q, ...p))[0] ?? null),
+    run: async (q: string, ...p: SqlValue[]) => {
+      try {
+        return ((await client.unsafe(numbered(q), p)) as unknown as { count: number }).count ?? 0;
+      } catch (error) {
+        throw down(error);
+      }
+    },
+    exclusive,
+  };
+}
+
+export class PostgresDatabase implements Database {
+  readonly dialect = "postgres" as const;
+  readonly where: string;
+  private readonly client: Client;
+  private readonly pool: Sql;
+  private unlisten: (() => Promise<void>) | null = null;
+
+  constructor(url: string) {
+    const u = new URL(url);
+    this.where = `postgres://${u.host}${u.pathname}`;
+    this.client = new Bun.SQL(url, { max: 10, connectionTimeout: 5, idleTimeout: 60 });
+    this.pool = over(this.client, (fn) => this.exclusive(fn));
+  }
+
+  all<T = Row>(query: string, ...params: SqlValue[]): Promise<T[]> {
+    return this.pool.all<T>(query, ...params);
+  }
+  get<T = Row>(query: string, ...params: SqlValue[]): Promise<T | null> {
+    return this.pool.get<T>(query, ...params);
+  }
+  run(query: string, ...params: SqlValue[]): Promise<number> {
+    return this.pool.run(query, ...params);
+  }
+
+  async exclusive<T>(fn: (tx: Sql) => Promise<T>): Promise<T> {
+    try {
+      return (await this.client.begin(async (tx) => {
+        await tx.unsafe("SELECT pg_advisory_xact_lock($1)", [WRITER_LOCK]);
+        const inside: Sql = over(tx, (inner) => inner(inside));
+        return fn(inside);
+      })) as T;
+    } catch (error) {
+      throw down(error);
+    }
+  }
+
+  async ping(): Promise<void> {
+    await this.pool.get("SELECT 1 AS ok");
+  }
+
+  async publish(key: string): Promise<void> {
+    await this.pool.run("SELECT pg_notify(?, ?)", CHANNEL, key);
+  }
+
+  async subscribe(onKey: (key: string) => void): Promise<void> {
+    try {
+      const listening = (await this.client.listen(CHANNEL, (payload: string) => onKey(payload))) as unknown as { unlisten?: () => Promise<void> };
+      this.unlisten = listening.unlisten ?? null;
+    } catch (error) {
+      throw down(error);
+    }
+  }
+
+  async close(): Promise<void> {
+    await this.unlisten?.().catch(() => {});
+    await this.client.close({ timeout: 1 });
+  }
+}

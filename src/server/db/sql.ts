@@ -1,0 +1,59 @@
+/**
+ * The server's database, SQLite or PostgreSQL, behind one small async
+ * interface. Queries are written once, with `?` placeholders, in the SQL
+ * both dialects share (ON CONFLICT, RETURNING, LIKE); the few places that
+ * differ ask `dialect`. Every coordinator change runs in `exclusive`: one
+ * transaction at a time across every replica on the database (SQLite: the
+ * one process, BEGIN IMMEDIATE; PostgreSQL: a transaction-scoped advisory
+ * lock), so a job is dispatched once and a worker is declared lost once.
+ */
+
+export type SqlValue = string | number | null | Uint8Array;
+export type Row = Record<string, unknown>;
+export type Dialect = "sqlite" | "postgres";
+
+export interface Sql {
+  readonly dialect: Dialect;
+  all<T = Row>(query: string, ...params: SqlValue[]): Promise<T[]>;
+  get<T = Row>(query: string, ...params: SqlValue[]): Promise<T | null>;
+  /** Rows changed. */
+  run(query: string, ...params: SqlValue[]): Promise<number>;
+  /** `fn` in one transaction holding the database-wide writer lock; nested calls on the transaction's own Sql join it. */
+  exclusive<T>(fn: (tx: Sql) => Promise<T>): Promise<T>;
+}
+
+export interface Database extends Sql {
+  /** Where the database is, credentials left out: what the server prints. */
+  readonly where: string;
+  /** A cheap round trip: whether the database answers now. */
+  ping(): Promise<void>;
+  /** Wake-ups for other replicas (PostgreSQL NOTIFY); on SQLite there are none. */
+  publish(key: string): Promise<void>;
+  subscribe(onKey: (key: string) => void): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** `?` → `$1, $2, …` (our queries hold no `?` inside literals). */
+export function numbered(query: string): string {
+  let n = 0;
+  return query.replace(/\?/g, () => `$${++n}`);
+}
+
+/** The database could not be reached (a replica then takes no work and says so), as opposed to a query's own error. */
+export class DatabaseDown extends Error {}
+
+/** A strictly increasing chain: callers run one after another. */
+export class Mutex {
+  private tail: Promise<void> = Promise.resolve();
+  async lock<T>(fn: () => Promise<T>): Promise<T> {
+    const before = this.tail;
+    let release!: () => void;
+    this.tail = new Promise<void>((r) => (release = r));
+    await before;
+    try {
+      return await fn();
+    } finally {
+      release();
+    }
+  }
+}

@@ -1,0 +1,83 @@
+import { Database as SqliteDb } from "bun:sqlite";
+import { mkdirSync } from "node:fs";
+import { dirname } from "node:path";
+import { type Database, Mutex, type Row, type Sql, type SqlValue } from "./sql.ts";
+
+/**
+ * SQLite: one file in the server's home, one process. Transactions are
+ * serialised in the process (a mutex) and in the file (BEGIN IMMEDIATE, for
+ * `gpulayer server token` writing the same file); a query from outside the
+ * open transaction waits for it, so nothing reads a half-made change.
+ */
+export class SqliteDatabase implements Database {
+  readonly dialect = "sqlite" as const;
+  private readonly db: SqliteDb;
+  private readonly mutex = new Mutex();
+  private open: Promise<unknown> | null = null;
+  private readonly inside: Sql;
+
+  constructor(readonly where: string) {
+    mkdirSync(dirname(where), { recursive: true, mode: 0o700 });
+    this.db = new SqliteDb(where, { create: true });
+    this.db.exec("PRAGMA busy_timeout = 10000");
+    this.db.exec("PRAGMA journal_mode = WAL");
+    this.db.exec("PRAGMA synchronous = NORMAL");
+    const direct = {
+      dialect: this.dialect,
+      all: async <T>(q: string, ...p: SqlValue[]) => this.db.query(q).all(...p) as T[],
+      get: async <T>(q: string, ...p: SqlValue[]) => (this.db.query(q).get(...p) as T | null) ?? null,
+      run: async (q: string, ...p: SqlValue[]) => this.db.query(q).run(...p).changes,
+      exclusive: <T>(fn: (tx: Sql) => Promise<T>) => fn(this.inside),
+    };
+    this.inside = direct;
+  }
+
+  private async settled(): Promise<void> {
+    while (this.open) await this.open.catch(() => {});
+  }
+
+  async all<T = Row>(query: string, ...params: SqlValue[]): Promise<T[]> {
+    await this.settled();
+    return this.db.query(query).all(...params) as T[];
+  }
+  async get<T = Row>(query: string, ...params: SqlValue[]): Promise<T | null> {
+    await this.settled();
+    return (this.db.query(query).get(...params) as T | null) ?? null;
+  }
+  async run(query: string, ...params: SqlValue[]): Promise<number> {
+    await this.settled();
+    return this.db.query(query).run(...params).changes;
+  }
+
+  exclusive<T>(fn: (tx: Sql) => Promise<T>): Promise<T> {
+    return this.mutex.lock(async () => {
+      const work = (async () => {
+        this.db.exec("BEGIN IMMEDIATE");
+        try {
+          const result = await fn(this.inside);
+          this.db.exec("COMMIT");
+          return result;
+        } catch (error) {
+          this.db.exec("ROLLBACK");
+          throw error;
+        }
+      })();
+      this.open = work;
+      try {
+        return await work;
+      } finally {
+        this.open = null;
+      }
+    });
+  }
+
+  async ping(): Promise<void> {
+    this.db.query("SELECT 1").get();
+  }
+  async publish(): Promise<void> {}
+  async subscribe(): Promise<void> {}
+  async close(): Promise<void> {
+    await this.settled();
+    this.db.close();
+  }
+}
