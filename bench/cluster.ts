@@ -5,6 +5,7 @@
  * Then `/v1/health` latency while the server checks the worst bundle it
  * accepts, against the same probe with the server idle.
  * Then (with $BENCH_INDEX) env prepare of a realistic env across 4 workers: shipped against each worker building (bench/cluster-ship.ts).
+ * Then (with PostgreSQL installed) the coordinator on SQLite against PostgreSQL with one and three replicas (bench/cluster-replicas.ts).
  * Run: bun run bench/cluster.ts   (BENCH_RUNS=20 by default)
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -13,6 +14,8 @@ import { join } from "node:path";
 import { zerosBundle } from "../test/fixtures/bombs.ts";
 import { binary, machine, printTable, stats } from "./_lib.ts";
 import { shipBench } from "./cluster-ship.ts";
+import { replicaBench } from "./cluster-replicas.ts";
+import { hasPostgres } from "../test/fixtures/postgres.ts";
 
 const bin = binary();
 const root = mkdtempSync(join(tmpdir(), "gpl-bench-cluster-"));
@@ -186,3 +189,6 @@ if (process.env.BENCH_INDEX) {
   console.log("| | seconds | from the index | workers |\n|---|---:|---:|---|");
   for (const r of rows) console.log(`| ${r.mode} | ${r.seconds.toFixed(1)} s | ${mb(r.indexBytes)} | ${r.statuses.join(", ")} |`);
 }
+
+// The coordinator's database: SQLite against PostgreSQL, one and three replicas (needs PostgreSQL's binaries).
+if (hasPostgres) await replicaBench();
