@@ -96,6 +96,25 @@ suite("server replicas on one PostgreSQL", () => {
     }
   }, T);
 
+  test("a token made with `server token create --database` works at every replica; a dashboard session made at one is good at the others", async () => {
+    const made = await cli(["server", "token", "create", "--role", "user", "--name", "alice", "--database", database], { env: { ...box.env, GPULAYER_HOME: join(box.root, "admin") } });
+    expect(made.code).toBe(0);
+    const alice = made.stdout.trim();
+    for (const r of replicas) expect((await cli(["job", "list"], { env: { ...clientEnv(r.url), GPULAYER_TOKEN: alice }, cwd: box.root })).code).toBe(0);
+    const login = await fetch(`${replicas[0]!.url}/login`, { method: "POST", redirect: "manual", body: new URLSearchParams({ token: alice }), headers: { "content-type": "application/x-www-form-urlencoded", origin: replicas[0]!.url } });
+    expect(login.status).toBe(303);
+    const cookie = (login.headers.get("set-cookie") ?? "").split(";")[0]!;
+    for (const r of replicas.slice(1)) {
+      const page = await fetch(`${r.url}/jobs`, { headers: { cookie }, redirect: "manual" });
+      expect(page.status).toBe(200);
+      expect(await page.text()).toContain("Jobs");
+    }
+    // Revoked through the database: refused at every replica, its session ended.
+    expect((await cli(["server", "token", "revoke", "alice", "--database", database], { env: { ...box.env, GPULAYER_HOME: join(box.root, "admin") } })).code).toBe(0);
+    for (const r of replicas) expect((await fetch(`${r.url}/v1/jobs`, { headers: { authorization: `Bearer ${alice}` } })).status).toBe(401);
+    expect((await fetch(`${replicas[2]!.url}/jobs`, { headers: { cookie }, redirect: "manual" })).status).toBe(303);
+  }, T);
+
   test("100 jobs submitted round-robin to three replicas: each runs exactly once, none is lost", async () => {
     const ids: string[] = [];
     for (let batch = 0; batch < 10; batch++) {

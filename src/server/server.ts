@@ -197,7 +197,7 @@ export async function startServer(dir: string, token: string, settings: ServerSe
         limits,
         maxBodyBytes: settings.maxBodyBytes,
         artifacts: settings.artifacts,
-        sessions: new Sessions(),
+        sessions: new Sessions(db),
         metricsToken: settings.metricsToken,
         replica,
         health,

@@ -79,11 +79,11 @@ export async function dashboardRoute(req: Request, ctx: DashboardContext): Promi
     if (!sameOrigin(req)) return respond("a sign-in from another site is refused", 403, { "content-type": "text/plain" });
     const who = await ctx.signIn(await formToken(req));
     if (!who) return signIn("That is not a token this server takes (the server's token, or a user token).", 401);
-    return redirect("/jobs", { "set-cookie": sessionCookie(ctx.sessions.create(who), req) });
+    return redirect("/jobs", { "set-cookie": sessionCookie(await ctx.sessions.create(who), req) });
   }
   if (path === "/logout" && method === "POST") {
     if (!sameOrigin(req)) return respond("a post from another site is refused", 403, { "content-type": "text/plain" });
-    ctx.sessions.drop(sessionId(req));
+    await ctx.sessions.drop(sessionId(req));
     return redirect("/login", { "set-cookie": clearedCookie(req) });
   }
   // Everything else needs a session.

@@ -1,8 +1,13 @@
+import { contentHash as sha256 } from "../../core/hashing.ts";
+import type { Sql } from "../db/sql.ts";
+
 /**
  * Dashboard sessions: a token typed once on the sign-in page becomes a
  * random session id in a cookie (HttpOnly, SameSite=Strict, Secure over
- * https); the token itself never goes in a URL or a cookie. Sessions live in
- * the server's memory: a restart signs everyone out, which is the safe side.
+ * https); the token itself never goes in a URL or a cookie. Sessions are
+ * rows of the server's database, by the id's SHA-256 (whoever reads the
+ * database cannot sign in with what is there), so every replica knows them:
+ * a load balancer needs no stickiness.
  */
 
 export const COOKIE = "gpulayer_session";
@@ -16,30 +21,33 @@ export interface SignedIn {
 }
 
 export class Sessions {
-  private readonly live = new Map<string, SignedIn & { expires: number }>();
+  constructor(
+    private readonly sql: Sql,
+    private readonly now: () => number = Date.now,
+  ) {}
 
-  constructor(private readonly now: () => number = Date.now) {}
-
-  create(user: SignedIn): string {
+  async create(user: SignedIn): Promise<string> {
     const id = Buffer.from(crypto.getRandomValues(new Uint8Array(32))).toString("hex");
-    this.live.set(id, { ...user, expires: this.now() + SESSION_MS });
+    // Expired ones go as new ones come: the table holds the live sessions only.
+    await this.sql.run("DELETE FROM sessions WHERE expires <= ?", this.now());
+    await this.sql.run("INSERT INTO sessions (id, who, proof, expires) VALUES (?, ?, ?, ?)", sha256(id), user.who, user.proof, this.now() + SESSION_MS);
     return id;
   }
 
   /** Who the session is, or null when there is none, it expired, or its token is no longer good (`valid`). */
   async who(id: string | null, valid: (proof: string) => Promise<boolean>): Promise<string | null> {
     if (!id) return null;
-    const s = this.live.get(id);
+    const s = await this.sql.get<SignedIn & { expires: number }>("SELECT who, proof, expires FROM sessions WHERE id = ?", sha256(id));
     if (!s) return null;
-    if (s.expires <= this.now() || !(await valid(s.proof))) {
-      this.live.delete(id);
+    if (Number(s.expires) <= this.now() || !(await valid(s.proof))) {
+      await this.drop(id);
       return null;
     }
     return s.who;
   }
 
-  drop(id: string | null): void {
-    if (id) this.live.delete(id);
+  async drop(id: string | null): Promise<void> {
+    if (id) await this.sql.run("DELETE FROM sessions WHERE id = ?", sha256(id));
   }
 }
 

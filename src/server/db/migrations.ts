@@ -50,10 +50,15 @@ function schemaV2({ real }: Types): string[] {
   ];
 }
 
+/** Version 3: dashboard sessions, which every replica must know (a load balancer may send each request elsewhere). */
+function schemaV3({ real }: Types): string[] {
+  return [`CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, who TEXT NOT NULL, proof TEXT NOT NULL, expires ${real} NOT NULL)`];
+}
+
 /** Columns that SQLite homes made before the schema was versioned may lack (ALTER TABLE … ADD COLUMN, a duplicate ignored). */
 const SQLITE_LATE_COLUMNS = ["workers ADD COLUMN joined_with TEXT", "tasks ADD COLUMN applied_seq INTEGER NOT NULL DEFAULT 0", "jobs ADD COLUMN parent_id TEXT", "workers ADD COLUMN cache TEXT", "jobs ADD COLUMN task TEXT", "jobs ADD COLUMN needs TEXT"];
 
-const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2];
+const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3];
 export const SCHEMA_VERSION = MIGRATIONS.length;
 
 async function lateColumns(tx: Sql): Promise<void> {
