@@ -162,6 +162,28 @@ describe("a client of several replicas", () => {
   });
 });
 
+test("a replica that takes the connection and never answers (frozen) is given the poll's wait and a margin, then the next one answers", async () => {
+  // A listener that accepts and says nothing: a stopped (SIGSTOP) or frozen replica seen from outside.
+  const frozen = Bun.serve({ hostname: "127.0.0.1", port: 0, fetch: () => new Promise<Response>(() => {}) });
+  const b = replica("b");
+  try {
+    const client = new ClusterClient([`http://127.0.0.1:${frozen.port}`, b.url], TOKEN);
+    client.replicas.answerMarginMs = 300;
+    const t = performance.now();
+    expect((await client.json<{ replica: string }>("GET", "/v1/poll?wait=0.2")).replica).toBe("b");
+    // Not before the wait and the margin (0.5 s): a long poll is not mistaken for a frozen replica.
+    expect(performance.now() - t).toBeGreaterThan(450);
+    expect(client.url).toBe(b.url);
+    // With one replica there is nowhere else to go: it is waited for, not given up on.
+    const alone = new ClusterClient([`http://127.0.0.1:${frozen.port}`], TOKEN);
+    alone.replicas.answerMarginMs = 100;
+    const outcome = await Promise.race([alone.json("GET", "/v1/health").then(() => "answered", () => "failed"), Bun.sleep(600).then(() => "still waiting")]);
+    expect(outcome).toBe("still waiting");
+  } finally {
+    void frozen.stop(true);
+  }
+});
+
 describe("a task's reports", () => {
   test("502/503/504 from every replica is waited out, as network trouble is: the items stay on disk and go once one answers", async () => {
     const [a, b] = [replica("a"), replica("b")];

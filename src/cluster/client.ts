@@ -55,6 +55,12 @@ export const isUnavailable = (status: number): boolean => status === 502 || stat
 export class Replicas {
   readonly urls: string[];
   current = 0;
+  /**
+   * A replica that takes the connection and then says nothing (stopped,
+   * frozen, cut off without a reset) is given this long beyond the request's
+   * own long-poll wait to start answering; then the next one is asked.
+   */
+  answerMarginMs = 15_000;
 
   constructor(
     urls: string | readonly string[],
@@ -138,13 +144,21 @@ export class ClusterClient {
       const at = (first + i) % urls.length;
       const url = urls[at]!;
       let res: Response;
+      // Until the answer starts only (a download then streams as long as it takes); not for uploads, whose sending takes its own time.
+      const silent = new AbortController();
+      // With one replica there is nowhere else to go: it is waited for.
+      const patience = urls.length < 2 || payload instanceof Blob || payload instanceof ReadableStream ? null : setTimeout(() => silent.abort(), this.answerWithinMs(path));
       try {
-        res = await fetch(`${url}${path}`, { method, headers, body: payload, signal: opts.signal });
+        res = await fetch(`${url}${path}`, { method, headers, body: payload, signal: opts.signal ? AbortSignal.any([opts.signal, silent.signal]) : silent.signal });
       } catch (error) {
         // The caller's own abort (or timeout) is an answer, not a replica's failure: never retried.
-        if ((error as Error).name === "AbortError" || opts.signal?.aborted) throw error;
-        failures.push({ url, message: (error as Error).message });
+        if (opts.signal?.aborted) throw error;
+        if (silent.signal.aborted) failures.push({ url, message: `no answer within ${(this.answerWithinMs(path) / 1000).toFixed(1)} s` });
+        else if ((error as Error).name === "AbortError") throw error;
+        else failures.push({ url, message: (error as Error).message });
         continue;
+      } finally {
+        if (patience) clearTimeout(patience);
       }
       if (isUnavailable(res.status)) {
         const data = await readJson(res);
@@ -155,6 +169,12 @@ export class ClusterClient {
       return this.checked(res, url, method, path, opts);
     }
     throw this.allFailed(failures, method, path, replayable);
+  }
+
+  /** The request's long-poll wait (`wait=` seconds) plus the margin. */
+  private answerWithinMs(path: string): number {
+    const wait = Number(/[?&]wait=([\d.]+)/.exec(path)?.[1] ?? 0);
+    return (Number.isFinite(wait) ? wait * 1000 : 0) + this.replicas.answerMarginMs;
   }
 
   private answered(at: number): void {
