@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, chownSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { CLI_ARGV, cli, sandbox, startCli } from "./helpers.ts";
+import { CLI_ARGV, cli, sandbox, serverDatabaseText, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 
 /**
@@ -86,7 +86,7 @@ describe("named tokens", () => {
   test("list shows names and roles, never a token; the database holds only hashes", async () => {
     const r = await onServer(["list", "--json"]);
     expect(json<any[]>(r.stdout).map((t) => [t.name, t.role])).toEqual([["alice", "user"], ["box1", "join"], ["box2", "join"]]);
-    const db = readFileSync(join(serverHome, "server", "server.db"), "latin1") + readFileSync(join(serverHome, "server", "server.db-wal"), "latin1");
+    const db = serverDatabaseText(box.env, serverHome);
     for (const t of Object.values(tokens)) {
       expect(r.stdout).not.toContain(t);
       expect(db).not.toContain(t);

@@ -6,6 +6,22 @@ export const ROOT = resolve(import.meta.dir, "..");
 /** How the tests start gpulayer: the built binary (GPULAYER_TEST_BIN) or bun on src/cli.ts. */
 export const CLI_ARGV: string[] = process.env.GPULAYER_TEST_BIN ? [resolve(process.env.GPULAYER_TEST_BIN)] : [process.execPath, join(ROOT, "src", "cli.ts")];
 
+/** Whether the servers the tests start keep their state in PostgreSQL (the cluster tests' second run in CI). */
+export const serversOnPostgres = Boolean(process.env.GPULAYER_TEST_SERVER_DATABASE);
+
+/**
+ * Everything a server's database holds, as text, for tests that look for
+ * what must never be kept: the SQLite file and its log, or a dump of the
+ * PostgreSQL database (pg_dump, data and schema).
+ */
+export function serverDatabaseText(env: Record<string, string>, serverHome: string): string {
+  if (!env.GPULAYER_DATABASE) return readFileSync(join(serverHome, "server", "server.db"), "latin1") + readFileSync(join(serverHome, "server", "server.db-wal"), "latin1");
+  const pgDump = [Bun.which("pg_dump"), ...readdirSync("/usr/lib/postgresql").map((v) => join("/usr/lib/postgresql", v, "bin", "pg_dump"))].find((p) => p && existsSync(p))!;
+  const dump = Bun.spawnSync([pgDump, env.GPULAYER_DATABASE], { stdout: "pipe", stderr: "pipe" });
+  if (dump.exitCode !== 0) throw new Error(`pg_dump: ${dump.stderr.toString()}`);
+  return dump.stdout.toString("latin1");
+}
+
 export function tempDir(prefix = "gpl-"): string {
   return mkdtempSync(join(tmpdir(), prefix));
 }
@@ -17,6 +33,16 @@ export function sandbox(): { root: string; home: string; env: Record<string, str
   mkdirSync(home);
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries(process.env)) if (v !== undefined && !k.startsWith("PIP_") && !k.startsWith("UV_") && !k.startsWith("GPULAYER_")) env[k] = v;
+  // The cluster tests again on PostgreSQL (.ci/run): every server a test starts keeps its state in a database of its own there.
+  const pg = process.env.GPULAYER_TEST_SERVER_DATABASE;
+  if (pg) {
+    const name = `sandbox_${root.replace(/[^A-Za-z0-9]/g, "_").toLowerCase()}`;
+    const made = Bun.spawnSync(["psql", pg, "-qc", `CREATE DATABASE ${name}`], { stdout: "pipe", stderr: "pipe" });
+    if (made.exitCode !== 0) throw new Error(`GPULAYER_TEST_SERVER_DATABASE: ${made.stderr.toString()}`);
+    const url = new URL(pg);
+    url.pathname = `/${name}`;
+    env.GPULAYER_DATABASE = url.toString();
+  }
   Object.assign(env, {
     GPULAYER_HOME: home,
     PIP_CACHE_DIR: join(root, "pip-cache"),

@@ -89,15 +89,19 @@ export class PostgresDatabase implements Database {
 
   async subscribe(onKey: (key: string) => void): Promise<void> {
     try {
-      const listening = (await this.client.listen(CHANNEL, (payload: string) => onKey(payload))) as unknown as { unlisten?: () => Promise<void> };
-      this.unlisten = listening.unlisten ?? null;
+      const listening = (await this.client.listen(CHANNEL, (payload: string) => onKey(payload))) as unknown as { unlisten(): Promise<void> };
+      this.unlisten = () => listening.unlisten();
     } catch (error) {
       throw down(error);
     }
   }
 
   async close(): Promise<void> {
-    await this.unlisten?.().catch(() => {});
+    try {
+      await this.unlisten?.();
+    } catch {
+      // the listening connection is gone already: closing goes on
+    }
     await this.client.close({ timeout: 1 });
   }
 }
