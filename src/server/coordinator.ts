@@ -138,13 +138,14 @@ export class Coordinator {
   /** Waits for work; `secretHash` is the credential it came with, which a restarted worker replaces and leaving or being lost kills (the poll then ends with 401). */
   async poll(w: WorkerRow, waitMs: number, signal?: AbortSignal, secretHash?: string): Promise<PollResponse> {
     const deadline = Date.now() + waitMs;
-    for (;;) {
+    for (let look = 0; ; look++) {
       // A poll cut off (the worker died) is no sign of life.
       if (signal?.aborted) return { tasks: [], cancel: [] };
       const answer = await this.change(async (ch): Promise<PollResponse | null> => {
         // Replaced (it registered again), or the worker left or was declared lost: that credential is dead.
         if (secretHash && (await ch.store.workerByCredential(secretHash))?.id !== w.id) throw new HttpFail(401, "unauthorized");
-        await this.seen(ch, (await ch.store.worker(w.id))!);
+        // The request is the sign of life, not this server looking again while it waits (a frozen worker's poll stays open).
+        if (look === 0) await this.seen(ch, (await ch.store.worker(w.id))!);
         const active = await ch.store.activeTasks(w.id);
         const tasks = active.filter((t) => !t.delivered);
         const cancel = active.filter((t) => t.cancel && !t.cancelSent);
