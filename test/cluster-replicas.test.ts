@@ -139,13 +139,18 @@ suite("server replicas on one PostgreSQL", () => {
     // A client following a job through the first replica (the first of its list).
     const script = `for i in $(seq 1 30); do echo line-$i; sleep 0.1; done`;
     const follower = keepOutput(startCli(["job", "run", "--", "sh", "-c", script], { env: clientEnv(all()), cwd: box.root }), procs);
-    await waitFor("the first lines through the first replica", () => follower.out().includes("line-3"));
+    // And one following a job submitted elsewhere, with `job logs --follow`, also through the first replica.
+    const detached = await submit(rest[0]!.url, "streamed", script.replace(/line-/g, "row-"));
+    const logs = keepOutput(startCli(["job", "logs", detached, "--follow"], { env: clientEnv(all()), cwd: box.root }), procs);
+    await waitFor("the first lines through the first replica", () => follower.out().includes("line-3") && logs.out().includes("row-3"));
     const more = await Promise.all(Array.from({ length: 12 }, (_, k) => submit(rest[k % 2]!.url, `late-${k}`)));
     first!.kept.proc.kill("SIGKILL");
     await first!.kept.proc.exited;
     expect(await follower.proc.exited).toBe(0);
     const lines = follower.out().split("\n").filter((l) => /^line-\d+$/.test(l));
     expect(lines).toEqual(Array.from({ length: 30 }, (_, i) => `line-${i + 1}`));
+    expect(await logs.proc.exited).toBe(0);
+    expect(logs.out().split("\n").filter((l) => /^row-\d+$/.test(l))).toEqual(Array.from({ length: 30 }, (_, i) => `row-${i + 1}`));
     const rows = await waitFor("the jobs submitted around the kill to end", () => ended(more), 120_000);
     expect(rows.filter((r: { state: string }) => r.state !== "succeeded")).toEqual([]);
     // The worker that talked to the dead replica moved to another one, and none was declared lost.
