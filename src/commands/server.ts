@@ -49,6 +49,8 @@ export default defineCommand({
       ],
       true,
     );
+    // Another replica cannot serve a bundle it cannot read: say so while it is cheap to fix.
+    if (settings.database && !settings.files) out.log.warn(`bundles and env artifacts are kept in ${dir}, this machine's own folder: other replicas on ${server.database} cannot serve them; give every replica one shared folder with --files (GPULAYER_SERVER_FILES)`);
     out.progress(`worker lost after ${settings.lostSeconds} s without a heartbeat; jobs re-queued up to ${settings.maxAttempts} attempt(s)`);
     await new Promise<void>((resolve) => {
       const stop = (signal: string) => {
