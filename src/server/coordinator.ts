@@ -141,6 +141,11 @@ export class Coordinator {
     for (let look = 0; ; look++) {
       // A poll cut off (the worker died) is no sign of life.
       if (signal?.aborted) return { tasks: [], cancel: [] };
+      // Looking again while it waits: first without the writer lock, which only something to hand out (or the end) needs.
+      if (look > 0 && Date.now() < deadline && !(await this.somethingFor(w.id, secretHash))) {
+        await this.notify.wait(`worker:${w.id}`, deadline - Date.now(), signal);
+        continue;
+      }
       const answer = await this.change(async (ch): Promise<PollResponse | null> => {
         // Replaced (it registered again), or the worker left or was declared lost: that credential is dead.
         if (secretHash && (await ch.store.workerByCredential(secretHash))?.id !== w.id) throw new HttpFail(401, "unauthorized");
@@ -163,6 +168,12 @@ export class Coordinator {
       if (answer) return answer;
       await this.notify.wait(`worker:${w.id}`, deadline - Date.now(), signal);
     }
+  }
+
+  /** Whether a poll has anything to answer now: a task to hand out, a cancel to send, or a dead credential (401). */
+  private async somethingFor(workerId: string, secretHash?: string): Promise<boolean> {
+    if (secretHash && (await this.store.workerByCredential(secretHash))?.id !== workerId) return true;
+    return (await this.store.activeTasks(workerId)).some((t) => !t.delivered || (t.cancel && !t.cancelSent));
   }
 
   /** What the worker is handed: the request with its credentials (memory, or sealed); null when a restart lost them. */
