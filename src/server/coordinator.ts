@@ -32,7 +32,7 @@ export interface CoordinatorOptions {
   /** Replicas on one database: requests' credentials sealed in it (held-secrets.ts) rather than in memory. */
   seal?: SecretSeal | null;
   /** Tell the other replicas (PostgreSQL NOTIFY); none for one server. */
-  publish?: (key: string) => Promise<void>;
+  publish?: (keys: string[]) => Promise<void>;
 }
 
 /** With replicas, a long poll looks again this often even without a wake-up (one lost with a NOTIFY connection). */
@@ -76,10 +76,8 @@ export class Coordinator {
   async change<T>(fn: (ch: Change) => Promise<T>): Promise<T> {
     const keys = new Set<string>();
     const result = await this.store.exclusive((store) => fn({ store, wake: (key) => keys.add(key) }));
-    for (const key of keys) {
-      this.notify.wake(key);
-      void this.opts.publish?.(key).catch(() => {});
-    }
+    for (const key of keys) this.notify.wake(key);
+    if (keys.size) void this.opts.publish?.([...keys]).catch(() => {});
     return result;
   }
 

@@ -152,7 +152,7 @@ export async function startServer(dir: string, token: string, settings: ServerSe
       lostSeconds: settings.lostSeconds,
       leaseSeconds: settings.leaseSeconds,
       maxAttempts: settings.maxAttempts,
-      ...(replicas ? { seal: new SecretSeal(token), publish: (key: string) => db.publish(key) } : {}),
+      ...(replicas ? { seal: new SecretSeal(token), publish: (keys: string[]) => db.publish(keys) } : {}),
     },
     log,
     (error) => (error instanceof DatabaseDown ? health.down(error) : log(`sweep failed: ${(error as Error).stack ?? error}`)),

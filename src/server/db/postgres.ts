@@ -83,13 +83,23 @@ export class PostgresDatabase implements Database {
     await this.pool.get("SELECT 1 AS ok");
   }
 
-  async publish(key: string): Promise<void> {
-    await this.pool.run("SELECT pg_notify(?, ?)", CHANNEL, key);
+  /** One notification per change, its keys a line each (ids hold no newline), as long as NOTIFY takes (8000 bytes). */
+  async publish(keys: string[]): Promise<void> {
+    let batch: string[] = [];
+    const send = () => this.pool.run("SELECT pg_notify(?, ?)", CHANNEL, batch.join("\n"));
+    for (const key of keys) {
+      if (batch.length && batch.join("\n").length + key.length + 1 > 7_900) {
+        await send();
+        batch = [];
+      }
+      batch.push(key);
+    }
+    if (batch.length) await send();
   }
 
   async subscribe(onKey: (key: string) => void): Promise<void> {
     try {
-      const listening = (await this.client.listen(CHANNEL, (payload: string) => onKey(payload))) as unknown as { unlisten(): Promise<void> };
+      const listening = (await this.client.listen(CHANNEL, (payload: string) => payload.split("\n").forEach(onKey))) as unknown as { unlisten(): Promise<void> };
       this.unlisten = () => listening.unlisten();
     } catch (error) {
       throw down(error);

@@ -27,8 +27,8 @@ export interface Database extends Sql {
   readonly where: string;
   /** A cheap round trip: whether the database answers now. */
   ping(): Promise<void>;
-  /** Wake-ups for other replicas (PostgreSQL NOTIFY); on SQLite there are none. */
-  publish(key: string): Promise<void>;
+  /** Wake-ups for other replicas (PostgreSQL NOTIFY, one per change); on SQLite there are none. */
+  publish(keys: string[]): Promise<void>;
   subscribe(onKey: (key: string) => void): Promise<void>;
   close(): Promise<void>;
 }
