@@ -1,5 +1,5 @@
 import type { Sql } from "./db/sql.ts";
-import { mkdirSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
+import { readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { ArtifactConditions } from "../env/shipping.ts";
 import { lruOrder } from "../gc/policy.ts";
@@ -50,7 +50,6 @@ export class ArtifactStore {
     readonly local: Local,
   ) {
     this.dir = join(root, "artifacts");
-    mkdirSync(this.dir, { recursive: true });
   }
 
   path(sha: string): string {

@@ -1,5 +1,5 @@
 import type { Sql } from "./db/sql.ts";
-import { mkdirSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
+import { readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 
 /**
@@ -58,7 +58,6 @@ export class BundleStore {
     readonly local: { inFlight: Set<string> },
   ) {
     this.dir = join(root, "bundles");
-    mkdirSync(this.dir, { recursive: true });
     this.inFlight = local.inFlight;
   }
 

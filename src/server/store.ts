@@ -1,4 +1,5 @@
 import type { MachineProbe, PrepareRequestPayload, PrepareTaskResult, RemoteSpec, WorkerCache, WorkerState } from "../cluster/protocol.ts";
+import { mkdirSync } from "node:fs";
 import { BundleStore } from "./bundles.ts";
 import { ArtifactStore } from "./artifacts.ts";
 import { TokenStore } from "./tokens.ts";
@@ -166,15 +167,21 @@ export class ServerStore {
   readonly artifacts: ArtifactStore;
   readonly tokens: TokenStore;
 
+  private readonly local: ProcessState;
+
   /** `files`: where bundles and artifacts are kept (a folder every replica reaches). */
   constructor(
     readonly sql: Sql,
     readonly files: string,
-    private readonly local: ProcessState = { bundles: BundleStore.local(), artifacts: ArtifactStore.local(), tokens: TokenStore.local() },
+    /** Given: a store on one transaction of this process's (exclusive); else this process's own, whose folders are made once here. */
+    local?: ProcessState,
   ) {
-    this.bundles = new BundleStore(sql, files, local.bundles);
-    this.artifacts = new ArtifactStore(sql, files, local.artifacts);
-    this.tokens = new TokenStore(sql, local.tokens);
+    const state = local ?? { bundles: BundleStore.local(), artifacts: ArtifactStore.local(), tokens: TokenStore.local() };
+    this.local = state;
+    this.bundles = new BundleStore(sql, files, state.bundles);
+    this.artifacts = new ArtifactStore(sql, files, state.artifacts);
+    this.tokens = new TokenStore(sql, state.tokens);
+    if (!local) for (const dir of [this.bundles.dir, this.artifacts.dir]) mkdirSync(dir, { recursive: true });
   }
 
   /** `fn` with a store on one transaction holding the writer lock (db/sql.ts): the changes land together, one writer at a time. */
