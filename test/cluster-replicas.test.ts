@@ -171,20 +171,43 @@ suite("server replicas on one PostgreSQL", () => {
     expect(told.reduce((a, b) => a + b, 0)).toBe(1);
   }, T);
 
-  test("a replica whose database goes away says so and takes no work; it takes work again once the database answers", async () => {
+  test("a replica with another token is refused while others serve; `server token` in a replica's home without --database says where the tokens are", async () => {
+    const other = await cli(["server", "--listen", "127.0.0.1:0", "--database", database, "--files", files], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "replica-odd"), GPULAYER_TOKEN: "another-token-0123456789abc" } });
+    expect(other.code).toBe(1);
+    expect(other.stderr).toMatch(/^error: replica \S+ on postgres:\/\/127\.0\.0\.1:\d+\/\w+ \(heard from [\d.]+ s ago\) uses another token: every replica needs the same one/);
+    expect(other.stderr.split("\n").filter(Boolean)).toHaveLength(1);
+    const local = await cli(["server", "token", "list"], { env: { ...box.env, GPULAYER_HOME: join(box.root, "replica-1") } });
+    expect(local.code).toBe(2);
+    expect(local.stderr).toContain("keeps its state in postgres://");
+    expect(local.stderr).toContain("give that database with --database");
+    // A load balancer's probe needs no token and learns only whether the replica serves.
+    const probe = await fetch(`${replicas[1]!.url}/v1/health`);
+    expect([probe.status, await probe.json()]).toEqual([200, { ok: true }]);
+    expect((await fetch(`${replicas[1]!.url}/v1/health`, { headers: { authorization: "Bearer wrong-token-000000000000" } })).status).toBe(401);
+  }, T);
+
+  test("a replica whose database goes away says so and takes no work; it takes work again once the database answers, and no worker was lost for it", async () => {
     const live = replicas[1]!;
+    const logged = replicas.slice(1).map((r) => r.kept.out().length);
     await pg.stop();
     await waitFor("the replica to notice", () => live.kept.out().includes("lost the database"), 20_000);
     const health = await fetch(`${live.url}/v1/health`, { headers: { authorization: `Bearer ${TOKEN}` } });
     expect(health.status).toBe(503);
-    expect(await health.json()).toMatchObject({ ok: false });
+    expect(await health.json()).toMatchObject({ ok: false, database: expect.stringContaining("unreachable") });
+    expect([(await fetch(`${live.url}/v1/health`)).status]).toEqual([503]);
     const refused = await cli(["job", "list"], { env: clientEnv(live.url), cwd: box.root });
     expect(refused.code).not.toBe(0);
     expect(refused.stderr).toContain("cannot reach its database");
+    // Longer than a worker may be silent (2 s): their beats are refused meanwhile, and that is no silence of theirs.
+    await Bun.sleep(3_000);
     await pg.start();
     await waitFor("the replica to take work again", () => live.kept.out().includes("the database answers again"), 30_000);
     const id = await submit(live.url, "after-outage");
     const rows = await waitFor("the job after the database came back", () => ended([id]), 60_000);
     expect(rows[0].state).toBe("succeeded");
+    await Bun.sleep(1_500);
+    const since = replicas.slice(1).map((r, i) => r.kept.out().slice(logged[i]));
+    expect(since.filter((text) => /worker w\d lost/.test(text))).toEqual([]);
+    expect((await sql.unsafe("SELECT name FROM workers WHERE state = 'lost' AND name <> 'w3'")).length).toBe(0);
   }, T);
 });

@@ -140,16 +140,21 @@ export class ClusterClient {
     const { urls } = this.replicas;
     const first = this.replicas.current;
     const failures: Failure[] = [];
-    for (let i = 0; i < urls.length && (i === 0 || replayable); i++) {
+    // Twice around on network errors: the second time on fresh connections (a pooled one to a replica that restarted is dead, though the replica answers).
+    const rounds = replayable ? 2 : 1;
+    for (let i = 0; i < urls.length * rounds && (i === 0 || replayable); i++) {
       const at = (first + i) % urls.length;
       const url = urls[at]!;
+      const fresh = i >= urls.length;
+      // A replica that answered 502/503/504 is not asked again in the second round.
+      if (fresh && failures.some((f) => f.url === url && f.answer)) continue;
       let res: Response;
       // Until the answer starts only (a download then streams as long as it takes); not for uploads, whose sending takes its own time.
       const silent = new AbortController();
       // With one replica there is nowhere else to go: it is waited for.
       const patience = urls.length < 2 || payload instanceof Blob || payload instanceof ReadableStream ? null : setTimeout(() => silent.abort(), this.answerWithinMs(path));
       try {
-        res = await fetch(`${url}${path}`, { method, headers, body: payload, signal: opts.signal ? AbortSignal.any([opts.signal, silent.signal]) : silent.signal });
+        res = await fetch(`${url}${path}`, { method, headers, body: payload, signal: opts.signal ? AbortSignal.any([opts.signal, silent.signal]) : silent.signal, ...(fresh ? { keepalive: false } : {}) });
       } catch (error) {
         // The caller's own abort (or timeout) is an answer, not a replica's failure: never retried.
         if (opts.signal?.aborted) throw error;
@@ -193,7 +198,9 @@ export class ClusterClient {
   }
 
   /** One line naming every replica tried; an HttpError (5xx) when one of them answered, so callers that wait out a 5xx still do. */
-  private allFailed(failures: Failure[], method: string, path: string, replayable: boolean): UserError {
+  private allFailed(tries: Failure[], method: string, path: string, replayable: boolean): UserError {
+    // Each replica once, with how it failed last (it may have been tried twice).
+    const failures = [...new Map(tries.map((f) => [f.url, f])).values()];
     const answered = failures.findLast((f) => f.answer)?.answer;
     const untried = replayable ? "" : " (the request's body cannot be sent again, so no other replica was tried)";
     if (failures.length === 1 && this.replicas.urls.length === 1) {
@@ -201,7 +208,9 @@ export class ClusterClient {
       if (answered) return new HttpError(answered.status, typeof answered.data.error === "string" ? answered.data.error : `${method} ${path}: HTTP ${answered.status}`, answered.data);
       return new UserError(`cannot reach the gpulayer server at ${f.url}: ${f.message}`);
     }
-    const message = failures.length === 1 ? `cannot reach the gpulayer server at ${failures[0]!.url}: ${failures[0]!.message}${untried}` : `cannot reach the gpulayer server at any of ${failures.map((f) => f.url).join(", ")}: ${failures.map((f) => `${f.url}: ${f.message}`).join("; ")}`;
+    // Replicas that answered (503: no database) were reached; only the others could not be.
+    const what = failures.every((f) => f.answer) ? "no replica of the gpulayer server can serve it now" : failures.length === 1 ? `cannot reach the gpulayer server at ${failures[0]!.url}` : `cannot reach the gpulayer server at any of ${failures.map((f) => f.url).join(", ")}`;
+    const message = failures.length === 1 ? `${what}: ${failures[0]!.message}${untried}` : `${what}: ${failures.map((f) => `${f.url}: ${f.message}`).join("; ")}`;
     return answered ? new HttpError(answered.status, message, answered.data) : new UserError(message);
   }
 

@@ -288,7 +288,7 @@ export const JoinDocument = v.strictObject({ settings_file: str, name: str, pyth
 /** `join SERVER_URL --json`, when the worker has stopped. */
 export const JoinLeftDocument = v.strictObject({ name: str, url: str, left: v.literal(true) });
 
-export const ServerDocument = v.strictObject({ url: str, port: num, state: str, token_file: nullableStr, replica: str, database: str, token: v.optional(str) });
+export const ServerDocument = v.strictObject({ url: str, port: num, state: str, token_file: nullableStr, replica: str, database: str, files: str, token: v.optional(str) });
 
 /** `server token create --json`: the token itself, this once. */
 export const ServerTokenCreateDocument = v.strictObject({ name: str, role: v.picklist(["user", "join"]), token: str });

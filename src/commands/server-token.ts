@@ -1,7 +1,8 @@
 import { defineCommand } from "citty";
 import { join } from "node:path";
 import { ServerStore } from "../server/store.ts";
-import { openDatabase } from "../server/server.ts";
+import { DATABASE_MARKER, openDatabase } from "../server/server.ts";
+import { existsSync, readFileSync } from "node:fs";
 import { TOKEN_ROLES, type TokenRole } from "../server/tokens.ts";
 import { Output, table } from "../ui/output.ts";
 import { UsageError, UserError } from "../errors.ts";
@@ -13,6 +14,9 @@ import type { ServerTokenCreateDoc, ServerTokenListDoc, ServerTokenRevokeDoc } f
 async function tokens(database: string | undefined) {
   const ctx = commandContext({ "coordinator.database": database });
   const dir = join(ctx.layout.root, "server");
+  // This home's server keeps its tokens in PostgreSQL: a token made in the SQLite file beside it would be good nowhere.
+  const marker = join(dir, DATABASE_MARKER);
+  if (!ctx.values["coordinator.database"] && existsSync(marker)) throw new UsageError(`the server of this home keeps its state in ${readFileSync(marker, "utf8").trim()}: give that database with --database (or GPULAYER_DATABASE)`);
   const db = await openDatabase(dir, ctx.values["coordinator.database"] ?? null);
   const store = new ServerStore(db, ctx.values["coordinator.files"] ?? dir);
   return { db, tokens: store.tokens };

@@ -37,13 +37,13 @@ export default defineCommand({
     if (where.hostname === "0.0.0.0" || where.hostname === "[::]") where.hostname = hostname();
     const reachable = where.origin;
     const joinHint = `GPULAYER_TOKEN=${token.generated ? token.token : "<token>"} gpulayer join ${reachable}   (or --token-file FILE; named join tokens: gpulayer server token create --role join --name NAME)`;
-    const doc: ServerDoc = { url: server.url, port: server.port, state: dir, token_file: token.file, replica: server.replica, database: server.database, ...(token.generated ? { token: token.token } : {}) };
+    const doc: ServerDoc = { url: server.url, port: server.port, state: dir, token_file: token.file, replica: server.replica, database: server.database, files: settings.files ?? dir, ...(token.generated ? { token: token.token } : {}) };
     out.result(
       doc,
       () => [
         `gpulayer server listening on ${server.url} (state in ${settings.database ? server.database : dir})`,
         ...(settings.database ? [`replica ${server.replica} of the servers on ${server.database} (bundles and artifacts in ${settings.files ?? dir})`] : []),
-        token.generated ? `join token (shown once; kept in ${token.file}): ${token.token}` : `token: ${token.file ? `kept in ${token.file}` : "as given"}`,
+        token.generated ? `the server's token, good for everything (shown once; kept in ${token.file}): ${token.token}` : `token: ${token.file ? `kept in ${token.file}` : "as given"}`,
         `workers: ${joinHint}`,
         `clients: export GPULAYER_SERVER=${reachable} GPULAYER_TOKEN=…`,
       ],

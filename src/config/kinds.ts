@@ -162,7 +162,8 @@ export function hidePassword(url: string): string {
     if (u.password) u.password = "***";
     return u.toString();
   } catch {
-    return "***";
+    // Not a URL: a password could only sit before an @.
+    return url.includes("@") ? "***" : url;
   }
 }
 

@@ -50,8 +50,13 @@ export class Coordinator {
   readonly heldSpecs: HeldSecrets<RemoteSpec>;
   readonly heldPrepares: HeldSecrets<PrepareRequestPayload>;
   private unlisted = new BeatReconciler();
-  /** The server's own downtime is no worker's silence: silence counts from this start at the earliest. */
-  private readonly startedAt = Date.now();
+  /**
+   * The server's own downtime is no worker's silence: silence counts from
+   * this start at the earliest, and from the end of the last time the
+   * database could not be reached (workers' beats were refused meanwhile).
+   */
+  private sightedSince = Date.now();
+  private blind = false;
   private sweeper: ReturnType<typeof setInterval>;
   private sweeping: Promise<void> | null = null;
 
@@ -226,10 +231,20 @@ export class Coordinator {
     return this.sweeping;
   }
 
+  /** The database could not be reached: what workers said meanwhile was refused, so their silence counts again from when it answers. */
+  lostDatabase(): void {
+    this.blind = true;
+  }
+
   private async sweepIn(ch: Change): Promise<void> {
     const { store } = ch;
     const now = Date.now();
-    const silence = (w: WorkerRow) => (now - Math.max(w.lastSeen, this.startedAt)) / 1000;
+    // In a transaction: the database answers again.
+    if (this.blind) {
+      this.blind = false;
+      this.sightedSince = now;
+    }
+    const silence = (w: WorkerRow) => (now - Math.max(w.lastSeen, this.sightedSince)) / 1000;
     for (const w of await store.workers({ present: true })) {
       if (silence(w) > this.opts.lostSeconds) await this.markLost(ch, w, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s; what it runs is given out again after ${this.opts.leaseSeconds} s of silence`);
     }

@@ -48,7 +48,7 @@ export interface RouteContext {
   onError(error: unknown): void;
 }
 
-const DATABASE_DOWN = "this gpulayer server replica cannot reach its database; it takes no work until it can (another replica may: the client moves on by itself)";
+const DATABASE_DOWN = "this gpulayer server replica cannot reach its database; it takes no work until it can";
 
 const reply = (data: unknown, status = 200) => Response.json(data, { status });
 const MAX_WAIT_MS = 30_000;
@@ -262,9 +262,16 @@ export function handler(ctx: RouteContext): (req: Request) => Promise<Response> 
       res = withSecurityHeaders(res);
       return head ? new Response(null, { status: res.status, headers: res.headers }) : res;
     }
-    // Without its database a replica can check no token: everything is a 503 (clients and workers move to another replica).
+    // /v1/health without a token (a load balancer's probe) is told only whether this replica serves; with one, which replica and why.
     const health = path === "/v1/health" && req.method === "GET";
-    if (ctx.health.error !== null) return reply(health ? { ok: false, replica: ctx.replica, database: `unreachable: ${ctx.health.error}` } : { error: DATABASE_DOWN }, 503);
+    const bearer = /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "")?.[1];
+    const probe = health && !req.headers.has("authorization");
+    // Without its database a replica can check no token but its own: everything is a 503 (clients and workers move to another replica).
+    if (ctx.health.error !== null) {
+      if (!health) return reply({ error: DATABASE_DOWN }, 503);
+      return reply(bearer && tokenEquals(bearer, ctx.token) ? { ok: false, replica: ctx.replica, database: `unreachable: ${ctx.health.error}` } : { ok: false }, 503);
+    }
+    if (probe) return reply({ ok: true });
     try {
       const caller = await authenticate(req, ctx);
       if (!caller) return reply({ error: "unauthorized" }, 401);

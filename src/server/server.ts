@@ -1,4 +1,5 @@
-import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { contentHash } from "../core/hashing.ts";
 import { join } from "node:path";
 import { formatBytes } from "../ui/output.ts";
 import { type BundleLimits, bundleLimits } from "../cluster/bundle.ts";
@@ -127,11 +128,14 @@ const DATABASE_CHECK_MS = 2_000;
 /** Whether the database answers: a replica that lost it takes no work (503, so clients and workers move on) until it answers again. */
 export class DatabaseHealth {
   error: string | null = null;
+  /** Told of each loss (the coordinator then counts no worker's silence from before the database is back). */
+  onDown: () => void = () => {};
   constructor(private readonly log: (message: string) => void) {}
   down(error: unknown): void {
     const message = error instanceof Error ? error.message : String(error);
     if (this.error === null) this.log(`lost the database (${message}): taking no work until it answers again`);
     this.error = message;
+    this.onDown();
   }
   up(): void {
     if (this.error !== null) this.log("the database answers again: taking work");
@@ -139,10 +143,35 @@ export class DatabaseHealth {
   }
 }
 
+/** A replica is counted as serving while it has been heard from this recently (it writes its row at every database check). */
+const REPLICA_LIVE_MS = 5 * DATABASE_CHECK_MS;
+
+const tokenFingerprint = (token: string) => contentHash(`gpulayer replica token\0${token}`);
+
+/** Replicas with different tokens would each refuse the others' clients and workers (401 is not failed over): the second one is refused. */
+async function refuseOtherToken(db: Database, token: string): Promise<void> {
+  const others = await db.all<{ id: string; token: string; last_seen: number }>("SELECT id, token, last_seen FROM replicas WHERE last_seen > ?", Date.now() - REPLICA_LIVE_MS);
+  const other = others.find((r) => r.token !== tokenFingerprint(token));
+  if (other) throw new UserError(`replica ${other.id} on ${db.where} (heard from ${((Date.now() - Number(other.last_seen)) / 1000).toFixed(1)} s ago) uses another token: every replica needs the same one (--token-file, --token or GPULAYER_TOKEN)`);
+}
+
+/** Beside the home's state: which database its server keeps its state in (so `gpulayer server token` run in this home finds it, or says where to look). */
+export const DATABASE_MARKER = "database";
+
 export async function startServer(dir: string, token: string, settings: ServerSettings, log: (message: string) => void): Promise<RunningServer> {
   const db = await openDatabase(dir, settings.database);
   const replicas = settings.database !== null;
   const replica = `${hostname()}-${process.pid}-${Buffer.from(crypto.getRandomValues(new Uint8Array(3))).toString("hex")}`;
+  if (replicas) {
+    try {
+      await refuseOtherToken(db, token);
+    } catch (error) {
+      await db.close();
+      throw error;
+    }
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    writeFileSync(join(dir, DATABASE_MARKER), `${db.where}\n`, { mode: 0o600 });
+  } else rmSync(join(dir, DATABASE_MARKER), { force: true });
   const store = new ServerStore(db, settings.files ?? dir);
   const health = new DatabaseHealth(log);
   const coord = new Coordinator(
@@ -157,8 +186,11 @@ export async function startServer(dir: string, token: string, settings: ServerSe
     log,
     (error) => (error instanceof DatabaseDown ? health.down(error) : log(`sweep failed: ${(error as Error).stack ?? error}`)),
   );
+  health.onDown = () => coord.lostDatabase();
   if (replicas) await db.subscribe((key) => coord.notify.wake(key));
-  const checker = setInterval(() => void db.ping().then(() => health.up(), (e) => health.down(e)), DATABASE_CHECK_MS);
+  // The database check is also this replica's sign of life among the replicas.
+  const check = () => (replicas ? db.run("UPDATE replicas SET last_seen = ? WHERE id = ?", Date.now(), replica).then(() => {}) : db.ping());
+  const checker = setInterval(() => void check().then(() => health.up(), (e) => health.down(e)), DATABASE_CHECK_MS);
   const jobs = new JobsApi(coord);
   const limits = settings.bundleLimits;
   const cleanBundles = async () => {
@@ -180,6 +212,7 @@ export async function startServer(dir: string, token: string, settings: ServerSe
     clearInterval(janitor);
     clearInterval(checker);
     coord.close();
+    if (replicas) await db.run("DELETE FROM replicas WHERE id = ?", replica).catch(() => {});
     await db.close();
   };
   let server: ReturnType<typeof Bun.serve>;
@@ -209,6 +242,7 @@ export async function startServer(dir: string, token: string, settings: ServerSe
     throw new UsageError(`cannot listen on ${settings.hostname}:${settings.port}: ${(error as Error).message}`);
   }
   const host = settings.hostname.includes(":") ? `[${settings.hostname}]` : settings.hostname;
+  if (replicas) await db.run("INSERT INTO replicas (id, token, url, started, last_seen) VALUES (?, ?, ?, ?, ?)", replica, tokenFingerprint(token), `http://${host}:${server.port}`, Date.now(), Date.now());
   return {
     url: `http://${host}:${server.port}`,
     port: server.port!,

@@ -55,10 +55,15 @@ function schemaV3({ real }: Types): string[] {
   return [`CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, who TEXT NOT NULL, proof TEXT NOT NULL, expires ${real} NOT NULL)`];
 }
 
+/** Version 4: the replicas serving now, each with its token's fingerprint (replicas with different tokens would refuse each other's clients). */
+function schemaV4({ real }: Types): string[] {
+  return [`CREATE TABLE IF NOT EXISTS replicas (id TEXT PRIMARY KEY, token TEXT NOT NULL, url TEXT NOT NULL, started ${real} NOT NULL, last_seen ${real} NOT NULL)`];
+}
+
 /** Columns that SQLite homes made before the schema was versioned may lack (ALTER TABLE … ADD COLUMN, a duplicate ignored). */
 const SQLITE_LATE_COLUMNS = ["workers ADD COLUMN joined_with TEXT", "tasks ADD COLUMN applied_seq INTEGER NOT NULL DEFAULT 0", "jobs ADD COLUMN parent_id TEXT", "workers ADD COLUMN cache TEXT", "jobs ADD COLUMN task TEXT", "jobs ADD COLUMN needs TEXT"];
 
-const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3];
+const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4];
 export const SCHEMA_VERSION = MIGRATIONS.length;
 
 async function lateColumns(tx: Sql): Promise<void> {
