@@ -259,11 +259,14 @@ export class Agent {
     await this.deliverLeftOver();
     await this.register();
     const beats = this.heartbeats();
+    // One line per outage, not one a second: the heartbeat says when the server answers again.
+    let failedWith: string | null = null;
     try {
       while (!this.stopping) {
         const credential = this.credential;
         try {
           const r = await this.client!.json<PollResponse>("GET", `/v1/workers/${this.workerId}/tasks?wait=25`, undefined, { signal: this.pollAbort.signal });
+          failedWith = null;
           this.contact();
           this.cancel(r.cancel);
           for (const t of r.tasks) this.start(t);
@@ -275,7 +278,8 @@ export class Agent {
           if (error instanceof HttpError && error.status === 409) await this.rejoin();
           else if (error instanceof HttpError && error.status === 401) await this.credentialRefused();
           else {
-            this.log(`waiting for work failed: ${(error as Error).message}; retrying`);
+            if (failedWith === null) this.log(`waiting for work failed: ${(error as Error).message}; retrying every second`);
+            failedWith = (error as Error).message;
             await sleep(1000);
           }
         }
