@@ -21,6 +21,8 @@ import { endUnstarted, settleJob, taskBlocked } from "./job-tasks.ts";
  * it lands whole and alone, also against other replicas on one database:
  * a job is dispatched once, a worker declared lost once. Its wake-ups are
  * sent once it has committed, here and (PostgreSQL) to the other replicas.
+ * It is one file past the usual size on purpose: every state change the
+ * writer lock guards is here, to be read (and reviewed) together.
  */
 
 export interface CoordinatorOptions {
