@@ -81,6 +81,14 @@ export function connect(target: RemoteTarget): ClusterClient {
   return new ClusterClient(replicas, target.token);
 }
 
+/** A network error in a line of ours: what happened, without Bun's advice to the programmer. */
+function networkMessage(error: unknown): string {
+  const code = String((error as { code?: unknown }).code ?? "");
+  const plain: Record<string, string> = { ECONNREFUSED: "connection refused", ConnectionRefused: "connection refused", ECONNRESET: "connection reset", ConnectionClosed: "connection closed", ETIMEDOUT: "timed out", EHOSTUNREACH: "host unreachable", ENOTFOUND: "no such host" };
+  if (plain[code]) return plain[code];
+  return (error as Error).message.replace(/\s*Is the computer able to access the url\?/, "").replace(/\s*For more information, pass `verbose: true`.*$/s, "").trim();
+}
+
 /** One replica's failure: a network error (message) or an unavailable answer. */
 type Failure = { url: string; message: string; answer?: { status: number; data: Record<string, unknown> } };
 
@@ -160,7 +168,7 @@ export class ClusterClient {
         if (opts.signal?.aborted) throw error;
         if (silent.signal.aborted) failures.push({ url, message: `no answer within ${(this.answerWithinMs(path) / 1000).toFixed(1)} s` });
         else if ((error as Error).name === "AbortError") throw error;
-        else failures.push({ url, message: (error as Error).message });
+        else failures.push({ url, message: networkMessage(error) });
         continue;
       } finally {
         if (patience) clearTimeout(patience);
