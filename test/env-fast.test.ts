@@ -134,6 +134,7 @@ async function sameImports(pair: { uv: Built; pip: Built }, code: string): Promi
 
 const idx = () => ["--index-url", index.url];
 
+// Skipped only without uv on PATH (these compare against or run uv itself); .ci/run installs uv, so CI runs them.
 describe.if(HAS_UV)("the uv fast path gives what the pip path gives", () => {
   test("the worker has b 1.0 and a request needs b>=1: nothing of b in the env; pip list shows the worker's b", async () => {
     const pair = await both(["-p", "needs-b1", ...idx(), "--python", wB]);
@@ -213,6 +214,7 @@ describe.if(HAS_UV)("the uv fast path gives what the pip path gives", () => {
   });
 });
 
+// Skipped only without uv on PATH (these compare against or run uv itself); .ci/run installs uv, so CI runs them.
 describe.if(HAS_UV)("what the fast path leaves to pip", () => {
   test("auto takes the fast path where it can", async () => {
     const r = await build("auto", ["-p", "needs-b1", ...idx(), "--python", wB]);

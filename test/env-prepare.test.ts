@@ -220,6 +220,7 @@ describe("env prepare", () => {
     }
   });
 
+  // Skipped only without uv on PATH (these compare against or run uv itself); .ci/run installs uv, so CI runs them.
   test.if(HAS_UV)("uv is the default venv creator; GPULAYER_VENV_CREATOR=venv forces python -m venv", async () => {
     const s = sandbox();
     try {

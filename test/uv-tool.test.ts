@@ -88,6 +88,7 @@ test("findUv: off and a path that is no uv say why, and nothing is installed", a
   expect(existsSync(toolsDir)).toBe(false);
 });
 
+// Skipped only without a real uv on this machine (it is named by path here, with none on PATH); .ci/run installs uv, so CI runs these.
 describe.if(Boolean(UV))("the uv setting, with no uv on PATH", () => {
   test("GPULAYER_UV=/path/to/uv: the fast path with that uv, nothing downloaded", async () => {
     expect(Bun.which("uv", { PATH: NO_UV_PATH })).toBeNull();
