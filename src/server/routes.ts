@@ -57,13 +57,16 @@ function tokenEquals(given: string, token: string): boolean {
   return timingSafeEqual(Buffer.from(sha256(given), "hex"), Buffer.from(sha256(token), "hex"));
 }
 
+/** The bearer token a request carries, if any. */
+const bearerOf = (req: Request): string | null => /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "")?.[1] ?? null;
+
 async function authenticate(req: Request, ctx: RouteContext): Promise<Caller | null> {
-  const m = /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "");
-  if (!m) return null;
-  if (tokenEquals(m[1]!, ctx.token)) return { role: "admin" };
-  const named = await ctx.coord.store.tokens.authenticate(m[1]!);
+  const bearer = bearerOf(req);
+  if (!bearer) return null;
+  if (tokenEquals(bearer, ctx.token)) return { role: "admin" };
+  const named = await ctx.coord.store.tokens.authenticate(bearer);
   if (named) return { role: named.role, name: named.name };
-  const secretHash = sha256(m[1]!);
+  const secretHash = sha256(bearer);
   const worker = await ctx.coord.store.workerByCredential(secretHash);
   return worker ? { role: "worker", worker, secretHash } : null;
 }
@@ -221,9 +224,9 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
 
 /** GET /metrics: the server's token, a user token, or the metrics token. */
 async function metrics(req: Request, ctx: RouteContext): Promise<Response> {
-  const m = /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "");
+  const bearer = bearerOf(req);
   const caller = await authenticate(req, ctx);
-  const allowed = caller?.role === "admin" || caller?.role === "user" || Boolean(m && ctx.metricsToken && tokenEquals(m[1]!, ctx.metricsToken));
+  const allowed = caller?.role === "admin" || caller?.role === "user" || Boolean(bearer && ctx.metricsToken && tokenEquals(bearer, ctx.metricsToken));
   if (!allowed) return new Response("unauthorized\n", { status: 401, headers: { "content-type": "text/plain" } });
   const running = new Map((await workerView(ctx.coord.store)).map((w) => [w.id, w.running]));
   const workers = (await ctx.coord.store.workers()).map((w) => ({ ...w, running: running.get(w.id) ?? 0 }));
@@ -254,7 +257,10 @@ export function handler(ctx: RouteContext): (req: Request) => Promise<Response> 
         res = path === "/metrics" && asked.method === "GET" ? await metrics(asked, ctx) : await dashboardRoute(asked, dashboard);
       } catch (error) {
         if (error instanceof HttpFail) res = new Response(error.message, { status: error.status, headers: { "content-type": "text/plain" } });
-        else {
+        else if (error instanceof DatabaseDown) {
+          ctx.health.down(error);
+          res = new Response(`${DATABASE_DOWN}\n`, { status: 503, headers: { "content-type": "text/plain" } });
+        } else {
           ctx.onError(error);
           res = new Response("internal error in the gpulayer server (see its log)", { status: 500, headers: { "content-type": "text/plain" } });
         }
@@ -264,7 +270,7 @@ export function handler(ctx: RouteContext): (req: Request) => Promise<Response> 
     }
     // /v1/health without a token (a load balancer's probe) is told only whether this replica serves; with one, which replica and why.
     const health = path === "/v1/health" && req.method === "GET";
-    const bearer = /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "")?.[1];
+    const bearer = bearerOf(req);
     const probe = health && !req.headers.has("authorization");
     // Without its database a replica can check no token but its own: everything is a 503 (clients and workers move to another replica).
     if (ctx.health.error !== null) {

@@ -242,7 +242,11 @@ export async function startServer(dir: string, token: string, settings: ServerSe
     throw new UsageError(`cannot listen on ${settings.hostname}:${settings.port}: ${(error as Error).message}`);
   }
   const host = settings.hostname.includes(":") ? `[${settings.hostname}]` : settings.hostname;
-  if (replicas) await db.run("INSERT INTO replicas (id, token, url, started, last_seen) VALUES (?, ?, ?, ?, ?)", replica, tokenFingerprint(token), `http://${host}:${server.port}`, Date.now(), Date.now());
+  if (replicas) {
+    // Rows of replicas long gone (killed, never said goodbye) go as new ones come.
+    await db.run("DELETE FROM replicas WHERE last_seen < ?", Date.now() - 3_600_000);
+    await db.run("INSERT INTO replicas (id, token, url, started, last_seen) VALUES (?, ?, ?, ?, ?)", replica, tokenFingerprint(token), `http://${host}:${server.port}`, Date.now(), Date.now());
+  }
   return {
     url: `http://${host}:${server.port}`,
     port: server.port!,

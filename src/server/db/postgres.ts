@@ -16,7 +16,10 @@ type Client = InstanceType<typeof Bun.SQL>;
 /** A connection that failed, as opposed to a query the database refused. */
 function down(error: unknown): unknown {
   const code = String((error as { code?: unknown }).code ?? "");
-  if (/^ERR_POSTGRES_(CONNECTION|SERVER_CLOSED|IDLE_TIMEOUT|LIFETIME)/.test(code) || /^(ECONNREFUSED|ECONNRESET|ETIMEDOUT)$/.test(code)) return new DatabaseDown(`the database does not answer (${code})`);
+  if (/^ERR_POSTGRES_(CONNECTION|SERVER_CLOSED|IDLE_TIMEOUT|LIFETIME)/.test(code) || /^(ECONNREFUSED|ECONNRESET|ETIMEDOUT)$/.test(code)) {
+    const what = /REFUSED/.test(code) ? "connection refused" : /TIMEOUT|ETIMEDOUT/.test(code) ? "no answer in time" : "connection closed";
+    return new DatabaseDown(`the database does not answer (${what})`);
+  }
   // SQLSTATE class 08 (connection exception) and 57P0x (the server shutting down, crashed, or not yet up): the database went away mid-query.
   const state = String((error as { errno?: unknown }).errno ?? "");
   if (/^08|^57P0[1-3]$/.test(state)) return new DatabaseDown(`the database went away (${(error as Error).message})`);

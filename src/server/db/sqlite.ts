@@ -22,31 +22,32 @@ export class SqliteDatabase implements Database {
     this.db.exec("PRAGMA busy_timeout = 10000");
     this.db.exec("PRAGMA journal_mode = WAL");
     this.db.exec("PRAGMA synchronous = NORMAL");
-    const direct = {
+    // The open transaction's own queries: straight to the file (they run inside it).
+    this.inside = {
       dialect: this.dialect,
       all: async <T>(q: string, ...p: SqlValue[]) => this.db.query(q).all(...p) as T[],
       get: async <T>(q: string, ...p: SqlValue[]) => (this.db.query(q).get(...p) as T | null) ?? null,
       run: async (q: string, ...p: SqlValue[]) => this.db.query(q).run(...p).changes,
       exclusive: <T>(fn: (tx: Sql) => Promise<T>) => fn(this.inside),
     };
-    this.inside = direct;
   }
 
   private async settled(): Promise<void> {
     while (this.open) await this.open.catch(() => {});
   }
 
+  // Everyone else's: once no transaction is open.
   async all<T = Row>(query: string, ...params: SqlValue[]): Promise<T[]> {
     await this.settled();
-    return this.db.query(query).all(...params) as T[];
+    return this.inside.all<T>(query, ...params);
   }
   async get<T = Row>(query: string, ...params: SqlValue[]): Promise<T | null> {
     await this.settled();
-    return (this.db.query(query).get(...params) as T | null) ?? null;
+    return this.inside.get<T>(query, ...params);
   }
   async run(query: string, ...params: SqlValue[]): Promise<number> {
     await this.settled();
-    return this.db.query(query).run(...params).changes;
+    return this.inside.run(query, ...params);
   }
 
   exclusive<T>(fn: (tx: Sql) => Promise<T>): Promise<T> {
