@@ -1,7 +1,7 @@
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
-import { binDir } from "./fixtures/postgres.ts";
+import { pgProgram } from "./fixtures/postgres.ts";
 
 export const ROOT = resolve(import.meta.dir, "..");
 /** How the tests start gpulayer: the built binary (GPULAYER_TEST_BIN) or bun on src/cli.ts. */
@@ -17,7 +17,7 @@ export const serversOnPostgres = Boolean(process.env.GPULAYER_TEST_SERVER_DATABA
  */
 export function serverDatabaseText(env: Record<string, string>, serverHome: string): string {
   if (!env.GPULAYER_DATABASE) return readFileSync(join(serverHome, "server", "server.db"), "latin1") + readFileSync(join(serverHome, "server", "server.db-wal"), "latin1");
-  const dump = Bun.spawnSync([join(binDir()!, "pg_dump"), env.GPULAYER_DATABASE], { stdout: "pipe", stderr: "pipe" });
+  const dump = Bun.spawnSync([pgProgram("pg_dump"), env.GPULAYER_DATABASE], { stdout: "pipe", stderr: "pipe" });
   if (dump.exitCode !== 0) throw new Error(`pg_dump: ${dump.stderr.toString()}`);
   return dump.stdout.toString("latin1");
 }
@@ -37,7 +37,7 @@ export function sandbox(): { root: string; home: string; env: Record<string, str
   const pg = process.env.GPULAYER_TEST_SERVER_DATABASE;
   if (pg) {
     const name = `sandbox_${root.replace(/[^A-Za-z0-9]/g, "_").toLowerCase()}`;
-    const made = Bun.spawnSync([join(binDir() ?? "/usr/bin", "psql"), pg, "-qc", `CREATE DATABASE ${name}`], { stdout: "pipe", stderr: "pipe" });
+    const made = Bun.spawnSync([pgProgram("psql"), pg, "-qc", `CREATE DATABASE ${name}`], { stdout: "pipe", stderr: "pipe" });
     if (made.exitCode !== 0) throw new Error(`GPULAYER_TEST_SERVER_DATABASE: ${made.stderr.toString()}`);
     const url = new URL(pg);
     url.pathname = `/${name}`;
