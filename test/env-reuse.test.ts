@@ -48,8 +48,10 @@ def build_wheel(wd, config_settings=None, metadata_directory=None):
         for n in names:
             if not n.endswith((".pyc", ".so")):
                 files[os.path.join(root, n)] = open(os.path.join(root, n), "rb").read()
-    _compile("/tmp/_gpl_%d.so" % os.getpid())
-    files[f"{NAME}/libvalue.so"] = open("/tmp/_gpl_%d.so" % os.getpid(), "rb").read()
+    so = os.path.join(wd, "_libvalue.so")  # the wheel folder: pip removes it with the build
+    _compile(so)
+    files[f"{NAME}/libvalue.so"] = open(so, "rb").read()
+    os.remove(so)
     return _wheel(wd, files)
 def build_editable(wd, config_settings=None, metadata_directory=None):
     _compile(os.path.join(NAME, "libvalue.so"))  # in place, as build_ext --inplace does

@@ -22,8 +22,23 @@ export function serverDatabaseText(env: Record<string, string>, serverHome: stri
   return dump.stdout.toString("latin1");
 }
 
+/** Every folder tempDir made in this run: test/preload.ts removes them when the whole run ends. */
+const madeDirs: string[] = [];
+
+/**
+ * A new folder under the system's temporary folder, removed when the whole
+ * test run ends (not when its file does: fixtures shared across files keep
+ * theirs). GPULAYER_TEST_KEEP=1 keeps them, to look into after a failure.
+ */
 export function tempDir(prefix = "gpl-"): string {
-  return mkdtempSync(join(tmpdir(), prefix));
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  madeDirs.push(dir);
+  return dir;
+}
+
+export function removeTempDirs(): void {
+  if (process.env.GPULAYER_TEST_KEEP) return;
+  for (const dir of madeDirs.splice(0)) rmSync(dir, { recursive: true, force: true });
 }
 
 /** An isolated world for one test: its own gpulayer home and pip/uv caches, and none of the machine's pip config. */
