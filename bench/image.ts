@@ -29,7 +29,7 @@ if (values.exec) {
   const { homeLayout } = await import("../src/config/paths.ts");
   const { ensureImage, runContainer } = await import("../src/docker/index.ts");
   const { commandContext, engineHost } = await import("../src/commands/_context.ts");
-  const ctx = commandContext();
+  const ctx = await commandContext();
   const image = await ensureImage(ctx.layout, values.exec, { host: engineHost(ctx) });
   const c = await runContainer({ engine: image.engine, image: image.imageId, workdir: process.cwd(), env: {}, command: ["true"], name: `gpl-bench-${process.pid}`, network: "host", extraOptions: [], engineEnv: ctx.childEnv });
   process.exit(await c.exited);

@@ -207,21 +207,21 @@ describe("a task's reports", () => {
 describe("the server setting: several URLs", () => {
   const env = (server: string) => ({ GPULAYER_HOME: box.home, GPULAYER_SERVER: server, GPULAYER_TOKEN: TOKEN });
 
-  test("GPULAYER_SERVER=a,b parses to the normalized URLs joined with a comma", () => {
-    const r = resolveSettings(env(" a.example:1 , https://b.example:2/api/ "));
+  test("GPULAYER_SERVER=a,b parses to the normalized URLs joined with a comma", async () => {
+    const r = await resolveSettings(env(" a.example:1 , https://b.example:2/api/ "));
     expect(r.values.server).toBe("http://a.example:1,https://b.example:2/api");
     const target = remoteTarget(r)!;
     expect(target.urls).toEqual(["http://a.example:1", "https://b.example:2/api"]);
     expect(target.url).toBe("http://a.example:1,https://b.example:2/api");
     // One URL as it always was.
-    expect(resolveSettings(env("a.example:1/")).values.server).toBe("http://a.example:1");
+    expect((await resolveSettings(env("a.example:1/"))).values.server).toBe("http://a.example:1");
   });
 
-  test("a bad URL in the list is one line naming it; a duplicate or an empty entry is refused", () => {
-    const refused = (server: string) => {
-      const error = (() => {
+  test("a bad URL in the list is one line naming it; a duplicate or an empty entry is refused", async () => {
+    const refused = async (server: string) => {
+      const error = await (async () => {
         try {
-          resolveSettings(env(server));
+          await resolveSettings(env(server));
         } catch (e) {
           return e as Error;
         }
@@ -231,11 +231,11 @@ describe("the server setting: several URLs", () => {
       expect(error.message).not.toContain("\n");
       return error.message;
     };
-    expect(refused("http://a.example:1,ftp://b.example")).toBe("GPULAYER_SERVER=http://a.example:1,ftp://b.example (environment): ftp://b.example: expected http:// or https://");
-    expect(refused("http://a.example:1,http://u:p@b.example")).toContain("http://u:p@b.example: put the token in --token or GPULAYER_TOKEN, not in the URL");
-    expect(refused("http://a.example:1,a.example:1/")).toEndWith(": http://a.example:1 is in the list twice");
-    expect(refused("http://a.example:1,,http://b.example")).toContain("an empty URL in the list");
-    expect(refused("http://a.example:1,")).toContain("an empty URL in the list");
+    expect(await refused("http://a.example:1,ftp://b.example")).toBe("GPULAYER_SERVER=http://a.example:1,ftp://b.example (environment): ftp://b.example: expected http:// or https://");
+    expect(await refused("http://a.example:1,http://u:p@b.example")).toContain("http://u:p@b.example: put the token in --token or GPULAYER_TOKEN, not in the URL");
+    expect(await refused("http://a.example:1,a.example:1/")).toEndWith(": http://a.example:1 is in the list twice");
+    expect(await refused("http://a.example:1,,http://b.example")).toContain("an empty URL in the list");
+    expect(await refused("http://a.example:1,")).toContain("an empty URL in the list");
     expect(() => normalizeServerUrl("http://a.example:1,ftp://b.example", "SERVER_URL")).toThrow("SERVER_URL http://a.example:1,ftp://b.example: ftp://b.example: expected http:// or https://");
     expect(normalizeServerUrl("b.example:2, a.example:1", "SERVER_URL")).toBe("http://b.example:2,http://a.example:1");
   });

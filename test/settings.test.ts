@@ -62,11 +62,11 @@ describe("every setting: what wins", () => {
     // Every subset of the sources this setting has.
     for (let mask = 0; mask < 1 << sources.length; mask++) {
       const used = sources.filter((_, i) => mask & (1 << i));
-      test(`${name}: ${used.length ? used.join(" + ") : "nothing set"}`, () => {
+      test(`${name}: ${used.length ? used.join(" + ") : "nothing set"}`, async () => {
         const env = withFile(used.includes("file") ? { [name]: s.c } : {});
         if (used.includes("env")) env[def.env] = s.b;
         const flags = used.includes("flag") ? { [name]: s.a } : {};
-        const r = resolveSettings(env, flags);
+        const r = await resolveSettings(env, flags);
         const winner = used[0];
         const expected = winner === "flag" ? parsed(name, s.a) : winner === "env" ? parsed(name, s.b) : winner === "file" ? parsed(name, s.c) : def.default;
         expect((r.values as Record<string, unknown>)[name]).toEqual(expected);
@@ -78,12 +78,12 @@ describe("every setting: what wins", () => {
     }
     if (s.bad === undefined) continue;
     for (const source of sources) {
-      test(`${name}: a bad value from the ${source} is one line naming it, exit 2`, () => {
+      test(`${name}: a bad value from the ${source} is one line naming it, exit 2`, async () => {
         const env = withFile(source === "file" ? { [name]: s.bad! } : {});
         if (source === "env") env[def.env] = s.bad!;
         let error: unknown;
         try {
-          resolveSettings(env, source === "flag" ? { [name]: s.bad } : {});
+          await resolveSettings(env, source === "flag" ? { [name]: s.bad } : {});
         } catch (e) {
           error = e;
         }
@@ -102,27 +102,27 @@ describe("every setting: what wins", () => {
     }
   }
 
-  test("the file may nest keys by their dots; an unknown key, or a group given a value, is refused", () => {
+  test("the file may nest keys by their dots; an unknown key, or a group given a value, is refused", async () => {
     const file = join(box.root, "nested.yaml");
     writeFileSync(file, "cache:\n  max_size: 5G\ncoordinator:\n  heartbeat: 3\n");
-    const r = resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file });
+    const r = await resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file });
     expect(r.values["cache.max_size"]).toBe(5 * 1024 ** 3);
     expect(r.values["coordinator.heartbeat"]).toBe(3000);
     writeFileSync(file, "cache:\n  max_sise: 5G\n");
-    expect(() => resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).toThrow(`${file}: cache.max_sise: unknown key`);
+    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow(`${file}: cache.max_sise: unknown key`);
     writeFileSync(file, "home: /elsewhere\n");
-    expect(() => resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).toThrow("home: cannot be set in the config file (set GPULAYER_HOME)");
+    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow("home: cannot be set in the config file (set GPULAYER_HOME)");
     writeFileSync(file, "cache: 5G\n");
-    expect(() => resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).toThrow(`${file}: cache: unknown key`);
+    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow(`${file}: cache: unknown key`);
   });
 
-  test("the issue's traps: sizes in every spelling are powers of 1024, never bytes", () => {
-    const r = resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_BUNDLE_MAX: "1G", GPULAYER_BUNDLE_MAX_UNPACKED: "2GiB" });
+  test("the issue's traps: sizes in every spelling are powers of 1024, never bytes", async () => {
+    const r = await resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_BUNDLE_MAX: "1G", GPULAYER_BUNDLE_MAX_UNPACKED: "2GiB" });
     expect(r.values["bundle.max_size"]).toBe(1024 ** 3);
     expect(r.values["bundle.max_unpacked"]).toBe(2 * 1024 ** 3);
-    expect(() => resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CANCEL_GRACE: "later" })).toThrow("GPULAYER_CANCEL_GRACE=later (environment): not a duration");
-    expect(() => resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_HEARTBEAT_SECONDS: "0" })).toThrow("GPULAYER_HEARTBEAT_SECONDS=0 (environment): must be more than 0");
-    expect(() => resolveSettings({ GPULAYER_HOME: box.home }, { "cache.max_size": "-5G" })).toThrow("--max-size -5G: a size cannot be negative");
+    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CANCEL_GRACE: "later" })).rejects.toThrow("GPULAYER_CANCEL_GRACE=later (environment): not a duration");
+    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_HEARTBEAT_SECONDS: "0" })).rejects.toThrow("GPULAYER_HEARTBEAT_SECONDS=0 (environment): must be more than 0");
+    await expect(resolveSettings({ GPULAYER_HOME: box.home }, { "cache.max_size": "-5G" })).rejects.toThrow("--max-size -5G: a size cannot be negative");
   });
 });
 

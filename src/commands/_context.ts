@@ -29,9 +29,9 @@ export interface CommandContext {
 /** Variables that are gpulayer's alone: never handed to a job or a tool. */
 const OWN_SECRETS = ["GPULAYER_TOKEN"];
 
-export function commandContext(flags: FlagValues = {}): CommandContext {
+export async function commandContext(flags: FlagValues = {}): Promise<CommandContext> {
   const env = process.env;
-  const settings = resolveSettings(env, flags);
+  const settings = await resolveSettings(env, flags);
   if (settings.values.token_file !== undefined) tokenFromFile(settings);
   const childEnv: Record<string, string> = {};
   for (const [k, v] of Object.entries(env)) if (v !== undefined && !OWN_SECRETS.includes(k)) childEnv[k] = v;

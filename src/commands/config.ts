@@ -10,9 +10,9 @@ const args = { json: outputArgs.json } as const;
 const path = defineCommand({
   meta: { name: "path", description: "Print the config file gpulayer reads ($GPULAYER_CONFIG, else $GPULAYER_HOME/config.yaml), whether or not it exists" },
   args,
-  run({ args: a, rawArgs }) {
+  async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
-    const { settings } = commandContext();
+    const { settings } = await commandContext();
     const doc: ConfigPathDoc = { config_file: settings.configFile, exists: settings.configFound };
     new Output(a).result(doc, () => settings.configFile);
   },
@@ -22,10 +22,10 @@ export default defineCommand({
   meta: { name: "config", description: "Show every setting's effective value and where it came from: a flag, a GPULAYER_* variable, the config file, or the default" },
   args,
   subCommands: { path },
-  run({ args: a, rawArgs }) {
+  async run({ args: a, rawArgs }) {
     if ((a._ as string[])[0] === "path") return; // citty ran the subcommand
     rejectUnknownFlags(rawArgs, args);
-    const { settings } = commandContext();
+    const { settings } = await commandContext();
     const rows = settingsReport(settings);
     const doc: ConfigDoc = {
       config_file: settings.configFile,

@@ -88,7 +88,7 @@ function human(r: GcReport, entriesWord = (n: number) => `${n} ${n === 1 ? "entr
 }
 
 async function gcServer(out: Output, a: { server?: string; token?: string; "token-file"?: string; "max-size"?: string; "dry-run"?: boolean }): Promise<void> {
-  const ctx = commandContext({ server: a.server, token: a.token, token_file: a["token-file"], "cache.max_size": a["max-size"] });
+  const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"], "cache.max_size": a["max-size"] });
   const remote = remoteTarget(ctx.settings)!;
   const maxBytes = a["max-size"] === undefined ? undefined : ctx.values["cache.max_size"];
   const r = await trimArtifacts(remote, { maxBytes, dryRun: Boolean(a["dry-run"]) });
@@ -108,7 +108,7 @@ export default defineCommand({
     const out = new Output(a);
     // Only a --server given here: a GPULAYER_SERVER in cron's environment must not turn a worker's gc into the server's.
     if (a.server !== undefined) return gcServer(out, a);
-    const ctx = commandContext({ "cache.max_size": a["max-size"] });
+    const ctx = await commandContext({ "cache.max_size": a["max-size"] });
     const { layout } = ctx;
     const maxSize = ctx.values["cache.max_size"];
     const limits = resolveGcLimits(

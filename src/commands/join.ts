@@ -60,7 +60,7 @@ export default defineCommand({
     if (a.token !== undefined) throw new UsageError("join --token: a token on the command line can be read by every process on this machine (/proc/PID/cmdline), jobs included; use --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN");
     // Before anything else: a job of the same user may not read this process's environment or memory.
     forbidDumps();
-    const ctx = commandContext({ python: a.python, token_file: a["token-file"], "worker.run_as": a["run-as"], "worker.metrics_listen": a["metrics-listen"], ...(a.offline ? { "worker.offline": "true" } : {}) });
+    const ctx = await commandContext({ python: a.python, token_file: a["token-file"], "worker.run_as": a["run-as"], "worker.metrics_listen": a["metrics-listen"], ...(a.offline ? { "worker.offline": "true" } : {}) });
     const { layout, values } = ctx;
     const saved = loadWorkerSettings(layout);
     const settings = mergeWorkerSettings(saved, { python: values.python, name: a.name, labels: parseLabels(repeated(rawArgs, ["--label"])) });

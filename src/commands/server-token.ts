@@ -12,7 +12,7 @@ import type { ServerTokenCreateDoc, ServerTokenListDoc, ServerTokenRevokeDoc } f
 
 /** The server's token table, in its database (running server or not: it reads the table on every request). */
 async function tokens(database: string | undefined) {
-  const ctx = commandContext({ "coordinator.database": database });
+  const ctx = await commandContext({ "coordinator.database": database });
   const dir = join(ctx.layout.root, "server");
   // This home's server keeps its tokens in PostgreSQL: a token made in the SQLite file beside it would be good nowhere.
   const marker = join(dir, DATABASE_MARKER);

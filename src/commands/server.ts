@@ -27,7 +27,7 @@ export default defineCommand({
     // A job on this machine may not read the server's token from its environment or memory.
     forbidDumps();
     const out = new Output(a);
-    const ctx = commandContext({ "coordinator.listen": a.listen, token: a.token, token_file: a["token-file"], "coordinator.database": a.database, "coordinator.files": a.files });
+    const ctx = await commandContext({ "coordinator.listen": a.listen, token: a.token, token_file: a["token-file"], "coordinator.database": a.database, "coordinator.files": a.files });
     const dir = join(ctx.layout.root, "server");
     const settings = serverSettings(ctx.values);
     const token = serverToken(dir, ctx.values.token);

@@ -21,7 +21,7 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const remote = remoteTarget(commandContext({ server: a.server, token: a.token, token_file: a["token-file"] }).settings);
+    const remote = remoteTarget((await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] })).settings);
     if (!remote) throw new UsageError("gpulayer workers asks a server: --server URL or GPULAYER_SERVER (and --token or GPULAYER_TOKEN)");
     const [workers, artifacts] = await Promise.all([listWorkers(remote, { all: Boolean(a.all) }), out.json ? null : listArtifacts(remote)]);
     out.result(workersJson(workers), () => {

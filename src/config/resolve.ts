@@ -28,7 +28,7 @@ type Raw = string | number | boolean;
 const MAX_CONFIG_BYTES = 1024 * 1024;
 
 /** The file's settings by dotted name; an unknown key, a wrong shape or a key that cannot be set there is one line naming it. */
-function readConfigFile(file: string): Map<SettingName, Raw> | null {
+async function readConfigFile(file: string): Promise<Map<SettingName, Raw> | null> {
   let text: string;
   try {
     const st = statSync(file);
@@ -42,8 +42,8 @@ function readConfigFile(file: string): Map<SettingName, Raw> | null {
   }
   let data: unknown;
   try {
-    // Loaded only when there is a file: the YAML parser costs the warm path ~2 ms.
-    const { parse: parseYaml } = require("yaml") as typeof import("yaml");
+    // Imported, not required, and only when there is a file: its own chunk, which a warm prepare without one never loads.
+    const { parse: parseYaml } = await import("yaml");
     data = parseYaml(text);
   } catch (error) {
     throw new UsageError(`${file}: not valid YAML: ${(error as Error).message.split("\n")[0]}`);
@@ -89,10 +89,10 @@ function homeOf(env: Record<string, string | undefined>): { path: string; origin
  * each value parsed by its kind and validated here, whatever its source. A
  * bad value anywhere is one UsageError (exit 2) naming its source.
  */
-export function resolveSettings(env: Record<string, string | undefined>, flags: FlagValues = {}): ResolvedSettings {
+export async function resolveSettings(env: Record<string, string | undefined>, flags: FlagValues = {}): Promise<ResolvedSettings> {
   const home = homeOf(env);
   const configFile = env.GPULAYER_CONFIG ? resolve(env.GPULAYER_CONFIG) : join(home.path, "config.yaml");
-  const fromFile = readConfigFile(configFile);
+  const fromFile = await readConfigFile(configFile);
   const values: Record<string, unknown> = {};
   const origins = {} as Record<SettingName, Origin>;
   for (const name of SETTING_NAMES) {

@@ -40,7 +40,7 @@ export default defineCommand({
   async run({ args, rawArgs }) {
     rejectUnknownFlags(rawArgs, outputArgs);
     const out = new Output(args);
-    const { layout } = commandContext();
+    const { layout } = await commandContext();
     const envs = await listEnvs(layout);
     // The container code loads only when there is an image inventory to read.
     const images = existsSync(layout.images) ? (await import("../../docker/inventory.ts")).listImageRecords(layout) : [];

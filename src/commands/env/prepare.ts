@@ -34,7 +34,7 @@ export default defineCommand({
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
     const specs = repeated(rawArgs, ["-p", "--package"]);
-    const ctx = commandContext({ python: a.python, server: a.server, token: a.token, token_file: a["token-file"], prepare_timeout: a["prepare-timeout"] });
+    const ctx = await commandContext({ python: a.python, server: a.server, token: a.token, token_file: a["token-file"], prepare_timeout: a["prepare-timeout"] });
     const { layout, values } = ctx;
     const remote = remoteTarget(ctx.settings, rawArgs);
     if (a["dry-run"] && (remote || a.image !== undefined)) throw new UsageError("--dry-run shows a local request's key; it does not go with --server or --image");

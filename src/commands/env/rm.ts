@@ -17,7 +17,7 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const { layout } = commandContext();
+    const { layout } = await commandContext();
     const key = findEnv(layout, a.key);
     await removeEnv(layout, key, { force: a.force });
     const doc: EnvRmDoc = { key, removed: true };

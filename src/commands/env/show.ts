@@ -13,10 +13,10 @@ const args = { key: { type: "positional", required: true, valueHint: "KEY", desc
 export default defineCommand({
   meta: { name: "show", description: "Show one environment: its request, interpreter, installed packages, size, last use" },
   args,
-  run({ args: a, rawArgs }) {
+  async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const { layout } = commandContext();
+    const { layout } = await commandContext();
     const key = findEnv(layout, a.key);
     const paths = entryPaths(layout, key);
     const meta = readMeta(paths);

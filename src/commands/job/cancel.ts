@@ -15,7 +15,7 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const ctx = commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
+    const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const remote = remoteTarget(ctx.settings);
     if (remote) return (await import("../_remote/views.ts")).remoteCancel(remote, a.id, out);
     const store = new JobStore(ctx.layout);

@@ -10,7 +10,7 @@ export default defineCommand({
   meta: { name: "_exec", description: "(internal) run a queued job in the background", hidden: true },
   args: { id: { type: "positional", required: true } },
   async run({ args }) {
-    const ctx = commandContext();
+    const ctx = await commandContext();
     const { layout } = ctx;
     const store = new JobStore(layout);
     const job = store.get(args.id);

@@ -13,11 +13,11 @@ const args = { limit: { type: "string", default: "50", description: "How many jo
 export default defineCommand({
   meta: { name: "list", description: "List jobs, newest first, with state and phase durations" },
   args,
-  run({ args: a, rawArgs }) {
+  async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     // Names and the like come from the job: shown with control characters escaped.
     const out = new PrintableOutput(a);
-    const ctx = commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
+    const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const remote = remoteTarget(ctx.settings);
     if (remote) return import("../_remote/views.ts").then((m) => m.remoteList(remote, Math.max(1, Number(a.limit) || 50), out));
     // A read: the store opened read-only; a job whose runner is gone is shown failed, nothing recorded or signalled.

@@ -20,7 +20,7 @@ export default defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
-    const ctx = commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
+    const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const remote = remoteTarget(ctx.settings);
     if (remote) {
       // Output on stdout; a server that stops answering is said on stderr, once, and following goes on.

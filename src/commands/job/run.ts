@@ -55,7 +55,7 @@ export default defineCommand({
     if (stray !== -1) throw new UsageError(`unexpected argument ${beforeDashes[stray]}: put the command after -- (gpulayer job run ${[...beforeDashes.slice(0, stray), "--", ...beforeDashes.slice(stray)].join(" ")})`);
     rejectUnknownFlags(beforeDashes, args);
     const out = new Output(a);
-    const ctx = commandContext({ python: a.python, server: a.server, token: a.token, token_file: a["token-file"], prepare_timeout: a["prepare-timeout"] });
+    const ctx = await commandContext({ python: a.python, server: a.server, token: a.token, token_file: a["token-file"], prepare_timeout: a["prepare-timeout"] });
     const { layout } = ctx;
     const spec = buildJobSpec(
       {

@@ -13,11 +13,11 @@ const args = { id: { type: "positional", required: true, valueHint: "ID", descri
 export default defineCommand({
   meta: { name: "status", description: "Show a job's state, its prepare and run phases with durations, cache hit or miss, exit code, events" },
   args,
-  run({ args: a, rawArgs }) {
+  async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     // Names, commands and messages come from the job: shown with control characters escaped.
     const out = new PrintableOutput(a);
-    const ctx = commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
+    const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const remote = remoteTarget(ctx.settings);
     if (remote) return import("../_remote/views.ts").then((m) => m.remoteStatus(remote, a.id, out));
     // A read: the store opened read-only; a job whose runner is gone is shown failed, nothing recorded or signalled.
