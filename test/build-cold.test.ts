@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { lstatSync, readdirSync, readFileSync, readlinkSync, statSync, writeFileSync } from "node:fs";
+import { lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, statSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
 import { leftoverPlaceholders } from "../src/env/standins.ts";
 import { PackageIndex } from "./fixtures/index.ts";
@@ -219,8 +219,11 @@ describe("a time limit on preparation", () => {
       try {
         const name = `hangs-${installer}`;
         const counter = hung(s, name);
+        // The machine's temporary folder: a killed pip's temporary files (its unpacked download, its build) are not left there.
+        const machineTmp = join(s.root, "machine-tmp");
+        mkdirSync(machineTmp);
         const t = performance.now();
-        const r = await cli(["env", "prepare", "-p", name, "--index-url", index.url, "--python", worker, "--prepare-timeout", "4s"], { env: { ...s.env, GPULAYER_INSTALLER: installer }, cwd: s.root });
+        const r = await cli(["env", "prepare", "-p", name, "--index-url", index.url, "--python", worker, "--prepare-timeout", "4s"], { env: { ...s.env, GPULAYER_INSTALLER: installer, TMPDIR: machineTmp }, cwd: s.root });
         expect(performance.now() - t).toBeLessThan(30_000);
         expect(r.code).toBe(1);
         expect(r.stderr).toMatch(/^error: timed out after 4 s while installing 1 requirement\(s\) with .* \(prepare_timeout; nothing was kept\)$/m);
@@ -228,6 +231,7 @@ describe("a time limit on preparation", () => {
         await Bun.sleep(300);
         expect(running(name)).toBe("");
         expect(readdirSync(join(s.home, "envs-v1")).filter((n) => !n.startsWith("."))).toEqual([]);
+        expect(readdirSync(machineTmp)).toEqual([]);
       } finally {
         s.cleanup();
       }

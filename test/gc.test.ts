@@ -176,14 +176,25 @@ describe("gc: safe deletion", () => {
     fakeEnv(sb.home, hexKey("d"), { ready: false, files: 10 });
     fakeEnv(sb.home, hexKey("e"), { ready: false, files: 10 });
     fakeEnv(sb.home, hexKey("f"));
+    // The installers' TMPDIR of builds killed: one with its env folder (d), one before it made one (b), one still building (e).
+    const tmpOf = (k: string, file: string) => {
+      mkdirSync(join(sb.home, "envs-v1", `${k}.tmp`, "pip-unpack-x"), { recursive: true });
+      writeFileSync(join(sb.home, "envs-v1", `${k}.tmp`, "pip-unpack-x", file), "partial download");
+    };
+    for (const k of ["d", "b", "e"]) tmpOf(hexKey(k), "torch.whl");
     const build = await holder(sb, `await tryLock(layout.locks + "/${hexKey("e")}")`);
     try {
       const { code, report, stderr } = await gc(sb, ["--verbose"]);
       expect(code).toBe(0);
       expect(stderr).toContain("no size limit given");
-      expect(report.removed).toMatchObject([{ id: hexKey("d"), reason: "incomplete", state: "incomplete" }]);
+      expect(report.removed).toMatchObject([
+        { id: hexKey("d"), reason: "incomplete", state: "incomplete" },
+        { id: hexKey("b"), reason: "incomplete", state: "incomplete" },
+      ]);
       expect(report.removed[0].size_bytes).toBeGreaterThan(0);
-      expect(keysOf(sb.home).sort()).toEqual([hexKey("e"), hexKey("f")]);
+      expect(report.removed[1].size_bytes).toBeGreaterThan(0);
+      expect(keysOf(sb.home).sort()).toEqual([hexKey("e"), `${hexKey("e")}.tmp`, hexKey("f")]);
+      expect(existsSync(join(sb.home, "trash")) ? readdirSync(join(sb.home, "trash")) : []).toEqual([]);
     } finally {
       build.kill("SIGKILL");
     }

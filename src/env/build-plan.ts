@@ -30,6 +30,8 @@ export interface BuildPlan {
   signal?: AbortSignal;
   /** Records each tool's process group with the build's lock, for whoever breaks it after our death (run-tool.ts). */
   keep?: KeepGroup;
+  /** The installers' TMPDIR, removed with the build (store.ts EntryPaths.tmp): a killed pip leaves nothing in /tmp. */
+  tmpDir?: string;
 }
 
 /** --find-links flags as the installer takes them: local folders by path, URLs as given. */

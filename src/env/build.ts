@@ -58,6 +58,8 @@ function installerEnv(plan: BuildPlan): Record<string, string> {
   }
   env.PIP_DISABLE_PIP_VERSION_CHECK = "1";
   env.PIP_NO_INPUT = "1";
+  // Python's tempfile reads TMPDIR, TEMP, then TMP; uv reads TMPDIR. All three, so none of the machine's wins.
+  if (plan.tmpDir) Object.assign(env, { TMPDIR: plan.tmpDir, TEMP: plan.tmpDir, TMP: plan.tmpDir });
   const o = plan.flags;
   if (plan.isolated) {
     // /dev/null is the one value that makes pip skip every config file, site-wide ones too.

@@ -1,4 +1,4 @@
-import { rmSync } from "node:fs";
+import { mkdirSync, rmSync } from "node:fs";
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
@@ -189,8 +189,10 @@ const formatLimit = (ms: number) => (ms % 1000 === 0 ? `${ms / 1000} s` : `${(ms
 async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: ReturnType<typeof entryPaths>, hooks: PrepareHooks, keep: KeepGroup): Promise<PrepareResult["build"]> {
   const started = performance.now();
   // Remains of a build that failed or was killed: never reused, always rebuilt.
+  removeEntryDir(layout, paths.tmp);
   removeEntryDir(layout, paths.dir);
   try {
+    mkdirSync(paths.tmp, { recursive: true, mode: 0o700 });
     // Loaded for a build only: the installers' code (and pep440's) costs the warm path milliseconds.
     const { buildEnv } = await import("./build.ts");
     const outcome = await buildEnv(
@@ -208,9 +210,11 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         uv: req.uv,
         signal: req.signal,
         keep,
+        tmpDir: paths.tmp,
       },
       hooks,
     );
+    rmSync(paths.tmp, { recursive: true, force: true });
     const sizeBytes = diskUsage(paths.dir);
     markReady(paths, {
       key: resolved.key,
@@ -231,7 +235,8 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
     });
     return { ...outcome, sizeBytes };
   } catch (error) {
-    // A failure is never reused: nothing of it stays in the cache.
+    // A failure is never reused: nothing of it stays in the cache, nor of what its installers left in their TMPDIR.
+    removeEntryDir(layout, paths.tmp);
     removeEntryDir(layout, paths.dir);
     throw error;
   }

@@ -36,12 +36,14 @@ export interface EntryPaths {
   ready: string;
   lastUsed: string;
   lock: string;
+  /** The installers' temporary folder while the entry builds (their TMPDIR): it goes with the build, killed or not. */
+  tmp: string;
 }
 
 export function entryPaths(layout: HomeLayout, key: string): EntryPaths {
   const dir = join(layout.envs, key);
   const stateDir = join(dir, ".gpulayer");
-  return { dir, stateDir, meta: join(stateDir, "meta.json"), ready: join(stateDir, "ready"), lastUsed: join(stateDir, "last-used"), lock: join(layout.locks, key) };
+  return { dir, stateDir, meta: join(stateDir, "meta.json"), ready: join(stateDir, "ready"), lastUsed: join(stateDir, "last-used"), lock: join(layout.locks, key), tmp: join(layout.envs, `${key}.tmp`) };
 }
 
 export function isReady(paths: EntryPaths): boolean {
@@ -100,6 +102,16 @@ export function readMeta(paths: EntryPaths): EnvMeta | null {
 export function listKeys(layout: HomeLayout): string[] {
   try {
     return readdirSync(layout.envs).filter((n) => /^[0-9a-f]{64}$/.test(n));
+  } catch {
+    return [];
+  }
+}
+
+/** Keys whose installers' temporary folder is there without the env: a build killed before it made its folder. */
+export function orphanTmpKeys(layout: HomeLayout): string[] {
+  try {
+    const names = new Set(readdirSync(layout.envs));
+    return [...names].flatMap((n) => (/^[0-9a-f]{64}\.tmp$/.test(n) && !names.has(n.slice(0, 64)) ? [n.slice(0, 64)] : []));
   } catch {
     return [];
   }

@@ -1,10 +1,10 @@
-import { mkdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { liveLeases } from "../core/lease.ts";
 import { isLocked, tryLock } from "../core/lock.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
-import { diskUsage, type EntryPaths, type EnvMeta, entryPaths, isReady, listKeys } from "../env/store.ts";
+import { diskUsage, type EntryPaths, type EnvMeta, entryPaths, isReady, listKeys, orphanTmpKeys } from "../env/store.ts";
 import { changedSince } from "./sizes.ts";
 import type { GcEntry, GcSource, GcState, ListOptions, RemoveOutcome, SkipReason } from "./types.ts";
 
@@ -59,6 +59,14 @@ async function listEnvEntries(layout: HomeLayout, opts: ListOptions): Promise<Gc
     }
     const onImage = (meta?.request as { image?: unknown } | undefined)?.image;
     entries.push(envEntry(layout, paths, { state: "ready", sizeBytes, lastUsedMs: statMs(paths.lastUsed) ?? 0, createdMs, summary: meta?.summary ?? "", sizeRefreshed, ...(typeof onImage === "string" ? { onImage } : {}) }));
+  }
+  // What the installers of a build killed before it made its folder left in their TMPDIR: remains too.
+  for (const key of orphanTmpKeys(layout)) {
+    const paths = entryPaths(layout, key);
+    const tmpMs = statMs(paths.tmp);
+    if (tmpMs === null) continue;
+    const building = await isLocked(paths.lock);
+    entries.push(envEntry(layout, paths, { state: building ? "building" : "incomplete", sizeBytes: building ? 0 : diskUsage(paths.tmp), lastUsedMs: 0, createdMs: tmpMs, summary: "" }));
   }
   return entries;
 }
@@ -124,9 +132,20 @@ async function removeEnvEntry(layout: HomeLayout, paths: EntryPaths, key: string
   const release = await tryLock(paths.lock);
   if (!release) return { removed: false, reason: { code: "locked", message: facts.state === "ready" ? "locked by a build or a removal in progress" : "being built (its lock is held)" } };
   let doomed: string;
+  let doomedTmp: string | null = null;
   try {
     const ready = isReady(paths);
-    if (statMs(paths.dir) === null) return { removed: false, reason: { code: "changed", message: "already removed by another process" } };
+    // The installers' temporary folder exists only while a build holds the lock: any other is a dead build's.
+    if (existsSync(paths.tmp)) {
+      mkdirSync(layout.trash, { recursive: true });
+      doomedTmp = join(layout.trash, `${key}.tmp.${process.pid}.${Date.now()}`);
+      renameSync(paths.tmp, doomedTmp);
+    }
+    if (statMs(paths.dir) === null) {
+      // Only the temporary folder of a build killed before it made its own was left.
+      if (facts.state === "incomplete" && doomedTmp) return { removed: true, freedBytes: facts.sizeBytes };
+      return { removed: false, reason: { code: "changed", message: "already removed by another process" } };
+    }
     if (facts.state === "incomplete" && ready) return { removed: false, reason: { code: "changed", message: "finished building meanwhile" } };
     if (facts.state === "ready") {
       if (!ready) return { removed: false, reason: { code: "changed", message: "no longer ready" } };
@@ -145,6 +164,7 @@ async function removeEnvEntry(layout: HomeLayout, paths: EntryPaths, key: string
     }
   } finally {
     await release();
+    if (doomedTmp) rmSync(doomedTmp, { recursive: true, force: true });
   }
   rmSync(doomed, { recursive: true, force: true });
   return { removed: true, freedBytes: facts.sizeBytes };
