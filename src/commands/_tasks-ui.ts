@@ -1,4 +1,4 @@
-import type { ConsolaInstance } from "consola";
+import type { ConsolaInstance } from "consola/core";
 import type { TasksIO } from "../jobs/job-tasks.ts";
 import type { JobStatus } from "../jobs/status.ts";
 import { formatSeconds, Output, shortKey } from "../ui/output.ts";

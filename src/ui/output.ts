@@ -1,4 +1,5 @@
-import type { ConsolaInstance } from "consola";
+// consola's core: the logger without its reporters (ours writes the lines), its colour and terminal code, or node:util.
+import { createConsola, type ConsolaInstance } from "consola/core";
 import { writeErr, writeOut } from "./terminal.ts";
 
 export interface OutputFlags {
@@ -16,10 +17,8 @@ export class Output {
   private logger?: ConsolaInstance;
   constructor(readonly flags: OutputFlags) {}
 
-  /** consola, loaded on first use: it costs ~4 ms of startup that the warm path does not need. */
   get log(): ConsolaInstance {
     if (!this.logger) {
-      const { createConsola } = require("consola") as typeof import("consola");
       // consola sends info to stdout by default; all logs belong on stderr.
       // One voice: `error: …`, `warning: …`, plain info lines; no colour codes, no padding, no badges.
       const prefix: Record<string, string> = { error: "error: ", fatal: "error: ", warn: "warning: " };
