@@ -174,6 +174,39 @@ for (const installer of ["pip", "auto"] as const) {
       expect(await inEnv(newer.path, "import linked_pkg; print(linked_pkg.__version__)")).toBe("2.0");
     });
 
+    test("a local --find-links folder: a wheel rebuilt under the same file name is what the new env holds (flag, file, pip config)", async () => {
+      const dir = join(s.root, "rebuilt");
+      const whl = makeDist("wheel", dir, { name: "rebuilt-pkg", version: "1.0", files: { "rebuilt_pkg/which.py": "V = 'A1'\n" } });
+      writeFileSync(join(s.root, "req-rb.txt"), "--no-index --find-links ./rebuilt\nrebuilt-pkg\n");
+      writeFileSync(join(s.root, "req-rb-plain.txt"), "rebuilt-pkg\n");
+      writeFileSync(join(s.root, "req-rb-noindex.txt"), "--no-index\nrebuilt-pkg\n");
+      const conf = join(s.root, "pip-rb.conf");
+      writeFileSync(conf, `[global]\nno-index = true\nfind-links = ${dir}\n`);
+      // The same folder three ways: in the requirements file, as a flag, and from the machine's pip configuration.
+      const ways: [string[], Record<string, string>][] = [[["req-rb.txt"], {}], [["req-rb-noindex.txt", "--find-links", dir], {}], [["req-rb-plain.txt"], { PIP_CONFIG_FILE: conf }]];
+      for (const [args, env] of ways) expect(await inEnv((await prepare(args, env)).path, "import rebuilt_pkg.which as w; print(w.V)")).toBe("A1");
+      rmSync(whl);
+      makeDist("wheel", dir, { name: "rebuilt-pkg", version: "1.0", files: { "rebuilt_pkg/which.py": "V = 'A2'\n" } });
+      for (const [args, env] of ways) {
+        const again = await prepare(args, env);
+        expect(again.status).toBe("built");
+        expect(await inEnv(again.path, "import rebuilt_pkg.which as w; print(w.V)")).toBe("A2");
+      }
+    });
+
+    test("a -r path holding '#' is the file pip reads (the whole name), not the one before the '#'", async () => {
+      for (const v of ["1.0", "2.0"]) makeDist("wheel", join(s.root, "hash-links"), { name: "hashed-pkg", version: v });
+      writeFileSync(join(s.root, "req-h.txt"), `--no-index --find-links ./hash-links\n-r sub-h.txt#frag\n`);
+      writeFileSync(join(s.root, "sub-h.txt#frag"), "hashed-pkg<2\n");
+      writeFileSync(join(s.root, "sub-h.txt"), "hashed-pkg>1\n");
+      const first = await prepare(["req-h.txt"]);
+      expect(await inEnv(first.path, "import hashed_pkg; print(hashed_pkg.__version__)")).toBe("1.0");
+      writeFileSync(join(s.root, "sub-h.txt#frag"), "hashed-pkg>1\n");
+      const again = await prepare(["req-h.txt"]);
+      expect(again.status).toBe("built");
+      expect(await inEnv(again.path, "import hashed_pkg; print(hashed_pkg.__version__)")).toBe("2.0");
+    });
+
     test("an --index-url after another option on the same line is the index the build uses", async () => {
       writeFileSync(join(s.root, "req-i.txt"), `--pre --index-url ${index.url}\ndep-a\n`);
       // No index flag: without the file's own -i, pip would go to the machine's (here: none) and fail.

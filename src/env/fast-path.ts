@@ -1,4 +1,4 @@
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
 import { explain } from "@renovatebot/pep440";
 import type { InstallError } from "../errors.ts";
@@ -43,6 +43,7 @@ export function requestRefusal(plan: BuildPlan, uv: string | null): string | nul
   if (plan.inputs.uvDiffers) return plan.inputs.uvDiffers;
   // Which of a flag and a file's own -i wins is pip's rule; uv's may differ.
   if (plan.flags.indexUrl && plan.inputs.optionsSeen.has("--index-url")) return "--index-url given both as a flag and in a file is left to pip";
+  if (flagFindLinks(plan).some((f) => f.includes("#"))) return "a --find-links path holding '#' is left to pip (uv reads it only up to the '#')";
   return null;
 }
 
@@ -125,6 +126,9 @@ export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, 
   // uv reuses its own build of a local project while the project's pyproject.toml/setup.py look unchanged
   // (its cache-keys); gpulayer's key has already seen a change elsewhere in it: build it afresh.
   if (plan.inputs.locals.some((l) => l.kind !== "archive")) argv.push("--refresh");
+  // uv caches what a find-links folder offers by file name, as if it were an index's: a wheel rebuilt under the same
+  // name would come from that cache. The key has seen the new content; uv is told to read each such project afresh.
+  else for (const name of localFindLinksProjects(plan, machine)) argv.push("--refresh-package", name);
   if (!env.UV_FIND_LINKS) for (const f of flagFindLinks(plan)) argv.push("--find-links", f);
   let compiling = false;
   const watched: BuildHooks = {
@@ -146,6 +150,37 @@ export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, 
     const failure = installFailure(compiling ? "compiling the env's bytecode failed" : "installing the requirements with uv failed", files.named(lines));
     throw new UvFailed(failure, `uv failed: ${failure.message.replace(/^(installing the requirements with uv|compiling the env's bytecode) failed:? ?/, "") || "(no message)"}`);
   }
+}
+
+/** A distribution file's project name (wheel or sdist, PEP 503 form), or null for anything else. */
+function projectOfFile(file: string): string | null {
+  const wheel = WHEEL_FILE.exec(file);
+  if (wheel) return normalizeName(wheel[1]!);
+  const sdist = /^(.+)-\d[^-]*\.(tar\.gz|tgz|zip|tar\.bz2|tar\.xz|tar)$/i.exec(file);
+  return sdist ? normalizeName(sdist[1]!) : null;
+}
+
+/** The projects offered by local find-links locations: the request's files and flags, and the machine's pip configuration. */
+export function localFindLinksProjects(plan: BuildPlan, machine: UvTranslation | null): string[] {
+  const fromMachine = (machine?.args ?? []).flatMap((a, i, all) => (all[i - 1] === "--find-links" ? [a] : []));
+  const paths = [...plan.inputs.findLinks.flatMap((f) => (f.path ? [f.path] : [])), ...flagFindLinks(plan), ...fromMachine].flatMap((f) => {
+    if (/^file:/i.test(f)) return [decodeURIComponent(f.replace(/^file:(\/\/)?/i, "").split("#", 1)[0]!)];
+    return /^[a-z][a-z0-9+.-]*:/i.test(f) ? [] : [f];
+  });
+  const names = new Set<string>();
+  for (const path of paths) {
+    let files: string[];
+    try {
+      files = statSync(path).isDirectory() ? readdirSync(path) : [basename(path)];
+    } catch {
+      continue; // missing: pip warns and goes on, uv too
+    }
+    for (const f of files) {
+      const name = projectOfFile(f);
+      if (name) names.add(name);
+    }
+  }
+  return [...names].sort();
 }
 
 /**

@@ -176,6 +176,8 @@ class Scanner {
       if (o.name === "--index-url" || o.name === "--extra-index-url") this.inputs.indexUrls.push(o.value!);
       if (o.name === "--no-index") this.inputs.noIndex = true;
     }
+    // pip takes `sub.txt#x` as that file's name (a comment needs a space before its #); uv cuts the name at the #.
+    if ([...nested, ...links].some((o) => o.value?.includes("#"))) this.uvDiffers(`${origin}: a path holding '#' is left to pip (uv reads it only up to the '#')`);
     if (links[0]) this.findLinks(links[0].value!, origin, fileDir);
     if (nested[0]) {
       const target = nested[0].value!;
