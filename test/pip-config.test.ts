@@ -92,6 +92,29 @@ describe.skipIf(!HAS_UV)("machine pip configuration, honoured by uv", () => {
     });
   }
 
+  for (const installer of ["pip", "auto"] as const) {
+    test(`a -c nested in the machine's constraint file (PIP_CONSTRAINT, pip.conf) is in the key (${installer})`, async () => {
+      const s = sandbox();
+      writeFileSync(join(s.root, "outer.txt"), "-c inner.txt\n");
+      writeFileSync(join(s.root, "inner.txt"), "dep<2\n");
+      writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\n`);
+      writeFileSync(join(s.root, "pip-c.conf"), `[global]\nindex-url = ${main.url}\nconstraint = outer.txt\n`);
+      const ways = [{ PIP_CONFIG_FILE: join(s.root, "pip.conf"), PIP_CONSTRAINT: "outer.txt" }, { PIP_CONFIG_FILE: join(s.root, "pip-c.conf") }];
+      const prepare = async (vars: Record<string, string>) => {
+        const r = await cli(["env", "prepare", "-p", "top", "--python", worker, "--json"], { env: { ...s.env, ...vars, GPULAYER_INSTALLER: installer }, cwd: s.root });
+        if (r.code !== 0) throw new Error(r.stderr);
+        return JSON.parse(r.stdout) as { path: string; status: string };
+      };
+      for (const vars of ways) expect(installed((await prepare(vars)).path)).toEqual(["dep==1.0", "top==1.0"]);
+      writeFileSync(join(s.root, "inner.txt"), "dep>1\n");
+      for (const vars of ways) {
+        const again = await prepare(vars);
+        expect(again.status).toBe("built");
+        expect(installed(again.path)).toEqual(["dep==2.0", "top==1.0"]);
+      }
+    });
+  }
+
   test("a setting uv cannot honour the same way is named, with how to get the fast path, and pip builds", async () => {
     const s = sandbox();
     writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\nprefer-binary = true\n`);

@@ -3,6 +3,8 @@ import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { folderDigest } from "./content-digest.ts";
 import { contentHash } from "../core/hashing.ts";
+import { UsageError } from "../errors.ts";
+import { scanRequest } from "./requirements.ts";
 
 /**
  * What pip picks up on its own when gpulayer does not isolate it: PIP_*
@@ -28,7 +30,31 @@ export function pipConfigFiles(env: NodeJS.ProcessEnv): string[] {
   return files;
 }
 
-export function pipConfigDigest(env: NodeJS.ProcessEnv, digestCache: string | null): string {
+/**
+ * A constraint or requirement file the machine's configuration names, with
+ * everything it reaches (nested -r/-c, find-links folders, local projects,
+ * ${VAR} values), read as pip reads it: a change anywhere in it is a new env.
+ */
+function referencedDigest(path: string, env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null }): string {
+  let inputs: ReturnType<typeof scanRequest>;
+  try {
+    inputs = scanRequest({ requirementsFile: path, specs: [] }, { env, cwd: ctx.cwd, digestCache: ctx.digestCache });
+  } catch (error) {
+    if (error instanceof UsageError) throw new UsageError(`the machine's pip configuration names ${path}: ${error.message}`);
+    throw error;
+  }
+  return contentHash(
+    JSON.stringify({
+      files: inputs.files.map((f) => [f.path, contentHash(readFileSync(f.path))]),
+      variables: [...inputs.variables].map(([name, value]) => [name, value === undefined ? null : contentHash(value)]),
+      findLinks: inputs.findLinks.map((f) => [f.path ?? f.url, f.digest ?? null]),
+      locals: inputs.locals.map((l) => [l.path, l.digest]),
+    }),
+  );
+}
+
+export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null }): string {
+  const digestCache = ctx.digestCache;
   const parts: string[] = [];
   const referenced: string[] = [];
   const folders: string[] = [];
@@ -46,11 +72,11 @@ export function pipConfigDigest(env: NodeJS.ProcessEnv, digestCache: string | nu
     for (const m of text.matchAll(/^\s*find[-_]links\s*[=:]\s*(.+)$/gm)) folders.push(...m[1]!.trim().split(/\s+/));
   }
   for (const ref of referenced) {
-    const path = resolve(ref);
-    parts.push(`ref ${path}\n${existsSync(path) ? contentHash(readFileSync(path)) : "missing"}`);
+    const path = resolve(ctx.cwd, ref);
+    parts.push(`ref ${path}\n${existsSync(path) ? referencedDigest(path, env, ctx) : "missing"}`);
   }
   // A wheel dropped into a find-links folder changes what an unpinned request gets.
-  for (const f of folders) if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && existsSync(f)) parts.push(`folder ${f}\n${folderDigest(resolve(f), digestCache)}`);
+  for (const f of folders) if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && existsSync(resolve(ctx.cwd, f))) parts.push(`folder ${f}\n${folderDigest(resolve(ctx.cwd, f), digestCache)}`);
   return contentHash(parts.join("\n"));
 }
 

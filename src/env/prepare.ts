@@ -92,7 +92,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest): Resolve
     flags,
     interpreter,
     base: baseFingerprint(interpreter.siteDirs),
-    installerConfig: isolated ? null : pipConfigDigest(req.env, layout.digests),
+    installerConfig: isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests }),
     ...(conda ? { conda: { prefix: conda.prefix, meta: conda.metaDigest } } : {}),
   });
   return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda };
