@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { mkdirSync, readdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { cli, HAS_UV, makeWorkerVenv, sandbox, tempDir } from "./helpers.ts";
@@ -99,7 +99,7 @@ describe.skipIf(!HAS_UV)("machine pip configuration, honoured by uv", () => {
       writeFileSync(join(s.root, "inner.txt"), "dep<2\n");
       writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\n`);
       writeFileSync(join(s.root, "pip-c.conf"), `[global]\nindex-url = ${main.url}\nconstraint = outer.txt\n`);
-      const ways = [{ PIP_CONFIG_FILE: join(s.root, "pip.conf"), PIP_CONSTRAINT: "outer.txt" }, { PIP_CONFIG_FILE: join(s.root, "pip-c.conf") }];
+      const ways: Record<string, string>[] = [{ PIP_CONFIG_FILE: join(s.root, "pip.conf"), PIP_CONSTRAINT: "outer.txt" }, { PIP_CONFIG_FILE: join(s.root, "pip-c.conf") }];
       const prepare = async (vars: Record<string, string>) => {
         const r = await cli(["env", "prepare", "-p", "top", "--python", worker, "--json"], { env: { ...s.env, ...vars, GPULAYER_INSTALLER: installer }, cwd: s.root });
         if (r.code !== 0) throw new Error(r.stderr);
@@ -112,6 +112,28 @@ describe.skipIf(!HAS_UV)("machine pip configuration, honoured by uv", () => {
         expect(again.status).toBe("built");
         expect(installed(again.path)).toEqual(["dep==2.0", "top==1.0"]);
       }
+    });
+  }
+
+  test("build isolation turned off (PIP_NO_BUILD_ISOLATION=false, as pip reads it) is pip's to build with", async () => {
+    const s = sandbox();
+    writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\n`);
+    const r = await cli(["env", "prepare", "-p", "top", "--python", worker, "--json"], { env: { ...s.env, PIP_CONFIG_FILE: join(s.root, "pip.conf"), PIP_NO_BUILD_ISOLATION: "false" }, cwd: s.root });
+    expect(r.code).toBe(0);
+    expect(JSON.parse(r.stdout).installer_path).toBe("pip");
+    expect(r.stderr).toContain("sets --no-build-isolation");
+  });
+
+  for (const installer of ["pip", "auto"] as const) {
+    test(`a setting that installs outside the env (target, prefix, root) is refused with one line, nothing kept (${installer})`, async () => {
+      const s = sandbox();
+      const target = join(s.root, "elsewhere");
+      writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\ntarget = ${target}\n`);
+      const r = await cli(["env", "prepare", "-p", "top", "--python", worker], { env: { ...s.env, PIP_CONFIG_FILE: join(s.root, "pip.conf"), GPULAYER_INSTALLER: installer }, cwd: s.root });
+      expect(r.code).toBe(2);
+      expect(r.stderr.trim().split("\n").at(-1)).toMatch(/^error: the machine's pip configuration sets --target \(from .*pip\.conf\), which makes pip install outside the env; unset it for gpulayer, or give --index-url/);
+      expect(readdirSync(join(s.home, "envs-v1")).filter((n) => !n.startsWith("."))).toEqual([]);
+      expect(existsSync(target)).toBe(false);
     });
   }
 

@@ -6,7 +6,7 @@ import { FAST_PATH, machinePipConfig, prereleasesInstalled, requestRefusal, UvFa
 import { redactUrl } from "./url-credentials.ts";
 import { nearlyFull, NoSpaceLeft, saysNoSpace } from "./disk-full.ts";
 import { NEUTRAL_VARIABLES, pipConfigSourceDigest } from "./installer-config.ts";
-import { machinePipSettings, translateForUv, type UvTranslation } from "./pip-config.ts";
+import { machinePipSettings, relocatingOptions, translateForUv, type UvTranslation } from "./pip-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import { installedSet } from "./interpreter.ts";
 import { pipCheck, pipCommand, pipInstall } from "./pip-path.ts";
@@ -146,7 +146,8 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     const [{ code, lines }, scanned, machine] = await Promise.all([
       kept ? { code: 0, lines: [] } : runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }),
       uv ? scanWorker(info.path, info.siteDirs, env, join(plan.toolsDir, "worker-scan-v1"), Date.now()) : null,
-      uv ? machineSettingsForUv(plan, env) : null,
+      // Asked for pip's path too: a setting that installs outside the env is refused on either.
+      machineSettingsForUv(plan, env),
     ]);
     if (code !== 0) throw installFailure("creating the virtual environment failed", lines);
     if (venvUv && !kept) keepVenvTemplate(plan.dir, plan.toolsDir, venvUv, info);
@@ -154,7 +155,8 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   });
   const dists = scan && "dists" in scan ? scan.dists : null;
   if (scan && "unsupported" in scan) fallback = scan.unsupported;
-  if (machine && "refusal" in machine) fallback = machine.refusal;
+  if (machine && "fatal" in machine) throw new UsageError(machine.fatal);
+  if (uv && machine && "refusal" in machine) fallback = machine.refusal;
   const translation = machine && "translation" in machine ? machine.translation : null;
   const refusal = dists ? workerRefusal(plan.inputs.requirements, dists) : null;
   if (refusal) fallback = refusal;
@@ -240,7 +242,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
  * is isolated from it or there is none; else pip's own reading of it,
  * translated for uv, or why uv cannot honour it (then pip builds, and says so).
  */
-async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>): Promise<{ translation: UvTranslation } | { refusal: string } | null> {
+async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>): Promise<{ translation: UvTranslation } | { refusal: string } | { fatal: string } | null> {
   if (plan.isolated) return null;
   const sources = machinePipConfig(plan.env);
   if (!sources.length) return null;
@@ -250,6 +252,8 @@ async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>
   if (!hasPip && !bundled) return { refusal: `the machine's pip configuration applies (${sources.join(", ")}) and ${info.path} has no pip to read it` };
   try {
     const settings = await machinePipSettings(info.path, { env, pythonPath: hasPip ? undefined : bundled, cacheDir: plan.toolsDir, configDigest: pipConfigSourceDigest(plan.env) });
+    const relocating = relocatingOptions(settings);
+    if (relocating.length) return { fatal: `the machine's pip configuration sets ${relocating.join(", ")} (from ${sources.join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)` };
     const translation = translateForUv(settings);
     if (!translation.untranslatable.length) return { translation };
     const what = translation.untranslatable.join(", ");

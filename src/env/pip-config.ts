@@ -72,6 +72,13 @@ export async function machinePipSettings(python: string, opts: { env: Record<str
   return answer;
 }
 
+/** pip options that send what it installs somewhere other than the env: no build under them gives the env asked for. */
+const RELOCATING = ["target_dir", "prefix_path", "root_path", "use_user_site"];
+
+export function relocatingOptions(settings: PipSettings): string[] {
+  return RELOCATING.filter((d) => settings.options[d]?.value).map((d) => settings.options[d]!.flag);
+}
+
 /** What uv is given so that it does what pip would do under the machine's configuration. */
 export interface UvTranslation {
   env: Record<string, string>;
@@ -88,7 +95,7 @@ const list = (v: unknown): string[] => (Array.isArray(v) ? v.map(String) : typeo
 /**
  * pip's configured install options as uv's: indexes, find-links, no-index,
  * constraint and requirement files, certificates, trusted hosts, timeout and
- * retries, proxy, pre-releases, only/no-binary, hashes, build isolation.
+ * retries, proxy, pre-releases, only/no-binary, hashes.
  * Anything else stays pip's (named in `untranslatable`).
  */
 export function translateForUv(settings: PipSettings): UvTranslation {
@@ -147,7 +154,8 @@ export function translateForUv(settings: PipSettings): UvTranslation {
         if (value) args.push("--require-hashes");
         break;
       case "build_isolation":
-        if (value === false) args.push("--no-build-isolation");
+        // Off in pip (PIP_NO_BUILD_ISOLATION=0 or false reads as off there): the build sees the env's own packages, pip's way.
+        if (!value) untranslatable.push(flag);
         break;
       default:
         untranslatable.push(flag);
