@@ -118,13 +118,13 @@ if (cannotMount) {
   console.warn(`skipping the full-disk tests: ${cannotMount}`);
   rmSync(disk, { recursive: true, force: true });
 }
+// At the file's end, whichever of its tests ran (a -t filter may run none of the full-disk ones).
+afterAll(() => {
+  if (!cannotMount) Bun.spawnSync(["umount", disk]);
+});
 
 // Skipped only where a tmpfs cannot be mounted (not root): a full disk needs a small filesystem of its own. CI runs as root, so there it runs.
 describe.skipIf(Boolean(cannotMount))("a disk that fills during a build", () => {
-  afterAll(() => {
-    Bun.spawnSync(["umount", disk]);
-    rmSync(disk, { recursive: true, force: true });
-  });
 
   const freeMiB = () => {
     const f = statfsSync(disk);
@@ -176,4 +176,21 @@ describe.skipIf(Boolean(cannotMount))("a disk that fills during a build", () => 
       }
     });
   }
+});
+
+describe("an installer that says nothing", () => {
+  test("is told of while it stays silent: its name (a module run with -m by the module) and how long it has been silent, growing", async () => {
+    const { runTool } = await import("../src/env/run-tool.ts");
+    const told: [string, number][] = [];
+    const script = "import sys, time; print('started', flush=True); time.sleep(1.3)";
+    const r = await runTool([python, "-c", script], { env: process.env as Record<string, string>, cwd: "/", hooks: { onQuiet: (tool, s) => told.push([tool, s]) }, quietMs: 400 });
+    expect(r.code).toBe(0);
+    expect(told.length).toBeGreaterThanOrEqual(2);
+    expect(told.every(([tool]) => tool === "python")).toBe(true);
+    expect(told[0]![1]).toBeGreaterThanOrEqual(0.4);
+    expect(told[1]![1]).toBeGreaterThan(told[0]![1] + 0.3); // the silence so far, not the interval again
+    const named: string[] = [];
+    await runTool([python, "-m", "timeit", "-n", "1", "import time; time.sleep(0.7)"], { env: process.env as Record<string, string>, cwd: "/", hooks: { onQuiet: (tool) => named.push(tool) }, quietMs: 300 });
+    expect(named[0]).toBe("timeit");
+  });
 });

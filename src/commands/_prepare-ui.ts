@@ -1,6 +1,5 @@
 import { InstallError, UserError } from "../errors.ts";
 import type { PrepareHooks } from "../env/prepare.ts";
-import { QUIET_MS } from "../env/run-tool.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../ui/output.ts";
 
 /**
@@ -34,7 +33,7 @@ export function prepareHooks(out: Output): PrepareHooks {
         out.phase(`[${elapsed()}]   ${now}`);
       }
     },
-    onQuiet: (tool, seconds) => out.phase(`[${elapsed()}] still ${step || "working"} after ${formatSeconds((performance.now() - stepStarted) / 1000)}; ${tool} has said nothing for ${Math.round(QUIET_MS / 1000)} s (running ${formatSeconds(seconds)})`),
+    onQuiet: (tool, seconds) => out.phase(`[${elapsed()}] still ${step || "working"} after ${formatSeconds((performance.now() - stepStarted) / 1000)}; ${tool} has said nothing for ${formatSeconds(seconds)}`),
   };
 }
 

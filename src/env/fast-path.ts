@@ -99,7 +99,9 @@ export async function uvVersion(uv: string, envDir: string): Promise<string> {
 export function uvEnv(plan: BuildPlan, base: Record<string, string>, machine: UvTranslation | null = null): Record<string, string> {
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries(base)) if (!k.startsWith("UV_") || NEUTRAL_VARIABLES.has(k)) env[k] = v;
-  Object.assign(env, { NO_COLOR: "1", UV_NO_PROGRESS: "1", UV_INDEX_STRATEGY: "unsafe-best-match" }, machine?.env ?? {});
+  // uv gives up on a cache lock after 300 s (another build of the same local project holds it) and the build would go to
+  // pip from the start; waiting is right, and the prepare time limit still ends the wait.
+  Object.assign(env, { NO_COLOR: "1", UV_NO_PROGRESS: "1", UV_INDEX_STRATEGY: "unsafe-best-match", UV_LOCK_TIMEOUT: "86400" }, machine?.env ?? {});
   const o = plan.flags;
   if (o.indexUrl) env.UV_INDEX_URL = o.indexUrl;
   if (o.extraIndexUrls.length) env.UV_EXTRA_INDEX_URL = o.extraIndexUrls.join(" ");

@@ -9,7 +9,7 @@ export interface BuildHooks {
   onStep?(step: BuildStep, detail: string): void;
   onStepDone?(step: BuildStep, seconds: number): void;
   onOutput?(line: string): void;
-  /** The tool has said nothing for `seconds` (every QUIET_MS): whoever watches says it is still running. */
+  /** The tool has said nothing for `seconds` (told every QUIET_MS while it stays silent): whoever watches says it is still running. */
   onQuiet?(tool: string, seconds: number): void;
 }
 
@@ -36,7 +36,7 @@ export type KeepGroup = (pid: number) => () => void;
  * ends it itself on SIGINT, SIGTERM and SIGHUP (the signal aborts). Without
  * `keep` it stays in our process group.
  */
-export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal; keep?: KeepGroup }): Promise<{ code: number; lines: string[] }> {
+export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal; keep?: KeepGroup; quietMs?: number }): Promise<{ code: number; lines: string[] }> {
   opts.signal?.throwIfAborted();
   let proc: Bun.Subprocess<"ignore", "pipe", "pipe">;
   try {
@@ -62,16 +62,19 @@ export async function runTool(argv: string[], opts: { env: Record<string, string
     stop(); // not recorded (a full disk): it must not outlive us unrecorded
     throw error;
   }
-  const tool = argv[0]!.split("/").pop()!;
+  // What the user knows it by: `python -m pip` is pip.
+  const tool = argv[1] === "-m" && argv[2] ? argv[2] : argv[0]!.split("/").pop()!;
   opts.signal?.addEventListener("abort", stop, { once: true });
   let lastLine = performance.now();
-  const started = performance.now();
+  let lastNotice = 0;
+  const quietMs = opts.quietMs ?? QUIET_MS;
   const quiet = setInterval(() => {
-    if (performance.now() - lastLine >= QUIET_MS) {
-      lastLine = performance.now();
-      opts.hooks.onQuiet?.(tool, (performance.now() - started) / 1000);
+    const now = performance.now();
+    if (now - lastLine >= quietMs && now - lastNotice >= quietMs) {
+      lastNotice = now;
+      opts.hooks.onQuiet?.(tool, (now - lastLine) / 1000);
     }
-  }, Math.min(QUIET_MS, 5_000));
+  }, Math.min(quietMs, 5_000));
   quiet.unref();
   const lines: string[] = [];
   const emit = (raw: string) => {

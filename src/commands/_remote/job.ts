@@ -22,7 +22,7 @@ export function printEvent(out: Output, u: Extract<JobUpdate, { kind: "event" }>
   if (type === "job.waiting") out.progress(`waiting for ${d.for}`);
   if (type === "job.assigned") out.progress(`assigned to worker ${d.worker} (attempt ${d.attempt}${Array.isArray(d.gpus) && d.gpus.length ? `, GPUs ${d.gpus.join(",")}` : ""})`);
   if (type === "task.prepare.step") out.phase(`[${worker}] ${d.step} ${d.detail}`);
-  if (type === "task.prepare.quiet") out.phase(`[${worker}] still preparing; ${d.tool} has said nothing for a minute (running ${formatSeconds(Number(d.seconds))})`);
+  if (type === "task.prepare.quiet") out.phase(`[${worker}] still preparing; ${d.tool} has said nothing for ${formatSeconds(Number(d.seconds))}`);
   if (type === "task.prepare.finished") {
     // An image job: the image, and the env built on top of it when it has requirements, each reused or not.
     const what = d.image ? `image ${String(d.image)} ${d.image_status ?? d.status}${d.env_key ? `, env ${shortKey(String(d.env_key))} ${d.env_status}` : ""}` : `${d.status} env ${shortKey(String(d.env_key ?? ""))}`;

@@ -32,7 +32,7 @@ export async function prepareRemote(target: RemoteTarget, req: RemotePrepareRequ
       // Each worker's build as it goes, on stderr (with --json too), as a remote job shows it.
       const d = u.data as { step?: string; detail?: string; tool?: string; seconds?: number };
       if (u.type === "task.prepare.step") out.phase(`[${u.worker}] ${d.step} ${d.detail}`);
-      else if (u.type === "task.prepare.quiet") out.phase(`[${u.worker}] still preparing; ${d.tool} has said nothing for a minute (running ${formatSeconds(Number(d.seconds))})`);
+      else if (u.type === "task.prepare.quiet") out.phase(`[${u.worker}] still preparing; ${d.tool} has said nothing for ${formatSeconds(Number(d.seconds))}`);
     } else if (!out.json) writeOut(`${line(u.worker, u.result)}\n`);
   }
   if (out.json) out.result({ server: target.url, workers }, () => "");
