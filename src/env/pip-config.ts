@@ -2,7 +2,7 @@ import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { writeFileAtomic } from "../core/atomic.ts";
 import { contentHash } from "../core/hashing.ts";
-import { runTool } from "./run-tool.ts";
+import { installerMessage, runTool } from "./run-tool.ts";
 
 /**
  * The machine's pip configuration as pip itself reads it for `pip install`
@@ -66,7 +66,8 @@ export async function machinePipSettings(python: string, opts: { env: Record<str
   const env = { ...opts.env, ...(opts.pythonPath ? { PYTHONPATH: opts.pythonPath } : {}) };
   mkdirSync(opts.cacheDir, { recursive: true });
   const { code, lines } = await runTool([python, "-c", ASK_PIP], { env, cwd: opts.cacheDir, hooks: {} });
-  if (code !== 0) throw new Error(`asking pip for its configuration failed: ${lines.slice(-3).join(" ")}`);
+  // An old pip (before 19.3 it has no create_command) says so in a traceback: its exception's own line is the reason.
+  if (code !== 0) throw new Error(installerMessage(lines).headline || lines.slice(-3).join(" "));
   const answer = JSON.parse(lines.findLast((l) => l.startsWith("{")) ?? "{}") as PipSettings;
   writeFileAtomic(cacheFile, JSON.stringify(answer));
   return answer;

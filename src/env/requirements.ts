@@ -139,7 +139,14 @@ class Scanner {
       // reported by the read below
     }
     if (this.open.has(real)) throw new UsageError(`${via}: ${shown} includes itself`);
-    const text = readRequirementsText(abs, shown);
+    let text: string;
+    try {
+      text = readRequirementsText(abs, shown);
+    } catch (error) {
+      // A file reached by -r/-c: the line that named it comes first, as for every other problem in a file.
+      if (error instanceof UsageError && via !== "REQ_FILE") throw new UsageError(`${via}: ${error.message}`);
+      throw error;
+    }
     this.open.add(real);
     const entry: RequestFile = { path: abs, kind, via, lines: [], requirements: [] };
     this.inputs.files.push(entry);
