@@ -92,13 +92,72 @@ describe("a project folder's digest, kept between runs", () => {
 
   test("an editable project: an edit to a module its live link serves keeps the digest, a build input changes it", () => {
     const root = project("editable");
+    writeFileSync(join(root, "pkg", "core.py"), "X = 1\n");
     const cacheDir = join(world, "cache-editable");
     const before = treeDigest(root, { editable: true, cacheDir, now: later });
-    writeFileSync(join(root, "pkg", "__init__.py"), "VALUE = 3\n");
+    writeFileSync(join(root, "pkg", "core.py"), "X = 3\n");
     expect(treeDigest(root, { editable: true, cacheDir, now: later }).digest).toBe(before.digest);
     writeFileSync(join(root, "pyproject.toml"), '[project]\nname = "pkg"\nversion = "1.1"\n');
     expect(treeDigest(root, { editable: true, cacheDir, now: later }).digest).not.toBe(before.digest);
     // Editable and not are kept apart: the same folder as a plain project counts the module by content.
     expect(treeDigest(root, { editable: false, cacheDir, now: later }).digest).not.toBe(treeDigest(root, { editable: true, cacheDir, now: later }).digest);
+  });
+});
+
+describe("an editable project's modules a build reads for its metadata", () => {
+  const digest = (root: string) => treeDigest(root, { editable: true, cacheDir: null }).digest;
+  const cases: [string, string, Record<string, string>][] = [
+    ["a package's __init__.py (flit's __version__, setuptools' attr: pkg.__version__)", "pkg/__init__.py", {}],
+    ["a _version.py", "pkg/_version.py", {}],
+    ["a module setuptools' attr: names", "pkg/meta.py", { "setup.cfg": "[metadata]\nversion = attr: pkg.meta.VERSION\n" }],
+    ["hatch's version path", "pkg/consts.py", { "pyproject.toml": '[project]\nname = "pkg"\ndynamic = ["version"]\n[tool.hatch.version]\npath = "pkg/consts.py"\n' }],
+    ["a module setup.py opens", "pkg/numbers.py", { "setup.py": 'exec(open("pkg/numbers.py").read())\n' }],
+  ];
+  for (const [what, module, config] of cases) {
+    test(`${what}: an edit makes a new env`, () => {
+      const root = project(`meta-${module.replace(/\W/g, "-")}`);
+      for (const [file, text] of Object.entries(config)) writeFileSync(join(root, file), text);
+      writeFileSync(join(root, module), "VERSION = '1.0'\n");
+      const before = digest(root);
+      writeFileSync(join(root, module), "VERSION = '2.0'\n");
+      expect(digest(root)).not.toBe(before);
+    });
+  }
+});
+
+describe("ignore rules, as git and setuptools read them", () => {
+  const digest = (root: string) => treeDigest(root, { editable: false, cacheDir: null }).digest;
+
+  test("inside a package folder nothing is excluded: a gitignored module there is what setuptools installs", () => {
+    const root = project("ignored-in-package");
+    writeFileSync(join(root, ".gitignore"), "_gen.py\n*.dat\n");
+    writeFileSync(join(root, "pkg", "_gen.py"), "G = 1\n");
+    writeFileSync(join(root, "pkg", "keep.dat"), "one\n");
+    const before = digest(root);
+    writeFileSync(join(root, "pkg", "_gen.py"), "G = 2\n");
+    const generated = digest(root);
+    expect(generated).not.toBe(before);
+    writeFileSync(join(root, "pkg", "keep.dat"), "two\n");
+    const data = digest(root);
+    expect(data).not.toBe(generated);
+    // What an in-place build writes there (build_ext --inplace, an editable's extension), ignored: output, not input.
+    writeFileSync(join(root, ".gitignore"), "_gen.py\n*.dat\n*.so\n");
+    const rules = digest(root);
+    writeFileSync(join(root, "pkg", "_ext.cpython-311-x86_64-linux-gnu.so"), "\x7fELF");
+    expect(digest(root)).toBe(rules);
+  });
+
+  test("outside packages: ignored files are left out, and a deeper .gitignore's !pattern brings one back (git's precedence)", () => {
+    const root = project("nested-negation");
+    mkdirSync(join(root, "assets", "sub"), { recursive: true });
+    writeFileSync(join(root, ".gitignore"), "*.dat\n");
+    writeFileSync(join(root, "assets", "sub", ".gitignore"), "!s.dat\n");
+    writeFileSync(join(root, "assets", "other.dat"), "x\n");
+    writeFileSync(join(root, "assets", "sub", "s.dat"), "one\n");
+    const before = digest(root);
+    writeFileSync(join(root, "assets", "other.dat"), "y\n");
+    expect(digest(root)).toBe(before); // ignored: not what an install reads
+    writeFileSync(join(root, "assets", "sub", "s.dat"), "two\n");
+    expect(digest(root)).not.toBe(before); // re-included below: it counts
   });
 });

@@ -69,6 +69,7 @@ function makeProject(dir: string): string {
   writeFileSync(join(dir, "requirements.txt"), "dep-a\n");
   writeFileSync(join(dir, "native", "value.c"), "int value(void) { return 1; }\n");
   writeFileSync(join(dir, "proj", "__init__.py"), INIT);
+  writeFileSync(join(dir, "proj", "core.py"), "LIVE = 0\n");
   return dir;
 }
 
@@ -121,10 +122,10 @@ for (const installer of ["pip", "auto"] as const) {
       expect(native.status).toBe("built");
       expect(await inEnv(native.path, "import proj; print(proj.native())")).toBe("2");
 
-      writeFileSync(join(proj, "proj", "__init__.py"), `${INIT}LIVE = 7\n`);
+      writeFileSync(join(proj, "proj", "core.py"), "LIVE = 7\n");
       const live = await prepare(idx);
       expect(live).toMatchObject({ status: "reused", key: native.key });
-      expect(await inEnv(live.path, "import proj; print(proj.LIVE)")).toBe("7");
+      expect(await inEnv(live.path, "import proj.core; print(proj.core.LIVE)")).toBe("7");
     });
 
     test("./proj (copied): a subpackage named build/ and a symlinked module count by content", async () => {

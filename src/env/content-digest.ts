@@ -182,10 +182,45 @@ interface TreeItem {
 }
 
 /** What a fresh install of the project reads, in a stable order: the files, and the names that count by name only. */
+/** What compilers and linkers write: in a package folder, an ignored one is a build's output, not its input. */
+const NATIVE_OUTPUT = /\.(so|pyd|dylib|dll|o|obj|a|lib)$|\.so\.\d/i;
+
+/** Modules a build reads for metadata, whatever the backend: versions and abouts, and each package's __init__.py (flit's docstring and __version__). */
+const METADATA_MODULE = /^(__init__|_*version_*|_*about_*)\.py$/i;
+
+/**
+ * The modules an editable project's build configuration names (setuptools'
+ * `attr:`, hatch's version `path`, any `*.py` a setup.py opens), by path
+ * relative to the project: a build reads them, so they count by content
+ * even where the live link serves them. Read conservatively: a name too many
+ * costs a rebuild, a name missed a stale env.
+ */
+function modulesBuildReads(root: string): Set<string> {
+  const named = new Set<string>();
+  for (const file of ["pyproject.toml", "setup.cfg", "setup.py"]) {
+    let text: string;
+    try {
+      text = readFileSync(join(root, file), "utf8");
+    } catch {
+      continue;
+    }
+    for (const m of text.matchAll(/\battr\s*[:=]\s*["']?([A-Za-z_][\w.]*)/g)) {
+      const module = m[1]!.split(".").slice(0, -1).join("/");
+      if (!module) continue;
+      for (const base of ["", "src/"]) named.add(`${base}${module}.py`).add(`${base}${module}/__init__.py`);
+    }
+    for (const m of text.matchAll(/["']([^"'\s]+\.py)["']/g)) named.add(m[1]!.replace(/^\.\//, ""));
+  }
+  return named;
+}
+
 function walkTree(root: string, editable: boolean): TreeItem[] {
   const items: TreeItem[] = [];
   const seenDirs = new Set<string>();
-  const walk = (dir: string, rel: string, rules: { base: string; ig: Ignore }[]) => {
+  const buildReads = editable ? modulesBuildReads(root) : new Set<string>();
+  // inPackage: inside a Python package folder, where setuptools installs what is there whatever .gitignore says
+  // (a generated module, data a test tracks): there ignore rules exclude nothing.
+  const walk = (dir: string, rel: string, rules: { base: string; ig: Ignore }[], inPackage: boolean) => {
     let real: string;
     try {
       real = realpathSync(dir);
@@ -202,6 +237,7 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
         // an unreadable ignore file excludes nothing
       }
     }
+    const packageDir = inPackage || (dir !== root && names.includes("__init__.py"));
     const isPackage = editable && dir !== root && names.includes("__init__.py");
     for (const name of names) {
       const path = `${dir}/${name}`; // not join(): it normalises, and this runs per file
@@ -216,18 +252,31 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
       if (isDir && (NEVER_READ_DIRS.has(name) || name.endsWith(".egg-info"))) continue;
       if (!isDir && (name.endsWith(".pyc") || name.endsWith(".pyo"))) continue;
       if (isDir && dir === root && name === "build" && readdirSync(path).every((e) => SETUPTOOLS_BUILD_ENTRY.test(e))) continue;
-      if (rules.length && rules.some(({ base, ig }) => ig.ignores(relative(base, path) + (isDir ? "/" : "")))) continue;
+      // In a package, an ignored native library is what an in-place build (build_ext --inplace, an editable's) wrote: output.
+      if (rules.length && (!packageDir || (!isDir && NATIVE_OUTPUT.test(name))) && ignoredBy(rules, path, isDir)) continue;
       if (isDir) {
-        walk(path, relPath, rules);
+        walk(path, relPath, rules, packageDir);
         continue;
       }
       if (!stat.isFile()) continue; // sockets, FIFOs: nothing an installer copies
-      // Served by the live link: its name counts, not its content.
-      items.push({ kind: isPackage && name.endsWith(".py") ? "live" : "file", relPath, path, stat: isPackage && name.endsWith(".py") ? null : stat });
+      // Served by the live link: its name counts, not its content; unless a build reads it (metadata, a version).
+      const live = isPackage && name.endsWith(".py") && !METADATA_MODULE.test(name) && !buildReads.has(relPath);
+      items.push({ kind: live ? "live" : "file", relPath, path, stat: live ? null : stat });
     }
   };
-  walk(root, "", []);
+  walk(root, "", [], false);
   return items;
+}
+
+/** git's reading of nested .gitignore files: the deepest file with a rule for the path decides (a `!pattern` there re-includes it). */
+function ignoredBy(rules: { base: string; ig: Ignore }[], path: string, isDir: boolean): boolean {
+  for (let i = rules.length - 1; i >= 0; i--) {
+    const { base, ig } = rules[i]!;
+    const verdict = ig.test(relative(base, path) + (isDir ? "/" : ""));
+    if (verdict.ignored) return true;
+    if (verdict.unignored) return false;
+  }
+  return false;
 }
 
 /** A find-links location on disk: a folder by its files, a file by its bytes, "missing" when absent (pip warns and goes on). */
