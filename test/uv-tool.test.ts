@@ -3,6 +3,7 @@ import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync,
 import { basename, join } from "node:path";
 import type { InterpreterInfo } from "../src/env/interpreter.ts";
 import type { RequestInputs } from "../src/env/requirements.ts";
+import { resolveInterpreter } from "../src/env/shims.ts";
 import { findUv, pinnedUvPath, pinnedWheelFor, UV_VERSION, UV_WHEEL_SHA256 } from "../src/env/uv-tool.ts";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { makeUvWheel } from "./fixtures/uv-wheel.ts";
@@ -86,6 +87,26 @@ test("findUv: off and a path that is no uv say why, and nothing is installed", a
   // auto with neither installer nor venv creator wanting uv: no download.
   expect(await findUv({ ...plan("auto"), installer: "pip", venvCreator: "venv" })).toEqual({ path: null, reason: "uv is not on PATH" });
   expect(existsSync(toolsDir)).toBe(false);
+});
+
+test("findUv: a pyenv shim for uv that the Python version pyenv picks lacks is no uv at all, not one that fails", async () => {
+  // A pyenv root of its own: 3.12.0 has a uv, 3.11.0 has none; the shim is pyenv's own text.
+  const root = join(world, "pyenv-root");
+  for (const v of ["3.11.0", "3.12.0"]) mkdirSync(join(root, "versions", v, "bin"), { recursive: true });
+  writeFileSync(join(root, "versions", "3.12.0", "bin", "uv"), "#!/bin/sh\n", { mode: 0o755 });
+  mkdirSync(join(root, "shims"), { recursive: true });
+  const shim = join(root, "shims", "uv");
+  writeFileSync(shim, `#!/usr/bin/env bash\nset -e\nprogram="\${0##*/}"\nexport PYENV_ROOT="${root}"\nexec "${root}/libexec/pyenv" exec "$program" "$@"\n`, { mode: 0o755 });
+  const toolsDir = join(world, "tools-shim");
+  const plan = (PYENV_VERSION: string, uv = "auto") => ({ uv, env: { PATH: `${join(root, "shims")}:${NO_UV_PATH}`, PYENV_VERSION }, toolsDir, cwd: world, interpreter: {} as InterpreterInfo, inputs: {} as RequestInputs, isolated: false, installer: "pip" as const, venvCreator: "venv" as const });
+  expect(await findUv(plan("3.12.0"))).toEqual({ path: join(root, "versions", "3.12.0", "bin", "uv"), reason: null });
+  // As with none on PATH (this build would not download one).
+  expect(await findUv(plan("3.11.0"))).toEqual({ path: null, reason: "uv is not on PATH" });
+  expect(await findUv(plan("3.11.0", shim))).toEqual({ path: null, reason: `the uv setting names ${shim}, a pyenv shim, and the Python version pyenv picks here (PYENV_VERSION=3.11.0) has no uv` });
+  // The same for --python: one line saying so, not the shim's own "command not found".
+  const py = join(root, "shims", "python3.12");
+  copyFileSync(shim, py);
+  expect(() => resolveInterpreter(py, { PYENV_VERSION: "3.11.0" }, world)).toThrow(`--python: ${py} is a pyenv shim, and the Python version pyenv picks here (PYENV_VERSION=3.11.0) has no python3.12`);
 });
 
 // Skipped only without a real uv on this machine (it is named by path here, with none on PATH); .ci/run installs uv, so CI runs these.

@@ -45,8 +45,12 @@ function pyenvVersions(env: Record<string, string | undefined>, cwd: string, roo
   return { versions: ["system"], origin: "no version set" };
 }
 
-/** A pyenv shim resolved as pyenv would, or null where pyenv's choice is not certain from files alone. */
-function resolvePyenvShim(path: string, text: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter | null {
+/**
+ * A pyenv shim resolved as pyenv would; `absent` (with what chose the versions) when every version pyenv
+ * would try lacks the program (the shim would say "command not found"); null where pyenv's choice is not
+ * certain from files alone.
+ */
+function resolvePyenvShim(path: string, text: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter | { absent: string } | null {
   const root = /export PYENV_ROOT="([^"]+)"/.exec(text)?.[1] ?? env.PYENV_ROOT;
   if (!root) return null;
   const { versions, origin } = pyenvVersions(env, cwd, root);
@@ -56,7 +60,7 @@ function resolvePyenvShim(path: string, text: string, env: Record<string, string
     const candidate = join(root, "versions", v, "bin", program);
     if (existsSync(candidate)) return { path: candidate, via: `pyenv shim ${path} (${origin})` };
   }
-  return null;
+  return versions.length ? { absent: origin } : null;
 }
 
 /** Ask a wrapper which Python it runs: the answer is used for this run only. */
@@ -78,12 +82,14 @@ function askWrapper(path: string, env: Record<string, string | undefined>, cwd: 
  * milliseconds at every start. Anything else, or a shim whose choice is not
  * certain from files alone, is returned as it is.
  */
-export function resolveToolShim(path: string, env: Record<string, string | undefined>, cwd: string): string {
+export function resolveToolShim(path: string, env: Record<string, string | undefined>, cwd: string): string | { absent: string } {
   try {
     if (firstBytes(realpathSync(path), 2).toString("latin1") !== "#!") return path;
     const text = readFileSync(path, "utf8").slice(0, 4096);
     if (!/pyenv"? exec/.test(text)) return path;
-    return resolvePyenvShim(path, text, env, cwd)?.path ?? path;
+    const shim = resolvePyenvShim(path, text, env, cwd);
+    if (!shim) return path;
+    return "absent" in shim ? shim : shim.path;
   } catch {
     return path;
   }
@@ -106,6 +112,7 @@ export function resolveInterpreter(path: string, env: Record<string, string | un
   }
   if (/pyenv"? exec/.test(text)) {
     const shim = resolvePyenvShim(path, text, env, cwd);
+    if (shim && "absent" in shim) throw new UsageError(`--python: ${path} is a pyenv shim, and the Python version pyenv picks here (${shim.absent}) has no ${basename(path)}`);
     if (shim) return shim;
   }
   return askWrapper(path, env, cwd);

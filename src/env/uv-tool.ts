@@ -69,7 +69,9 @@ async function lookUp(plan: UvPlan, env: Record<string, string>): Promise<UvFoun
   if (setting === "off") return { path: null, reason: "the uv setting is off (GPULAYER_UV=off)" };
   if (setting !== "auto") return ownUv(plan, setting);
   const onPath = Bun.which("uv", { PATH: plan.env.PATH ?? "" });
-  if (onPath) return { path: resolveToolShim(onPath, plan.env, plan.cwd), reason: null };
+  const resolved = onPath ? resolveToolShim(onPath, plan.env, plan.cwd) : null;
+  if (typeof resolved === "string") return { path: resolved, reason: null };
+  // A pyenv shim for a uv that the Python version pyenv picks here lacks: as good as none on PATH.
   const pinned = pinnedUvPath(plan.toolsDir);
   if (isExecutable(pinned)) return { path: pinned, reason: null };
   // Nothing of this build would run uv: no download for it.
@@ -119,7 +121,11 @@ function rememberFailure(file: string, asked: string, reason: string): void {
 /** A uv the setting names: a path (relative to the working directory), or a name looked up on PATH. */
 function ownUv(plan: UvPlan, setting: string): UvFound {
   const path = setting.includes("/") ? resolve(plan.cwd, setting) : Bun.which(setting, { PATH: plan.env.PATH ?? "" });
-  if (path && isExecutable(path)) return { path: resolveToolShim(path, plan.env, plan.cwd), reason: null };
+  if (path && isExecutable(path)) {
+    const resolved = resolveToolShim(path, plan.env, plan.cwd);
+    if (typeof resolved === "string") return { path: resolved, reason: null };
+    return { path: null, reason: `the uv setting names ${setting}, a pyenv shim, and the Python version pyenv picks here (${resolved.absent}) has no uv` };
+  }
   return { path: null, reason: `the uv setting names ${setting}, which is not an executable file` };
 }
 
