@@ -137,6 +137,22 @@ describe.skipIf(!HAS_UV)("machine pip configuration, honoured by uv", () => {
     });
   }
 
+  test("an index the machine's configuration names that does not answer, or a file:// index that is not there: one line at once", async () => {
+    const s = sandbox();
+    const dead = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+    const port = dead.port;
+    dead.stop(true);
+    writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = http://127.0.0.1:${port}/simple\n`);
+    const t = performance.now();
+    const r = await cli(["env", "prepare", "-p", "top", "--python", worker], { env: { ...s.env, PIP_CONFIG_FILE: join(s.root, "pip.conf") }, cwd: s.root });
+    expect(performance.now() - t).toBeLessThan(8_000);
+    expect(r.code).toBe(1);
+    expect(r.stderr.trim().split("\n").at(-1)).toMatch(new RegExp(`^error: index unreachable: http://127\\.0\\.0\\.1:${port}/simple \\(set by the machine's pip configuration: .*pip\\.conf\\) \\(`));
+    const missing = await cli(["env", "prepare", "-p", "top", "--python", worker, "--index-url", "file:///nonexistent/simple"], { env: s.env, cwd: s.root });
+    expect(missing.code).toBe(1);
+    expect(missing.stderr.trim().split("\n").at(-1)).toBe("error: index not found: file:///nonexistent/simple (no such folder: /nonexistent/simple)");
+  });
+
   test("a setting uv cannot honour the same way is named, with how to get the fast path, and pip builds", async () => {
     const s = sandbox();
     writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\nprefer-binary = true\n`);

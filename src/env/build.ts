@@ -1,12 +1,13 @@
 import { existsSync, rmSync } from "node:fs";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { InstallError, UsageError } from "../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
 import { FAST_PATH, machinePipConfig, prereleasesInstalled, requestRefusal, UvFailed, uvCheck, uvEnv, uvInstall, uvVersion, workerRefusal } from "./fast-path.ts";
 import { redactUrl } from "./url-credentials.ts";
 import { nearlyFull, NoSpaceLeft, saysNoSpace } from "./disk-full.ts";
 import { NEUTRAL_VARIABLES, pipConfigSourceDigest } from "./installer-config.ts";
-import { machinePipSettings, relocatingOptions, translateForUv, type UvTranslation } from "./pip-config.ts";
+import { machinePipSettings, type PipSettings, relocatingOptions, translateForUv, type UvTranslation } from "./pip-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import { installedSet } from "./interpreter.ts";
 import { pipCheck, pipCommand, pipInstall } from "./pip-path.ts";
@@ -77,14 +78,28 @@ function installerEnv(plan: BuildPlan): Record<string, string> {
 async function checkIndexesReachable(plan: BuildPlan): Promise<void> {
   if (plan.inputs.noIndex) return;
   const o = plan.flags;
-  const urls = [o.indexUrl, ...o.extraIndexUrls, ...plan.inputs.indexUrls].filter((u): u is string => Boolean(u && /^https?:\/\//.test(u)));
+  await indexesReachable([o.indexUrl, ...o.extraIndexUrls, ...plan.inputs.indexUrls].filter((u): u is string => Boolean(u)), "");
+}
+
+/** Each index answers, or one line names the first that does not (a file:// one: its folder is there); `from` says where it was set. */
+async function indexesReachable(urls: string[], from: string): Promise<void> {
+  for (const url of urls) {
+    if (!/^file:/i.test(url)) continue;
+    let path: string;
+    try {
+      path = fileURLToPath(url);
+    } catch {
+      continue; // pip's to judge
+    }
+    if (!existsSync(path)) throw new InstallError(`index not found: ${redactUrl(url)}${from} (no such folder: ${path})`, "");
+  }
   await Promise.all(
-    urls.map(async (url) => {
+    urls.filter((u) => /^https?:\/\//.test(u)).map(async (url) => {
       const bare = url.replace(/^(https?:\/\/)[^/@]+@/, "$1");
       try {
         await fetch(bare, { method: "GET", signal: AbortSignal.timeout(10_000), redirect: "manual" }).then((r) => r.body?.cancel());
       } catch (error) {
-        throw new InstallError(`index unreachable: ${redactUrl(url)} (${(error as Error).message})`, "");
+        throw new InstallError(`index unreachable: ${redactUrl(url)}${from} (${(error as Error).message})`, "");
       }
     }),
   );
@@ -250,17 +265,22 @@ async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>
   const hasPip = installedSet(info.siteDirs).some((p) => p.startsWith("pip=="));
   const bundled = info.ensurepipWheel && existsSync(info.ensurepipWheel) ? info.ensurepipWheel : undefined;
   if (!hasPip && !bundled) return { refusal: `the machine's pip configuration applies (${sources.join(", ")}) and ${info.path} has no pip to read it` };
+  let settings: PipSettings;
   try {
-    const settings = await machinePipSettings(info.path, { env, pythonPath: hasPip ? undefined : bundled, cacheDir: plan.toolsDir, configDigest: pipConfigSourceDigest(plan.env) });
-    const relocating = relocatingOptions(settings);
-    if (relocating.length) return { fatal: `the machine's pip configuration sets ${relocating.join(", ")} (from ${sources.join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)` };
-    const translation = translateForUv(settings);
-    if (!translation.untranslatable.length) return { translation };
-    const what = translation.untranslatable.join(", ");
-    return { refusal: `the machine's pip configuration sets ${what} (from ${sources.join(", ")}), which uv cannot honour the same way; for the fast path, remove ${translation.untranslatable.length > 1 ? "them" : "it"} or give --index-url (which shuts the machine's pip configuration out)` };
+    settings = await machinePipSettings(info.path, { env, pythonPath: hasPip ? undefined : bundled, cacheDir: plan.toolsDir, configDigest: pipConfigSourceDigest(plan.env) });
   } catch (error) {
     return { refusal: `the machine's pip configuration could not be read through pip (${(error as Error).message})` };
   }
+  // An index the configuration names that does not answer: one line now, not the installers' retries (and pip's after uv's).
+  const noIndex = plan.inputs.noIndex || Boolean(settings.options.no_index?.value);
+  const indexUrls = noIndex ? [] : [settings.options.index_url?.value, ...((settings.options.extra_index_urls?.value as string[] | undefined) ?? [])].filter((u): u is string => typeof u === "string" && u !== "");
+  await indexesReachable(indexUrls, ` (set by the machine's pip configuration: ${sources.join(", ")})`);
+  const relocating = relocatingOptions(settings);
+  if (relocating.length) return { fatal: `the machine's pip configuration sets ${relocating.join(", ")} (from ${sources.join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)` };
+  const translation = translateForUv(settings);
+  if (!translation.untranslatable.length) return { translation };
+  const what = translation.untranslatable.join(", ");
+  return { refusal: `the machine's pip configuration sets ${what} (from ${sources.join(", ")}), which uv cannot honour the same way; for the fast path, remove ${translation.untranslatable.length > 1 ? "them" : "it"} or give --index-url (which shuts the machine's pip configuration out)` };
 }
 
 /**
