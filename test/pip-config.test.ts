@@ -106,6 +106,12 @@ describe.skipIf(!HAS_UV)("machine pip configuration, honoured by uv", () => {
         return JSON.parse(r.stdout) as { path: string; status: string };
       };
       for (const vars of ways) expect(installed((await prepare(vars)).path)).toEqual(["dep==1.0", "top==1.0"]);
+      // --dry-run names what of the machine's configuration counts: the variable, the file, the constraint file it names.
+      const dry = await cli(["env", "prepare", "-p", "top", "--python", worker, "--dry-run", "--json"], { env: { ...s.env, ...ways[0]! }, cwd: s.root });
+      const sources = (JSON.parse(dry.stdout) as { inputs: { index: { machine_pip_config_sources: string[] } } }).inputs.index.machine_pip_config_sources;
+      expect(sources).toEqual(expect.arrayContaining(["PIP_CONFIG_FILE", "PIP_CONSTRAINT", join(s.root, "pip.conf"), join(s.root, "outer.txt")]));
+      const lines = await cli(["env", "prepare", "-p", "top", "--python", worker, "--dry-run"], { env: { ...s.env, ...ways[0]! }, cwd: s.root });
+      expect(lines.stdout).toContain(`pip config   ${join(s.root, "outer.txt")}`);
       writeFileSync(join(s.root, "inner.txt"), "dep>1\n");
       for (const vars of ways) {
         const again = await prepare(vars);

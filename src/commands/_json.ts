@@ -58,7 +58,7 @@ export const InputsReport = v.strictObject({
   variables: v.array(v.strictObject({ name: str, set: bool })),
   locals: v.array(v.strictObject({ kind: v.picklist(["project", "editable", "archive"]), path: str, digest: str, files: v.optional(num), origin: str })),
   find_links: v.array(v.strictObject({ origin: str, url: v.optional(str), path: v.optional(str), digest: v.optional(str) })),
-  index: v.strictObject({ index_url: nullableStr, extra_index_urls: strList, machine_pip_config: bool }),
+  index: v.strictObject({ index_url: nullableStr, extra_index_urls: strList, in_files: v.optional(strList), machine_pip_config: bool, machine_pip_config_sources: v.optional(strList) }),
   interpreter: v.strictObject({ path: str, via: nullableStr, executable: str, version: str, platform: str }),
   base: str,
   /** The conda environment the interpreter is from, when the request named one. */

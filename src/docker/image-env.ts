@@ -73,7 +73,7 @@ function resolveImageRequest(layout: HomeLayout, imageId: string, py: ImagePytho
   const interpreter = asInterpreter(py);
   // The image's own pip configuration is part of the image, so of its id.
   const doc = { ...keyDocument({ inputs, flags, interpreter, base: contentHash(py.distributions.join("\n")), installerConfig: null }), image: imageId };
-  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: "image", isolated: true, conda: null };
+  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: "image", isolated: true, conda: null, machineConfig: null };
 }
 
 /** Where the host's uv and its cache are, inside a build container. */

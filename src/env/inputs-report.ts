@@ -23,7 +23,9 @@ export function inputsReport(r: ResolvedRequest) {
     index: {
       index_url: flags.indexUrl ? hideCredentials(flags.indexUrl) : null,
       extra_index_urls: flags.extraIndexUrls.map(hideCredentials),
+      in_files: inputs.indexUrls.map(hideCredentials),
       machine_pip_config: r.doc.installer_config !== null,
+      machine_pip_config_sources: r.machineConfig ?? [],
     },
     interpreter: { path: interpreter.path, via: r.interpreterVia, executable: interpreter.realExecutable, version: interpreter.version, platform: interpreter.platform },
     base: r.doc.base,
@@ -42,7 +44,9 @@ export function inputsLines(report: InputsReport): string[] {
   for (const v of report.variables) out.push(`variable     \${${v.name}} ${v.set ? "(set; its value by digest)" : "(unset: left as written)"}`);
   for (const l of report.locals) out.push(`local        ${l.kind} ${l.path}${l.files === undefined ? "" : ` (${l.files} files)`} sha256:${l.digest.slice(0, 12)}`);
   for (const f of report.find_links) out.push(`find-links   ${f.url ?? `${f.path} sha256:${f.digest?.slice(0, 12)}`}`);
-  out.push(`index        ${report.index.index_url ?? (report.index.machine_pip_config ? "the machine's pip configuration (in the key)" : "pip's default")}${report.index.extra_index_urls.length ? ` + ${report.index.extra_index_urls.join(", ")}` : ""}`);
+  const index = report.index.index_url ?? (report.index.in_files.length ? `named in the requirements files: ${report.index.in_files.join(", ")}` : report.index.machine_pip_config ? "the machine's pip configuration (in the key)" : "pip's default");
+  out.push(`index        ${index}${report.index.extra_index_urls.length ? ` + ${report.index.extra_index_urls.join(", ")}` : ""}`);
+  for (const source of report.index.machine_pip_config_sources) out.push(`pip config   ${source}`);
   if (report.conda) out.push(`conda        ${report.conda.name ?? report.conda.prefix} (${report.conda.prefix}; ${report.conda.packages} conda packages, conda-meta sha256:${report.conda.meta_digest.slice(0, 12)})`);
   out.push(`base         sha256:${report.base.slice(0, 12)} (the interpreter's installed name==version set)`);
   return out;

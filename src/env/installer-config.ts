@@ -53,8 +53,8 @@ function referencedDigest(path: string, env: NodeJS.ProcessEnv, ctx: { cwd: stri
   );
 }
 
-export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null }): string {
-  const digestCache = ctx.digestCache;
+/** What of pip's own configuration counts: its variables and files as text, and the constraint/requirement files and find-links folders they name. */
+function machineConfigParts(env: NodeJS.ProcessEnv): { parts: string[]; referenced: string[]; folders: string[] } {
   const parts: string[] = [];
   const referenced: string[] = [];
   const folders: string[] = [];
@@ -71,6 +71,19 @@ export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; dige
     for (const m of text.matchAll(/^\s*(constraint|requirement)\s*[=:]\s*(.+)$/gm)) referenced.push(...m[2]!.trim().split(/\s+/));
     for (const m of text.matchAll(/^\s*find[-_]links\s*[=:]\s*(.+)$/gm)) folders.push(...m[1]!.trim().split(/\s+/));
   }
+  return { parts, referenced, folders };
+}
+
+/** For --dry-run and env show: the variables (by name: values may hold secrets) and files of pip's configuration that count, and the files they name. */
+export function machineConfigInputs(env: NodeJS.ProcessEnv, cwd: string): string[] {
+  const { referenced } = machineConfigParts(env);
+  const vars = Object.keys(env).filter((k) => k.startsWith("PIP_") && env[k] !== undefined && !NEUTRAL_VARIABLES.has(k) && !(k === "PIP_CONFIG_FILE" && env[k] === "/dev/null")).sort();
+  return [...vars, ...pipConfigFiles(env).filter((f) => existsSync(f)), ...referenced.map((r) => resolve(cwd, r))];
+}
+
+export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null }): string {
+  const digestCache = ctx.digestCache;
+  const { parts, referenced, folders } = machineConfigParts(env);
   for (const ref of referenced) {
     const path = resolve(ctx.cwd, ref);
     parts.push(`ref ${path}\n${existsSync(path) ? referencedDigest(path, env, ctx) : "missing"}`);

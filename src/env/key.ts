@@ -77,6 +77,8 @@ export interface ResolvedRequest {
   isolated: boolean;
   /** The conda environment the base interpreter is from, when the request named one. */
   conda: CondaEnv | null;
+  /** What of the machine's pip configuration counts (variable names, files, the files they name); null when shut out. */
+  machineConfig: string[] | null;
 }
 
 export function envKey(doc: KeyDocument): string {

@@ -8,7 +8,7 @@ import type { BuildHooks, BuildOutcome } from "./build.ts";
 import type { KeepGroup } from "./run-tool.ts";
 import type { InstallerSetting } from "./build-plan.ts";
 import { redactUrl } from "./url-credentials.ts";
-import { pipConfigDigest } from "./installer-config.ts";
+import { machineConfigInputs, pipConfigDigest } from "./installer-config.ts";
 import { baseFingerprint, runningInterpreter } from "./interpreter.ts";
 import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedRequest } from "./key.ts";
 import type { Lease } from "../core/lease.ts";
@@ -95,7 +95,8 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest): Resolve
     installerConfig: isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests }),
     ...(conda ? { conda: { prefix: conda.prefix, meta: conda.metaDigest } } : {}),
   });
-  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda };
+  const machineConfig = isolated ? null : machineConfigInputs(req.env, req.cwd);
+  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, machineConfig };
 }
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, and the inputs the key covers. */
