@@ -1,7 +1,8 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { treeDigest } from "../src/env/content-digest.ts";
+import { folderDigest, treeDigest } from "../src/env/content-digest.ts";
+import { fileContentHash } from "../src/core/hashing.ts";
 import { tempDir } from "./helpers.ts";
 
 /**
@@ -159,5 +160,25 @@ describe("ignore rules, as git and setuptools read them", () => {
     expect(digest(root)).toBe(before); // ignored: not what an install reads
     writeFileSync(join(root, "assets", "sub", "s.dat"), "two\n");
     expect(digest(root)).not.toBe(before); // re-included below: it counts
+  });
+});
+
+describe("a big file in a find-links folder", () => {
+  test("is told of before it is hashed, once: the next run goes by its stat; its digest is its bytes'", async () => {
+    const dir = join(world, "wheelhouse");
+    mkdirSync(dir, { recursive: true });
+    const big = join(dir, "huge-1.0-py3-none-any.whl");
+    writeFileSync(big, "");
+    Bun.spawnSync(["truncate", "-s", "70M", big]);
+    await Bun.sleep(2_100); // settled: a file changed in the last 2 s is hashed every time (git's "racily clean")
+    const cacheDir = join(world, "cache-wheelhouse");
+    const told: [string, number][] = [];
+    const first = folderDigest(dir, cacheDir, (p, b) => told.push([p, b]));
+    expect(told).toEqual([[big, 70 * 1024 * 1024]]);
+    expect(folderDigest(dir, cacheDir, (p, b) => told.push([p, b]))).toBe(first);
+    expect(told.length).toBe(1);
+    // Read in pieces, the same sha256 as sha256sum's of the whole file.
+    expect(fileContentHash(big)).toBe(Bun.spawnSync(["sha256sum", big], { stdout: "pipe" }).stdout.toString().split(" ")[0]!);
+    expect(folderDigest(dir, null)).toBe(first);
   });
 });

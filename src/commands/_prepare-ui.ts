@@ -18,6 +18,7 @@ export function prepareHooks(out: Output): PrepareHooks {
   return {
     onResolved: (r) => out.debug(() => `key ${r.key} (${r.summary}) python ${r.interpreter.path} ${r.isolated ? "isolated installer config" : "machine pip config counted in key"}`),
     onWait: (m) => out.phase(`… ${m}`),
+    onHashing: (path, bytes) => out.phase(`[${elapsed()}] hashing ${path} (${formatBytes(bytes)}) for the key; once: later runs go by its stat`),
     onStep: (s, detail) => {
       step = s;
       stepStarted = performance.now();

@@ -2,7 +2,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, type St
 import { join, relative } from "node:path";
 import ignore, { type Ignore } from "ignore";
 import { writeFileAtomic } from "../core/atomic.ts";
-import { contentHash } from "../core/hashing.ts";
+import { contentHash, fileContentHash } from "../core/hashing.ts";
 
 /**
  * Local inputs by content: files, project folders, find-links folders. A stat
@@ -20,6 +20,12 @@ type Entry = [...Signature, string];
 const sameFile = (e: Entry, s: Stats): boolean => e[0] === s.size && e[1] === s.mtimeMs && e[2] === s.ctimeMs && e[3] === s.ino && e[4] === s.dev;
 
 /** One cache file per root; loaded on first use, written back only when something changed. */
+/** Told before a big file is read for its digest (once: later runs have its stat): a key can take seconds on a wheelhouse. */
+export type OnHashing = (path: string, bytes: number) => void;
+
+/** Files at least this big are told of before they are hashed. */
+const TOLD_BYTES = 64 * 1024 * 1024;
+
 export class DigestCache {
   private loaded: Record<string, Entry> | null = null;
   private dirty = false;
@@ -29,6 +35,7 @@ export class DigestCache {
     dir: string | null,
     root: string,
     private readonly now: () => number = Date.now,
+    private readonly onHashing?: OnHashing,
   ) {
     this.file = dir ? join(dir, `${contentHash(root).slice(0, 32)}.json`) : null;
   }
@@ -50,7 +57,8 @@ export class DigestCache {
   digest(path: string, stat: Stats, id: string = path): string {
     const hit = this.entries[id];
     if (Array.isArray(hit) && sameFile(hit, stat)) return hit[5];
-    const digest = contentHash(readFileSync(path));
+    if (stat.size >= TOLD_BYTES) this.onHashing?.(path, stat.size);
+    const digest = fileContentHash(path);
     if (this.now() - Math.max(stat.mtimeMs, stat.ctimeMs) > RACY_MS) {
       this.entries[id] = [stat.size, stat.mtimeMs, stat.ctimeMs, stat.ino, stat.dev, digest];
       this.dirty = true;
@@ -70,8 +78,8 @@ export class DigestCache {
 }
 
 /** One file (a wheel, an sdist) by content. */
-export function fileDigest(path: string, cacheDir: string | null): string {
-  const cache = new DigestCache(cacheDir, path);
+export function fileDigest(path: string, cacheDir: string | null, onHashing?: OnHashing): string {
+  const cache = new DigestCache(cacheDir, path, Date.now, onHashing);
   const digest = cache.digest(path, statSync(path));
   cache.save();
   return digest;
@@ -88,6 +96,7 @@ export interface TreeOptions {
   cacheDir: string | null;
   /** The clock that says whether a file is settled (RACY_MS); injected by tests. */
   now?: () => number;
+  onHashing?: OnHashing;
 }
 
 export interface TreeDigest {
@@ -107,7 +116,7 @@ export interface TreeDigest {
  */
 export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
   const now = opts.now ?? Date.now;
-  const cache = new DigestCache(opts.cacheDir, `tree:${root}`, now);
+  const cache = new DigestCache(opts.cacheDir, `tree:${root}`, now, opts.onHashing);
   const items = walkTree(root, opts.editable);
   // The stat fields as raw doubles: formatting 10,000 floats as text would cost more than the stats.
   // One plain loop for names and numbers: half the time of a forEach and a map-join over 2,000 files.
@@ -280,15 +289,15 @@ function ignoredBy(rules: { base: string; ig: Ignore }[], path: string, isDir: b
 }
 
 /** A find-links location on disk: a folder by its files, a file by its bytes, "missing" when absent (pip warns and goes on). */
-export function findLinksDigest(path: string, cacheDir: string | null): string {
+export function findLinksDigest(path: string, cacheDir: string | null, onHashing?: OnHashing): string {
   const stat = statSync(path, { throwIfNoEntry: false });
   if (!stat) return "missing";
-  return stat.isDirectory() ? folderDigest(path, cacheDir) : fileDigest(path, cacheDir);
+  return stat.isDirectory() ? folderDigest(path, cacheDir, onHashing) : fileDigest(path, cacheDir, onHashing);
 }
 
 /** A local find-links folder: the names and content of what pip would pick from (its files; pip does not descend). */
-export function folderDigest(dir: string, cacheDir: string | null): string {
-  const cache = new DigestCache(cacheDir, `folder:${dir}`);
+export function folderDigest(dir: string, cacheDir: string | null, onHashing?: OnHashing): string {
+  const cache = new DigestCache(cacheDir, `folder:${dir}`, Date.now, onHashing);
   const hasher = new Bun.CryptoHasher("sha256");
   if (existsSync(dir)) {
     for (const name of readdirSync(dir).sort()) {

@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
-import { folderDigest } from "./content-digest.ts";
+import { folderDigest, type OnHashing } from "./content-digest.ts";
 import { contentHash } from "../core/hashing.ts";
 import { UsageError } from "../errors.ts";
 import { scanRequest } from "./requirements.ts";
@@ -35,10 +35,10 @@ export function pipConfigFiles(env: NodeJS.ProcessEnv): string[] {
  * everything it reaches (nested -r/-c, find-links folders, local projects,
  * ${VAR} values), read as pip reads it: a change anywhere in it is a new env.
  */
-function referencedDigest(path: string, env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null }): string {
+function referencedDigest(path: string, env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null; onHashing?: OnHashing }): string {
   let inputs: ReturnType<typeof scanRequest>;
   try {
-    inputs = scanRequest({ requirementsFile: path, specs: [] }, { env, cwd: ctx.cwd, digestCache: ctx.digestCache });
+    inputs = scanRequest({ requirementsFile: path, specs: [] }, { env, cwd: ctx.cwd, digestCache: ctx.digestCache, onHashing: ctx.onHashing });
   } catch (error) {
     if (error instanceof UsageError) throw new UsageError(`the machine's pip configuration names ${path}: ${error.message}`);
     throw error;
@@ -81,7 +81,7 @@ export function machineConfigInputs(env: NodeJS.ProcessEnv, cwd: string): string
   return [...vars, ...pipConfigFiles(env).filter((f) => existsSync(f)), ...referenced.map((r) => resolve(cwd, r))];
 }
 
-export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null }): string {
+export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null; onHashing?: OnHashing }): string {
   const digestCache = ctx.digestCache;
   const { parts, referenced, folders } = machineConfigParts(env);
   for (const ref of referenced) {
@@ -89,7 +89,7 @@ export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; dige
     parts.push(`ref ${path}\n${existsSync(path) ? referencedDigest(path, env, ctx) : "missing"}`);
   }
   // A wheel dropped into a find-links folder changes what an unpinned request gets.
-  for (const f of folders) if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && existsSync(resolve(ctx.cwd, f))) parts.push(`folder ${f}\n${folderDigest(resolve(ctx.cwd, f), digestCache)}`);
+  for (const f of folders) if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && existsSync(resolve(ctx.cwd, f))) parts.push(`folder ${f}\n${folderDigest(resolve(ctx.cwd, f), digestCache, ctx.onHashing)}`);
   return contentHash(parts.join("\n"));
 }
 

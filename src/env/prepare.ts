@@ -44,6 +44,8 @@ export interface PrepareRequest extends EnvironmentSource {
 export interface PrepareHooks extends BuildHooks {
   onResolved?(resolved: ResolvedRequest): void;
   onWait?(message: string): void;
+  /** A big local file is hashed for the key (a wheel in a find-links folder): seconds, once; later runs have its stat. */
+  onHashing?(path: string, bytes: number): void;
 }
 
 export interface PrepareResult {
@@ -68,12 +70,12 @@ export interface PrepareResult {
 }
 
 /** From a request to its key: stats, readdirs and a hash; no Python is started on the warm path (a wrapper script aside). */
-export function resolveRequest(layout: HomeLayout, req: PrepareRequest): ResolvedRequest {
+export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: Pick<PrepareHooks, "onHashing"> = {}): ResolvedRequest {
   if (req.conda !== undefined && !req.conda.trim()) throw new UsageError("--conda: give a conda environment's name or path");
   if (req.conda !== undefined && req.python !== undefined) throw new UsageError(`--python ${req.python} and --conda ${req.conda} both name the base interpreter: give one`);
   const conda = req.conda === undefined ? null : findCondaEnv(req.conda, { env: req.env, home: req.env.HOME || homedir(), cwd: req.cwd });
   const { info: interpreter, resolved } = runningInterpreter(conda?.python ?? req.python, req.env, req.cwd, layout.interpreters);
-  const ctx = { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo };
+  const ctx = { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo, onHashing: hooks.onHashing };
   const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
   for (const u of [req.indexUrl, ...req.extraIndexUrls]) {
     if (u && !/^(https?:\/\/[^\s/]|file:\/\/)/i.test(u)) throw new UsageError(`invalid index URL: ${redactUrl(u)} (expected http://, https:// or file://)`);
@@ -82,7 +84,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest): Resolve
     if (/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && !/^file:/i.test(f)) return { url: f };
     const path = resolve(req.cwd, f.replace(/^file:\/\//i, ""));
     if (req.confineTo) confineTo(req.confineTo, path, "--find-links", "the find-links location");
-    return { path, digest: findLinksDigest(path, layout.digests) };
+    return { path, digest: findLinksDigest(path, layout.digests, hooks.onHashing) };
   });
   const flags: FlagOptions = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: flagLinks };
   const fileIndexOptions = ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o));
@@ -92,7 +94,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest): Resolve
     flags,
     interpreter,
     base: baseFingerprint(interpreter.siteDirs),
-    installerConfig: isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests }),
+    installerConfig: isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests, onHashing: hooks.onHashing }),
     ...(conda ? { conda: { prefix: conda.prefix, meta: conda.metaDigest } } : {}),
   });
   const machineConfig = isolated ? null : machineConfigInputs(req.env, req.cwd);
@@ -100,8 +102,8 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest): Resolve
 }
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, and the inputs the key covers. */
-export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest) {
-  const resolved = resolveRequest(layout, req);
+export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest, hooks: Pick<PrepareHooks, "onHashing"> = {}) {
+  const resolved = resolveRequest(layout, req, hooks);
   const paths = entryPaths(layout, resolved.key);
   return { key: resolved.key, would: isReady(paths) ? ("reuse" as const) : ("build" as const), path: paths.dir, summary: resolved.summary, inputs: inputsReport(resolved) };
 }
@@ -111,7 +113,7 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
   const hooks = opts.hooks ?? {};
   const venvCreator = req.venvCreator ?? "auto";
   const installer = req.installer ?? "auto";
-  const resolved = resolveRequest(layout, req);
+  const resolved = resolveRequest(layout, req, hooks);
   hooks.onResolved?.(resolved);
   const paths = entryPaths(layout, resolved.key);
   // One signal for the time limit and a cancel; `step` says what was running when it came.

@@ -4,7 +4,7 @@ import { dirname, isAbsolute, join, relative, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { quote as shlexQuote } from "shlex";
 import { UsageError } from "../errors.ts";
-import { fileDigest, findLinksDigest, treeDigest } from "./content-digest.ts";
+import { fileDigest, findLinksDigest, type OnHashing, treeDigest } from "./content-digest.ts";
 import { canonicalPlainRequirement, normalizeName } from "./canonical.ts";
 import { contentHash } from "../core/hashing.ts";
 import { hideCredentials, redactUrl } from "./url-credentials.ts";
@@ -77,6 +77,8 @@ export interface ScanContext {
   digestCache: string | null;
   /** A remote job's bundle: every file, project and folder the request reaches must be inside it (links resolved), or it is refused before it is read. */
   confine?: string;
+  /** Told before a big local file is hashed for the key (content-digest.ts). */
+  onHashing?: OnHashing;
 }
 
 /** Characters Python splits lines on, or that no requirement holds: in a -p spec, they would smuggle lines into what pip reads. */
@@ -207,7 +209,7 @@ class Scanner {
     const path = nearFile && !isAbsolute(local) && existsSync(nearFile) ? nearFile : resolve(this.ctx.cwd, local);
     this.inside(path, origin, "the find-links location");
     if (fileDir && !isAbsolute(local) && resolve(fileDir) !== resolve(this.ctx.cwd)) this.uvDiffers(`${origin}: a relative --find-links outside the working directory is left to pip`);
-    this.inputs.findLinks.push({ origin, path, digest: findLinksDigest(path, this.ctx.digestCache) });
+    this.inputs.findLinks.push({ origin, path, digest: findLinksDigest(path, this.ctx.digestCache, this.ctx.onHashing) });
   }
 
   private requirement(line: PipLine, origin: string, editableTarget: string | undefined, file: string | null): void {
@@ -220,7 +222,7 @@ class Scanner {
       const path = resolve(this.ctx.cwd, local);
       this.inside(path, origin, "the editable project");
       if (!existsSync(path) || !statSync(path).isDirectory()) throw new UsageError(`${origin}: editable project not found: ${local}`);
-      const tree = treeDigest(realpathSync(path), { editable: true, cacheDir: this.ctx.digestCache });
+      const tree = treeDigest(realpathSync(path), { editable: true, cacheDir: this.ctx.digestCache, onHashing: this.ctx.onHashing });
       this.inputs.locals.push({ kind: "editable", path, digest: tree.digest, origin, files: tree.files });
       return;
     }
@@ -261,9 +263,9 @@ class Scanner {
       throw new UsageError(`${origin}: local package not found: ${path}`);
     }
     if (st.isDirectory()) {
-      const tree = treeDigest(realpathSync(abs), { editable: false, cacheDir: this.ctx.digestCache });
+      const tree = treeDigest(realpathSync(abs), { editable: false, cacheDir: this.ctx.digestCache, onHashing: this.ctx.onHashing });
       this.inputs.locals.push({ kind: "project", path: abs, digest: tree.digest, origin, files: tree.files });
-    } else this.inputs.locals.push({ kind: "archive", path: abs, digest: fileDigest(abs, this.ctx.digestCache), origin });
+    } else this.inputs.locals.push({ kind: "archive", path: abs, digest: fileDigest(abs, this.ctx.digestCache, this.ctx.onHashing), origin });
   }
 
   specs(specs: string[], originPrefix: string): void {

@@ -76,7 +76,7 @@ export default defineCommand({
       signal: stopOnSignals(),
     };
     if (a["dry-run"]) {
-      const plan = dryRunPrepare(layout, request);
+      const plan = dryRunPrepare(layout, request, { onHashing: prepareHooks(out).onHashing });
       const doc: EnvDryRunDoc = { key: plan.key, would: plan.would, path: plan.path, summary: plan.summary, inputs: plan.inputs };
       out.result(doc, () => [`key          ${plan.key}`, `would        ${plan.would} (${plan.path})`, ...inputsLines(plan.inputs)]);
       return;
