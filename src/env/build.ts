@@ -7,7 +7,7 @@ import { FAST_PATH, machinePipConfig, prereleasesInstalled, requestRefusal, UvFa
 import { redactUrl } from "./url-credentials.ts";
 import { nearlyFull, NoSpaceLeft, saysNoSpace } from "./disk-full.ts";
 import { NEUTRAL_VARIABLES, pipConfigSourceDigest } from "./installer-config.ts";
-import { machinePipSettings, type PipSettings, relocatingOptions, translateForUv, type UvTranslation } from "./pip-config.ts";
+import { machinePipSettings, originsOf, type PipSettings, relocatingOptions, translateForUv, type UvTranslation } from "./pip-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import { installedSet } from "./interpreter.ts";
 import { pipCheck, pipCommand, pipInstall } from "./pip-path.ts";
@@ -274,13 +274,13 @@ async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>
   // An index the configuration names that does not answer: one line now, not the installers' retries (and pip's after uv's).
   const noIndex = plan.inputs.noIndex || Boolean(settings.options.no_index?.value);
   const indexUrls = noIndex ? [] : [settings.options.index_url?.value, ...((settings.options.extra_index_urls?.value as string[] | undefined) ?? [])].filter((u): u is string => typeof u === "string" && u !== "");
-  await indexesReachable(indexUrls, ` (set by the machine's pip configuration: ${sources.join(", ")})`);
+  await indexesReachable(indexUrls, ` (set by the machine's pip configuration: ${originsOf(settings, ["--index-url", "--extra-index-url"], sources).join(", ")})`);
   const relocating = relocatingOptions(settings);
-  if (relocating.length) return { fatal: `the machine's pip configuration sets ${relocating.join(", ")} (from ${sources.join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)` };
+  if (relocating.length) return { fatal: `the machine's pip configuration sets ${relocating.join(", ")} (from ${originsOf(settings, relocating, sources).join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)` };
   const translation = translateForUv(settings);
   if (!translation.untranslatable.length) return { translation };
   const what = translation.untranslatable.join(", ");
-  return { refusal: `the machine's pip configuration sets ${what} (from ${sources.join(", ")}), which uv cannot honour the same way; for the fast path, remove ${translation.untranslatable.length > 1 ? "them" : "it"} or give --index-url (which shuts the machine's pip configuration out)` };
+  return { refusal: `the machine's pip configuration sets ${what} (from ${originsOf(settings, translation.untranslatable, sources).join(", ")}), which uv cannot honour the same way; for the fast path, remove ${translation.untranslatable.length > 1 ? "them" : "it"} or give --index-url (which shuts the machine's pip configuration out)` };
 }
 
 /**

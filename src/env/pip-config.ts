@@ -16,7 +16,14 @@ import { installerMessage, runTool } from "./run-tool.ts";
 /** pip's install options that its configuration set, by optparse dest, with the option's spelling. */
 export interface PipSettings {
   pip: string;
-  options: Record<string, { flag: string; value: unknown }>;
+  /** `origin`: the file or PIP_* variable that set it, where pip's configuration could say. */
+  options: Record<string, { flag: string; value: unknown; origin?: string }>;
+}
+
+/** Where these options were set, each source once; `fallback` (every source there is) when pip could not say. */
+export function originsOf(settings: PipSettings, flags: string[], fallback: string[]): string[] {
+  const origins = Object.values(settings.options).filter((o) => flags.includes(o.flag)).map((o) => o.origin);
+  return origins.length && origins.every(Boolean) ? [...new Set(origins as string[])] : fallback;
 }
 
 // Runs in the worker's Python with pip importable. Prints one JSON document.
@@ -33,7 +40,7 @@ def parsed():
     for o in cmd.parser._get_all_options():
         if o.dest and o.dest not in flags:
             flags[o.dest] = o.get_opt_string()
-    return vars(opts), flags
+    return vars(opts), flags, cmd.parser.config
 
 def plain(v):
     if isinstance(v, FormatControl):
@@ -44,12 +51,46 @@ def plain(v):
         return v
     return repr(v)
 
-configured, flags = parsed()
+def origins(conf):
+    # Where each option was set, as pip's own Configuration loaded it: files in pip's order, then PIP_* variables;
+    # a later source wins at the same rank, [install] over [global], a variable over both (pip's override order).
+    # Best effort (pip's internals), so nothing on failure.
+    rank = {"global": 0, "install": 1, ":env:": 2}
+    found = {}
+    def note(section, name, source):
+        if section not in rank:
+            return
+        name = name.replace("_", "-")
+        if rank[section] >= found.get(name, (-1, ""))[0]:
+            found[name] = (rank[section], source)
+    try:
+        for variant, parsers in conf._parsers.items():
+            for fname, parser in parsers:
+                for section in parser.sections():
+                    for name, _ in parser.items(section):
+                        note(section, name, fname)
+        for key, value in conf._config.get("env-var", {}).items():
+            for k in (value.keys() if isinstance(value, dict) else [key]):
+                section, _, name = k.rpartition(".")
+                note(section, name, "PIP_" + name.upper().replace("-", "_"))
+    except Exception:
+        pass
+    return {name: source for name, (_, source) in found.items()}
+
+configured, flags, conf = parsed()
+where = origins(conf)
 for k in [k for k in os.environ if k.startswith("PIP_")]:
     del os.environ[k]
 os.environ["PIP_CONFIG_FILE"] = os.devnull
-bare, _ = parsed()
-out = {k: {"flag": flags.get(k, "--" + k.replace("_", "-")), "value": plain(v)} for k, v in configured.items() if plain(v) != plain(bare.get(k))}
+bare, _, _ = parsed()
+out = {}
+for k, v in configured.items():
+    if plain(v) == plain(bare.get(k)):
+        continue
+    flag = flags.get(k, "--" + k.replace("_", "-"))
+    out[k] = {"flag": flag, "value": plain(v)}
+    if flag.lstrip("-") in where:
+        out[k]["origin"] = where[flag.lstrip("-")]
 print(json.dumps({"pip": __version__, "options": out}))
 `;
 
