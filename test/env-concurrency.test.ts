@@ -71,8 +71,9 @@ describe("env prepare, concurrently", () => {
       await victim.exited;
 
       expect(readyKeys(s.home)).toEqual([]);
-      const [entry, ...others] = readdirSync(join(s.home, "envs-v1"));
-      expect(others).toEqual([]);
+      // The env's folder, and its installers' TMPDIR: both the next build's to remove.
+      const [entry, ...others] = readdirSync(join(s.home, "envs-v1")).sort();
+      expect(others).toEqual([`${entry}.tmp`]);
       const list = JSON.parse((await cli(["env", "list", "--json"], { env: s.env })).stdout);
       expect(list).toMatchObject([{ key: entry, state: "incomplete" }]);
       expect((await cli(["env", "show", entry!], { env: s.env })).code).toBe(1);
@@ -86,6 +87,7 @@ describe("env prepare, concurrently", () => {
       expect(performance.now() - t).toBeLessThan(20_000);
       expect(counted(counter)).toBe(2);
       expect(readyKeys(s.home)).toEqual([entry!]);
+      expect(readdirSync(join(s.home, "envs-v1"))).toEqual([entry!]);
       expect(readdirSync(join(s.home, "locks")).filter((n) => n.startsWith(entry!))).toEqual([]);
       expect(existsSync(join(s.home, "trash")) ? readdirSync(join(s.home, "trash")) : []).toEqual([]);
     } finally {
