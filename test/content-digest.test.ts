@@ -146,6 +146,17 @@ describe("ignore rules, as git and setuptools read them", () => {
     const rules = digest(root);
     writeFileSync(join(root, "pkg", "_ext.cpython-311-x86_64-linux-gnu.so"), "\x7fELF");
     expect(digest(root)).toBe(rules);
+    // An ignored folder there: left out unless it is a package itself (generated code setuptools' find_packages installs).
+    writeFileSync(join(root, ".gitignore"), "_gen.py\n*.dat\n*.so\nnode_modules/\n_generated/\n");
+    mkdirSync(join(root, "pkg", "node_modules", "x"), { recursive: true });
+    mkdirSync(join(root, "pkg", "_generated"), { recursive: true });
+    writeFileSync(join(root, "pkg", "_generated", "__init__.py"), "");
+    writeFileSync(join(root, "pkg", "_generated", "api_pb2.py"), "A = 1\n");
+    const folders = digest(root);
+    writeFileSync(join(root, "pkg", "node_modules", "x", "index.js"), "module.exports = 1\n");
+    expect(digest(root)).toBe(folders);
+    writeFileSync(join(root, "pkg", "_generated", "api_pb2.py"), "A = 2\n");
+    expect(digest(root)).not.toBe(folders);
   });
 
   test("outside packages: ignored files are left out, and a deeper .gitignore's !pattern brings one back (git's precedence)", () => {

@@ -261,8 +261,10 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
       if (isDir && (NEVER_READ_DIRS.has(name) || name.endsWith(".egg-info"))) continue;
       if (!isDir && (name.endsWith(".pyc") || name.endsWith(".pyo"))) continue;
       if (isDir && dir === root && name === "build" && readdirSync(path).every((e) => SETUPTOOLS_BUILD_ENTRY.test(e))) continue;
-      // In a package, an ignored native library is what an in-place build (build_ext --inplace, an editable's) wrote: output.
-      if (rules.length && (!packageDir || (!isDir && NATIVE_OUTPUT.test(name))) && ignoredBy(rules, path, isDir)) continue;
+      // In a package, ignore rules still leave out what setuptools would not install there: an ignored folder that is no
+      // package itself (node_modules, a tool's cache), and an ignored native library, an in-place build's output.
+      const installedAnyway = packageDir && (isDir ? existsSync(`${path}/__init__.py`) : !NATIVE_OUTPUT.test(name));
+      if (rules.length && !installedAnyway && ignoredBy(rules, path, isDir)) continue;
       if (isDir) {
         walk(path, relPath, rules, packageDir);
         continue;
