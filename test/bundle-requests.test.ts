@@ -1,4 +1,4 @@
-import { afterAll, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { mkdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
@@ -6,6 +6,9 @@ import { dryRunPrepare } from "../src/env/prepare.ts";
 import { scanRequest } from "../src/env/requirements.ts";
 import { UsageError } from "../src/errors.ts";
 import { tempDir } from "./helpers.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 /**
  * A remote job's requirements are read on its worker, inside the unpacked

@@ -1,9 +1,12 @@
-import { afterAll, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { chmodSync, existsSync, mkdirSync, readFileSync, statSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { inspectBundle, listWorkdir, packWorkdir, unpackBundle } from "../src/cluster/bundle.ts";
 import { BundleError } from "../src/errors.ts";
 import { run, tempDir } from "./helpers.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 const LIMITS = { maxBytes: 200 * 1024 ** 2, maxUnpackedBytes: 2 * 1024 ** 3, maxEntries: 200_000 };
 

@@ -1,4 +1,4 @@
-import { afterAll, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import type { ArgsDef, CommandDef } from "citty";
 import { runCommand } from "citty";
 import { join } from "node:path";
@@ -10,6 +10,9 @@ import { Output } from "../src/ui/output.ts";
 import { cli, makeWorkerVenv, readyKeys, sandbox } from "./helpers.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { capture } from "../src/ui/terminal.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 /** One CLI voice: usage lines, help, colour, error and warning lines. In-process where no real process is needed. */
 

@@ -1,10 +1,13 @@
-import { afterEach, describe, expect, test } from "bun:test";
+import { afterEach, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { CONDA_DEFAULT_ROOTS, type CondaLookupContext, condaActivation, findCondaEnv, listCondaEnvs } from "../src/env/conda.ts";
 import { UsageError } from "../src/errors.ts";
 import { addCondaRecord, fakeConda, makeCondaEnv, makeCondaRoot, pyenvPython, writeEnvironmentsTxt } from "./fixtures/conda.ts";
 import { run, tempDir } from "./helpers.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 // Every prefix holds a real Python copied from a pyenv one; without pyenv there is nothing real to copy.
 const PY = pyenvPython();

@@ -1,9 +1,12 @@
-import { afterAll, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { folderDigest, treeDigest } from "../src/env/content-digest.ts";
 import { fileContentHash } from "../src/core/hashing.ts";
 import { tempDir } from "./helpers.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 /**
  * A project folder's digest on the warm path: a stat per file, then the kept

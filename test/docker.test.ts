@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
@@ -8,6 +8,9 @@ import { PullParser } from "../src/docker/pull.ts";
 import { shellSplit } from "../src/docker/shellwords.ts";
 import { type EngineName, plainHttpRegistry, pushBusybox, engineMatrix, engineTest, useRegistry, ENGINES } from "./fixtures/registry.ts";
 import { cli, sandbox, tempDir } from "./helpers.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 /**
  * Images with real engines and a real registry on 127.0.0.1. Every case runs

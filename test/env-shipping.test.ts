@@ -1,10 +1,13 @@
-import { describe, expect, test } from "bun:test";
+import { describe, expect, setDefaultTimeout, test } from "bun:test";
 import { join } from "node:path";
 import { ClusterClient } from "../src/cluster/client.ts";
 import { homeLayout } from "../src/config/paths.ts";
 import { InstallError } from "../src/errors.ts";
 import { workerShipping } from "../src/worker/env-shipping.ts";
 import { tempDir } from "./helpers.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 /**
  * A worker whose server cannot be asked when it needs an env (the server is

@@ -1,4 +1,4 @@
-import { afterAll, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { ClusterClient, connect, normalizeServerUrl, remoteTarget } from "../src/cluster/client.ts";
@@ -10,6 +10,9 @@ import { Outbox } from "../src/worker/outbox.ts";
 import { deadUrl, Replica } from "./fixtures/replica.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 import { cli, sandbox, startCli } from "./helpers.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 /**
  * Clients and workers given several replicas of one server (`--server

@@ -1,4 +1,4 @@
-import { afterAll, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { copyFileSync, existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
@@ -6,6 +6,9 @@ import { listImageRecords } from "../src/docker/index.ts";
 import { recordPaths, writeRecord } from "../src/docker/inventory.ts";
 import { busyboxTar, type EngineName, engineMatrix, engineTest, useRegistry, ENGINES } from "./fixtures/registry.ts";
 import { cli, ROOT, run, sandbox, tempDir } from "./helpers.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 /**
  * gc over images, with real engines and a real registry on 127.0.0.1: only

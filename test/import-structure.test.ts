@@ -1,6 +1,9 @@
-import { describe, expect, test } from "bun:test";
+import { describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, readFileSync } from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 /**
  * The shape of src/: no two files import each other, however far round, and

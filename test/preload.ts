@@ -1,8 +1,6 @@
-import { afterAll, setDefaultTimeout } from "bun:test";
+import { afterAll } from "bun:test";
 import { removeTempDirs } from "./helpers.ts";
 
-// Preloaded (bunfig.toml), so these belong to the whole run. Real pip builds and real concurrent processes take
-// seconds, not milliseconds (bunfig's own `timeout` is not read by this Bun); files may set a longer one.
-setDefaultTimeout(120_000);
-// The temporary folders the tests made go when the run ends.
+// Preloaded (bunfig.toml), so this hook belongs to the whole run: the temporary folders the tests made go when it ends.
+// (Time limits are each file's own: setDefaultTimeout here would hold only until a file set another.)
 afterAll(removeTempDirs);

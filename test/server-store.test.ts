@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { Database as Sqlite } from "bun:sqlite";
@@ -11,6 +11,9 @@ import type { Database } from "../src/server/db/sql.ts";
 import { SqliteDatabase } from "../src/server/db/sqlite.ts";
 import { HeldSecrets, SecretSeal } from "../src/server/held-secrets.ts";
 import { ServerStore } from "../src/server/store.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 /**
  * One suite for the server's store on both databases: SQLite in a folder,

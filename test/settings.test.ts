@@ -1,4 +1,4 @@
-import { afterAll, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { resolveSettings } from "../src/config/resolve.ts";
@@ -6,6 +6,9 @@ import { settingsMarkdown } from "../src/config/report.ts";
 import { SETTING_NAMES, SETTINGS, type SettingDef, type SettingName } from "../src/config/table.ts";
 import { ExitCode, UsageError } from "../src/errors.ts";
 import { CLI_ARGV, cli, sandbox } from "./helpers.ts";
+
+// Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
+setDefaultTimeout(120_000);
 
 /**
  * Every setting of the table, from every source: flag > GPULAYER_* variable >
