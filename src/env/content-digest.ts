@@ -19,13 +19,13 @@ type Signature = [number, number, number, number, number];
 type Entry = [...Signature, string];
 const sameFile = (e: Entry, s: Stats): boolean => e[0] === s.size && e[1] === s.mtimeMs && e[2] === s.ctimeMs && e[3] === s.ino && e[4] === s.dev;
 
-/** One cache file per root; loaded on first use, written back only when something changed. */
 /** Told before a big file is read for its digest (once: later runs have its stat): a key can take seconds on a wheelhouse. */
 export type OnHashing = (path: string, bytes: number) => void;
 
 /** Files at least this big are told of before they are hashed. */
 const TOLD_BYTES = 64 * 1024 * 1024;
 
+/** One cache file per root; loaded on first use, written back only when something changed. */
 export class DigestCache {
   private loaded: Record<string, Entry> | null = null;
   private dirty = false;
@@ -190,7 +190,6 @@ interface TreeItem {
   stat: Stats | null;
 }
 
-/** What a fresh install of the project reads, in a stable order: the files, and the names that count by name only. */
 /** What compilers and linkers write: in a package folder, an ignored one is a build's output, not its input. */
 const NATIVE_OUTPUT = /\.(so|pyd|dylib|dll|o|obj|a|lib)$|\.so\.\d/i;
 
@@ -223,12 +222,13 @@ function modulesBuildReads(root: string): Set<string> {
   return named;
 }
 
+/** What a fresh install of the project reads, in a stable order: the files, and the names that count by name only. */
 function walkTree(root: string, editable: boolean): TreeItem[] {
   const items: TreeItem[] = [];
   const seenDirs = new Set<string>();
   const buildReads = editable ? modulesBuildReads(root) : new Set<string>();
   // inPackage: inside a Python package folder, where setuptools installs what is there whatever .gitignore says
-  // (a generated module, data a test tracks): there ignore rules exclude nothing.
+  // (a generated module, data a test tracks): there ignore rules leave out only what it would not install.
   const walk = (dir: string, rel: string, rules: { base: string; ig: Ignore }[], inPackage: boolean) => {
     let real: string;
     try {

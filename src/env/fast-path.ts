@@ -6,7 +6,7 @@ import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
 import { NEUTRAL_VARIABLES, pipConfigFiles } from "./installer-config.ts";
 import { requestFiles } from "./pip-path.ts";
 import { normalizeName } from "./canonical.ts";
-import type { Requirement } from "./requirements.ts";
+import { localPathOf, type Requirement } from "./requirements.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
 import type { UvTranslation } from "./pip-config.ts";
 import { MIRROR_MARK, type WorkerDist } from "./worker-mirror.ts";
@@ -165,10 +165,7 @@ function projectOfFile(file: string): string | null {
 /** The projects offered by local find-links locations: the request's files and flags, and the machine's pip configuration. */
 export function localFindLinksProjects(plan: BuildPlan, machine: UvTranslation | null): string[] {
   const fromMachine = (machine?.args ?? []).flatMap((a, i, all) => (all[i - 1] === "--find-links" ? [a] : []));
-  const paths = [...plan.inputs.findLinks.flatMap((f) => (f.path ? [f.path] : [])), ...flagFindLinks(plan), ...fromMachine].flatMap((f) => {
-    if (/^file:/i.test(f)) return [decodeURIComponent(f.replace(/^file:(\/\/)?/i, "").split("#", 1)[0]!)];
-    return /^[a-z][a-z0-9+.-]*:/i.test(f) ? [] : [f];
-  });
+  const paths = [...plan.inputs.findLinks.flatMap((f) => (f.path ? [f.path] : [])), ...flagFindLinks(plan), ...fromMachine].flatMap((f) => localPathOf(f) ?? []);
   const names = new Set<string>();
   for (const path of paths) {
     let files: string[];

@@ -54,43 +54,42 @@ function referencedDigest(path: string, env: NodeJS.ProcessEnv, ctx: { cwd: stri
 }
 
 /** What of pip's own configuration counts: its variables and files as text, and the constraint/requirement files and find-links folders they name. */
-function machineConfigParts(env: NodeJS.ProcessEnv): { parts: string[]; referenced: string[]; folders: string[] } {
+function machineConfigParts(env: NodeJS.ProcessEnv): { parts: string[]; referenced: string[]; folders: string[]; vars: string[]; files: string[] } {
   const parts: string[] = [];
   const referenced: string[] = [];
   const folders: string[] = [];
+  const vars: string[] = [];
+  const files: string[] = [];
   for (const [name, value] of Object.entries(env).sort(([a], [b]) => (a < b ? -1 : 1))) {
     if (!name.startsWith("PIP_") || value === undefined || NEUTRAL_VARIABLES.has(name)) continue;
     parts.push(`env ${name}=${value}`);
+    if (!(name === "PIP_CONFIG_FILE" && value === "/dev/null")) vars.push(name);
     if (name === "PIP_CONSTRAINT" || name === "PIP_REQUIREMENT") referenced.push(...value.split(/\s+/).filter(Boolean));
     if (name === "PIP_FIND_LINKS") folders.push(...value.split(/\s+/).filter(Boolean));
   }
   for (const file of pipConfigFiles(env)) {
     if (!existsSync(file)) continue;
     const text = readFileSync(file, "utf8");
+    files.push(file);
     parts.push(`file ${file}\n${text}`);
     for (const m of text.matchAll(/^\s*(constraint|requirement)\s*[=:]\s*(.+)$/gm)) referenced.push(...m[2]!.trim().split(/\s+/));
     for (const m of text.matchAll(/^\s*find[-_]links\s*[=:]\s*(.+)$/gm)) folders.push(...m[1]!.trim().split(/\s+/));
   }
-  return { parts, referenced, folders };
+  return { parts, referenced, folders, vars, files };
 }
 
-/** For --dry-run and env show: the variables (by name: values may hold secrets) and files of pip's configuration that count, and the files they name. */
-export function machineConfigInputs(env: NodeJS.ProcessEnv, cwd: string): string[] {
-  const { referenced } = machineConfigParts(env);
-  const vars = Object.keys(env).filter((k) => k.startsWith("PIP_") && env[k] !== undefined && !NEUTRAL_VARIABLES.has(k) && !(k === "PIP_CONFIG_FILE" && env[k] === "/dev/null")).sort();
-  return [...vars, ...pipConfigFiles(env).filter((f) => existsSync(f)), ...referenced.map((r) => resolve(cwd, r))];
-}
-
-export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null; onHashing?: OnHashing }): string {
-  const digestCache = ctx.digestCache;
-  const { parts, referenced, folders } = machineConfigParts(env);
-  for (const ref of referenced) {
-    const path = resolve(ctx.cwd, ref);
-    parts.push(`ref ${path}\n${existsSync(path) ? referencedDigest(path, env, ctx) : "missing"}`);
-  }
+/**
+ * The machine's pip configuration in the key: its digest, and for --dry-run and env show what it covers (the
+ * variables by name, as values may hold secrets; the files; the constraint and requirement files they name). One
+ * reading of the files for both: this runs on every warm prepare that gives no index.
+ */
+export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null; onHashing?: OnHashing }): { digest: string; sources: string[] } {
+  const { parts, referenced, folders, vars, files } = machineConfigParts(env);
+  const refs = referenced.map((ref) => resolve(ctx.cwd, ref));
+  for (const path of refs) parts.push(`ref ${path}\n${existsSync(path) ? referencedDigest(path, env, ctx) : "missing"}`);
   // A wheel dropped into a find-links folder changes what an unpinned request gets.
-  for (const f of folders) if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && existsSync(resolve(ctx.cwd, f))) parts.push(`folder ${f}\n${folderDigest(resolve(ctx.cwd, f), digestCache, ctx.onHashing)}`);
-  return contentHash(parts.join("\n"));
+  for (const f of folders) if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && existsSync(resolve(ctx.cwd, f))) parts.push(`folder ${f}\n${folderDigest(resolve(ctx.cwd, f), ctx.digestCache, ctx.onHashing)}`);
+  return { digest: contentHash(parts.join("\n")), sources: [...vars, ...files, ...refs] };
 }
 
 /** What pip's reading of its configuration depends on, and only that: the PIP_* variables and the config files' text (not the folders or files they name). */

@@ -8,7 +8,7 @@ import type { BuildHooks, BuildOutcome } from "./build.ts";
 import type { KeepGroup } from "./run-tool.ts";
 import type { InstallerSetting } from "./build-plan.ts";
 import { redactUrl } from "./url-credentials.ts";
-import { machineConfigInputs, pipConfigDigest } from "./installer-config.ts";
+import { pipConfigDigest } from "./installer-config.ts";
 import { baseFingerprint, runningInterpreter } from "./interpreter.ts";
 import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedRequest } from "./key.ts";
 import type { Lease } from "../core/lease.ts";
@@ -89,16 +89,16 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
   const flags: FlagOptions = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: flagLinks };
   const fileIndexOptions = ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o));
   const isolated = Boolean(req.indexUrl || req.extraIndexUrls.length || req.findLinks.length || fileIndexOptions);
+  const machine = isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests, onHashing: hooks.onHashing });
   const doc = keyDocument({
     inputs,
     flags,
     interpreter,
     base: baseFingerprint(interpreter.siteDirs),
-    installerConfig: isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests, onHashing: hooks.onHashing }),
+    installerConfig: machine?.digest ?? null,
     ...(conda ? { conda: { prefix: conda.prefix, meta: conda.metaDigest } } : {}),
   });
-  const machineConfig = isolated ? null : machineConfigInputs(req.env, req.cwd);
-  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, machineConfig };
+  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, machineConfig: machine?.sources ?? null };
 }
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, and the inputs the key covers. */

@@ -89,7 +89,8 @@ const SCHEME = /^[a-z][a-z0-9+.-]*:/i;
 const NAME_AT_URL = /^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*@\s*(\S+)/;
 const UV_SAFE_OPTIONS = new Set(["--requirement", "--constraint", "--editable", "--index-url", "--extra-index-url", "--find-links", "--no-index"]);
 
-function localPathOf(target: string): string | null {
+/** A local path for a path or file: URL (its #fragment dropped), or null for another scheme's URL. */
+export function localPathOf(target: string): string | null {
   if (/^file:/i.test(target)) {
     try {
       return fileURLToPath(target.split("#", 1)[0]!.replace(/^file:(?!\/\/)/i, "file://"));

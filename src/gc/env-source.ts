@@ -42,7 +42,9 @@ async function listEnvEntries(layout: HomeLayout, opts: ListOptions): Promise<Gc
       if (dirMs === null) continue; // removed under us
       const building = await isLocked(paths.lock);
       // Remains of a dead build are measured (they are few, and about to go); a build in progress is not walked.
-      entries.push(envEntry(layout, paths, { state: building ? "building" : "incomplete", sizeBytes: building ? 0 : diskUsage(paths.dir), lastUsedMs: 0, createdMs: dirMs, summary: "" }));
+      // Its installers' temporary folder goes with it (removeEnvEntry): counted with it.
+      const tmpBytes = !building && statMs(paths.tmp) !== null ? diskUsage(paths.tmp) : 0;
+      entries.push(envEntry(layout, paths, { state: building ? "building" : "incomplete", sizeBytes: building ? 0 : diskUsage(paths.dir) + tmpBytes, lastUsedMs: 0, createdMs: dirMs, summary: "" }));
       continue;
     }
     const meta = readSizedMeta(paths);
