@@ -5,7 +5,8 @@ import { InstallError, UsageError } from "../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
 import { FAST_PATH, machinePipConfig, prereleasesInstalled, requestRefusal, UvFailed, uvCheck, uvEnv, uvInstall, uvVersion, workerRefusal } from "./fast-path.ts";
 import { redactUrl } from "./url-credentials.ts";
-import { nearlyFull, NoSpaceLeft, saysNoSpace } from "./disk-full.ts";
+import { compileBytecode } from "./bytecode.ts";
+import { saysNoSpace } from "./disk-full.ts";
 import { NEUTRAL_VARIABLES, pipConfigSourceDigest } from "./installer-config.ts";
 import { machinePipSettings, originsOf, type PipSettings, relocatingOptions, translateForUv, type UvTranslation } from "./pip-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
@@ -207,19 +208,8 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     };
     try {
       if (requirements.length) {
-        // One uv process installs, then compiles (the placeholders hold no sources): each is its own step, split at uv's "Installed" line.
-        let end = begin("installing", `${requirements.length} requirement(s) with ${installer}`);
-        let compiling = false;
-        const onCompiling = () => {
-          end();
-          compiling = true;
-          end = begin("compiling", "bytecode of the env's own packages (by uv)");
-        };
-        await uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation, { onCompiling });
-        if (!compiling) onCompiling(); // uv said nothing of its install: its compile is counted with it
-        end();
-        // A compile cut short by a full disk can leave a .pyc cut short; no env that may hold one is kept.
-        if (nearlyFull(site)) throw new NoSpaceLeft("ENOSPC", "compiling the env's bytecode");
+        await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
+        await timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }));
       }
       const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site);
       if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
@@ -245,7 +235,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${pip.name}${why}`, () => pipInstall(plan, pip, env, hooks));
     // pip compiles as it installs, unless its configuration says --no-compile: what is already there is skipped.
     [, check] = await Promise.all([
-      timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, env, plan, hooks)),
+      timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep })),
       timed("checking", "pip check", () => pipCheck(plan, pip, env, hooks)),
     ]);
   }
@@ -281,18 +271,4 @@ async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>
   if (!translation.untranslatable.length) return { translation };
   const what = translation.untranslatable.join(", ");
   return { refusal: `the machine's pip configuration sets ${what} (from ${originsOf(settings, translation.untranslatable, sources).join(", ")}), which uv cannot honour the same way; for the fast path, remove ${translation.untranslatable.length > 1 ? "them" : "it"} or give --index-url (which shuts the machine's pip configuration out)` };
-}
-
-/**
- * Every module of the env's own site-packages compiled now, while the env is
- * still ours alone: no job pays the compile (PYTHONDONTWRITEBYTECODE or not),
- * and no job ever writes into a shared env. `-j 0`: one worker per CPU.
- */
-async function compileBytecode(envPython: string, site: string, env: Record<string, string>, plan: BuildPlan, hooks: BuildHooks): Promise<void> {
-  const { PYTHONDONTWRITEBYTECODE: _, PYTHONPYCACHEPREFIX: __, ...rest } = env;
-  const { code, lines } = await runTool([envPython, "-m", "compileall", "-q", "-j", "0", site], { env: rest, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
-  // A module that does not compile (a Python 2 file in a package's tests) is what pip shrugs at too; a full disk is not.
-  if (code !== 0 && (saysNoSpace(lines) || !lines.some((l) => /SyntaxError|Error compiling|\*\*\*/.test(l)))) throw installFailure("compiling the env's bytecode failed", lines);
-  // compileall writes each .pyc with one raw write: when the disk fills, it keeps a file cut short and exits 0. No env that may hold one is kept.
-  if (nearlyFull(site)) throw new NoSpaceLeft("ENOSPC", "compiling the env's bytecode");
 }

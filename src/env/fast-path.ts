@@ -111,20 +111,16 @@ export function uvEnv(plan: BuildPlan, base: Record<string, string>, machine: Uv
   return env;
 }
 
-/** uv's line between its install and its compile: "Installed 3 packages in 4ms" ("Audited ..." when nothing was new). */
-const UV_INSTALLED = /^(Installed|Audited) \d+ packages? in /;
-
 /**
  * `uv pip install` into the env; a failure is UvFailed (uv's own words in it).
- * With `compiled`, uv also compiles the env's bytecode (--compile-bytecode,
- * its own parallel workers, twice as fast here as compileall), and says when
- * its install is done and the compile starts.
+ * The bytecode is compiled after it (bytecode.ts), faster than uv's
+ * --compile-bytecode, whose workers each import compileall first.
  */
-export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks, machine: UvTranslation | null = null, compiled: { onCompiling(): void } | null = null): Promise<void> {
+export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks, machine: UvTranslation | null = null): Promise<void> {
   const files = requestFiles(plan.dir, plan.inputs);
   // --index-strategy unsafe-best-match: every index counts, as in pip (uv's default takes the first index that has a name).
   // The machine's pip settings come first: the request's own options, read later, win over them as in pip.
-  const argv = [uv, "pip", "install", "--python", envPython, "--no-config", ...(compiled ? ["--compile-bytecode"] : []), ...(machine?.args ?? []), ...files.args];
+  const argv = [uv, "pip", "install", "--python", envPython, "--no-config", ...(machine?.args ?? []), ...files.args];
   // uv reuses its own build of a local project while the project's pyproject.toml/setup.py look unchanged
   // (its cache-keys); gpulayer's key has already seen a change elsewhere in it: build it afresh.
   if (plan.inputs.locals.some((l) => l.kind !== "archive")) argv.push("--refresh");
@@ -132,25 +128,12 @@ export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, 
   // name would come from that cache. The key has seen the new content; uv is told to read each such project afresh.
   else for (const name of localFindLinksProjects(plan, machine)) argv.push("--refresh-package", name);
   if (!env.UV_FIND_LINKS) for (const f of flagFindLinks(plan)) argv.push("--find-links", f);
-  let compiling = false;
-  const watched: BuildHooks = {
-    ...hooks,
-    onOutput(line) {
-      hooks.onOutput?.(line);
-      if (compiled && !compiling && UV_INSTALLED.test(line)) {
-        compiling = true;
-        compiled.onCompiling();
-      }
-    },
-  };
-  // A cache prefix would send the bytecode elsewhere; "don't write bytecode" is for jobs, not for the build.
-  const { PYTHONPYCACHEPREFIX: _, PYTHONDONTWRITEBYTECODE: __, ...uvEnvironment } = env;
-  const { code, lines } = await runTool(argv, { env: compiled ? uvEnvironment : env, cwd: plan.cwd, hooks: watched, signal: plan.signal, keep: plan.keep });
+  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
   files.done();
   if (code !== 0) {
-    // The step that failed names itself: a full disk while compiling is told as such (disk-full.ts reads "X failed").
-    const failure = installFailure(compiling ? "compiling the env's bytecode failed" : "installing the requirements with uv failed", files.named(lines));
-    throw new UvFailed(failure, `uv failed: ${failure.message.replace(/^(installing the requirements with uv|compiling the env's bytecode) failed:? ?/, "") || "(no message)"}`);
+    // The step that failed names itself: disk-full.ts reads "X failed".
+    const failure = installFailure("installing the requirements with uv failed", files.named(lines));
+    throw new UvFailed(failure, `uv failed: ${failure.message.replace(/^installing the requirements with uv failed:? ?/, "") || "(no message)"}`);
   }
 }
 

@@ -36,11 +36,11 @@ export type KeepGroup = (pid: number) => () => void;
  * ends it itself on SIGINT, SIGTERM and SIGHUP (the signal aborts). Without
  * `keep` it stays in our process group.
  */
-export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal; keep?: KeepGroup; quietMs?: number }): Promise<{ code: number; lines: string[] }> {
+export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal; keep?: KeepGroup; quietMs?: number; input?: Blob }): Promise<{ code: number; lines: string[] }> {
   opts.signal?.throwIfAborted();
-  let proc: Bun.Subprocess<"ignore", "pipe", "pipe">;
+  let proc: Bun.Subprocess<"ignore" | Blob, "pipe", "pipe">;
   try {
-    proc = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: Boolean(opts.keep) });
+    proc = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdin: opts.input ?? "ignore", stdout: "pipe", stderr: "pipe", detached: Boolean(opts.keep) });
   } catch (error) {
     throw new InstallError(`cannot run ${argv[0]}: ${(error as Error).message}`, "");
   }

@@ -1,0 +1,139 @@
+import { type Dirent, readdirSync, statSync } from "node:fs";
+import { availableParallelism } from "node:os";
+import { join } from "node:path";
+import { nearlyFull, NoSpaceLeft, saysNoSpace } from "./disk-full.ts";
+import { type BuildHooks, type KeepGroup, installFailure, runTool } from "./run-tool.ts";
+
+/**
+ * The env's own modules compiled to bytecode at build, while the env is still
+ * ours alone: no job pays the compile (PYTHONDONTWRITEBYTECODE or not), and no
+ * job ever writes into a shared env.
+ *
+ * The env's interpreter writes each .pyc with CPython's own import machinery
+ * (the functions py_compile calls, already loaded in every interpreter), so
+ * the files are byte for byte what `python -m compileall` writes; it skips
+ * importing compileall and site (-I -S), which costs more than compiling a
+ * small package. One worker per CPU, each given an even share by size.
+ */
+
+/** Run under `python -I -S -c`; paths come NUL-separated on stdin. Python 3.6 lacks the 3.7 functions: py_compile then. */
+const COMPILER = `
+import os, sys
+try:
+    from _frozen_importlib_external import _calc_mode, _code_to_hash_pyc, _code_to_timestamp_pyc, _RAW_MAGIC_NUMBER, _write_atomic, cache_from_source, MAGIC_NUMBER
+    from _imp import source_hash
+    fast = True
+except ImportError:
+    import py_compile
+    fast = False
+checked = bool(os.environ.get("SOURCE_DATE_EPOCH"))  # py_compile's default: checked hashes for reproducible builds
+unreadable = False
+for raw in sys.stdin.buffer.read().split(b"\\0"):
+    if not raw:
+        continue
+    path = os.fsdecode(raw)
+    try:
+        if not fast:
+            py_compile.compile(path, doraise=True)
+            continue
+        st = os.stat(path)
+        cfile = cache_from_source(path)
+        if not checked:
+            # Up to date already (pip compiles as it installs): the header compileall compares.
+            try:
+                with open(cfile, "rb") as f:
+                    if f.read(12) == MAGIC_NUMBER + bytes(4) + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little"):
+                        continue
+            except OSError:
+                pass
+        with open(path, "rb") as f:
+            source = f.read()
+        code = compile(source, path, "exec", dont_inherit=True)
+        pyc = _code_to_hash_pyc(code, source_hash(_RAW_MAGIC_NUMBER, source), True) if checked else _code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
+        os.makedirs(os.path.dirname(cfile), exist_ok=True)
+        _write_atomic(cfile, pyc, _calc_mode(path))
+    except OSError as e:
+        print("writing the bytecode of %s: %s" % (path, e), flush=True)
+        sys.exit(2)
+    except Exception as e:
+        # A module that does not compile (a Python 2 file in a package's tests): pip and compileall go on too.
+        unreadable = True
+        print("not compiled: %s: %s: %s" % (path, type(e).__name__, e), flush=True)
+sys.exit(3 if unreadable else 0)
+`;
+
+/** The compiler's exit status when some module did not compile. */
+const NOT_ALL_COMPILED = 3;
+
+/** A worker for about this many files; a small package gets fewer workers than CPUs (each costs an interpreter start). */
+const FILES_PER_WORKER = 8;
+
+export interface CompileOptions {
+  env: Record<string, string>;
+  cwd: string;
+  hooks: BuildHooks;
+  signal?: AbortSignal;
+  keep?: KeepGroup;
+}
+
+/** Compile every module under `site`; returns how many files were given to the compiler. A full disk is NoSpaceLeft or an InstallError that says so. */
+export async function compileBytecode(python: string, site: string, opts: CompileOptions): Promise<number> {
+  const files = pythonSources(site);
+  if (!files.length) return 0;
+  // A cache prefix would send the bytecode elsewhere; "don't write bytecode" is for jobs, not for the build.
+  const { PYTHONDONTWRITEBYTECODE: _, PYTHONPYCACHEPREFIX: __, ...env } = opts.env;
+  const shares = evenShares(files, Math.min(availableParallelism(), Math.ceil(files.length / FILES_PER_WORKER)));
+  const results = await Promise.all(
+    shares.map((share) =>
+      runTool([python, "-I", "-S", "-c", COMPILER], { env, cwd: opts.cwd, hooks: opts.hooks, signal: opts.signal, keep: opts.keep, input: new Blob([share.join("\0")]) }),
+    ),
+  );
+  const lines = results.flatMap((r) => r.lines);
+  // 3: some module did not compile (tolerated, as pip does); anything else is the compiler's own failure.
+  if (results.some((r) => r.code !== 0 && r.code !== NOT_ALL_COMPILED) || saysNoSpace(lines)) throw installFailure("compiling the env's bytecode failed", lines);
+  if (nearlyFull(site)) throw new NoSpaceLeft("ENOSPC", "compiling the env's bytecode");
+  return files.length;
+}
+
+interface Source {
+  path: string;
+  size: number;
+}
+
+/** The .py files compileall would compile under `dir`: files (symlinked ones too), not into symlinked folders. */
+function pythonSources(dir: string): Source[] {
+  const found: Source[] = [];
+  const walk = (at: string) => {
+    let entries: Dirent[];
+    try {
+      entries = readdirSync(at, { withFileTypes: true });
+    } catch {
+      return; // gone or unreadable: compileall lists nothing there either
+    }
+    for (const e of entries) {
+      const path = join(at, e.name);
+      if (e.isDirectory()) walk(path);
+      else if (e.name.endsWith(".py") && (e.isFile() || e.isSymbolicLink())) {
+        try {
+          const s = statSync(path);
+          if (s.isFile()) found.push({ path, size: s.size });
+        } catch {
+          // a dangling link
+        }
+      }
+    }
+  };
+  walk(dir);
+  return found;
+}
+
+/** `count` lists of paths with about equal bytes each (largest first, each to the lightest list). */
+export function evenShares(files: Source[], count: number): string[][] {
+  const shares = Array.from({ length: Math.max(1, count) }, () => ({ bytes: 0, paths: [] as string[] }));
+  for (const f of [...files].sort((a, b) => b.size - a.size)) {
+    const lightest = shares.reduce((a, b) => (b.bytes < a.bytes ? b : a));
+    lightest.bytes += f.size;
+    lightest.paths.push(f.path);
+  }
+  return shares.filter((s) => s.paths.length).map((s) => s.paths);
+}

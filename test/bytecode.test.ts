@@ -1,0 +1,147 @@
+import { describe, expect, setDefaultTimeout, test } from "bun:test";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { join, relative } from "node:path";
+import { compileBytecode } from "../src/env/bytecode.ts";
+import { run, tempDir } from "./helpers.ts";
+
+/**
+ * The build's bytecode compiler against the reference nobody here wrote:
+ * `python -m compileall`, run by the same interpreter over the same files,
+ * must leave the same .pyc files, byte for byte.
+ */
+
+setDefaultTimeout(120_000);
+
+const PYENV_ROOT = process.env.PYENV_ROOT ?? join(process.env.HOME ?? "/root", ".pyenv");
+const pyenvPython = (minor: string) => {
+  const versions = existsSync(join(PYENV_ROOT, "versions")) ? readdirSync(join(PYENV_ROOT, "versions")).filter((v) => v.startsWith(`3.${minor}.`)) : [];
+  return versions.length ? join(PYENV_ROOT, "versions", versions.at(-1)!, "bin", "python3") : null;
+};
+
+/** A package tree with what compileall meets in real site-packages. */
+function tree(root: string): string {
+  const site = join(root, "site-packages");
+  mkdirSync(join(site, "pkg", "sub", "deeper"), { recursive: true });
+  writeFileSync(join(site, "pkg", "__init__.py"), "VALUE = 1\n");
+  writeFileSync(join(site, "pkg", "sub", "__init__.py"), "");
+  writeFileSync(join(site, "pkg", "sub", "deeper", "mod.py"), "def f(x):\n    return [i * x for i in range(10)]\n".repeat(200));
+  // A declared encoding (PEP 263), read from the bytes.
+  writeFileSync(join(site, "pkg", "latin.py"), Buffer.concat([Buffer.from("# -*- coding: latin-1 -*-\nNAME = '"), Buffer.from([0xe9]), Buffer.from("'\n")]));
+  // A Python 2 file in a package's tests: not compiled, the rest is.
+  writeFileSync(join(site, "pkg", "py2.py"), "print 'hello'\n");
+  writeFileSync(join(site, "top.py"), "import pkg\n");
+  writeFileSync(join(site, "notes.txt"), "not python\n");
+  // A symlinked module is compiled; a symlinked folder is not walked (compileall's own rule).
+  writeFileSync(join(root, "outside.py"), "OUTSIDE = True\n");
+  symlinkSync(join(root, "outside.py"), join(site, "linked.py"));
+  mkdirSync(join(root, "elsewhere"));
+  writeFileSync(join(root, "elsewhere", "hidden.py"), "HIDDEN = True\n");
+  symlinkSync(join(root, "elsewhere"), join(site, "linkdir"));
+  for (let i = 0; i < 40; i++) writeFileSync(join(site, "pkg", `m${i}.py`), `X${i} = ${i}\n`.repeat(i + 1));
+  return site;
+}
+
+/** Every .pyc under `dir` with its bytes (base64), by path. */
+function pycs(dir: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  const walk = (d: string) => {
+    for (const e of readdirSync(d, { withFileTypes: true })) {
+      const p = join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.name.endsWith(".pyc")) out[relative(dir, p)] = readFileSync(p).toString("base64");
+    }
+  };
+  walk(dir);
+  return out;
+}
+
+const dropPycs = (dir: string) => {
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    if (e.isDirectory() && e.name === "__pycache__") rmSync(p, { recursive: true });
+    else if (e.isDirectory()) dropPycs(p);
+  }
+};
+
+const hooks = {};
+/** Whether two .pyc files hold the same header and equal code objects (what Python 3.6's marshal can differ in: its reference flags follow refcounts). */
+async function sameCode(python: string, a: Record<string, string>, b: Record<string, string>): Promise<boolean> {
+  const script = "import json, marshal, sys\nfrom base64 import b64decode as d\na, b = json.load(sys.stdin)\nprint(sorted(a) == sorted(b) and all(d(a[k])[:12] == d(b[k])[:12] and marshal.loads(d(a[k])[12:]) == marshal.loads(d(b[k])[12:]) for k in a))";
+  const p = Bun.spawn([python, "-c", script], { stdin: new Blob([JSON.stringify([a, b])]), stdout: "pipe" });
+  return (await new Response(p.stdout).text()).trim() === "True";
+}
+
+const pythons = [
+  ["the machine's python3", "python3", "bytes"],
+  ["Python 3.13", pyenvPython("13"), "bytes"],
+  ["Python 3.6 (no 3.7 import functions: py_compile)", pyenvPython("6"), "code"],
+] as const;
+
+for (const [name, python, same] of pythons) {
+  describe(`compiled bytecode, ${name}`, () => {
+    // Skipped only where pyenv lacks that Python; this machine and its CI have 3.6 to 3.13.
+    test.skipIf(!python)("is what compileall writes (byte for byte from 3.7 on); a module that does not compile is left out, the rest compiled", async () => {
+      const root = tempDir("gpl-pyc-");
+      const site = tree(root);
+      const env = { PATH: process.env.PATH ?? "/usr/bin:/bin" };
+      const given = await compileBytecode(python!, site, { env, cwd: root, hooks });
+      const ours = pycs(site);
+      dropPycs(site);
+      // compileall exits 1 for the Python 2 file; that is the reference's verdict too.
+      const ref = await run([python!, "-m", "compileall", "-q", site], { env });
+      expect(ref.code).toBe(1);
+      const reference = pycs(site);
+      expect(Object.keys(reference).length).toBeGreaterThan(40);
+      if (same === "bytes") expect(ours).toEqual(reference);
+      else expect(await sameCode(python!, ours, reference)).toBe(true);
+      expect(Object.keys(ours).some((p) => p.includes("py2."))).toBe(false);
+      expect(Object.keys(ours).some((p) => p.includes("hidden."))).toBe(false);
+      expect(Object.keys(ours).some((p) => p.includes("linked."))).toBe(true);
+      // Given to the compiler: every .py file found, the Python 2 one too.
+      expect(given).toBe(47);
+    });
+  });
+}
+
+describe("compiled bytecode", () => {
+  test("under SOURCE_DATE_EPOCH is checked-hash bytecode, as compileall writes it then", async () => {
+    const root = tempDir("gpl-pyc-");
+    const site = tree(root);
+    const env = { PATH: process.env.PATH ?? "/usr/bin:/bin", SOURCE_DATE_EPOCH: "1700000000" };
+    await compileBytecode("python3", site, { env, cwd: root, hooks });
+    const ours = pycs(site);
+    dropPycs(site);
+    await run(["python3", "-m", "compileall", "-q", site], { env });
+    expect(ours).toEqual(pycs(site));
+    // Flags word 3: a checked hash, not a timestamp.
+    const first = Buffer.from(Object.values(ours)[0]!, "base64");
+    expect(first.readUInt32LE(4)).toBe(3);
+  });
+
+  test("leaves bytecode that is up to date alone (pip's own), rewrites what is stale", async () => {
+    const root = tempDir("gpl-pyc-");
+    const site = tree(root);
+    const env = { PATH: process.env.PATH ?? "/usr/bin:/bin" };
+    await run(["python3", "-m", "compileall", "-q", site], { env });
+    const fresh = join(site, "pkg", "__pycache__", readdirSync(join(site, "pkg", "__pycache__")).find((f) => f.startsWith("__init__."))!);
+    const stale = join(site, "top.py");
+    const stalePyc = join(site, "__pycache__", readdirSync(join(site, "__pycache__")).find((f) => f.startsWith("top."))!);
+    const before = { fresh: statSync(fresh).ino, stale: statSync(stalePyc).ino };
+    writeFileSync(stale, "import pkg\nCHANGED = 1\n");
+    const t = new Date(Date.now() + 5_000);
+    Bun.spawnSync(["touch", "-d", t.toISOString(), stale]);
+    await compileBytecode("python3", site, { env, cwd: root, hooks });
+    expect(statSync(fresh).ino).toBe(before.fresh);
+    expect(statSync(stalePyc).ino).not.toBe(before.stale);
+    const loaded = await run(["python3", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import top; print(top.CHANGED, top.__cached__ is not None)", site], { env: { ...env, PYTHONDONTWRITEBYTECODE: "1" } });
+    expect(loaded.stdout.trim()).toBe("1 True");
+  });
+
+  test("a folder with no Python files starts no compiler; a missing interpreter is one clear failure", async () => {
+    const root = tempDir("gpl-pyc-");
+    mkdirSync(join(root, "empty"));
+    expect(await compileBytecode(join(root, "no-such-python"), join(root, "empty"), { env: {}, cwd: root, hooks })).toBe(0);
+    const site = tree(root);
+    await expect(compileBytecode(join(root, "no-such-python"), site, { env: {}, cwd: root, hooks })).rejects.toThrow(/cannot run .*no-such-python/);
+  });
+});
