@@ -206,10 +206,13 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
       returned = true;
       returnStandins(site, plan.dir, standins, state, standinRoot);
     };
+    // The compile runs while the placeholders go back (it lists the env's files first, and placeholders hold none).
+    let compiled: Promise<unknown> | null = null;
     try {
       if (requirements.length) {
         await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
-        await timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }));
+        compiled = timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }));
+        compiled.catch(() => undefined); // told below, after the placeholders are back
       }
       const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site);
       if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
@@ -227,7 +230,10 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
           // the build's own failure is the one to tell
         }
       }
+      // No compiler outlives the build, failed or not.
+      await compiled?.catch(() => undefined);
     }
+    await compiled;
   } else {
     const pip = await pipCommand(plan, envPython, env, hooks);
     installer = pip.name;

@@ -83,9 +83,11 @@ export async function compileBytecode(python: string, site: string, opts: Compil
   // A cache prefix would send the bytecode elsewhere; "don't write bytecode" is for jobs, not for the build.
   const { PYTHONDONTWRITEBYTECODE: _, PYTHONPYCACHEPREFIX: __, ...env } = opts.env;
   const shares = evenShares(files, Math.min(availableParallelism(), Math.ceil(files.length / FILES_PER_WORKER)));
+  // One "still running" line for the compile, not one per worker.
+  const { onQuiet: _q, ...silent } = opts.hooks;
   const results = await Promise.all(
-    shares.map((share) =>
-      runTool([python, "-I", "-S", "-c", COMPILER], { env, cwd: opts.cwd, hooks: opts.hooks, signal: opts.signal, keep: opts.keep, input: new Blob([share.join("\0")]) }),
+    shares.map((share, i) =>
+      runTool([python, "-I", "-S", "-c", COMPILER], { env, cwd: opts.cwd, hooks: i === 0 ? opts.hooks : silent, signal: opts.signal, keep: opts.keep, input: new Blob([share.join("\0")]) }),
     ),
   );
   const lines = results.flatMap((r) => r.lines);
