@@ -118,6 +118,22 @@ describe("compiled bytecode", () => {
     expect(first.readUInt32LE(4)).toBe(3);
   });
 
+  test("under PYTHONOPTIMIZE is the optimized bytecode the jobs' interpreters look for, as compileall writes it then", async () => {
+    const root = tempDir("gpl-pyc-");
+    const site = tree(root);
+    writeFileSync(join(site, "asserts.py"), '"""doc"""\nassert False, "gone under -O"\n');
+    for (const level of ["1", "2"]) {
+      const env = { PATH: process.env.PATH ?? "/usr/bin:/bin", PYTHONOPTIMIZE: level };
+      await compileBytecode("python3", site, { env, cwd: root, hooks });
+      const ours = pycs(site);
+      expect(Object.keys(ours).every((p) => p.includes(`.opt-${level}.pyc`))).toBe(true);
+      dropPycs(site);
+      await run(["python3", "-m", "compileall", "-q", site], { env });
+      expect(ours).toEqual(pycs(site));
+      dropPycs(site);
+    }
+  });
+
   test("leaves bytecode that is up to date alone (pip's own), rewrites what is stale", async () => {
     const root = tempDir("gpl-pyc-");
     const site = tree(root);

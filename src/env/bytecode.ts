@@ -27,6 +27,12 @@ except ImportError:
     import py_compile
     fast = False
 checked = bool(os.environ.get("SOURCE_DATE_EPOCH"))  # py_compile's default: checked hashes for reproducible builds
+# -I hides PYTHONOPTIMIZE from this interpreter; the jobs' interpreters read it, as Python does (an integer, else 1).
+try:
+    level = int(os.environ.get("PYTHONOPTIMIZE") or 0)
+    level = 1 if level < 0 else min(level, 2)
+except ValueError:
+    level = 1
 unreadable = False
 for raw in sys.stdin.buffer.read().split(b"\\0"):
     if not raw:
@@ -34,10 +40,10 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
     path = os.fsdecode(raw)
     try:
         if not fast:
-            py_compile.compile(path, doraise=True)
+            py_compile.compile(path, doraise=True, optimize=level)
             continue
         st = os.stat(path)
-        cfile = cache_from_source(path)
+        cfile = cache_from_source(path, optimization=level or "")
         if not checked:
             # Up to date already (pip compiles as it installs): the header compileall compares.
             try:
@@ -48,7 +54,7 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
                 pass
         with open(path, "rb") as f:
             source = f.read()
-        code = compile(source, path, "exec", dont_inherit=True)
+        code = compile(source, path, "exec", dont_inherit=True, optimize=level)
         pyc = _code_to_hash_pyc(code, source_hash(_RAW_MAGIC_NUMBER, source), True) if checked else _code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
         os.makedirs(os.path.dirname(cfile), exist_ok=True)
         _write_atomic(cfile, pyc, _calc_mode(path))
