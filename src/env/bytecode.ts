@@ -27,12 +27,14 @@ except ImportError:
     import py_compile
     fast = False
 checked = bool(os.environ.get("SOURCE_DATE_EPOCH"))  # py_compile's default: checked hashes for reproducible builds
-# -I hides PYTHONOPTIMIZE from this interpreter; the jobs' interpreters read it, as Python does (an integer, else 1).
+# -I hides PYTHONOPTIMIZE from this interpreter; jobs read it, as Python does (an integer, else 1). The env is keyed
+# without it, so plain bytecode always, and that level's too.
 try:
     level = int(os.environ.get("PYTHONOPTIMIZE") or 0)
     level = 1 if level < 0 else min(level, 2)
 except ValueError:
     level = 1
+levels = [0, level] if level else [0]
 unreadable = False
 for raw in sys.stdin.buffer.read().split(b"\\0"):
     if not raw:
@@ -40,24 +42,28 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
     path = os.fsdecode(raw)
     try:
         if not fast:
-            py_compile.compile(path, doraise=True, optimize=level)
+            for opt in levels:
+                py_compile.compile(path, doraise=True, optimize=opt)
             continue
         st = os.stat(path)
-        cfile = cache_from_source(path, optimization=level or "")
-        if not checked:
-            # Up to date already (pip compiles as it installs): the header compileall compares.
-            try:
-                with open(cfile, "rb") as f:
-                    if f.read(12) == MAGIC_NUMBER + bytes(4) + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little"):
-                        continue
-            except OSError:
-                pass
-        with open(path, "rb") as f:
-            source = f.read()
-        code = compile(source, path, "exec", dont_inherit=True, optimize=level)
-        pyc = _code_to_hash_pyc(code, source_hash(_RAW_MAGIC_NUMBER, source), True) if checked else _code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
-        os.makedirs(os.path.dirname(cfile), exist_ok=True)
-        _write_atomic(cfile, pyc, _calc_mode(path))
+        source = None
+        for opt in levels:
+            cfile = cache_from_source(path, optimization=opt or "")
+            if not checked:
+                # Up to date already (pip compiles as it installs): the header compileall compares.
+                try:
+                    with open(cfile, "rb") as f:
+                        if f.read(12) == MAGIC_NUMBER + bytes(4) + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little"):
+                            continue
+                except OSError:
+                    pass
+            if source is None:
+                with open(path, "rb") as f:
+                    source = f.read()
+            code = compile(source, path, "exec", dont_inherit=True, optimize=opt)
+            pyc = _code_to_hash_pyc(code, source_hash(_RAW_MAGIC_NUMBER, source), True) if checked else _code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
+            os.makedirs(os.path.dirname(cfile), exist_ok=True)
+            _write_atomic(cfile, pyc, _calc_mode(path))
     except OSError as e:
         print("writing the bytecode of %s: %s" % (path, e), flush=True)
         sys.exit(2)
