@@ -206,7 +206,8 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
       returned = true;
       returnStandins(site, plan.dir, standins, state, standinRoot);
     };
-    // The compile runs while the placeholders go back (it lists the env's files first, and placeholders hold none).
+    // The compile runs while the placeholders go back (it lists the env's files first, and placeholders hold none)
+    // and the worker's findings are checked against the env.
     let compiled: Promise<unknown> | null = null;
     try {
       if (requirements.length) {
@@ -219,7 +220,10 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
       after = afterInstall(site, standins);
       const held = plan.inputs.optionsSeen.has("--no-deps") ? null : baseCheckHolds(base, after, standins);
       if (held) check = held; // the worker's findings hold for this env (standins.ts)
-      else check = await timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks));
+      else {
+        await compiled; // the check's line after the compile's, not while it runs (their times would read wrongly)
+        check = await timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks));
+      }
       giveBack(after);
     } finally {
       // The env keeps its own packages and the .pth link, exactly as pip leaves it; the placeholders go back for the next build, failed or not.
@@ -242,7 +246,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     // pip compiles as it installs, unless its configuration says --no-compile: what is already there is skipped.
     [, check] = await Promise.all([
       timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep })),
-      timed("checking", "pip check", () => pipCheck(plan, pip, env, hooks)),
+      timed("checking", "pip check, while the compile runs", () => pipCheck(plan, pip, env, hooks)),
     ]);
   }
   return { venvCreator, installer, installerPath: fast ? FAST_PATH : "pip", fallback: fast ? null : fallback, installed: installedSet([site]), check, steps };
