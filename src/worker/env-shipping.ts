@@ -102,7 +102,13 @@ async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequ
       return { build: noTicket() };
     }
     const claim = await s.client.json<{ granted: boolean; holder?: string }>("POST", "/v1/artifacts/claim", { key: req.key, path: req.conditions.env_path }, { signal: req.signal });
-    if (claim.granted) return { build: ticket(s, taskId, req) };
+    if (claim.granted) {
+      // The builder before us may have uploaded and let go between our listing and our claim: look once more.
+      const again = await s.client.json<Listing>("GET", `/v1/artifacts?${q}`, undefined, { signal: req.signal });
+      if (!again.artifacts.length) return { build: ticket(s, taskId, req) };
+      await s.client.json("POST", "/v1/artifacts/claim", { key: req.key, path: req.conditions.env_path, release: true }).catch(() => undefined);
+      continue;
+    }
     if (!told) req.onStep?.(`waiting for ${claim.holder}, which is building env ${req.key.slice(0, 12)} for this same path`);
     told = true;
     await sleep(POLL_MS);
