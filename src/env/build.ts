@@ -181,6 +181,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
 
   const site = envSitePackages(plan.dir, info);
   const envPython = join(plan.dir, "bin", "python");
+  const compileOptions = { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep };
   const standinRoot = join(plan.toolsDir, "standins-v2");
   let lease: StandinLease | null = null;
   await timed("linking", `${info.siteDirs.length} site dir(s) of ${info.path}${fast ? `; ${dists!.length} of its packages shown to uv` : ""}`, async () => {
@@ -212,7 +213,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     try {
       if (requirements.length) {
         await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
-        compiled = timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }));
+        compiled = timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, compileOptions));
         compiled.catch(() => undefined); // told below, after the placeholders are back
       }
       const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site);
@@ -245,7 +246,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${pip.name}${why}`, () => pipInstall(plan, pip, env, hooks));
     // pip compiles as it installs, unless its configuration says --no-compile: what is already there is skipped.
     [, check] = await Promise.all([
-      timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep })),
+      timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, compileOptions)),
       timed("checking", "pip check, while the compile runs", () => pipCheck(plan, pip, env, hooks)),
     ]);
   }
