@@ -1,5 +1,5 @@
 import { readFileSync, statSync } from "node:fs";
-import { homedir } from "node:os";
+import { userHome } from "../core/home.ts";
 import { join, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
 import { databaseUrl, hidePassword, isProblem } from "./kinds.ts";
@@ -81,7 +81,7 @@ function describe(name: SettingName, raw: Raw, origin: Origin): string {
 function homeOf(env: Record<string, string | undefined>): { path: string; origin: Origin } {
   if (env.GPULAYER_HOME) return { path: resolve(env.GPULAYER_HOME), origin: { source: "env", name: "GPULAYER_HOME" } };
   if (env.XDG_CACHE_HOME) return { path: join(resolve(env.XDG_CACHE_HOME), "gpulayer"), origin: { source: "default", name: "default" } };
-  return { path: join(env.HOME || homedir(), ".cache", "gpulayer"), origin: { source: "default", name: "default" } };
+  return { path: join(userHome(env), ".cache", "gpulayer"), origin: { source: "default", name: "default" } };
 }
 
 /**

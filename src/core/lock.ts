@@ -1,5 +1,5 @@
 import { mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, utimesSync } from "node:fs";
-import { hostname } from "node:os";
+import { hostName } from "./home.ts";
 import { dirname, join } from "node:path";
 import { identify, mayBeRunning, ownStartTime, type RecordedProcess, recordedStart } from "./process-identity.ts";
 import { endGroup } from "./process-tree.ts";
@@ -59,7 +59,7 @@ export function lockWhere(): string {
         return "";
       }
     };
-    here = [hostname(), read("/proc/sys/kernel/random/boot_id", (p) => readFileSync(p, "utf8")), read("/proc/self/ns/pid", readlinkSync)].join("|");
+    here = [hostName(), read("/proc/sys/kernel/random/boot_id", (p) => readFileSync(p, "utf8")), read("/proc/self/ns/pid", readlinkSync)].join("|");
   }
   return here;
 }

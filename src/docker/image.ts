@@ -1,8 +1,8 @@
 import { existsSync, readFileSync } from "node:fs";
-import { homedir } from "node:os";
 import { join } from "node:path";
 import { UsageError } from "../errors.ts";
 import { type Engine, engineExec, engineMessage, type EngineEnv } from "./engine.ts";
+import { userHome } from "../core/home.ts";
 
 /** An image reference as the engines take it: [registry/]path[:tag][@digest]. */
 const REF = /^[a-z0-9][a-z0-9._\-/:@]*$/i;
@@ -84,7 +84,7 @@ const DOCKER_SOCKET = "/var/run/docker.sock";
 function defaultDockerSocket(env: NodeJS.ProcessEnv): string | null {
   if (env.DOCKER_HOST || (env.DOCKER_CONTEXT && env.DOCKER_CONTEXT !== "default") || !existsSync(DOCKER_SOCKET)) return null;
   try {
-    const config = JSON.parse(readFileSync(join(env.DOCKER_CONFIG || join(env.HOME || homedir(), ".docker"), "config.json"), "utf8")) as { currentContext?: string };
+    const config = JSON.parse(readFileSync(join(env.DOCKER_CONFIG || join(userHome(env), ".docker"), "config.json"), "utf8")) as { currentContext?: string };
     if (config.currentContext && config.currentContext !== "default") return null;
   } catch {
     // no config: the default context

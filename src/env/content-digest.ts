@@ -1,6 +1,6 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, type Stats, statSync } from "node:fs";
 import { join, relative } from "node:path";
-import ignore, { type Ignore } from "ignore";
+import type { Ignore } from "ignore";
 import { writeFileAtomic } from "../core/atomic.ts";
 import { contentHash, fileContentHash } from "../core/hashing.ts";
 
@@ -241,7 +241,7 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
     const names = readdirSync(dir).sort();
     if (names.includes(".gitignore")) {
       try {
-        rules = [...rules, { base: dir, ig: ignore().add(readFileSync(join(dir, ".gitignore"), "utf8")) }];
+        rules = [...rules, { base: dir, ig: newIgnore().add(readFileSync(join(dir, ".gitignore"), "utf8")) }];
       } catch {
         // an unreadable ignore file excludes nothing
       }
@@ -277,6 +277,11 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
   };
   walk(root, "", [], false);
   return items;
+}
+
+/** Loaded at the first .gitignore: a warm prepare without local projects never evaluates it. */
+function newIgnore(): Ignore {
+  return (require("ignore") as typeof import("ignore"))();
 }
 
 /** git's reading of nested .gitignore files: the deepest file with a rule for the path decides (a `!pattern` there re-includes it). */

@@ -1,5 +1,5 @@
 import { existsSync, readFileSync } from "node:fs";
-import { homedir } from "node:os";
+import { userHome } from "../core/home.ts";
 import { join, resolve } from "node:path";
 import { folderDigest, type OnHashing } from "./content-digest.ts";
 import { contentHash } from "../core/hashing.ts";
@@ -22,7 +22,7 @@ export const NEUTRAL_VARIABLES = new Set(["PIP_CACHE_DIR", "PIP_NO_CACHE_DIR", "
 
 export function pipConfigFiles(env: NodeJS.ProcessEnv): string[] {
   if (env.PIP_CONFIG_FILE === "/dev/null") return [];
-  const home = env.HOME || homedir();
+  const home = userHome(env);
   const xdgDirs = (env.XDG_CONFIG_DIRS || "/etc/xdg").split(":").filter(Boolean);
   const files = [...xdgDirs.map((d) => join(d, "pip", "pip.conf")), "/etc/pip.conf"];
   files.push(join(env.XDG_CONFIG_HOME || join(home, ".config"), "pip", "pip.conf"), join(home, ".pip", "pip.conf"));

@@ -162,9 +162,9 @@ export function readPipLines(text: string, name: string, env: Record<string, str
     const where = `${name}:${lineNo}`;
     const expanded = expandVariables(line, env);
     const [args, optionText] = breakArgsOptions(expanded);
-    let tokens: string[];
+    let tokens: string[] = [];
     try {
-      tokens = shlexSplit(optionText);
+      if (optionText) tokens = shlexSplit(optionText);
     } catch {
       throw new LineRefused(`${where}: pip cannot split the options of this line (an unclosed quote?)`);
     }

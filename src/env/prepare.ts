@@ -1,6 +1,6 @@
 import { mkdirSync, rmSync } from "node:fs";
-import { homedir } from "node:os";
 import { join, resolve } from "node:path";
+import { userHome } from "../core/home.ts";
 import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
@@ -73,7 +73,7 @@ export interface PrepareResult {
 export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: Pick<PrepareHooks, "onHashing"> = {}): ResolvedRequest {
   if (req.conda !== undefined && !req.conda.trim()) throw new UsageError("--conda: give a conda environment's name or path");
   if (req.conda !== undefined && req.python !== undefined) throw new UsageError(`--python ${req.python} and --conda ${req.conda} both name the base interpreter: give one`);
-  const conda = req.conda === undefined ? null : findCondaEnv(req.conda, { env: req.env, home: req.env.HOME || homedir(), cwd: req.cwd });
+  const conda = req.conda === undefined ? null : findCondaEnv(req.conda, { env: req.env, home: userHome(req.env), cwd: req.cwd });
   const { info: interpreter, resolved } = runningInterpreter(conda?.python ?? req.python, req.env, req.cwd, layout.interpreters);
   const ctx = { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo, onHashing: hooks.onHashing };
   const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);

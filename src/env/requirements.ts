@@ -1,7 +1,6 @@
 import { existsSync, realpathSync, statSync } from "node:fs";
 import { readRequirementsText } from "./requirements-file.ts";
 import { dirname, isAbsolute, join, relative, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
 import { quote as shlexQuote } from "shlex";
 import { UsageError } from "../errors.ts";
 import { fileDigest, findLinksDigest, type OnHashing, treeDigest } from "./content-digest.ts";
@@ -93,6 +92,8 @@ const UV_SAFE_OPTIONS = new Set(["--requirement", "--constraint", "--editable", 
 export function localPathOf(target: string): string | null {
   if (/^file:/i.test(target)) {
     try {
+      // node:url loaded here, for file: URLs only: its start-up would cost every warm prepare.
+      const { fileURLToPath } = require("node:url") as typeof import("node:url");
       return fileURLToPath(target.split("#", 1)[0]!.replace(/^file:(?!\/\/)/i, "file://"));
     } catch {
       return null;

@@ -1,11 +1,12 @@
 import { existsSync, readdirSync, readFileSync } from "node:fs";
-import { availableParallelism, homedir, hostname, release, totalmem } from "node:os";
+import { availableParallelism, hostname, release, totalmem } from "node:os";
 import { join } from "node:path";
 import type { GpuInfo, MachineProbe } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { detectEngine, type EngineHost } from "../docker/engine.ts";
 import { distributions, runningInterpreter } from "../env/interpreter.ts";
 import { listCondaEnvs } from "../env/conda.ts";
+import { userHome } from "../core/home.ts";
 
 /**
  * The machine probe: what a worker tells the coordinator about itself. Read
@@ -134,7 +135,7 @@ export async function probeMachine(layout: HomeLayout, python: string | undefine
 /** Each conda environment with a Python, and what its site-packages hold: read from folders, nothing started but conda itself. */
 function condaEnvironments(env: Record<string, string>, cwd: string): NonNullable<MachineProbe["conda"]> {
   try {
-    return listCondaEnvs({ env, home: env.HOME || homedir(), cwd })
+    return listCondaEnvs({ env, home: userHome(env), cwd })
       .filter((e) => e.python)
       .map((e) => {
         const lib = join(e.prefix, "lib");

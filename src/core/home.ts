@@ -1,0 +1,13 @@
+/**
+ * The user's home folder: $HOME, else the password database's entry, as
+ * os.homedir() reads it. node:os is loaded only in that second case: its
+ * start-up costs every warm `env prepare`, where HOME is nearly always set.
+ */
+export function userHome(env: Record<string, string | undefined>): string {
+  return env.HOME || (require("node:os") as typeof import("node:os")).homedir();
+}
+
+/** This machine's host name (os.hostname), node:os loaded at the first ask. */
+export function hostName(): string {
+  return (require("node:os") as typeof import("node:os")).hostname();
+}
