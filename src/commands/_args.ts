@@ -67,14 +67,6 @@ export function afterDoubleDash(rawArgs: string[]): string[] {
   return i === -1 ? [] : rawArgs.slice(i + 1);
 }
 
-/**
- * citty's parsed args as a plain object: its proxy re-cases every name it
- * misses (each absent flag a command reads costs a cold start ~15 µs).
- */
-export function plainArgs<T extends object>(args: T): T {
-  return { ...args };
-}
-
 /** citty accepts any flag; a serious CLI names the unknown one. */
 export function rejectUnknownFlags(rawArgs: string[], args: ArgsDef): void {
   const known = new Set<string>(["--help", "-h"]);

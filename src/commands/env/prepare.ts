@@ -8,7 +8,7 @@ import { formatBytes, formatSeconds, Output, shortKey } from "../../ui/output.ts
 import { remoteTarget } from "../../cluster/client.ts";
 
 import { commandContext, engineHost, stopOnSignals } from "../_context.ts";
-import { buildOutputArgs, installerArgs, labelArgs, plainArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
+import { buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
 import { prepareHooks, prepareFailure } from "../_prepare-ui.ts";
 import type { EnvDryRunDoc, EnvPrepareDoc } from "../_json.ts";
 
@@ -30,9 +30,8 @@ export default defineCommand({
     description: "Build the environment for a request, or find it already built. Prints its path (last line on stdout).",
   },
   args,
-  async run({ args: parsed, rawArgs }) {
+  async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
-    const a = plainArgs(parsed);
     const out = new Output(a);
     const specs = repeated(rawArgs, ["-p", "--package"]);
     const ctx = await commandContext({ python: a.python, server: a.server, token: a.token, token_file: a["token-file"], prepare_timeout: a["prepare-timeout"] });
