@@ -1,11 +1,10 @@
-import bytes from "bytes";
-
 /**
  * Sizes as people write them: `50G`, `50GB`, `50GiB`, `500MiB`, `1.5T`,
  * `12345` (bytes). Parsed by the `bytes` package, which counts in powers of
  * 1024 (50G = 50 GiB). `bytes` alone would read `50G` as 50 bytes (it knows
  * only `kb`..`pb` and falls back to parseInt), so the suffix is normalised
- * first and anything else is refused.
+ * first and anything else is refused. The package is loaded at the first
+ * size read: settings import this module, and a warm prepare reads none.
  */
 const SIZE = /^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])(?:i?b)?|b)?\s*$/i;
 
@@ -13,6 +12,7 @@ export function parseSize(value: string | number): number | null {
   if (typeof value === "number") return Number.isFinite(value) && value >= 0 ? Math.floor(value) : null;
   const m = SIZE.exec(value);
   if (!m) return null;
+  const bytes = require("bytes") as typeof import("bytes");
   const parsed = bytes.parse(m[2] ? `${m[1]}${m[2].toLowerCase()}b` : String(Math.floor(Number(m[1]))));
   return parsed === null || !Number.isFinite(parsed) ? null : parsed;
 }
