@@ -1,5 +1,5 @@
 // consola's core: the logger without its reporters (ours writes the lines), its colour and terminal code, or node:util.
-import { createConsola, type ConsolaInstance } from "consola/core";
+import type { ConsolaInstance } from "consola/core";
 import { writeErr, writeOut } from "./terminal.ts";
 
 export interface OutputFlags {
@@ -19,6 +19,8 @@ export class Output {
 
   get log(): ConsolaInstance {
     if (!this.logger) {
+      // Loaded at the first log: a command that logs nothing (a warm prepare) never evaluates it.
+      const { createConsola } = require("consola/core") as typeof import("consola/core");
       // consola sends info to stdout by default; all logs belong on stderr.
       // One voice: `error: …`, `warning: …`, plain info lines; no colour codes, no padding, no badges.
       const prefix: Record<string, string> = { error: "error: ", fatal: "error: ", warn: "warning: " };
