@@ -103,6 +103,9 @@ async function compile(target: Target, outfile: string, info: BuildInfo, cross: 
     // output here because cli.ts uses top-level await (Bun's bytecode default is CJS).
     "--bytecode",
     "--format=esm",
+    // JIT thresholds 50x: a command's start-up code runs once, and compiling it costs a warm `env prepare` ~0.8 ms of
+    // CPU and ~0.2 ms here. The server and workers reset the normal policy (src/core/jit-policy.ts).
+    "--compile-jit-policy=50",
     // Lazy subcommands become their own chunks: a warm `env prepare` parses only what it runs.
     "--splitting",
     "--sourcemap=none",

@@ -310,6 +310,30 @@ describe("the interpreter behind a shim", () => {
       s.cleanup();
     }
   });
+
+  // Skipped only without pyenv holding two Pythons 3.1x, as above.
+  test.skipIf(pyenvVersions.length < 2 || !existsSync(join(PYENV_ROOT, "shims", "python3")))("a shim's answer an older gpulayer kept under the shim's path is not taken: the shim is resolved anew", async () => {
+    const s = sandbox();
+    try {
+      const [a, b] = pyenvVersions.slice(-2) as [string, string];
+      const shim = join(PYENV_ROOT, "shims", "python3");
+      // What gpulayer kept before shims were resolved: the shim probed as if it were Python, under its own path.
+      const interpreters = join(s.home, "interpreters-v1");
+      const probe = `const { probeInterpreter } = await import(${JSON.stringify(join(import.meta.dir, "..", "src", "env", "interpreter.ts"))}); console.log(probeInterpreter(${JSON.stringify(shim)}, ${JSON.stringify(interpreters)}).version);`;
+      const probed = Bun.spawnSync([process.execPath, "-e", probe], { env: { ...s.env, PYENV_ROOT, PYENV_VERSION: a }, stdout: "pipe", stderr: "pipe" });
+      expect(probed.stdout.toString().trim()).toBe(a);
+      const [entry] = readdirSync(interpreters);
+      const kept = JSON.parse(readFileSync(join(interpreters, entry!), "utf8")) as Record<string, unknown>;
+      delete kept.resolved;
+      writeFileSync(join(interpreters, entry!), JSON.stringify(kept));
+      const r = await cli(["env", "prepare", "-p", "dep-a", "--index-url", index.url, "--python", shim, "--json"], { env: { ...s.env, PYENV_ROOT, PYENV_VERSION: b, GPULAYER_INSTALLER: "pip" }, cwd: s.root });
+      if (r.code !== 0) throw new Error(r.stderr);
+      const env = JSON.parse(r.stdout) as { path: string };
+      expect(await inEnv(env.path, "import sys; print('%d.%d.%d' % sys.version_info[:3])")).toBe(b);
+    } finally {
+      s.cleanup();
+    }
+  });
 });
 
 describe("one default Python", () => {

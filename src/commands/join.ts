@@ -16,6 +16,7 @@ import { formatBytes, Output } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
 import type { JoinDoc, JoinLeftDoc } from "./_json.ts";
 import { probeJson } from "./_probe-json.ts";
+import { useNormalJitPolicy } from "../core/jit-policy.ts";
 
 const args = {
   server: { type: "positional", required: false, valueHint: "SERVER_URL", description: "The coordinator to work for; several replicas of it may be given, comma-separated (http://a:7070,http://b:7070): the worker moves to the next when one stops answering. Without it, save this machine's worker settings and show its probe" },
@@ -60,6 +61,7 @@ export default defineCommand({
     if (a.token !== undefined) throw new UsageError("join --token: a token on the command line can be read by every process on this machine (/proc/PID/cmdline), jobs included; use --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN");
     // Before anything else: a job of the same user may not read this process's environment or memory.
     forbidDumps();
+    useNormalJitPolicy();
     const ctx = await commandContext({ python: a.python, token_file: a["token-file"], "worker.run_as": a["run-as"], "worker.metrics_listen": a["metrics-listen"], ...(a.offline ? { "worker.offline": "true" } : {}) });
     const { layout, values } = ctx;
     const saved = loadWorkerSettings(layout);

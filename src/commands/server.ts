@@ -7,6 +7,7 @@ import { serverSettings, serverToken, startServer } from "../server/server.ts";
 import { Output } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "./_args.ts";
 import type { ServerDoc } from "./_json.ts";
+import { useNormalJitPolicy } from "../core/jit-policy.ts";
 
 const args = {
   listen: { type: "string", valueHint: "HOST:PORT", description: "Where to listen (default 127.0.0.1:7070; 0.0.0.0:7070 for other machines)" },
@@ -26,6 +27,7 @@ export default defineCommand({
     rejectUnknownFlags(rawArgs, args);
     // A job on this machine may not read the server's token from its environment or memory.
     forbidDumps();
+    useNormalJitPolicy();
     const out = new Output(a);
     const ctx = await commandContext({ "coordinator.listen": a.listen, token: a.token, token_file: a["token-file"], "coordinator.database": a.database, "coordinator.files": a.files });
     const dir = join(ctx.layout.root, "server");

@@ -31,7 +31,9 @@ const MAX_CONFIG_BYTES = 1024 * 1024;
 async function readConfigFile(file: string): Promise<Map<SettingName, Raw> | null> {
   let text: string;
   try {
-    const st = statSync(file);
+    // No file is the common case: answered without an exception (a warm start would pay for its stack).
+    const st = statSync(file, { throwIfNoEntry: false });
+    if (!st) return null;
     if (!st.isFile()) throw new UsageError(`${file}: the config file is not a regular file`);
     if (st.size > MAX_CONFIG_BYTES) throw new UsageError(`${file}: the config file is ${st.size} bytes, over the limit of 1 MiB`);
     text = readFileSync(file, "utf8");

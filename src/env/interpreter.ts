@@ -1,6 +1,7 @@
-import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, renameSync, statSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, statSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
+import { writeFileAtomic } from "../core/atomic.ts";
 import { contentHash } from "../core/hashing.ts";
 import { normalizeName } from "./canonical.ts";
 import { type ResolvedInterpreter, resolveInterpreter } from "./shims.ts";
@@ -76,25 +77,63 @@ function signatureOf(path: string, info: Pick<InterpreterInfo, "realExecutable" 
   return [statSignature(path), statSignature(info.realExecutable), statSignature(join(info.prefix, "pyvenv.cfg"))].join("|");
 }
 
-export function resolvePythonPath(python: string | undefined, env: NodeJS.ProcessEnv): string {
+/** The interpreter named (a path, made absolute; else found on PATH), not yet checked to exist. */
+function namedPython(python: string | undefined, env: NodeJS.ProcessEnv): string {
   const name = python || "python3";
-  if (name.includes("/")) {
-    const abs = resolve(name);
-    if (!existsSync(abs)) throw new UsageError(`--python: not found: ${name}`);
-    return abs;
-  }
+  if (name.includes("/")) return resolve(name);
   const found = Bun.which(name, { PATH: env.PATH ?? "" });
   if (!found) throw new UsageError(`--python: ${name} is not on PATH`);
   return found;
 }
 
-export function probeInterpreter(pythonPath: string, cacheDir: string): InterpreterInfo {
-  const cacheFile = join(cacheDir, `${contentHash(pythonPath).slice(0, 32)}.json`);
+export function resolvePythonPath(python: string | undefined, env: NodeJS.ProcessEnv): string {
+  const path = namedPython(python, env);
+  if (!existsSync(path)) throw new UsageError(`--python: not found: ${python}`);
+  return path;
+}
+
+const cacheFileOf = (pythonPath: string, cacheDir: string) => join(cacheDir, `${contentHash(pythonPath).slice(0, 32)}.json`);
+
+/**
+ * A probe's answer as kept: `resolved` marks one written since shims are resolved before probing; an entry
+ * without it (an older gpulayer) may be a shim's answer kept under the shim's own path.
+ */
+interface CachedProbe {
+  signature: string;
+  info: InterpreterInfo;
+  resolved?: true;
+}
+
+/** What a probe of this very path answered, while the files it rests on are unchanged; else null. */
+function cachedProbe(pythonPath: string, cacheDir: string): CachedProbe | null {
   try {
-    const cached = JSON.parse(readFileSync(cacheFile, "utf8")) as { signature: string; info: InterpreterInfo };
-    if (cached.signature === signatureOf(pythonPath, cached.info)) return cached.info;
+    const cached = JSON.parse(readFileSync(cacheFileOf(pythonPath, cacheDir), "utf8")) as CachedProbe;
+    if (cached.signature === signatureOf(pythonPath, cached.info)) return cached;
   } catch {
-    // no cache or stale: probe
+    // no cache or stale
+  }
+  return null;
+}
+
+function keepProbe(cacheFile: string, entry: CachedProbe): void {
+  mkdirSync(dirname(cacheFile), { recursive: true });
+  writeFileAtomic(cacheFile, JSON.stringify(entry));
+}
+
+/** `pythonPath` is what runs, shims already resolved (runningInterpreter's order): its answer is kept as its own. */
+export function probeInterpreter(pythonPath: string, cacheDir: string): InterpreterInfo {
+  const cacheFile = cacheFileOf(pythonPath, cacheDir);
+  const cached = cachedProbe(pythonPath, cacheDir);
+  if (cached) {
+    // An older gpulayer's entry for what runs (not for a shim): right, and marked so the shortcut may take it.
+    if (!cached.resolved) {
+      try {
+        keepProbe(cacheFile, { ...cached, resolved: true });
+      } catch {
+        // not marked: the next run resolves shims first again, as now
+      }
+    }
+    return cached.info;
   }
   let proc: ReturnType<typeof Bun.spawnSync>;
   try {
@@ -119,10 +158,7 @@ export function probeInterpreter(pythonPath: string, cacheDir: string): Interpre
     // keep sys.executable
   }
   const info: InterpreterInfo = { ...raw, path: pythonPath, realExecutable };
-  mkdirSync(cacheDir, { recursive: true });
-  const tmp = `${cacheFile}.${process.pid}.tmp`;
-  writeFileSync(tmp, JSON.stringify({ signature: signatureOf(pythonPath, info), info }));
-  renameSync(tmp, cacheFile);
+  keepProbe(cacheFile, { signature: signatureOf(pythonPath, info), info, resolved: true });
   return info;
 }
 
@@ -162,6 +198,11 @@ export function baseFingerprint(siteDirs: string[]): string {
 
 /** The interpreter a name runs (PATH looked up, shims resolved), probed: what every request and the worker probe use. */
 export function runningInterpreter(python: string | undefined, env: NodeJS.ProcessEnv, cwd: string, cacheDir: string): { info: InterpreterInfo; resolved: ResolvedInterpreter } {
+  // Probed before under this very path, and its file unchanged since: a binary then, so a binary now (a shim or a
+  // wrapper is never probed under its own path, only what it runs). No shim to look for: the warm path's shortcut.
+  const path = namedPython(python, env);
+  const known = cachedProbe(path, cacheDir);
+  if (known?.resolved) return { info: known.info, resolved: { path, via: null } };
   const resolved = resolveInterpreter(resolvePythonPath(python, env), env, cwd);
   return { info: probeInterpreter(resolved.path, cacheDir), resolved };
 }
