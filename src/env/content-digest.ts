@@ -238,7 +238,9 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
     }
     if (seenDirs.has(real)) return; // a symlink loop
     seenDirs.add(real);
-    const names = readdirSync(dir).sort();
+    // Entries with their types (d_type): a folder, or a file whose name alone counts, needs no stat of its own.
+    const entries = readdirSync(dir, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    const names = entries.map((e) => e.name);
     if (names.includes(".gitignore")) {
       try {
         rules = [...rules, { base: dir, ig: newIgnore().add(readFileSync(join(dir, ".gitignore"), "utf8")) }];
@@ -248,16 +250,21 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
     }
     const packageDir = inPackage || (dir !== root && names.includes("__init__.py"));
     const isPackage = editable && dir !== root && names.includes("__init__.py");
-    for (const name of names) {
+    for (const entry of entries) {
+      const name = entry.name;
       const path = `${dir}/${name}`; // not join(): it normalises, and this runs per file
       const relPath = rel ? `${rel}/${name}` : name;
-      // Follows symlinks: their target's content is what gets installed.
-      const stat = statFollowing(path);
-      if (!stat) {
-        items.push({ kind: "dangling", relPath, path, stat: null });
-        continue;
+      // Follows symlinks: their target's content is what gets installed. Other entries are stat'ed only for an identity.
+      let stat: Stats | null | undefined;
+      // A link, and an entry whose type the listing did not say (DT_UNKNOWN on some filesystems; a FIFO), is stat'ed now.
+      if (entry.isSymbolicLink() || !(entry.isFile() || entry.isDirectory())) {
+        stat = statFollowing(path);
+        if (!stat) {
+          items.push({ kind: "dangling", relPath, path, stat: null });
+          continue;
+        }
       }
-      const isDir = stat.isDirectory();
+      const isDir = stat ? stat.isDirectory() : entry.isDirectory();
       if (isDir && (NEVER_READ_DIRS.has(name) || name.endsWith(".egg-info"))) continue;
       if (!isDir && (name.endsWith(".pyc") || name.endsWith(".pyo"))) continue;
       if (isDir && dir === root && name === "build" && readdirSync(path).every((e) => SETUPTOOLS_BUILD_ENTRY.test(e))) continue;
@@ -269,10 +276,16 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
         walk(path, relPath, rules, packageDir);
         continue;
       }
-      if (!stat.isFile()) continue; // sockets, FIFOs: nothing an installer copies
+      if (!(stat ? stat.isFile() : entry.isFile())) continue; // sockets, FIFOs: nothing an installer copies
       // Served by the live link: its name counts, not its content; unless a build reads it (metadata, a version).
       const live = isPackage && name.endsWith(".py") && !METADATA_MODULE.test(name) && !buildReads.has(relPath);
-      items.push({ kind: live ? "live" : "file", relPath, path, stat: live ? null : stat });
+      if (live) {
+        items.push({ kind: "live", relPath, path, stat: null });
+        continue;
+      }
+      stat ??= statFollowing(path);
+      // Gone since the listing: as a dangling link, by name (the next prepare sees the tree as it is then).
+      items.push(stat ? { kind: "file", relPath, path, stat } : { kind: "dangling", relPath, path, stat: null });
     }
   };
   walk(root, "", [], false);
