@@ -108,6 +108,35 @@ describe("a project folder's digest, kept between runs", () => {
   });
 });
 
+describe("an editable project's listing (entry types from the folder, a stat only where one is needed)", () => {
+  const digest = (root: string) => treeDigest(root, { editable: true, cacheDir: null }).digest;
+
+  test("links are followed for their content; a new module, a dangling link and a linked folder count; a FIFO does not", () => {
+    const root = project("editable-listing");
+    const target = join(world, "editable-listing-target.txt");
+    writeFileSync(target, "a\n");
+    symlinkSync(target, join(root, "pkg", "linked.txt"));
+    const seen = [digest(root)];
+    writeFileSync(target, "b\n"); // the linked file's content
+    seen.push(digest(root));
+    writeFileSync(join(root, "pkg", "new_module.py"), ""); // a module the live link serves: by name
+    seen.push(digest(root));
+    symlinkSync(join(world, "nowhere"), join(root, "pkg", "dangling.py"));
+    seen.push(digest(root));
+    const outside = join(world, "editable-listing-sub");
+    mkdirSync(outside);
+    writeFileSync(join(outside, "__init__.py"), "");
+    writeFileSync(join(outside, "table.csv"), "1\n");
+    symlinkSync(outside, join(root, "pkg", "sub"));
+    seen.push(digest(root));
+    writeFileSync(join(outside, "table.csv"), "2\n"); // data in a linked folder: by content
+    seen.push(digest(root));
+    expect(new Set(seen).size).toBe(seen.length);
+    expect(Bun.spawnSync(["mkfifo", join(root, "pkg", "pipe")]).exitCode).toBe(0);
+    expect(digest(root)).toBe(seen.at(-1)!);
+  });
+});
+
 describe("an editable project's modules a build reads for its metadata", () => {
   const digest = (root: string) => treeDigest(root, { editable: true, cacheDir: null }).digest;
   const cases: [string, string, Record<string, string>][] = [

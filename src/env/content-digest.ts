@@ -238,9 +238,11 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
     }
     if (seenDirs.has(real)) return; // a symlink loop
     seenDirs.add(real);
-    // Entries with their types (d_type): a folder, or a file whose name alone counts, needs no stat of its own.
-    const entries = readdirSync(dir, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
-    const names = entries.map((e) => e.name);
+    // An editable project's listing comes with entry types (d_type): there a folder, or a module the live link serves,
+    // needs no stat of its own. Elsewhere every file is stat'ed for its identity anyway, and types would cost more than
+    // they save. Names sorted by the engine's own sort (a comparator is called ~20,000 times for 2,000 names).
+    const typed = editable ? new Map(readdirSync(dir, { withFileTypes: true }).map((e) => [e.name, e])) : null;
+    const names = typed ? [...typed.keys()].sort() : readdirSync(dir).sort();
     if (names.includes(".gitignore")) {
       try {
         rules = [...rules, { base: dir, ig: newIgnore().add(readFileSync(join(dir, ".gitignore"), "utf8")) }];
@@ -250,21 +252,21 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
     }
     const packageDir = inPackage || (dir !== root && names.includes("__init__.py"));
     const isPackage = editable && dir !== root && names.includes("__init__.py");
-    for (const entry of entries) {
-      const name = entry.name;
+    for (const name of names) {
+      const entry = typed?.get(name);
       const path = `${dir}/${name}`; // not join(): it normalises, and this runs per file
       const relPath = rel ? `${rel}/${name}` : name;
-      // Follows symlinks: their target's content is what gets installed. Other entries are stat'ed only for an identity.
+      // Follows symlinks: their target's content is what gets installed. Stat'ed now: an untyped listing's entry, a
+      // link, and one whose type the listing did not say (DT_UNKNOWN on some filesystems; a FIFO).
       let stat: Stats | null | undefined;
-      // A link, and an entry whose type the listing did not say (DT_UNKNOWN on some filesystems; a FIFO), is stat'ed now.
-      if (entry.isSymbolicLink() || !(entry.isFile() || entry.isDirectory())) {
+      if (!entry || entry.isSymbolicLink() || !(entry.isFile() || entry.isDirectory())) {
         stat = statFollowing(path);
         if (!stat) {
           items.push({ kind: "dangling", relPath, path, stat: null });
           continue;
         }
       }
-      const isDir = stat ? stat.isDirectory() : entry.isDirectory();
+      const isDir = stat ? stat.isDirectory() : entry!.isDirectory();
       if (isDir && (NEVER_READ_DIRS.has(name) || name.endsWith(".egg-info"))) continue;
       if (!isDir && (name.endsWith(".pyc") || name.endsWith(".pyo"))) continue;
       if (isDir && dir === root && name === "build" && readdirSync(path).every((e) => SETUPTOOLS_BUILD_ENTRY.test(e))) continue;
@@ -276,7 +278,7 @@ function walkTree(root: string, editable: boolean): TreeItem[] {
         walk(path, relPath, rules, packageDir);
         continue;
       }
-      if (!(stat ? stat.isFile() : entry.isFile())) continue; // sockets, FIFOs: nothing an installer copies
+      if (!(stat ? stat.isFile() : entry!.isFile())) continue; // sockets, FIFOs: nothing an installer copies
       // Served by the live link: its name counts, not its content; unless a build reads it (metadata, a version).
       const live = isPackage && name.endsWith(".py") && !METADATA_MODULE.test(name) && !buildReads.has(relPath);
       if (live) {
