@@ -6,8 +6,3 @@
 export function userHome(env: Record<string, string | undefined>): string {
   return env.HOME || (require("node:os") as typeof import("node:os")).homedir();
 }
-
-/** This machine's host name (os.hostname), node:os loaded at the first ask. */
-export function hostName(): string {
-  return (require("node:os") as typeof import("node:os")).hostname();
-}

@@ -1,5 +1,4 @@
 import { mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, utimesSync } from "node:fs";
-import { hostName } from "./home.ts";
 import { dirname, join } from "node:path";
 import { identify, mayBeRunning, ownStartTime, type RecordedProcess, recordedStart } from "./process-identity.ts";
 import { endGroup } from "./process-tree.ts";
@@ -59,7 +58,9 @@ export function lockWhere(): string {
         return "";
       }
     };
-    here = [hostName(), read("/proc/sys/kernel/random/boot_id", (p) => readFileSync(p, "utf8")), read("/proc/self/ns/pid", readlinkSync)].join("|");
+    // node:os loaded here, at the first lock record: its start-up would cost every warm prepare.
+    const { hostname } = require("node:os") as typeof import("node:os");
+    here = [hostname(), read("/proc/sys/kernel/random/boot_id", (p) => readFileSync(p, "utf8")), read("/proc/self/ns/pid", readlinkSync)].join("|");
   }
   return here;
 }

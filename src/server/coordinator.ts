@@ -44,6 +44,8 @@ const REPLICA_RECHECK_MS = 1_000;
 export interface Change {
   readonly store: ServerStore;
   wake(key: string): void;
+  /** A line for the server's log, written once the change has committed: a change rolled back says nothing. */
+  log(line: string): void;
 }
 
 export class Coordinator {
@@ -79,10 +81,12 @@ export class Coordinator {
     clearInterval(this.sweeper);
   }
 
-  /** `fn` as one change; its wake-ups go out after the commit. */
+  /** `fn` as one change; its wake-ups and log lines go out after the commit. */
   async change<T>(fn: (ch: Change) => Promise<T>): Promise<T> {
     const keys = new Set<string>();
-    const result = await this.store.exclusive((store) => fn({ store, wake: (key) => keys.add(key) }));
+    const lines: string[] = [];
+    const result = await this.store.exclusive((store) => fn({ store, wake: (key) => keys.add(key), log: (line) => lines.push(line) }));
+    for (const line of lines) this.log(line);
     for (const key of keys) this.notify.wake(key);
     if (keys.size) void this.opts.publish?.([...keys]).catch(() => {});
     return result;
@@ -108,7 +112,7 @@ export class Coordinator {
     if (w.state === "left") throw new HttpFail(409, `worker ${w.name} is ${w.state}; register again`, { lost: true });
     if (w.state === "lost") {
       await ch.store.updateWorker(w.id, { state: "idle", lastSeen: Date.now() });
-      this.log(`worker ${w.name} is back after ${((Date.now() - w.lastSeen) / 1000).toFixed(1)} s; it keeps what it runs`);
+      ch.log(`worker ${w.name} is back after ${((Date.now() - w.lastSeen) / 1000).toFixed(1)} s; it keeps what it runs`);
       for (const t of await ch.store.activeTasks(w.id)) if (t.jobId) await ch.store.event(t.jobId, "job.worker_back", { worker: w.name });
       await this.dispatch(ch);
       return;
@@ -210,13 +214,13 @@ export class Coordinator {
       await this.seen(ch, w);
       if (!final) {
         await ch.store.updateWorker(w.id, { state: "draining" });
-        this.log(`worker ${w.name} is draining: no new work`);
+        ch.log(`worker ${w.name} is draining: no new work`);
         return;
       }
       for (const t of await ch.store.activeTasks(w.id)) await this.releaseTask(ch, t, `worker ${w.name} left`, false);
       await ch.store.artifacts.dropClaimsOf(w.id);
       await ch.store.updateWorker(w.id, { state: "left" });
-      this.log(`worker ${w.name} left`);
+      ch.log(`worker ${w.name} left`);
       await this.dispatch(ch);
     });
   }
@@ -273,10 +277,11 @@ export class Coordinator {
   /** `release`: its tasks go now (it is known gone: another process took its name, its token was revoked); else at its lease's end. */
   async markLost(ch: Change, w: WorkerRow, reason: string, release = false): Promise<void> {
     const { store } = ch;
-    await store.updateWorker(w.id, { state: "lost" });
+    // From the state this change read, or not at all: declared lost once, whichever replica sweeps.
+    if (!(await store.moveWorker(w.id, w.state, "lost"))) return;
     // Workers waiting for its env build stop waiting: one of them builds instead.
     await store.artifacts.dropClaimsOf(w.id);
-    this.log(reason);
+    ch.log(reason);
     for (const t of await store.activeTasks(w.id)) {
       if (release) await this.releaseTask(ch, t, reason, true);
       else if (t.jobId) await store.event(t.jobId, "job.worker_lost", { worker: w.name, message: reason });

@@ -8,6 +8,7 @@ import { newId, type ServerStore, type TaskRow, type WorkerRow } from "./store.t
 interface Change {
   readonly store: ServerStore;
   wake(key: string): void;
+  log(line: string): void;
 }
 
 /**
@@ -31,7 +32,6 @@ export interface RegisterBody {
 /** What registering needs of the coordinator; by shape, since coordinator.ts imports this file. */
 export interface Registrar {
   readonly opts: { heartbeatSeconds: number; lostSeconds: number; leaseSeconds: number };
-  log(message: string): void;
   markLost(ch: Change, w: WorkerRow, reason: string, release?: boolean): Promise<void>;
   releaseTask(ch: Change, t: TaskRow, reason: string, lost: boolean): Promise<void>;
   dispatch(ch: Change): Promise<void>;
@@ -79,11 +79,11 @@ export async function registerWorker(c: Registrar, ch: Change, body: RegisterBod
     await store.updateWorker(id, { state: "idle", lastSeen: now, probe: body.probe, labels: body.labels, slots: body.slots, freeGpus: gpus, joinedWith });
     // A poll still open for the old credential ends now.
     ch.wake(`worker:${id}`);
-    c.log(`worker ${body.name} is back (same worker ${id}, was ${same.state}; ${printable(body.probe.hostname)}, ${gpus.length} GPU(s), labels ${labels})`);
+    ch.log(`worker ${body.name} is back (same worker ${id}, was ${same.state}; ${printable(body.probe.hostname)}, ${gpus.length} GPU(s), labels ${labels})`);
   } else {
     id = newId(6);
     await store.addWorker({ id, name: body.name, labels: body.labels, probe: body.probe, slots: body.slots, state: "idle", registered: now, lastSeen: now, joinedWith }, sha256(credential));
-    c.log(`worker ${body.name} joined (${printable(body.probe.hostname)}, ${gpus.length} GPU(s), labels ${labels})`);
+    ch.log(`worker ${body.name} joined (${printable(body.probe.hostname)}, ${gpus.length} GPU(s), labels ${labels})`);
   }
   await c.dispatch(ch);
   return { id, name: body.name, credential, heartbeat_seconds: c.opts.heartbeatSeconds, lease_seconds: c.opts.leaseSeconds, resumed: Boolean(same) };
