@@ -324,7 +324,7 @@ describe("the interpreter behind a shim", () => {
       expect(probed.stdout.toString().trim()).toBe(a);
       const [entry] = readdirSync(interpreters);
       const kept = JSON.parse(readFileSync(join(interpreters, entry!), "utf8")) as Record<string, unknown>;
-      delete kept.resolved;
+      delete kept.shimFree;
       writeFileSync(join(interpreters, entry!), JSON.stringify(kept));
       const r = await cli(["env", "prepare", "-p", "dep-a", "--index-url", index.url, "--python", shim, "--json"], { env: { ...s.env, PYENV_ROOT, PYENV_VERSION: b, GPULAYER_INSTALLER: "pip" }, cwd: s.root });
       if (r.code !== 0) throw new Error(r.stderr);

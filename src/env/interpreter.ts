@@ -95,13 +95,13 @@ export function resolvePythonPath(python: string | undefined, env: NodeJS.Proces
 const cacheFileOf = (pythonPath: string, cacheDir: string) => join(cacheDir, `${contentHash(pythonPath).slice(0, 32)}.json`);
 
 /**
- * A probe's answer as kept: `resolved` marks one written since shims are resolved before probing; an entry
- * without it (an older gpulayer) may be a shim's answer kept under the shim's own path.
+ * A probe's answer as kept. `shimFree`: the path probed was what runs, shims resolved first (every entry written
+ * now). An entry without it (an older gpulayer's) may be a shim's answer kept under the shim's own path.
  */
 interface CachedProbe {
   signature: string;
   info: InterpreterInfo;
-  resolved?: true;
+  shimFree?: true;
 }
 
 /** What a probe of this very path answered, while the files it rests on are unchanged; else null. */
@@ -126,9 +126,9 @@ export function probeInterpreter(pythonPath: string, cacheDir: string): Interpre
   const cached = cachedProbe(pythonPath, cacheDir);
   if (cached) {
     // An older gpulayer's entry for what runs (not for a shim): right, and marked so the shortcut may take it.
-    if (!cached.resolved) {
+    if (!cached.shimFree) {
       try {
-        keepProbe(cacheFile, { ...cached, resolved: true });
+        keepProbe(cacheFile, { ...cached, shimFree: true });
       } catch {
         // not marked: the next run resolves shims first again, as now
       }
@@ -158,7 +158,7 @@ export function probeInterpreter(pythonPath: string, cacheDir: string): Interpre
     // keep sys.executable
   }
   const info: InterpreterInfo = { ...raw, path: pythonPath, realExecutable };
-  keepProbe(cacheFile, { signature: signatureOf(pythonPath, info), info, resolved: true });
+  keepProbe(cacheFile, { signature: signatureOf(pythonPath, info), info, shimFree: true });
   return info;
 }
 
@@ -202,7 +202,7 @@ export function runningInterpreter(python: string | undefined, env: NodeJS.Proce
   // wrapper is never probed under its own path, only what it runs). No shim to look for: the warm path's shortcut.
   const path = namedPython(python, env);
   const known = cachedProbe(path, cacheDir);
-  if (known?.resolved) return { info: known.info, resolved: { path, via: null } };
+  if (known?.shimFree) return { info: known.info, resolved: { path, via: null } };
   const resolved = resolveInterpreter(resolvePythonPath(python, env), env, cwd);
   return { info: probeInterpreter(resolved.path, cacheDir), resolved };
 }
