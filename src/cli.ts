@@ -53,7 +53,9 @@ async function run(argv: string[]): Promise<number> {
     return ExitCode.ok;
   } catch (error) {
     if (isBrokenPipe(error)) return ExitCode.ok;
-    return reportFailure(error, { verbose, json: beforeDashes.includes("--json") });
+    // Loaded for a failure only: messages quote what users and files wrote, and a control character stays escaped.
+    const { printable } = await import("./ui/escape.ts");
+    return reportFailure(error, { verbose, json: beforeDashes.includes("--json"), printable });
   }
 }
 
@@ -63,12 +65,12 @@ async function run(argv: string[]): Promise<number> {
  * document on stdout. An ExitError shows nothing: its command printed what it
  * had (a job's status) and only passes the code on.
  */
-function reportFailure(error: unknown, opts: { verbose: boolean; json: boolean }): number {
+function reportFailure(error: unknown, opts: { verbose: boolean; json: boolean; printable: (text: string) => string }): number {
   const report = errorReport(error, { verbose: opts.verbose });
   if (error instanceof ExitError) return report.exitCode;
   const internal = report.exitCode === ExitCode.internal && !(error instanceof UserError);
   if (opts.json) writeOut(`${JSON.stringify(errorDocument(report), null, 2)}\n`);
-  writeErr(`${internal ? "internal error" : "error"}: ${report.message}\n`);
+  writeErr(`${internal ? "internal error" : "error"}: ${opts.printable(report.message)}\n`);
   if (internal) writeErr(report.stack ? `${report.stack}\n` : "(run again with --verbose for the stack; this is a bug in gpulayer)\n");
   return report.exitCode;
 }

@@ -109,7 +109,11 @@ export function errorReport(error: unknown, opts: { verbose: boolean }): ErrorRe
     const path = (error as NodeJS.ErrnoException).path;
     return { message: `${NO_SPACE[full].words} while writing ${path ?? "gpulayer's files"}`, exitCode: ExitCode.failed };
   }
-  if (error instanceof Error && error.name === "CLIError") return { message: `${error.message.replace(/\u001b\[[0-9;]*m/g, "")} (see --help)`, exitCode: ExitCode.usage };
+  if (error instanceof Error && error.name === "CLIError") {
+    // citty's own words in ours: lower case, no full stop, no colour (`Unknown command prepar` → `unknown command prepar`).
+    const words = error.message.replace(/\u001b\[[0-9;]*m/g, "").replace(/\.$/, "");
+    return { message: `${words.charAt(0).toLowerCase()}${words.slice(1)} (see --help)`, exitCode: ExitCode.usage };
+  }
   const message = error instanceof Error ? error.message : String(error);
   return { message, exitCode: ExitCode.internal, ...(opts.verbose && error instanceof Error && error.stack ? { stack: error.stack } : {}) };
 }

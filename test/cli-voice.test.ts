@@ -107,6 +107,23 @@ describe("one error style", () => {
     const neg = await cli(["gc", "--max-size", "-5G"], { env: box.env });
     expect(neg.code).toBe(2);
     expect(neg.stderr).toBe("error: --max-size -5G: a size cannot be negative\n");
+    // The parser would take the next flag as the value: the flag that lacks one is named instead.
+    const missing = await cli(["gc", "--max-size", "--dry-run"], { env: box.env });
+    expect([missing.code, missing.stderr]).toEqual([2, "error: --max-size needs a value (--dry-run is an option)\n"]);
+  });
+
+  test("citty's own refusals read as ours: lower case, no full stop", async () => {
+    const unknown = await cli(["env", "prepar"], { env: box.env });
+    expect([unknown.code, unknown.stderr]).toEqual([2, "error: unknown command prepar (see --help)\n"]);
+  });
+
+  test("a timer longer than timers hold is refused, a build or not (a longer one would fire at once)", async () => {
+    const r = await cli(["env", "prepare", "-p", "six", "--prepare-timeout", "99999999999999999h"], { env: box.env });
+    expect([r.code, r.stderr]).toEqual([2, "error: --prepare-timeout 99999999999999999h: too long: at most 24d\n"]);
+    const grace = await cli(["config"], { env: { ...box.env, GPULAYER_CANCEL_GRACE: "30d" } });
+    expect([grace.code, grace.stderr]).toEqual([2, "error: GPULAYER_CANCEL_GRACE=30d (environment): too long: at most 24d\n"]);
+    // An age is no timer: a bundle kept for 90 days is fine.
+    expect((await cli(["config"], { env: { ...box.env, GPULAYER_BUNDLE_RETENTION: "90d" } })).code).toBe(0);
   });
 
   test("in-process: a command run through citty's runCommand, as its tests would", async () => {

@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { readFileSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { resolveSettings } from "../src/config/resolve.ts";
 import { settingsMarkdown } from "../src/config/report.ts";
@@ -117,6 +117,23 @@ describe("every setting: what wins", () => {
     await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow("home: cannot be set in the config file (set GPULAYER_HOME)");
     writeFileSync(file, "cache: 5G\n");
     await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow(`${file}: cache: unknown key`);
+  });
+
+  test("a config file that is a link to nothing, bad YAML, or control characters: one line each, escaped", async () => {
+    const home = join(box.root, "config-odd");
+    mkdirSync(home, { recursive: true });
+    const file = join(home, "config.yaml");
+    symlinkSync(join(box.root, "nowhere.yaml"), file);
+    const dangling = await cli(["config"], { env: { ...box.env, GPULAYER_HOME: home } });
+    expect([dangling.code, dangling.stderr]).toEqual([2, `error: ${file}: the config file is a symbolic link to nothing (${join(box.root, "nowhere.yaml")})\n`]);
+    rmSync(file);
+    writeFileSync(file, "prepare_timeout: [\n");
+    const yaml = await cli(["config"], { env: { ...box.env, GPULAYER_HOME: home } });
+    expect(yaml.code).toBe(2);
+    expect(yaml.stderr).toMatch(/^error: .*config\.yaml: not valid YAML: .*line 2, column 1\n$/);
+    writeFileSync(file, "\x1b[31mRED: 1\n");
+    const esc = await cli(["config"], { env: { ...box.env, GPULAYER_HOME: home } });
+    expect([esc.code, esc.stderr]).toEqual([2, `error: ${file}: \\x1b[31mRED: unknown key\n`]);
   });
 
   test("the issue's traps: sizes in every spelling are powers of 1024, never bytes", async () => {

@@ -76,20 +76,26 @@ export function rejectUnknownFlags(rawArgs: string[], args: ArgsDef): void {
     const aliases = "alias" in def && def.alias ? (Array.isArray(def.alias) ? def.alias : [def.alias]) : [];
     for (const a of aliases) known.add(a.length === 1 ? `-${a}` : `--${a}`);
   }
-  // Built only for a value like `-5G`: the common command line never needs it.
-  const takesValue = () => new Set(Object.entries(args).flatMap(([name, def]) => (def.type === "string" ? [`--${name}`, ...aliasesOf(def).map((a) => (a.length === 1 ? `-${a}` : `--${a}`))] : [])));
+  // Built only when a flag follows a flag: the common command line never needs it.
+  let valued: Set<string> | undefined;
+  const takesValue = (flag: string) => (valued ??= new Set(Object.entries(args).flatMap(([name, def]) => (def.type === "string" ? [`--${name}`, ...aliasesOf(def).map((a) => (a.length === 1 ? `-${a}` : `--${a}`))] : [])))).has(flag);
   let previous = "";
   for (const arg of rawArgs) {
     if (arg === "--") break;
-    // `--max-size -5G`: the value reads as flags to the parser; name the real problem, in the setting's own words.
-    if (/^-\d/.test(arg) && takesValue().has(previous)) {
-      const setting = SETTING_NAMES.find((n) => (SETTINGS[n] as SettingDef<unknown>).flag === previous);
-      const parsed = setting ? (SETTINGS[setting] as SettingDef<unknown>).kind.parse(arg) : null;
-      throw new UsageError(`${previous} ${arg}: ${parsed && isProblem(parsed) ? parsed.problem : "a negative value is not taken"}`);
-    }
-    previous = arg;
-    if (!arg.startsWith("-") || arg === "-") continue;
     const flag = arg.includes("=") ? arg.slice(0, arg.indexOf("=")) : arg;
+    const isFlag = arg.startsWith("-") && arg !== "-";
+    if (isFlag && previous && takesValue(previous)) {
+      // `--max-size -5G`: the value reads as flags to the parser; name the real problem, in the setting's own words.
+      if (/^-\d/.test(arg)) {
+        const setting = SETTING_NAMES.find((n) => (SETTINGS[n] as SettingDef<unknown>).flag === previous);
+        const parsed = setting ? (SETTINGS[setting] as SettingDef<unknown>).kind.parse(arg) : null;
+        throw new UsageError(`${previous} ${arg}: ${parsed && isProblem(parsed) ? parsed.problem : "a negative value is not taken"}`);
+      }
+      // `--max-size --dry-run`: the parser would take the next flag as the value.
+      if (known.has(flag)) throw new UsageError(`${previous} needs a value (${arg} is an option)`);
+    }
+    previous = isFlag && !arg.includes("=") ? arg : "";
+    if (!isFlag) continue;
     if (!known.has(flag)) throw new UsageError(`unknown option ${flag} (see --help)`);
   }
 }

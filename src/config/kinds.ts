@@ -33,18 +33,25 @@ export const size: Kind<number> = {
   },
 };
 
-/** Milliseconds; a bare number is seconds. */
-export const duration: Kind<number> = {
+/** Milliseconds; a bare number is seconds. `maxDays`: a timer's limit, or an age's. */
+const durationUpTo = (maxDays: number): Kind<number> => ({
   name: "duration",
   parse(raw) {
     if (typeof raw === "boolean") return { problem: "not a duration (expected e.g. 30s, 10m, 2h, 1d; a bare number is seconds)" };
     if (/^\s*-/.test(String(raw))) return { problem: "a duration cannot be negative" };
     const ms = parseDuration(String(raw));
-    return ms === null ? { problem: "not a duration (expected e.g. 30s, 10m, 2h, 1d; a bare number is seconds)" } : ms;
+    if (ms === null) return { problem: "not a duration (expected e.g. 30s, 10m, 2h, 1d; a bare number is seconds)" };
+    return ms > maxDays * 86_400_000 ? { problem: `too long: at most ${maxDays}d` } : ms;
   },
   show: (ms) => (ms % 3_600_000 === 0 && ms ? `${ms / 3_600_000}h` : ms % 60_000 === 0 && ms ? `${ms / 60_000}m` : ms % 1000 === 0 ? `${ms / 1000}s` : `${ms}ms`),
   json: (ms) => ms / 1000,
-};
+});
+
+/** What a timer waits: 24 days at most, as timers count milliseconds in 31 bits (a longer one fires at once). */
+export const duration: Kind<number> = durationUpTo(24);
+
+/** An age things are kept for (compared with timestamps, never a timer): up to 100 years. */
+export const age: Kind<number> = durationUpTo(36_500);
 
 /** A whole number of at least `min`. */
 export const count = (min: number): Kind<number> => ({

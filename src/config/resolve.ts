@@ -1,4 +1,4 @@
-import { readFileSync, statSync } from "node:fs";
+import { lstatSync, readFileSync, readlinkSync, statSync } from "node:fs";
 import { userHome } from "../core/home.ts";
 import { join, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
@@ -33,7 +33,11 @@ async function readConfigFile(file: string): Promise<Map<SettingName, Raw> | nul
   try {
     // No file is the common case: answered without an exception (a warm start would pay for its stack).
     const st = statSync(file, { throwIfNoEntry: false });
-    if (!st) return null;
+    if (!st) {
+      // A link to nothing was meant to be a config file: say so rather than run on the defaults.
+      if (lstatSync(file, { throwIfNoEntry: false })) throw new UsageError(`${file}: the config file is a symbolic link to nothing (${readlinkSync(file)})`);
+      return null;
+    }
     if (!st.isFile()) throw new UsageError(`${file}: the config file is not a regular file`);
     if (st.size > MAX_CONFIG_BYTES) throw new UsageError(`${file}: the config file is ${st.size} bytes, over the limit of 1 MiB`);
     text = readFileSync(file, "utf8");
@@ -48,7 +52,7 @@ async function readConfigFile(file: string): Promise<Map<SettingName, Raw> | nul
     const { parse: parseYaml } = await import("yaml");
     data = parseYaml(text);
   } catch (error) {
-    throw new UsageError(`${file}: not valid YAML: ${(error as Error).message.split("\n")[0]}`);
+    throw new UsageError(`${file}: not valid YAML: ${(error as Error).message.split("\n")[0]!.replace(/:\s*$/, "")}`);
   }
   const found = new Map<SettingName, Raw>();
   if (data === null || data === undefined) return found;

@@ -1,4 +1,4 @@
-import { anyText, boolean, choice, count, databaseUrl, duration, type Kind, positiveDuration, secret, serverUrl, size, word } from "./kinds.ts";
+import { age, anyText, boolean, choice, count, databaseUrl, duration, type Kind, positiveDuration, secret, serverUrl, size, word } from "./kinds.ts";
 
 /**
  * Every setting gpulayer has, in one table: its config.yaml key (the name used
@@ -46,7 +46,7 @@ export const SETTINGS = {
   "coordinator.job_max_attempts": { env: "GPULAYER_JOB_MAX_ATTEMPTS", kind: count(1), default: 3, help: "times a job is started before it fails for good" },
   "coordinator.max_body": { env: "GPULAYER_MAX_BODY_BYTES", kind: size, default: 8 * 1024 ** 2, help: "the largest JSON request the server reads" },
   "coordinator.bundles_max_size": { env: "GPULAYER_BUNDLE_MAX_SIZE", kind: size, default: 10 * 1024 ** 3, help: "the most the server keeps of uploaded bundles, together" },
-  "coordinator.bundle_retention": { env: "GPULAYER_BUNDLE_RETENTION", kind: duration, default: 86_400_000, help: "how long an unused bundle is kept" },
+  "coordinator.bundle_retention": { env: "GPULAYER_BUNDLE_RETENTION", kind: age, default: 86_400_000, help: "how long an unused bundle is kept" },
   "coordinator.artifacts_max_size": { env: "GPULAYER_ARTIFACTS_MAX_SIZE", kind: size, default: 50 * 1024 ** 3, help: "the most the server keeps of env artifacts workers uploaded, together (least recently used go first)" },
   "coordinator.metrics_token": { env: "GPULAYER_METRICS_TOKEN", kind: secret, defaultText: "none: /metrics takes the server's token or a user token", help: "a token good for GET /metrics only, for a Prometheus scraper (at least 16 characters)" },
   "coordinator.share_envs": { env: "GPULAYER_SERVER_SHARE_ENVS", kind: boolean, default: true, help: "false: workers neither upload env artifacts nor fetch them; each builds its own" },
