@@ -53,9 +53,11 @@ async function run(argv: string[]): Promise<number> {
     return ExitCode.ok;
   } catch (error) {
     if (isBrokenPipe(error)) return ExitCode.ok;
-    // Loaded for a failure only: messages quote what users and files wrote, and a control character stays escaped.
+    // Loaded for a failure only: messages quote what users and files wrote, and a control character stays escaped
+    // (line by line: an installer's own lines follow some messages, indented, on lines of their own).
     const { printable } = await import("./ui/escape.ts");
-    return reportFailure(error, { verbose, json: beforeDashes.includes("--json"), printable });
+    const escaped = (text: string) => text.split("\n").map(printable).join("\n");
+    return reportFailure(error, { verbose, json: beforeDashes.includes("--json"), printable: escaped });
   }
 }
 
