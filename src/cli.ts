@@ -1,6 +1,6 @@
 #!/usr/bin/env bun
 import { defineCommand, runCommand, type CommandDef } from "citty";
-import { errorReport, ExitCode, ExitError, UserError } from "./errors.ts";
+import { errorReport, ExitCode, ExitError, UsageError, UserError } from "./errors.ts";
 import type { ErrorDoc } from "./commands/_json.ts";
 import { versionInfo } from "./version.ts";
 import { writeOut, writeErr } from "./ui/terminal.ts";
@@ -49,6 +49,9 @@ async function run(argv: string[]): Promise<number> {
   }
   const verbose = beforeDashes.includes("--verbose");
   try {
+    // Options and no command (`gpulayer -x`): citty would say only that no command was given.
+    const flagsOnly = !beforeDashes.some((a) => !a.startsWith("-"));
+    if (flagsOnly) throw new UsageError(`no command given, only ${beforeDashes[0] ?? argv[0]} (see gpulayer --help)`);
     await runCommand(main, { rawArgs: argv });
     return ExitCode.ok;
   } catch (error) {

@@ -115,6 +115,8 @@ describe("one error style", () => {
   test("citty's own refusals read as ours: lower case, no full stop", async () => {
     const unknown = await cli(["env", "prepar"], { env: box.env });
     expect([unknown.code, unknown.stderr]).toEqual([2, "error: unknown command prepar (see --help)\n"]);
+    const flagsOnly = await cli(["-x"], { env: box.env });
+    expect([flagsOnly.code, flagsOnly.stderr]).toEqual([2, "error: no command given, only -x (see gpulayer --help)\n"]);
   });
 
   test("a timer longer than timers hold is refused, a build or not (a longer one would fire at once)", async () => {

@@ -131,6 +131,9 @@ describe("every setting: what wins", () => {
     const yaml = await cli(["config"], { env: { ...box.env, GPULAYER_HOME: home } });
     expect(yaml.code).toBe(2);
     expect(yaml.stderr).toMatch(/^error: .*config\.yaml: not valid YAML: .*line 2, column 1\n$/);
+    writeFileSync(file, "cache:\0\x01\x02 binary");
+    const binary = await cli(["config"], { env: { ...box.env, GPULAYER_HOME: home } });
+    expect([binary.code, binary.stderr]).toEqual([2, `error: ${file}: the config file holds binary data (a NUL byte), not YAML\n`]);
     writeFileSync(file, "\x1b[31mRED: 1\n");
     const esc = await cli(["config"], { env: { ...box.env, GPULAYER_HOME: home } });
     expect([esc.code, esc.stderr]).toEqual([2, `error: ${file}: \\x1b[31mRED: unknown key\n`]);

@@ -41,6 +41,7 @@ async function readConfigFile(file: string): Promise<Map<SettingName, Raw> | nul
     if (!st.isFile()) throw new UsageError(`${file}: the config file is not a regular file`);
     if (st.size > MAX_CONFIG_BYTES) throw new UsageError(`${file}: the config file is ${st.size} bytes, over the limit of 1 MiB`);
     text = readFileSync(file, "utf8");
+    if (text.includes("\0")) throw new UsageError(`${file}: the config file holds binary data (a NUL byte), not YAML`);
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
     if (error instanceof UsageError) throw error;
