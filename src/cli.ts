@@ -50,8 +50,7 @@ async function run(argv: string[]): Promise<number> {
   const verbose = beforeDashes.includes("--verbose");
   try {
     // Options and no command (`gpulayer -x`): citty would say only that no command was given.
-    const flagsOnly = !beforeDashes.some((a) => !a.startsWith("-"));
-    if (flagsOnly) throw new UsageError(`no command given, only ${beforeDashes[0] ?? argv[0]} (see gpulayer --help)`);
+    if (beforeDashes.length && beforeDashes.every((a) => a.startsWith("-"))) throw new UsageError(`no command given, only ${beforeDashes[0]} (see gpulayer --help)`);
     await runCommand(main, { rawArgs: argv });
     return ExitCode.ok;
   } catch (error) {

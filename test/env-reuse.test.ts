@@ -281,14 +281,16 @@ describe("credentials never in job records", () => {
 
 const PYENV_ROOT = process.env.PYENV_ROOT ?? join(process.env.HOME ?? "/root", ".pyenv");
 const pyenvVersions = existsSync(join(PYENV_ROOT, "versions")) ? readdirSync(join(PYENV_ROOT, "versions")).filter((v) => /^3\.(1[0-9])\.\d+$/.test(v)) : [];
+const PYENV_SHIM = join(PYENV_ROOT, "shims", "python3");
+const noShimChoice = pyenvVersions.length < 2 || !existsSync(PYENV_SHIM);
 
 describe("the interpreter behind a shim", () => {
   // Skipped only without pyenv holding two Pythons 3.1x: the case is one shim choosing between them. This machine and its CI have 3.6 to 3.13.
-  test.skipIf(pyenvVersions.length < 2 || !existsSync(join(PYENV_ROOT, "shims", "python3")))("a pyenv shim with PYENV_VERSION=A, then B: two envs, each of its own Python", async () => {
+  test.skipIf(noShimChoice)("a pyenv shim with PYENV_VERSION=A, then B: two envs, each of its own Python", async () => {
     const s = sandbox();
     try {
       const [a, b] = pyenvVersions.slice(-2) as [string, string];
-      const shim = join(PYENV_ROOT, "shims", "python3");
+      const shim = PYENV_SHIM;
       // uv may itself be a pyenv shim (pip install uv under pyenv): a PYENV_VERSION without it would hide it.
       const uvDir = join(s.root, "uv-bin");
       mkdirSync(uvDir);
@@ -312,11 +314,11 @@ describe("the interpreter behind a shim", () => {
   });
 
   // Skipped only without pyenv holding two Pythons 3.1x, as above.
-  test.skipIf(pyenvVersions.length < 2 || !existsSync(join(PYENV_ROOT, "shims", "python3")))("a shim's answer an older gpulayer kept under the shim's path is not taken: the shim is resolved anew", async () => {
+  test.skipIf(noShimChoice)("a shim's answer an older gpulayer kept under the shim's path is not taken: the shim is resolved anew", async () => {
     const s = sandbox();
     try {
       const [a, b] = pyenvVersions.slice(-2) as [string, string];
-      const shim = join(PYENV_ROOT, "shims", "python3");
+      const shim = PYENV_SHIM;
       // What gpulayer kept before shims were resolved: the shim probed as if it were Python, under its own path.
       const interpreters = join(s.home, "interpreters-v1");
       const probe = `const { probeInterpreter } = await import(${JSON.stringify(join(import.meta.dir, "..", "src", "env", "interpreter.ts"))}); console.log(probeInterpreter(${JSON.stringify(shim)}, ${JSON.stringify(interpreters)}).version);`;
