@@ -165,6 +165,19 @@ describe("no job can read a token", () => {
     expect(r.found).toBe("");
   }, T);
 
+  test("a worker given its token file by GPULAYER_TOKEN_FILE hands the job neither the variable nor the file's path", async () => {
+    const tokenFile = join(box.root, "w3.token");
+    writeFileSync(tokenFile, `${tokens.box1}\n`, { mode: 0o600 });
+    const w3 = keepOutput(startCli(["join", url, "--name", "w3", "--python", "python3", "--label", "who=w3"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "w3-home"), GPULAYER_TOKEN_FILE: tokenFile } }), procs);
+    await waitFor("w3 to join", () => w3.out().includes("as w3"));
+    const r = await gpl(["job", "run", "--label", "who=w3", "--", "env"]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toContain("PATH=");
+    expect(r.stdout).not.toContain("GPULAYER_TOKEN");
+    expect(r.stdout).not.toContain(tokenFile);
+    expect(r.stdout).not.toContain(tokens.box1!);
+  }, T);
+
   test("a revoked join token is refused at once, and its workers are dropped", async () => {
     const r = await onServer(["revoke", "box2", "--json"]);
     expect(json(r.stdout)).toEqual({ name: "box2", revoked: true });

@@ -26,8 +26,11 @@ export interface CommandContext {
   childEnv: Record<string, string>;
 }
 
-/** Variables that are gpulayer's alone: never handed to a job or a tool. */
-const OWN_SECRETS = ["GPULAYER_TOKEN"];
+/**
+ * Variables that are gpulayer's alone: never handed to a job or a tool. A token file's path is as good as the token
+ * to a job that runs as the same user, and a database URL may hold a password.
+ */
+const OWN_SECRETS = ["GPULAYER_TOKEN", "GPULAYER_TOKEN_FILE", "GPULAYER_METRICS_TOKEN", "GPULAYER_DATABASE"];
 
 export async function commandContext(flags: FlagValues = {}): Promise<CommandContext> {
   const env = process.env;
