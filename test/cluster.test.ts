@@ -3,7 +3,7 @@ import { chmodSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
 import { JobStore } from "../src/jobs/store.ts";
-import { PackageIndex } from "./fixtures/index.ts";
+import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, run, sandbox, startCli } from "./helpers.ts";
 import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 
@@ -297,5 +297,24 @@ describe("env prepare against the server", () => {
     const failed = await gpl(["env", "prepare", "-p", "nosuchpkg-gpl", "--index-url", index.url, "--label", "zone=b"]);
     expect(failed.code).toBe(1);
     expect(failed.stdout).toMatch(/^w3\s+failed\s+.*nosuchpkg-gpl/);
+  }, T);
+
+  test("a local and an editable project in the job's folder build on the worker from its bundle; env prepare --server of the folder warms the job's env", async () => {
+    const dir = join(boxes.client.root, "local-projects");
+    makeDist("project", dir, { name: "fastpkg", version: "1.0" });
+    writeFileSync(join(dir, "req.txt"), "./fastpkg\n");
+    writeFileSync(join(dir, "req-e.txt"), "-e ./fastpkg\n");
+    for (const req of ["req.txt", "req-e.txt"]) {
+      const warm = await gpl(["env", "prepare", req, "--index-url", index.url, "--label", "zone=b"], dir);
+      expect(warm.code, warm.stderr).toBe(0);
+      expect(warm.stdout).toMatch(/^w3\s+built/);
+      const code = "import fastpkg; print(fastpkg.__version__, fastpkg.__file__)";
+      const job = await gpl(["job", "run", "--json", "--label", "zone=b", "--workdir", ".", "-r", req, "--index-url", index.url, "--", "python", "-c", code], dir);
+      expect(job.code, job.stderr).toBe(0);
+      expect(job.stderr).toContain("1.0 ");
+      // The editable link goes to the worker's copy of the bundle, named by its content: the same for every job of it.
+      if (req === "req-e.txt") expect(job.stderr).toMatch(/1\.0 \S*\/cluster\/bundles\/[0-9a-f]{64}\/fastpkg\/fastpkg\/__init__\.py/);
+      expect(json(job.stdout).phases[0]).toMatchObject({ name: "task.prepare", cache: "hit" });
+    }
   }, T);
 });

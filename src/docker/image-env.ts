@@ -38,6 +38,8 @@ export interface ImageEnvRequest {
   findLinks: string[];
   /** Where relative paths start; mounted (read-only) into the build, at the same path. */
   cwd: string;
+  /** A remote job's bundle: every file the request reaches must be inside it (see ScanContext.confine). */
+  confineTo?: string;
   env: NodeJS.ProcessEnv;
   network: string;
   /** The uv setting: auto (uv on PATH, else the pinned one, when it is a binary that can be mounted in), a path, off. */
@@ -67,7 +69,7 @@ function asInterpreter(py: ImagePython): InterpreterInfo {
 
 function resolveImageRequest(layout: HomeLayout, imageId: string, py: ImagePython, req: ImageEnvRequest): ResolvedRequest {
   if (req.findLinks.some((f) => !/^https?:\/\//i.test(f))) throw new UsageError("a local --find-links folder does not go with an image yet: give an index (--index-url) the container can reach");
-  const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs }, { env: req.env, cwd: req.cwd, digestCache: layout.digests });
+  const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs }, { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo });
   if (inputs.locals.length) throw new UsageError("local projects do not go with an image yet: publish them to an index, or build the image with them");
   const flags = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: req.findLinks.map((url) => ({ url })) };
   const interpreter = asInterpreter(py);

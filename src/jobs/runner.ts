@@ -72,6 +72,12 @@ export interface RunnerSettings {
   setpriv: string | null;
 }
 
+/**
+ * Where the request's relative paths are read: a remote job's bundle copy (immutable, named by content, where `env
+ * prepare --server` reads them too, so its key is the job's), else the job's workdir. An editable project links there.
+ */
+const requestDir = (spec: JobSpec): string => spec.environment.confineTo ?? spec.workdir;
+
 /** The env a job's spec asks for, as prepareEnv takes it: what the runner builds, and what `job run --dry-run` keys. */
 export function envRequestOf(spec: JobSpec, settings: RunnerSettings): PrepareRequest {
   return {
@@ -83,7 +89,7 @@ export function envRequestOf(spec: JobSpec, settings: RunnerSettings): PrepareRe
     indexUrl: spec.environment.indexUrl,
     extraIndexUrls: spec.environment.extraIndexUrls,
     findLinks: spec.environment.findLinks,
-    cwd: spec.workdir,
+    cwd: requestDir(spec),
     env: settings.env,
     installer: settings.installer,
     venvCreator: settings.venvCreator,
@@ -213,7 +219,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
               await (await import("../docker/image-env.ts")).ensureImageEnv(
                 layout,
                 { ref: image.image, imageId: image.imageId, engine: image.engine },
-                { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: spec.workdir, env: settings.env, network: settings.container.network, uv: settings.uv },
+                { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: requestDir(spec), confineTo: e.confineTo, env: settings.env, network: settings.container.network, uv: settings.uv },
                 { engineEnv: settings.engine.env, hooks: { onStep: io.prepareHooks?.onStep }, leaseHolder: `job ${job.id}`, signal: preparing.signal },
               ).catch((err) => (image.lease?.release(), Promise.reject(err)))
             : undefined;
