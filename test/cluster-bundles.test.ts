@@ -154,3 +154,22 @@ describe("bundle cleanup on the server", () => {
     }
   }, T);
 });
+
+describe("one server per home", () => {
+  // Replicas on PostgreSQL may share a home (their state is the database's); the lock is for a server on SQLite.
+  test.skipIf(serversOnPostgres)("a second server on a home in use is refused, naming the first; once the first is SIGKILLed, a new one starts there", async () => {
+    const home = join(box.root, "lone-home");
+    const start = () => keep(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: home } }));
+    const first = start();
+    await waitFor("the first server", () => /"url": "([^"]+)"/.exec(first.out())?.[1]);
+    const second = await cli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN], { env: { ...box.env, GPULAYER_HOME: home } });
+    expect(second.code).toBe(1);
+    expect(second.stderr.trim()).toStartWith(`error: another gpulayer server (pid ${first.proc.pid}) keeps its state in ${join(home, "server")}: one server per home on SQLite`);
+    first.proc.kill("SIGKILL");
+    await first.proc.exited;
+    const third = start();
+    await waitFor("a server where the killed one was", () => /"url": "([^"]+)"/.exec(third.out())?.[1]);
+    third.proc.kill("SIGTERM");
+    expect(await third.proc.exited).toBe(0);
+  }, T);
+});

@@ -187,6 +187,13 @@ function holding(dir: string, me: Owner): Release {
   return Object.assign(release, { keep });
 }
 
+/** The pid of the live process that holds the lock, if one does. */
+export function lockHolder(path: string): number | null {
+  const dir = `${path}.lock`;
+  const owner = readOwner(dir);
+  return owner !== null && ownerAlive(dir, owner) ? owner.pid : null;
+}
+
 /** Whether a live process holds the lock. */
 export async function isLocked(path: string): Promise<boolean> {
   const dir = `${path}.lock`;

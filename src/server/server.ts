@@ -20,6 +20,7 @@ import { type Database, DatabaseDown } from "./db/sql.ts";
 import { migrate } from "./db/migrations.ts";
 import { SecretSeal } from "./held-secrets.ts";
 import { hostname } from "node:os";
+import { lockHolder, type Release, tryLock } from "../core/lock.ts";
 
 /** `gpulayer server`: the store, the coordinator and the HTTP API, started together. */
 
@@ -155,12 +156,26 @@ async function refuseOtherToken(db: Database, token: string): Promise<void> {
   if (other) throw new UserError(`replica ${other.id} on ${db.where} (heard from ${((Date.now() - Number(other.last_seen)) / 1000).toFixed(1)} s ago) uses another token: every replica needs the same one (--token-file, --token or GPULAYER_TOKEN)`);
 }
 
+/** This home's server lock, or a refusal naming the server that holds it (a dead holder's lock is broken). */
+async function ownHome(dir: string): Promise<Release> {
+  const path = join(dir, "server");
+  const release = await tryLock(path);
+  if (release) return release;
+  const pid = lockHolder(path);
+  throw new UserError(`another gpulayer server${pid ? ` (pid ${pid})` : ""} keeps its state in ${dir}: one server per home on SQLite (stop it, or give this one its own GPULAYER_HOME; replicas share PostgreSQL: --database)`);
+}
+
 /** Beside the home's state: which database its server keeps its state in (so `gpulayer server token` run in this home finds it, or says where to look). */
 export const DATABASE_MARKER = "database";
 
 export async function startServer(dir: string, token: string, settings: ServerSettings, log: (message: string) => void): Promise<RunningServer> {
-  const db = await openDatabase(dir, settings.database);
   const replicas = settings.database !== null;
+  // On SQLite the home is one server's: a second would share its state and neither would know of the other's workers.
+  const homeLock = replicas ? null : await ownHome(dir);
+  const db = await openDatabase(dir, settings.database).catch(async (error) => {
+    await homeLock?.();
+    throw error;
+  });
   const replica = `${hostname()}-${process.pid}-${Buffer.from(crypto.getRandomValues(new Uint8Array(3))).toString("hex")}`;
   if (replicas) {
     try {
@@ -214,6 +229,7 @@ export async function startServer(dir: string, token: string, settings: ServerSe
     coord.close();
     if (replicas) await db.run("DELETE FROM replicas WHERE id = ?", replica).catch(() => {});
     await db.close();
+    await homeLock?.();
   };
   let server: ReturnType<typeof Bun.serve>;
   try {
