@@ -92,6 +92,23 @@ describe("the server down for a long while as a job ends", () => {
   }, T);
 });
 
+describe("job logs --follow started during an outage", () => {
+  test("waits for the server, prints every line once, and exits with the job's own code", async () => {
+    const release = join(box.root, "release-logs");
+    const id = (await gpl(["job", "run", "-d", "--", "sh", "-c", `echo first; while [ ! -e ${release} ]; do sleep 0.1; done; echo last; exit 7`])).stdout.trim();
+    await waitFor("the job to run", async () => (await gpl(["job", "logs", id])).stdout.includes("first"));
+    await stopServer();
+    const follower = startCli(["job", "logs", id, "--follow"], { env: env(), cwd: box.root });
+    const [out, err] = [new Response(follower.stdout).text(), new Response(follower.stderr).text()];
+    await Bun.sleep(1500);
+    Bun.write(release, "");
+    await startServer();
+    expect(await follower.exited).toBe(7);
+    expect(await out).toBe("first\nlast\n");
+    expect(await err).toContain("the server does not answer");
+  }, T);
+});
+
 describe("the worker killed during the outage, its job's end undelivered", () => {
   test("started again, it delivers what it owes before it joins: the job succeeded, once, every line there", async () => {
     const release = join(box.root, "release-2");

@@ -267,6 +267,13 @@ describe("a job of tasks, here", () => {
       expect(followed.stdout).toBe("[a] a1\n[a] a2\n[b] b1\n");
       const status = JSON.parse((await cli(["job", "status", started.id, "--json"], { env: s.env })).stdout) as { state: string };
       expect(status.state).toBe("succeeded");
+      // A task that fails fails the job: following it passes that on.
+      writeFileSync(join(s.root, "bad.yaml"), ["environment: {}", "tasks:", "  a: {command: 'echo a1'}", "  b: {command: 'exit 3', needs: [a]}", ""].join("\n"));
+      const bad = JSON.parse((await cli(["job", "run", "-f", "bad.yaml", "--detach", "--json"], { env: s.env, cwd: s.root })).stdout) as { id: string };
+      const badFollowed = await cli(["job", "logs", bad.id, "--follow"], { env: s.env });
+      expect(badFollowed.stdout).toBe("[a] a1\n");
+      expect(badFollowed.code).toBe(JSON.parse((await cli(["job", "status", bad.id, "--json"], { env: s.env })).stdout).exit_code);
+      expect(badFollowed.code).not.toBe(0);
     } finally {
       s.cleanup();
     }

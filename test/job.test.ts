@@ -157,6 +157,15 @@ describe("job run", () => {
     expect(s.state).toBe("succeeded");
   });
 
+  test("logs --follow exits with the job's own exit code, as job run does", async () => {
+    const id = (await cli(["job", "run", "-d", "--", "sh", "-c", "echo before; sleep 0.5; exit 7"], { env: env(), cwd: work })).stdout.trim();
+    const followed = await cli(["job", "logs", id, "--follow"], { env: env() });
+    expect(followed.stdout).toBe("before\n");
+    expect(followed.code).toBe(7);
+    // Without --follow it prints what there is, and says nothing of the job's end.
+    expect((await cli(["job", "logs", id], { env: env() })).code).toBe(0);
+  });
+
   test("two jobs with the same new requirements at once build the environment once", async () => {
     const counter = join(box.root, "builds.txt");
     index.sdist({ name: "slowbuild", version: "1.0", counter });

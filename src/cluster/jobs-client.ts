@@ -150,6 +150,33 @@ export function jobStatus(target: RemoteTarget, id: string): Promise<RemoteJobSt
   return connect(target).json<RemoteJobStatus>("GET", `/v1/jobs/${encodeURIComponent(id)}`);
 }
 
+/** jobStatus, with a server that does not answer (or answers 5xx) waited for, as followJob waits: for a follower that starts during an outage. */
+export async function jobStatusOnceBack(target: RemoteTarget, id: string, onTrouble?: (message: string | null) => void): Promise<RemoteJobStatus> {
+  let troubled = false;
+  for (;;) {
+    try {
+      const status = await jobStatus(target, id);
+      if (troubled) onTrouble?.(null);
+      return status;
+    } catch (error) {
+      if (error instanceof HttpError && error.status < 500) throw error;
+      if (!troubled) onTrouble?.(`the server does not answer (${(error as Error).message}); waiting for it to follow job ${id}`);
+      troubled = true;
+      await sleep(TROUBLE_RETRY_MS);
+    }
+  }
+}
+
+/** Follow a job to its end, each update handed to `onUpdate`; returns its last watch answer (its state and exit code). */
+export async function followToEnd(target: RemoteTarget, id: string, onUpdate: (u: JobUpdate) => void, onTrouble?: (message: string | null) => void): Promise<WatchResponse> {
+  const updates = followJob(target, id, { onTrouble });
+  for (;;) {
+    const next = await updates.next();
+    if (next.done) return next.value;
+    onUpdate(next.value);
+  }
+}
+
 /** Newest first, without their events. */
 export function listJobs(target: RemoteTarget, limit: number): Promise<Omit<RemoteJobStatus, "events">[]> {
   return connect(target).json<Omit<RemoteJobStatus, "events">[]>("GET", `/v1/jobs?limit=${limit}`);
@@ -178,6 +205,6 @@ export async function cancelJob(target: RemoteTarget, id: string, graceMs = targ
 }
 
 /** The exit code `job run` passes on: the job's own, else 0 for a success and 1 for anything else. */
-export function exitCodeOf(status: RemoteJobStatus): number {
+export function exitCodeOf(status: { exit_code: number | null; state: string }): number {
   return status.exit_code ?? (status.state === "succeeded" ? 0 : 1);
 }

@@ -1,6 +1,6 @@
 import { formatAgo, formatSeconds, type Output, table } from "../../ui/output.ts";
 import type { RemoteTarget } from "../../cluster/client.ts";
-import { cancelJob, followJob, jobLog, jobStatus, listJobs } from "../../cluster/jobs-client.ts";
+import { cancelJob, exitCodeOf, followToEnd, jobLog, jobStatus, jobStatusOnceBack, listJobs } from "../../cluster/jobs-client.ts";
 import { statusLines } from "../job/_lines.ts";
 import { writeOut } from "../../ui/terminal.ts";
 import { UsageError } from "../../errors.ts";
@@ -31,8 +31,9 @@ export async function remoteList(target: RemoteTarget, limit: number, out: Outpu
   });
 }
 
-export async function remoteLogs(target: RemoteTarget, id: string, follow: boolean, onTrouble?: (message: string | null) => void, task?: string): Promise<void> {
-  const status = await jobStatus(target, id);
+/** Print a job's output; following, until it ends. Returns the exit code `job logs --follow` passes on (the job's, as `job run`'s). */
+export async function remoteLogs(target: RemoteTarget, id: string, follow: boolean, onTrouble?: (message: string | null) => void, task?: string): Promise<number> {
+  const status = follow ? await jobStatusOnceBack(target, id, onTrouble) : await jobStatus(target, id);
   const tasks = status.tasks ?? [];
   if (task !== undefined) {
     const t = tasks.find((x) => x.name === task);
@@ -41,19 +42,20 @@ export async function remoteLogs(target: RemoteTarget, id: string, follow: boole
   } else if (tasks.length) {
     const read = async (t: (typeof tasks)[number]) => {
       const lines = prefixedLines(`[${t.name}] `, (text) => writeOut(text));
-      if (follow) for await (const u of followJob(target, t.id, { onTrouble })) (u.kind === "output" ? lines.push(u.data) : undefined);
+      if (follow) await followToEnd(target, t.id, (u) => (u.kind === "output" ? lines.push(u.data) : undefined), onTrouble);
       else lines.push(await jobLog(target, t.id));
       lines.flush();
     };
     if (follow) await Promise.all(tasks.map(read));
     else for (const t of tasks) await read(t);
-    return;
+    // The job's own end (its tasks' outcome), once every task's output is here.
+    return follow ? exitCodeOf(await followToEnd(target, status.id, () => {}, onTrouble)) : 0;
   } else id = status.id;
   if (!follow) {
     writeOut(await jobLog(target, id));
-    return;
+    return 0;
   }
-  for await (const u of followJob(target, id, { onTrouble })) if (u.kind === "output") writeOut(u.data);
+  return exitCodeOf(await followToEnd(target, id, (u) => (u.kind === "output" ? writeOut(u.data) : undefined), onTrouble));
 }
 
 export async function remoteCancel(target: RemoteTarget, id: string, out: Output): Promise<void> {

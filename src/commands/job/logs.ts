@@ -1,16 +1,16 @@
 import { defineCommand } from "citty";
 import { commandContext } from "../_context.ts";
-import { followLog } from "../../jobs/logs.ts";
+import { endCode, followLog, jobEnd } from "../../jobs/logs.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { rejectUnknownFlags, serverArgs } from "../_args.ts";
 import { writeOut, writeErr } from "../../ui/terminal.ts";
-import { UsageError } from "../../errors.ts";
+import { ExitError, UsageError } from "../../errors.ts";
 import { prefixedLines } from "../_tasks-ui.ts";
 
 const args = {
   id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" },
-  follow: { type: "boolean", alias: "f", description: "Keep printing new output until the job ends" },
+  follow: { type: "boolean", alias: "f", description: "Keep printing new output until the job ends, then exit with its exit code (as job run does)" },
   task: { type: "string", valueHint: "NAME", description: "A job of tasks: this task's output (without it: each task's, each line with [name]; with --follow, all of them as their lines come)" },
   ...serverArgs,
 } as const;
@@ -25,7 +25,9 @@ export default defineCommand({
     if (remote) {
       // Output on stdout; a server that stops answering is said on stderr, once, and following goes on.
       const say = (m: string | null) => writeErr(m ? `warning: ${m}\n` : `the server answers again\n`);
-      return (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow), say, a.task);
+      const code = await (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow), say, a.task);
+      if (code !== 0) throw new ExitError(code);
+      return;
     }
     // A read: the store opened read-only; nothing recorded or signalled, even for a job whose runner is gone.
     const store = new JobStore(ctx.layout, { readOnly: true });
@@ -34,7 +36,10 @@ export default defineCommand({
     if (a.task !== undefined) {
       const task = tasks.find((t) => t.task === a.task);
       if (!task) throw new UsageError(tasks.length ? `job ${job.id} has no task ${a.task} (tasks: ${tasks.map((t) => t.task).join(", ")})` : `--task: job ${job.id} is not a job of tasks`);
-      await followLog(store, task.id, Boolean(a.follow), (chunk) => writeOut(chunk));
+      const ended = await followLog(store, task.id, Boolean(a.follow), (chunk) => writeOut(chunk));
+      store.close();
+      if (ended && endCode(ended) !== 0) throw new ExitError(endCode(ended));
+      return;
     } else if (tasks.length) {
       // Each task's log, each line with its name: one after another, or (--follow) all at once as their lines come.
       const read = async (t: (typeof tasks)[number]) => {
@@ -45,6 +50,9 @@ export default defineCommand({
       if (a.follow) await Promise.all(tasks.map(read));
       else for (const t of tasks) await read(t);
     } else await followLog(store, job.id, Boolean(a.follow), (chunk) => writeOut(chunk));
+    // Following, the job's true exit code is passed on, as `job run` passes it.
+    const code = a.follow ? endCode(await jobEnd(store, job.id)) : 0;
     store.close();
+    if (code !== 0) throw new ExitError(code);
   },
 });
