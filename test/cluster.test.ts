@@ -109,6 +109,24 @@ describe("workers", () => {
     expect(sub.stdout).not.toContain("never");
     for (const p of procs) expect(p.out()).not.toContain(TOKEN);
   }, T);
+
+  test("a URL where something else answers (a web server, not gpulayer) is said so in one line, for clients and for join", async () => {
+    const other = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: (req) => new Response("<h1>Not Found</h1>", { status: req.method === "GET" ? 404 : 501, headers: { "content-type": "text/html" } }) });
+    try {
+      const there = `http://127.0.0.1:${other.port}`;
+      const env = { ...clientEnv(), GPULAYER_SERVER: there };
+      for (const [args, answer] of [[["workers"], "GET /v1/workers with HTTP 404"], [["job", "status", "abc"], "GET /v1/jobs/abc with HTTP 404"], [["job", "run", "--", "true"], "POST /v1/jobs with HTTP 501"]] as const) {
+        const r = await cli([...args], { env });
+        expect(r.code).toBe(1);
+        expect(r.stderr.trim().split("\n").at(-1)).toBe(`error: ${there} answered ${answer}, not as a gpulayer server does: is it the URL \`gpulayer server\` printed?`);
+      }
+      const j = await cli(["join", there, "--name", "wx", "--python", "python3"], { env: { ...boxes.w1.env, GPULAYER_TOKEN: TOKEN } });
+      expect(j.code).not.toBe(0);
+      expect(j.stderr).toContain("not as a gpulayer server does");
+    } finally {
+      await other.stop(true);
+    }
+  }, T);
 });
 
 describe("join without a server", () => {

@@ -200,9 +200,8 @@ export class ClusterClient {
   private async checked(res: Response, url: string, method: string, path: string, opts: RequestOpts): Promise<Response> {
     if (res.ok || (opts.raw && res.status === 404)) return res;
     const data = await readJson(res);
-    if (res.status === 401) throw new HttpError(401, `the server at ${url} refused the token (401): check --token / GPULAYER_TOKEN`, data);
-    const message = typeof data.error === "string" ? data.error : `${method} ${path}: HTTP ${res.status}`;
-    throw new HttpError(res.status, message, data);
+    if (res.status === 401) throw new HttpError(401, `the server at ${url} refused the token (401): it is not one of that server's tokens, or it was revoked`, data);
+    throw new HttpError(res.status, typeof data.error === "string" ? data.error : notOurs(url, method, path, res.status), data);
   }
 
   /** One line naming every replica tried; an HttpError (5xx) when one of them answered, so callers that wait out a 5xx still do. */
@@ -213,7 +212,7 @@ export class ClusterClient {
     const untried = replayable ? "" : " (the request's body cannot be sent again, so no other replica was tried)";
     if (failures.length === 1 && this.replicas.urls.length === 1) {
       const [f] = failures as [Failure];
-      if (answered) return new HttpError(answered.status, typeof answered.data.error === "string" ? answered.data.error : `${method} ${path}: HTTP ${answered.status}`, answered.data);
+      if (answered) return new HttpError(answered.status, typeof answered.data.error === "string" ? answered.data.error : notOurs(f.url, method, path, answered.status), answered.data);
       return new UserError(`cannot reach the gpulayer server at ${f.url}: ${f.message}`);
     }
     // Replicas that answered (503: no database) were reached; only the others could not be.
@@ -231,4 +230,9 @@ export class ClusterClient {
     const res = await this.request("GET", path, undefined, opts);
     return { data: new Uint8Array(await res.arrayBuffer()), headers: res.headers };
   }
+}
+
+/** An answer without gpulayer's error document: what answered is something else (a web server, a proxy's own page). */
+function notOurs(url: string, method: string, path: string, status: number): string {
+  return `${url} answered ${method} ${path} with HTTP ${status}, not as a gpulayer server does: is it the URL \`gpulayer server\` printed?`;
 }

@@ -34,7 +34,8 @@ export async function helpText(cmd: CommandDef, path: string[], opts: { color: b
   const shape = [
     "gpulayer",
     ...path,
-    ...(subs && Object.keys(subs).length ? ["<COMMAND>"] : []),
+    // A command that runs on its own too (server: serve; server token: manage) takes its subcommand optionally.
+    ...(subs && Object.keys(subs).length ? [cmd.run ? "[COMMAND]" : "<COMMAND>"] : []),
     ...(options.length ? ["[OPTIONS]"] : []),
     ...positionals.map(([n, d]) => {
       const hint = ("valueHint" in d && d.valueHint) || n.toUpperCase();

@@ -25,6 +25,13 @@ export interface OutboxItem {
 
 const SCHEMA = "CREATE TABLE IF NOT EXISTS items (task TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, stream TEXT, body BLOB NOT NULL, PRIMARY KEY (task, seq));";
 
+/** SQLite's auto_vacuum modes: 2 gives freed pages back on `PRAGMA incremental_vacuum`. */
+const INCREMENTAL = 2;
+/** Free pages kept for the next items (4 KiB each): about 4 MB. */
+const FREE_PAGES_KEPT = 1024;
+/** What the WAL file is cut back to after a checkpoint. */
+const WAL_KEPT_BYTES = 8 * 1024 * 1024;
+
 export class Outbox {
   private readonly db: Database;
   /** The next number per task (this process is the only writer of its tasks). */
@@ -35,9 +42,21 @@ export class Outbox {
     mkdirSync(dir, { recursive: true });
     this.db = new Database(join(dir, "outbox.db"), { create: true });
     this.db.exec("PRAGMA busy_timeout = 10000");
+    // Pages an acknowledged item freed go back to the disk (a job's 400 MB of output must not stay a 400 MB file):
+    // set before the first table on a new file; a file an older gpulayer made is converted once, while it holds nothing.
+    this.db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    this.db.exec(SCHEMA);
+    const mode = this.db.query<{ auto_vacuum: number }, []>("PRAGMA auto_vacuum").get()?.auto_vacuum;
+    if (mode !== INCREMENTAL && !this.db.query("SELECT 1 FROM items LIMIT 1").get()) this.db.exec("VACUUM");
     this.db.exec("PRAGMA journal_mode = WAL");
     this.db.exec("PRAGMA synchronous = NORMAL");
-    this.db.exec(SCHEMA);
+    this.db.exec(`PRAGMA journal_size_limit = ${WAL_KEPT_BYTES}`);
+  }
+
+  /** Free pages past a few MB are given back: after an acknowledgement, not per append. */
+  private giveBackSpace(): void {
+    const free = this.db.query<{ freelist_count: number }, []>("PRAGMA freelist_count").get()?.freelist_count ?? 0;
+    if (free > FREE_PAGES_KEPT) this.db.exec("PRAGMA incremental_vacuum");
   }
 
   append(task: string, kind: OutboxKind, body: Uint8Array | string, stream: "stdout" | "stderr" | null = null): number {
@@ -67,11 +86,13 @@ export class Outbox {
   /** The server has everything up to `seq`. */
   ack(task: string, seq: number): void {
     this.db.query("DELETE FROM items WHERE task = ? AND seq <= ?").run(task, seq);
+    this.giveBackSpace();
   }
 
   /** The server no longer wants anything of this task (it took the task back). */
   drop(task: string): void {
     this.db.query("DELETE FROM items WHERE task = ?").run(task);
+    this.giveBackSpace();
   }
 
   /** Tasks with items not yet acknowledged, oldest first. */

@@ -1,0 +1,50 @@
+import { expect, test } from "bun:test";
+import { Database } from "bun:sqlite";
+import { statSync } from "node:fs";
+import { join } from "node:path";
+import { Outbox } from "../src/worker/outbox.ts";
+import { tempDir } from "./helpers.ts";
+
+/** A worker's outbox gives back the disk its acknowledged items took: a job's big output must not stay a big file. */
+
+const root = tempDir();
+
+const sizeOf = (home: string) => {
+  const file = join(home, "cluster", "outbox.db");
+  const wal = statSync(`${file}-wal`, { throwIfNoEntry: false })?.size ?? 0;
+  return statSync(file).size + wal;
+};
+const chunk = new Uint8Array(256 * 1024).fill(7);
+
+test("40 MB of output, sent and acknowledged: the file is back to a few MB, and what is still owed stays", () => {
+  const home = join(root, "new");
+  const outbox = new Outbox({ root: home } as ConstructorParameters<typeof Outbox>[0]);
+  let last = 0;
+  for (let i = 0; i < 160; i++) last = outbox.append("t1", "output", chunk, "stdout");
+  outbox.append("t2", "event", "{}");
+  expect(sizeOf(home)).toBeGreaterThan(40 * 1024 * 1024);
+  outbox.ack("t1", last);
+  outbox.close();
+  expect(sizeOf(home)).toBeLessThan(16 * 1024 * 1024);
+  const again = new Outbox({ root: home } as ConstructorParameters<typeof Outbox>[0]);
+  expect(again.pendingTasks()).toEqual(["t2"]);
+  again.close();
+});
+
+test("a file an older gpulayer made (no auto_vacuum), opened empty, is converted and shrinks", () => {
+  const home = join(root, "old");
+  const outbox = new Outbox({ root: home } as ConstructorParameters<typeof Outbox>[0]);
+  outbox.close();
+  // As before this change: a file without auto_vacuum, its freed pages kept.
+  const file = join(home, "cluster", "outbox.db");
+  const db = new Database(file);
+  db.exec("PRAGMA auto_vacuum = NONE; VACUUM;");
+  expect(db.query<{ auto_vacuum: number }, []>("PRAGMA auto_vacuum").get()!.auto_vacuum).toBe(0);
+  const insert = db.query("INSERT INTO items (task, seq, kind, stream, body) VALUES ('old', ?, 'output', 'stdout', ?)");
+  for (let i = 1; i <= 80; i++) insert.run(i, chunk);
+  db.exec("DELETE FROM items; PRAGMA wal_checkpoint(TRUNCATE);");
+  db.close();
+  expect(sizeOf(home)).toBeGreaterThan(20 * 1024 * 1024);
+  new Outbox({ root: home } as ConstructorParameters<typeof Outbox>[0]).close();
+  expect(sizeOf(home)).toBeLessThan(4 * 1024 * 1024);
+});
