@@ -1,6 +1,7 @@
 import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import type { ArgsDef, CommandDef } from "citty";
 import { runCommand } from "citty";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { shellSplit } from "../src/docker/shellwords.ts";
 import { rejectUnknownFlags } from "../src/commands/_args.ts";
@@ -64,11 +65,14 @@ describe("--help", () => {
   test("every example under --help uses flags its command has", async () => {
     for (const [path, examples] of Object.entries(EXAMPLES)) {
       if (!path || !COMMANDS[path]) continue;
-      const args = ((await COMMANDS[path]!()).args ?? {}) as ArgsDef;
+      const cmd = await COMMANDS[path]!();
+      const args = (cmd.args ?? {}) as ArgsDef;
+      const subs = Object.keys((cmd.subCommands ?? {}) as object);
       for (const example of examples) {
         const words = shellSplit(example.replace(/\s+#.*$/, ""), "example");
         const at = words.indexOf("gpulayer");
         const rest = words.slice(at + 1 + path.split(" ").length);
+        if (subs.includes(rest[0]!)) continue; // a subcommand's example (`config path`): checked under its own path
         expect(() => rejectUnknownFlags(rest, args)).not.toThrow();
       }
     }
@@ -110,6 +114,29 @@ describe("one error style", () => {
     // The parser would take the next flag as the value: the flag that lacks one is named instead.
     const missing = await cli(["gc", "--max-size", "--dry-run"], { env: box.env });
     expect([missing.code, missing.stderr]).toEqual([2, "error: --max-size needs a value (--dry-run is an option)\n"]);
+  });
+
+  test("what citty would drop or take as nothing is refused, naming it: extra arguments, a value missing at the end or empty, -r twice", async () => {
+    writeFileSync(join(box.root, "a.txt"), "tqdm\n");
+    writeFileSync(join(box.root, "b.txt"), "idna\n");
+    const cases: [string[], string][] = [
+      [["env", "prepare", "a.txt", "b.txt"], "unexpected argument b.txt: one REQ_FILE is taken; for several, write one that names each with -r (see --help)"],
+      [["env", "prepare", "a.txt", "--index-url"], "--index-url needs a value"],
+      [["env", "prepare", "a.txt", "--index-url", ""], "--index-url needs a value (an empty one was given)"],
+      [["env", "prepare", "a.txt", "--index-url="], "--index-url needs a value (an empty one was given)"],
+      [["env", "prepare", "a.txt", "--find-links", ""], "--find-links needs a value (an empty one was given)"],
+      [["env", "list", "extra"], "unexpected argument extra (see --help)"],
+      [["env", "show", "a", "b"], "unexpected argument b: one KEY is taken (see --help)"],
+      [["job", "run", "-r"], "-r needs a value"],
+      [["job", "run", "-r", "a.txt", "--requirements=b.txt", "--", "true"], "-r is taken once (the last would win, the others dropped); for several files, write one that names each with -r"],
+    ];
+    for (const [args, line] of cases) {
+      const r = await cli(args, { env: box.env, cwd: box.root });
+      expect([args.join(" "), r.code, r.stderr]).toEqual([args.join(" "), 2, `error: ${line}\n`]);
+    }
+    // A flag that is a setting says what empty means in the setting's own words.
+    const python = await cli(["env", "prepare", "a.txt", "--python", ""], { env: box.env, cwd: box.root });
+    expect([python.code, python.stderr]).toEqual([2, "error: --python : must not be empty\n"]);
   });
 
   test("citty's own refusals read as ours: lower case, no full stop", async () => {

@@ -67,37 +67,68 @@ export function afterDoubleDash(rawArgs: string[]): string[] {
   return i === -1 ? [] : rawArgs.slice(i + 1);
 }
 
-/** citty accepts any flag; a serious CLI names the unknown one. */
+/**
+ * citty accepts any flag, drops extra arguments and takes a missing value as
+ * none; a serious CLI names each of these. Values of flags that are settings
+ * are judged by the setting's own kind (an empty one may mean "none" there).
+ */
 export function rejectUnknownFlags(rawArgs: string[], args: ArgsDef): void {
   const known = new Set<string>(["--help", "-h"]);
   for (const [name, def] of Object.entries(args)) {
     known.add(`--${name}`);
     if (def.type === "boolean") known.add(`--no-${name}`);
-    const aliases = "alias" in def && def.alias ? (Array.isArray(def.alias) ? def.alias : [def.alias]) : [];
-    for (const a of aliases) known.add(a.length === 1 ? `-${a}` : `--${a}`);
+    for (const a of aliasesOf(def)) known.add(a.length === 1 ? `-${a}` : `--${a}`);
   }
-  // Built only when a flag follows a flag: the common command line never needs it.
+  // Built at the first flag without `=`: once per command line.
   let valued: Set<string> | undefined;
   const takesValue = (flag: string) => (valued ??= new Set(Object.entries(args).flatMap(([name, def]) => (def.type === "string" ? [`--${name}`, ...aliasesOf(def).map((a) => (a.length === 1 ? `-${a}` : `--${a}`))] : [])))).has(flag);
-  let previous = "";
+  const positionals = Object.values(args).filter((d) => d.type === "positional") as { valueHint?: string }[];
+  let given = 0;
+  let awaiting = ""; // a flag whose value is the next argument
   for (const arg of rawArgs) {
     if (arg === "--") break;
-    const flag = arg.includes("=") ? arg.slice(0, arg.indexOf("=")) : arg;
     const isFlag = arg.startsWith("-") && arg !== "-";
-    if (isFlag && previous && takesValue(previous)) {
-      // `--max-size -5G`: the value reads as flags to the parser; name the real problem, in the setting's own words.
-      if (/^-\d/.test(arg)) {
-        const setting = SETTING_NAMES.find((n) => (SETTINGS[n] as SettingDef<unknown>).flag === previous);
-        const parsed = setting ? (SETTINGS[setting] as SettingDef<unknown>).kind.parse(arg) : null;
-        throw new UsageError(`${previous} ${arg}: ${parsed && isProblem(parsed) ? parsed.problem : "a negative value is not taken"}`);
+    if (awaiting) {
+      if (isFlag) {
+        // `--max-size -5G`: the value reads as flags to the parser; name the real problem, in the setting's own words.
+        if (/^-\d/.test(arg)) {
+          const setting = settingOfFlag(awaiting);
+          const parsed = setting ? setting.kind.parse(arg) : null;
+          throw new UsageError(`${awaiting} ${arg}: ${parsed && isProblem(parsed) ? parsed.problem : "a negative value is not taken"}`);
+        }
+        // `--max-size --dry-run`: the parser would take the next flag as the value.
+        if (known.has(arg.includes("=") ? arg.slice(0, arg.indexOf("=")) : arg)) throw new UsageError(`${awaiting} needs a value (${arg} is an option)`);
       }
-      // `--max-size --dry-run`: the parser would take the next flag as the value.
-      if (known.has(flag)) throw new UsageError(`${previous} needs a value (${arg} is an option)`);
+      if (arg === "") refuseEmpty(awaiting);
+      awaiting = "";
+      continue;
     }
-    previous = isFlag && !arg.includes("=") ? arg : "";
-    if (!isFlag) continue;
+    if (!isFlag) {
+      if (++given > positionals.length) {
+        const hint = positionals.at(-1)?.valueHint;
+        // pip's own way to several files is one that includes them: say so rather than take only the first.
+        const several = hint === "REQ_FILE" ? "; for several, write one that names each with -r" : "";
+        throw new UsageError(`unexpected argument ${arg}${hint ? `: one ${hint} is taken${several}` : ""} (see --help)`);
+      }
+      continue;
+    }
+    const eq = arg.indexOf("=");
+    const flag = eq === -1 ? arg : arg.slice(0, eq);
     if (!known.has(flag)) throw new UsageError(`unknown option ${flag} (see --help)`);
+    if (eq === -1) awaiting = takesValue(flag) ? flag : "";
+    else if (eq === arg.length - 1 && takesValue(flag)) refuseEmpty(flag);
   }
+  if (awaiting) throw new UsageError(`${awaiting} needs a value`);
+}
+
+/** An empty value is no value, unless the flag is a setting whose kind says what empty means there. */
+function refuseEmpty(flag: string): void {
+  if (!settingOfFlag(flag)) throw new UsageError(`${flag} needs a value (an empty one was given)`);
+}
+
+function settingOfFlag(flag: string): SettingDef<unknown> | undefined {
+  const name = SETTING_NAMES.find((n) => (SETTINGS[n] as SettingDef<unknown>).flag === flag);
+  return name ? (SETTINGS[name] as SettingDef<unknown>) : undefined;
 }
 
 function aliasesOf(def: ArgsDef[string]): string[] {

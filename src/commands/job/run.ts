@@ -54,6 +54,8 @@ export default defineCommand({
     const stray = (a._ as string[]).length > command.length ? beforeDashes.indexOf((a._ as string[])[0]!) : -1;
     if (stray !== -1) throw new UsageError(`unexpected argument ${beforeDashes[stray]}: put the command after -- (gpulayer job run ${[...beforeDashes.slice(0, stray), "--", ...beforeDashes.slice(stray)].join(" ")})`);
     rejectUnknownFlags(beforeDashes, args);
+    // citty keeps the last of several; pip's way to several files is one file that names each.
+    if (repeated(beforeDashes, ["-r", "--requirements"]).length > 1) throw new UsageError("-r is taken once (the last would win, the others dropped); for several files, write one that names each with -r");
     const out = new Output(a);
     const ctx = await commandContext({ python: a.python, server: a.server, token: a.token, token_file: a["token-file"], prepare_timeout: a["prepare-timeout"] });
     const { layout } = ctx;
