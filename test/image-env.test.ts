@@ -103,6 +103,8 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       expect(built.cache).toBe("miss");
       const shown = JSON.parse((await cli(["env", "show", second, "--json"], { env: box.env })).stdout);
       expect(shown.installer_path).toBe(`${installer} (inside the image)`);
+      expect(shown.installed).toEqual(["greetb==2.0"]);
+      expect(JSON.parse((await cli(["env", "show", first!, "--json"], { env: box.env })).stdout).installed).toEqual([]);
       // No stand-in of the image's packages is left in the env.
       expect(ownSite(second).filter((n) => n.startsWith("pip-"))).toEqual([]);
 

@@ -6,7 +6,7 @@ import type { Lease } from "../core/lease.ts";
 import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
 import { acquireEntry } from "../env/cache-entry.ts";
 import { inputsReport } from "../env/inputs-report.ts";
-import type { InterpreterInfo } from "../env/interpreter.ts";
+import { type InterpreterInfo, installedSet } from "../env/interpreter.ts";
 import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../env/key.ts";
 import { scanRequest } from "../env/requirements.ts";
 import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/store.ts";
@@ -209,7 +209,8 @@ export async function ensureImageEnv(
           summary: `${resolved.summary} on ${image.ref}`,
           request: resolved.doc,
           inputs: inputsReport(resolved),
-          installed: [],
+          // What the request put in the env's own site (the stand-ins are gone by now): the image's packages are the image's.
+          installed: installedSet([join(paths.dir, "lib", `python${py.pyVersion}`, "site-packages")]),
           check: [],
         });
         return done("built");
