@@ -80,6 +80,8 @@ export const NO_SPACE = {
 /** ENOSPC or EDQUOT when `error` is a system call's failure for want of space; null otherwise. */
 export function noSpaceCode(error: unknown): keyof typeof NO_SPACE | null {
   const code = (error as NodeJS.ErrnoException | null)?.code;
+  // SQLite says a full disk in its own words (bun:sqlite's SQLiteError): a job store or outbox that cannot grow.
+  if (code === "SQLITE_FULL") return "ENOSPC";
   return code === "ENOSPC" || code === "EDQUOT" ? code : null;
 }
 

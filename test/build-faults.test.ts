@@ -178,6 +178,51 @@ describe.skipIf(Boolean(cannotMount))("a disk that fills during a build", () => 
   }
 });
 
+// Skipped only where a tmpfs cannot be mounted (not root): a full disk needs a small filesystem of its own. CI runs as root, so there it runs.
+describe.skipIf(Boolean(cannotMount))("a disk already full", () => {
+  test("job run: one line, exit 1, no half-made lock or job store; reads still work; freed, it runs; gc clears a dead maker's lock remains", async () => {
+    const s = sandbox();
+    const home = join(disk, "home-full");
+    const ballast = join(disk, "ballast-full");
+    try {
+      mkdirSync(home);
+      // Every block taken: the job store, a lock, anything gpulayer writes fails.
+      Bun.spawnSync(["sh", "-c", `dd if=/dev/zero of=${ballast} bs=1M 2>/dev/null; dd if=/dev/zero of=${ballast}.tail bs=4k 2>/dev/null; true`]);
+      const env = { ...s.env, GPULAYER_HOME: home };
+      const args = ["job", "run", "-p", "trickle", "--index-url", index.url, "--python", python, "--", "python", "-c", "print('ran')"];
+      const full = await cli(args, { env, cwd: s.root });
+      expect(full.code, full.stderr).toBe(1);
+      expect(full.stderr.trimEnd().split("\n").at(-1)).toMatch(/^error: no space left on device while writing /);
+      expect(full.stderr).not.toContain("internal error");
+      const locks = join(home, "locks");
+      expect(existsSync(locks) ? readdirSync(locks).filter((n) => n.endsWith(".tmp")) : []).toEqual([]);
+      for (const read of [["job", "list", "--json"], ["env", "list", "--json"]]) {
+        const r = await cli(read, { env });
+        expect([read.join(" "), r.code, r.stderr]).toEqual([read.join(" "), 0, ""]);
+        expect(JSON.parse(r.stdout)).toEqual([]);
+      }
+      rmSync(ballast);
+      rmSync(`${ballast}.tail`);
+      const freed = await cli(args, { env, cwd: s.root });
+      expect(freed.code, freed.stderr).toBe(0);
+      expect(freed.stdout).toBe("ran\n");
+      // What a lock's maker leaves when it is killed between making and placing it: gc clears it, never a live one's.
+      mkdirSync(join(locks, "x.lock.999999999-abcd1234.tmp"), { recursive: true });
+      mkdirSync(join(locks, `y.lock.${process.pid}1-abcd1234.tmp`), { recursive: true });
+      const live = join(locks, `z.lock.${process.ppid}-abcd1234.tmp`);
+      mkdirSync(live, { recursive: true });
+      const gc = await cli(["gc", "--json"], { env });
+      expect(gc.code, gc.stderr).toBe(0);
+      expect(readdirSync(locks).filter((n) => n.endsWith(".tmp"))).toEqual([`z.lock.${process.ppid}-abcd1234.tmp`]);
+    } finally {
+      rmSync(ballast, { force: true });
+      rmSync(`${ballast}.tail`, { force: true });
+      rmSync(home, { recursive: true, force: true });
+      s.cleanup();
+    }
+  });
+});
+
 describe("an installer that says nothing", () => {
   test("is told of while it stays silent: its name (a module run with -m by the module) and how long it has been silent, growing", async () => {
     const { runTool } = await import("../src/env/run-tool.ts");

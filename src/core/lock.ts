@@ -133,8 +133,14 @@ export async function tryLock(path: string): Promise<Release | null> {
   const me: Owner = { pid: process.pid, start: ownStartTime(), where: lockWhere(), token: token() };
   for (let attempt = 0; attempt < 8; attempt++) {
     const tmp = `${dir}.${me.token}.tmp`;
-    mkdirSync(tmp, { recursive: true });
-    writeFileNamed(join(tmp, "owner"), JSON.stringify(me));
+    try {
+      mkdirSync(tmp, { recursive: true });
+      writeFileNamed(join(tmp, "owner"), JSON.stringify(me));
+    } catch (error) {
+      // A full disk, say: no half-made lock is left behind.
+      rmSync(tmp, { recursive: true, force: true });
+      throw error;
+    }
     try {
       renameSync(tmp, dir); // atomic; fails while a lock (a non-empty folder) is there
       return holding(dir, me);

@@ -44,6 +44,7 @@ export interface TrashReport {
 
 export function sweepTrash(layout: HomeLayout, opts: { dryRun: boolean; now?: number }): TrashReport {
   const report: TrashReport = { finished: 0, freedBytes: 0 };
+  sweepLockLeftovers(layout, opts.dryRun, report);
   let names: string[];
   try {
     names = readdirSync(layout.trash);
@@ -66,4 +67,26 @@ export function sweepTrash(layout: HomeLayout, opts: { dryRun: boolean; now?: nu
     report.freedBytes += size;
   }
   return report;
+}
+
+/** A lock being made, broken or released (`NAME.lock.PID-RAND.tmp|stale|released`, core/lock.ts) by a process that is gone. */
+const LOCK_LEFTOVER = /\.lock\.(\d+)-[a-z0-9]+\.(tmp|stale|released)$/;
+
+/** What a lock's maker left when it died (or its disk filled) mid-way: never a lock, only its remains. */
+function sweepLockLeftovers(layout: HomeLayout, dryRun: boolean, report: TrashReport): void {
+  let names: string[];
+  try {
+    names = readdirSync(layout.locks);
+  } catch {
+    return;
+  }
+  for (const name of names) {
+    const m = LOCK_LEFTOVER.exec(name);
+    if (!m || (Number(m[1]) !== process.pid && pidAlive(Number(m[1])))) continue;
+    const path = join(layout.locks, name);
+    const size = diskUsage(path);
+    if (!dryRun) rmSync(path, { recursive: true, force: true });
+    report.finished++;
+    report.freedBytes += size;
+  }
 }

@@ -1,5 +1,5 @@
 import { Database } from "bun:sqlite";
-import { existsSync, mkdirSync } from "node:fs";
+import { mkdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
@@ -111,7 +111,8 @@ export class JobStore {
   ) {
     const path = join(layout.jobs, "jobs.db");
     if (opts.readOnly) {
-      const present = existsSync(path);
+      // An empty file is a database a full disk kept from being made: as good as none (its first writer makes it).
+      const present = (statSync(path, { throwIfNoEntry: false })?.size ?? 0) > 0;
       this.db = present ? new Database(path, { readonly: true }) : new Database(":memory:");
       this.db.exec("PRAGMA busy_timeout = 10000");
       if (!present) {
