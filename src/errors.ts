@@ -77,6 +77,17 @@ export const NO_SPACE = {
   EDQUOT: { words: "disk quota exceeded", said: /Disk quota exceeded|\[Errno 122\]|os error 122\b/ },
 } as const;
 
+/**
+ * Something wrong with the Python a request names, said without naming where it was named: the request that
+ * knows (--python, GPULAYER_PYTHON, the config file, `join --python`'s save, a job file) puts its own name first.
+ */
+export class PythonProblem extends UsageError {
+  override name = "PythonProblem";
+  constructor(readonly problem: string) {
+    super(`--python: ${problem}`);
+  }
+}
+
 /** ENOSPC or EDQUOT when `error` is a system call's failure for want of space; null otherwise. */
 export function noSpaceCode(error: unknown): keyof typeof NO_SPACE | null {
   const code = (error as NodeJS.ErrnoException | null)?.code;

@@ -53,3 +53,42 @@ describe("config.yaml", () => {
     }
   });
 });
+
+describe("the Python, wherever it was named", () => {
+  test("a Python that is not there is named by where it came from: the flag, the variable, the config file, join's save, a job file", async () => {
+    const box = sandbox();
+    try {
+      const missing = join(box.root, "no-such-python");
+      const prepare = ["env", "prepare", "-p", "cfgpkg", "--index-url", index.url, "--dry-run"];
+      const last = (r: { stderr: string }) => r.stderr.trimEnd().split("\n").at(-1);
+      expect(last(await cli([...prepare, "--python", missing], { env: box.env }))).toBe(`error: --python: not found: ${missing}`);
+      expect(last(await cli(prepare, { env: { ...box.env, GPULAYER_PYTHON: missing } }))).toBe(`error: GPULAYER_PYTHON: not found: ${missing}`);
+      writeFileSync(join(box.home, "config.yaml"), `python: ${missing}\n`);
+      expect(last(await cli(prepare, { env: box.env }))).toBe(`error: python (in ${join(box.home, "config.yaml")}): not found: ${missing}`);
+      writeFileSync(join(box.home, "config.yaml"), "");
+      writeFileSync(join(box.home, "worker.json"), JSON.stringify({ python: missing }));
+      const saved = `the Python \`join --python\` saved (in ${join(box.home, "worker.json")})`;
+      expect(last(await cli(prepare, { env: box.env }))).toBe(`error: ${saved}: not found: ${missing}`);
+      const job = await cli(["job", "run", "-p", "cfgpkg", "--index-url", index.url, "--", "true"], { env: box.env, cwd: box.root });
+      expect(job.code).toBe(2);
+      expect(last(job)).toBe(`error: task.prepare failed: ${saved}: not found: ${missing}`);
+      writeFileSync(join(box.root, "job.yaml"), `command: "true"\nenvironment:\n  python: ${missing}\n`);
+      expect(last(await cli(["job", "run", "--dry-run", "-f", "job.yaml"], { env: box.env, cwd: box.root }))).toBe(`error: job.yaml: environment.python: not found: ${missing}`);
+    } finally {
+      box.cleanup();
+    }
+  });
+
+  test("gpulayer config shows the Python join --python saved as the effective one, unless a setting names another", async () => {
+    const box = sandbox();
+    try {
+      writeFileSync(join(box.home, "worker.json"), JSON.stringify({ python: "/usr/bin/python3" }));
+      const row = async (env: Record<string, string>) => (JSON.parse((await cli(["config", "--json"], { env })).stdout).settings as any[]).find((r) => r.name === "python");
+      expect(await row(box.env)).toMatchObject({ value: "/usr/bin/python3", source: "worker", origin: join(box.home, "worker.json") });
+      expect(await row({ ...box.env, GPULAYER_PYTHON: "python3.11" })).toMatchObject({ value: "python3.11", source: "env", origin: "GPULAYER_PYTHON" });
+      expect((await cli(["config"], { env: box.env })).stdout).toMatch(/^python\s+\/usr\/bin\/python3\s+join --python \(worker\.json\)$/m);
+    } finally {
+      box.cleanup();
+    }
+  });
+});

@@ -184,6 +184,8 @@ describe("job file errors name the key path, and nothing runs", () => {
     ["unknown nested key", "command: echo hi\nenvironment: {requirement: x}\n", "environment.requirement: unknown key"],
     ["wrong type", "command: echo hi\nresources: {gpus: two}\n", "resources.gpus"],
     ["missing requirements file", "command: echo hi\nenvironment: {requirements: req.txt}\n", "environment.requirements: file not found: req.txt"],
+    ["a folder as the requirements file", "command: echo hi\nenvironment: {requirements: .}\n", "environment.requirements: . is a directory, not a requirements file"],
+    ["a list where a mapping goes", "command: echo hi\nenvironment: [a]\n", "job.yaml: environment: expected a mapping, got a list"],
     ["bad env name", "command: echo hi\nenv: {'1X': y}\n", "env.1X"],
     ["bad framework specifier", "command: echo hi\nresources: {frameworks: {torch: '>>2'}}\n", "resources.frameworks.torch"],
     ["no command", "name: x\n", "command: is required"],

@@ -116,7 +116,14 @@ describe("every setting: what wins", () => {
     writeFileSync(file, "home: /elsewhere\n");
     await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow("home: cannot be set in the config file (set GPULAYER_HOME)");
     writeFileSync(file, "cache: 5G\n");
-    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow(`${file}: cache: unknown key`);
+    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow(`${file}: cache: expected a mapping of its keys (max_size), not a single value`);
+    writeFileSync(file, "cache: [5G]\n");
+    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow(`${file}: cache: expected a mapping of its keys (max_size), not a list`);
+    // An empty section is nothing set; one key given both ways is refused, as YAML refuses a plain repeat.
+    writeFileSync(file, "cache:\n");
+    expect((await resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).origins["cache.max_size"].source).toBe("default");
+    writeFileSync(file, "cache.max_size: 1G\ncache: {max_size: 2G}\n");
+    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow(`${file}: cache.max_size: given twice (as a dotted key and inside its section)`);
   });
 
   test("a config file that is a link to nothing, bad YAML, or control characters: one line each, escaped", async () => {

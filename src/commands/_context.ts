@@ -137,6 +137,7 @@ export async function localGpus(ctx: CommandContext, spec: JobSpec): Promise<Loc
 
 export function runnerSettings(ctx: CommandContext): RunnerSettings {
   const v = ctx.values;
+  const fallback = defaultPython(ctx.layout, ctx.settings);
   return {
     env: ctx.childEnv,
     engine: engineHost(ctx),
@@ -146,7 +147,8 @@ export function runnerSettings(ctx: CommandContext): RunnerSettings {
     installer: v.installer,
     venvCreator: v.venv_creator,
     uv: v.uv,
-    defaultPython: defaultPython(ctx.layout, v.python),
+    defaultPython: fallback.python,
+    defaultPythonOrigin: fallback.origin,
     setpriv: Bun.which("setpriv", { PATH: ctx.childEnv.PATH ?? "/usr/bin:/bin" }),
   };
 }

@@ -30,7 +30,7 @@ export const SettingRow = v.strictObject({
   name: str,
   value: v.unknown(),
   shown: str,
-  source: v.picklist(["flag", "env", "file", "default"]),
+  source: v.picklist(["flag", "env", "file", "worker", "default"]),
   origin: str,
   variable: str,
   flag: nullableStr,

@@ -3,6 +3,7 @@ import { settingsReport } from "../config/report.ts";
 import { Output, table } from "../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "./_args.ts";
 import { commandContext } from "./_context.ts";
+import { loadWorkerSettings, workerSettingsFile } from "../worker/settings.ts";
 import type { ConfigDoc, ConfigPathDoc } from "./_json.ts";
 
 const args = { json: outputArgs.json } as const;
@@ -25,8 +26,8 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     if ((a._ as string[])[0] === "path") return; // citty ran the subcommand
     rejectUnknownFlags(rawArgs, args);
-    const { settings } = await commandContext();
-    const rows = settingsReport(settings);
+    const { settings, layout } = await commandContext();
+    const rows = settingsReport(settings, { python: loadWorkerSettings(layout).python, file: workerSettingsFile(layout) });
     const doc: ConfigDoc = {
       config_file: settings.configFile,
       config_file_exists: settings.configFound,
@@ -35,7 +36,7 @@ export default defineCommand({
     new Output(a).result(doc, () => [
       `config file: ${settings.configFile}${settings.configFound ? "" : " (not there: defaults and variables only)"}`,
       "",
-      ...table([["SETTING", "VALUE", "FROM"], ...rows.map((r) => [r.name, r.shown, r.source === "file" ? `config file` : r.origin])]),
+      ...table([["SETTING", "VALUE", "FROM"], ...rows.map((r) => [r.name, r.shown, r.source === "file" ? `config file` : r.source === "worker" ? "join --python (worker.json)" : r.origin])]),
     ]);
   },
 });

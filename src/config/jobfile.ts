@@ -61,6 +61,9 @@ const TYPE_WORDS: Record<string, string> = { Object: "a mapping", Array: "a list
 function describeIssue(issue: v.BaseIssue<unknown>): string {
   // A key that is empty or has spaces is shown quoted: `tasks."a b"`, `tasks.""`.
   const path = (issue.path ?? []).map((p) => String(p.key)).map((k, i) => (i && !/^[A-Za-z0-9_-]+$/.test(k) ? JSON.stringify(k) : k)).join(".");
+  // A list where a mapping goes (`environment: [a]`): valibot reads its items as keys; the list is the problem.
+  const last = issue.path?.at(-1);
+  if (issue.expected === "never" && last && Array.isArray(last.input)) return `${path.slice(0, path.lastIndexOf("."))}: expected a mapping, got a list`;
   if (issue.expected === "never" && issue.path?.length) return `${path}: unknown key`;
   if (issue.received === "undefined" && issue.path?.length) return `${path}: is required`;
   const words = (t: string | null) => TYPE_WORDS[t ?? ""] ?? t;

@@ -8,7 +8,8 @@ export interface SettingRow {
   value: unknown;
   /** As people write it (200G, 10s). */
   shown: string;
-  source: "flag" | "env" | "file" | "default";
+  /** worker: `python`, as `join --python` saved it (worker.json), where nothing else set it. */
+  source: "flag" | "env" | "file" | "worker" | "default";
   /** The flag, the variable, the config file's path, or "default". */
   origin: string;
   variable: string;
@@ -16,11 +17,15 @@ export interface SettingRow {
   help: string;
 }
 
-export function settingsReport(settings: ResolvedSettings): SettingRow[] {
+/** `saved`: what `join --python` saved, and where: the effective `python` when no flag, variable or file sets one. */
+export function settingsReport(settings: ResolvedSettings, saved: { python?: string; file: string } = { file: "" }): SettingRow[] {
   return SETTING_NAMES.map((name) => {
     const def = SETTINGS[name] as SettingDef<unknown>;
     const value = (settings.values as Record<string, unknown>)[name];
     const origin = settings.origins[name];
+    if (name === "python" && !value && saved.python) {
+      return { name, value: saved.python, shown: saved.python, source: "worker" as const, origin: saved.file, variable: def.env, flag: def.flag ?? null, help: def.help };
+    }
     const set = value !== undefined && value !== null;
     return {
       name,

@@ -66,8 +66,13 @@ async function readConfigFile(file: string): Promise<Map<SettingName, Raw> | nul
         if (def.inFile === false) throw new UsageError(`${file}: ${name}: cannot be set in the config file (set ${def.env})`);
         if (value === null || value === undefined) continue;
         if (typeof value === "object") throw new UsageError(`${file}: ${name}: expected a single value, not a ${Array.isArray(value) ? "list" : "mapping"}`);
+        // `cache.max_size: 1G` and `cache: {max_size: 2G}` in one file: the same key twice, as YAML refuses a plain repeat.
+        if (found.has(name as SettingName)) throw new UsageError(`${file}: ${name}: given twice (as a dotted key and inside its section)`);
         found.set(name as SettingName, value as Raw);
-      } else if (value && typeof value === "object" && !Array.isArray(value) && SETTING_NAMES.some((n) => n.startsWith(`${name}.`))) {
+      } else if (SETTING_NAMES.some((n) => n.startsWith(`${name}.`))) {
+        // A section (cache, container, ...): a mapping of its keys, or nothing; a value there is the wrong shape, not an unknown key.
+        if (value === null || value === undefined) continue;
+        if (typeof value !== "object" || Array.isArray(value)) throw new UsageError(`${file}: ${name}: expected a mapping of its keys (${SETTING_NAMES.filter((n) => n.startsWith(`${name}.`)).map((n) => n.slice(name.length + 1)).join(", ")}), not ${Array.isArray(value) ? "a list" : "a single value"}`);
         walk(value as Record<string, unknown>, name);
       } else throw new UsageError(`${file}: ${name}: unknown key`);
     }

@@ -1,6 +1,6 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, statSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
-import { UsageError } from "../errors.ts";
+import { PythonProblem } from "../errors.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
 import { contentHash } from "../core/hashing.ts";
 import { normalizeName } from "./canonical.ts";
@@ -82,13 +82,13 @@ function namedPython(python: string | undefined, env: NodeJS.ProcessEnv): string
   const name = python || "python3";
   if (name.includes("/")) return resolve(name);
   const found = Bun.which(name, { PATH: env.PATH ?? "" });
-  if (!found) throw new UsageError(`--python: ${name} is not on PATH`);
+  if (!found) throw new PythonProblem(`${name} is not on PATH`);
   return found;
 }
 
 export function resolvePythonPath(python: string | undefined, env: NodeJS.ProcessEnv): string {
   const path = namedPython(python, env);
-  if (!existsSync(path)) throw new UsageError(`--python: not found: ${python}`);
+  if (!existsSync(path)) throw new PythonProblem(`not found: ${python}`);
   return path;
 }
 
@@ -139,17 +139,17 @@ export function probeInterpreter(pythonPath: string, cacheDir: string): Interpre
   try {
     proc = Bun.spawnSync([pythonPath, "-E", "-c", PROBE], { stdout: "pipe", stderr: "pipe" });
   } catch (error) {
-    throw new UsageError(`--python: cannot run ${pythonPath}: ${(error as Error).message}`);
+    throw new PythonProblem(`cannot run ${pythonPath}: ${(error as Error).message}`);
   }
   if (proc.exitCode !== 0) {
     const msg = (proc.stderr ?? "").toString().trim().split("\n").pop() ?? "";
-    throw new UsageError(`--python: ${pythonPath} is not a working Python 3 (${msg || `exit ${proc.exitCode}`})`);
+    throw new PythonProblem(`${pythonPath} is not a working Python 3 (${msg || `exit ${proc.exitCode}`})`);
   }
   let raw: Omit<InterpreterInfo, "path" | "realExecutable">;
   try {
     raw = JSON.parse((proc.stdout ?? "").toString());
   } catch {
-    throw new UsageError(`--python: ${pythonPath} did not answer the probe like a Python 3 interpreter`);
+    throw new PythonProblem(`${pythonPath} did not answer the probe like a Python 3 interpreter`);
   }
   let realExecutable = raw.executable;
   try {

@@ -3,7 +3,7 @@ import { join, resolve } from "node:path";
 import { userHome } from "../core/home.ts";
 import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
-import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
+import { ExitCode, InstallError, PythonProblem, UsageError, UserError } from "../errors.ts";
 import type { BuildHooks, BuildOutcome } from "./build.ts";
 import type { KeepGroup } from "./run-tool.ts";
 import type { InstallerSetting } from "./build-plan.ts";
@@ -70,11 +70,21 @@ export interface PrepareResult {
 }
 
 /** From a request to its key: stats, readdirs and a hash; no Python is started on the warm path (a wrapper script aside). */
+/** A problem with the Python, named as the request named it (GPULAYER_PYTHON, a job file's environment.python, ...). */
+function namedBy<T>(req: PrepareRequest, probe: () => T): T {
+  try {
+    return probe();
+  } catch (error) {
+    if (error instanceof PythonProblem && req.pythonOrigin && req.conda === undefined) throw new UsageError(`${req.pythonOrigin}: ${error.problem}`);
+    throw error;
+  }
+}
+
 export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: Pick<PrepareHooks, "onHashing"> = {}): ResolvedRequest {
   if (req.conda !== undefined && !req.conda.trim()) throw new UsageError("--conda: give a conda environment's name or path");
   if (req.conda !== undefined && req.python !== undefined) throw new UsageError(`--python ${req.python} and --conda ${req.conda} both name the base interpreter: give one`);
   const conda = req.conda === undefined ? null : findCondaEnv(req.conda, { env: req.env, home: userHome(req.env), cwd: req.cwd });
-  const { info: interpreter, resolved } = runningInterpreter(conda?.python ?? req.python, req.env, req.cwd, layout.interpreters);
+  const { info: interpreter, resolved } = namedBy(req, () => runningInterpreter(conda?.python ?? req.python, req.env, req.cwd, layout.interpreters));
   const ctx = { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo, onHashing: hooks.onHashing };
   const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
   for (const u of [req.indexUrl, ...req.extraIndexUrls]) {

@@ -5,6 +5,8 @@ export interface EnvironmentSource {
   requirementsFile?: string;
   specs: string[];
   python?: string;
+  /** Where `python` was named, as messages say it (--python, GPULAYER_PYTHON, a job file's environment.python, ...). */
+  pythonOrigin?: string;
   /** A conda environment on this machine (name or path): its Python is the base interpreter (conda.ts). */
   conda?: string;
   indexUrl?: string;
@@ -24,15 +26,17 @@ export const isUrl = (text: string): boolean => /^[a-z][a-z0-9+.-]*:\/\//i.test(
  * resolves once (--python > GPULAYER_PYTHON > config file > `join --python`;
  * undefined: python3 on PATH).
  */
-export function environmentRequest(asked: EnvironmentSource, base: string, defaultPython?: string): EnvironmentSource {
+export function environmentRequest(asked: EnvironmentSource, base: string, defaultPython?: string, defaultOrigin?: string): EnvironmentSource {
   const path = (p: string) => (isAbsolute(p) ? p : resolve(base, p));
   const python = asked.python ?? defaultPython;
+  const pythonOrigin = asked.python !== undefined ? (asked.pythonOrigin ?? "--python") : defaultPython !== undefined ? defaultOrigin : undefined;
   // A conda environment names the base interpreter itself: the default Python does not apply to it.
   const basePython = asked.conda === undefined ? python : asked.python;
   return {
     requirementsFile: asked.requirementsFile === undefined ? undefined : path(asked.requirementsFile),
     specs: asked.specs,
     python: basePython && basePython.includes("/") ? path(basePython) : basePython,
+    ...(pythonOrigin && asked.conda === undefined ? { pythonOrigin } : {}),
     ...(asked.conda === undefined ? {} : { conda: asked.conda }),
     indexUrl: asked.indexUrl,
     extraIndexUrls: asked.extraIndexUrls,

@@ -1,6 +1,6 @@
 import { closeSync, existsSync, openSync, readFileSync, readSync, realpathSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
-import { UsageError } from "../errors.ts";
+import { PythonProblem } from "../errors.ts";
 
 /**
  * The interpreter that actually runs when a path is run. A pyenv shim (or any
@@ -71,7 +71,7 @@ function askWrapper(path: string, env: Record<string, string | undefined>, cwd: 
   const out = (proc.stdout ?? "").toString().trim();
   if (proc.exitCode !== 0 || !out.startsWith("/")) {
     const msg = (proc.stderr ?? "").toString().trim().split("\n").pop() ?? "";
-    throw new UsageError(`--python: ${path} is not a working Python 3 (${msg || `exit ${proc.exitCode}`})`);
+    throw new PythonProblem(`${path} is not a working Python 3 (${msg || `exit ${proc.exitCode}`})`);
   }
   return { path: out, via: `wrapper ${path} (asked: sys.executable)` };
 }
@@ -101,7 +101,7 @@ export function resolveInterpreter(path: string, env: Record<string, string | un
   try {
     head = firstBytes(realpathSync(path), 2);
   } catch (error) {
-    throw new UsageError(`--python: cannot read ${path}: ${(error as Error).message}`);
+    throw new PythonProblem(`cannot read ${path}: ${(error as Error).message}`);
   }
   if (head.toString("latin1") !== "#!") return { path, via: null };
   let text = "";
@@ -112,7 +112,7 @@ export function resolveInterpreter(path: string, env: Record<string, string | un
   }
   if (/pyenv"? exec/.test(text)) {
     const shim = resolvePyenvShim(path, text, env, cwd);
-    if (shim && "absent" in shim) throw new UsageError(`--python: ${path} is a pyenv shim, and the Python version pyenv picks here (${shim.absent}) has no ${basename(path)}`);
+    if (shim && "absent" in shim) throw new PythonProblem(`${path} is a pyenv shim, and the Python version pyenv picks here (${shim.absent}) has no ${basename(path)}`);
     if (shim) return shim;
   }
   return askWrapper(path, env, cwd);

@@ -66,6 +66,8 @@ export interface RunnerSettings {
   uv: string;
   /** For a job that names no Python: the one default (see environmentRequest). */
   defaultPython?: string;
+  /** Where defaultPython was named, as messages say it. */
+  defaultPythonOrigin?: string;
   /** worker.run_as: the job's command (not its build) runs as this user. */
   runAs?: RunAs;
   /** setpriv (util-linux) when on PATH: the job's main process gets a parent-death signal (and run_as its user). */
@@ -85,6 +87,7 @@ export function envRequestOf(spec: JobSpec, settings: RunnerSettings): PrepareRe
     specs: spec.environment.specs,
     // A conda environment is the base interpreter itself: the default Python is for requests that name neither.
     python: spec.environment.conda === undefined ? (spec.environment.python ?? settings.defaultPython) : spec.environment.python,
+    pythonOrigin: spec.environment.python !== undefined ? (spec.environment.pythonOrigin ?? "--python") : settings.defaultPythonOrigin,
     ...(spec.environment.conda === undefined ? {} : { conda: spec.environment.conda }),
     indexUrl: spec.environment.indexUrl,
     extraIndexUrls: spec.environment.extraIndexUrls,

@@ -66,11 +66,18 @@ function parseEnvPairs(pairs: string[]): Record<string, string> {
   return env;
 }
 
+/** Refused before a job is recorded: a requirements file that is not there, or is a folder. */
+function requirementsFileOrRefusal(path: string, where: string, given: string): void {
+  const st = statSync(path, { throwIfNoEntry: false });
+  if (!st) throw new UsageError(`${where}: file not found: ${given}`);
+  if (st.isDirectory()) throw new UsageError(`${where}: ${given} is a directory, not a requirements file`);
+}
+
 /** The environment fields a job file's section sets, resolved against `workdir`; fields it does not set are absent. */
 function environmentFromFile(fe: EnvironmentFile, workdir: string, where: string): Partial<JobSpec["environment"]> {
   const byFile = environmentRequest({ specs: [], python: fe.python, indexUrl: fe.index_url, extraIndexUrls: fe.extra_index_urls ?? [], findLinks: fe.find_links ?? [] }, workdir);
   const out: Partial<JobSpec["environment"]> = {};
-  if (fe.python !== undefined) out.python = byFile.python;
+  if (fe.python !== undefined) Object.assign(out, { python: byFile.python, pythonOrigin: `${where}.python` });
   if (fe.conda !== undefined) out.conda = fe.conda;
   if (fe.index_url !== undefined) out.indexUrl = fe.index_url;
   if (fe.extra_index_urls !== undefined) out.extraIndexUrls = byFile.extraIndexUrls;
@@ -81,7 +88,7 @@ function environmentFromFile(fe: EnvironmentFile, workdir: string, where: string
     const path = resolve(workdir, fe.requirements);
     const rel = relative(workdir, path);
     if (rel.startsWith("..") || isAbsolute(rel)) throw new UsageError(`${where}.requirements: must be a path inside workdir: ${fe.requirements}`);
-    if (!existsSync(path)) throw new UsageError(`${where}.requirements: file not found: ${fe.requirements}`);
+    requirementsFileOrRefusal(path, `${where}.requirements`, fe.requirements);
     Object.assign(out, { requirementsFile: path, specs: [] });
   } else if (Array.isArray(fe.requirements)) Object.assign(out, { requirementsFile: undefined, specs: fe.requirements });
   return out;
@@ -126,11 +133,12 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   const byFlags = environmentRequest({ requirementsFile: flags.requirementsFile, specs: flags.specs, python: flags.python, indexUrl: flags.indexUrl, extraIndexUrls: flags.extraIndexUrls, findLinks: flags.findLinks }, cwd);
   const byFile = environmentFromFile(file.environment ?? {}, workdir, `${source}: environment`);
   // python and conda both name the base interpreter: one field. A flag for either replaces the file's.
-  const base = flags.python !== undefined || flags.conda !== undefined ? { python: byFlags.python, conda: flags.conda } : { python: byFile.python, conda: byFile.conda };
+  const base = flags.python !== undefined || flags.conda !== undefined ? { python: byFlags.python, pythonOrigin: byFlags.pythonOrigin, conda: flags.conda } : { python: byFile.python, pythonOrigin: byFile.pythonOrigin, conda: byFile.conda };
   if (base.python !== undefined && base.conda !== undefined) throw new UsageError(flags.python !== undefined || flags.conda !== undefined ? `--python and --conda both name the base interpreter: give one` : `${source}: environment: python and conda both name the base interpreter: give one`);
   const environment: JobSpec["environment"] = {
     specs: [],
     python: base.python,
+    ...(base.pythonOrigin ? { pythonOrigin: base.pythonOrigin } : {}),
     conda: base.conda,
     indexUrl: byFlags.indexUrl ?? byFile.indexUrl,
     extraIndexUrls: byFlags.extraIndexUrls.length ? byFlags.extraIndexUrls : (byFile.extraIndexUrls ?? []),
@@ -140,7 +148,7 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   };
   if (byFlags.requirementsFile || flags.specs.length) {
     if (byFlags.requirementsFile) {
-      if (!existsSync(byFlags.requirementsFile)) throw new UsageError(`-r: file not found: ${flags.requirementsFile}`);
+      requirementsFileOrRefusal(byFlags.requirementsFile, "-r", flags.requirementsFile!);
       environment.requirementsFile = byFlags.requirementsFile;
     }
     environment.specs = flags.specs;

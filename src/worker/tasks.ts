@@ -126,7 +126,7 @@ function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: Worke
     workdir,
     env,
     environment: {
-      ...environmentRequest(e, source, ctx.runner.defaultPython),
+      ...environmentRequest(e, source, ctx.runner.defaultPython, ctx.runner.defaultPythonOrigin),
       image: e.image,
       prepareTimeoutMs: e.prepareTimeoutMs,
       confineTo: source,
@@ -260,7 +260,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
         }
       } else {
         const r = await prepareEnv(ctx.layout, {
-          ...environmentRequest(req, cwd, ctx.runner.defaultPython),
+          ...environmentRequest(req, cwd, ctx.runner.defaultPython, ctx.runner.defaultPythonOrigin),
           cwd,
           env: ctx.runner.env,
           installer: ctx.runner.installer,

@@ -64,9 +64,10 @@ export default defineCommand({
       out.result({ ...imageJson(result), env: { key: env.key, path: env.path, status: env.status, seconds: Number(env.seconds.toFixed(4)) } }, () => env.path, true);
       return;
     }
+    const fallback = defaultPython(layout, ctx.settings);
     const asked = { requirementsFile: a.requirements, specs, conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]) };
     const request = {
-      ...environmentRequest(asked, ctx.cwd, defaultPython(layout, values.python)),
+      ...environmentRequest(asked, ctx.cwd, fallback.python, fallback.origin),
       cwd: ctx.cwd,
       env: ctx.childEnv,
       installer: values.installer,
