@@ -3,6 +3,7 @@ import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "no
 import { join } from "node:path";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { cli, HAS_UV, makeWorkerVenv, readyKeys, run, sandbox, tempDir } from "./helpers.ts";
+import { waitFor } from "./fixtures/processes.ts";
 
 /**
  * `gpulayer env prepare` end to end: the CLI as a whole process, real pip and
@@ -290,6 +291,16 @@ describe("env prepare", () => {
       expect(readyKeys(s.home)).toEqual([b.key]);
       expect((await cli(["env", "show", a.key], { env: s.env })).code).toBe(1);
       expect(JSON.parse((await prepare(s, ["-p", "mid", "--index-url", index.url, "--python", plainPy, "--json"])).stdout).status).toBe("reused");
+
+      // An env a running job uses is not removed; the job is named once, whatever leases it holds.
+      const id = (await cli(["job", "run", "-d", "-p", "mid", "--index-url", index.url, "--python", plainPy, "--", "sleep", "30"], { env: s.env, cwd: s.root })).stdout.trim();
+      const running = await waitFor("the job to run", async () => {
+        const st = JSON.parse((await cli(["job", "status", id, "--json"], { env: s.env })).stdout);
+        return st.state === "running" && st;
+      });
+      const held = await cli(["env", "rm", running.env_key], { env: s.env });
+      expect([held.code, held.stderr]).toEqual([1, `error: environment ${running.env_key.slice(0, 12)} is in use by job ${id}; use --force to remove it anyway\n`]);
+      expect((await cli(["job", "cancel", id], { env: s.env })).code).toBe(0);
     } finally {
       s.cleanup();
     }

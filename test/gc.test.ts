@@ -195,6 +195,9 @@ describe("gc: safe deletion", () => {
       expect(report.removed[1].size_bytes).toBeGreaterThan(0);
       expect(keysOf(sb.home).sort()).toEqual([hexKey("e"), `${hexKey("e")}.tmp`, hexKey("f")]);
       expect(existsSync(join(sb.home, "trash")) ? readdirSync(join(sb.home, "trash")) : []).toEqual([]);
+      // Under a limit, the build in progress is said to be skipped, and why.
+      const limited = await gc(sb, ["--max-size", "0", "--min-age", "0", "--dry-run"]);
+      expect(limited.report.skipped.filter((s: any) => s.id === hexKey("e"))).toMatchObject([{ state: "building", reasons: [{ code: "locked", message: "being built now" }] }]);
     } finally {
       build.kill("SIGKILL");
     }

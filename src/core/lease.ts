@@ -57,5 +57,6 @@ export function liveLeases(layout: LeaseHome, kind: "env" | "image" | "bundle", 
       holders.push("unknown");
     }
   }
-  return holders;
+  // A job holds an entry once whatever its leases (its runner's and its task's): named once.
+  return [...new Set(holders)];
 }

@@ -163,6 +163,8 @@ export async function runGc(layout: HomeLayout, opts: GcOptions): Promise<GcRepo
         }
         await remove(e, "lru");
       }
+      // Never a candidate while its build runs (its size is not walked either): said, so a limit not met is explained.
+      for (const e of entries) if (e.state === "building") report.skipped.push({ ...item(e), reasons: [{ code: "locked", message: "being built now" }] });
     }
     // An env on top of an image is of no use without it: it goes with the image (unless kept or leased).
     const goneImages = new Set(report.removed.filter((r) => r.kind === "image").map((r) => r.id));
