@@ -175,6 +175,11 @@ describe("gpulayer config", () => {
     expect(`${r.stdout}${human.stdout}`).not.toContain("tok-secret");
     const path = await cli(["config", "path"], { env });
     expect(path.stdout.trim()).toBe(env.GPULAYER_CONFIG!);
+    // A file named by GPULAYER_CONFIG that is not there is refused (its settings would be dropped without a word); config path still says where it goes.
+    const typo = { ...env, GPULAYER_CONFIG: `${env.GPULAYER_CONFIG}.typo` };
+    const refused = await cli(["env", "list"], { env: typo });
+    expect([refused.code, refused.stderr]).toEqual([2, `error: GPULAYER_CONFIG=${typo.GPULAYER_CONFIG} (environment): no such file (unset it for ${join(env.GPULAYER_HOME!, "config.yaml")}, which may be absent)\n`]);
+    expect((await cli(["config", "path"], { env: typo })).stdout.trim()).toBe(typo.GPULAYER_CONFIG);
   });
 
   test("a bad value anywhere fails every command the same way: one line, exit 2", async () => {

@@ -32,9 +32,10 @@ export interface CommandContext {
  */
 const OWN_SECRETS = ["GPULAYER_TOKEN", "GPULAYER_TOKEN_FILE", "GPULAYER_METRICS_TOKEN", "GPULAYER_DATABASE"];
 
-export async function commandContext(flags: FlagValues = {}): Promise<CommandContext> {
+/** `configMayBeMissing`: for `config path`, which says where the file goes whether or not it is there. */
+export async function commandContext(flags: FlagValues = {}, opts: { configMayBeMissing?: boolean } = {}): Promise<CommandContext> {
   const env = process.env;
-  const settings = await resolveSettings(env, flags);
+  const settings = await resolveSettings(env, flags, opts);
   if (settings.values.token_file !== undefined) tokenFromFile(settings);
   const childEnv: Record<string, string> = {};
   for (const [k, v] of Object.entries(env)) if (v !== undefined && !OWN_SECRETS.includes(k)) childEnv[k] = v;

@@ -12,7 +12,7 @@ export const EXAMPLES: Record<string, string[]> = {
     "gpulayer env prepare --image registry.local/team/train:1   # pull ahead of jobs",
     "gpulayer env prepare requirements.txt --dry-run            # the key, reuse or build, and every input it covers",
     "gpulayer env prepare --conda ml -p 'transformers<5'        # on top of the conda env ml's own packages",
-    "GPULAYER_INSTALLER=pip gpulayer env prepare req.txt        # force the pip build (default: uv fast path when possible)",
+    "GPULAYER_INSTALLER=pip gpulayer env prepare req.txt        # a new env is built by pip, not uv (one already built is reused: both build the same)",
   ],
   "env list": ["gpulayer env list", "gpulayer env list --json"],
   "env show": ["gpulayer env show 9c1e", "gpulayer env show 9c1e --json"],

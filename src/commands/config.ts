@@ -13,7 +13,7 @@ const path = defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
-    const { settings } = await commandContext();
+    const { settings } = await commandContext({}, { configMayBeMissing: true });
     const doc: ConfigPathDoc = { config_file: settings.configFile, exists: settings.configFound };
     new Output(a).result(doc, () => settings.configFile);
   },

@@ -101,10 +101,12 @@ function homeOf(env: Record<string, string | undefined>): { path: string; origin
  * each value parsed by its kind and validated here, whatever its source. A
  * bad value anywhere is one UsageError (exit 2) naming its source.
  */
-export async function resolveSettings(env: Record<string, string | undefined>, flags: FlagValues = {}): Promise<ResolvedSettings> {
+export async function resolveSettings(env: Record<string, string | undefined>, flags: FlagValues = {}, opts: { configMayBeMissing?: boolean } = {}): Promise<ResolvedSettings> {
   const home = homeOf(env);
   const configFile = env.GPULAYER_CONFIG ? resolve(env.GPULAYER_CONFIG) : join(home.path, "config.yaml");
   const fromFile = await readConfigFile(configFile);
+  // A file named on purpose that is not there (a typo, say) would silently drop every setting in it.
+  if (env.GPULAYER_CONFIG && fromFile === null && !opts.configMayBeMissing) throw new UsageError(`GPULAYER_CONFIG=${env.GPULAYER_CONFIG} (environment): no such file (unset it for ${join(home.path, "config.yaml")}, which may be absent)`);
   const values: Record<string, unknown> = {};
   const origins = {} as Record<SettingName, Origin>;
   for (const name of SETTING_NAMES) {
