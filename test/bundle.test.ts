@@ -91,6 +91,21 @@ describe("packing a workdir", () => {
     expect(existsSync(join(out, "data"))).toBe(false);
   });
 
+  test("setuid and setgid bits do not come of a bundle (a root-owned copy on a worker running as root)", async () => {
+    const src = join(root, "suid-src");
+    mkdirSync(join(src, "d"), { recursive: true });
+    writeFileSync(join(src, "tool"), "#!/bin/sh\n");
+    chmodSync(join(src, "tool"), 0o6755);
+    chmodSync(join(src, "d"), 0o2755);
+    const file = join(root, "suid.tar.gz");
+    const tarred = await run(["tar", "czf", file, "-C", src, "."]);
+    expect(tarred.code, tarred.stderr).toBe(0);
+    const out = join(root, "suid-out");
+    await unpackBundle(file, out, LIMITS);
+    expect(statSync(join(out, "tool")).mode & 0o7777).toBe(0o755);
+    expect(statSync(join(out, "d")).mode & 0o7000).toBe(0);
+  });
+
   test("an empty folder packs and unpacks", async () => {
     const empty = join(root, "empty");
     mkdirSync(empty);

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor, watchdogs } from "./fixtures/processes.ts";
@@ -72,6 +72,12 @@ async function run(withoutWatchdog: boolean): Promise<void> {
   everyPid.push(main1!, child1!);
 
   if (withoutWatchdog) for (const dog of watchdogs({ runner: wa.proc.pid })) process.kill(dog, "SIGKILL");
+  const work = join(box.root, "wa-home", "cluster", "work");
+  expect(readdirSync(work)).toEqual([`${id}-1`]);
+  // A download a killed agent left half-done: its process is gone, so the next start removes it.
+  const halfDone = join(box.root, "wa-home", "cluster", "bundles", `${"a".repeat(64)}.tar.gz.999999999.${crypto.randomUUID()}.tmp`);
+  mkdirSync(join(halfDone, ".."), { recursive: true });
+  writeFileSync(halfDone, "partial");
   wa.proc.kill("SIGKILL");
   await wa.proc.exited;
   await waitFor("attempt 1's main process to die with the agent", () => !alive(main1!));
@@ -86,6 +92,9 @@ async function run(withoutWatchdog: boolean): Promise<void> {
   everyPid.push(...lines(mains), ...lines(children));
   expect(alive(child1!)).toBe(false);
   expect(wa.out()).toContain(`ended what 1 job(s) of a previous run of this worker left behind (${withoutWatchdog ? 1 : 0} process(es))`);
+  // Attempt 1's workdir went with its job; attempt 2's is there while it runs.
+  expect(readdirSync(work)).toEqual([`${id}-2`]);
+  expect(existsSync(halfDone)).toBe(false);
   const s = json((await gpl(["job", "status", id, "--json"])).stdout);
   expect(s.attempts).toBe(2);
   expect(s.state).toBe("running");

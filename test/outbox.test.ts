@@ -23,6 +23,8 @@ test("40 MB of output, sent and acknowledged: the file is back to a few MB, and 
   for (let i = 0; i < 160; i++) last = outbox.append("t1", "output", chunk, "stdout");
   outbox.append("t2", "event", "{}");
   expect(sizeOf(home)).toBeGreaterThan(40 * 1024 * 1024);
+  // Other jobs' output: the worker's alone, its WAL too (a --run-as job user reaches the folder beside it).
+  for (const f of ["outbox.db", "outbox.db-wal"]) expect(statSync(join(home, "cluster", f)).mode & 0o777).toBe(0o600);
   outbox.ack("t1", last);
   outbox.close();
   expect(sizeOf(home)).toBeLessThan(16 * 1024 * 1024);

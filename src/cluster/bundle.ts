@@ -177,7 +177,8 @@ export async function unpackBundle(file: string, dest: string, limits: BundleLim
   try {
     // Inflated by our stream (64 KiB pieces, back-pressured), not tar's own reader, which inflates 16 MiB reads at once.
     const { gunzip } = inflating(file);
-    const unpack = new tar.Unpack({ cwd: dest, strict: true, preserveOwner: false, noMtime: true });
+    // Permission bits only: a setuid or setgid file (a root-owned copy, on a worker running as root) must not come of a bundle.
+    const unpack = new tar.Unpack({ cwd: dest, strict: true, preserveOwner: false, noMtime: true, filter: (_path, entry) => ((entry.mode = (entry.mode ?? 0o644) & 0o777), true) });
     await new Promise<void>((done, fail) => {
       unpack.on("error", fail);
       gunzip.on("error", fail);

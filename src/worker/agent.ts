@@ -254,7 +254,7 @@ export class Agent {
   }
 
   async run(): Promise<void> {
-    const left = await endLeftovers(this.opts.layout, 1000);
+    const left = await endLeftovers(this.opts.layout, 1000, this.opts.keepWorkdirs);
     if (left.jobs) this.log(`ended what ${left.jobs} job(s) of a previous run of this worker left behind (${left.processes} process(es))`);
     await this.deliverLeftOver();
     await this.register();

@@ -1,3 +1,5 @@
+import { readdirSync, rmSync } from "node:fs";
+import { dirname, join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { endJobProcesses, jobProcesses } from "../core/job-processes.ts";
 import { mayBeRunning } from "../core/process-identity.ts";
@@ -13,8 +15,9 @@ import { JobStore } from "../jobs/store.ts";
  * (the dead worker's process) is provably gone are touched: a second worker
  * still running on this home keeps its jobs.
  */
-export async function endLeftovers(layout: HomeLayout, graceMs: number): Promise<{ jobs: number; processes: number }> {
+export async function endLeftovers(layout: HomeLayout, graceMs: number, keepWorkdirs = false): Promise<{ jobs: number; processes: number }> {
   const store = new JobStore(layout);
+  const work = join(layout.root, "cluster", "work");
   let jobs = 0;
   let processes = 0;
   try {
@@ -24,10 +27,27 @@ export async function endLeftovers(layout: HomeLayout, graceMs: number): Promise
       const found = jobProcesses(job.id).length;
       if (found) processes += await endJobProcesses(job.id, graceMs);
       store.update(job.id, { state: "failed", exitCode: ExitCode.failed, error: "its worker was killed; what was left of it was ended when the worker started again", childPid: null, childStart: null });
+      // Its workdir, unpacked for that attempt only, is removed as a finished task's is (keep_workdirs keeps it).
+      if (!keepWorkdirs && dirname(job.spec.workdir) === work) rmSync(job.spec.workdir, { recursive: true, force: true });
       jobs++;
     }
   } finally {
     store.close();
   }
+  sweepDeadTemps(join(layout.root, "cluster", "bundles"));
   return { jobs, processes };
+}
+
+/** A download or unpack a killed worker left half-done (`NAME.PID.UUID.tmp`): removed once its process is gone. */
+function sweepDeadTemps(dir: string): void {
+  let names: string[];
+  try {
+    names = readdirSync(dir);
+  } catch {
+    return;
+  }
+  for (const name of names) {
+    const pid = Number(/\.(\d+)\.[0-9a-f-]{36}\.tmp$/.exec(name)?.[1] ?? 0);
+    if (pid && !mayBeRunning({ pid, start: null, boot: null })) rmSync(join(dir, name), { recursive: true, force: true });
+  }
 }

@@ -1,5 +1,5 @@
 import { Database } from "bun:sqlite";
-import { mkdirSync } from "node:fs";
+import { chmodSync, closeSync, existsSync, mkdirSync, openSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 
@@ -40,7 +40,13 @@ export class Outbox {
   constructor(layout: HomeLayout) {
     const dir = join(layout.root, "cluster");
     mkdirSync(dir, { recursive: true });
-    this.db = new Database(join(dir, "outbox.db"), { create: true });
+    const file = join(dir, "outbox.db");
+    // Jobs' output and events: the worker's alone (a --run-as job user reaches cluster/work beside it). SQLite gives
+    // its -wal and -shm files the database file's mode, so the file is made 0600 before SQLite opens it.
+    closeSync(openSync(file, "a", 0o600));
+    // An older gpulayer's files (0644) are closed too.
+    for (const f of [file, `${file}-wal`, `${file}-shm`]) if (existsSync(f)) chmodSync(f, 0o600);
+    this.db = new Database(file, { create: true });
     this.db.exec("PRAGMA busy_timeout = 10000");
     // Pages an acknowledged item freed go back to the disk (a job's 400 MB of output must not stay a 400 MB file):
     // set before the first table on a new file; a file an older gpulayer made is converted once, while it holds nothing.

@@ -236,8 +236,11 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
     const started = performance.now();
     let body: { state: string; exit_code: number; error: string | null; result: PrepareTaskResult };
     let bundleLease: Lease | undefined;
+    const empty = clusterDir(ctx, "work", `prepare-${task.id}`);
     try {
-      let cwd = clusterDir(ctx);
+      // No bundle: an empty folder of the task's own, so a relative path in the request reaches nothing of the worker's.
+      let cwd = empty;
+      rmSync(cwd, { recursive: true, force: true });
       mkdirSync(cwd, { recursive: true });
       if (task.bundle) {
         const copy = await useBundle(ctx, task.bundle, `prepare task ${task.id}`);
@@ -284,6 +287,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
       body = { state: "failed", exit_code: error instanceof UserError ? error.exitCode : ExitCode.internal, error: message, result: { status: "failed", seconds: (performance.now() - started) / 1000, message } };
     } finally {
       bundleLease?.release();
+      rmSync(empty, { recursive: true, force: true });
     }
     if (!handedBack) {
       channel.finish(body);
