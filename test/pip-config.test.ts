@@ -143,6 +143,33 @@ describe.skipIf(!HAS_UV)("machine pip configuration, honoured by uv", () => {
     });
   }
 
+  test("an HTTPS index behind a certificate pip trusts by the machine's configuration (trusted-host) is not refused by gpulayer's own look: it builds", async () => {
+    const s = sandbox();
+    const tls = join(s.root, "tls");
+    mkdirSync(tls);
+    const made = Bun.spawnSync(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", join(tls, "key.pem"), "-out", join(tls, "cert.pem"), "-days", "1"], { stderr: "pipe" });
+    expect(made.exitCode, made.stderr.toString()).toBe(0);
+    // The fixture index over HTTPS, with a self-signed certificate nothing here trusts but what pip is told to.
+    const upstream = new URL(main.url);
+    const https = Bun.serve({
+      port: 0,
+      hostname: "127.0.0.1",
+      tls: { cert: Bun.file(join(tls, "cert.pem")), key: Bun.file(join(tls, "key.pem")) },
+      fetch: (req) => fetch(new URL(new URL(req.url).pathname, upstream.origin)),
+    });
+    try {
+      writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = https://127.0.0.1:${https.port}${upstream.pathname}\ntrusted-host = 127.0.0.1:${https.port}\n`);
+      const env = { ...s.env, PIP_CONFIG_FILE: join(s.root, "pip.conf") };
+      for (const v of ["REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "PIP_CERT", "NODE_EXTRA_CA_CERTS"]) delete (env as Record<string, string | undefined>)[v];
+      const r = await cli(["env", "prepare", "-p", "top", "--python", worker, "--json"], { env, cwd: s.root });
+      expect(r.code, r.stderr).toBe(0);
+      expect(JSON.parse(r.stdout).status).toBe("built");
+    } finally {
+      await https.stop(true);
+      s.cleanup();
+    }
+  });
+
   test("an index the machine's configuration names that does not answer, or a file:// index that is not there: one line at once", async () => {
     const s = sandbox();
     const dead = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });

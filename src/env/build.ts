@@ -79,11 +79,20 @@ function installerEnv(plan: BuildPlan): Record<string, string> {
 async function checkIndexesReachable(plan: BuildPlan): Promise<void> {
   if (plan.inputs.noIndex) return;
   const o = plan.flags;
-  await indexesReachable([o.indexUrl, ...o.extraIndexUrls, ...plan.inputs.indexUrls].filter((u): u is string => Boolean(u)), "");
+  await indexesReachable([o.indexUrl, ...o.extraIndexUrls, ...plan.inputs.indexUrls].filter((u): u is string => Boolean(u)), "", proxied(plan.env));
 }
 
+/** A proxy the installers would go through (pip's and uv's own variables): our direct look at an index proves nothing then. */
+const proxied = (env: NodeJS.ProcessEnv): boolean => ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "PIP_PROXY"].some((v) => Boolean(env[v]));
+
+/**
+ * Failures that say no installer can reach the host either: nothing listens there, or its name is unknown. A TLS
+ * refusal or a slow answer is not one: pip's cert, trusted-host and timeout settings may well make it work.
+ */
+const CERTAINLY_UNREACHABLE = /ConnectionRefused|ECONNREFUSED|ENOTFOUND|getaddrinfo|Unable to connect/i;
+
 /** Each index answers, or one line names the first that does not (a file:// one: its folder is there); `from` says where it was set. */
-async function indexesReachable(urls: string[], from: string): Promise<void> {
+async function indexesReachable(urls: string[], from: string, viaProxy: boolean): Promise<void> {
   for (const url of urls) {
     if (!/^file:/i.test(url)) continue;
     let path: string;
@@ -94,13 +103,16 @@ async function indexesReachable(urls: string[], from: string): Promise<void> {
     }
     if (!existsSync(path)) throw new InstallError(`index not found: ${redactUrl(url)}${from} (no such folder: ${path})`, "");
   }
+  if (viaProxy) return;
   await Promise.all(
     urls.filter((u) => /^https?:\/\//.test(u)).map(async (url) => {
       const bare = url.replace(/^(https?:\/\/)[^/@]+@/, "$1");
       try {
         await fetch(bare, { method: "GET", signal: AbortSignal.timeout(10_000), redirect: "manual" }).then((r) => r.body?.cancel());
       } catch (error) {
-        throw new InstallError(`index unreachable: ${redactUrl(url)}${from} (${(error as Error).message})`, "");
+        const { message, code } = error as Error & { code?: string };
+        // Anything else is the installer's to judge, with the settings it reads.
+        if (CERTAINLY_UNREACHABLE.test(`${code ?? ""} ${message}`)) throw new InstallError(`index unreachable: ${redactUrl(url)}${from} (${message})`, "");
       }
     }),
   );
@@ -275,7 +287,7 @@ async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>
   // An index the configuration names that does not answer: one line now, not the installers' retries (and pip's after uv's).
   const noIndex = plan.inputs.noIndex || Boolean(settings.options.no_index?.value);
   const indexUrls = noIndex ? [] : [settings.options.index_url?.value, ...((settings.options.extra_index_urls?.value as string[] | undefined) ?? [])].filter((u): u is string => typeof u === "string" && u !== "");
-  await indexesReachable(indexUrls, ` (set by the machine's pip configuration: ${originsOf(settings, ["--index-url", "--extra-index-url"], sources).join(", ")})`);
+  await indexesReachable(indexUrls, ` (set by the machine's pip configuration: ${originsOf(settings, ["--index-url", "--extra-index-url"], sources).join(", ")})`, proxied(plan.env) || Boolean(settings.options.proxy?.value));
   const relocating = relocatingOptions(settings);
   if (relocating.length) return { fatal: `the machine's pip configuration sets ${relocating.join(", ")} (from ${originsOf(settings, relocating, sources).join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)` };
   const translation = translateForUv(settings);
