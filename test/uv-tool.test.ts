@@ -134,6 +134,24 @@ describe.if(Boolean(UV))("the uv setting, with no uv on PATH", () => {
     }
   });
 
+  test("GPULAYER_UV naming a uv that fails at everything: the venv is made by venv, the install by pip, and each line says why", async () => {
+    const { index } = indexWith("idx-broken");
+    const s = sandbox();
+    try {
+      const broken = join(s.root, "broken-uv");
+      writeFileSync(broken, "#!/bin/sh\necho 'uv: cannot start' >&2\nexit 3\n", { mode: 0o755 });
+      const b = await prepare(s, ["-p", "tiny", "--index-url", index.url, "--python", wPip], { GPULAYER_UV: broken });
+      expect(b.code, b.stderr).toBe(0);
+      expect(b.meta.venvCreator).toBe("venv");
+      expect(b.meta.installerPath).toBe("pip");
+      expect(b.meta.installed).toEqual(["tiny==1.0"]);
+      expect(b.stderr).toContain(`creating virtual environment with venv (${broken} venv exited 3: uv: cannot start)`);
+    } finally {
+      index.stop();
+      s.cleanup();
+    }
+  });
+
   test("GPULAYER_UV=off: the pip path, and the progress line says why", async () => {
     const { index } = indexWith("idx-off");
     const s = sandbox();

@@ -163,7 +163,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const env = installerEnv(plan);
   const info = plan.interpreter;
   const venvUv = plan.venvCreator === "venv" ? null : (await findUv(plan, env)).path;
-  const venvCreator = venvUv ? "uv" : "venv";
+  let venvCreator: "uv" | "venv" = venvUv ? "uv" : "venv";
   const fastEnv = uv ? uvEnv(plan, env) : null;
 
   // What pip in the env would find of the worker, and what the machine's pip configuration says: asked while the venv is made.
@@ -177,8 +177,16 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
       // Asked for pip's path too: a setting that installs outside the env is refused on either.
       machineSettingsForUv(plan, env),
     ]);
-    if (code !== 0) throw installFailure("creating the virtual environment failed", lines);
-    if (venvUv && !kept) keepVenvTemplate(plan.dir, plan.toolsDir, venvUv, info);
+    const venvArgv = [info.executable, "-m", "venv", "--without-pip", plan.dir];
+    if (code !== 0 && venvUv && plan.venvCreator !== "uv" && info.hasVenvModule) {
+      // A uv that cannot make the venv (a broken binary, say): the interpreter's own venv module makes it, as pip's path would.
+      rmSync(plan.dir, { recursive: true, force: true });
+      hooks.onStep?.("creating", `virtual environment with venv (${venvUv} venv exited ${code}${lines.length ? `: ${lines.at(-1)}` : ""})`);
+      const again = await runTool(venvArgv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
+      if (again.code !== 0) throw installFailure(`creating the virtual environment failed: ${info.executable} -m venv exited ${again.code}, after ${venvUv} venv exited ${code}`, again.lines);
+      venvCreator = "venv";
+    } else if (code !== 0) throw installFailure(`creating the virtual environment failed: ${argv[0]}${venvUv ? " venv" : " -m venv"} exited ${code}`, lines);
+    else if (venvUv && !kept) keepVenvTemplate(plan.dir, plan.toolsDir, venvUv, info);
     return [scanned, machine] as const;
   });
   const dists = scan && "dists" in scan ? scan.dists : null;
