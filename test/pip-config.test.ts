@@ -121,6 +121,32 @@ describe.skipIf(!HAS_UV)("machine pip configuration, honoured by uv", () => {
     });
   }
 
+  test("a find-links folder the machine's configuration names is listed by --dry-run with its digest, and a wheel dropped in it changes that and the key", async () => {
+    const s = sandbox();
+    try {
+      const folder = join(s.root, "machine-links");
+      mkdirSync(folder);
+      writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\n`);
+      const env = { ...s.env, PIP_CONFIG_FILE: join(s.root, "pip.conf"), PIP_FIND_LINKS: folder };
+      const dry = async () => JSON.parse((await cli(["env", "prepare", "-p", "top", "--python", worker, "--dry-run", "--json"], { env, cwd: s.root })).stdout) as { key: string; inputs: { find_links: { origin: string; path?: string; digest?: string }[] } };
+      // This machine's own files may name folders too (they apply beside PIP_CONFIG_FILE): only ours is looked at.
+      const ours = async () => {
+        const d = await dry();
+        return { key: d.key, link: d.inputs.find_links.find((f) => f.path === folder) };
+      };
+      const before = await ours();
+      expect(before.link).toMatchObject({ origin: "the machine's pip configuration", path: folder });
+      makeDist("wheel", folder, { name: "linked", version: "0.6" });
+      const after = await ours();
+      expect(after.link!.digest).not.toBe(before.link!.digest);
+      expect(after.key).not.toBe(before.key);
+      const human = await cli(["env", "prepare", "-p", "top", "--python", worker, "--dry-run"], { env, cwd: s.root });
+      expect(human.stdout).toContain(`find-links   ${folder} sha256:${after.link!.digest!.slice(0, 12)} (from the machine's pip configuration)`);
+    } finally {
+      s.cleanup();
+    }
+  });
+
   test("build isolation turned off (PIP_NO_BUILD_ISOLATION=false, as pip reads it) is pip's to build with", async () => {
     const s = sandbox();
     writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\n`);

@@ -19,6 +19,7 @@ export function inputsReport(r: ResolvedRequest) {
     find_links: <{ origin: string; url?: string; path?: string; digest?: string }[]>[
       ...inputs.findLinks.map((f) => ({ origin: f.origin, ...(f.url ? { url: f.url } : { path: f.path, digest: f.digest }) })),
       ...flags.findLinks.map((f) => ({ origin: "--find-links", ...(f.url ? { url: hideCredentials(f.url) } : { path: f.path, digest: f.digest }) })),
+      ...(r.machineFindLinks ?? []).map((f) => ({ origin: "the machine's pip configuration", path: f.path, digest: f.digest })),
     ],
     index: {
       index_url: flags.indexUrl ? hideCredentials(flags.indexUrl) : null,
@@ -43,7 +44,8 @@ export function inputsLines(report: InputsReport): string[] {
   for (const f of report.files) out.push(`file         ${f.path} (${f.kind}${f.via === "REQ_FILE" ? "" : `, from ${f.via}`}) sha256:${f.digest.slice(0, 12)}`);
   for (const v of report.variables) out.push(`variable     \${${v.name}} ${v.set ? "(set; its value by digest)" : "(unset: left as written)"}`);
   for (const l of report.locals) out.push(`local        ${l.kind} ${l.path}${l.files === undefined ? "" : ` (${l.files} files)`} sha256:${l.digest.slice(0, 12)}`);
-  for (const f of report.find_links) out.push(`find-links   ${f.url ?? `${f.path} sha256:${f.digest?.slice(0, 12)}`}`);
+  const MACHINE = "the machine's pip configuration";
+  for (const f of report.find_links) out.push(`find-links   ${f.url ?? `${f.path} sha256:${f.digest?.slice(0, 12)}`}${f.origin === MACHINE ? ` (from ${MACHINE})` : ""}`);
   const index = report.index.index_url ?? (report.index.in_files.length ? `named in the requirements files: ${report.index.in_files.join(", ")}` : report.index.machine_pip_config ? "the machine's pip configuration (in the key)" : "pip's default");
   out.push(`index        ${index}${report.index.extra_index_urls.length ? ` + ${report.index.extra_index_urls.join(", ")}` : ""}`);
   for (const source of report.index.machine_pip_config_sources) out.push(`pip config   ${source}`);

@@ -83,13 +83,19 @@ function machineConfigParts(env: NodeJS.ProcessEnv): { parts: string[]; referenc
  * variables by name, as values may hold secrets; the files; the constraint and requirement files they name). One
  * reading of the files for both: this runs on every warm prepare that gives no index.
  */
-export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null; onHashing?: OnHashing }): { digest: string; sources: string[] } {
+export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; digestCache: string | null; onHashing?: OnHashing }): { digest: string; sources: string[]; findLinks: { path: string; digest: string }[] } {
   const { parts, referenced, folders, vars, files } = machineConfigParts(env);
   const refs = referenced.map((ref) => resolve(ctx.cwd, ref));
   for (const path of refs) parts.push(`ref ${path}\n${existsSync(path) ? referencedDigest(path, env, ctx) : "missing"}`);
   // A wheel dropped into a find-links folder changes what an unpinned request gets.
-  for (const f of folders) if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(f) && existsSync(resolve(ctx.cwd, f))) parts.push(`folder ${f}\n${folderDigest(resolve(ctx.cwd, f), ctx.digestCache, ctx.onHashing)}`);
-  return { digest: contentHash(parts.join("\n")), sources: [...vars, ...files, ...refs] };
+  const findLinks: { path: string; digest: string }[] = [];
+  for (const f of folders) {
+    if (/^[a-z][a-z0-9+.-]*:\/\//i.test(f) || !existsSync(resolve(ctx.cwd, f))) continue;
+    const digest = folderDigest(resolve(ctx.cwd, f), ctx.digestCache, ctx.onHashing);
+    parts.push(`folder ${f}\n${digest}`);
+    findLinks.push({ path: resolve(ctx.cwd, f), digest });
+  }
+  return { digest: contentHash(parts.join("\n")), sources: [...vars, ...files, ...refs], findLinks };
 }
 
 /** What pip's reading of its configuration depends on, and only that: the PIP_* variables and the config files' text (not the folders or files they name). */

@@ -79,6 +79,8 @@ export interface ResolvedRequest {
   conda: CondaEnv | null;
   /** What of the machine's pip configuration counts (variable names, files, the files they name); null when shut out. */
   machineConfig: string[] | null;
+  /** Local find-links folders the machine's pip configuration names, by content (in the key through its digest). */
+  machineFindLinks?: { path: string; digest: string }[];
 }
 
 export function envKey(doc: KeyDocument): string {

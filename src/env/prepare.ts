@@ -108,7 +108,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     installerConfig: machine?.digest ?? null,
     ...(conda ? { conda: { prefix: conda.prefix, meta: conda.metaDigest } } : {}),
   });
-  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, machineConfig: machine?.sources ?? null };
+  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
 }
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, and the inputs the key covers. */
