@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, statSync, utimesSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { packTemp } from "../src/cluster/upload.ts";
 import { cli, sandbox, serversOnPostgres, startCli } from "./helpers.ts";
@@ -171,5 +172,29 @@ describe("one server per home", () => {
     await waitFor("a server where the killed one was", () => /"url": "([^"]+)"/.exec(third.out())?.[1]);
     third.proc.kill("SIGTERM");
     expect(await third.proc.exited).toBe(0);
+  }, T);
+});
+
+describe("stopping the client while it packs", () => {
+  test("Ctrl-C during packing: nothing runs, exit 130; a bundle a killed client left in the temp folder goes with the next", async () => {
+    const dir = join(box.root, "big-folder");
+    mkdirSync(dir, { recursive: true });
+    // Incompressible: packing it takes a while, long enough for the signal to land during it.
+    const noise = Buffer.alloc(120 * 1024 * 1024);
+    for (let i = 0; i < noise.length; i += 65536) noise.set(crypto.getRandomValues(new Uint8Array(65536)), i);
+    writeFileSync(join(dir, "noise.bin"), noise);
+    const leftover = join(tmpdir(), "gpulayer-bundle-999999999-1-abc.tar.gz");
+    writeFileSync(leftover, "what a SIGKILLed client left");
+    const marker = join(box.root, "ran-after-ctrl-c");
+    const client = startCli(["job", "run", "--workdir", ".", "--", "touch", marker], { env: env(), cwd: dir });
+    const err = new Response(client.stderr).text();
+    await Bun.sleep(400);
+    client.kill("SIGINT");
+    expect(await client.exited).toBe(130);
+    expect(await err).toMatch(/SIGINT: (stopped before the job was submitted; nothing was sent|cancelling job)/);
+    await Bun.sleep(1500);
+    expect(existsSync(marker)).toBe(false);
+    expect(existsSync(leftover)).toBe(false);
+    expect(readdirSync(tmpdir()).filter((n) => n.startsWith(`gpulayer-bundle-${client.pid}-`))).toEqual([]);
   }, T);
 });

@@ -6,7 +6,7 @@ import { isUrl } from "../env/request.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
-import { HttpError, UsageError, UserError } from "../errors.ts";
+import { ExitCode, HttpError, UsageError, UserError } from "../errors.ts";
 import { FINAL_JOB_STATES, type RemoteJobStatus, type RemoteSpec, type SubmitRequest, type SubmitResponse, type WatchResponse } from "./protocol.ts";
 import { inBundle, packTemp, postWithBundle, type UploadHooks } from "./upload.ts";
 
@@ -54,6 +54,8 @@ export interface SubmitHooks extends UploadHooks {
   onOwnerOnly?(paths: string[]): void;
   /** Packing a big folder: every few thousand entries. */
   onPacking?(progress: PackProgress): void;
+  /** The signal that asked to stop while the folder was packed (packing holds the event loop): nothing is sent then. */
+  stopped?(): string | null;
 }
 
 export interface SubmitOptions {
@@ -90,6 +92,10 @@ export async function submitJob(target: RemoteTarget, spec: JobSpec, labels: Rec
     const root = empty ?? spec.workdir;
     const pack = packTemp(root, target.bundleLimits, hooks.onPacking);
     try {
+      // A signal that came during packing is heard only once the loop turns: before anything is sent.
+      await new Promise((turned) => setTimeout(turned, 0));
+      const stoppedBy = hooks.stopped?.();
+      if (stoppedBy) throw new UserError(`${stoppedBy}: stopped before the job was submitted; nothing was sent`, ExitCode.cancelled);
       for (const s of pack.skipped) hooks.onSkipped?.(s);
       if (pack.ownerOnly.length) hooks.onOwnerOnly?.(pack.ownerOnly);
       const body = { spec: remoteSpec({ ...spec, workdir: root }, pack), bundle: pack.hash, labels, workdir: empty ? "(empty folder)" : spec.workdir } satisfies SubmitRequest;

@@ -1,4 +1,5 @@
-import { readFileSync, rmSync } from "node:fs";
+import { readdirSync, readFileSync, rmSync } from "node:fs";
+import { mayBeRunning } from "../core/process-identity.ts";
 import { tmpdir } from "node:os";
 import { isAbsolute, join, relative, sep } from "node:path";
 import { type BundleLimits, type PackProgress, type PackResult, packWorkdir } from "./bundle.ts";
@@ -7,12 +8,27 @@ import { HttpError, UsageError } from "../errors.ts";
 
 /** A folder packed into a temporary bundle; remove it with `dispose`. */
 export function packTemp(root: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void): PackResult & { dispose(): void } {
+  removeDeadPacks(tmpdir());
   const file = join(tmpdir(), `gpulayer-bundle-${process.pid}-${Date.now()}-${Math.random().toString(16).slice(2)}.tar.gz`);
   try {
     return { ...packWorkdir(root, file, limits, onProgress), dispose: () => rmSync(file, { force: true }) };
   } catch (error) {
     rmSync(file, { force: true });
     throw error;
+  }
+}
+
+/** What a client killed mid-way (SIGKILL) left of its bundle: removed by the next one, once that process is gone. */
+function removeDeadPacks(dir: string): void {
+  let names: string[];
+  try {
+    names = readdirSync(dir);
+  } catch {
+    return;
+  }
+  for (const name of names) {
+    const pid = Number(/^gpulayer-bundle-(\d+)-\d+-[0-9a-f]+\.tar\.gz$/.exec(name)?.[1] ?? 0);
+    if (pid && pid !== process.pid && !mayBeRunning({ pid, start: null, boot: null })) rmSync(join(dir, name), { force: true });
   }
 }
 

@@ -1,4 +1,4 @@
-import { ExitError } from "../../errors.ts";
+import { ExitCode, ExitError, UserError } from "../../errors.ts";
 import type { JobSpec } from "../../jobs/spec.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import type { RemoteTarget } from "../../cluster/client.ts";
@@ -42,18 +42,32 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
   const labels = labelsFromArgs(opts.rawArgs);
   const what = opts.sendWorkdir ? spec.workdir : "an empty folder";
   if (!opts.sendWorkdir) out.progress("no --workdir or job file: the job runs in an empty folder on the worker; give --workdir . to send this folder");
+  // Ctrl-C while the folder is packed or sent: nothing is submitted (or, once it is, it is cancelled below).
+  let stoppedBy: string | null = null;
+  const beforeSubmit = (signal: string) => (stoppedBy ??= signal);
+  process.on("SIGINT", beforeSubmit);
+  process.on("SIGTERM", beforeSubmit);
   const submitted = await submitJob(
     target,
     spec,
     labels,
     {
+      stopped: () => stoppedBy,
       ...packLines(out, spec.workdir),
       onUpload: (p) => out.progress(`uploading ${what} (${p.files} entries, ${formatBytes(p.bytes)} packed, bundle ${shortKey(p.hash)})`),
       onAlreadyThere: (p) => out.log.debug(`bundle ${shortKey(p.hash)} of ${what} is already on the server; not sent again`),
     },
     { sendWorkdir: opts.sendWorkdir },
-  );
+  ).finally(() => {
+    process.off("SIGINT", beforeSubmit);
+    process.off("SIGTERM", beforeSubmit);
+  });
   const id = submitted.id;
+  // A signal during the upload came after the last check: the job went in, so it is cancelled now.
+  if (stoppedBy && opts.detach) {
+    await requestCancel(target, id);
+    throw new UserError(`${stoppedBy}: job ${id} was cancelled as it was submitted`, ExitCode.cancelled);
+  }
   if (opts.detach) {
     out.result({ id, state: submitted.state, server: target.url }, () => id, true);
     return;
@@ -68,6 +82,7 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
   };
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
+  if (stoppedBy) onSignal(stoppedBy);
   const onTrouble = (m: string | null) => (m ? out.log.warn(m) : out.progress(`the server answers again; following job ${id}`));
   try {
     if (spec.tasks) await followTasks(target, id, out, onTrouble);
