@@ -69,4 +69,16 @@ describe("a remote job's requirements stay inside its bundle", () => {
     expect(() => ask([root])).toThrow(new UsageError(`--find-links: the find-links location ${root} is outside the job's bundle; a remote job reads only what it brought`));
     expect(ask([join(bundle, "sub")]).would).toBe("build");
   });
+
+  test("a file:// index outside the bundle, named by the request or a requirements file: refused; one inside is read", () => {
+    const home = join(root, "home");
+    const ask = (req: { indexUrl?: string; extraIndexUrls?: string[]; requirementsFile?: string }) =>
+      dryRunPrepare(homeLayout(home), { specs: req.requirementsFile ? [] : ["tqdm"], findLinks: [], extraIndexUrls: [], ...req, cwd: bundle, env: process.env, python: Bun.which("python3") ?? "python3", confineTo: bundle });
+    const outside = `the index: the file:// index ${root} is outside the job's bundle; a remote job reads only what it brought`;
+    expect(() => ask({ indexUrl: `file://${root}` })).toThrow(new UsageError(outside));
+    expect(() => ask({ extraIndexUrls: [`file://${root}`] })).toThrow(new UsageError(outside));
+    writeFileSync(join(bundle, "req-index.txt"), `--extra-index-url file://${root}\ntqdm\n`);
+    expect(() => ask({ requirementsFile: join(bundle, "req-index.txt") })).toThrow(new UsageError(outside));
+    expect(ask({ indexUrl: `file://${join(bundle, "sub")}` }).would).toBe("build");
+  });
 });

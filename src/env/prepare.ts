@@ -97,6 +97,12 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     return { path, digest: findLinksDigest(path, layout.digests, hooks.onHashing) };
   });
   const flags: FlagOptions = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: flagLinks };
+  // A file:// index is a folder read like a find-links one: in a remote request, inside the bundle too.
+  if (req.confineTo) {
+    for (const u of [req.indexUrl, ...req.extraIndexUrls, ...inputs.indexUrls]) {
+      if (u && /^file:/i.test(u)) confineTo(req.confineTo, resolve(req.cwd, decodeURIComponent(u.replace(/^file:(\/\/)?/i, ""))), "the index", "the file:// index");
+    }
+  }
   const fileIndexOptions = ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o));
   const isolated = Boolean(req.indexUrl || req.extraIndexUrls.length || req.findLinks.length || fileIndexOptions);
   const machine = isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests, onHashing: hooks.onHashing });
