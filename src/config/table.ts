@@ -53,7 +53,7 @@ export const SETTINGS = {
   "worker.slots": { env: "GPULAYER_WORKER_SLOTS", kind: count(1), defaultText: "the number of GPUs, at least 1", help: "jobs a worker runs at once" },
   "worker.drain": { env: "GPULAYER_WORKER_DRAIN_SECONDS", kind: duration, default: 30_000, help: "how long a stopping worker lets its jobs finish" },
   "worker.engine": { env: "GPULAYER_WORKER_ENGINE", kind: choice("auto", "none"), default: "auto", help: "none: the worker offers no container engine" },
-  "worker.run_as": { env: "GPULAYER_WORKER_RUN_AS", flag: "--run-as", kind: word, defaultText: "none: jobs run as the worker's own user", help: "a worker running as root runs every job (not its builds) as this OS user, so no job can read the worker's token, credential or home" },
+  "worker.run_as": { env: "GPULAYER_WORKER_RUN_AS", flag: "--run-as", kind: word, defaultText: "none: jobs run as the worker's own user", help: "a worker running as root runs every job's command (not its builds) as this OS user, so no job's command can read the worker's token, credential or home" },
   "worker.share_envs": { env: "GPULAYER_SHARE_ENVS", kind: boolean, default: true, help: "false: this worker neither uploads the envs it builds nor fetches other workers' (it trusts no other worker's build)" },
   "worker.offline": { env: "GPULAYER_OFFLINE", flag: "--offline", kind: boolean, default: false, help: "a worker without a package index: it never builds an env, only fetches the artifacts other workers built" },
   "worker.metrics_listen": { env: "GPULAYER_WORKER_METRICS_LISTEN", flag: "--metrics-listen", kind: word, defaultText: "none: no metrics served", help: "where a joined worker serves its own Prometheus metrics (HOST:PORT; no token: bind it to loopback or a private interface)" },
