@@ -334,5 +334,11 @@ describe("env prepare against the server", () => {
       if (req === "req-e.txt") expect(job.stderr).toMatch(/1\.0 \S*\/cluster\/bundles\/[0-9a-f]{64}\/fastpkg\/fastpkg\/__init__\.py/);
       expect(json(job.stdout).phases[0]).toMatchObject({ name: "task.prepare", cache: "hit" });
     }
+    // A build that fails on the worker is said once, naming the worker, with the exit code it gives.
+    const failed = await gpl(["job", "run", "--label", "zone=b", "-p", "nosuchpkg-gpl", "--index-url", index.url, "--", "true"], dir);
+    expect(failed.code).not.toBe(0);
+    const errors = failed.stderr.split("\n").filter((l) => l.startsWith("error:"));
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toStartWith("error: task.prepare failed on w3: ");
   }, T);
 });

@@ -84,13 +84,17 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
   process.on("SIGTERM", onSignal);
   if (stoppedBy) onSignal(stoppedBy);
   const onTrouble = (m: string | null) => (m ? out.log.warn(m) : out.progress(`the server answers again; following job ${id}`));
+  let preparedFailure: string | null = null;
   try {
     if (spec.tasks) await followTasks(target, id, out, onTrouble);
     else {
       for await (const u of followJob(target, id, { onTrouble })) {
         // With --json, stdout carries only the final document: the job's output goes to stderr.
         if (u.kind === "output") void (out.json || u.stream === "stderr" ? writeErr(u.data) : writeOut(u.data));
-        else printEvent(out, u);
+        else {
+          if (u.type === "task.prepare.failed") preparedFailure = String(u.data.message ?? "");
+          printEvent(out, u);
+        }
       }
     }
   } finally {
@@ -107,7 +111,8 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
   }
   const run = status.phases.find((p) => p.name === "task.run");
   if (run?.seconds != null) out.progress(`task.run exit ${status.exit_code} in ${formatSeconds(run.seconds)} (job ${id} ${status.state} on ${status.worker})`);
-  else if (status.error) out.log.error(`job ${id} ${status.state}: ${status.error}`);
+  // A failed build was said as it happened, naming the worker: not a second time.
+  else if (status.error && status.error !== preparedFailure) out.log.error(`job ${id} ${status.state}: ${status.error}`);
   if (out.json) out.result(status, () => "");
   const code = exitCodeOf(status);
   if (code !== 0) throw new ExitError(code);
