@@ -119,5 +119,12 @@ describe("packing", () => {
     expect(() => listWorkdir(outer)).toThrow(/gpulayer home at h /);
     writeFileSync(join(outer, ".gpulayerignore"), "h/\n");
     expect(listWorkdir(outer).entries).toEqual([".gpulayerignore"]);
+    // A server's home without a token file (started with --token), a worker's with its outbox but no identity yet.
+    for (const mark of ["server/server.db", "cluster/outbox.db"]) {
+      const other = join(boxes.client.root, `home-by-${mark.replace("/", "-")}`);
+      mkdirSync(join(other, "x", mark, ".."), { recursive: true });
+      writeFileSync(join(other, "x", mark), "db");
+      expect(() => listWorkdir(other)).toThrow(new RegExp(`gpulayer home at x \\(it has ${mark.replace(".", "\\.")}\\)`));
+    }
   });
 });

@@ -54,8 +54,11 @@ function ignored(rules: Rule[], rel: string, isDir: boolean): boolean {
   return verdict(rules, rel, isDir) === "ignored";
 }
 
-/** What marks a gpulayer home (its token, identity, environments and job databases): never packed. */
-const HOME_MARKS: string[][] = [["envs-v1", "jobs"], ["server/token"], ["cluster/identity"]];
+/**
+ * What marks a gpulayer home (its token, identity, environments and job databases): never packed. A server started
+ * with --token keeps no token file but its database; a worker that never registered has its outbox.
+ */
+const HOME_MARKS: string[][] = [["envs-v1", "jobs"], ["server/token"], ["server/server.db"], ["cluster/identity"], ["cluster/outbox.db"]];
 
 /** The mark of a gpulayer home in `absDir` that the rules would send, or null. */
 function homeMark(absDir: string, relDir: string, rules: Rule[]): string | null {
