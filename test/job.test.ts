@@ -107,8 +107,10 @@ describe("job run", () => {
     expect(r.code).toBe(0);
     const id = r.stdout.trim();
     expect(id).toMatch(/^[0-9a-f]{16}$/);
-    for (let i = 0; i < 200 && !existsSync(pidFile); i++) await Bun.sleep(50);
-    const childPid = Number(readFileSync(pidFile, "utf8"));
+    // The shell makes the file before echo writes the pid into it: wait for the pid itself.
+    const pidIn = () => (existsSync(pidFile) ? readFileSync(pidFile, "utf8").trim() : "");
+    for (let i = 0; i < 200 && !pidIn(); i++) await Bun.sleep(50);
+    const childPid = Number(pidIn());
     expect(isRunning(childPid)).toBe(true);
     // While it runs, the job holds a lease on its env.
     const leases = readdirSync(join(box.home, "leases", "env"));
