@@ -1,5 +1,5 @@
-import { readdirSync, readFileSync, rmSync } from "node:fs";
-import { mayBeRunning } from "../core/process-identity.ts";
+import { readFileSync, rmSync } from "node:fs";
+import { namesOfDeadOwners } from "../core/dead-owners.ts";
 import { tmpdir } from "node:os";
 import { isAbsolute, join, relative, sep } from "node:path";
 import { type BundleLimits, type PackProgress, type PackResult, packWorkdir } from "./bundle.ts";
@@ -20,16 +20,7 @@ export function packTemp(root: string, limits: BundleLimits, onProgress?: (p: Pa
 
 /** What a client killed mid-way (SIGKILL) left of its bundle: removed by the next one, once that process is gone. */
 function removeDeadPacks(dir: string): void {
-  let names: string[];
-  try {
-    names = readdirSync(dir);
-  } catch {
-    return;
-  }
-  for (const name of names) {
-    const pid = Number(/^gpulayer-bundle-(\d+)-\d+-[0-9a-f]+\.tar\.gz$/.exec(name)?.[1] ?? 0);
-    if (pid && pid !== process.pid && !mayBeRunning({ pid, start: null, boot: null })) rmSync(join(dir, name), { force: true });
-  }
+  for (const name of namesOfDeadOwners(dir, /^gpulayer-bundle-(\d+)-\d+-[0-9a-f]+\.tar\.gz$/)) rmSync(join(dir, name), { force: true });
 }
 
 /** A client path as the worker will see it: relative to the bundle's root, which it must be inside and part of. */

@@ -2,6 +2,7 @@ import { readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { diskUsage } from "../env/store.ts";
+import { namesOfDeadOwners } from "../core/dead-owners.ts";
 
 /**
  * Trash items are named `<id>.<pid>.<ms>` by whoever renamed them there
@@ -74,15 +75,7 @@ const LOCK_LEFTOVER = /\.lock\.(\d+)-[a-z0-9]+\.(tmp|stale|released)$/;
 
 /** What a lock's maker left when it died (or its disk filled) mid-way: never a lock, only its remains. */
 function sweepLockLeftovers(layout: HomeLayout, dryRun: boolean, report: TrashReport): void {
-  let names: string[];
-  try {
-    names = readdirSync(layout.locks);
-  } catch {
-    return;
-  }
-  for (const name of names) {
-    const m = LOCK_LEFTOVER.exec(name);
-    if (!m || (Number(m[1]) !== process.pid && pidAlive(Number(m[1])))) continue;
+  for (const name of namesOfDeadOwners(layout.locks, LOCK_LEFTOVER)) {
     const path = join(layout.locks, name);
     const size = diskUsage(path);
     if (!dryRun) rmSync(path, { recursive: true, force: true });

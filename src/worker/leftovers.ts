@@ -1,4 +1,5 @@
-import { readdirSync, rmSync } from "node:fs";
+import { rmSync } from "node:fs";
+import { namesOfDeadOwners } from "../core/dead-owners.ts";
 import { dirname, join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { endJobProcesses, jobProcesses } from "../core/job-processes.ts";
@@ -40,14 +41,5 @@ export async function endLeftovers(layout: HomeLayout, graceMs: number, keepWork
 
 /** A download or unpack a killed worker left half-done (`NAME.PID.UUID.tmp`): removed once its process is gone. */
 function sweepDeadTemps(dir: string): void {
-  let names: string[];
-  try {
-    names = readdirSync(dir);
-  } catch {
-    return;
-  }
-  for (const name of names) {
-    const pid = Number(/\.(\d+)\.[0-9a-f-]{36}\.tmp$/.exec(name)?.[1] ?? 0);
-    if (pid && !mayBeRunning({ pid, start: null, boot: null })) rmSync(join(dir, name), { recursive: true, force: true });
-  }
+  for (const name of namesOfDeadOwners(dir, /\.(\d+)\.[0-9a-f-]{36}\.tmp$/)) rmSync(join(dir, name), { recursive: true, force: true });
 }
