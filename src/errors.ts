@@ -88,6 +88,11 @@ export class PythonProblem extends UsageError {
   }
 }
 
+/** The exit code a job's end passes on (`job run`, `job logs --follow`, here or remote): its own, else 0 for a success and 1 for anything else. */
+export function jobEndCode(exitCode: number | null, state: string): number {
+  return exitCode ?? (state === "succeeded" ? ExitCode.ok : ExitCode.failed);
+}
+
 /** ENOSPC or EDQUOT when `error` is a system call's failure for want of space; null otherwise. */
 export function noSpaceCode(error: unknown): keyof typeof NO_SPACE | null {
   const code = (error as NodeJS.ErrnoException | null)?.code;

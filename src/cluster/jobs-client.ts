@@ -6,7 +6,7 @@ import { isUrl } from "../env/request.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
-import { ExitCode, HttpError, UsageError, UserError } from "../errors.ts";
+import { ExitCode, HttpError, jobEndCode, UsageError, UserError } from "../errors.ts";
 import { FINAL_JOB_STATES, type RemoteJobStatus, type RemoteSpec, type SubmitRequest, type SubmitResponse, type WatchResponse } from "./protocol.ts";
 import { inBundle, packTemp, postWithBundle, type UploadHooks } from "./upload.ts";
 
@@ -212,5 +212,5 @@ export async function cancelJob(target: RemoteTarget, id: string, graceMs = targ
 
 /** The exit code `job run` passes on: the job's own, else 0 for a success and 1 for anything else. */
 export function exitCodeOf(status: { exit_code: number | null; state: string }): number {
-  return status.exit_code ?? (status.state === "succeeded" ? 0 : 1);
+  return jobEndCode(status.exit_code, status.state);
 }

@@ -18,7 +18,7 @@ export interface SettingRow {
 }
 
 /** `saved`: what `join --python` saved, and where: the effective `python` when no flag, variable or file sets one. */
-export function settingsReport(settings: ResolvedSettings, saved: { python?: string; file: string } = { file: "" }): SettingRow[] {
+export function settingsReport(settings: ResolvedSettings, saved: { python?: string; file: string }): SettingRow[] {
   return SETTING_NAMES.map((name) => {
     const def = SETTINGS[name] as SettingDef<unknown>;
     const value = (settings.values as Record<string, unknown>)[name];

@@ -70,6 +70,16 @@ export interface PrepareResult {
 }
 
 /** From a request to its key: stats, readdirs and a hash; no Python is started on the warm path (a wrapper script aside). */
+/** A file:// URL's path, %-escapes undone where they are well formed (else as written: confined either way). */
+function fileUrlPath(url: string): string {
+  const path = url.replace(/^file:(\/\/)?/i, "");
+  try {
+    return decodeURIComponent(path);
+  } catch {
+    return path;
+  }
+}
+
 /** A problem with the Python, named as the request named it (GPULAYER_PYTHON, a job file's environment.python, ...). */
 function namedBy<T>(req: PrepareRequest, probe: () => T): T {
   try {
@@ -100,7 +110,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
   // A file:// index is a folder read like a find-links one: in a remote request, inside the bundle too.
   if (req.confineTo) {
     for (const u of [req.indexUrl, ...req.extraIndexUrls, ...inputs.indexUrls]) {
-      if (u && /^file:/i.test(u)) confineTo(req.confineTo, resolve(req.cwd, decodeURIComponent(u.replace(/^file:(\/\/)?/i, ""))), "the index", "the file:// index");
+      if (u && /^file:/i.test(u)) confineTo(req.confineTo, resolve(req.cwd, fileUrlPath(u)), "the index", "the file:// index");
     }
   }
   const fileIndexOptions = ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o));

@@ -17,6 +17,11 @@ export interface EnvironmentSource {
 /** `https://host/wheels`, `file:///srv/wheels`: kept as written; anything else is a path. */
 export const isUrl = (text: string): boolean => /^[a-z][a-z0-9+.-]*:\/\//i.test(text);
 
+/** How messages name the Python a request runs: where it was named (a flag, unless said), else where the default came from. */
+export function pythonOriginOf(asked: { python?: string; pythonOrigin?: string }, defaultOrigin: string | undefined): string | undefined {
+  return asked.python !== undefined ? (asked.pythonOrigin ?? "--python") : defaultOrigin;
+}
+
 /**
  * An environment request as every caller must see it (local `job run`, `env
  * prepare`, a job file, a worker's task): one rule for each field. Relative
@@ -29,7 +34,7 @@ export const isUrl = (text: string): boolean => /^[a-z][a-z0-9+.-]*:\/\//i.test(
 export function environmentRequest(asked: EnvironmentSource, base: string, defaultPython?: string, defaultOrigin?: string): EnvironmentSource {
   const path = (p: string) => (isAbsolute(p) ? p : resolve(base, p));
   const python = asked.python ?? defaultPython;
-  const pythonOrigin = asked.python !== undefined ? (asked.pythonOrigin ?? "--python") : defaultPython !== undefined ? defaultOrigin : undefined;
+  const pythonOrigin = pythonOriginOf(asked, defaultPython !== undefined ? defaultOrigin : undefined);
   // A conda environment names the base interpreter itself: the default Python does not apply to it.
   const basePython = asked.conda === undefined ? python : asked.python;
   return {

@@ -3,8 +3,8 @@ import { reconcile } from "./detach.ts";
 import { FINAL_STATES, type JobRecord, type JobStore } from "./store.ts";
 import { sleep } from "../core/sleep.ts";
 
-/** Read a job's log from the start; with follow, keep reading until the job has ended and the log is drained (then its record). */
-export async function followLog(store: JobStore, id: string, follow: boolean, write: (chunk: Uint8Array) => void): Promise<JobRecord | null> {
+/** Read a job's log from the start; with follow, keep reading until the job has ended and the log is drained. */
+export async function followLog(store: JobStore, id: string, follow: boolean, write: (chunk: Uint8Array) => void): Promise<void> {
   const path = store.logPath(id);
   let offset = 0;
   const buf = new Uint8Array(64 * 1024);
@@ -23,11 +23,11 @@ export async function followLog(store: JobStore, id: string, follow: boolean, wr
     }
   };
   drain();
-  if (!follow) return null;
+  if (!follow) return;
   for (;;) {
     const job = reconcile(store, store.get(id)!);
     drain();
-    if (FINAL_STATES.includes(job.state)) return job;
+    if (FINAL_STATES.includes(job.state)) return;
     await sleep(100);
   }
 }
@@ -40,6 +40,3 @@ export async function jobEnd(store: JobStore, id: string): Promise<JobRecord> {
     await sleep(100);
   }
 }
-
-/** The exit code a follower passes on, as `job run` does: the job's own, else 0 for a success and 1 for anything else. */
-export const endCode = (job: JobRecord): number => job.exitCode ?? (job.state === "succeeded" ? 0 : 1);

@@ -2,6 +2,7 @@ import { closeSync, openSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { endJobProcesses } from "../core/job-processes.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
+import { pythonOriginOf } from "../env/request.ts";
 import { jobArgv, type RunAs, runAsEnv } from "./run-as.ts";
 import { type Watchdog, watchJob } from "./watchdog.ts";
 import type { HomeLayout } from "../config/paths.ts";
@@ -87,7 +88,7 @@ export function envRequestOf(spec: JobSpec, settings: RunnerSettings): PrepareRe
     specs: spec.environment.specs,
     // A conda environment is the base interpreter itself: the default Python is for requests that name neither.
     python: spec.environment.conda === undefined ? (spec.environment.python ?? settings.defaultPython) : spec.environment.python,
-    pythonOrigin: spec.environment.python !== undefined ? (spec.environment.pythonOrigin ?? "--python") : settings.defaultPythonOrigin,
+    pythonOrigin: pythonOriginOf(spec.environment, settings.defaultPythonOrigin),
     ...(spec.environment.conda === undefined ? {} : { conda: spec.environment.conda }),
     indexUrl: spec.environment.indexUrl,
     extraIndexUrls: spec.environment.extraIndexUrls,

@@ -238,14 +238,15 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
     let bundleLease: Lease | undefined;
     const empty = clusterDir(ctx, "work", `prepare-${task.id}`);
     try {
-      // No bundle: an empty folder of the task's own, so a relative path in the request reaches nothing of the worker's.
       let cwd = empty;
-      rmSync(cwd, { recursive: true, force: true });
-      mkdirSync(cwd, { recursive: true });
       if (task.bundle) {
         const copy = await useBundle(ctx, task.bundle, `prepare task ${task.id}`);
         bundleLease = copy.lease;
         cwd = copy.dir;
+      } else {
+        // No bundle: an empty folder of the task's own, so a relative path in the request reaches nothing of the worker's.
+        rmSync(cwd, { recursive: true, force: true });
+        mkdirSync(cwd, { recursive: true });
       }
       let result: PrepareTaskResult;
       if (req.image) {

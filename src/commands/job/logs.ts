@@ -1,11 +1,11 @@
 import { defineCommand } from "citty";
 import { commandContext } from "../_context.ts";
-import { endCode, followLog, jobEnd } from "../../jobs/logs.ts";
+import { followLog, jobEnd } from "../../jobs/logs.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { rejectUnknownFlags, serverArgs } from "../_args.ts";
 import { writeOut, writeErr } from "../../ui/terminal.ts";
-import { ExitError, UsageError } from "../../errors.ts";
+import { ExitError, jobEndCode, UsageError } from "../../errors.ts";
 import { prefixedLines } from "../_tasks-ui.ts";
 
 const args = {
@@ -33,13 +33,12 @@ export default defineCommand({
     const store = new JobStore(ctx.layout, { readOnly: true });
     const job = store.find(a.id);
     const tasks = store.tasks(job.id);
+    let followed = job.id;
     if (a.task !== undefined) {
       const task = tasks.find((t) => t.task === a.task);
       if (!task) throw new UsageError(tasks.length ? `job ${job.id} has no task ${a.task} (tasks: ${tasks.map((t) => t.task).join(", ")})` : `--task: job ${job.id} is not a job of tasks`);
-      const ended = await followLog(store, task.id, Boolean(a.follow), (chunk) => writeOut(chunk));
-      store.close();
-      if (ended && endCode(ended) !== 0) throw new ExitError(endCode(ended));
-      return;
+      await followLog(store, task.id, Boolean(a.follow), (chunk) => writeOut(chunk));
+      followed = task.id;
     } else if (tasks.length) {
       // Each task's log, each line with its name: one after another, or (--follow) all at once as their lines come.
       const read = async (t: (typeof tasks)[number]) => {
@@ -51,7 +50,7 @@ export default defineCommand({
       else for (const t of tasks) await read(t);
     } else await followLog(store, job.id, Boolean(a.follow), (chunk) => writeOut(chunk));
     // Following, the job's true exit code is passed on, as `job run` passes it.
-    const code = a.follow ? endCode(await jobEnd(store, job.id)) : 0;
+    const code = a.follow ? await jobEnd(store, followed).then((j) => jobEndCode(j.exitCode, j.state)) : 0;
     store.close();
     if (code !== 0) throw new ExitError(code);
   },
