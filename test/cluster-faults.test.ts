@@ -103,3 +103,27 @@ async function run(withoutWatchdog: boolean): Promise<void> {
   wa.proc.kill("SIGTERM");
   await wa.proc.exited;
 }
+
+describe("a worker SIGKILLed and never started again", () => {
+  test("gc leaves a live worker's workdir, and removes the dead one's (a dry run only says so)", async () => {
+    const wa = startWorker();
+    await waitFor("wa to join", () => wa.out().includes("as wa"));
+    const mains = join(box.root, "mains-gc");
+    const id = (await gpl(["job", "run", "-d", "--label", "who=wa", "--", "sh", "-c", `echo $$ >> ${mains}; exec sleep 300`])).stdout.trim();
+    await waitFor("the job to start", () => lines(mains).length === 1);
+    everyPid.push(...lines(mains));
+    const home = join(box.root, "wa-home");
+    const workdir = join(home, "cluster", "work", `${id}-1`);
+    const gc = async (...args: string[]) => json((await cli(["gc", "--json", ...args], { env: { ...box.env, GPULAYER_HOME: home } })).stdout);
+    expect((await gc()).trash.finished).toBe(0);
+    expect(existsSync(workdir)).toBe(true);
+    wa.proc.kill("SIGKILL");
+    await wa.proc.exited;
+    await waitFor("the job's process to die with the agent", () => !alive(lines(mains)[0]!));
+    expect((await gc("--dry-run")).trash.finished).toBe(1);
+    expect(existsSync(workdir)).toBe(true);
+    expect((await gc()).trash.finished).toBe(1);
+    expect(existsSync(workdir)).toBe(false);
+    await gpl(["job", "cancel", id]);
+  }, T);
+});

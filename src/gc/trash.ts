@@ -3,6 +3,7 @@ import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { diskUsage } from "../env/store.ts";
 import { namesOfDeadOwners } from "../core/dead-owners.ts";
+import { leftWorkdirs } from "./workdirs.ts";
 
 /**
  * Trash items are named `<id>.<pid>.<ms>` by whoever renamed them there
@@ -46,6 +47,7 @@ export interface TrashReport {
 export function sweepTrash(layout: HomeLayout, opts: { dryRun: boolean; now?: number }): TrashReport {
   const report: TrashReport = { finished: 0, freedBytes: 0 };
   sweepLockLeftovers(layout, opts.dryRun, report);
+  sweepLeftWorkdirs(layout, opts.dryRun, report);
   let names: string[];
   try {
     names = readdirSync(layout.trash);
@@ -79,6 +81,22 @@ function sweepLockLeftovers(layout: HomeLayout, dryRun: boolean, report: TrashRe
     const path = join(layout.locks, name);
     const size = diskUsage(path);
     if (!dryRun) rmSync(path, { recursive: true, force: true });
+    report.finished++;
+    report.freedBytes += size;
+  }
+}
+
+/** A killed worker's jobs' workdirs, whose deletion its tasks never reached (workdirs.ts says which). */
+function sweepLeftWorkdirs(layout: HomeLayout, dryRun: boolean, report: TrashReport): void {
+  for (const path of leftWorkdirs(layout)) {
+    const size = diskUsage(path);
+    if (!dryRun) {
+      try {
+        rmSync(path, { recursive: true, force: true });
+      } catch {
+        continue; // a permission problem: next gc tries again
+      }
+    }
     report.finished++;
     report.freedBytes += size;
   }
