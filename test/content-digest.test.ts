@@ -1,7 +1,8 @@
 import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { folderDigest, treeDigest } from "../src/env/content-digest.ts";
+import { folderDigest } from "../src/env/content-digest.ts";
+import { treeDigest } from "../src/env/tree-digest.ts";
 import { fileContentHash } from "../src/core/hashing.ts";
 import { tempDir } from "./helpers.ts";
 
@@ -23,6 +24,15 @@ const SECOND = 1_600_000_000;
 
 /** A clock well past every file's last change: the kept answers are trusted (not "racily clean"). */
 const later = () => Date.now() + 60_000;
+
+/**
+ * Longer than a kernel's coarsest file-time tick (10 ms at HZ=100): a change made
+ * this long after a digest has a new mtime on any kernel. The later clock says
+ * the files settled long ago; on a kernel without fine-grained file times a
+ * change in the same tick would go unseen, as it would in a real run within
+ * RACY_MS, which is why a real run keeps nothing that recent.
+ */
+const TICK_MS = 20;
 
 function project(name: string): string {
   const root = join(world, name);
@@ -73,6 +83,7 @@ describe("a project folder's digest, kept between runs", () => {
       symlinkSync("../a.txt", join(root, "pkg", "link.txt"));
       const cacheDir = join(world, `cache-change-${n}`);
       const before = treeDigest(root, { editable: false, cacheDir, now: later });
+      Bun.sleepSync(TICK_MS);
       change(root);
       const after = treeDigest(root, { editable: false, cacheDir, now: later });
       expect(after.digest).not.toBe(before.digest);
@@ -106,6 +117,85 @@ describe("a project folder's digest, kept between runs", () => {
     // Editable and not are kept apart: the same folder as a plain project counts the module by content.
     expect(treeDigest(root, { editable: false, cacheDir, now: later }).digest).not.toBe(treeDigest(root, { editable: true, cacheDir, now: later }).digest);
   });
+});
+
+describe("the kept answer: the paths a walk went by, stat'ed again, against a fresh walk", () => {
+  /**
+   * One project, changed step by step as users and builds change theirs; after
+   * each step the answer from the kept summary (a stat per path, no listing) must
+   * be what a walk with no cache at all gives, for a plain and an editable install.
+   */
+  const outside = join(world, "kept-outside");
+  const hop = join(world, "kept-hop");
+  const steps: [string, boolean, (root: string) => void][] = [
+    ["nothing", false, () => {}],
+    ["a file added two folders down", true, (root) => {
+      mkdirSync(join(root, "pkg", "data", "deep", "er"), { recursive: true });
+      writeFileSync(join(root, "pkg", "data", "deep", "er", "new.txt"), "new\n");
+    }],
+    ["a file added in an ignored folder outside packages", false, (root) => writeFileSync(join(root, "assets", "cache", "x.bin"), "x\n")],
+    ["an ignored folder in a package made a package itself (setuptools installs it)", true, (root) => writeFileSync(join(root, "pkg", "cache", "__init__.py"), "")],
+    ["a .gitignore edited: ignored files come back", true, (root) => writeFileSync(join(root, ".gitignore"), "cache/\n")],
+    ["a dangling link's target made", true, () => writeFileSync(join(world, "kept-nowhere.txt"), "here\n")],
+    ["a file added in a linked folder outside the project", true, () => writeFileSync(join(outside, "more.csv"), "3\n")],
+    ["a folder replaced by a file of its name", true, (root) => {
+      rmSync(join(root, "assets", "sub"), { recursive: true });
+      writeFileSync(join(root, "assets", "sub"), "now a file\n");
+    }],
+    ["a link outside that a loop went through pointed at a folder with files", true, () => {
+      rmSync(hop);
+      symlinkSync(outside, hop);
+    }],
+    ["setuptools' build folder given a file of the user's", true, (root) => writeFileSync(join(root, "build", "notes.txt"), "n\n")],
+    ["a file's content, its size and mtime kept", true, (root) => {
+      const file = join(root, "pkg", "data", "f7.txt");
+      writeFileSync(file, "FILE 7\n");
+      utimesSync(file, SECOND, SECOND);
+    }],
+    ["a .gitignore that ignores itself, edited", true, (root) => {
+      writeFileSync(join(root, "assets", ".gitignore"), ".gitignore\n*.tmp\n");
+      Bun.sleepSync(TICK_MS);
+      writeFileSync(join(root, "assets", ".gitignore"), ".gitignore\n");
+    }],
+  ];
+  for (const editable of [false, true]) {
+    test(`${editable ? "editable" : "plain"}: after every change the kept answer is the fresh one, and a change is seen`, () => {
+      const root = project(`kept-${editable}`);
+      rmSync(outside, { recursive: true, force: true });
+      rmSync(join(world, "kept-nowhere.txt"), { force: true });
+      mkdirSync(outside);
+      writeFileSync(join(outside, "table.csv"), "1\n");
+      writeFileSync(join(root, ".gitignore"), "cache/\n*.tmp\n");
+      mkdirSync(join(root, "assets", "cache"), { recursive: true });
+      mkdirSync(join(root, "assets", "sub"));
+      writeFileSync(join(root, "assets", "sub", "a.txt"), "a\n");
+      writeFileSync(join(root, "assets", "x.tmp"), "t\n");
+      mkdirSync(join(root, "pkg", "cache"));
+      writeFileSync(join(root, "pkg", "cache", "blob.py"), "B = 1\n");
+      mkdirSync(join(root, "build", "lib"), { recursive: true });
+      symlinkSync(join(world, "kept-nowhere.txt"), join(root, "pkg", "dangling.txt"));
+      symlinkSync(outside, join(root, "pkg", "linked"));
+      rmSync(hop, { force: true });
+      symlinkSync(root, hop);
+      symlinkSync(hop, join(root, "assets", "loop")); // a loop, through a link outside the project
+      writeFileSync(join(root, "assets", ".gitignore"), ".gitignore\n*.tmp\n");
+      const cacheDir = join(world, `cache-kept-${editable}`);
+      const fresh = () => treeDigest(root, { editable, cacheDir: null });
+      const kept = () => treeDigest(root, { editable, cacheDir, now: later });
+      let before = kept();
+      expect(before).toEqual(fresh());
+      expect(readdirSync(cacheDir).length).toBe(2); // the per-file cache and the summary
+      for (const [what, changes, change] of steps) {
+        Bun.sleepSync(TICK_MS);
+        change(root);
+        const after = kept();
+        expect({ what, after }).toEqual({ what, after: fresh() });
+        if (changes) expect({ what, changed: after.digest !== before.digest }).toEqual({ what, changed: true });
+        else expect({ what, digest: after.digest }).toEqual({ what, digest: before.digest });
+        before = after;
+      }
+    });
+  }
 });
 
 describe("an editable project's listing (entry types from the folder, a stat only where one is needed)", () => {

@@ -1,0 +1,329 @@
+import { mkdirSync, readdirSync, readFileSync, realpathSync, type Stats, statSync } from "node:fs";
+import { join, relative } from "node:path";
+import type { Ignore } from "ignore";
+import { writeFileAtomic } from "../core/atomic.ts";
+import { contentHash } from "../core/hashing.ts";
+import { DigestCache, type OnHashing, RACY_MS } from "./content-digest.ts";
+
+/**
+ * A project folder by everything a fresh install reads: every file, symlinks
+ * followed, except VCS metadata, what the project's .gitignore files exclude,
+ * bytecode, egg-info and setuptools' own build output.
+ *
+ * The warm path is a stat per file and per folder, and nothing else: a walk
+ * records every path whose state it went by (each folder it listed, each file
+ * it counted or read, each name it found missing), with that state, and the
+ * next run stats the same paths in the same order. When each is what it was,
+ * and all had settled (older than RACY_MS), the tree is the one digested:
+ * a folder's listing cannot change without its mtime moving (POSIX: creating,
+ * removing or renaming an entry updates the parent folder), which is what
+ * git's untracked cache rests on, and a file's content not without its
+ * ctime moving. Only a change walks the tree again and reads the per-file cache.
+ */
+
+export interface TreeOptions {
+  /** An editable install serves pure-Python sources inside its packages live: an edit there needs no rebuild. */
+  editable: boolean;
+  cacheDir: string | null;
+  /** The clock that says whether a file is settled (RACY_MS); injected by tests. */
+  now?: () => number;
+  onHashing?: OnHashing;
+}
+
+export interface TreeDigest {
+  digest: string;
+  files: number;
+}
+
+/** What a walk went by, kept for the next run: the paths (relative to the root, "" for the root), their state's hash. */
+interface Summary extends TreeDigest {
+  identity: string;
+  paths: string[];
+}
+
+/** Bumped when what a summary holds changes: an older one is then not read. */
+const SUMMARY_FORMAT = "tree-summary-v3";
+
+export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
+  const now = opts.now ?? Date.now;
+  const summaryFile = opts.cacheDir ? join(opts.cacheDir, `${contentHash(`${SUMMARY_FORMAT}:${opts.editable}:${root}`).slice(0, 32)}.tree`) : null;
+  const kept = summaryFile ? readSummary(summaryFile) : null;
+  if (kept && kept.identity === identityNow(root, kept.paths)) return { digest: kept.digest, files: kept.files };
+
+  const cache = new DigestCache(opts.cacheDir, `tree:${root}`, now, opts.onHashing);
+  const walked = walkTree(root, opts.editable);
+  // Hashed once at the end: one update per file costs more than the stat.
+  const parts: string[] = [];
+  let files = 0;
+  for (const item of walked.items) {
+    if (item.kind !== "file") parts.push(item.kind, item.relPath);
+    else {
+      parts.push("file", item.relPath, cache.digest(item.path, item.stat!, item.relPath));
+      files++;
+    }
+  }
+  cache.save();
+  const result = { digest: contentHash(parts.join("\0")), files };
+  // States taken before their content was read: a change after that shows next time. Kept only once all have settled.
+  if (summaryFile && walked.keepable && now() - newestChange(walked.seen) > RACY_MS) {
+    const paths = walked.seen.map((s) => s.relPath);
+    const numbers = new Float64Array(paths.length * 5);
+    walked.seen.forEach((s, i) => putState(numbers, i, s.stat));
+    try {
+      mkdirSync(opts.cacheDir!, { recursive: true });
+      writeFileAtomic(summaryFile, summaryText({ identity: identityOf(paths, numbers), ...result, paths }));
+    } catch {
+      // not kept: the next run walks the tree
+    }
+  }
+  return result;
+}
+
+/**
+ * The summary file: a JSON line (identity, digest, files), then the paths joined
+ * by NUL, which no file name holds: read on every warm run, and a third of the
+ * time of the same as one JSON document.
+ */
+function readSummary(file: string): Summary | null {
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch {
+    return null; // none yet: walked below
+  }
+  const newline = text.indexOf("\n");
+  try {
+    const head = JSON.parse(text.slice(0, newline)) as Omit<Summary, "paths">;
+    if (newline < 0 || typeof head.identity !== "string") return null;
+    return { ...head, paths: text.slice(newline + 1).split("\0") };
+  } catch {
+    return null;
+  }
+}
+
+function summaryText(summary: Summary): string {
+  const { paths, ...head } = summary;
+  return `${JSON.stringify(head)}\n${paths.join("\0")}`;
+}
+
+/** The state of the paths a walk went by, as they are now; null when one cannot be read (the walk then says why). */
+function identityNow(root: string, paths: string[]): string | null {
+  const numbers = new Float64Array(paths.length * 5);
+  for (let i = 0; i < paths.length; i++) {
+    const rel = paths[i]!;
+    try {
+      putState(numbers, i, statFollowing(rel ? `${root}/${rel}` : root));
+    } catch {
+      return null;
+    }
+  }
+  return identityOf(paths, numbers);
+}
+
+/** size, mtime, ctime, inode, device of each path (NaN for one that is missing), as raw doubles: formatting them as text would cost more than the stats. */
+function putState(numbers: Float64Array, i: number, st: Stats | null): void {
+  const at = i * 5;
+  if (!st) {
+    numbers[at] = Number.NaN;
+    return;
+  }
+  numbers[at] = st.size;
+  numbers[at + 1] = st.mtimeMs;
+  numbers[at + 2] = st.ctimeMs;
+  numbers[at + 3] = st.ino;
+  numbers[at + 4] = st.dev;
+}
+
+function identityOf(paths: string[], numbers: Float64Array): string {
+  const hasher = new Bun.CryptoHasher("sha256");
+  hasher.update(paths.join("\0"));
+  hasher.update(numbers);
+  return hasher.digest("hex");
+}
+
+function newestChange(seen: Seen[]): number {
+  let newest = 0;
+  for (const { stat } of seen) if (stat) newest = Math.max(newest, stat.mtimeMs, stat.ctimeMs);
+  return newest;
+}
+
+/** stat(2), or null for a path that is not there (a dangling link); without an options object, which costs Bun's statSync a tenth more per file. */
+function statFollowing(path: string): Stats | null {
+  try {
+    return statSync(path);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
+    throw error;
+  }
+}
+
+interface TreeItem {
+  /** file: by content; live: served by an editable's live link, by name; dangling: a symlink to nothing. */
+  kind: "file" | "live" | "dangling";
+  relPath: string;
+  path: string;
+  stat: Stats | null;
+}
+
+/** A path the walk went by, and its state then (null: not there). */
+interface Seen {
+  relPath: string;
+  stat: Stats | null;
+}
+
+interface Walked {
+  items: TreeItem[];
+  seen: Seen[];
+  /** False when the walk went by something it cannot state again (an unreadable path): no summary is kept. */
+  keepable: boolean;
+}
+
+/** Version-control metadata and what builds and imports write into a project: never read by a fresh install. */
+const NEVER_READ_DIRS = new Set([".git", ".hg", ".svn", ".bzr", "__pycache__"]);
+/** setuptools' in-tree build folder (build/lib, build/temp.linux-x86_64-cpython-311, ...): its output, not its input. */
+const SETUPTOOLS_BUILD_ENTRY = /^(lib|temp|bdist|scripts)([.-].+)?$/;
+
+/** What compilers and linkers write: in a package folder, an ignored one is a build's output, not its input. */
+const NATIVE_OUTPUT = /\.(so|pyd|dylib|dll|o|obj|a|lib)$|\.so\.\d/i;
+
+/** Modules a build reads for metadata, whatever the backend: versions and abouts, and each package's __init__.py (flit's docstring and __version__). */
+const METADATA_MODULE = /^(__init__|_*version_*|_*about_*)\.py$/i;
+
+/** The files an editable project's build configuration is read from (modulesBuildReads). */
+const BUILD_CONFIG_FILES = ["pyproject.toml", "setup.cfg", "setup.py"];
+
+/**
+ * The modules an editable project's build configuration names (setuptools'
+ * `attr:`, hatch's version `path`, any `*.py` a setup.py opens), by path
+ * relative to the project: a build reads them, so they count by content
+ * even where the live link serves them. Read conservatively: a name too many
+ * costs a rebuild, a name missed a stale env.
+ */
+function modulesBuildReads(root: string, see: (relPath: string) => Stats | null): Set<string> {
+  const named = new Set<string>();
+  for (const file of BUILD_CONFIG_FILES) {
+    if (!see(file)) continue;
+    let text: string;
+    try {
+      text = readFileSync(join(root, file), "utf8");
+    } catch {
+      continue;
+    }
+    for (const m of text.matchAll(/\battr\s*[:=]\s*["']?([A-Za-z_][\w.]*)/g)) {
+      const module = m[1]!.split(".").slice(0, -1).join("/");
+      if (!module) continue;
+      for (const base of ["", "src/"]) named.add(`${base}${module}.py`).add(`${base}${module}/__init__.py`);
+    }
+    for (const m of text.matchAll(/["']([^"'\s]+\.py)["']/g)) named.add(m[1]!.replace(/^\.\//, ""));
+  }
+  return named;
+}
+
+/** What a fresh install of the project reads, in a stable order (the files, and the names that count by name only), and what the walk went by. */
+function walkTree(root: string, editable: boolean): Walked {
+  const items: TreeItem[] = [];
+  const seen: Seen[] = [];
+  let keepable = true;
+  /** A path's state, taken before what it holds is read, and kept for the next run's check. */
+  const see = (relPath: string): Stats | null => {
+    let stat: Stats | null;
+    try {
+      stat = statFollowing(relPath ? `${root}/${relPath}` : root);
+    } catch {
+      keepable = false;
+      stat = null;
+    }
+    seen.push({ relPath, stat });
+    return stat;
+  };
+  const seenDirs = new Set<string>();
+  const buildReads = editable ? modulesBuildReads(root, see) : new Set<string>();
+  // inPackage: inside a Python package folder, where setuptools installs what is there whatever .gitignore says
+  // (a generated module, data a test tracks): there ignore rules leave out only what it would not install.
+  const walk = (dir: string, rel: string, rules: { base: string; ig: Ignore }[], inPackage: boolean) => {
+    // Its listing's state (an entry added, removed or renamed moves its mtime), taken before it is read; for a link
+    // that closes a loop too: pointed elsewhere, it holds something.
+    see(rel);
+    let real: string;
+    try {
+      real = realpathSync(dir);
+    } catch {
+      return;
+    }
+    if (seenDirs.has(real)) return; // a symlink loop
+    seenDirs.add(real);
+    // An editable project's listing comes with entry types (d_type): there a folder, or a module the live link serves,
+    // needs no stat of its own. Elsewhere every file is stat'ed for its identity anyway, and types would cost more than
+    // they save. Names sorted by the engine's own sort (a comparator is called ~20,000 times for 2,000 names).
+    const typed = editable ? new Map(readdirSync(dir, { withFileTypes: true }).map((e) => [e.name, e])) : null;
+    const names = typed ? [...typed.keys()].sort() : readdirSync(dir).sort();
+    if (names.includes(".gitignore")) {
+      const ignoreFile = rel ? `${rel}/.gitignore` : ".gitignore";
+      see(ignoreFile);
+      try {
+        rules = [...rules, { base: dir, ig: newIgnore().add(readFileSync(join(dir, ".gitignore"), "utf8")) }];
+      } catch {
+        // an unreadable ignore file excludes nothing
+      }
+    }
+    const packageDir = inPackage || (dir !== root && names.includes("__init__.py"));
+    const isPackage = editable && dir !== root && names.includes("__init__.py");
+    for (const name of names) {
+      const entry = typed?.get(name);
+      const path = `${dir}/${name}`; // not join(): it normalises, and this runs per file
+      const relPath = rel ? `${rel}/${name}` : name;
+      // Follows symlinks: their target's content is what gets installed. Stat'ed now: an untyped listing's entry, a
+      // link, and one whose type the listing did not say (DT_UNKNOWN on some filesystems; a FIFO).
+      let stat: Stats | null | undefined;
+      if (!entry || entry.isSymbolicLink() || !(entry.isFile() || entry.isDirectory())) {
+        stat = statFollowing(path);
+        if (!stat) {
+          seen.push({ relPath, stat: null }); // a target that appears later makes it a file
+          items.push({ kind: "dangling", relPath, path, stat: null });
+          continue;
+        }
+      }
+      const isDir = stat ? stat.isDirectory() : entry!.isDirectory();
+      if (isDir && (NEVER_READ_DIRS.has(name) || name.endsWith(".egg-info"))) continue;
+      if (!isDir && (name.endsWith(".pyc") || name.endsWith(".pyo"))) continue;
+      if (isDir && dir === root && name === "build" && see(relPath) && readdirSync(path).every((e) => SETUPTOOLS_BUILD_ENTRY.test(e))) continue;
+      // In a package, ignore rules still leave out what setuptools would not install there: an ignored folder that is no
+      // package itself (node_modules, a tool's cache), and an ignored native library, an in-place build's output.
+      const installedAnyway = () => packageDir && (isDir ? see(`${relPath}/__init__.py`) !== null : !NATIVE_OUTPUT.test(name));
+      if (rules.length && !installedAnyway() && ignoredBy(rules, path, isDir)) continue;
+      if (isDir) {
+        walk(path, relPath, rules, packageDir);
+        continue;
+      }
+      if (!(stat ? stat.isFile() : entry!.isFile())) continue; // sockets, FIFOs: nothing an installer copies
+      // Served by the live link: its name counts, not its content; unless a build reads it (metadata, a version).
+      const live = isPackage && name.endsWith(".py") && !METADATA_MODULE.test(name) && !buildReads.has(relPath);
+      if (live) {
+        items.push({ kind: "live", relPath, path, stat: null });
+        continue;
+      }
+      stat ??= statFollowing(path);
+      seen.push({ relPath, stat });
+      // Gone since the listing: as a dangling link, by name (the next prepare sees the tree as it is then).
+      items.push(stat ? { kind: "file", relPath, path, stat } : { kind: "dangling", relPath, path, stat: null });
+    }
+  };
+  walk(root, "", [], false);
+  return { items, seen, keepable };
+}
+
+/** Loaded at the first .gitignore: a warm prepare without local projects never evaluates it. */
+function newIgnore(): Ignore {
+  return (require("ignore") as typeof import("ignore"))();
+}
+
+/** git's reading of nested .gitignore files: the deepest file with a rule for the path decides (a `!pattern` there re-includes it). */
+function ignoredBy(rules: { base: string; ig: Ignore }[], path: string, isDir: boolean): boolean {
+  for (let i = rules.length - 1; i >= 0; i--) {
+    const { base, ig } = rules[i]!;
+    const verdict = ig.test(relative(base, path) + (isDir ? "/" : ""));
+    if (verdict.ignored) return true;
+    if (verdict.unignored) return false;
+  }
+  return false;
+}
