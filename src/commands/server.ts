@@ -34,6 +34,16 @@ export default defineCommand({
     const settings = serverSettings(ctx.values);
     const token = serverToken(dir, ctx.values.token);
     const server = await startServer(dir, token.token, settings, (m) => out.log.info(m));
+    // Before the URL is printed: whoever starts a server waits for that line, and a SIGTERM that came before the
+    // handler would end the process without stopping the server (exit 143).
+    const stopped = new Promise<void>((resolve) => {
+      const stop = (signal: string) => {
+        out.progress(`${signal}: stopping the server`);
+        void server.stop().then(resolve);
+      };
+      process.once("SIGINT", () => stop("SIGINT"));
+      process.once("SIGTERM", () => stop("SIGTERM"));
+    });
     // 0.0.0.0 is where it listens, not an address to give others: name this host instead.
     const where = new URL(server.url);
     if (where.hostname === "0.0.0.0" || where.hostname === "[::]") where.hostname = hostname();
@@ -54,13 +64,6 @@ export default defineCommand({
     // Another replica cannot serve a bundle it cannot read: say so while it is cheap to fix.
     if (settings.database && !settings.files) out.log.warn(`bundles and env artifacts are kept in ${dir}, this machine's own folder: other replicas on ${server.database} cannot serve them; give every replica one shared folder with --files (GPULAYER_SERVER_FILES)`);
     out.progress(`worker lost after ${settings.lostSeconds} s without a heartbeat; jobs re-queued up to ${settings.maxAttempts} attempt(s)`);
-    await new Promise<void>((resolve) => {
-      const stop = (signal: string) => {
-        out.progress(`${signal}: stopping the server`);
-        void server.stop().then(resolve);
-      };
-      process.once("SIGINT", () => stop("SIGINT"));
-      process.once("SIGTERM", () => stop("SIGTERM"));
-    });
+    await stopped;
   },
 });
