@@ -200,21 +200,55 @@ describe.if(Boolean(UV))("the uv setting, with no uv on PATH", () => {
     }
   });
 
-  test("auto, the index the request's file names has no uv: pip builds and says pip found none", async () => {
+  test("auto, neither the index the request's file names nor the machine's has uv: pip builds and says where pip looked", async () => {
     const { index } = indexWith("idx-none");
+    const { index: machine } = indexWith("idx-none-machine");
     const s = sandbox();
     try {
-      // The index as the request's own file names it: pip download asks it too.
+      // The index as the request's own file names it: pip download asks it first, then the machine's pip configuration's.
       writeFileSync(join(s.root, "requirements.txt"), `--index-url ${index.url}\ntiny\n`);
-      const b = await prepare(s, ["requirements.txt", "--python", wPip], {});
+      const b = await prepare(s, ["requirements.txt", "--python", wPip], { PIP_INDEX_URL: machine.url });
       expect(b.code).toBe(0);
       expect(b.meta.installerPath).toBe("pip");
-      expect(b.meta.installerFallback).toStartWith(`uv is not on PATH and installing the pinned uv failed: pip download uv==${UV_VERSION}: `);
-      expect(b.meta.installerFallback).toContain(`uv==${UV_VERSION}`);
+      const reason: string = b.meta.installerFallback;
+      expect(reason).toStartWith(`uv is not on PATH and installing the pinned uv failed: pip download uv==${UV_VERSION}: from the request's index: `);
+      expect(reason).toContain("; from the machine's pip configuration: ");
+      expect(reason).toContain(`uv==${UV_VERSION}`);
       expect(index.asked("uv")).toBeGreaterThanOrEqual(1);
+      expect(machine.asked("uv")).toBeGreaterThanOrEqual(1);
+      // The build itself kept to the request's index: the machine's was asked for uv alone.
+      expect(machine.asked("tiny")).toBe(0);
       expect(pinnedLeft(s.home)).toEqual([]);
     } finally {
       index.stop();
+      machine.stop();
+      s.cleanup();
+    }
+  });
+
+  // Skipped only without a copy of the official wheel (see the test below); CI always has one.
+  test.skipIf(!OFFICIAL)("auto, a private --index-url without uv: the pinned uv comes from the machine's pip configuration, the build from the request's index", async () => {
+    const { index } = indexWith("idx-private");
+    const { index: machine } = indexWith("idx-machine-official", (dir) => {
+      const to = join(dir, basename(OFFICIAL!));
+      copyFileSync(OFFICIAL!, to);
+      return to;
+    });
+    const s = sandbox();
+    try {
+      const b = await prepare(s, ["-p", "tiny", "--index-url", index.url, "--python", wPip], { PIP_INDEX_URL: machine.url });
+      expect(b.code).toBe(0);
+      expect(b.meta.installerPath).toBe("uv (fast path)");
+      expect(b.meta.installer).toBe(`uv ${UV_VERSION} (fast path)`);
+      expect(b.meta.installerFallback).toBeNull();
+      expect(index.asked("uv")).toBeGreaterThanOrEqual(1);
+      expect(machine.asked("uv")).toBeGreaterThanOrEqual(1);
+      expect(machine.asked("tiny")).toBe(0);
+      expect(index.asked("tiny")).toBeGreaterThanOrEqual(1);
+      expect(pinnedLeft(s.home)).toEqual([`uv-${UV_VERSION}`]);
+    } finally {
+      index.stop();
+      machine.stop();
       s.cleanup();
     }
   });

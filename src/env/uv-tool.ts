@@ -10,10 +10,11 @@ import { resolveToolShim } from "./shims.ts";
 /**
  * The uv a build uses, by the `uv` setting: off, none; a path, that one;
  * auto, uv on PATH, else a pinned uv that gpulayer installs once into its
- * tools folder: pip (the build's interpreter's, with the machine's pip
- * configuration, or the request's index when it gives one) downloads the
- * official wheel, its sha256 is checked against the table below before
- * anything is unpacked, and only the `uv` binary is kept.
+ * tools folder: pip (the build's interpreter's) downloads the official wheel
+ * from the request's index when it names one, and from the index the
+ * machine's pip configuration names (its mirror, certificates, credentials)
+ * when it names none or that one has no uv; its sha256 is checked against
+ * the table below before anything is unpacked, and only the `uv` binary is kept.
  */
 
 /** The uv gpulayer installs when none is on PATH. */
@@ -77,7 +78,8 @@ async function lookUp(plan: UvPlan, env: Record<string, string>): Promise<UvFoun
   // Nothing of this build would run uv: no download for it.
   if (plan.installer === "pip" && plan.venvCreator === "venv") return { path: null, reason: NOT_ON_PATH };
   // Builds that would ask pip the same thing share one download; another index or pip config asks on its own.
-  const asked = JSON.stringify([plan.toolsDir, plan.interpreter.path, Object.entries(env).filter(([k]) => k.startsWith("PIP_")).sort()]);
+  const pipVariables = (e: Record<string, string | undefined>) => Object.entries(e).filter(([k]) => k.startsWith("PIP_")).sort();
+  const asked = JSON.stringify([plan.toolsDir, plan.interpreter.path, pipVariables(env), plan.isolated ? pipVariables(plan.env) : []]);
   // A failed install is remembered for an hour (per index and pip configuration): a box without network
   // does not pay a pip download at every cold build.
   const failedFile = join(plan.toolsDir, `uv-${UV_VERSION}.failed.json`);
@@ -173,6 +175,24 @@ function downloadEnv(plan: UvPlan, env: Record<string, string>): Record<string, 
   return out;
 }
 
+/**
+ * Where pip looks for the wheel, in turn: for an isolated request, its own
+ * indexes, then the machine's pip configuration (its variables and files,
+ * which the build shuts out); otherwise the machine's alone. Each named in
+ * the failure when none has it.
+ */
+function downloadAttempts(plan: UvPlan, pipEnv: Record<string, string>): [string, Record<string, string>][] {
+  if (!plan.isolated) return [["", pipEnv]];
+  const machine: Record<string, string> = {};
+  for (const [k, v] of Object.entries(pipEnv)) if (!k.startsWith("PIP_")) machine[k] = v;
+  for (const [k, v] of Object.entries(plan.env)) if (v !== undefined && k.startsWith("PIP_")) machine[k] = v;
+  Object.assign(machine, { PIP_DISABLE_PIP_VERSION_CHECK: "1", PIP_NO_INPUT: "1" });
+  return [
+    ["from the request's index: ", pipEnv],
+    ["from the machine's pip configuration: ", machine],
+  ];
+}
+
 /** Only the binary, out of the wheel (zipfile: the interpreter's own stdlib), into a file not there yet. */
 const UNPACK = `
 import re, shutil, sys, zipfile
@@ -198,9 +218,16 @@ async function installPinned(plan: UvPlan, env: Record<string, string>): Promise
   const run = (argv: string[], e: Record<string, string>) => runTool(argv, { env: e, cwd: tmp, hooks: {}, signal: plan.signal });
   try {
     mkdirSync(join(tmp, "download"), { recursive: true });
-    // pip reaches the index (its config, mirror, certificates, credentials): gpulayer never does that itself.
-    const dl = await run([info.path, "-m", "pip", "download", `uv==${UV_VERSION}`, "--only-binary", ":all:", "--no-deps", "--retries", "1", "--progress-bar", "off", "--dest", join(tmp, "download")], pipEnv);
-    if (dl.code !== 0) return failed(`pip download uv==${UV_VERSION}: ${installerMessage(dl.lines).headline || `exit ${dl.code}`}`);
+    // pip reaches the index (its config, mirror, certificates, credentials): gpulayer never does that itself. The
+    // request's index first (the build reaches it anyway), then the machine's: a private index seldom carries uv.
+    const attempts = downloadAttempts(plan, pipEnv);
+    const refusals: string[] = [];
+    for (const [where, e] of attempts) {
+      const dl = await run([info.path, "-m", "pip", "download", `uv==${UV_VERSION}`, "--only-binary", ":all:", "--no-deps", "--retries", "1", "--progress-bar", "off", "--dest", join(tmp, "download")], e);
+      if (dl.code === 0) break;
+      refusals.push(`${where}${installerMessage(dl.lines).headline || `exit ${dl.code}`}`);
+    }
+    if (refusals.length === attempts.length) return failed(`pip download uv==${UV_VERSION}: ${refusals.join("; ")}`);
     const wheels = readdirSync(join(tmp, "download")).filter((f) => f.endsWith(".whl"));
     if (wheels.length !== 1) return failed(`pip download left ${wheels.length} wheels (${wheels.join(", ") || "none"})`);
     const file = wheels[0]!;
