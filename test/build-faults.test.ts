@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statfsSync, w
 import { join } from "node:path";
 import { processStartTime } from "../src/core/process-identity.ts";
 import { bigWheel, slowProxy } from "./fixtures/slow-index.ts";
-import { PackageIndex } from "./fixtures/index.ts";
+import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { keepOutput, type Kept, waitFor } from "./fixtures/processes.ts";
 import { cli, HAS_UV, makeWorkerVenv, readyKeys, run, sandbox, startCli, tempDir } from "./helpers.ts";
 
@@ -237,5 +237,24 @@ describe("an installer that says nothing", () => {
     const named: string[] = [];
     await runTool([python, "-m", "timeit", "-n", "1", "import time; time.sleep(0.7)"], { env: process.env as Record<string, string>, cwd: "/", hooks: { onQuiet: (tool) => named.push(tool) }, quietMs: 300 });
     expect(named[0]).toBe("timeit");
+  });
+});
+
+describe("what pip says it did, on the pip path", () => {
+  test("packages pip takes from a local folder (its 'Processing' lines, not 'Collecting') are counted as collected", async () => {
+    const links = join(world, "local-links");
+    mkdirSync(links, { recursive: true });
+    makeDist("wheel", links, { name: "fromfolder", version: "1.0", requires: ["slowbuild"] });
+    // A build that takes longer than the 2 s between progress lines: the line after it shows what was counted.
+    makeDist("sdist", links, { name: "slowbuild", version: "1.0", sleep: 3 });
+    const s = sandbox();
+    try {
+      writeFileSync(join(s.root, "req.txt"), `--no-index\n--find-links ${links}\nfromfolder\n`);
+      const r = await cli(["env", "prepare", "req.txt", "--python", python], { env: { ...s.env, GPULAYER_INSTALLER: "pip" }, cwd: s.root });
+      expect(r.code, r.stderr).toBe(0);
+      expect(r.stderr).toMatch(/^\[[^\]]+\] {3}2 collected\b/m);
+    } finally {
+      s.cleanup();
+    }
   });
 });

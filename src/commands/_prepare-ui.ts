@@ -48,7 +48,9 @@ function installerProgress() {
   return {
     read(line: string): string {
       const t = line.trim();
-      if (/^Collecting /.test(t)) collected++;
+      // pip says one of these per requirement it takes: from an index, from a local file (a find-links folder, a
+      // file:// index, a path), an editable project.
+      if (/^(Collecting|Processing|Obtaining) /.test(t)) collected++;
       const dl = /^Downloading \S+ \(([\d.]+) ?([kKMG]i?B|B)\)/.exec(t);
       if (dl) {
         downloaded++;
