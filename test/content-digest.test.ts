@@ -198,6 +198,95 @@ describe("the kept answer: the paths a walk went by, stat'ed again, against a fr
   }
 });
 
+describe("the kept answer when a link's target changes kind (nothing in the project moves)", () => {
+  /**
+   * What an entry is (file, folder, FIFO, missing) decides whether it is skipped,
+   * ignored, walked or counted: through a link, that can change with no folder
+   * of the project moving. Each case: set up, digest (kept), change the target,
+   * and the kept answer must be a fresh walk's.
+   */
+  const cases: [string, boolean, (root: string, out: string) => void, (root: string, out: string) => void][] = [
+    ["a FIFO made a file", false, (root, out) => {
+      expect(Bun.spawnSync(["mkfifo", join(out, "t")]).exitCode).toBe(0);
+      symlinkSync(join(out, "t"), join(root, "data"));
+    }, (_, out) => {
+      rmSync(join(out, "t"));
+      writeFileSync(join(out, "t"), "hello\n");
+    }],
+    ["a folder a folder-only ignore rule left out, made a file", false, (root, out) => {
+      writeFileSync(join(root, ".gitignore"), "data/\n");
+      mkdirSync(join(out, "d"));
+      writeFileSync(join(out, "d", "f"), "a\n");
+      symlinkSync(join(out, "d"), join(root, "data"));
+    }, (_, out) => {
+      rmSync(join(out, "d"), { recursive: true });
+      writeFileSync(join(out, "d"), "file\n");
+    }],
+    ["a linked .git folder made a file", false, (root, out) => {
+      mkdirSync(join(out, "g"));
+      symlinkSync(join(out, "g"), join(root, ".git"));
+    }, (_, out) => {
+      rmSync(join(out, "g"), { recursive: true });
+      writeFileSync(join(out, "g"), "file\n");
+    }],
+    ["a linked .pyc made a folder", false, (root, out) => {
+      writeFileSync(join(out, "p"), "x\n");
+      symlinkSync(join(out, "p"), join(root, "foo.pyc"));
+    }, (_, out) => {
+      rmSync(join(out, "p"));
+      mkdirSync(join(out, "p"));
+      writeFileSync(join(out, "p", "inner.txt"), "y\n");
+    }],
+    ["an editable's linked live module gone", true, (root, out) => {
+      writeFileSync(join(out, "m.py"), "x = 1\n");
+      symlinkSync(join(out, "m.py"), join(root, "pkg", "mod.py"));
+    }, (_, out) => rmSync(join(out, "m.py"))],
+    ["an editable's linked live module made a folder", true, (root, out) => {
+      writeFileSync(join(out, "m.py"), "x = 1\n");
+      symlinkSync(join(out, "m.py"), join(root, "pkg", "mod.py"));
+    }, (_, out) => {
+      rmSync(join(out, "m.py"));
+      mkdirSync(join(out, "m.py"));
+      writeFileSync(join(out, "m.py", "data.txt"), "q\n");
+    }],
+    ["an ignored native library in a package made a package", false, (root, out) => {
+      writeFileSync(join(root, ".gitignore"), "*.so\n");
+      writeFileSync(join(out, "l"), "bin\n");
+      symlinkSync(join(out, "l"), join(root, "pkg", "lib.so"));
+    }, (_, out) => {
+      rmSync(join(out, "l"));
+      mkdirSync(join(out, "l"));
+      writeFileSync(join(out, "l", "__init__.py"), "x = 1\n");
+    }],
+    ["a link into an ignored folder of the project, its FIFO made a file", false, (root) => {
+      writeFileSync(join(root, ".gitignore"), ".cache/\n");
+      mkdirSync(join(root, ".cache"));
+      expect(Bun.spawnSync(["mkfifo", join(root, ".cache", "t")]).exitCode).toBe(0);
+      symlinkSync(".cache/t", join(root, "data"));
+    }, (root) => {
+      rmSync(join(root, ".cache", "t"));
+      writeFileSync(join(root, ".cache", "t"), "hi\n");
+    }],
+  ];
+  cases.forEach(([what, editable, setup, change], n) => {
+    test(`${editable ? "editable" : "plain"}: ${what}`, () => {
+      const root = project(`kind-${n}`);
+      const out = join(world, `kind-out-${n}`);
+      mkdirSync(out);
+      setup(root, out);
+      const cacheDir = join(world, `cache-kind-${n}`);
+      const kept = () => treeDigest(root, { editable, cacheDir, now: later });
+      const before = kept();
+      expect(kept()).toEqual(before);
+      Bun.sleepSync(TICK_MS);
+      change(root, out);
+      const after = kept();
+      expect(after).toEqual(treeDigest(root, { editable, cacheDir: null }));
+      expect(after.digest).not.toBe(before.digest);
+    });
+  });
+});
+
 describe("an editable project's listing (entry types from the folder, a stat only where one is needed)", () => {
   const digest = (root: string) => treeDigest(root, { editable: true, cacheDir: null }).digest;
 

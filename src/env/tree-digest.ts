@@ -277,8 +277,10 @@ function walkTree(root: string, editable: boolean): Walked {
       let stat: Stats | null | undefined;
       if (!entry || entry.isSymbolicLink() || !(entry.isFile() || entry.isDirectory())) {
         stat = statFollowing(path);
+        // Kept whatever follows: what it is decides whether it is skipped, ignored, walked or counted, and a link's
+        // target may change kind (a folder made a file, a FIFO a file, a module gone) with no folder here moving.
+        seen.push({ relPath, stat });
         if (!stat) {
-          seen.push({ relPath, stat: null }); // a target that appears later makes it a file
           items.push({ kind: "dangling", relPath, path, stat: null });
           continue;
         }
@@ -302,8 +304,10 @@ function walkTree(root: string, editable: boolean): Walked {
         items.push({ kind: "live", relPath, path, stat: null });
         continue;
       }
-      stat ??= statFollowing(path);
-      seen.push({ relPath, stat });
+      if (stat === undefined) {
+        stat = statFollowing(path);
+        seen.push({ relPath, stat });
+      }
       // Gone since the listing: as a dangling link, by name (the next prepare sees the tree as it is then).
       items.push(stat ? { kind: "file", relPath, path, stat } : { kind: "dangling", relPath, path, stat: null });
     }
