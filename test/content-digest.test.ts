@@ -1,10 +1,11 @@
 import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { existsSync, mkdirSync, readdirSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { folderDigest } from "../src/env/content-digest.ts";
 import { treeDigest } from "../src/env/tree-digest.ts";
 import { fileContentHash } from "../src/core/hashing.ts";
 import { tempDir } from "./helpers.ts";
+import { UsageError } from "../src/errors.ts";
 
 // Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
 setDefaultTimeout(120_000);
@@ -284,6 +285,62 @@ describe("the kept answer when a link's target changes kind (nothing in the proj
       expect(after).toEqual(treeDigest(root, { editable, cacheDir: null }));
       expect(after.digest).not.toBe(before.digest);
     });
+  });
+});
+
+describe("what a project holds that leads nowhere, cannot be read, or would block a read", () => {
+  test("a link to itself and a link through a file count by name, as a dangling link does, kept or fresh", () => {
+    const root = project("nowhere");
+    symlinkSync("self", join(root, "self"));
+    symlinkSync("pyproject.toml/x", join(root, "through-a-file"));
+    const cacheDir = join(world, "cache-nowhere");
+    for (const editable of [false, true]) {
+      const fresh = treeDigest(root, { editable, cacheDir: null });
+      expect(treeDigest(root, { editable, cacheDir, now: later })).toEqual(fresh);
+      expect(treeDigest(root, { editable, cacheDir, now: later })).toEqual(fresh);
+    }
+  });
+
+  test("a FIFO as .gitignore, or as an editable's setup.cfg, is not read (the read would wait forever)", () => {
+    const root = project("fifo-config");
+    expect(Bun.spawnSync(["mkfifo", join(root, ".gitignore")]).exitCode).toBe(0);
+    expect(Bun.spawnSync(["mkfifo", join(root, "setup.cfg")]).exitCode).toBe(0);
+    expect(treeDigest(root, { editable: false, cacheDir: null }).files).toBe(52);
+    expect(treeDigest(root, { editable: true, cacheDir: null }).files).toBeGreaterThan(0);
+  });
+
+  // A file the kernel will not read whole (a /proc file): the one everyday way to make a read fail as root.
+  test.skipIf(!existsSync("/proc/sys/kernel/domainname"))("a file that cannot be read is one line naming it, not an internal error", () => {
+    const root = project("unreadable");
+    symlinkSync("/proc/sys/kernel/domainname", join(root, "name.txt"));
+    let error: unknown;
+    try {
+      treeDigest(root, { editable: false, cacheDir: null });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(UsageError);
+    expect((error as Error).message).toStartWith(`local project ${root}: cannot read ${join(root, "name.txt")} (`);
+  });
+});
+
+describe("a kept answer is for its own project and kind", () => {
+  test("summaries swapped between the plain and the editable reading, or one's digest edited, are not taken", () => {
+    const root = project("swapped");
+    writeFileSync(join(root, "pkg", "core.py"), "X = 1\n");
+    const cacheDir = join(world, "cache-swapped");
+    const plain = treeDigest(root, { editable: false, cacheDir, now: later });
+    const editable = treeDigest(root, { editable: true, cacheDir, now: later });
+    expect(plain.digest).not.toBe(editable.digest);
+    const [a, b] = readdirSync(cacheDir).filter((f) => f.endsWith(".tree")).map((f) => join(cacheDir, f));
+    const [textA, textB] = [readFileSync(a!, "utf8"), readFileSync(b!, "utf8")];
+    writeFileSync(a!, textB);
+    writeFileSync(b!, textA);
+    expect(treeDigest(root, { editable: false, cacheDir, now: later })).toEqual(plain);
+    expect(treeDigest(root, { editable: true, cacheDir, now: later })).toEqual(editable);
+    for (const file of [a!, b!]) writeFileSync(file, readFileSync(file, "utf8").replace(/"digest":"[0-9a-f]+"/, `"digest":"${"0".repeat(64)}"`));
+    expect(treeDigest(root, { editable: false, cacheDir, now: later })).toEqual(plain);
+    expect(treeDigest(root, { editable: true, cacheDir, now: later })).toEqual(editable);
   });
 });
 

@@ -1,8 +1,9 @@
-import { mkdirSync, readdirSync, readFileSync, realpathSync, type Stats, statSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, type Stats, statSync } from "node:fs";
 import { join, relative } from "node:path";
 import type { Ignore } from "ignore";
 import { writeFileAtomic } from "../core/atomic.ts";
 import { contentHash } from "../core/hashing.ts";
+import { UsageError } from "../errors.ts";
 import { DigestCache, type OnHashing, RACY_MS } from "./content-digest.ts";
 
 /**
@@ -48,17 +49,28 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
   const now = opts.now ?? Date.now;
   const summaryFile = opts.cacheDir ? join(opts.cacheDir, `${contentHash(`${SUMMARY_FORMAT}:${opts.editable}:${root}`).slice(0, 32)}.tree`) : null;
   const kept = summaryFile ? readSummary(summaryFile) : null;
-  if (kept && kept.identity === identityNow(root, kept.paths)) return { digest: kept.digest, files: kept.files };
+  // What the summary answers is in its identity too: one kept for another root or kind, or edited, is not taken.
+  const answering = (r: TreeDigest) => `${SUMMARY_FORMAT}\0${opts.editable}\0${root}\0${r.digest}\0${r.files}`;
+  if (kept && kept.identity === identityNow(root, kept.paths, answering(kept))) return { digest: kept.digest, files: kept.files };
 
   const cache = new DigestCache(opts.cacheDir, `tree:${root}`, now, opts.onHashing);
-  const walked = walkTree(root, opts.editable);
-  // Hashed once at the end: one update per file costs more than the stat.
+  let walked: Walked;
   const parts: string[] = [];
   let files = 0;
+  try {
+    walked = walkTree(root, opts.editable);
+  } catch (error) {
+    throw unreadable(root, error);
+  }
+  // Hashed once at the end: one update per file costs more than the stat.
   for (const item of walked.items) {
     if (item.kind !== "file") parts.push(item.kind, item.relPath);
     else {
-      parts.push("file", item.relPath, cache.digest(item.path, item.stat!, item.relPath));
+      try {
+        parts.push("file", item.relPath, cache.digest(item.path, item.stat!, item.relPath));
+      } catch (error) {
+        throw unreadable(root, error, item.path);
+      }
       files++;
     }
   }
@@ -71,7 +83,7 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
     walked.seen.forEach((s, i) => putState(numbers, i, s.stat));
     try {
       mkdirSync(opts.cacheDir!, { recursive: true });
-      writeFileAtomic(summaryFile, summaryText({ identity: identityOf(paths, numbers), ...result, paths }));
+      writeFileAtomic(summaryFile, summaryText({ identity: identityOf(paths, numbers, answering(result)), ...result, paths }));
     } catch {
       // not kept: the next run walks the tree
     }
@@ -107,7 +119,7 @@ function summaryText(summary: Summary): string {
 }
 
 /** The state of the paths a walk went by, as they are now; null when one cannot be read (the walk then says why). */
-function identityNow(root: string, paths: string[]): string | null {
+function identityNow(root: string, paths: string[], answer: string): string | null {
   const numbers = new Float64Array(paths.length * 5);
   for (let i = 0; i < paths.length; i++) {
     const rel = paths[i]!;
@@ -117,7 +129,7 @@ function identityNow(root: string, paths: string[]): string | null {
       return null;
     }
   }
-  return identityOf(paths, numbers);
+  return identityOf(paths, numbers, answer);
 }
 
 /** size, mtime, ctime, inode, device of each path (NaN for one that is missing), as raw doubles: formatting them as text would cost more than the stats. */
@@ -134,8 +146,10 @@ function putState(numbers: Float64Array, i: number, st: Stats | null): void {
   numbers[at + 4] = st.dev;
 }
 
-function identityOf(paths: string[], numbers: Float64Array): string {
+function identityOf(paths: string[], numbers: Float64Array, answer: string): string {
   const hasher = new Bun.CryptoHasher("sha256");
+  hasher.update(answer);
+  hasher.update("\0");
   hasher.update(paths.join("\0"));
   hasher.update(numbers);
   return hasher.digest("hex");
@@ -147,14 +161,24 @@ function newestChange(seen: Seen[]): number {
   return newest;
 }
 
-/** stat(2), or null for a path that is not there (a dangling link); without an options object, which costs Bun's statSync a tenth more per file. */
+/** Why a path cannot be followed to anything: as a dangling link, by name (a link to itself, a file used as a folder). */
+const NOTHING_THERE = new Set(["ENOENT", "ELOOP", "ENOTDIR"]);
+
+/** stat(2), or null for a path that leads nowhere (a dangling link); without an options object, which costs Bun's statSync a tenth more per file. */
 function statFollowing(path: string): Stats | null {
   try {
     return statSync(path);
   } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
+    if (NOTHING_THERE.has((error as NodeJS.ErrnoException).code ?? "")) return null;
     throw error;
   }
+}
+
+/** A file or folder of the project that cannot be read (no permission, a /proc file): one line naming it, not an internal error. */
+function unreadable(root: string, error: unknown, path?: string): unknown {
+  const e = error as NodeJS.ErrnoException;
+  if (typeof e?.code !== "string") return error;
+  return new UsageError(`local project ${root}: cannot read ${e.path ?? path ?? "a file in it"} (${e.code})`);
 }
 
 interface TreeItem {
@@ -202,7 +226,7 @@ const BUILD_CONFIG_FILES = ["pyproject.toml", "setup.cfg", "setup.py"];
 function modulesBuildReads(root: string, see: (relPath: string) => Stats | null): Set<string> {
   const named = new Set<string>();
   for (const file of BUILD_CONFIG_FILES) {
-    if (!see(file)) continue;
+    if (!see(file)?.isFile()) continue; // a FIFO would block the read
     let text: string;
     try {
       text = readFileSync(join(root, file), "utf8");
@@ -242,16 +266,13 @@ function walkTree(root: string, editable: boolean): Walked {
   // (a generated module, data a test tracks): there ignore rules leave out only what it would not install.
   const walk = (dir: string, rel: string, rules: { base: string; ig: Ignore }[], inPackage: boolean) => {
     // Its listing's state (an entry added, removed or renamed moves its mtime), taken before it is read; for a link
-    // that closes a loop too: pointed elsewhere, it holds something.
-    see(rel);
-    let real: string;
-    try {
-      real = realpathSync(dir);
-    } catch {
-      return;
-    }
-    if (seenDirs.has(real)) return; // a symlink loop
-    seenDirs.add(real);
+    // that closes a loop too: pointed elsewhere, it holds something. A folder is known by its device and inode (the
+    // state kept), not its path: a bind mount's second path to it is the same folder.
+    const state = see(rel);
+    if (!state) return;
+    const folder = `${state.dev}:${state.ino}`;
+    if (seenDirs.has(folder)) return; // a symlink loop, or a folder reached again
+    seenDirs.add(folder);
     // An editable project's listing comes with entry types (d_type): there a folder, or a module the live link serves,
     // needs no stat of its own. Elsewhere every file is stat'ed for its identity anyway, and types would cost more than
     // they save. Names sorted by the engine's own sort (a comparator is called ~20,000 times for 2,000 names).
@@ -259,11 +280,13 @@ function walkTree(root: string, editable: boolean): Walked {
     const names = typed ? [...typed.keys()].sort() : readdirSync(dir).sort();
     if (names.includes(".gitignore")) {
       const ignoreFile = rel ? `${rel}/.gitignore` : ".gitignore";
-      see(ignoreFile);
-      try {
-        rules = [...rules, { base: dir, ig: newIgnore().add(readFileSync(join(dir, ".gitignore"), "utf8")) }];
-      } catch {
-        // an unreadable ignore file excludes nothing
+      // Read only as a regular file: a FIFO would block the read (git's own rules aside, pip reads none of it).
+      if (see(ignoreFile)?.isFile()) {
+        try {
+          rules = [...rules, { base: dir, ig: newIgnore().add(readFileSync(join(dir, ".gitignore"), "utf8")) }];
+        } catch {
+          // an unreadable ignore file excludes nothing
+        }
       }
     }
     const packageDir = inPackage || (dir !== root && names.includes("__init__.py"));
