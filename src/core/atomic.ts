@@ -15,7 +15,12 @@ export function writeFileAtomic(file: string, data: string | Uint8Array, opts: {
     } finally {
       closeSync(fd);
     }
-    renameSync(tmp, file);
+    try {
+      renameSync(tmp, file);
+    } catch (error) {
+      rmSync(tmp, { force: true }); // a folder where the file goes: no temp left behind, run after run
+      throw error;
+    }
   } catch (error) {
     throw named(error, file);
   }

@@ -115,9 +115,14 @@ function cachedProbe(pythonPath: string, cacheDir: string): CachedProbe | null {
   return null;
 }
 
+/** A probe that cannot be kept (a home this user cannot write) only costs the next run a probe of its own. */
 function keepProbe(cacheFile: string, entry: CachedProbe): void {
-  mkdirSync(dirname(cacheFile), { recursive: true });
-  writeFileAtomic(cacheFile, JSON.stringify(entry));
+  try {
+    mkdirSync(dirname(cacheFile), { recursive: true });
+    writeFileAtomic(cacheFile, JSON.stringify(entry));
+  } catch {
+    // not kept
+  }
 }
 
 /** `pythonPath` is what runs, shims already resolved (runningInterpreter's order): its answer is kept as its own. */
