@@ -1,10 +1,10 @@
-import { mkdirSync, readdirSync, readFileSync, type Stats, statSync } from "node:fs";
+import { readdirSync, readFileSync, type Stats } from "node:fs";
 import { join, relative } from "node:path";
 import type { Ignore } from "ignore";
-import { writeFileAtomic } from "../core/atomic.ts";
 import { contentHash } from "../core/hashing.ts";
 import { UsageError } from "../errors.ts";
 import { DigestCache, type OnHashing, RACY_MS } from "./content-digest.ts";
+import { keepAnswer, keptAnswer, newestChange, type Seen, statFollowing, type WalkAnswer } from "./tree-state.ts";
 
 /**
  * A project folder by everything a fresh install reads: every file, symlinks
@@ -31,27 +31,12 @@ export interface TreeOptions {
   onHashing?: OnHashing;
 }
 
-export interface TreeDigest {
-  digest: string;
-  files: number;
-}
-
-/** What a walk went by, kept for the next run: the paths (relative to the root, "" for the root), their state's hash. */
-interface Summary extends TreeDigest {
-  identity: string;
-  paths: string[];
-}
-
-/** Bumped when what a summary holds changes: an older one is then not read. */
-const SUMMARY_FORMAT = "tree-summary-v3";
+export type TreeDigest = WalkAnswer;
 
 export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
   const now = opts.now ?? Date.now;
-  const summaryFile = opts.cacheDir ? join(opts.cacheDir, `${contentHash(`${SUMMARY_FORMAT}:${opts.editable}:${root}`).slice(0, 32)}.tree`) : null;
-  const kept = summaryFile ? readSummary(summaryFile) : null;
-  // What the summary answers is in its identity too: one kept for another root or kind, or edited, is not taken.
-  const answering = (r: TreeDigest) => `${SUMMARY_FORMAT}\0${opts.editable}\0${root}\0${r.digest}\0${r.files}`;
-  if (kept && kept.identity === identityNow(root, kept.paths, answering(kept))) return { digest: kept.digest, files: kept.files };
+  const kept = opts.cacheDir ? keptAnswer(opts.cacheDir, root, opts.editable) : null;
+  if (kept) return kept;
 
   const cache = new DigestCache(opts.cacheDir, `tree:${root}`, now, opts.onHashing);
   let walked: Walked;
@@ -77,101 +62,8 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
   cache.save();
   const result = { digest: contentHash(parts.join("\0")), files };
   // States taken before their content was read: a change after that shows next time. Kept only once all have settled.
-  if (summaryFile && walked.keepable && now() - newestChange(walked.seen) > RACY_MS) {
-    const paths = walked.seen.map((s) => s.relPath);
-    const numbers = new Float64Array(paths.length * 5);
-    walked.seen.forEach((s, i) => putState(numbers, i, s.stat));
-    try {
-      mkdirSync(opts.cacheDir!, { recursive: true });
-      writeFileAtomic(summaryFile, summaryText({ identity: identityOf(paths, numbers, answering(result)), ...result, paths }));
-    } catch {
-      // not kept: the next run walks the tree
-    }
-  }
+  if (opts.cacheDir && walked.keepable && now() - newestChange(walked.seen) > RACY_MS) keepAnswer(opts.cacheDir, root, opts.editable, walked.seen, result);
   return result;
-}
-
-/**
- * The summary file: a JSON line (identity, digest, files), then the paths joined
- * by NUL, which no file name holds: read on every warm run, and a third of the
- * time of the same as one JSON document.
- */
-function readSummary(file: string): Summary | null {
-  let text: string;
-  try {
-    text = readFileSync(file, "utf8");
-  } catch {
-    return null; // none yet: walked below
-  }
-  const newline = text.indexOf("\n");
-  try {
-    const head = JSON.parse(text.slice(0, newline)) as Omit<Summary, "paths">;
-    if (newline < 0 || typeof head.identity !== "string") return null;
-    return { ...head, paths: text.slice(newline + 1).split("\0") };
-  } catch {
-    return null;
-  }
-}
-
-function summaryText(summary: Summary): string {
-  const { paths, ...head } = summary;
-  return `${JSON.stringify(head)}\n${paths.join("\0")}`;
-}
-
-/** The state of the paths a walk went by, as they are now; null when one cannot be read (the walk then says why). */
-function identityNow(root: string, paths: string[], answer: string): string | null {
-  const numbers = new Float64Array(paths.length * 5);
-  for (let i = 0; i < paths.length; i++) {
-    const rel = paths[i]!;
-    try {
-      putState(numbers, i, statFollowing(rel ? `${root}/${rel}` : root));
-    } catch {
-      return null;
-    }
-  }
-  return identityOf(paths, numbers, answer);
-}
-
-/** size, mtime, ctime, inode, device of each path (NaN for one that is missing), as raw doubles: formatting them as text would cost more than the stats. */
-function putState(numbers: Float64Array, i: number, st: Stats | null): void {
-  const at = i * 5;
-  if (!st) {
-    numbers[at] = Number.NaN;
-    return;
-  }
-  numbers[at] = st.size;
-  numbers[at + 1] = st.mtimeMs;
-  numbers[at + 2] = st.ctimeMs;
-  numbers[at + 3] = st.ino;
-  numbers[at + 4] = st.dev;
-}
-
-function identityOf(paths: string[], numbers: Float64Array, answer: string): string {
-  const hasher = new Bun.CryptoHasher("sha256");
-  hasher.update(answer);
-  hasher.update("\0");
-  hasher.update(paths.join("\0"));
-  hasher.update(numbers);
-  return hasher.digest("hex");
-}
-
-function newestChange(seen: Seen[]): number {
-  let newest = 0;
-  for (const { stat } of seen) if (stat) newest = Math.max(newest, stat.mtimeMs, stat.ctimeMs);
-  return newest;
-}
-
-/** Why a path cannot be followed to anything: as a dangling link, by name (a link to itself, a file used as a folder). */
-const NOTHING_THERE = new Set(["ENOENT", "ELOOP", "ENOTDIR"]);
-
-/** stat(2), or null for a path that leads nowhere (a dangling link); without an options object, which costs Bun's statSync a tenth more per file. */
-function statFollowing(path: string): Stats | null {
-  try {
-    return statSync(path);
-  } catch (error) {
-    if (NOTHING_THERE.has((error as NodeJS.ErrnoException).code ?? "")) return null;
-    throw error;
-  }
 }
 
 /** A file or folder of the project that cannot be read (no permission, a /proc file): one line naming it, not an internal error. */
@@ -186,12 +78,6 @@ interface TreeItem {
   kind: "file" | "live" | "dangling";
   relPath: string;
   path: string;
-  stat: Stats | null;
-}
-
-/** A path the walk went by, and its state then (null: not there). */
-interface Seen {
-  relPath: string;
   stat: Stats | null;
 }
 
