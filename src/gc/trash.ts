@@ -55,21 +55,22 @@ export function sweepTrash(layout: HomeLayout, opts: { dryRun: boolean; now?: nu
     return report;
   }
   const now = opts.now ?? Date.now();
-  for (const name of names) {
-    if (!abandoned(name, now)) continue;
-    const path = join(layout.trash, name);
-    const size = diskUsage(path);
-    if (!opts.dryRun) {
-      try {
-        rmSync(path, { recursive: true, force: true });
-      } catch {
-        continue; // another deleter got there first, or a permission problem: next gc tries again
-      }
-    }
-    report.finished++;
-    report.freedBytes += size;
-  }
+  for (const name of names) if (abandoned(name, now)) removeCounted(join(layout.trash, name), opts.dryRun, report);
   return report;
+}
+
+/** Remove one leftover (or, dry, only count it); one that cannot be removed (another deleter got there first, a permission problem) is left to the next gc. */
+function removeCounted(path: string, dryRun: boolean, report: TrashReport): void {
+  const size = diskUsage(path);
+  if (!dryRun) {
+    try {
+      rmSync(path, { recursive: true, force: true });
+    } catch {
+      return;
+    }
+  }
+  report.finished++;
+  report.freedBytes += size;
 }
 
 /** A lock being made, broken or released (`NAME.lock.PID-RAND.tmp|stale|released`, core/lock.ts) by a process that is gone. */
@@ -77,27 +78,10 @@ const LOCK_LEFTOVER = /\.lock\.(\d+)-[a-z0-9]+\.(tmp|stale|released)$/;
 
 /** What a lock's maker left when it died (or its disk filled) mid-way: never a lock, only its remains. */
 function sweepLockLeftovers(layout: HomeLayout, dryRun: boolean, report: TrashReport): void {
-  for (const name of namesOfDeadOwners(layout.locks, LOCK_LEFTOVER)) {
-    const path = join(layout.locks, name);
-    const size = diskUsage(path);
-    if (!dryRun) rmSync(path, { recursive: true, force: true });
-    report.finished++;
-    report.freedBytes += size;
-  }
+  for (const name of namesOfDeadOwners(layout.locks, LOCK_LEFTOVER)) removeCounted(join(layout.locks, name), dryRun, report);
 }
 
 /** A killed worker's jobs' workdirs, whose deletion its tasks never reached (workdirs.ts says which). */
 function sweepLeftWorkdirs(layout: HomeLayout, dryRun: boolean, report: TrashReport): void {
-  for (const path of leftWorkdirs(layout)) {
-    const size = diskUsage(path);
-    if (!dryRun) {
-      try {
-        rmSync(path, { recursive: true, force: true });
-      } catch {
-        continue; // a permission problem: next gc tries again
-      }
-    }
-    report.finished++;
-    report.freedBytes += size;
-  }
+  for (const path of leftWorkdirs(layout)) removeCounted(path, dryRun, report);
 }
