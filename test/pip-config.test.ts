@@ -121,17 +121,18 @@ describe.skipIf(!HAS_UV)("machine pip configuration, honoured by uv", () => {
     });
   }
 
-  test("a find-links folder the machine's configuration names is listed by --dry-run with its digest, and a wheel dropped in it changes that and the key", async () => {
+  test("a find-links folder the machine's configuration names (twice: variable and file) is listed once by --dry-run with its digest, and a wheel dropped in it changes that and the key", async () => {
     const s = sandbox();
     try {
       const folder = join(s.root, "machine-links");
       mkdirSync(folder);
-      writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\n`);
+      writeFileSync(join(s.root, "pip.conf"), `[global]\nindex-url = ${main.url}\nfind-links = ${folder}\n`);
       const env = { ...s.env, PIP_CONFIG_FILE: join(s.root, "pip.conf"), PIP_FIND_LINKS: folder };
       const dry = async () => JSON.parse((await cli(["env", "prepare", "-p", "top", "--python", worker, "--dry-run", "--json"], { env, cwd: s.root })).stdout) as { key: string; inputs: { find_links: { origin: string; path?: string; digest?: string }[] } };
       // This machine's own files may name folders too (they apply beside PIP_CONFIG_FILE): only ours is looked at.
       const ours = async () => {
         const d = await dry();
+        expect(d.inputs.find_links.filter((f) => f.path === folder)).toHaveLength(1);
         return { key: d.key, link: d.inputs.find_links.find((f) => f.path === folder) };
       };
       const before = await ours();

@@ -88,12 +88,14 @@ export function pipConfigDigest(env: NodeJS.ProcessEnv, ctx: { cwd: string; dige
   const refs = referenced.map((ref) => resolve(ctx.cwd, ref));
   for (const path of refs) parts.push(`ref ${path}\n${existsSync(path) ? referencedDigest(path, env, ctx) : "missing"}`);
   // A wheel dropped into a find-links folder changes what an unpinned request gets.
+  // One folder is often named twice (PIP_FIND_LINKS and a config file): read once.
   const findLinks: { path: string; digest: string }[] = [];
   for (const f of folders) {
-    if (/^[a-z][a-z0-9+.-]*:\/\//i.test(f) || !existsSync(resolve(ctx.cwd, f))) continue;
-    const digest = folderDigest(resolve(ctx.cwd, f), ctx.digestCache, ctx.onHashing);
-    parts.push(`folder ${f}\n${digest}`);
-    findLinks.push({ path: resolve(ctx.cwd, f), digest });
+    const path = resolve(ctx.cwd, f);
+    if (/^[a-z][a-z0-9+.-]*:\/\//i.test(f) || !existsSync(path)) continue;
+    let seen = findLinks.find((l) => l.path === path);
+    if (!seen) findLinks.push((seen = { path, digest: folderDigest(path, ctx.digestCache, ctx.onHashing) }));
+    parts.push(`folder ${f}\n${seen.digest}`);
   }
   return { digest: contentHash(parts.join("\n")), sources: [...vars, ...files, ...refs], findLinks };
 }
