@@ -58,6 +58,32 @@ describe("a project folder's digest, kept between runs", () => {
     expect(treeDigest(root, { editable: false, cacheDir: null })).toEqual(first);
   });
 
+  test("is checked from inside the project, and the caller's working folder is its own again afterwards; a working folder that is gone changes nothing", () => {
+    const root = project("cwd");
+    const cacheDir = join(world, "cache-cwd");
+    const here = process.cwd();
+    const first = treeDigest(root, { editable: false, cacheDir, now: later });
+    expect(treeDigest(root, { editable: false, cacheDir, now: later })).toEqual(first);
+    expect(process.cwd()).toBe(here);
+    // A change is seen the same way, and the walk it leads to starts from the caller's folder too.
+    writeFileSync(join(root, "pkg", "data", "new.txt"), "new\n");
+    const changed = treeDigest(root, { editable: false, cacheDir, now: later });
+    expect(changed.files).toBe(first.files + 1);
+    expect(process.cwd()).toBe(here);
+    // With no working folder to come back to, the check goes by absolute paths: the same answers.
+    const gone = join(world, "gone");
+    mkdirSync(gone);
+    process.chdir(gone);
+    try {
+      rmSync(gone, { recursive: true });
+      expect(treeDigest(root, { editable: false, cacheDir, now: later })).toEqual(changed);
+      rmSync(join(root, "pkg", "data", "new.txt"));
+      expect(treeDigest(root, { editable: false, cacheDir, now: later })).toEqual(first);
+    } finally {
+      process.chdir(here);
+    }
+  });
+
   const changes: [string, (root: string) => void][] = [
     ["a file's content, its size and mtime kept (only its ctime moves)", (root) => {
       const file = join(root, "pkg", "data", "f7.txt");

@@ -1,7 +1,8 @@
-import { mkdirSync, readFileSync, type Stats, statSync } from "node:fs";
+import { accessSync, constants, mkdirSync, readFileSync, type Stats, statSync } from "node:fs";
 import { join } from "node:path";
 import { writeFileAtomic } from "../core/atomic.ts";
 import { contentHash } from "../core/hashing.ts";
+import { UserError } from "../errors.ts";
 
 /**
  * The state of the paths a project's walk went by, kept for the next run
@@ -107,18 +108,60 @@ function summaryText(summary: Summary): string {
   return `${JSON.stringify(head)}\n${paths.join("\0")}`;
 }
 
-/** The state of the paths a walk went by, as they are now; null when one cannot be read (the walk then says why). */
+/**
+ * The state of the paths a walk went by, as they are now; null when one cannot be read (the walk then says why).
+ *
+ * The stats run from inside the root, the process's working folder for this loop only: the kernel then walks a
+ * path's own components, not the root's as well, which is a fifth of a warm check on a big project. No other code
+ * sees that working folder: the loop is synchronous (nothing else runs on this thread meanwhile), and gpulayer
+ * hands no relative path to a file call (every path is resolved at the top, commands/_context.ts). A root that
+ * cannot be entered is stat'ed by absolute paths instead.
+ */
 function identityNow(root: string, paths: string[], answer: string): string | null {
+  const back = enter(root);
+  try {
+    const numbers = back === null ? statesOf(`${root}/`, root, paths) : statesOf("", ".", paths);
+    return numbers && identityOf(paths, numbers, answer);
+  } finally {
+    if (back !== null) leave(back);
+  }
+}
+
+/** Into `folder`, returning the working folder to come back to; null (and nowhere) when either step fails. */
+function enter(folder: string): string | null {
+  try {
+    const back = process.cwd();
+    accessSync(back, constants.X_OK); // a way back, or no way in
+    process.chdir(folder);
+    return back;
+  } catch {
+    return null;
+  }
+}
+
+function leave(back: string): void {
+  try {
+    process.chdir(back);
+  } catch (error) {
+    throw new UserError(`the working folder ${back} went away during the prepare (${(error as NodeJS.ErrnoException).code})`);
+  }
+}
+
+/** One stat per path, in a bare loop (no call or closure per path: this loop is the whole warm check). */
+function statesOf(prefix: string, rootName: string, paths: string[]): Float64Array | null {
   const numbers = new Float64Array(paths.length * 5);
   for (let i = 0; i < paths.length; i++) {
     const rel = paths[i]!;
+    let st: Stats | null;
     try {
-      putState(numbers, i, statFollowing(rel ? `${root}/${rel}` : root));
-    } catch {
-      return null;
+      st = statSync(rel ? prefix + rel : rootName);
+    } catch (error) {
+      if (!NOTHING_THERE.has((error as NodeJS.ErrnoException).code ?? "")) return null;
+      st = null;
     }
+    putState(numbers, i, st);
   }
-  return identityOf(paths, numbers, answer);
+  return numbers;
 }
 
 /** size, mtime, ctime, inode, device of each path (NaN for one that is missing), as raw doubles: formatting them as text would cost more than the stats. */
