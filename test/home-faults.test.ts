@@ -30,3 +30,25 @@ test("a home where the interpreter probe cannot be kept: the key is still made (
     s.cleanup();
   }
 });
+
+test("a home that is a file, or under one: one line naming the setting and the file, exit 2, for every command", async () => {
+  const s = sandbox();
+  try {
+    const file = join(s.root, "a-file");
+    writeFileSync(file, "not a folder\n");
+    const { GPULAYER_HOME: _home, XDG_CACHE_HOME: _xdg, ...base } = s.env;
+    const cases: [Record<string, string>, string][] = [
+      [{ GPULAYER_HOME: file }, `error: GPULAYER_HOME=${file} (environment): ${file} is not a folder`],
+      [{ GPULAYER_HOME: join(file, "deeper") }, `error: GPULAYER_HOME=${join(file, "deeper")} (environment): ${file} is not a folder`],
+      [{ XDG_CACHE_HOME: file }, `error: the home folder ${join(file, "gpulayer")} (the default; GPULAYER_HOME sets another): ${file} is not a folder`],
+    ];
+    for (const [vars, line] of cases) {
+      for (const argv of [["env", "list"], ["gc", "--dry-run"], ["env", "prepare", "-p", "tiny", "--python", "python3", "--dry-run"]]) {
+        const r = await cli(argv, { env: { ...base, ...vars }, cwd: s.root });
+        expect({ argv, code: r.code, stderr: r.stderr.trim() }).toEqual({ argv, code: 2, stderr: line });
+      }
+    }
+  } finally {
+    s.cleanup();
+  }
+});

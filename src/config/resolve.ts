@@ -1,6 +1,6 @@
 import { lstatSync, readFileSync, readlinkSync, statSync } from "node:fs";
 import { userHome } from "../core/home.ts";
-import { join, resolve } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
 import { databaseUrl, hidePassword, isProblem } from "./kinds.ts";
 import { SETTING_NAMES, SETTINGS, type SettingDef, type SettingName, type SettingValues } from "./table.ts";
@@ -44,7 +44,7 @@ async function readConfigFile(file: string): Promise<Map<SettingName, Raw> | nul
     if (text.includes("\0")) throw new UsageError(`${file}: the config file holds binary data (a NUL byte), not YAML`);
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
-    if (error instanceof UsageError) throw error;
+    if (error instanceof UsageError || (error as NodeJS.ErrnoException).code === "ENOTDIR") throw error; // ENOTDIR: said by resolveSettings, which knows the home
     throw new UsageError(`${file}: cannot read the config file: ${(error as Error).message}`);
   }
   let data: unknown;
@@ -96,6 +96,20 @@ function homeOf(env: Record<string, string | undefined>): { path: string; origin
   return { path: join(userHome(env), ".cache", "gpulayer"), origin: { source: "default", name: "default" } };
 }
 
+/** A path on the way to the config file is a file: which one, and the setting that named it (every command stops here first). */
+function notAFolder(configFile: string, origin: Origin, home: string): string {
+  let at = dirname(configFile);
+  for (let up = at; up !== dirname(up); up = dirname(up)) {
+    try {
+      if (!statSync(up).isDirectory()) at = up;
+    } catch {
+      // under the file, or missing: look further up
+    }
+  }
+  const named = origin.source === "env" ? `${origin.name}=${origin.name === "GPULAYER_HOME" ? home : configFile} (environment)` : `the home folder ${home} (the default; GPULAYER_HOME sets another)`;
+  return `${named}: ${at} is not a folder`;
+}
+
 /**
  * Every setting, once: flag > GPULAYER_* variable > config file > default,
  * each value parsed by its kind and validated here, whatever its source. A
@@ -104,7 +118,9 @@ function homeOf(env: Record<string, string | undefined>): { path: string; origin
 export async function resolveSettings(env: Record<string, string | undefined>, flags: FlagValues = {}, opts: { configMayBeMissing?: boolean } = {}): Promise<ResolvedSettings> {
   const home = homeOf(env);
   const configFile = env.GPULAYER_CONFIG ? resolve(env.GPULAYER_CONFIG) : join(home.path, "config.yaml");
-  const fromFile = await readConfigFile(configFile);
+  const fromFile = await readConfigFile(configFile).catch((error) => {
+    throw (error as NodeJS.ErrnoException).code === "ENOTDIR" ? new UsageError(notAFolder(configFile, env.GPULAYER_CONFIG ? { source: "env", name: "GPULAYER_CONFIG" } : home.origin, home.path)) : error;
+  });
   // A file named on purpose that is not there (a typo, say) would silently drop every setting in it.
   if (env.GPULAYER_CONFIG && fromFile === null && !opts.configMayBeMissing) throw new UsageError(`GPULAYER_CONFIG=${env.GPULAYER_CONFIG} (environment): no such file (unset it for ${join(home.path, "config.yaml")}, which may be absent)`);
   const values: Record<string, unknown> = {};
