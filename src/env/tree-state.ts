@@ -152,14 +152,20 @@ function statesOf(prefix: string, rootName: string, paths: string[]): Float64Arr
   const numbers = new Float64Array(paths.length * 5);
   for (let i = 0; i < paths.length; i++) {
     const rel = paths[i]!;
-    let st: Stats | null;
+    const at = i * 5;
+    let st: Stats;
     try {
       st = statSync(rel ? prefix + rel : rootName);
     } catch (error) {
       if (!NOTHING_THERE.has((error as NodeJS.ErrnoException).code ?? "")) return null;
-      st = null;
+      numbers[at] = Number.NaN;
+      continue;
     }
-    putState(numbers, i, st);
+    numbers[at] = st.size;
+    numbers[at + 1] = st.mtimeMs;
+    numbers[at + 2] = st.ctimeMs;
+    numbers[at + 3] = st.ino;
+    numbers[at + 4] = st.dev;
   }
   return numbers;
 }
