@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { folderDigest } from "../src/env/content-digest.ts";
 import { treeDigest } from "../src/env/tree-digest.ts";
@@ -53,7 +53,11 @@ describe("a project folder's digest, kept between runs", () => {
     expect(first.files).toBe(52); // pyproject.toml, the module and 50 data files
     // The summary is one small file next to the per-file cache.
     expect(readdirSync(cacheDir).length).toBe(2);
+    const summary = join(cacheDir, readdirSync(cacheDir).find((n) => n.endsWith(".tree"))!);
+    const kept = statSync(summary).ino;
     expect(treeDigest(root, { editable: false, cacheDir, now: later })).toEqual(first);
+    // Taken as it was: a walk would have written it again (a new file, renamed into place).
+    expect(statSync(summary).ino).toBe(kept);
     // And it is what a digest with no cache at all says.
     expect(treeDigest(root, { editable: false, cacheDir: null })).toEqual(first);
   });
