@@ -101,6 +101,19 @@ export function noSpaceCode(error: unknown): keyof typeof NO_SPACE | null {
   return code === "ENOSPC" || code === "EDQUOT" ? code : null;
 }
 
+/**
+ * A file gpulayer may not read or write (a home of another user, a read-only mount) met where no step said more:
+ * the user's to fix, named by the call and the path, never an internal error.
+ */
+function permissionProblem(error: unknown): string | null {
+  const e = error as (NodeJS.ErrnoException & { code?: string }) | null;
+  // SQLite says it in its own words (bun:sqlite's SQLiteError): a job store or outbox this user cannot write.
+  if (e?.code?.startsWith("SQLITE_READONLY")) return "a database in gpulayer's home is read-only to this user (its job store or outbox; GPULAYER_HOME chooses another home)";
+  if (e?.code !== "EACCES" && e?.code !== "EPERM" && e?.code !== "EROFS") return null;
+  const why = e.code === "EROFS" ? "a read-only file system" : "permission denied";
+  return `${why}: ${[e.syscall, e.path].filter(Boolean).join(" ") || e.message}`;
+}
+
 /** Ends the process with a code and no message (e.g. a job's own exit code: its status was already printed). */
 export class ExitError extends Error {
   override name = "ExitError";
@@ -127,6 +140,8 @@ export function errorReport(error: unknown, opts: { verbose: boolean }): ErrorRe
     const path = (error as NodeJS.ErrnoException).path;
     return { message: `${NO_SPACE[full].words} while writing ${path ?? "gpulayer's files"}`, exitCode: ExitCode.failed };
   }
+  const denied = permissionProblem(error);
+  if (denied) return { message: denied, exitCode: ExitCode.failed };
   if (error instanceof Error && error.name === "CLIError") {
     // citty's own words in ours: lower case, no full stop, no colour (`Unknown command prepar` → `unknown command prepar`).
     const words = error.message.replace(/\u001b\[[0-9;]*m/g, "").replace(/\.$/, "");

@@ -1,8 +1,8 @@
 import { expect, test } from "bun:test";
-import { mkdirSync, readdirSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { writeFileAtomic } from "../src/core/atomic.ts";
-import { cli, sandbox, tempDir } from "./helpers.ts";
+import { CLI_ARGV, cli, sandbox, tempDir } from "./helpers.ts";
 
 /**
  * A gpulayer home that is not as gpulayer left it: what it keeps only to save
@@ -48,6 +48,33 @@ test("a home that is a file, or under one: one line naming the setting and the f
         expect({ argv, code: r.code, stderr: r.stderr.trim() }).toEqual({ argv, code: 2, stderr: line });
       }
     }
+  } finally {
+    s.cleanup();
+  }
+});
+
+// Skipped when not root, or without Debian's own Python: it runs gpulayer as another user (setpriv), which only root may; CI runs as root.
+test.skipIf(process.getuid?.() !== 0 || !existsSync("/usr/bin/python3"))("a home this user may not write or read: one line naming what was refused, exit 1; never an internal error, never an empty listing", async () => {
+  const s = sandbox();
+  try {
+    chmodSync(s.root, 0o755);
+    chmodSync(s.home, 0o755);
+    // Made by root, the home's owner: a job store, and a store of envs closed to others.
+    expect((await cli(["job", "run", "--python", "/usr/bin/python3", "--", "true"], { env: s.env, cwd: s.root })).code).toBe(0);
+    chmodSync(join(s.home, "envs-v1"), 0o700);
+    const asNobody = async (args: string[]) => {
+      const p = Bun.spawn(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", ...CLI_ARGV, ...args], { env: { ...s.env, HOME: "/nonexistent" }, cwd: "/", stdout: "pipe", stderr: "pipe" });
+      const [stderr, code] = await Promise.all([new Response(p.stderr).text(), p.exited]);
+      return { args, code, stderr: stderr.trim() };
+    };
+    const closedStore = `error: permission denied: scandir ${join(s.home, "envs-v1")}`;
+    for (const args of [["env", "list"], ["gc", "--dry-run"], ["env", "show", "12ab"]]) expect(await asNobody(args)).toEqual({ args, code: 1, stderr: closedStore });
+    const jobs = await asNobody(["job", "list"]);
+    expect(jobs).toEqual({ args: jobs.args, code: 1, stderr: "error: a database in gpulayer's home is read-only to this user (its job store or outbox; GPULAYER_HOME chooses another home)" });
+    const prepare = await asNobody(["env", "prepare", "-p", "tiny", "--index-url", "http://127.0.0.1:9/simple", "--python", "/usr/bin/python3"]);
+    expect(prepare.code).toBe(1);
+    expect(prepare.stderr).toStartWith(`error: permission denied: mkdir ${join(s.home, "locks")}/`);
+    expect(prepare.stderr.split("\n")).toHaveLength(1);
   } finally {
     s.cleanup();
   }

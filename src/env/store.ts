@@ -100,21 +100,23 @@ export function readMeta(paths: EntryPaths): EnvMeta | null {
 }
 
 export function listKeys(layout: HomeLayout): string[] {
+  return namesInStore(layout).filter((n) => /^[0-9a-f]{64}$/.test(n));
+}
+
+/** The store's entries; none before the first build. A store this user may not read is said (errors.ts), never shown as empty. */
+function namesInStore(layout: HomeLayout): string[] {
   try {
-    return readdirSync(layout.envs).filter((n) => /^[0-9a-f]{64}$/.test(n));
-  } catch {
-    return [];
+    return readdirSync(layout.envs);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
+    throw error;
   }
 }
 
 /** Keys whose installers' temporary folder is there without the env: a build killed before it made its folder. */
 export function orphanTmpKeys(layout: HomeLayout): string[] {
-  try {
-    const names = new Set(readdirSync(layout.envs));
-    return [...names].flatMap((n) => (/^[0-9a-f]{64}\.tmp$/.test(n) && !names.has(n.slice(0, 64)) ? [n.slice(0, 64)] : []));
-  } catch {
-    return [];
-  }
+  const names = new Set(namesInStore(layout));
+  return [...names].flatMap((n) => (/^[0-9a-f]{64}\.tmp$/.test(n) && !names.has(n.slice(0, 64)) ? [n.slice(0, 64)] : []));
 }
 
 /** Find a key by a unique prefix. */
