@@ -108,6 +108,14 @@ describe("one error style", () => {
     const r = await cli(["job", "run", "-p", "tqdm", "python", "-c", "1"], { env: box.env });
     expect(r.code).toBe(2);
     expect(r.stderr).toBe("error: unexpected argument python: put the command after -- (gpulayer job run -p tqdm -- python -c 1)\n");
+    // A misspelled flag before the stray value is what is wrong, not where the command goes.
+    const typo = await cli(["job", "run", "-p", "tqdm", "--pyhton", "python3", "--", "python", "-c", "1"], { env: box.env });
+    expect([typo.code, typo.stderr]).toEqual([2, "error: unknown option --pyhton (see --help)\n"]);
+    // job run's -r, brought to env prepare, where the file is the argument.
+    for (const flag of ["-r", "--requirement"]) {
+      const r2 = await cli(["env", "prepare", flag, "requirements.txt"], { env: box.env });
+      expect([r2.code, r2.stderr]).toEqual([2, `error: unknown option ${flag}: the requirements file is the argument here (gpulayer env prepare requirements.txt)\n`]);
+    }
     const neg = await cli(["gc", "--max-size", "-5G"], { env: box.env });
     expect(neg.code).toBe(2);
     expect(neg.stderr).toBe("error: --max-size -5G: a size cannot be negative\n");

@@ -71,8 +71,9 @@ export function afterDoubleDash(rawArgs: string[]): string[] {
  * citty accepts any flag, drops extra arguments and takes a missing value as
  * none; a serious CLI names each of these. Values of flags that are settings
  * are judged by the setting's own kind (an empty one may mean "none" there).
+ * `hints`: what to write instead of a flag users bring from a neighbouring command.
  */
-export function rejectUnknownFlags(rawArgs: string[], args: ArgsDef): void {
+export function rejectUnknownFlags(rawArgs: string[], args: ArgsDef, hints: Record<string, string> = {}): void {
   const known = new Set<string>(["--help", "-h"]);
   for (const [name, def] of Object.entries(args)) {
     known.add(`--${name}`);
@@ -114,7 +115,7 @@ export function rejectUnknownFlags(rawArgs: string[], args: ArgsDef): void {
     }
     const eq = arg.indexOf("=");
     const flag = eq === -1 ? arg : arg.slice(0, eq);
-    if (!known.has(flag)) throw new UsageError(`unknown option ${flag} (see --help)`);
+    if (!known.has(flag)) throw new UsageError(`unknown option ${flag}${hints[flag] ? `: ${hints[flag]}` : " (see --help)"}`);
     if (eq === -1) awaiting = takesValue(flag) ? flag : "";
     else if (eq === arg.length - 1 && takesValue(flag)) refuseEmpty(flag);
   }

@@ -24,6 +24,9 @@ const args = {
   ...buildOutputArgs,
 } as const;
 
+/** `job run` names its file with -r; here it is the argument. */
+const FROM_JOB_RUN = Object.fromEntries(["-r", "--requirement"].map((f) => [f, "the requirements file is the argument here (gpulayer env prepare requirements.txt)"]));
+
 export default defineCommand({
   meta: {
     name: "prepare",
@@ -31,7 +34,7 @@ export default defineCommand({
   },
   args,
   async run({ args: a, rawArgs }) {
-    rejectUnknownFlags(rawArgs, args);
+    rejectUnknownFlags(rawArgs, args, FROM_JOB_RUN);
     const out = new Output(a);
     const specs = repeated(rawArgs, ["-p", "--package"]);
     const ctx = await commandContext({ python: a.python, server: a.server, token: a.token, token_file: a["token-file"], prepare_timeout: a["prepare-timeout"] });
