@@ -301,6 +301,25 @@ describe.if(HAS_UV)("what the fast path leaves to pip", () => {
     }
   });
 
+  test("a user whose own uv cache cannot be made (HOME a file, as /nonexistent is to a service user): uv gets one in gpulayer's tools, and the build stays on the fast path", async () => {
+    const s = sandbox();
+    try {
+      const homeFile = join(s.root, "home-is-a-file");
+      writeFileSync(homeFile, "");
+      const { UV_CACHE_DIR: _uv, XDG_CACHE_HOME: _xdg, ...env } = s.env;
+      // pyenv's shims (uv on this PATH, maybe) find their root from HOME unless told.
+      const pyenv = { PYENV_ROOT: process.env.PYENV_ROOT ?? join(process.env.HOME ?? "/root", ".pyenv") };
+      const r = await cli(["env", "prepare", "-p", "tiny", ...idx(), "--python", wB, "--json"], { env: { ...env, ...pyenv, HOME: homeFile, GPULAYER_INSTALLER: "auto" }, cwd: s.root });
+      expect(r.code).toBe(0);
+      const meta = JSON.parse(readFileSync(join(JSON.parse(r.stdout).path, ".gpulayer", "meta.json"), "utf8"));
+      expect([meta.installerPath, meta.installerFallback]).toEqual(["uv (fast path)", null]);
+      expect(r.stderr).not.toContain("with venv");
+      expect(existsSync(join(s.home, "tools", "uv-cache"))).toBe(true);
+    } finally {
+      s.cleanup();
+    }
+  });
+
   test("GPULAYER_INSTALLER takes auto, uv or pip", async () => {
     const r = await build("bogus" as "auto", ["-p", "tiny", ...idx(), "--python", wB]);
     expect(r.code).toBe(2);

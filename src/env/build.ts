@@ -16,6 +16,7 @@ import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-
 import { scanWorker } from "./worker-mirror.ts";
 import { type AfterInstall, afterInstall, baseCheckHolds, placeStandins, readBaseCheck, returnStandins, saveBaseCheck, type StandinLease } from "./standins.ts";
 import { findUv } from "./uv-tool.ts";
+import { uvCacheOverride } from "./uv-cache.ts";
 import { keepVenvTemplate, venvFromTemplate } from "./venv-template.ts";
 import { writeFileNamed } from "../core/atomic.ts";
 
@@ -163,6 +164,9 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const env = installerEnv(plan);
   const info = plan.interpreter;
   const venvUv = plan.venvCreator === "venv" ? null : (await findUv(plan, env)).path;
+  const anyUv = uv ?? venvUv;
+  const uvCache = anyUv ? await uvCacheOverride(anyUv, env, plan.toolsDir) : null;
+  if (uvCache) env.UV_CACHE_DIR = uvCache;
   let venvCreator: "uv" | "venv" = venvUv ? "uv" : "venv";
   const fastEnv = uv ? uvEnv(plan, env) : null;
 
