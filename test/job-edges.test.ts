@@ -92,3 +92,20 @@ describe("names and commands never forge lines or drive the terminal", () => {
     expect(row.indexOf("succeeded")).toBe(lines[0]!.indexOf("STATE"));
   });
 });
+
+describe("a command that is not there", () => {
+  test("is said in gpulayer's words (not setpriv's), exit 127, in the job's record too; a path and a name each get theirs", async () => {
+    for (const [command, why] of [
+      ["no-such-command-here", "not found on the job's PATH (the env's bin first), or not executable"],
+      ["./no-such-file", "no such file, or not executable"],
+    ]) {
+      const r = await cli(["job", "run", "--python", "python3", "--", command!], { env: env(), cwd: work });
+      expect(r.code).toBe(127);
+      expect(r.stderr).toContain(`gpulayer: cannot start ${command}: ${why}\n`);
+      expect(r.stderr).not.toContain("setpriv");
+      const id = /^job ([0-9a-f]{16})/m.exec(r.stderr)![1]!;
+      const status = JSON.parse((await cli(["job", "status", id, "--json"], { env: env(), cwd: work })).stdout);
+      expect([status.state, status.exit_code]).toEqual(["failed", 127]);
+    }
+  });
+});

@@ -260,6 +260,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       if (settings.runAs) Object.assign(env, runAsEnv(settings.runAs));
       const runStart = performance.now();
       try {
+        // Looked up as exec would, here: through setpriv the failure would read as setpriv's own.
+        if (!Bun.which(spec.argv[0]!, { PATH: env.PATH, cwd: spec.workdir })) throw new Error(spec.argv[0]!.includes("/") ? "no such file, or not executable" : "not found on the job's PATH (the env's bin first), or not executable");
         child = Bun.spawn(jobArgv(spec.argv, settings.setpriv, settings.runAs), { cwd: spec.workdir, env, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: true });
       } catch (error) {
         closeSync(log);
