@@ -7,7 +7,7 @@ import { shellSplit } from "../src/docker/shellwords.ts";
 import { rejectUnknownFlags } from "../src/commands/_args.ts";
 import { EXAMPLES } from "../src/commands/_examples.ts";
 import { helpText } from "../src/commands/_help.ts";
-import { Output } from "../src/ui/output.ts";
+import { formatAgo, Output } from "../src/ui/output.ts";
 import { cli, makeWorkerVenv, readyKeys, sandbox } from "./helpers.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { capture } from "../src/ui/terminal.ts";
@@ -145,6 +145,22 @@ describe("one error style", () => {
     // A flag that is a setting says what empty means in the setting's own words.
     const python = await cli(["env", "prepare", "a.txt", "--python", ""], { env: box.env, cwd: box.root });
     expect([python.code, python.stderr]).toEqual([2, "error: --python : must not be empty\n"]);
+  });
+
+  test("a local project that is not there: where it was looked for, when the path was relative (pip reads it from the working folder)", async () => {
+    writeFileSync(join(box.root, "edit.txt"), "-e ./missing-proj\n");
+    const editable = await cli(["env", "prepare", "edit.txt", "--python", "python3"], { env: box.env, cwd: box.root });
+    expect([editable.code, editable.stderr]).toEqual([2, `error: edit.txt:1: editable project not found: ./missing-proj (looked for ${join(box.root, "missing-proj")})\n`]);
+    const plain = await cli(["env", "prepare", "-p", "./missing-pkg", "--python", "python3"], { env: box.env, cwd: box.root });
+    expect([plain.code, plain.stderr]).toEqual([2, `error: -p[0]: local package not found: ./missing-pkg (looked for ${join(box.root, "missing-pkg")})\n`]);
+    const absolute = await cli(["env", "prepare", "-p", join(box.root, "missing-pkg"), "--python", "python3"], { env: box.env, cwd: box.root });
+    expect(absolute.stderr).toBe(`error: -p[0]: local package not found: ${join(box.root, "missing-pkg")}\n`);
+  });
+
+  test("ages are rounded before their unit is chosen: never '60s ago' or '60 min ago'", () => {
+    const now = 10_000_000_000;
+    const ago = (seconds: number) => formatAgo(now - seconds * 1000, now);
+    expect([ago(0), ago(59.4), ago(59.6), ago(89), ago(3569), ago(3590), ago(86_000), ago(3 * 86_400)]).toEqual(["0s ago", "59s ago", "1 min ago", "1 min ago", "59 min ago", "1 h ago", "1 day ago", "3 days ago"]);
   });
 
   test("citty's own refusals read as ours: lower case, no full stop", async () => {

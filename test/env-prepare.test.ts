@@ -93,6 +93,9 @@ describe("env prepare", () => {
       expect(show.installed).toEqual(["needs-b1==1.0"]);
       expect(show.installer).toMatch(/^pip \d/); // the worker's own pip, through the .pth
       expect(show.installer).not.toContain("bundled");
+      // In words: what made the venv and what installed into it, each named once.
+      const human = (await cli(["env", "show", env1.key], { env: s.env })).stdout;
+      expect(human).toMatch(new RegExp(`^built\\s+\\S+ in \\S+ (ms|s) \\(venv by (uv|venv), installed by ${show.installer.replace(/[.()+]/g, "\\$&")}\\)$`, "m"));
       expect(await pyRun(join(env1.path, "bin", "python"), "import b, needs_b1; print(b.__version__)")).toBe("1.0");
 
       const newer = await prepare(s, ["-p", "needs-b2", "--index-url", index.url, "--python", bPy, "--json"]);

@@ -318,5 +318,13 @@ describe("gc: limits, sizes and errors", () => {
     const entry = (id: string, lastUsedMs: number, createdMs = 1): GcEntry => ({ kind: "env", id, state: "ready", sizeBytes: 1, lastUsedMs, createdMs, summary: "", inUse: async () => [], remove: async () => ({ removed: true, freedBytes: 1 }) });
     expect(lruOrder([entry("b", 30), entry("a", 10), entry("c", 0, 20)]).map((e) => e.id)).toEqual(["a", "c", "b"]);
     expect(protectedBy(entry("abc", 1, 1000), { now: 2000, minAgeMs: 5000, keep: ["AB"] }).map((r) => r.code)).toEqual(["keep", "min-age"]);
+    // The minimum is said as --min-age takes it, beside the entry's age.
+    const young = (minAgeMs: number) => protectedBy(entry("abc", 1, 1000), { now: 65_000, minAgeMs, keep: [] })[0]!.message;
+    expect([young(600_000), young(7_200_000), young(86_400_000), young(90_000)]).toEqual([
+      "younger than the minimum age of 10m (64s old; --min-age sets it)",
+      "younger than the minimum age of 2h (64s old; --min-age sets it)",
+      "younger than the minimum age of 1d (64s old; --min-age sets it)",
+      "younger than the minimum age of 90s (64s old; --min-age sets it)",
+    ]);
   });
 });

@@ -224,7 +224,7 @@ class Scanner {
       if (local === null) return; // a VCS URL: its text is its identity
       const path = resolve(this.ctx.cwd, local);
       this.inside(path, origin, "the editable project");
-      if (!existsSync(path) || !statSync(path).isDirectory()) throw new UsageError(`${origin}: editable project not found: ${local}`);
+      if (!existsSync(path) || !statSync(path).isDirectory()) throw new UsageError(`${origin}: editable project not found: ${local}${local !== path ? ` (looked for ${path})` : ""}`);
       const tree = treeDigest(realpathSync(path), { editable: true, cacheDir: this.ctx.digestCache, onHashing: this.ctx.onHashing });
       this.inputs.locals.push({ kind: "editable", path, digest: tree.digest, origin, files: tree.files });
       return;
@@ -263,7 +263,7 @@ class Scanner {
     try {
       st = statSync(abs);
     } catch {
-      throw new UsageError(`${origin}: local package not found: ${path}`);
+      throw new UsageError(`${origin}: local package not found: ${path}${path !== abs ? ` (looked for ${abs})` : ""}`);
     }
     if (st.isDirectory()) {
       const tree = treeDigest(realpathSync(abs), { editable: false, cacheDir: this.ctx.digestCache, onHashing: this.ctx.onHashing });

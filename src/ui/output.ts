@@ -91,11 +91,12 @@ export function shortKey(key: string): string {
   return key.slice(0, 12);
 }
 
+/** How long ago, each unit rounded before the next is chosen (59.6 s is "1 min ago", never "60s ago"). */
 export function formatAgo(ms: number, now = Date.now()): string {
-  const s = Math.max(0, (now - ms) / 1000);
-  if (s < 60) return `${Math.round(s)}s ago`;
-  if (s < 3600) return `${Math.round(s / 60)} min ago`;
-  if (s < 86400) return `${Math.round(s / 3600)} h ago`;
+  const s = Math.round(Math.max(0, (now - ms) / 1000));
+  if (s < 60) return `${s}s ago`;
+  if (Math.round(s / 60) < 60) return `${Math.round(s / 60)} min ago`;
+  if (Math.round(s / 3600) < 24) return `${Math.round(s / 3600)} h ago`;
   const days = Math.round(s / 86400);
   return `${days} day${days === 1 ? "" : "s"} ago`;
 }

@@ -44,7 +44,7 @@ export default defineCommand({
       `key          ${meta.key}`,
       `path         ${meta.path}`,
       ...(meta.inputs ? inputsLines(meta.inputs) : [`request      ${meta.summary}`]),
-      `built        ${meta.created} in ${formatSeconds(meta.buildSeconds)} with ${meta.venvCreator} + ${meta.installer}${meta.installerFallback ? ` (not uv: ${meta.installerFallback})` : ""}`,
+      `built        ${meta.created} in ${formatSeconds(meta.buildSeconds)} (venv by ${meta.venvCreator}, installed by ${meta.installer})${meta.installerFallback ? ` (not uv: ${meta.installerFallback})` : ""}`,
       `last used    ${lastUsed}`,
       `size         ${formatBytes(meta.sizeBytes)}`,
       `installed    ${meta.installed.join(", ") || "(nothing: the worker's packages satisfy it)"}`,
