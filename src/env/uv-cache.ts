@@ -44,7 +44,8 @@ function readKept(file: string): string | null {
 
 async function askUv(uv: string, env: Record<string, string>): Promise<string | null> {
   try {
-    const proc = Bun.spawn([uv, "cache", "dir", "--no-config"], { env, stdin: "ignore", stdout: "pipe", stderr: "ignore" });
+    // A uv that hangs (a broken wrapper) must not hold the build: its answer is only a hint.
+    const proc = Bun.spawn([uv, "cache", "dir", "--no-config"], { env, stdin: "ignore", stdout: "pipe", stderr: "ignore", timeout: 10_000 });
     const [out, code] = await Promise.all([new Response(proc.stdout).text(), proc.exited]);
     const place = out.trim();
     return code === 0 && place.startsWith("/") ? place : null;
