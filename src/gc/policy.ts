@@ -1,6 +1,7 @@
 import { existsSync, statfsSync } from "node:fs";
 import { dirname } from "node:path";
 import type { GcEntry, SkipReason } from "./types.ts";
+import { formatDuration } from "./units.ts";
 
 /** The rules gc applies, as pure functions of what it measured. */
 
@@ -72,13 +73,6 @@ export interface Protection {
   keep: string[];
 }
 
-/** A duration as --min-age takes it (10m, 2h, 1d, 30s): the largest unit that holds it whole. */
-function asDuration(ms: number): string {
-  const units: [string, number][] = [["d", 86_400_000], ["h", 3_600_000], ["m", 60_000]];
-  const [name, size] = units.find(([, size]) => ms >= size && ms % size === 0) ?? ["s", 1000];
-  return `${Math.round(ms / size)}${name}`;
-}
-
 /** What the policy itself protects: kept keys, and entries too new to judge. In-use checks come from the entry. */
 export function protectedBy(entry: GcEntry, p: Protection): SkipReason[] {
   const reasons: SkipReason[] = [];
@@ -90,6 +84,6 @@ export function protectedBy(entry: GcEntry, p: Protection): SkipReason[] {
   });
   if (kept !== undefined) reasons.push({ code: "keep", message: `kept (--keep ${kept})` });
   const age = p.now - entry.createdMs;
-  if (age < p.minAgeMs) reasons.push({ code: "min-age", message: `younger than the minimum age of ${asDuration(p.minAgeMs)} (${Math.max(0, Math.round(age / 1000))}s old; --min-age sets it)` });
+  if (age < p.minAgeMs) reasons.push({ code: "min-age", message: `younger than the minimum age of ${formatDuration(p.minAgeMs)} (${Math.max(0, Math.round(age / 1000))}s old; --min-age sets it)` });
   return reasons;
 }

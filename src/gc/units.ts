@@ -29,6 +29,12 @@ export function parseDuration(value: string): number | null {
   return Math.round(Number(m[1]) * (UNIT_MS[(m[2] ?? "s").toLowerCase()] ?? 1000));
 }
 
+/** A duration as parseDuration reads it back: the largest unit that holds it whole (10m, 2h, 1d, 90s). */
+export function formatDuration(ms: number): string {
+  const [unit, size] = (["d", "h", "m"] as const).map((u) => [u, UNIT_MS[u]!] as const).find(([, size]) => ms >= size && ms % size === 0) ?? ["s", 1000];
+  return `${Math.round(ms / size)}${unit}`;
+}
+
 /** A percentage of a filesystem: `85` or `85%`, 0 to 100. */
 export function parsePercent(value: string): number | null {
   const m = /^\s*(\d+(?:\.\d+)?)\s*%?\s*$/.exec(value);

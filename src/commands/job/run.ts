@@ -52,9 +52,11 @@ export default defineCommand({
     const command = afterDoubleDash(rawArgs);
     // A command without `--` (job run -p tqdm python -c 1): say where it goes before its own flags look unknown.
     const stray = (a._ as string[]).length > command.length ? beforeDashes.indexOf((a._ as string[])[0]!) : -1;
-    // A misspelled flag before it (`--pyhton python3`) is the real problem: named first.
-    if (stray !== -1) rejectUnknownFlags(beforeDashes.slice(0, stray), args);
-    if (stray !== -1) throw new UsageError(`unexpected argument ${beforeDashes[stray]}: put the command after -- (gpulayer job run ${[...beforeDashes.slice(0, stray), "--", ...beforeDashes.slice(stray)].join(" ")})`);
+    if (stray !== -1) {
+      // A misspelled flag before it (`--pyhton python3`) is the real problem: named first.
+      rejectUnknownFlags(beforeDashes.slice(0, stray), args);
+      throw new UsageError(`unexpected argument ${beforeDashes[stray]}: put the command after -- (gpulayer job run ${[...beforeDashes.slice(0, stray), "--", ...beforeDashes.slice(stray)].join(" ")})`);
+    }
     rejectUnknownFlags(beforeDashes, args);
     // citty keeps the last of several; pip's way to several files is one file that names each.
     if (repeated(beforeDashes, ["-r", "--requirements"]).length > 1) throw new UsageError("-r is taken once (the last would win, the others dropped); for several files, write one that names each with -r");
