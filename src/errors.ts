@@ -111,8 +111,12 @@ function permissionProblem(error: unknown): string | null {
   if (e?.code?.startsWith("SQLITE_READONLY")) return "a database in gpulayer's home is read-only to this user (its job store or outbox; GPULAYER_HOME chooses another home)";
   if (e?.code !== "EACCES" && e?.code !== "EPERM" && e?.code !== "EROFS") return null;
   const why = e.code === "EROFS" ? "a read-only file system" : "permission denied";
-  return `${why}: ${[e.syscall, e.path].filter(Boolean).join(" ") || e.message}`;
+  if (!e.path) return `${why}: ${e.message}`;
+  return `${why}: cannot ${ACTION_OF_CALL[e.syscall ?? ""] ?? "use"} ${e.path}${e.syscall ? ` (${e.syscall})` : ""}`;
 }
+
+/** A system call in the words of what it was for. */
+const ACTION_OF_CALL: Record<string, string> = { scandir: "list", opendir: "list", mkdir: "create", open: "open", rename: "rename", unlink: "remove", rmdir: "remove", rm: "remove", stat: "read", lstat: "read", read: "read", write: "write", utime: "touch", copyfile: "copy", symlink: "link", link: "link", chmod: "change", chown: "change" };
 
 /** Ends the process with a code and no message (e.g. a job's own exit code: its status was already printed). */
 export class ExitError extends Error {
