@@ -320,6 +320,45 @@ describe.if(HAS_UV)("what the fast path leaves to pip", () => {
     }
   });
 
+  test("the index is looked at beside the build, not before it: a root page that answers late delays nothing", async () => {
+    // In front of the index: its root page (what gpulayer looks at) is held until a project page (what uv asks) has
+    // been asked for, or until the look is dropped. A look made before the build would wait the whole 10 s and lose it.
+    const events: string[] = [];
+    let projectAsked: () => void = () => undefined;
+    const asked = new Promise<void>((r) => (projectAsked = r));
+    const upstream = index.url.replace(/\/simple$/, "");
+    const front = Bun.serve({
+      hostname: "127.0.0.1",
+      port: 0,
+      idleTimeout: 30,
+      fetch: async (req) => {
+        const path = new URL(req.url).pathname;
+        if (/^\/simple\/?$/.test(path)) {
+          events.push("root asked");
+          const dropped = new Promise<"dropped">((r) => req.signal.addEventListener("abort", () => r("dropped")));
+          const how = await Promise.race([asked.then(() => "answered" as const), dropped]);
+          events.push(`root ${how}`);
+          return new Response("<!DOCTYPE html><html><body></body></html>", { headers: { "content-type": "text/html" } });
+        }
+        if (path.startsWith("/simple/")) {
+          events.push(`project asked (root ${events.includes("root asked") && !events.some((e) => /^root (answered|dropped)/.test(e)) ? "still held" : "not held"})`);
+          projectAsked();
+        }
+        const answer = await fetch(upstream + path);
+        return new Response(await answer.arrayBuffer(), { status: answer.status, headers: { "content-type": answer.headers.get("content-type") ?? "application/octet-stream" } });
+      },
+    });
+    try {
+      const r = await build("uv", ["-p", "tiny", "--index-url", `http://127.0.0.1:${front.port}/simple`, "--python", wB]);
+      expect(r.code).toBe(0);
+      expect(r.installed).toContain("tiny==1.0");
+      expect(events[0]).toBe("root asked");
+      expect(events).toContain("project asked (root still held)");
+    } finally {
+      front.stop(true);
+    }
+  });
+
   test("GPULAYER_INSTALLER takes auto, uv or pip", async () => {
     const r = await build("bogus" as "auto", ["-p", "tiny", ...idx(), "--python", wB]);
     expect(r.code).toBe(2);

@@ -1,10 +1,9 @@
 import { existsSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { InstallError, UsageError } from "../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
 import { FAST_PATH, machinePipConfig, prereleasesInstalled, requestRefusal, UvFailed, uvCheck, uvEnv, uvInstall, uvVersion, workerRefusal } from "./fast-path.ts";
-import { redactUrl } from "./url-credentials.ts";
+import { IndexWatch, proxied } from "./index-watch.ts";
 import { compileBytecode } from "./bytecode.ts";
 import { saysNoSpace } from "./disk-full.ts";
 import { NEUTRAL_VARIABLES, pipConfigSourceDigest } from "./installer-config.ts";
@@ -76,49 +75,6 @@ function installerEnv(plan: BuildPlan): Record<string, string> {
   return env;
 }
 
-/** Fail fast and clearly when an index does not answer, instead of after pip's retries. */
-async function checkIndexesReachable(plan: BuildPlan): Promise<void> {
-  if (plan.inputs.noIndex) return;
-  const o = plan.flags;
-  await indexesReachable([o.indexUrl, ...o.extraIndexUrls, ...plan.inputs.indexUrls].filter((u): u is string => Boolean(u)), "", proxied(plan.env));
-}
-
-/** A proxy the installers would go through (pip's and uv's own variables): our direct look at an index proves nothing then. */
-const proxied = (env: NodeJS.ProcessEnv): boolean => ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "PIP_PROXY"].some((v) => Boolean(env[v]));
-
-/**
- * Failures that say no installer can reach the host either: nothing listens there, or its name is unknown. A TLS
- * refusal or a slow answer is not one: pip's cert, trusted-host and timeout settings may well make it work.
- */
-const CERTAINLY_UNREACHABLE = /ConnectionRefused|ECONNREFUSED|ENOTFOUND|getaddrinfo|Unable to connect/i;
-
-/** Each index answers, or one line names the first that does not (a file:// one: its folder is there); `from` says where it was set. */
-async function indexesReachable(urls: string[], from: string, viaProxy: boolean): Promise<void> {
-  for (const url of urls) {
-    if (!/^file:/i.test(url)) continue;
-    let path: string;
-    try {
-      path = fileURLToPath(url);
-    } catch {
-      continue; // pip's to judge
-    }
-    if (!existsSync(path)) throw new InstallError(`index not found: ${redactUrl(url)}${from} (no such folder: ${path})`, "");
-  }
-  if (viaProxy) return;
-  await Promise.all(
-    urls.filter((u) => /^https?:\/\//.test(u)).map(async (url) => {
-      const bare = url.replace(/^(https?:\/\/)[^/@]+@/, "$1");
-      try {
-        await fetch(bare, { method: "GET", signal: AbortSignal.timeout(10_000), redirect: "manual" }).then((r) => r.body?.cancel());
-      } catch (error) {
-        const { message, code } = error as Error & { code?: string };
-        // Anything else is the installer's to judge, with the settings it reads.
-        if (CERTAINLY_UNREACHABLE.test(`${code ?? ""} ${message}`)) throw new InstallError(`index unreachable: ${redactUrl(url)}${from} (${message})`, "");
-      }
-    }),
-  );
-}
-
 export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise<BuildOutcome> {
   const setting = plan.installer ?? "auto";
   const { path: uv, reason: noUv } = await findUv(plan, installerEnv(plan));
@@ -127,24 +83,35 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
   const refusal = setting === "pip" ? null : (noUv ?? requestRefusal(plan, uv));
   if (setting === "uv" && refusal) throw new UsageError(`GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${refusal}`);
 
-  await checkIndexesReachable(plan);
-
+  // The indexes are looked at while the build runs (index-watch.ts): one that does not answer stops it, and is named.
+  const indexes = new IndexWatch();
+  const o = plan.flags;
+  if (!plan.inputs.noIndex) indexes.watch([o.indexUrl, ...o.extraIndexUrls, ...plan.inputs.indexUrls].filter((u): u is string => Boolean(u)), "", proxied(plan.env));
+  const watched: BuildPlan = { ...plan, signal: plan.signal ? AbortSignal.any([plan.signal, indexes.signal]) : indexes.signal };
   const steps: BuildOutcome["steps"] = [];
-  if (setting === "pip" || refusal || !uv) return attempt(plan, hooks, steps, null, refusal);
   try {
-    return await attempt(plan, hooks, steps, uv, null);
+    if (setting === "pip" || refusal || !uv) return await attempt(watched, hooks, steps, null, refusal, indexes);
+    try {
+      return await attempt(watched, hooks, steps, uv, null, indexes);
+    } catch (error) {
+      if (!(error instanceof UvFailed)) throw error;
+      // A full disk is as full for pip: said at once, not after a second build.
+      if (setting === "uv" || saysNoSpace([error.failure.message, error.failure.detail])) throw error.failure;
+      // What uv tried is gone; pip builds the env from the start, and says why.
+      rmSync(plan.dir, { recursive: true, force: true });
+      return await attempt(watched, hooks, steps, null, error.reason, indexes);
+    }
   } catch (error) {
-    if (!(error instanceof UvFailed)) throw error;
-    // A full disk is as full for pip: said at once, not after a second build.
-    if (setting === "uv" || saysNoSpace([error.failure.message, error.failure.detail])) throw error.failure;
-    // What uv tried is gone; pip builds the env from the start, and says why.
-    rmSync(plan.dir, { recursive: true, force: true });
-    return attempt(plan, hooks, steps, null, error.reason);
+    // A stop or a time limit is told by its owner; any other failure, when an index did not answer, is that index's.
+    if (plan.signal?.aborted) throw error;
+    throw (await indexes.failure()) ?? error;
+  } finally {
+    indexes.stop();
   }
 }
 
 /** One build from nothing: with uv when given one (unless the worker's packages rule it out), else with pip. */
-async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["steps"], uv: string | null, reason: string | null): Promise<BuildOutcome> {
+async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["steps"], uv: string | null, reason: string | null, indexes: IndexWatch): Promise<BuildOutcome> {
   let fallback = reason;
   const begin = (step: BuildStep, detail: string) => {
     hooks.onStep?.(step, detail);
@@ -179,7 +146,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
       kept ? { code: 0, lines: [] } : runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }),
       uv ? scanWorker(info.path, info.siteDirs, env, join(plan.toolsDir, "worker-scan-v1"), Date.now()) : null,
       // Asked for pip's path too: a setting that installs outside the env is refused on either.
-      machineSettingsForUv(plan, env),
+      machineSettingsForUv(plan, env, indexes),
     ]);
     const venvArgv = [info.executable, "-m", "venv", "--without-pip", plan.dir];
     if (code !== 0 && venvUv && plan.venvCreator !== "uv" && info.hasVenvModule) {
@@ -282,7 +249,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
  * is isolated from it or there is none; else pip's own reading of it,
  * translated for uv, or why uv cannot honour it (then pip builds, and says so).
  */
-async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>): Promise<{ translation: UvTranslation } | { refusal: string } | { fatal: string } | null> {
+async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>, indexes: IndexWatch): Promise<{ translation: UvTranslation } | { refusal: string } | { fatal: string } | null> {
   if (plan.isolated) return null;
   const sources = machinePipConfig(plan.env);
   if (!sources.length) return null;
@@ -296,10 +263,10 @@ async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>
   } catch (error) {
     return { refusal: `the machine's pip configuration could not be read through pip (${(error as Error).message})` };
   }
-  // An index the configuration names that does not answer: one line now, not the installers' retries (and pip's after uv's).
+  // An index the configuration names that does not answer stops the build with one line, as a flag's does.
   const noIndex = plan.inputs.noIndex || Boolean(settings.options.no_index?.value);
   const indexUrls = noIndex ? [] : [settings.options.index_url?.value, ...((settings.options.extra_index_urls?.value as string[] | undefined) ?? [])].filter((u): u is string => typeof u === "string" && u !== "");
-  await indexesReachable(indexUrls, ` (set by the machine's pip configuration: ${originsOf(settings, ["--index-url", "--extra-index-url"], sources).join(", ")})`, proxied(plan.env) || Boolean(settings.options.proxy?.value));
+  indexes.watch(indexUrls, ` (set by the machine's pip configuration: ${originsOf(settings, ["--index-url", "--extra-index-url"], sources).join(", ")})`, proxied(plan.env) || Boolean(settings.options.proxy?.value));
   const relocating = relocatingOptions(settings);
   if (relocating.length) return { fatal: `the machine's pip configuration sets ${relocating.join(", ")} (from ${originsOf(settings, relocating, sources).join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)` };
   const translation = translateForUv(settings);
