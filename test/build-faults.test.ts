@@ -68,7 +68,8 @@ for (const installer of HAS_UV ? (["auto", "pip"] as const) : (["pip"] as const)
         const victim = keepOutput(startCli(args, { env, cwd: s.root }), kept);
         await waitFor("the installer's download to start", () => proxy.state.downloads > 0);
         const [tool, ...others] = await waitFor("the installer among gpulayer's children", () => {
-          const found = childrenOf(victim.proc.pid, "install");
+          // The installer itself (`uv pip install`, `python -m pip install`), not the compile's workers waiting beside it.
+          const found = childrenOf(victim.proc.pid, "pip install");
           return found.length ? found : null;
         });
         expect(others).toEqual([]);

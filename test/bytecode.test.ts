@@ -1,7 +1,7 @@
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
-import { compileBytecode } from "../src/env/bytecode.ts";
+import { compileBytecode, startCompiler } from "../src/env/bytecode.ts";
 import { run, tempDir } from "./helpers.ts";
 
 /**
@@ -158,6 +158,33 @@ describe("compiled bytecode", () => {
     expect(statSync(stalePyc).ino).not.toBe(before.stale);
     const loaded = await run(["python3", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import top; print(top.CHANGED, top.__cached__ is not None)", site], { env: { ...env, PYTHONDONTWRITEBYTECODE: "1" } });
     expect(loaded.stdout.trim()).toBe("1 True");
+  });
+
+  test("workers started ahead (while an install runs) wait for their work: then compile as compileall does; cancelled, none is left running", async () => {
+    const root = tempDir("gpl-pyc-");
+    const site = tree(root);
+    const env = { PATH: process.env.PATH ?? "/usr/bin:/bin" };
+    const compilers = () => Bun.spawnSync(["pgrep", "-P", String(process.pid), "-f", "python3 -I -S"]).stdout.toString().split("\n").filter(Boolean);
+    // Started before the files are there, as in a build: the tree is listed at compile(), not at the start.
+    const ahead = startCompiler("python3", { env, cwd: root, hooks });
+    await Bun.sleep(300);
+    expect(compilers().length).toBeGreaterThan(0); // up and waiting on their stdin
+    expect(pycs(site)).toEqual({});
+    expect(await ahead.compile(site)).toBe(47);
+    const ours = pycs(site);
+    dropPycs(site);
+    await run(["python3", "-m", "compileall", "-q", site], { env });
+    expect(ours).toEqual(pycs(site));
+    expect(compilers()).toEqual([]);
+
+    // The install failed: no compile, and no worker outlives the build.
+    dropPycs(site);
+    const unused = startCompiler("python3", { env, cwd: root, hooks });
+    await Bun.sleep(300);
+    expect(compilers().length).toBeGreaterThan(0);
+    await unused.cancel();
+    expect(compilers()).toEqual([]);
+    expect(pycs(site)).toEqual({});
   });
 
   test("a folder with no Python files starts no compiler; a missing interpreter is one clear failure", async () => {

@@ -4,7 +4,7 @@ import { InstallError, UsageError } from "../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
 import { FAST_PATH, machinePipConfig, prereleasesInstalled, requestRefusal, UvFailed, uvCheck, uvEnv, uvInstall, uvVersion, workerRefusal } from "./fast-path.ts";
 import { IndexWatch, proxied } from "./index-watch.ts";
-import { compileBytecode } from "./bytecode.ts";
+import { type Compiler, compileBytecode, startCompiler } from "./bytecode.ts";
 import { saysNoSpace } from "./disk-full.ts";
 import { NEUTRAL_VARIABLES, pipConfigSourceDigest } from "./installer-config.ts";
 import { machinePipSettings, originsOf, type PipSettings, relocatingOptions, translateForUv, type UvTranslation } from "./pip-config.ts";
@@ -201,15 +201,20 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     // The compile runs while the placeholders go back (it lists the env's files first, and placeholders hold none)
     // and the worker's findings are checked against the env.
     let compiled: Promise<unknown> | null = null;
+    let compiler: Compiler | null = null;
     try {
       if (requirements.length) {
-        await timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
-        compiled = timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, compileOptions));
+        const installing = timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
+        // The compiler's interpreters start while uv installs (bytecode.ts); uv first, it is the longer road.
+        compiler = startCompiler(envPython, compileOptions);
+        await installing;
+        const started = compiler;
+        compiled = timed("compiling", "bytecode of the env's own packages", () => started.compile(site));
         compiled.catch(() => undefined); // told below, after the placeholders are back
       }
-      const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site);
-      if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
       after = afterInstall(site, standins);
+      const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site, after.kept);
+      if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
       const held = plan.inputs.optionsSeen.has("--no-deps") ? null : baseCheckHolds(base, after, standins);
       if (held) check = held; // the worker's findings hold for this env (standins.ts)
       else {
@@ -227,7 +232,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
         }
       }
       // No compiler outlives the build, failed or not.
-      await compiled?.catch(() => undefined);
+      await (compiled ?? compiler?.cancel())?.catch(() => undefined);
     }
     await compiled;
   } else {

@@ -89,24 +89,64 @@ export interface CompileOptions {
 }
 
 /** Compile every module under `site`; returns how many files were given to the compiler. A full disk is NoSpaceLeft or an InstallError that says so. */
-export async function compileBytecode(python: string, site: string, opts: CompileOptions): Promise<number> {
-  const files = pythonSources(site);
-  if (!files.length) return 0;
+export function compileBytecode(python: string, site: string, opts: CompileOptions): Promise<number> {
+  return startCompiler(python, opts, 0).compile(site);
+}
+
+/** Workers started ahead by default, at most this many: a small package wants few, and more start when the files call for them. */
+const AHEAD = 4;
+
+export interface Compiler {
+  /** List the modules under `site` now and compile them; once. */
+  compile(site: string): Promise<number>;
+  /** No compile after all (the install failed): the waiting workers exit, and are waited for. */
+  cancel(): Promise<void>;
+}
+
+/**
+ * The compiler's workers started now, each waiting on its stdin for its
+ * share: started while the installer runs, their interpreters' start-up is
+ * off the build's path (about 8 ms each here, more on a loaded machine).
+ */
+export function startCompiler(python: string, opts: CompileOptions, ahead = AHEAD): Compiler {
   // A cache prefix would send the bytecode elsewhere; "don't write bytecode" is for jobs, not for the build.
   const { PYTHONDONTWRITEBYTECODE: _, PYTHONPYCACHEPREFIX: __, ...env } = opts.env;
-  const shares = evenShares(files, Math.min(availableParallelism(), Math.ceil(files.length / FILES_PER_WORKER)));
+  const cpus = availableParallelism();
   // One "still running" line for the compile, not one per worker.
   const { onQuiet: _q, ...silent } = opts.hooks;
-  const results = await Promise.all(
-    shares.map((share, i) =>
-      runTool([python, "-I", "-S", "-c", COMPILER], { env, cwd: opts.cwd, hooks: i === 0 ? opts.hooks : silent, signal: opts.signal, keep: opts.keep, input: new Blob([share.join("\0")]) }),
-    ),
-  );
-  const lines = results.flatMap((r) => r.lines);
-  // 3: some module did not compile (tolerated, as pip does); anything else is the compiler's own failure.
-  if (results.some((r) => r.code !== 0 && r.code !== NOT_ALL_COMPILED) || saysNoSpace(lines)) throw installFailure("compiling the env's bytecode failed", lines);
-  if (nearlyFull(site)) throw new NoSpaceLeft("ENOSPC", "compiling the env's bytecode");
-  return files.length;
+  const worker = (i: number, input: Promise<string>) =>
+    runTool([python, "-I", "-S", "-c", COMPILER], { env, cwd: opts.cwd, hooks: i === 0 ? opts.hooks : silent, signal: opts.signal, keep: opts.keep, input });
+  const waiting = Array.from({ length: Math.min(cpus, ahead) }, () => Promise.withResolvers<string>());
+  const started = waiting.map((w, i) => worker(i, w.promise));
+  // Stopped while they wait (a time limit during the install): told by the install, not as an unhandled rejection.
+  for (const run of started) run.catch(() => undefined);
+  const settled = () => Promise.allSettled(started);
+  return {
+    async compile(site) {
+      let shares: string[][];
+      try {
+        const files = pythonSources(site);
+        shares = files.length ? evenShares(files, Math.min(cpus, Math.ceil(files.length / FILES_PER_WORKER))) : [];
+      } catch (error) {
+        for (const w of waiting) w.resolve("");
+        await settled();
+        throw error;
+      }
+      const input = (share: string[] | undefined) => (share ? share.join("\0") : "");
+      waiting.forEach((w, i) => w.resolve(input(shares[i])));
+      const more = shares.slice(waiting.length).map((share, i) => worker(waiting.length + i, Promise.resolve(input(share))));
+      const results = await Promise.all([...started, ...more]);
+      const lines = results.flatMap((r) => r.lines);
+      // 3: some module did not compile (tolerated, as pip does); anything else is the compiler's own failure.
+      if (results.some((r) => r.code !== 0 && r.code !== NOT_ALL_COMPILED) || saysNoSpace(lines)) throw installFailure("compiling the env's bytecode failed", lines);
+      if (nearlyFull(site)) throw new NoSpaceLeft("ENOSPC", "compiling the env's bytecode");
+      return shares.reduce((n, share) => n + share.length, 0);
+    },
+    async cancel() {
+      for (const w of waiting) w.resolve("");
+      await settled();
+    },
+  };
 }
 
 interface Source {

@@ -171,8 +171,11 @@ export function localFindLinksProjects(plan: BuildPlan, machine: UvTranslation |
  * specifier names a pre-release or the name has no specifier and nothing else.
  * Rather than guess which, auto leaves such a request to pip.
  */
-export function prereleasesInstalled(site: string): string[] {
+export function prereleasesInstalled(site: string, placeholders: string[] = []): string[] {
+  // The worker's placeholders still in place are the worker's own: not parsed at all (hundreds, on a GPU worker).
+  const skip = new Set(placeholders);
   return readdirSync(site).flatMap((n) => {
+    if (skip.has(n)) return [];
     const m = /^(.+)-([^-]+)\.dist-info$/.exec(n);
     if (!m || !explain(m[2]!)?.is_prerelease) return [];
     try {

@@ -36,11 +36,13 @@ export type KeepGroup = (pid: number) => () => void;
  * ends it itself on SIGINT, SIGTERM and SIGHUP (the signal aborts). Without
  * `keep` it stays in our process group.
  */
-export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal; keep?: KeepGroup; quietMs?: number; input?: Blob }): Promise<{ code: number; lines: string[] }> {
+export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal; keep?: KeepGroup; quietMs?: number; input?: Blob | Promise<string> }): Promise<{ code: number; lines: string[] }> {
   opts.signal?.throwIfAborted();
-  let proc: Bun.Subprocess<"ignore" | Blob, "pipe", "pipe">;
+  // Input still to come: the tool is started now and waits on its stdin (started ahead of its work, its start-up is off the build's path).
+  const later = opts.input instanceof Promise ? opts.input : null;
+  let proc: Bun.Subprocess<"ignore" | "pipe" | Blob, "pipe", "pipe">;
   try {
-    proc = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdin: opts.input ?? "ignore", stdout: "pipe", stderr: "pipe", detached: Boolean(opts.keep) });
+    proc = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdin: later ? "pipe" : ((opts.input as Blob | undefined) ?? "ignore"), stdout: "pipe", stderr: "pipe", detached: Boolean(opts.keep) });
   } catch (error) {
     throw new InstallError(`cannot run ${argv[0]}: ${(error as Error).message}`, "");
   }
@@ -76,6 +78,20 @@ export async function runTool(argv: string[], opts: { env: Record<string, string
     }
   }, Math.min(quietMs, 5_000));
   quiet.unref();
+  if (later) {
+    const sink = proc.stdin as Bun.FileSink;
+    const give = (text: string) => {
+      // Quiet from when it has its work, not while it waits for it.
+      lastLine = performance.now();
+      try {
+        if (text) sink.write(text);
+        void Promise.resolve(sink.end()).catch(() => undefined);
+      } catch {
+        // it is gone already: its exit code says why
+      }
+    };
+    later.then(give, () => give(""));
+  }
   const lines: string[] = [];
   const emit = (raw: string) => {
     lastLine = performance.now();
