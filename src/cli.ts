@@ -1,11 +1,12 @@
 #!/usr/bin/env bun
-import { defineCommand, runCommand, type CommandDef } from "citty";
+import type { CommandDef } from "citty";
 import { errorReport, ExitCode, ExitError, UsageError, UserError } from "./errors.ts";
 import type { ErrorDoc } from "./commands/_json.ts";
 import { versionInfo } from "./version.ts";
 import { writeOut, writeErr } from "./ui/terminal.ts";
 
-const main = defineCommand({
+// A plain definition (citty's defineCommand returns its argument): citty itself loads only where a command runs.
+const main: CommandDef = {
   meta: {
     name: "gpulayer",
     version: versionInfo.version,
@@ -21,7 +22,7 @@ const main = defineCommand({
     workers: () => import("./commands/workers.ts").then((m) => m.default),
     version: () => import("./commands/version.ts").then((m) => m.default),
   },
-});
+};
 
 /** Walk the subcommands named in argv to the one --help is about. */
 async function resolveCommand(cmd: CommandDef, args: string[], parent?: CommandDef, path: string[] = []): Promise<[CommandDef, CommandDef | undefined, string[]]> {
@@ -51,6 +52,9 @@ async function run(argv: string[]): Promise<number> {
   try {
     // Options and no command (`gpulayer -x`): citty would say only that no command was given.
     if (beforeDashes.length && beforeDashes.every((a) => a.startsWith("-"))) throw new UsageError(`no command given, only ${beforeDashes[0]} (see gpulayer --help)`);
+    // The warm lane: a prepare whose env is ready answers without the command tree (it steps aside for anything else).
+    if (argv[0] === "env" && argv[1] === "prepare" && (await (await import("./commands/env/_warm-lane.ts")).warmPrepare(argv.slice(2)))) return ExitCode.ok;
+    const { runCommand } = await import("citty");
     await runCommand(main, { rawArgs: argv });
     return ExitCode.ok;
   } catch (error) {

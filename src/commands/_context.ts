@@ -32,11 +32,15 @@ export interface CommandContext {
  */
 const OWN_SECRETS = ["GPULAYER_TOKEN", "GPULAYER_TOKEN_FILE", "GPULAYER_METRICS_TOKEN", "GPULAYER_DATABASE"];
 
-/** `configMayBeMissing`: for `config path`, which says where the file goes whether or not it is there. */
-export async function commandContext(flags: FlagValues = {}, opts: { configMayBeMissing?: boolean } = {}): Promise<CommandContext> {
+/**
+ * `configMayBeMissing`: for `config path`, which says where the file goes whether or not it is there.
+ * `tokenFileUnread`: token_file left as a path, for a caller that steps aside when one is set (a file of `-` is
+ * standard input, which can be read once).
+ */
+export async function commandContext(flags: FlagValues = {}, opts: { configMayBeMissing?: boolean; tokenFileUnread?: boolean } = {}): Promise<CommandContext> {
   const env = process.env;
   const settings = await resolveSettings(env, flags, opts);
-  if (settings.values.token_file !== undefined) tokenFromFile(settings);
+  if (settings.values.token_file !== undefined && !opts.tokenFileUnread) tokenFromFile(settings);
   const childEnv: Record<string, string> = {};
   for (const [k, v] of Object.entries(env)) if (v !== undefined && !OWN_SECRETS.includes(k)) childEnv[k] = v;
   return {

@@ -1,40 +1,24 @@
 import { defineCommand } from "citty";
 import { UsageError } from "../../errors.ts";
 import { dryRunPrepare, prepareEnv } from "../../env/prepare.ts";
-import { defaultPython } from "../../config/python.ts";
-import { environmentRequest } from "../../env/request.ts";
 import { inputsLines } from "../../env/inputs-report.ts";
-import { formatBytes, formatSeconds, Output, shortKey } from "../../ui/output.ts";
+import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-
 import { commandContext, engineHost, stopOnSignals } from "../_context.ts";
-import { buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
+import { rejectUnknownFlags, repeated } from "../_args.ts";
+import { FROM_JOB_RUN, prepareArgs } from "./_prepare-args.ts";
+import { localPrepareRequest, reportPrepared } from "./_prepare-local.ts";
 import { prepareHooks, prepareFailure } from "../_prepare-ui.ts";
-import type { EnvDryRunDoc, EnvPrepareDoc } from "../_json.ts";
-
-const args = {
-  requirements: { type: "positional", required: false, valueHint: "REQ_FILE", description: "A requirements file (pip's format: -r/-c includes, options, markers)" },
-  package: { type: "string", alias: "p", valueHint: "SPEC", description: "A requirement such as 'numpy<3' (repeatable)" },
-  image: { type: "string", valueHint: "REF", description: "Pull a container image ahead of jobs (Docker or Podman), or find it already here" },
-  pull: { type: "string", valueHint: "missing|always|never", description: "With --image: pull only when missing (default), always, or never" },
-  "dry-run": { type: "boolean", description: "Show the key, whether it would reuse or build, and every input the key covers; build nothing" },
-  ...installerArgs,
-  ...serverArgs,
-  ...labelArgs,
-  ...buildOutputArgs,
-} as const;
-
-/** `job run` names its file with -r; here it is the argument. */
-const FROM_JOB_RUN = Object.fromEntries(["-r", "--requirement"].map((f) => [f, "the requirements file is the argument here (gpulayer env prepare requirements.txt)"]));
+import type { EnvDryRunDoc } from "../_json.ts";
 
 export default defineCommand({
   meta: {
     name: "prepare",
     description: "Build the environment for a request, or find it already built. Prints its path (last line on stdout).",
   },
-  args,
+  args: prepareArgs,
   async run({ args: a, rawArgs }) {
-    rejectUnknownFlags(rawArgs, args, FROM_JOB_RUN);
+    rejectUnknownFlags(rawArgs, prepareArgs, FROM_JOB_RUN);
     const out = new Output(a);
     const specs = repeated(rawArgs, ["-p", "--package"]);
     const ctx = await commandContext({ python: a.python, server: a.server, token: a.token, token_file: a["token-file"], prepare_timeout: a["prepare-timeout"] });
@@ -67,18 +51,7 @@ export default defineCommand({
       out.result({ ...imageJson(result), env: { key: env.key, path: env.path, status: env.status, seconds: Number(env.seconds.toFixed(4)) } }, () => env.path, true);
       return;
     }
-    const fallback = defaultPython(layout, ctx.settings);
-    const asked = { requirementsFile: a.requirements, specs, conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]) };
-    const request = {
-      ...environmentRequest(asked, ctx.cwd, fallback.python, fallback.origin),
-      cwd: ctx.cwd,
-      env: ctx.childEnv,
-      installer: values.installer,
-      venvCreator: values.venv_creator,
-      uv: values.uv,
-      timeoutMs: values.prepare_timeout,
-      signal: stopOnSignals(),
-    };
+    const request = { ...localPrepareRequest(a, rawArgs, ctx), signal: stopOnSignals() };
     if (a["dry-run"]) {
       const plan = dryRunPrepare(layout, request, { onHashing: prepareHooks(out).onHashing });
       const doc: EnvDryRunDoc = { key: plan.key, would: plan.would, path: plan.path, summary: plan.summary, inputs: plan.inputs };
@@ -86,16 +59,7 @@ export default defineCommand({
       return;
     }
     try {
-      const result = await prepareEnv(layout, request, { hooks: prepareHooks(out) });
-      for (const finding of result.check) out.log.warn(`pip check: ${finding}`);
-      const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${formatBytes(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
-      out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);
-      const doc: EnvPrepareDoc = { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath };
-      out.result(
-        doc,
-        () => result.path,
-        true,
-      );
+      reportPrepared(out, await prepareEnv(layout, request, { hooks: prepareHooks(out) }));
     } catch (error) {
       throw prepareFailure(error);
     }

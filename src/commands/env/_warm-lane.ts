@@ -1,0 +1,41 @@
+import type { ParsedArgs } from "citty";
+import { findPrepared, type PrepareResult } from "../../env/lookup.ts";
+import { Output } from "../../ui/output.ts";
+import { plainArgs } from "../_plain-args.ts";
+import { commandContext } from "../_context.ts";
+import { prepareHooks } from "../_prepare-ui.ts";
+import { prepareArgs } from "./_prepare-args.ts";
+import { localPrepareRequest, reportPrepared } from "./_prepare-local.ts";
+
+/**
+ * `env prepare` for an env that is ready: the same flags read as citty reads them (plainArgs: the plain forms only),
+ * the same settings, request, look and report as the command's, without loading the command tree (the warm path's
+ * start-up is most of its time). It answers only a local request whose env is ready; anything else (a server, an
+ * image, a token file, --conda, --dry-run, a build, an error to report) returns false and the command runs as
+ * usual, from the start.
+ * Stepping aside costs the command nothing: the look writes only what the command's own look would (the digest
+ * cache, a big file's hashing line), and a failure is left for the command to report.
+ */
+export async function warmPrepare(rawArgs: string[]): Promise<boolean> {
+  let answer: { out: Output; result: PrepareResult } | null;
+  try {
+    answer = await lookUp(rawArgs);
+  } catch {
+    return false;
+  }
+  if (!answer) return false;
+  reportPrepared(answer.out, answer.result);
+  return true;
+}
+
+async function lookUp(rawArgs: string[]): Promise<{ out: Output; result: PrepareResult } | null> {
+  const a = plainArgs(rawArgs, prepareArgs) as ParsedArgs<typeof prepareArgs> | null;
+  if (!a) return null;
+  const remoteOrImage = [a.server, a.token, a["token-file"], a.label, a.image, a.pull].some((v) => v !== undefined);
+  if (remoteOrImage || a["dry-run"] || a.conda !== undefined) return null;
+  const ctx = await commandContext({ python: a.python, prepare_timeout: a["prepare-timeout"] }, { tokenFileUnread: true });
+  if (ctx.values.server !== undefined || ctx.values.token_file !== undefined) return null;
+  const out = new Output(a);
+  const result = findPrepared(ctx.layout, localPrepareRequest(a, rawArgs, ctx), prepareHooks(out));
+  return result && { out, result };
+}
