@@ -21,7 +21,8 @@ export function readRequirementsText(path: string, shown: string): string {
     const st = fstatSync(fd);
     if (!st.isFile()) throw new UsageError(`${shown} is not a regular file (a requirements file is a text file)`);
     if (st.size > MAX_REQUIREMENTS_FILE) throw new UsageError(`${shown} is ${st.size} bytes: too big for a requirements file (at most ${MAX_REQUIREMENTS_FILE})`);
-    const buf = Buffer.alloc(st.size);
+    // A plain byte array: Buffer is made on first use, ~0.2 ms of a warm prepare.
+    const buf = new Uint8Array(st.size);
     let got = 0;
     while (got < st.size) {
       const n = readSync(fd, buf, got, st.size - got, got);

@@ -13,6 +13,7 @@ import { writeSync } from "node:fs";
 type Fd = 1 | 2;
 
 const streamed = new Set<Fd>();
+const encoder = new TextEncoder();
 const stream = (fd: Fd) => (fd === 1 ? process.stdout : process.stderr);
 
 /**
@@ -27,14 +28,15 @@ export const capture: { sink: ((fd: Fd, text: string) => void) | null } = { sink
 
 function write(fd: Fd, data: string | Uint8Array): void {
   if (capture.sink) {
-    capture.sink(fd, typeof data === "string" ? data : Buffer.from(data).toString());
+    capture.sink(fd, typeof data === "string" ? data : new TextDecoder().decode(data));
     return;
   }
   if (streamed.has(fd)) {
     stream(fd).write(data);
     return;
   }
-  const bytes = typeof data === "string" ? Buffer.from(data) : data;
+  // TextEncoder, not Buffer.from: Bun makes Buffer on its first use, ~0.2 ms of a warm prepare's start.
+  const bytes = typeof data === "string" ? encoder.encode(data) : data;
   let off = 0;
   while (off < bytes.length) {
     try {
