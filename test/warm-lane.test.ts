@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { statSync, utimesSync } from "node:fs";
+import { mkdirSync, statSync, truncateSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { CLI_ARGV, cli, makeWorkerVenv, sandbox, tempDir } from "./helpers.ts";
@@ -69,6 +69,42 @@ describe("the warm lane answers as the command does", () => {
     utimesSync(marker, old, old);
     expect((await cli([...request, "--quiet"], { env: box.env })).code).toBe(0);
     expect(statSync(marker).mtimeMs).toBeGreaterThan(Date.now() - 600_000);
+  });
+
+  test("an empty flag value on a warm request is the command's refusal, not an env the empty value happens to key", async () => {
+    // An env built with `--find-links .`: an empty --find-links, resolved as the working directory, is its key too.
+    const here = join(world, "links-here");
+    mkdirSync(here, { recursive: true });
+    const built = await cli([...request, "--find-links", "."], { env: box.env, cwd: here });
+    expect(built.code, built.stderr).toBe(0);
+    for (const empty of [["--find-links", ""], ["--find-links="], ["--index-url", ""], ["--extra-index-url="]]) {
+      const r = await cli([...request, ...empty], { env: box.env, cwd: here });
+      expect({ empty, code: r.code, stdout: r.stdout }).toEqual({ empty, code: 2, stdout: "" });
+      expect(r.stderr).toMatch(/^error: --[a-z-]+ needs a value \(an empty one was given\)\n$/);
+    }
+  });
+
+  test("--verbose: the key's line once, whether the lane answers or the command builds", async () => {
+    index.wheel({ name: "lane-verbose", version: "1.0" });
+    const verbose = [...request.slice(0, 3), "lane-verbose", ...request.slice(4), "--verbose"];
+    for (const status of ["built", "reused"]) {
+      const r = await cli(verbose, { env: box.env });
+      expect(r.code, r.stderr).toBe(0);
+      expect({ status, keyLines: r.stderr.split("\n").filter((l) => l.startsWith("key ")).length }).toEqual({ status, keyLines: 1 });
+      expect(r.stderr).toContain(`env ${r.stderr.match(/^key ([0-9a-f]{12})/m)![1]} ${status}`);
+    }
+  });
+
+  test("a big find-links file just changed is hashed once, by the command, with one line", async () => {
+    const big = join(world, "big-links");
+    mkdirSync(big, { recursive: true });
+    writeFileSync(join(big, "README"), "not a distribution\n");
+    const pad = join(big, "zzpad-1.0.tar.gz");
+    writeFileSync(pad, "");
+    truncateSync(pad, 65 * 1024 * 1024);
+    const r = await cli([...request, "--find-links", big], { env: box.env });
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr.split("\n").filter((l) => l.includes(`hashing ${pad}`))).toHaveLength(1);
   });
 
   test("a bad setting on a warm request is the command's one line and exit 2", async () => {

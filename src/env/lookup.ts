@@ -132,8 +132,10 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
 export function findPrepared(layout: HomeLayout, req: PrepareRequest, hooks: PrepareHooks = {}): PrepareResult | null {
   const started = performance.now();
   const resolved = resolveRequest(layout, req, hooks);
-  hooks.onResolved?.(resolved);
-  return readyEntry(resolved, entryPaths(layout, resolved.key), started);
+  const found = readyEntry(resolved, entryPaths(layout, resolved.key), started);
+  // Only for an answer: a caller that goes on to prepareEnv when there is none would say it twice.
+  if (found) hooks.onResolved?.(resolved);
+  return found;
 }
 
 /** The env when ready (its last use touched), else null: every look of a prepare, with the lock held or not. */

@@ -1,10 +1,11 @@
 import type { ParsedArgs } from "citty";
 import { findPrepared, type PrepareResult } from "../../env/lookup.ts";
 import { Output } from "../../ui/output.ts";
+import { rejectUnknownFlags } from "../_args.ts";
 import { plainArgs } from "../_plain-args.ts";
 import { commandContext } from "../_context.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
-import { prepareArgs } from "./_prepare-args.ts";
+import { FROM_JOB_RUN, prepareArgs } from "./_prepare-args.ts";
 import { localPrepareRequest, reportPrepared } from "./_prepare-local.ts";
 
 /**
@@ -13,8 +14,9 @@ import { localPrepareRequest, reportPrepared } from "./_prepare-local.ts";
  * start-up is most of its time). It answers only a local request whose env is ready; anything else (a server, an
  * image, a token file, --conda, --dry-run, a build, an error to report) returns false and the command runs as
  * usual, from the start.
- * Stepping aside costs the command nothing: the look writes only what the command's own look would (the digest
- * cache, a big file's hashing line), and a failure is left for the command to report.
+ * Stepping aside costs the command nothing and shows nothing: the look writes only what the command's own look would
+ * (the digest cache), prints nothing until it answers (a big file to hash is left to the command), and a failure is
+ * left for the command to report.
  */
 export async function warmPrepare(rawArgs: string[]): Promise<boolean> {
   let answer: { out: Output; result: PrepareResult } | null;
@@ -28,14 +30,24 @@ export async function warmPrepare(rawArgs: string[]): Promise<boolean> {
   return true;
 }
 
+class SteppedAside extends Error {}
+const stepAside = (): never => {
+  throw new SteppedAside();
+};
+
 async function lookUp(rawArgs: string[]): Promise<{ out: Output; result: PrepareResult } | null> {
   const a = plainArgs(rawArgs, prepareArgs) as ParsedArgs<typeof prepareArgs> | null;
   if (!a) return null;
   const remoteOrImage = [a.server, a.token, a["token-file"], a.label, a.image, a.pull].some((v) => v !== undefined);
   if (remoteOrImage || a["dry-run"] || a.conda !== undefined) return null;
+  // The command's own checks of its flags (an empty value, say): what they refuse, the command says.
+  rejectUnknownFlags(rawArgs, prepareArgs, FROM_JOB_RUN);
   const ctx = await commandContext({ python: a.python, prepare_timeout: a["prepare-timeout"] }, { tokenFileUnread: true });
   if (ctx.values.server !== undefined || ctx.values.token_file !== undefined) return null;
   const out = new Output(a);
-  const result = findPrepared(ctx.layout, localPrepareRequest(a, rawArgs, ctx), prepareHooks(out));
+  // A big file to hash for the key is new or changed: its env is likely not built, and the command would hash it
+  // again. Stepping aside before the hashing leaves it (and its line) to the command, once.
+  const hooks = { ...prepareHooks(out), onHashing: () => stepAside() };
+  const result = findPrepared(ctx.layout, localPrepareRequest(a, rawArgs, ctx), hooks);
   return result && { out, result };
 }
