@@ -42,7 +42,7 @@ describe("plainArgs reads argv as citty does", () => {
   });
 
   test("the forms it refuses are left to citty", () => {
-    for (const argv of [["--", "x"], ["--no-json"], ["--indexUrl", "x"], ["-qj"], ["-pnumpy"], ["-"], ["--json=false"], ["--unknown"], ["-r", "a.txt"], ["a.txt", "b.txt"], ["--python"], ["--python", "--json"]]) {
+    for (const argv of [["--", "x"], ["--no-json"], ["--indexUrl", "x"], ["-qj"], ["-pnumpy"], ["-"], ["--json=false"], ["--unknown"], ["-r", "a.txt"], ["a.txt", "b.txt"], ["--python"], ["--python", "--json"], ["--python", ""], ["--find-links="]]) {
       expect({ argv, plain: plainArgs(argv, prepareArgs) }).toEqual({ argv, plain: null });
     }
   });

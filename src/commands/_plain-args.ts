@@ -7,8 +7,8 @@ export type PlainArgs = Record<string, string | boolean | string[] | undefined> 
  * Arguments read without citty, for a lane that must start fast: only the plainest forms (`--flag`, `--flag VALUE`,
  * `--flag=VALUE`, a one-letter alias with its value as the next word, positionals), each as citty reads it over the
  * same definition (test/plain-args.test.ts holds the two side by side). Anything else (`--`, `--no-x`, a flag the
- * definition lacks, a camelCase spelling, `-abc`, a value that looks like a flag, more positionals than named ones)
- * is null: the caller leaves those to citty.
+ * definition lacks, a camelCase spelling, `-abc`, an empty value or one that looks like a flag, more positionals than
+ * named ones) is null: the caller leaves those to citty, and the command's own checks (rejectUnknownFlags).
  */
 export function plainArgs(rawArgs: string[], def: ArgsDef): PlainArgs | null {
   const byName = new Map<string, { name: string; type: string }>();
@@ -36,7 +36,7 @@ export function plainArgs(rawArgs: string[], def: ArgsDef): PlainArgs | null {
       continue;
     }
     const value = eq > 0 ? word.slice(eq + 1) : rawArgs[++i];
-    if (value === undefined || (eq < 0 && value.startsWith("-"))) return null;
+    if (!value || (eq < 0 && value.startsWith("-"))) return null;
     out[flag.name] = value;
   }
   if (out._.length > positionals.length) return null;

@@ -1,11 +1,10 @@
 import type { ParsedArgs } from "citty";
 import { findPrepared, type PrepareResult } from "../../env/lookup.ts";
 import { Output } from "../../ui/output.ts";
-import { rejectUnknownFlags } from "../_args.ts";
 import { plainArgs } from "../_plain-args.ts";
 import { commandContext } from "../_context.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
-import { FROM_JOB_RUN, prepareArgs } from "./_prepare-args.ts";
+import { prepareArgs } from "./_prepare-args.ts";
 import { localPrepareRequest, reportPrepared } from "./_prepare-local.ts";
 
 /**
@@ -40,8 +39,6 @@ async function lookUp(rawArgs: string[]): Promise<{ out: Output; result: Prepare
   if (!a) return null;
   const remoteOrImage = [a.server, a.token, a["token-file"], a.label, a.image, a.pull].some((v) => v !== undefined);
   if (remoteOrImage || a["dry-run"] || a.conda !== undefined) return null;
-  // The command's own checks of its flags (an empty value, say): what they refuse, the command says.
-  rejectUnknownFlags(rawArgs, prepareArgs, FROM_JOB_RUN);
   const ctx = await commandContext({ python: a.python, prepare_timeout: a["prepare-timeout"] }, { tokenFileUnread: true });
   if (ctx.values.server !== undefined || ctx.values.token_file !== undefined) return null;
   const out = new Output(a);
