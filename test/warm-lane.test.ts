@@ -92,7 +92,11 @@ describe("the warm lane answers as the command does", () => {
       expect(r.code, r.stderr).toBe(0);
       expect({ status, keyLines: r.stderr.split("\n").filter((l) => l.startsWith("key ")).length }).toEqual({ status, keyLines: 1 });
       expect(r.stderr).toContain(`env ${r.stderr.match(/^key ([0-9a-f]{12})/m)![1]} ${status}`);
+      // The lane answers the reuse (and says so with --verbose); a build is the command's.
+      expect({ status, lane: r.stderr.includes("answered by env prepare's warm lane") }).toEqual({ status, lane: status === "reused" });
     }
+    const command = await cli([...verbose, "--"], { env: box.env });
+    expect(command.stderr).not.toContain("warm lane");
   });
 
   test("a big find-links file just changed is hashed once, by the command, with one line", async () => {

@@ -25,6 +25,8 @@ export async function warmPrepare(rawArgs: string[]): Promise<boolean> {
     return false;
   }
   if (!answer) return false;
+  // Said with --verbose: which path answered (and a test's proof that the lane still answers at all).
+  answer.out.debug(() => "answered by env prepare's warm lane (the command tree not loaded)");
   reportPrepared(answer.out, answer.result);
   return true;
 }
