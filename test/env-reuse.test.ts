@@ -352,6 +352,11 @@ describe("one default Python", () => {
       expect(job.code).toBe(0);
       const doc = JSON.parse(job.stdout);
       expect(doc.phases.find((p: { name: string }) => p.name === "task.prepare").cache).toBe("hit");
+      // And warm again, by the warm lane: the saved Python is its default too, and the key is the one built.
+      const again = await cli(["env", "prepare", "requirements.txt", "--index-url", index.url, "--json", "--verbose"], { env: s.env, cwd: s.root });
+      expect(again.code, again.stderr).toBe(0);
+      expect(JSON.parse(again.stdout)).toMatchObject({ status: "reused", key: JSON.parse(warm.stdout).key });
+      expect(again.stderr).toContain("answered by env prepare's warm lane");
     } finally {
       s.cleanup();
     }

@@ -111,6 +111,27 @@ describe("the warm lane answers as the command does", () => {
     expect(r.stderr.split("\n").filter((l) => l.includes(`hashing ${pad}`))).toHaveLength(1);
   });
 
+  test("python from the config file, a variable and a flag at once: the flag wins, then the variable, as for the command", async () => {
+    const home = join(world, "home-layers");
+    mkdirSync(home, { recursive: true });
+    writeFileSync(join(home, "config.yaml"), "python: /nowhere/config-python\n");
+    const env = { ...box.env, GPULAYER_HOME: home, GPULAYER_PYTHON: "/nowhere/variable-python" };
+    const flagged = request; // --python WORKER is in it
+    const built = await cli([...flagged, "--json"], { env });
+    expect(built.code, built.stderr).toBe(0);
+    const [lane, command] = [await cli([...flagged, "--json", "--verbose"], { env }), await cli([...flagged, "--json", "--"], { env })];
+    expect(doc(lane.stdout)).toEqual(doc(command.stdout));
+    expect(doc(lane.stdout)).toMatchObject({ status: "reused", key: doc(built.stdout).key });
+    expect(lane.stderr).toContain("answered by env prepare's warm lane");
+    // Without the flag, the variable names the Python, over the file: both ways the same refusal, naming it.
+    const noFlag = request.filter((w, i) => w !== "--python" && request[i - 1] !== "--python");
+    const [laneVar, commandVar] = [await cli(noFlag, { env }), await cli([...noFlag, "--"], { env })];
+    expect([laneVar.code, commandVar.code]).toEqual([2, 2]);
+    expect(laneVar.stderr).toBe(commandVar.stderr);
+    expect(laneVar.stderr).toContain("GPULAYER_PYTHON");
+    expect(laneVar.stderr).toContain("/nowhere/variable-python");
+  });
+
   test("a bad setting on a warm request is the command's one line and exit 2", async () => {
     const r = await cli([...request, "--prepare-timeout", "soon"], { env: box.env });
     expect(r.code).toBe(2);

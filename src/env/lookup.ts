@@ -163,4 +163,3 @@ export function preparedResult(resolved: ResolvedRequest, paths: EntryPaths, sta
     conda: resolved.conda,
   };
 }
-

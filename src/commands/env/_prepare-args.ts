@@ -1,7 +1,7 @@
 import type { ArgsDef } from "citty";
 import { buildOutputArgs, installerArgs, labelArgs, serverArgs } from "../_args.ts";
 
-/** `env prepare`'s flags: the command's and its warm lane's one definition (the lane reads argv with citty's parser over it). */
+/** `env prepare`'s flags: the command's and its warm lane's one definition (the lane reads argv over it with plainArgs, held to citty's reading). */
 export const prepareArgs = {
   requirements: { type: "positional", required: false, valueHint: "REQ_FILE", description: "A requirements file (pip's format: -r/-c includes, options, markers)" },
   package: { type: "string", alias: "p", valueHint: "SPEC", description: "A requirement such as 'numpy<3' (repeatable)" },

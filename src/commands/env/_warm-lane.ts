@@ -31,10 +31,8 @@ export async function warmPrepare(rawArgs: string[]): Promise<boolean> {
   return true;
 }
 
+/** Thrown to leave a request to the command; caught, as every failure of the look is, by warmPrepare. */
 class SteppedAside extends Error {}
-const stepAside = (): never => {
-  throw new SteppedAside();
-};
 
 async function lookUp(rawArgs: string[]): Promise<{ out: Output; result: PrepareResult } | null> {
   const a = plainArgs(rawArgs, prepareArgs) as ParsedArgs<typeof prepareArgs> | null;
@@ -46,7 +44,12 @@ async function lookUp(rawArgs: string[]): Promise<{ out: Output; result: Prepare
   const out = new Output(a);
   // A big file to hash for the key is new or changed: its env is likely not built, and the command would hash it
   // again. Stepping aside before the hashing leaves it (and its line) to the command, once.
-  const hooks = { ...prepareHooks(out), onHashing: () => stepAside() };
+  const hooks = {
+    ...prepareHooks(out),
+    onHashing: () => {
+      throw new SteppedAside();
+    },
+  };
   const result = findPrepared(ctx.layout, localPrepareRequest(a, rawArgs, ctx), hooks);
   return result && { out, result };
 }
