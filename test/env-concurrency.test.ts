@@ -123,6 +123,44 @@ describe("env prepare, concurrently", () => {
   });
 });
 
+describe("env prepare, a builder killed under waiters", () => {
+  test("round after round, exactly one waiter takes over; the env it reports is there afterwards", async () => {
+    const s = sandbox();
+    try {
+      for (let round = 0; round < 6; round++) {
+        const counter = join(s.root, `builds-${round}`);
+        index.sdist({ name: `heir-${round}`, version: "1.0", counter, sleep: 2 });
+        const args = ["env", "prepare", "-p", `heir-${round}`, "--index-url", index.url, "--python", python, "--json"];
+        const builder = startCli(args, { env: s.env, cwd: s.root, detached: true });
+        await Bun.sleep(Math.random() * 300);
+        const waiters = Array.from({ length: 4 }, () => startCli(args, { env: s.env, cwd: s.root }));
+        // At a random moment: before the lock, while creating the env, while the installer runs (gpulayer alone, or its whole group).
+        await Bun.sleep(Math.random() * 2500);
+        try {
+          process.kill(round % 2 ? builder.pid : -builder.pid, "SIGKILL");
+        } catch {
+          // it had finished: the waiters reuse its env
+        }
+        await builder.exited;
+        const results = await Promise.all(waiters.map(async (w) => ({ code: await w.exited, out: await new Response(w.stdout).text(), err: await new Response(w.stderr).text() })));
+        for (const r of results) expect({ code: r.code, err: r.code ? r.err : "" }).toEqual({ code: 0, err: "" });
+        const docs = results.map((r) => JSON.parse(r.out) as { status: string; path: string; key: string });
+        expect(docs.filter((d) => d.status === "built").length).toBeLessThanOrEqual(1);
+        expect(new Set(docs.map((d) => d.path)).size).toBe(1);
+        // What they all reported is there, ready, and reused by the next prepare.
+        expect(existsSync(join(docs[0]!.path, ".gpulayer", "ready"))).toBe(true);
+        expect(readyKeys(s.home)).toContain(docs[0]!.key);
+        const again = await cli(args, { env: s.env, cwd: s.root });
+        expect(JSON.parse(again.stdout)).toMatchObject({ status: "reused", path: docs[0]!.path });
+        // The killed build (if it had begun) and at most one more: never two heirs building at once.
+        expect(counted(counter)).toBeLessThanOrEqual(2);
+      }
+    } finally {
+      s.cleanup();
+    }
+  }, 240_000);
+});
+
 describe("locks", () => {
   const dir = tempDir("gpl-lock-");
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -156,6 +194,33 @@ describe("locks", () => {
     expect(release).not.toBeNull();
     await release!();
   });
+
+  test("a dead holder's lock has one heir: contenders polling while holders are SIGKILLed never hold it two at once", async () => {
+    const contender = join(import.meta.dir, "fixtures", "lock-contender.ts");
+    for (let round = 0; round < 12; round++) {
+      const path = join(dir, `heirs-${round}`);
+      const procs = Array.from({ length: 6 }, () => Bun.spawn([process.execPath, contender, path, "120"], { stdout: "pipe", stderr: "pipe" }));
+      const holding = new Set<number>();
+      for (const p of procs) void (async () => {
+        for await (const _ of p.stdout) holding.add(p.pid);
+      })();
+      // Kill two holders in turn, each at a random moment of its hold: the others are polling all along.
+      for (let kill = 0; kill < 2; kill++) {
+        await until("a holder", () => procs.some((p) => holding.has(p.pid) && p.exitCode === null && p.signalCode === null));
+        const victim = procs.find((p) => holding.has(p.pid) && p.exitCode === null && p.signalCode === null)!;
+        await Bun.sleep(Math.random() * 100);
+        victim.kill("SIGKILL");
+        await victim.exited;
+      }
+      const codes = await Promise.all(procs.map((p) => p.exited));
+      const stderr = await Promise.all(procs.map((p) => new Response(p.stderr).text()));
+      expect(existsSync(`${path}.overlaps`) ? readFileSync(`${path}.overlaps`, "utf8") : "").toBe("");
+      // Every contender but the two killed held the lock once and exited cleanly; nothing of the lock is left.
+      expect(codes.filter((c) => c === 0)).toHaveLength(4);
+      expect(stderr.join("")).toBe("");
+      expect(existsSync(`${path}.lock`)).toBe(false);
+    }
+  }, 120_000);
 
   test("a lock of another machine counts while its heartbeat is fresh", async () => {
     const path = join(dir, "c");

@@ -1,4 +1,4 @@
-import { mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, utimesSync } from "node:fs";
+import { linkSync, mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, utimesSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { identify, mayBeRunning, ownStartTime, type RecordedProcess, recordedStart } from "./process-identity.ts";
 import { endGroup } from "./process-tree.ts";
@@ -16,6 +16,18 @@ import { writeFileNamed } from "./atomic.ts";
  * nothing. An owner elsewhere (another host or container sharing the home)
  * cannot be asked; its lock counts as dead once its heartbeat (the owner
  * file's mtime, refreshed every HEARTBEAT_MS) is older than FOREIGN_STALE_MS.
+ *
+ * A dead owner's lock has exactly one heir. Several waiters find it dead at
+ * once; each tries to create `heir-<dead token>` inside the lock with its own
+ * record (a hard link of a file written beside it: the name comes into being
+ * whole, and only once). The one that makes it holds the lock; it then moves
+ * that record onto `owner`. The others see the heir and wait for it. The
+ * lock's folder is never moved aside while held, so no waiter can take a
+ * live lock out from under its holder. A waiter that read a dead owner late,
+ * after the lock was released and taken anew, makes `heir-<dead>` in the new
+ * lock: the chain from `owner` then does not end at its record, and it takes
+ * its record back. An heir that dies before moving its record is itself the
+ * lock's owner as the chain reads it, and has one heir in turn.
  *
  * What a holder started may outlive it: an installer in its own process group
  * goes on writing after a SIGKILL of gpulayer alone. The holder records each
@@ -65,19 +77,35 @@ export function lockWhere(): string {
   return here;
 }
 
-function readOwner(dir: string): Owner | null {
+function readRecord(file: string): Owner | null {
   try {
-    return JSON.parse(readFileSync(join(dir, "owner"), "utf8")) as Owner;
+    return JSON.parse(readFileSync(file, "utf8")) as Owner;
   } catch {
-    return null; // no lock (or one being broken this instant)
+    return null; // no lock (or one being released this instant)
   }
 }
 
-function ownerAlive(dir: string, owner: Owner): boolean {
+/** The lock's holder as its records say: `owner`, then each heir's record in turn; with the file that holds it. */
+function readOwner(dir: string): { owner: Owner; file: string } | null {
+  let file = join(dir, "owner");
+  let owner = readRecord(file);
+  if (!owner) return null;
+  // A chain is as long as the heirs that died before moving their record onto `owner`: a bound only against a loop.
+  for (let depth = 0; depth < 1000; depth++) {
+    const next = join(dir, `heir-${owner.token}`);
+    const heir = readRecord(next);
+    if (!heir) break;
+    [owner, file] = [heir, next];
+  }
+  return { owner, file };
+}
+
+function ownerAlive(held: { owner: Owner; file: string }): boolean {
+  const { owner, file } = held;
   // An owner whose start time is unknown holds its lock while its pid runs: only a provably ended one lets go.
   if (owner.where === lockWhere()) return mayBeRunning({ pid: owner.pid, start: recordedStart(owner.start) });
   try {
-    return Date.now() - statSync(join(dir, "owner")).mtimeMs < FOREIGN_STALE_MS;
+    return Date.now() - statSync(file).mtimeMs < FOREIGN_STALE_MS;
   } catch {
     return false;
   }
@@ -85,24 +113,28 @@ function ownerAlive(dir: string, owner: Owner): boolean {
 
 const token = () => `${process.pid}-${Math.random().toString(36).slice(2, 10)}`;
 
-/** Take a dead owner's lock out of the way; if the one taken turns out to be a new, live lock, put it back. */
-function breakLock(dir: string, dead: Owner): void {
-  const grave = `${dir}.${token()}.stale`;
+/**
+ * Become the one heir of a dead holder's lock, or learn that someone else is.
+ * `record` is our owner record, written whole beside the lock (same filesystem).
+ */
+function inherit(dir: string, dead: Owner, me: Owner, record: string): boolean {
+  const claim = join(dir, `heir-${dead.token}`);
   try {
-    renameSync(dir, grave);
+    linkSync(record, claim);
   } catch {
-    return; // someone else broke it first
+    return false; // another waiter is the heir, or the lock is gone
   }
-  const taken = readOwner(grave);
-  if (taken && taken.token !== dead.token) {
-    try {
-      renameSync(grave, dir);
-      return;
-    } catch {
-      // A third process locked meanwhile; the one taken will find its lock gone at release.
-    }
+  if (readOwner(dir)?.owner.token !== me.token) {
+    // The lock we read as dead was released and taken anew before our claim: this claim is in a live lock. Take it back.
+    rmSync(claim, { force: true });
+    return false;
   }
-  rmSync(grave, { recursive: true, force: true });
+  try {
+    renameSync(claim, join(dir, "owner"));
+  } catch {
+    // Our record stays the chain's end; release and the heartbeat look it up there.
+  }
+  return true;
 }
 
 /** End the process groups a dead holder recorded; false while some of it still runs. */
@@ -145,26 +177,38 @@ export async function tryLock(path: string): Promise<Release | null> {
       renameSync(tmp, dir); // atomic; fails while a lock (a non-empty folder) is there
       return holding(dir, me);
     } catch (error) {
-      rmSync(tmp, { recursive: true, force: true });
       const code = (error as NodeJS.ErrnoException).code;
-      if (code !== "ENOTEMPTY" && code !== "EEXIST") throw error;
+      if (code !== "ENOTEMPTY" && code !== "EEXIST") {
+        rmSync(tmp, { recursive: true, force: true });
+        throw error;
+      }
     }
-    const owner = readOwner(dir);
-    if (!owner) continue; // released (or being broken) between our two looks
-    if (ownerAlive(dir, owner)) return null;
-    // Another machine's processes cannot be signalled from here; they are its own to end.
-    if (owner.where === lockWhere() && !(await endKept(dir, owner))) return null;
-    breakLock(dir, owner);
+    try {
+      const held = readOwner(dir);
+      if (!held) continue; // released between our two looks
+      if (ownerAlive(held)) return null;
+      // Another machine's processes cannot be signalled from here; they are its own to end.
+      if (held.owner.where === lockWhere() && !(await endKept(dir, held.owner))) return null;
+      if (inherit(dir, held.owner, me, join(tmp, "owner"))) return holding(dir, me);
+      if (readOwner(dir)?.owner.token !== held.owner.token) continue; // an heir took it, or it was released: look again
+      return null;
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
+    }
   }
   return null;
 }
 
 function holding(dir: string, me: Owner): Release {
-  const ownerFile = join(dir, "owner");
+  const mine = () => {
+    const held = readOwner(dir);
+    return held?.owner.token === me.token ? held : null;
+  };
   const beat = setInterval(() => {
     try {
       const now = new Date();
-      utimesSync(ownerFile, now, now);
+      const held = mine();
+      if (held) utimesSync(held.file, now, now);
     } catch {
       // gone: released, or broken by someone who judged us dead
     }
@@ -172,7 +216,7 @@ function holding(dir: string, me: Owner): Release {
   beat.unref();
   const release = async () => {
     clearInterval(beat);
-    if (readOwner(dir)?.token !== me.token) return; // not ours any more: leave it be
+    if (!mine()) return; // not ours any more: leave it be
     const grave = `${dir}.${me.token}.released`;
     try {
       renameSync(dir, grave);
@@ -182,7 +226,7 @@ function holding(dir: string, me: Owner): Release {
     rmSync(grave, { recursive: true, force: true });
   };
   const keep = (pid: number) => {
-    if (readOwner(dir)?.token !== me.token) return () => {};
+    if (!mine()) return () => {};
     const file = join(dir, `group-${pid}`);
     const kept: KeptGroup = { pid, ...identify(pid), token: me.token };
     // Written whole (temp, rename): a breaker reads all of it or nothing. No fsync: after a reboot the record means nothing.
@@ -196,13 +240,13 @@ function holding(dir: string, me: Owner): Release {
 /** The pid of the live process that holds the lock, if one does. */
 export function lockHolder(path: string): number | null {
   const dir = `${path}.lock`;
-  const owner = readOwner(dir);
-  return owner !== null && ownerAlive(dir, owner) ? owner.pid : null;
+  const held = readOwner(dir);
+  return held !== null && ownerAlive(held) ? held.owner.pid : null;
 }
 
 /** Whether a live process holds the lock. */
 export async function isLocked(path: string): Promise<boolean> {
   const dir = `${path}.lock`;
-  const owner = readOwner(dir);
-  return owner !== null && ownerAlive(dir, owner);
+  const held = readOwner(dir);
+  return held !== null && ownerAlive(held);
 }
