@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
 import { cacheTarget, lruOrder, protectedBy, watermarkExcess } from "../src/gc/policy.ts";
@@ -260,25 +260,29 @@ describe("gc: links never take it out of its home", () => {
 
   test("a home folder gc works in that is a link is refused in one line; nothing it points to is touched", async () => {
     for (const folder of ["trash", "envs-v1", "locks", "cluster/work", "cluster/bundles"]) {
-      const sb = fresh();
-      fakeEnv(sb.home, hexKey("c"), { ready: false, files: 3 });
-      const target = outside(sb, "theirs");
-      mkdirSync(join(sb.home, folder, ".."), { recursive: true });
-      if (folder !== "envs-v1") symlinkSync(target, join(sb.home, folder));
-      else {
-        // The store itself a link: its entries are the outside folder's.
-        const store = join(sb.home, "envs-v1");
-        Bun.spawnSync(["rm", "-rf", store]);
-        symlinkSync(target, store);
+      const sb = sandbox();
+      try {
+        fakeEnv(sb.home, hexKey("c"), { ready: false, files: 3 });
+        const target = outside(sb, "theirs");
+        mkdirSync(join(sb.home, folder, ".."), { recursive: true });
+        if (folder !== "envs-v1") symlinkSync(target, join(sb.home, folder));
+        else {
+          // The store itself a link: its entries are the outside folder's.
+          const store = join(sb.home, "envs-v1");
+          rmSync(store, { recursive: true });
+          symlinkSync(target, store);
+        }
+        for (const args of [["--max-size", "0", "--min-age", "0"], ["--dry-run"], []]) {
+          const r = await cli(["gc", ...args], { env: sb.env });
+          expect(r.code).toBe(1);
+          expect(r.stderr.trim().split("\n")).toHaveLength(1);
+          expect(r.stderr).toContain(`${join(sb.home, folder)} is a symbolic link (to ${target})`);
+        }
+        expect(readFileSync(join(target, "sentinel"), "utf8")).toBe("mine");
+        expect(readFileSync(join(target, hexKey("a"), "sentinel"), "utf8")).toBe("mine");
+      } finally {
+        sb.cleanup();
       }
-      for (const args of [["--max-size", "0", "--min-age", "0"], ["--dry-run"], []]) {
-        const r = await cli(["gc", ...args], { env: sb.env });
-        expect(r.code).toBe(1);
-        expect(r.stderr.trim().split("\n")).toHaveLength(1);
-        expect(r.stderr).toContain(`${join(sb.home, folder)} is a symbolic link (to ${target})`);
-      }
-      expect(readFileSync(join(target, "sentinel"), "utf8")).toBe("mine");
-      expect(readFileSync(join(target, hexKey("a"), "sentinel"), "utf8")).toBe("mine");
     }
   }, 60_000);
 
