@@ -22,7 +22,7 @@ beforeAll(() => {
 afterAll(() => {
   index.stop();
   for (const sb of [world, ...sandboxes]) sb.cleanup();
-});
+}, 60_000); // thousands of files to delete, on a busy machine
 
 function fresh() {
   const sb = sandbox();
