@@ -88,4 +88,18 @@ describe("${VAR} values in URLs are kept by digest only", () => {
     expect(readdirSync(site).filter((n) => n.startsWith("urlpkg"))).toEqual([]);
     expect((await run([python, "-c", "import urlpkg"], { env })).code).not.toBe(0);
   });
+
+  test("a build that fails on such a URL: its error and its output name the variables, never their values", async () => {
+    const pathPort = new URL(pathIndex.url).port;
+    const req = join(sb.root, "missing.txt");
+    writeFileSync(req, `missing @ http://127.0.0.1:${pathPort}/\${PATH_TOKEN}/files/missing-1.0-py3-none-any.whl?t=\${QUERY_TOKEN}\n`);
+    const env = { ...sb.env, PATH_TOKEN, QUERY_TOKEN };
+    for (const args of [[req], [req, "--json"], [req, "--verbose"]]) {
+      const r = await cli(["env", "prepare", ...args], { env, cwd: sb.root });
+      expect(r.code).not.toBe(0);
+      expect(r.stdout + r.stderr).toContain("${PATH_TOKEN}");
+      for (const s of SECRETS) expect(r.stdout + r.stderr).not.toContain(s);
+    }
+    expect(filesHolding(sb.home)).toEqual([]);
+  });
 });
