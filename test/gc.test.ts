@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, mkdirSync, readdirSync, readFileSync, utimesSync, writeFileSync } from "node:fs";
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
 import { cacheTarget, lruOrder, protectedBy, watermarkExcess } from "../src/gc/policy.ts";
@@ -22,7 +22,7 @@ beforeAll(() => {
 afterAll(() => {
   index.stop();
   for (const sb of [world, ...sandboxes]) sb.cleanup();
-});
+}, 60_000); // thousands of files to delete, on a busy machine
 
 function fresh() {
   const sb = sandbox();
@@ -246,6 +246,75 @@ r.lease.release();`);
     expect(removed).toBeGreaterThanOrEqual(4);
     for (const key of keysOf(sb.home)) expect(existsSync(join(sb.home, "envs-v1", key, ".gpulayer", "ready"))).toBe(true);
   }, 150_000);
+});
+
+describe("gc: links never take it out of its home", () => {
+  /** A folder outside the home holding a sentinel file (and, named like an entry, one more inside). */
+  function outside(sb: Sandbox, name: string): string {
+    const dir = join(sb.root, name);
+    mkdirSync(join(dir, hexKey("a")), { recursive: true });
+    writeFileSync(join(dir, "sentinel"), "mine");
+    writeFileSync(join(dir, hexKey("a"), "sentinel"), "mine");
+    return dir;
+  }
+
+  test("a home folder gc works in that is a link is refused in one line; nothing it points to is touched", async () => {
+    for (const folder of ["trash", "envs-v1", "locks", "cluster/work", "cluster/bundles"]) {
+      const sb = sandbox();
+      try {
+        fakeEnv(sb.home, hexKey("c"), { ready: false, files: 3 });
+        const target = outside(sb, "theirs");
+        mkdirSync(join(sb.home, folder, ".."), { recursive: true });
+        if (folder !== "envs-v1") symlinkSync(target, join(sb.home, folder));
+        else {
+          // The store itself a link: its entries are the outside folder's.
+          const store = join(sb.home, "envs-v1");
+          rmSync(store, { recursive: true });
+          symlinkSync(target, store);
+        }
+        for (const args of [["--max-size", "0", "--min-age", "0"], ["--dry-run"], []]) {
+          const r = await cli(["gc", ...args], { env: sb.env });
+          expect(r.code).toBe(1);
+          expect(r.stderr.trim().split("\n")).toHaveLength(1);
+          expect(r.stderr).toContain(`${join(sb.home, folder)} is a symbolic link (to ${target})`);
+        }
+        expect(readFileSync(join(target, "sentinel"), "utf8")).toBe("mine");
+        expect(readFileSync(join(target, hexKey("a"), "sentinel"), "utf8")).toBe("mine");
+      } finally {
+        sb.cleanup();
+      }
+    }
+  }, 60_000);
+
+  test("an entry, a trash item or a workdir that is a link: only the link goes, nothing is read or written through it", async () => {
+    const sb = fresh();
+    // A link in the store dressed as a ready env (meta without a size: gc would measure it and write the size back).
+    const env = outside(sb, "env-target");
+    mkdirSync(join(env, ".gpulayer"));
+    const meta = JSON.stringify({ key: hexKey("e"), created: new Date(Date.now() - 86_400_000).toISOString(), summary: "not ours", check: [] });
+    writeFileSync(join(env, ".gpulayer", "meta.json"), meta);
+    writeFileSync(join(env, ".gpulayer", "ready"), "");
+    mkdirSync(join(sb.home, "envs-v1"), { recursive: true });
+    symlinkSync(env, join(sb.home, "envs-v1", hexKey("e")));
+    const trashed = outside(sb, "trash-target");
+    mkdirSync(join(sb.home, "trash"));
+    symlinkSync(trashed, join(sb.home, "trash", `${hexKey("f")}.1.1`));
+    const work = outside(sb, "work-target");
+    mkdirSync(join(sb.home, "cluster", "work"), { recursive: true });
+    symlinkSync(work, join(sb.home, "cluster", "work", "job-1"));
+
+    const r = await gc(sb, ["--max-size", "0", "--min-age", "0"]);
+    expect(r.code).toBe(0);
+    expect(r.report.removed.map((e: { id: string; state: string }) => [e.id, e.state])).toEqual([[hexKey("e"), "incomplete"]]);
+    expect(existsSync(join(sb.home, "envs-v1", hexKey("e")))).toBe(false);
+    expect(readdirSync(join(sb.home, "trash"))).toEqual([]);
+    for (const dir of [env, trashed, work]) {
+      expect(readFileSync(join(dir, "sentinel"), "utf8")).toBe("mine");
+      expect(readFileSync(join(dir, hexKey("a"), "sentinel"), "utf8")).toBe("mine");
+    }
+    expect(readFileSync(join(env, ".gpulayer", "meta.json"), "utf8")).toBe(meta);
+    expect(lstatSync(join(sb.home, "cluster", "work", "job-1")).isSymbolicLink()).toBe(true); // no job record names it: not gc's
+  }, 60_000);
 });
 
 describe("gc: limits, sizes and errors", () => {

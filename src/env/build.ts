@@ -2,6 +2,7 @@ import { existsSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { InstallError, UsageError } from "../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
+import { unexpandDirectUrls } from "./direct-url.ts";
 import { FAST_PATH, machinePipConfig, prereleasesInstalled, requestRefusal, UvFailed, uvCheck, uvEnv, uvInstall, uvVersion, workerRefusal } from "./fast-path.ts";
 import { IndexWatch, proxied } from "./index-watch.ts";
 import { type Compiler, compileBytecode, startCompiler } from "./bytecode.ts";
@@ -246,6 +247,8 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
       timed("checking", "pip check, while the compile runs", () => pipCheck(plan, pip, env, hooks)),
     ]);
   }
+  // A `${VAR}` value the installer wrote into a direct_url.json goes back to its name before the env is ready (or shipped).
+  unexpandDirectUrls(site, plan.inputs.requirements);
   return { venvCreator, installer, installerPath: fast ? FAST_PATH : "pip", fallback: fast ? null : fallback, installed: installedSet([site]), check, steps };
 }
 

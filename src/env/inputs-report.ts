@@ -17,14 +17,14 @@ export function inputsReport(r: ResolvedRequest) {
     variables: [...inputs.variables.entries()].map(([name, value]) => ({ name, set: value !== undefined })).sort((a, b) => (a.name < b.name ? -1 : 1)),
     locals: inputs.locals.map((l) => ({ kind: l.kind, path: l.path, digest: l.digest, ...(l.files === undefined ? {} : { files: l.files }), origin: l.origin })),
     find_links: <{ origin: string; url?: string; path?: string; digest?: string }[]>[
-      ...inputs.findLinks.map((f) => ({ origin: f.origin, ...(f.url ? { url: f.url } : { path: f.path, digest: f.digest }) })),
+      ...inputs.findLinks.map((f) => ({ origin: f.origin, ...(f.url ? { url: f.shown ?? f.url } : { path: f.path, digest: f.digest }) })),
       ...flags.findLinks.map((f) => ({ origin: "--find-links", ...(f.url ? { url: hideCredentials(f.url) } : { path: f.path, digest: f.digest }) })),
       ...(r.machineFindLinks ?? []).map((f) => ({ origin: "the machine's pip configuration", path: f.path, digest: f.digest })),
     ],
     index: {
       index_url: flags.indexUrl ? hideCredentials(flags.indexUrl) : null,
       extra_index_urls: flags.extraIndexUrls.map(hideCredentials),
-      in_files: inputs.indexUrls.map(hideCredentials),
+      in_files: inputs.indexUrlsShown.map(hideCredentials),
       machine_pip_config: r.doc.installer_config !== null,
       machine_pip_config_sources: r.machineConfig ?? [],
     },

@@ -41,7 +41,8 @@ export function keyDocument(input: KeyInput) {
     variables: variableDigests(inputs.variables),
     // An editable project is linked, not copied: its place is part of what is built.
     locals: inputs.locals.map((l) => (l.kind === "editable" ? { kind: l.kind, digest: l.digest, path: l.path } : { kind: l.kind, digest: l.digest })),
-    find_links: inputs.findLinks.map((f) => (f.url ? { url: f.url } : { digest: f.digest })),
+    // By the variable's name (its value is in `variables` by digest): the stored document never holds it.
+    find_links: inputs.findLinks.map((f) => (f.url ? { url: f.shown ?? f.url } : { digest: f.digest })),
     flags: {
       index_url: flags.indexUrl ? hideCredentials(flags.indexUrl) : null,
       extra_index_urls: flags.extraIndexUrls.map(hideCredentials),

@@ -3,13 +3,14 @@ import { join } from "node:path";
 import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
-import type { KeepGroup } from "./run-tool.ts";
+import type { BuildStep, KeepGroup } from "./run-tool.ts";
 import type { ResolvedRequest } from "./key.ts";
 import { acquireEntry } from "./cache-entry.ts";
 import { diskFull } from "./disk-full.ts";
 import { inputsReport } from "./inputs-report.ts";
 import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedResult, readyEntry, resolveRequest } from "./lookup.ts";
 import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, removeEntryDir } from "./store.ts";
+import { unexpandVariables } from "./url-credentials.ts";
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, and the inputs the key covers. */
 export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest, hooks: Pick<PrepareHooks, "onHashing"> = {}) {
@@ -81,6 +82,8 @@ const formatLimit = (ms: number) => (ms % 1000 === 0 ? `${ms / 1000} s` : `${(ms
 
 async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: EntryPaths, hooks: PrepareHooks, keep: KeepGroup): Promise<PrepareResult["build"]> {
   const started = performance.now();
+  // A `${VAR}` value pip prints (a URL it fetched, an error) goes on by its name: what is shown, sent or stored never holds it.
+  const { hide, hooks: shownHooks } = hidingVariables(resolved, hooks);
   // Remains of a build that failed or was killed: never reused, always rebuilt.
   removeEntryDir(layout, paths.tmp);
   removeEntryDir(layout, paths.dir);
@@ -105,7 +108,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         keep,
         tmpDir: paths.tmp,
       },
-      hooks,
+      shownHooks,
     );
     rmSync(paths.tmp, { recursive: true, force: true });
     const sizeBytes = diskUsage(paths.dir);
@@ -131,6 +134,19 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
     // A failure is never reused: nothing of it stays in the cache, nor of what its installers left in their TMPDIR.
     removeEntryDir(layout, paths.tmp);
     removeEntryDir(layout, paths.dir);
+    if (error instanceof Error) {
+      error.message = hide(error.message);
+      if (error instanceof InstallError) Object.defineProperty(error, "detail", { value: hide(error.detail) });
+    }
     throw error;
   }
+}
+
+/** The build's hooks with every set `${VAR}` value of the request put back as `${NAME}` in what they pass on. */
+function hidingVariables(resolved: ResolvedRequest, hooks: PrepareHooks): { hide: (text: string) => string; hooks: PrepareHooks } {
+  const variables = [...resolved.inputs.variables].filter(([, value]) => value);
+  if (!variables.length) return { hide: (text) => text, hooks };
+  const hide = (text: string) => unexpandVariables(text, variables);
+  const { onOutput, onStep } = hooks;
+  return { hide, hooks: { ...hooks, ...(onOutput ? { onOutput: (line: string) => onOutput(hide(line)) } : {}), ...(onStep ? { onStep: (step: BuildStep, detail: string) => onStep(step, hide(detail)) } : {}) } };
 }

@@ -7,7 +7,7 @@ import { fileDigest, findLinksDigest, type OnHashing } from "./content-digest.ts
 import { treeDigest } from "./tree-digest.ts";
 import { canonicalPlainRequirement, normalizeName } from "./canonical.ts";
 import { contentHash } from "../core/hashing.ts";
-import { hideCredentials, redactUrl } from "./url-credentials.ts";
+import { hideCredentials, redactUrl, unexpandVariables } from "./url-credentials.ts";
 import { LineRefused, type PipLine, readPipLines } from "./pip-lines.ts";
 
 /**
@@ -39,8 +39,10 @@ export interface LocalInput {
 
 export interface FindLinksInput {
   origin: string;
-  /** A URL (credentials hidden), or a local folder read by content. */
+  /** A URL (credentials hidden, `${VAR}`s expanded: for the installer), or a local folder read by content. */
   url?: string;
+  /** The URL as stored and shown: credentials hidden, `${VAR}`s by name. */
+  shown?: string;
   path?: string;
   digest?: string;
 }
@@ -50,6 +52,8 @@ export interface Requirement {
   origin: string;
   install: string;
   name?: string;
+  /** The `${VAR}`s on its line with their values: put back by name wherever the installer recorded the line (direct-url.ts). */
+  variables?: [string, string | undefined][];
 }
 
 export interface RequestInputs {
@@ -64,6 +68,8 @@ export interface RequestInputs {
   requirements: Requirement[];
   /** Index URLs and options the files set (expanded), for reachability checks and isolation. */
   indexUrls: string[];
+  /** The same as stored and shown: `${VAR}`s by name (credentials are hidden where they are shown). */
+  indexUrlsShown: string[];
   noIndex: boolean;
   optionsSeen: Set<string>;
   /** Why uv might read these files otherwise than pip does; null when it reads them alike. */
@@ -108,7 +114,7 @@ class Scanner {
   private readonly open = new Set<string>();
 
   constructor(private readonly ctx: ScanContext) {
-    this.inputs = { specs: [], specLines: { lines: [], requirements: [] }, files: [], variables: new Map(), locals: [], findLinks: [], requirements: [], indexUrls: [], noIndex: false, optionsSeen: new Set(), uvDiffers: null };
+    this.inputs = { specs: [], specLines: { lines: [], requirements: [] }, files: [], variables: new Map(), locals: [], findLinks: [], requirements: [], indexUrls: [], indexUrlsShown: [], noIndex: false, optionsSeen: new Set(), uvDiffers: null };
   }
 
   /** pip's reading of one text; what it refuses is the user's to fix. */
@@ -160,6 +166,11 @@ class Scanner {
     this.open.delete(real);
   }
 
+  /** A line's own `${VAR}`s with their values. */
+  private lineVariables(line: PipLine): [string, string | undefined][] {
+    return line.variables.map((name) => [name, this.inputs.variables.get(name)]);
+  }
+
   private line(line: PipLine, origin: string, into: { lines: string[]; requirements: string[] }, file: string | null): void {
     this.noteVariables(line);
     const kind = into === this.inputs.specLines ? "requirements" : (into as RequestFile).kind;
@@ -185,12 +196,15 @@ class Scanner {
     if (nested.length > 1) throw new UsageError(`${origin}: pip reads only the first -r/-c of a line; put each on its own line`);
     if (links.length > 1) throw new UsageError(`${origin}: pip uses only the first --find-links of a line; put each on its own line`);
     for (const o of line.options) {
-      if (o.name === "--index-url" || o.name === "--extra-index-url") this.inputs.indexUrls.push(o.value!);
+      if (o.name === "--index-url" || o.name === "--extra-index-url") {
+        this.inputs.indexUrls.push(o.value!);
+        this.inputs.indexUrlsShown.push(unexpandVariables(o.value!, this.lineVariables(line)));
+      }
       if (o.name === "--no-index") this.inputs.noIndex = true;
     }
     // pip takes `sub.txt#x` as that file's name (a comment needs a space before its #); uv cuts the name at the #.
     if ([...nested, ...links].some((o) => o.value?.includes("#"))) this.uvDiffers(`${origin}: a path holding '#' is left to pip (uv reads it only up to the '#')`);
-    if (links[0]) this.findLinks(links[0].value!, origin, fileDir);
+    if (links[0]) this.findLinks(links[0].value!, origin, fileDir, this.lineVariables(line));
     if (nested[0]) {
       const target = nested[0].value!;
       if (!target) throw new UsageError(`${origin}: ${nested[0].name} needs a value`);
@@ -201,10 +215,10 @@ class Scanner {
     }
   }
 
-  findLinks(value: string, origin: string, fileDir: string | null): void {
+  findLinks(value: string, origin: string, fileDir: string | null, variables: [string, string | undefined][] = []): void {
     const local = localPathOf(value);
     if (local === null) {
-      this.inputs.findLinks.push({ origin, url: hideCredentials(value) });
+      this.inputs.findLinks.push({ origin, url: hideCredentials(value), shown: hideCredentials(unexpandVariables(value, variables)) });
       return;
     }
     // pip: relative to the requirements file when it exists there, else as given (the working directory).
@@ -216,11 +230,13 @@ class Scanner {
   }
 
   private requirement(line: PipLine, origin: string, editableTarget: string | undefined, file: string | null): void {
+    const variables = this.lineVariables(line);
+    const push = (r: Requirement) => this.inputs.requirements.push(variables.length ? { ...r, variables } : r);
     if (file && resolve(dirname(file)) !== resolve(this.ctx.cwd) && /(^|[\s@=])\.{1,2}\//.test(line.args || editableTarget || "")) this.uvDiffers(`${origin}: a relative path in a file outside the working directory is left to pip`);
     if (editableTarget !== undefined) {
       const target = editableTarget.replace(/\[[^\]]+\]$/, "");
       const local = localPathOf(target);
-      this.inputs.requirements.push({ origin, install: `-e ${editableTarget}` });
+      push({ origin, install: `-e ${editableTarget}` });
       if (local === null) return; // a VCS URL: its text is its identity
       const path = resolve(this.ctx.cwd, local);
       this.inside(path, origin, "the editable project");
@@ -232,7 +248,7 @@ class Scanner {
     const args = line.args;
     const named = NAME_AT_URL.exec(args);
     if (named) {
-      this.inputs.requirements.push({ origin, install: args, name: normalizeName(named[1]!) });
+      push({ origin, install: args, name: normalizeName(named[1]!) });
       const local = localPathOf(named[3]!.replace(/;$/, ""));
       if (local !== null && /^file:/i.test(named[3]!)) this.local(local, origin);
       return;
@@ -240,7 +256,7 @@ class Scanner {
     const isUrl = SCHEME.test(args) && !/^[A-Za-z0-9._-]+\s*[<>=!~;[(]/.test(args);
     const spec = (isUrl ? args.split("; ", 1)[0]! : args.split(";", 1)[0]!).trim();
     if (isUrl) {
-      this.inputs.requirements.push({ origin, install: args });
+      push({ origin, install: args });
       const local = localPathOf(spec);
       if (local !== null) this.local(local, origin);
       return;
@@ -248,12 +264,12 @@ class Scanner {
     const path = spec.replace(/\[[^\]]+\]$/, "");
     const looksLikePath = path.includes("/") || path.startsWith(".");
     if (looksLikePath || (ARCHIVE.test(path) && existsSync(resolve(this.ctx.cwd, path)))) {
-      this.inputs.requirements.push({ origin, install: args });
+      push({ origin, install: args });
       this.local(path, origin);
       return;
     }
     const name = /^[A-Za-z0-9][A-Za-z0-9._-]*/.exec(args)?.[0];
-    this.inputs.requirements.push({ origin, install: args, name: name ? normalizeName(name) : undefined });
+    push({ origin, install: args, name: name ? normalizeName(name) : undefined });
   }
 
   private local(path: string, origin: string): void {

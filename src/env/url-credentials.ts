@@ -23,3 +23,19 @@ export function redactDeep<T>(value: T): T {
 
 /** Whether a stored (redacted) value once held credentials it no longer has. */
 export const lostCredentials = (value: unknown): boolean => JSON.stringify(value ?? null).includes("://***@");
+
+/**
+ * Text a `${VAR}` was expanded into, with each set variable's value put back
+ * as `${NAME}`, longest value first and in one pass (a value inside another's
+ * `${NAME}` is not touched again): what gpulayer stores or shows of a URL
+ * holds the variable's name, never its value (the key holds its digest).
+ */
+export function unexpandVariables(text: string, variables: Iterable<readonly [string, string | undefined]>): string {
+  const byValue = new Map<string, string>();
+  // As written into a URL, and as an installer may have quoted it there.
+  for (const [name, value] of variables) if (value) for (const form of [value, encodeURI(value), encodeURIComponent(value)]) if (!byValue.has(form)) byValue.set(form, name);
+  if (!byValue.size) return text;
+  const values = [...byValue.keys()].sort((a, b) => b.length - a.length);
+  const pattern = new RegExp(values.map((v) => v.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")).join("|"), "g");
+  return text.replace(pattern, (value) => `\${${byValue.get(value)}}`);
+}

@@ -5,6 +5,7 @@ import { liveLeases } from "../core/lease.ts";
 import { isLocked, tryLock } from "../core/lock.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
 import { diskUsage, type EntryPaths, type EnvMeta, entryPaths, isReady, listKeys, orphanTmpKeys } from "../env/store.ts";
+import { isLink } from "./home-links.ts";
 import { changedSince } from "./sizes.ts";
 import type { GcEntry, GcSource, GcState, ListOptions, RemoveOutcome, SkipReason } from "./types.ts";
 
@@ -36,6 +37,11 @@ async function listEnvEntries(layout: HomeLayout, opts: ListOptions): Promise<Gc
   const entries: GcEntry[] = [];
   for (const key of listKeys(layout)) {
     const paths = entryPaths(layout, key);
+    if (isLink(paths.dir)) {
+      // gpulayer never makes an entry a link: it is garbage, and only the link goes (nothing is read or written through it).
+      entries.push(envEntry(layout, paths, { state: "incomplete", sizeBytes: 0, lastUsedMs: 0, createdMs: 0, summary: "a symbolic link, not an environment (only the link is removed)" }));
+      continue;
+    }
     const readyMs = statMs(paths.ready);
     if (readyMs === null) {
       const dirMs = statMs(paths.dir);
@@ -136,14 +142,16 @@ async function removeEnvEntry(layout: HomeLayout, paths: EntryPaths, key: string
   let doomed: string;
   let doomedTmp: string | null = null;
   try {
-    const ready = isReady(paths);
+    const linked = isLink(paths.dir);
+    // Never through a link: its target is not the home's (renaming the link moves only the link).
+    const ready = !linked && isReady(paths);
     // The installers' temporary folder exists only while a build holds the lock: any other is a dead build's.
     if (existsSync(paths.tmp)) {
       mkdirSync(layout.trash, { recursive: true });
       doomedTmp = join(layout.trash, `${key}.tmp.${process.pid}.${Date.now()}`);
       renameSync(paths.tmp, doomedTmp);
     }
-    if (statMs(paths.dir) === null) {
+    if (!linked && statMs(paths.dir) === null) {
       // Only the temporary folder of a build killed before it made its own was left.
       if (facts.state === "incomplete" && doomedTmp) return { removed: true, freedBytes: facts.sizeBytes };
       return { removed: false, reason: { code: "changed", message: "already removed by another process" } };

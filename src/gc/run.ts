@@ -4,6 +4,7 @@ import { tryLock } from "../core/lock.ts";
 import type { GcLimits } from "./limits.ts";
 import { cacheTarget, type FsUsage, fsUsage, lruOrder, protectedBy, usedPercent, watermarkExcess } from "./policy.ts";
 import type { EngineEnv } from "../docker/engine.ts";
+import { refuseLinkedFolders } from "./home-links.ts";
 import { gcSources } from "./sources.ts";
 import { sweepTrash, type TrashReport } from "./trash.ts";
 import type { GcEntry, GcKind, GcSource, GcState, SkipReason } from "./types.ts";
@@ -97,6 +98,8 @@ export async function runGc(layout: HomeLayout, opts: GcOptions): Promise<GcRepo
     sizesRefreshed: 0,
     seconds: 0,
   };
+  // Before anything is read or locked: a linked folder would take gc out of its home.
+  refuseLinkedFolders(layout);
   // A dry run changes nothing, so it needs no exclusion; a real run does.
   const release = opts.dryRun ? null : await tryLock(gcLockPath(layout));
   if (!opts.dryRun && !release) return { ...report, ran: false, limitReached: false, seconds: (performance.now() - started) / 1000 };

@@ -1,6 +1,7 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { contentHash } from "../core/hashing.ts";
 import { join } from "node:path";
+import { printable } from "../ui/escape.ts";
 import { formatBytes } from "../ui/output.ts";
 import { type BundleLimits, bundleLimits } from "../cluster/bundle.ts";
 import type { SettingValues } from "../config/table.ts";
@@ -168,7 +169,9 @@ async function ownHome(dir: string): Promise<Release> {
 /** Beside the home's state: which database its server keeps its state in (so `gpulayer server token` run in this home finds it, or says where to look). */
 export const DATABASE_MARKER = "database";
 
-export async function startServer(dir: string, token: string, settings: ServerSettings, log: (message: string) => void): Promise<RunningServer> {
+export async function startServer(dir: string, token: string, settings: ServerSettings, sink: (message: string) => void): Promise<RunningServer> {
+  // One line each, whatever a job's, a task's or a worker's name holds: no line break, no escape code reaches the log.
+  const log = (message: string) => sink(printable(message));
   const replicas = settings.database !== null;
   // On SQLite the home is one server's: a second would share its state and neither would know of the other's workers.
   const homeLock = replicas ? null : await ownHome(dir);

@@ -12,6 +12,7 @@ import { endLeftovers } from "./leftovers.ts";
 import { TaskChannel } from "./channel.ts";
 import { Outbox } from "./outbox.ts";
 import { startJobTask, startPrepareTask, type TaskHandle, type WorkerContext } from "./tasks.ts";
+import { printable } from "../ui/escape.ts";
 
 /**
  * The worker's loop (`gpulayer join URL`): register with the probe (as the
@@ -81,8 +82,9 @@ export class Agent {
     this.replicas = new Replicas(opts.url, (from, to) => this.log(`the server at ${from} does not answer; now talking to ${to}`));
   }
 
+  /** One line each, whatever a job's or a worker's name, a label or a server's message holds: no line break, no escape code reaches the log. */
   private log(message: string): void {
-    this.opts.onLog(message);
+    this.opts.onLog(printable(message));
   }
 
   /** First call: drain. Second: hand back now. */

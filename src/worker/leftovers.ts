@@ -1,4 +1,4 @@
-import { rmSync } from "node:fs";
+import { lstatSync, rmSync } from "node:fs";
 import { namesOfDeadOwners } from "../core/dead-owners.ts";
 import { dirname, join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
@@ -19,6 +19,7 @@ import { JobStore } from "../jobs/store.ts";
 export async function endLeftovers(layout: HomeLayout, graceMs: number, keepWorkdirs = false): Promise<{ jobs: number; processes: number }> {
   const store = new JobStore(layout);
   const work = join(layout.root, "cluster", "work");
+  const bundles = join(layout.root, "cluster", "bundles");
   let jobs = 0;
   let processes = 0;
   try {
@@ -29,14 +30,23 @@ export async function endLeftovers(layout: HomeLayout, graceMs: number, keepWork
       if (found) processes += await endJobProcesses(job.id, graceMs);
       store.update(job.id, { state: "failed", exitCode: ExitCode.failed, error: "its worker was killed; what was left of it was ended when the worker started again", childPid: null, childStart: null });
       // Its workdir, unpacked for that attempt only, is removed as a finished task's is (keep_workdirs keeps it).
-      if (!keepWorkdirs && dirname(job.spec.workdir) === work) rmSync(job.spec.workdir, { recursive: true, force: true });
+      if (!keepWorkdirs && dirname(job.spec.workdir) === work && !isLink(work)) rmSync(job.spec.workdir, { recursive: true, force: true });
       jobs++;
     }
   } finally {
     store.close();
   }
-  sweepDeadTemps(join(layout.root, "cluster", "bundles"));
+  if (!isLink(bundles)) sweepDeadTemps(bundles);
   return { jobs, processes };
+}
+
+/** Nothing is deleted through a folder of the home that is a link: its target is not the home's. */
+function isLink(path: string): boolean {
+  try {
+    return lstatSync(path).isSymbolicLink();
+  } catch {
+    return false;
+  }
 }
 
 /** A download or unpack a killed worker left half-done (`NAME.PID.UUID.tmp`): removed once its process is gone. */
