@@ -13,7 +13,7 @@ import { parseListen } from "../cluster/listen.ts";
 import { probeMachine } from "../worker/probe.ts";
 import { loadWorkerSettings, mergeWorkerSettings, saveWorkerSettings } from "../worker/settings.ts";
 import { formatBytes, Output } from "../ui/output.ts";
-import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
+import { outputArgs, refuseTokenOnCommandLine, rejectUnknownFlags, repeated } from "./_args.ts";
 import type { JoinDoc, JoinLeftDoc } from "./_json.ts";
 import { probeJson } from "./_probe-json.ts";
 import { useNormalJitPolicy } from "../core/jit-policy.ts";
@@ -57,8 +57,7 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    // Any job could read it from /proc/<this pid>/cmdline, whatever the worker does after.
-    if (a.token !== undefined) throw new UsageError("join --token: a token on the command line can be read by every process on this machine (/proc/PID/cmdline), jobs included; use --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN");
+    refuseTokenOnCommandLine("join", a.token);
     // Before anything else: a job of the same user may not read this process's environment or memory.
     forbidDumps();
     useNormalJitPolicy();
