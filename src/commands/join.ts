@@ -6,7 +6,7 @@ import { bundleLimits } from "../cluster/bundle.ts";
 import { commandContext, runAsChecks, runnerSettings } from "./_context.ts";
 import { UsageError } from "../errors.ts";
 import { forbidDumps } from "../core/no-dump.ts";
-import { resolveRunAs } from "../jobs/run-as.ts";
+import { refuseUnrunnablePython, resolveRunAs } from "../jobs/run-as.ts";
 import { Agent } from "../worker/agent.ts";
 import { serveWorkerMetrics } from "../worker/metrics.ts";
 import { parseListen } from "../cluster/listen.ts";
@@ -73,6 +73,8 @@ export default defineCommand({
     const probe = { ...probed, offline: values["worker.offline"], shareEnvs: values["worker.share_envs"] };
     // A Python named now must work now: a bad path is never saved.
     if (a.python !== undefined && !probe.python) throw new UsageError(probe.pythonError ?? `--python: ${a.python} is not a working Python 3`);
+    // The jobs' user must run it too, or a job's `python` fails (or is another one on PATH).
+    if (runAs && probe.python) refuseUnrunnablePython(runAs, probe.python.path, ctx.childEnv);
 
     if (!a.server) {
       const file = saveWorkerSettings(layout, settings);
