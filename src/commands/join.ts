@@ -87,6 +87,9 @@ export default defineCommand({
     const url = normalizeServerUrl(a.server, "SERVER_URL");
     const token = values.token;
     if (!token) throw new UsageError("joining needs a join token: --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN (make one on the server: gpulayer server token create --role join --name NAME)");
+    // A job of the worker's own user reads what that user reads: a token file is out of its reach only with --run-as.
+    const tokenFile = values.token_file;
+    if (!runAs && tokenFile !== undefined && tokenFile !== "-" && ctx.settings.origins.token === ctx.settings.origins.token_file) out.log.warn(`jobs run as this worker's own user, who can read ${tokenFile}: any job can read the join token there; give it on standard input (--token-file - < FILE) or in GPULAYER_TOKEN, or run jobs as another user (--run-as USER)`);
     if (!probe.python) out.log.warn(`the worker's Python is not usable (${probe.pythonError}); jobs that name no Python of their own will not be sent here`);
     for (const line of probeLines(probe, labels, name)) out.progress(line);
     const agent = new Agent({
