@@ -65,7 +65,7 @@ interface Checks {
 
 /**
  * `dir` made readable by all (0755), and every folder above it up to the home
- * enterable, not listable (o+x): everything else under the home stays 0700,
+ * enterable, not listable (0711): everything else under the home stays 0700,
  * as gpulayer's umask made it. Folders above the home are not the worker's to
  * open: the check after names one the user cannot enter.
  */
@@ -73,7 +73,8 @@ function openPathTo(home: string, dir: string): void {
   mkdirSync(dir, { recursive: true });
   chmodSync(dir, 0o755);
   for (let above = dirname(dir); above.startsWith(home) && above !== dirname(above); above = dirname(above)) {
-    chmodSync(above, (statSync(above).mode & 0o7777) | 0o011);
+    // Not listable, whatever an older gpulayer's 022 made it: USER enters by name only.
+    chmodSync(above, (statSync(above).mode & 0o7700) | 0o011);
     if (above === home) break;
   }
 }
