@@ -57,7 +57,7 @@ export async function shipBench(): Promise<ShipResult[]> {
       const dir = join(root, `${share}-${count}`);
       const at = join(dir, "home-path");
       mkdirSync(at, { recursive: true });
-      const server = Bun.spawn([bin, "server", "--listen", "127.0.0.1:0", "--token", token, "--json"], { env: { ...base, GPULAYER_HOME: join(dir, "server"), GPULAYER_SERVER_SHARE_ENVS: share }, stdout: "pipe", stderr: "ignore" });
+      const server = Bun.spawn([bin, "server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: token, ...base, GPULAYER_HOME: join(dir, "server"), GPULAYER_SERVER_SHARE_ENVS: share }, stdout: "pipe", stderr: "ignore" });
       children.push(server);
       let doc = "";
       for await (const c of server.stdout as ReadableStream<Uint8Array>) {

@@ -64,7 +64,7 @@ function jobsCount(url: string, token: string): number {
 }
 
 try {
-  const server = start(["server", "--listen", "127.0.0.1:0", "--token", token, "--json"], home("server"));
+  const server = start(["server", "--listen", "127.0.0.1:0", "--json"], { ...home("server"), GPULAYER_TOKEN: token });
   let doc = "";
   for await (const c of server.stdout as ReadableStream<Uint8Array>) {
     doc += new TextDecoder().decode(c);

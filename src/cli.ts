@@ -4,6 +4,10 @@ import { errorReport, ExitCode, ExitError, UsageError, UserError } from "./error
 import type { ErrorDoc } from "./commands/_json.ts";
 import { versionInfo } from "./version.ts";
 import { writeOut, writeErr } from "./ui/terminal.ts";
+import { closeUmask } from "./core/owner-only.ts";
+
+// Before anything is written: a home's files are its user's alone, whatever the caller's umask (core/owner-only.ts).
+closeUmask();
 
 // A plain definition (citty's defineCommand returns its argument): citty itself loads only where a command runs.
 const main: CommandDef = {

@@ -54,7 +54,7 @@ async function uploadProbing(file: string, hash: string): Promise<{ status: numb
 
 let jobId = "";
 beforeAll(async () => {
-  server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "server-home") } }), procs);
+  server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "server-home") } }), procs);
   url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
   keepOutput(startCli(["join", url, "--name", "w1", "--python", "python3"], { env: { ...box.env, ...FAST, GPULAYER_TOKEN: TOKEN, GPULAYER_HOME: join(box.root, "w1-home") } }), procs);
   await waitFor("the worker", async () => json<any[]>((await gpl(["workers", "--json"])).stdout).length === 1);

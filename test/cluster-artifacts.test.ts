@@ -63,7 +63,7 @@ beforeAll(async () => {
   await makeWorkerVenv(other, { env: server.env, withPip: true, packages: ["gamma==1.0"], findLinks: index.dir });
   const s = Bun.spawn(["sh", "-c", `unshare -m sh -c 'mount --bind "${other}" "${VENV}" && "${VENV}/bin/python" -m pip install -q --no-index --find-links "${index.dir}" gamma==2.0'`], { env: server.env, stdout: "pipe", stderr: "pipe" });
   expect(await s.exited).toBe(0);
-  const srv = keepOutput(Bun.spawn([...CLI_ARGV, "server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...server.env, ...FAST }, stdout: "pipe", stderr: "pipe", stdin: "ignore" }), kept);
+  const srv = keepOutput(Bun.spawn([...CLI_ARGV, "server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...server.env, ...FAST }, stdout: "pipe", stderr: "pipe", stdin: "ignore" }), kept);
   url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(srv.out())?.[1])) as string;
   for (const n of ["w1", "w2", "w3"]) startWorker(n);
   startWorker("w4", { venv: other });

@@ -33,7 +33,7 @@ const json = <T = any>(text: string): T => JSON.parse(text) as T;
 
 /** (Re)start the server on the same port and home with these settings; resolves once it answers. */
 async function startServer(settings: Record<string, string> = {}): Promise<void> {
-  server = keep(startCli(["server", "--listen", `127.0.0.1:${port}`, "--token", TOKEN, "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: serverHome, ...settings } }));
+  server = keep(startCli(["server", "--listen", `127.0.0.1:${port}`, "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...box.env, ...FAST, GPULAYER_HOME: serverHome, ...settings } }));
   const found = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
   url = found;
 }
@@ -149,7 +149,7 @@ describe("bundle cleanup on the server", () => {
     expect(log).toContain("1 left from interrupted uploads");
     expect(stored().some((f) => f.endsWith(".tmp"))).toBe(false);
     for (const [name, value] of [["GPULAYER_BUNDLE_RETENTION", "soon"], ["GPULAYER_BUNDLE_MAX_SIZE", "lots"]] as const) {
-      const r = await cli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN], { env: { ...box.env, GPULAYER_HOME: serverHome, [name]: value } });
+      const r = await cli(["server", "--listen", "127.0.0.1:0"], { env: { GPULAYER_TOKEN: TOKEN, ...box.env, GPULAYER_HOME: serverHome, [name]: value } });
       expect(r.code).toBe(2);
       expect(r.stderr).toStartWith(`error: ${name}=${value} (environment): not a`);
     }
@@ -160,10 +160,10 @@ describe("one server per home", () => {
   // Replicas on PostgreSQL may share a home (their state is the database's); the lock is for a server on SQLite.
   test.skipIf(serversOnPostgres)("a second server on a home in use is refused, naming the first; once the first is SIGKILLed, a new one starts there", async () => {
     const home = join(box.root, "lone-home");
-    const start = () => keep(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: home } }));
+    const start = () => keep(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...box.env, ...FAST, GPULAYER_HOME: home } }));
     const first = start();
     await waitFor("the first server", () => /"url": "([^"]+)"/.exec(first.out())?.[1]);
-    const second = await cli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN], { env: { ...box.env, GPULAYER_HOME: home } });
+    const second = await cli(["server", "--listen", "127.0.0.1:0"], { env: { GPULAYER_TOKEN: TOKEN, ...box.env, GPULAYER_HOME: home } });
     expect(second.code).toBe(1);
     expect(second.stderr.trim()).toStartWith(`error: another gpulayer server (pid ${first.proc.pid}) keeps its state in ${join(home, "server")}: one server per home on SQLite`);
     first.proc.kill("SIGKILL");

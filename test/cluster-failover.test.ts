@@ -48,7 +48,7 @@ async function runningOn(): Promise<string> {
 }
 
 beforeAll(async () => {
-  const server = keep(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...box.env, ...FAST, GPULAYER_JOB_MAX_ATTEMPTS: "2" } }));
+  const server = keep(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...box.env, ...FAST, GPULAYER_JOB_MAX_ATTEMPTS: "2" } }));
   url = (await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
   await Promise.all([startWorker("wa"), startWorker("wb")]);
 }, T);

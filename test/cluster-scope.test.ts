@@ -36,7 +36,7 @@ function credentialOf(name: string): { id: string; credential: string } {
 const get = (path: string, credential: string, method = "GET") => fetch(`${url}${path}`, { method, headers: { authorization: `Bearer ${credential}` } });
 
 beforeAll(async () => {
-  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: homeOf("server") } }), procs);
+  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...box.env, ...FAST, GPULAYER_HOME: homeOf("server") } }), procs);
   url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
   for (const [name, label] of [["w1", "only=w1"], ["w2", "only=w2"]] as const) {
     workers.set(name, keepOutput(startCli(["join", url, "--name", name, "--python", "python3", "--label", label], { env: { ...box.env, ...FAST, GPULAYER_TOKEN: TOKEN, GPULAYER_HOME: homeOf(name) } }), procs));

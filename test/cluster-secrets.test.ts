@@ -51,7 +51,7 @@ function filesHolding(secrets: string[]): string[] {
 
 let port = 0;
 async function startServer(): Promise<void> {
-  server = keepOutput(startCli(["server", "--listen", `127.0.0.1:${port}`, "--token", TOKEN, "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: homeOf("server") } }), procs);
+  server = keepOutput(startCli(["server", "--listen", `127.0.0.1:${port}`, "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...box.env, ...FAST, GPULAYER_HOME: homeOf("server") } }), procs);
   url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
   port = Number(new URL(url).port);
 }

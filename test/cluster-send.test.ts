@@ -24,7 +24,7 @@ const clientEnv = () => ({ ...boxes.client.env, GPULAYER_SERVER: url, GPULAYER_T
 const gpl = (args: string[], cwd?: string) => cli(args, { env: clientEnv(), cwd: cwd ?? boxes.client.root });
 
 beforeAll(async () => {
-  const server = keep(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...boxes.server.env, ...FAST } }));
+  const server = keep(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...boxes.server.env, ...FAST } }));
   url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
   const venv = await makeWorkerVenv(join(boxes.w1.root, "venv"), { env: boxes.w1.env });
   keep(startCli(["join", url, "--name", "w1", "--python", venv], { env: { ...boxes.w1.env, ...FAST, GPULAYER_TOKEN: TOKEN } }));

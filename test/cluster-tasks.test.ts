@@ -30,7 +30,7 @@ beforeAll(async () => {
   index.start();
   index.wheel({ name: "gl-base", version: "1.0" });
   index.wheel({ name: "gl-base", version: "2.0" });
-  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...boxes.server.env, ...FAST } }), procs);
+  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...boxes.server.env, ...FAST } }), procs);
   url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
   // w2 has a conda environment (laid out as conda leaves it; see test/fixtures/conda.ts), w1 none.
   const conda = pyenvPython() ? makeCondaRoot(join(boxes.w2.root, "miniconda3"), { envs: { ml: {} } }).root : null;

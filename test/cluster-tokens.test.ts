@@ -125,7 +125,7 @@ describe("no job can read a token", () => {
     const home = join(box.root, "w1-home");
     const tokenFile = join(box.root, "box1.token");
     writeFileSync(tokenFile, `${tokens.box1}\n`, { mode: 0o600 });
-    const w1 = keepOutput(startCli(["join", url, "--token-file", tokenFile, "--name", "w1", "--python", "python3", "--label", "who=w1", "--run-as", "nobody"], { env: { ...box.env, ...FAST, GPULAYER_HOME: home } }), procs);
+    const w1 = keepOutput(startCli(["join", url, "--token-file", tokenFile, "--name", "w1", "--python", "/usr/bin/python3", "--label", "who=w1", "--run-as", "nobody"], { env: { ...box.env, ...FAST, GPULAYER_HOME: home } }), procs);
     await waitFor("w1 to join", () => w1.out().includes("as w1"));
     const r = await hunt("w1", home);
     expect(r.uid).toBe(String(NOBODY));

@@ -39,7 +39,7 @@ async function sitePackages(venv: string): Promise<string> {
 beforeAll(async () => {
   index.start();
   index.wheel({ name: "greet", version: "1.0", files: { "greet/__init__.py": "def hello():\n    return 'hello from greet'\n" } });
-  const server = keep(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...boxes.server.env, ...FAST } }));
+  const server = keep(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...boxes.server.env, ...FAST } }));
   url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
 
   const venvs = await Promise.all(["w1", "w2", "w3"].map((n) => makeWorkerVenv(join(boxes[n as "w1"].root, "venv"), { env: boxes[n as "w1"].env })));

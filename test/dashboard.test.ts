@@ -34,7 +34,7 @@ const HOSTILE = "<script>alert(1)</script>";
 beforeAll(async () => {
   index.start();
   index.wheel({ name: "greet", version: "1.0" });
-  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...boxes.server.env, ...FAST, GPULAYER_METRICS_TOKEN: METRICS_TOKEN } }), procs);
+  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...boxes.server.env, ...FAST, GPULAYER_METRICS_TOKEN: METRICS_TOKEN } }), procs);
   url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
   const venv = await makeWorkerVenv(join(boxes.worker.root, "venv"), { env: boxes.worker.env });
   const worker = keepOutput(startCli(["join", url, "--name", "gpu-box-1", "--label", `team=${HOSTILE}`, "--python", venv, "--metrics-listen", "127.0.0.1:0"], { env: { ...boxes.worker.env, ...FAST, GPULAYER_TOKEN: TOKEN } }), procs);

@@ -3,6 +3,14 @@ import { isProblem } from "../config/kinds.ts";
 import { SETTING_NAMES, SETTINGS, type SettingDef } from "../config/table.ts";
 import { UsageError } from "../errors.ts";
 
+/**
+ * `join --token T`, `server --token T`: refused. Any process on the machine, jobs included, reads
+ * /proc/PID/cmdline, and these two run for days.
+ */
+export function refuseTokenOnCommandLine(command: "join" | "server", token: string | undefined): void {
+  if (token !== undefined) throw new UsageError(`${command} --token: a token on the command line can be read by every process on this machine (/proc/PID/cmdline), jobs included; use --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN`);
+}
+
 /** Flags every reporting command takes. */
 export const outputArgs = {
   json: { type: "boolean", description: "Print one JSON document on stdout and nothing else there" },

@@ -2,6 +2,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout, type HomeLayout } from "../config/paths.ts";
 import { UsageError } from "../errors.ts";
+import { launchUmask } from "../core/owner-only.ts";
 import { defaultPython } from "../config/python.ts";
 import { type FlagValues, type ResolvedSettings, resolveSettings } from "../config/resolve.ts";
 import type { SettingName } from "../config/table.ts";
@@ -24,6 +25,8 @@ export interface CommandContext {
   cwd: string;
   /** What installers, engines and jobs inherit: this process's environment minus gpulayer's own secrets. */
   childEnv: Record<string, string>;
+  /** The umask gpulayer was started with (it runs under 077 itself): a job's command gets it back. */
+  jobUmask: number | undefined;
 }
 
 /**
@@ -49,6 +52,7 @@ export async function commandContext(flags: FlagValues = {}, opts: { configMayBe
     layout: homeLayout(settings.values.home, settings.configFile),
     cwd: process.cwd(),
     childEnv,
+    jobUmask: launchUmask(),
   };
 }
 
@@ -58,6 +62,7 @@ export function runAsChecks(ctx: CommandContext) {
   const tokenFile = ctx.values.token_file;
   return {
     env: ctx.childEnv,
+    home: root,
     reachable: [ctx.layout.envs, join(root, "cluster", "work")],
     closed: [join(root, "jobs"), join(root, "cluster", "identity"), join(root, "cluster", "bundles")],
     secret: [join(root, "server"), ...(tokenFile && tokenFile !== "-" ? [tokenFile] : [])],
@@ -155,5 +160,6 @@ export function runnerSettings(ctx: CommandContext): RunnerSettings {
     defaultPython: fallback.python,
     defaultPythonOrigin: fallback.origin,
     setpriv: Bun.which("setpriv", { PATH: ctx.childEnv.PATH ?? "/usr/bin:/bin" }),
+    jobUmask: ctx.jobUmask,
   };
 }

@@ -6,14 +6,14 @@ import { bundleLimits } from "../cluster/bundle.ts";
 import { commandContext, runAsChecks, runnerSettings } from "./_context.ts";
 import { UsageError } from "../errors.ts";
 import { forbidDumps } from "../core/no-dump.ts";
-import { resolveRunAs } from "../jobs/run-as.ts";
+import { refuseUnrunnablePython, resolveRunAs } from "../jobs/run-as.ts";
 import { Agent } from "../worker/agent.ts";
 import { serveWorkerMetrics } from "../worker/metrics.ts";
 import { parseListen } from "../cluster/listen.ts";
 import { probeMachine } from "../worker/probe.ts";
 import { loadWorkerSettings, mergeWorkerSettings, saveWorkerSettings } from "../worker/settings.ts";
 import { formatBytes, Output } from "../ui/output.ts";
-import { outputArgs, rejectUnknownFlags, repeated } from "./_args.ts";
+import { outputArgs, refuseTokenOnCommandLine, rejectUnknownFlags, repeated } from "./_args.ts";
 import type { JoinDoc, JoinLeftDoc } from "./_json.ts";
 import { probeJson } from "./_probe-json.ts";
 import { useNormalJitPolicy } from "../core/jit-policy.ts";
@@ -57,8 +57,7 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    // Any job could read it from /proc/<this pid>/cmdline, whatever the worker does after.
-    if (a.token !== undefined) throw new UsageError("join --token: a token on the command line can be read by every process on this machine (/proc/PID/cmdline), jobs included; use --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN");
+    refuseTokenOnCommandLine("join", a.token);
     // Before anything else: a job of the same user may not read this process's environment or memory.
     forbidDumps();
     useNormalJitPolicy();
@@ -74,6 +73,8 @@ export default defineCommand({
     const probe = { ...probed, offline: values["worker.offline"], shareEnvs: values["worker.share_envs"] };
     // A Python named now must work now: a bad path is never saved.
     if (a.python !== undefined && !probe.python) throw new UsageError(probe.pythonError ?? `--python: ${a.python} is not a working Python 3`);
+    // The jobs' user must run it too, or a job's `python` fails (or is another one on PATH).
+    if (runAs && probe.python) refuseUnrunnablePython(runAs, probe.python.path, ctx.childEnv);
 
     if (!a.server) {
       const file = saveWorkerSettings(layout, settings);
@@ -86,6 +87,9 @@ export default defineCommand({
     const url = normalizeServerUrl(a.server, "SERVER_URL");
     const token = values.token;
     if (!token) throw new UsageError("joining needs a join token: --token-file FILE, --token-file - (standard input) or GPULAYER_TOKEN (make one on the server: gpulayer server token create --role join --name NAME)");
+    // A job of the worker's own user reads what that user reads: a token file is out of its reach only with --run-as.
+    const tokenFile = values.token_file;
+    if (!runAs && tokenFile !== undefined && tokenFile !== "-" && ctx.settings.origins.token === ctx.settings.origins.token_file) out.log.warn(`jobs run as this worker's own user, who can read ${tokenFile}: any job can read the join token there; give it on standard input (--token-file - < FILE) or in GPULAYER_TOKEN, or run jobs as another user (--run-as USER)`);
     if (!probe.python) out.log.warn(`the worker's Python is not usable (${probe.pythonError}); jobs that name no Python of their own will not be sent here`);
     for (const line of probeLines(probe, labels, name)) out.progress(line);
     const agent = new Agent({

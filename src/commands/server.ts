@@ -5,14 +5,14 @@ import { commandContext } from "./_context.ts";
 import { forbidDumps } from "../core/no-dump.ts";
 import { serverSettings, serverToken, startServer } from "../server/server.ts";
 import { Output } from "../ui/output.ts";
-import { outputArgs, rejectUnknownFlags } from "./_args.ts";
+import { outputArgs, refuseTokenOnCommandLine, rejectUnknownFlags } from "./_args.ts";
 import type { ServerDoc } from "./_json.ts";
 import { useNormalJitPolicy } from "../core/jit-policy.ts";
 
 const args = {
   listen: { type: "string", valueHint: "HOST:PORT", description: "Where to listen (default 127.0.0.1:7070; 0.0.0.0:7070 for other machines)" },
-  token: { type: "string", valueHint: "TOKEN", description: "The server's own token, good for everything (else GPULAYER_TOKEN, else the one generated on first start); named user and join tokens: gpulayer server token create" },
-  "token-file": { type: "string", valueHint: "FILE", description: "Read the server's own token from FILE (- : standard input)" },
+  "token-file": { type: "string", valueHint: "FILE", description: "Read the server's own token, good for everything, from FILE (- : standard input; else GPULAYER_TOKEN_FILE, else GPULAYER_TOKEN, else the one generated on first start); named user and join tokens: gpulayer server token create" },
+  token: { type: "string", valueHint: "TOKEN", description: "Refused: a token on the command line is readable by every process on the machine; use --token-file or GPULAYER_TOKEN" },
   database: { type: "string", valueHint: "postgres://USER:PASSWORD@HOST/DB", description: "Keep the state in PostgreSQL (default: SQLite in the server's home): any number of replicas on one database serve clients and workers alike" },
   files: { type: "string", valueHint: "DIR", description: "Where uploaded bundles and env artifacts go (default: the server's home); replicas need one folder they all reach" },
   ...outputArgs,
@@ -25,11 +25,12 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     if ((a._ as string[])[0] === "token") return; // citty ran the subcommand
     rejectUnknownFlags(rawArgs, args);
+    refuseTokenOnCommandLine("server", a.token);
     // A job on this machine may not read the server's token from its environment or memory.
     forbidDumps();
     useNormalJitPolicy();
     const out = new Output(a);
-    const ctx = await commandContext({ "coordinator.listen": a.listen, token: a.token, token_file: a["token-file"], "coordinator.database": a.database, "coordinator.files": a.files });
+    const ctx = await commandContext({ "coordinator.listen": a.listen, token_file: a["token-file"], "coordinator.database": a.database, "coordinator.files": a.files });
     const dir = join(ctx.layout.root, "server");
     const settings = serverSettings(ctx.values);
     const token = serverToken(dir, ctx.values.token);

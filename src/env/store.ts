@@ -2,6 +2,7 @@ import { closeSync, existsSync, fsyncSync, lstatSync, mkdirSync, openSync, readd
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
+import { openToReaders } from "../core/owner-only.ts";
 import type { InputsReport } from "./inputs-report.ts";
 import type { KeyDocument } from "./key.ts";
 
@@ -55,6 +56,8 @@ export function markReady(paths: EntryPaths, meta: EnvMeta): void {
   mkdirSync(paths.stateDir, { recursive: true });
   writeFileAtomic(paths.meta, JSON.stringify(meta, null, 2));
   writeFileAtomic(paths.lastUsed, new Date().toISOString());
+  // Built under gpulayer's 077 umask, an env is opened to all: it holds code, no secret, and a --run-as job user runs it.
+  openToReaders(paths.dir);
   writeFileAtomic(paths.ready, `${meta.key}\n`);
   // The rename must itself be durable before anyone is told the entry is ready.
   const dirFd = openSync(paths.stateDir, "r");

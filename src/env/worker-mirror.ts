@@ -1,4 +1,4 @@
-import { copyFileSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { valid as validVersion } from "@renovatebot/pep440";
 import { contentHash } from "../core/hashing.ts";
@@ -239,7 +239,8 @@ export function writePlaceholders(site: string, dists: WorkerDist[]): string[] {
     const dir = placeholderDir(dist);
     const target = join(site, dir);
     mkdirSync(target);
-    if (dist.kind === "dist-info") copyFileSync(join(dist.path, "METADATA"), join(target, "METADATA"));
+    // Read and written, not copied: a copy keeps the worker's 0644, and what gpulayer writes under its home is 0600.
+    if (dist.kind === "dist-info") writeFileSync(join(target, "METADATA"), readFileSync(join(dist.path, "METADATA")));
     else writeFileSync(join(target, "METADATA"), eggInfoMetadata(dist));
     writeFileSync(join(target, "WHEEL"), "Wheel-Version: 1.0\nGenerator: gpulayer (placeholder of a worker package)\nRoot-Is-Purelib: true\n");
     writeFileSync(join(target, "INSTALLER"), `${MIRROR_MARK}\n`);

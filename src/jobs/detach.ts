@@ -1,4 +1,5 @@
 import { existsSync } from "node:fs";
+import { withUmask } from "../core/owner-only.ts";
 import type { JobRecord, JobStore } from "./store.ts";
 import { shownJob } from "./status.ts";
 
@@ -14,8 +15,9 @@ export function selfCommand(): string[] {
  * The whole spec goes on its stdin: the store holds it without credentials, and
  * process arguments are readable by every user.
  */
-export function spawnDetachedRunner(job: JobRecord, env: NodeJS.ProcessEnv): number {
-  const proc = Bun.spawn([...selfCommand(), "job", "_exec", job.id], { env: env as Record<string, string>, stdin: new Blob([JSON.stringify(job.spec)]), stdout: "ignore", stderr: "ignore", detached: true });
+export function spawnDetachedRunner(job: JobRecord, env: NodeJS.ProcessEnv, jobUmask: number | undefined): number {
+  // Started with the caller's umask, which the background runner records as its own and gives the job.
+  const proc = Bun.spawn(withUmask([...selfCommand(), "job", "_exec", job.id], jobUmask), { env: env as Record<string, string>, stdin: new Blob([JSON.stringify(job.spec)]), stdout: "ignore", stderr: "ignore", detached: true });
   proc.unref();
   return proc.pid;
 }

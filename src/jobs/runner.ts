@@ -1,6 +1,7 @@
 import { closeSync, openSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { endJobProcesses } from "../core/job-processes.ts";
+import { withUmask } from "../core/owner-only.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
 import { pythonOriginOf } from "../env/request.ts";
 import { jobArgv, type RunAs, runAsEnv } from "./run-as.ts";
@@ -74,6 +75,8 @@ export interface RunnerSettings {
   runAs?: RunAs;
   /** setpriv (util-linux) when on PATH: the job's main process gets a parent-death signal (and run_as its user). */
   setpriv: string | null;
+  /** The umask the job's command runs with: the one gpulayer was started with (it runs under 077 itself). */
+  jobUmask?: number;
 }
 
 /**
@@ -263,7 +266,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       try {
         // Looked up as exec would, here: through setpriv the failure would read as setpriv's own.
         if (!Bun.which(spec.argv[0]!, { PATH: env.PATH, cwd: spec.workdir })) throw new Error(spec.argv[0]!.includes("/") ? "no such file, or not executable" : "not found on the job's PATH (the env's bin first), or not executable");
-        child = Bun.spawn(jobArgv(spec.argv, settings.setpriv, settings.runAs), { cwd: spec.workdir, env, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: true });
+        child = Bun.spawn(jobArgv(withUmask(spec.argv, settings.jobUmask), settings.setpriv, settings.runAs), { cwd: spec.workdir, env, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: true });
       } catch (error) {
         closeSync(log);
         const message = `cannot start ${spec.argv[0]}: ${(error as Error).message}`;

@@ -1,5 +1,6 @@
 import { Database } from "bun:sqlite";
-import { mkdirSync, statSync } from "node:fs";
+import { statSync } from "node:fs";
+import { ownerOnlyFolder } from "../core/owner-only.ts";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
@@ -122,7 +123,8 @@ export class JobStore {
       this.hasTasks = columnsOf(this.db).has("parent_id");
       return;
     }
-    mkdirSync(layout.jobs, { recursive: true });
+    // Jobs' environment values and output: closed to others, files an older gpulayer made 0644 included.
+    ownerOnlyFolder(layout.jobs);
     this.db = new Database(path, { create: true });
     this.db.exec("PRAGMA busy_timeout = 10000");
     this.db.exec("PRAGMA journal_mode = WAL");

@@ -1,5 +1,6 @@
 import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
+import { ownerOnlyFolder } from "../core/owner-only.ts";
 import { type BundleLimits, unpackBundle } from "../cluster/bundle.ts";
 import type { ClusterClient } from "../cluster/client.ts";
 import type { GpuInfo, PrepareTaskResult, RemoteSpec, TaskAssignment } from "../cluster/protocol.ts";
@@ -61,7 +62,7 @@ async function fetchBundle(ctx: WorkerContext, hash: string): Promise<string> {
   if (existsSync(file)) return file;
   const { data } = await ctx.client.bytes(`/v1/bundles/${hash}`);
   if (new Bun.CryptoHasher("sha256").update(data).digest("hex") !== hash) throw new BundleError(`bundle ${hash.slice(0, 12)} arrived damaged (hash mismatch)`);
-  mkdirSync(clusterDir(ctx, "bundles"), { recursive: true });
+  ownerOnlyFolder(clusterDir(ctx, "bundles"));
   const tmp = `${file}.${process.pid}.${crypto.randomUUID()}.tmp`;
   writeFileSync(tmp, data);
   renameSync(tmp, file);

@@ -94,7 +94,7 @@ export default defineCommand({
     const store = new JobStore(layout);
     const job = store.create(spec);
     if (a.detach) {
-      spawnDetachedRunner(job, ctx.childEnv);
+      spawnDetachedRunner(job, ctx.childEnv, ctx.jobUmask);
       const doc: JobStateDoc = { id: job.id, state: "queued" };
       out.result(doc, () => job.id, true);
       return;

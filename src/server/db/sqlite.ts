@@ -1,5 +1,5 @@
 import { Database as SqliteDb } from "bun:sqlite";
-import { mkdirSync } from "node:fs";
+import { ownerOnlyFolder } from "../../core/owner-only.ts";
 import { dirname } from "node:path";
 import { type Database, Mutex, type Row, type Sql, type SqlValue } from "./sql.ts";
 
@@ -17,7 +17,8 @@ export class SqliteDatabase implements Database {
   private readonly inside: Sql;
 
   constructor(readonly where: string) {
-    mkdirSync(dirname(where), { recursive: true, mode: 0o700 });
+    // The server's jobs, their environment values and output: closed to others, an older gpulayer's 0755 folder too.
+    ownerOnlyFolder(dirname(where));
     this.db = new SqliteDb(where, { create: true });
     this.db.exec("PRAGMA busy_timeout = 10000");
     this.db.exec("PRAGMA journal_mode = WAL");
