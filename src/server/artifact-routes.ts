@@ -91,8 +91,10 @@ export async function artifactRoute(req: Request, url: URL, sub: string | undefi
     return reply(await store.claim(claim.key, claim.path, { id: w.id, name: w.name }, taskId, CLAIM_MS));
   }
   if (sub === "report" && method === "POST") {
-    worker();
+    const w = worker();
     const report = await body(ReportBody);
+    // Reading an artifact again costs the server: only a worker preparing a task now (the one that fetched it) may ask.
+    if (!(await coord.store.activeTasks(w.id)).length) throw new HttpFail(403, "an artifact is reported only by a worker running a task");
     const a = await store.get(report.sha);
     if (!a) return reply({ dropped: false, reason: "no such artifact" });
     // The worker's word alone drops nothing (a worker could drop every good artifact): the server checks it too.
