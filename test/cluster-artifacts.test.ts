@@ -1,7 +1,10 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { Database } from "bun:sqlite";
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { craftArtifact, type CraftedEntry, escapes, metaEntry } from "./fixtures/crafted-tar.ts";
 import { PackageIndex } from "./fixtures/index.ts";
+import { pgProgram } from "./fixtures/postgres.ts";
 import { CLI_ARGV, cli, makeWorkerVenv, sandbox, tempDir } from "./helpers.ts";
 import { keepOutput, type Kept, stopAll, waitFor } from "./fixtures/processes.ts";
 import { TcpProxy } from "./fixtures/tcp-proxy.ts";
@@ -56,6 +59,7 @@ beforeAll(async () => {
   index.wheel({ name: "gamma", version: "2.0", files: { "gamma/__init__.py": "V = '2.0'\n" } });
   index.wheel({ name: "zeta", version: "1.0", files: { "zeta/__init__.py": "" } });
   index.wheel({ name: "epsilon", version: "1.0", files: { "epsilon/__init__.py": "" } });
+  index.wheel({ name: "eta", version: "1.0", files: { "eta/__init__.py": "" } });
   mkdirSync(HOME);
   await makeWorkerVenv(VENV, { env: server.env, withPip: true, packages: ["gamma==1.0"], findLinks: index.dir });
   const other = join(world, "venv-other");
@@ -76,6 +80,51 @@ afterAll(async () => {
   index.stop();
   for (const b of [server, client, ...Object.values(boxes)]) b.cleanup();
 }, 30_000);
+
+/** One statement on the server's database (SQLite or PostgreSQL), values inlined (the tests' own hex and numbers): what a test reads or plants behind the API. */
+function serverSql(statement: string): string[][] {
+  if (server.env.GPULAYER_DATABASE) {
+    const r = Bun.spawnSync([pgProgram("psql"), server.env.GPULAYER_DATABASE, "-At", "-F", "\t", "-c", statement], { stdout: "pipe", stderr: "pipe" });
+    if (r.exitCode !== 0) throw new Error(`psql: ${r.stderr.toString()}`);
+    return r.stdout.toString().split("\n").filter(Boolean).map((l) => l.split("\t"));
+  }
+  const db = new Database(join(server.home, "server", "server.db"));
+  try {
+    db.exec("PRAGMA busy_timeout = 10000");
+    return db.query(statement).values().map((row) => row.map(String));
+  } finally {
+    db.close();
+  }
+}
+
+/** A worker's credential, as its home keeps it: what a hostile process with that worker's rights holds. */
+function credentialOf(name: string): string {
+  const dir = join(boxes[name]!.home, "cluster", "identity");
+  return JSON.parse(readFileSync(join(dir, readdirSync(dir)[0]!), "utf8")).credential;
+}
+
+/** A job on one worker (detached) and the id of its task there, once it is running. */
+async function jobOn(worker: string, command: string[]): Promise<{ job: string; task: string }> {
+  const r = await gpl(["job", "run", "--detach", "--json", "--label", `box=${worker}`, "--", ...command]);
+  expect(r.code).toBe(0);
+  const job = JSON.parse(r.stdout).id as string;
+  const task = await waitFor(`the task of ${job}`, async () => serverSql(`SELECT id FROM tasks WHERE job_id = '${job}' AND state = 'running'`)[0]?.[0] ?? null);
+  return { job, task };
+}
+
+/** A request with a worker's credential. */
+async function asWorker(credential: string, method: string, path: string, body?: RequestInit["body"], headers: Record<string, string> = {}): Promise<{ status: number; doc: any }> {
+  const res = await fetch(`${url}${path}`, { method, body, headers: { authorization: `Bearer ${credential}`, "content-type": "application/json", ...headers } });
+  return { status: res.status, doc: await res.json() };
+}
+
+/** Replace the server's artifact `sha` by the bytes of `file` (as a server of an earlier version might have taken them): the row keeps its key and conditions. */
+function plantArtifact(sha: string, file: string, newSha: string): void {
+  const dir = join(server.home, "server", "artifacts");
+  renameSync(file, join(dir, `${newSha}.tar.zst`));
+  serverSql(`UPDATE artifacts SET sha = '${newSha}', bytes = ${Bun.file(join(dir, `${newSha}.tar.zst`)).size} WHERE sha = '${sha}'`);
+  rmSync(join(dir, `${sha}.tar.zst`), { force: true });
+}
 
 const artifacts = () => api<{ count: number; bytes: number; artifacts: { sha256: string; key: string; built_by: string; bytes: number }[] }>("/v1/artifacts");
 
@@ -152,6 +201,73 @@ describe("env artifacts", () => {
     expect(r2.stderr).toMatch(/\[w2\] fetching artifact [0-9a-f]{12} from w1 refused: its content does not match its sha256/);
     // Nothing half-unpacked is left beside the entry.
     expect(readdirSync(join(boxes.w2!.home, "envs-v1")).filter((n) => n.startsWith(".fetch-"))).toEqual([]);
+    // The server checked what w2 reported, dropped it, and took w2's build in its place.
+    expect(r2.stderr).toContain(`the server dropped artifact ${sha.slice(0, 12)}; building here`);
+    const now = await waitFor("w2's artifact", async () => (await artifacts()).artifacts.find((a) => a.key === key && a.built_by === "w2") ?? null);
+    expect((await artifacts()).artifacts.filter((a) => a.key === key)).toEqual([now]);
+  }, T);
+
+  test("a worker's credential uploads nothing but its own task's claimed build: not for a task that ran `true` and ended, not while another worker holds the claim; a crafted tar under its own claim is refused", async () => {
+    const key = "d".repeat(64);
+    const path = join(HOME, "envs-v1", key);
+    const conditions = Buffer.from(JSON.stringify({ env_path: path, platform: "linux-x86_64", interpreter: "/usr/bin/python3", python: "3.11.2", base: "b".repeat(64) })).toString("base64");
+    const put = async (credential: string, task: string, entries: CraftedEntry[]) => {
+      const file = join(world, `hostile-${crypto.randomUUID()}.tar.zst`);
+      const sha = await craftArtifact(file, entries);
+      return asWorker(credential, "PUT", `/v1/artifacts/${sha}?task=${task}&key=${key}`, Bun.file(file), { "x-gpulayer-conditions": conditions, "content-type": "application/zstd" });
+    };
+    const sound = [metaEntry(key, path), { name: "bin", type: "dir" as const }];
+    const w3 = credentialOf("w3");
+    const ran = await gpl(["job", "run", "--json", "--label", "box=w3", "--", "true"]);
+    expect(ran.code).toBe(0);
+    const ended = serverSql(`SELECT id FROM tasks WHERE job_id = '${JSON.parse(ran.stdout).id}'`)[0]![0]!;
+    const late = await put(w3, ended, sound);
+    expect(late.status).toBe(403);
+    expect(late.doc.error).toBe(`artifact refused: env dddddddddddd at ${path} is taken only from the build a task of this worker claimed, while it holds the claim; no build claim of it is held`);
+    expect((await asWorker(w3, "POST", "/v1/artifacts/claim", JSON.stringify({ key, path, task: ended }))).doc.error).toBe(`a build claim is taken only for a task this worker is running now (task ${ended} is not)`);
+    // w1 holds the claim for a task it runs; w3, running a task of its own, may neither claim nor upload.
+    const [a, b] = await Promise.all([jobOn("w1", ["sleep", "60"]), jobOn("w3", ["sleep", "60"])]);
+    const w1 = credentialOf("w1");
+    expect((await asWorker(w1, "POST", "/v1/artifacts/claim", JSON.stringify({ key, path, task: a.task }))).doc).toEqual({ granted: true });
+    expect((await asWorker(w3, "POST", "/v1/artifacts/claim", JSON.stringify({ key, path, task: b.task }))).doc).toEqual({ granted: false, holder: "w1" });
+    const hijack = await put(w3, b.task, sound);
+    expect(hijack.status).toBe(403);
+    expect(hijack.doc.error).toEndWith("; w1 holds its build claim");
+    // Under its own claim, w1's crafted tars are refused for what they hold.
+    for (const [name, entries] of Object.entries(escapes(join(world, "outside-server"), key, path))) {
+      const r = await put(w1, a.task, entries);
+      expect({ name, status: r.status, error: r.doc.error }).toEqual({ name, status: 400, error: expect.stringMatching(/^artifact refused: it holds an entry that may not be unpacked: /) });
+    }
+    const other = await put(w1, a.task, [metaEntry("e".repeat(64), path)]);
+    expect(other.doc.error).toBe(`artifact refused: it holds env eeeeeeeeeeee at ${path}, not dddddddddddd at ${path}`);
+    expect((await asWorker(w1, "GET", `/v1/artifacts?key=${key}&path=${encodeURIComponent(path)}`)).doc.artifacts).toEqual([]);
+    for (const j of [a.job, b.job]) {
+      expect((await gpl(["job", "cancel", j])).code).toBe(0);
+      await waitFor(`${j} cancelled`, async () => ((await api<{ state: string }>(`/v1/jobs/${j}`)).state === "cancelled" ? true : null));
+    }
+  }, T);
+
+  test("an artifact on the server that writes through a link, or names another key, is refused by the fetching worker, which writes nothing outside its env, builds, and replaces it", async () => {
+    const r1 = await prepare(["-p", "eta"], "box=w1");
+    expect(r1.doc.workers[0].status).toBe("built");
+    const { key, path } = r1.doc.workers[0];
+    const outside = join(world, "outside-worker");
+    const cases: [string, CraftedEntry[], RegExp][] = [
+      ["w2", escapes(outside, key, path)["a link named ./d, then d/x"]!, /refused: the artifact holds an entry that may not be unpacked: "d\/x" is under the symbolic link d/],
+      ["w3", [metaEntry("e".repeat(64), path), { name: "bin", type: "dir" }], /refused: it holds env eeeeeeeeeeee at /],
+    ];
+    for (const [worker, entries, why] of cases) {
+      const was = await waitFor("the artifact", async () => (await artifacts()).artifacts.find((a) => a.key === key) ?? null);
+      const file = join(world, `planted-${worker}.tar.zst`);
+      const sha = await craftArtifact(file, entries);
+      plantArtifact(was.sha256, file, sha);
+      const r = await prepare(["-p", "eta"], `box=${worker}`);
+      expect({ worker, code: r.code, status: r.doc.workers[0].status }).toEqual({ worker, code: 0, status: "built" });
+      expect(r.stderr).toMatch(why);
+      expect(r.stderr).toContain(`the server dropped artifact ${sha.slice(0, 12)}; building here`);
+      expect(existsSync(outside)).toBe(false);
+      await waitFor(`${worker}'s artifact in its place`, async () => ((await artifacts()).artifacts.filter((a) => a.key === key).map((a) => a.built_by).join() === worker ? true : null));
+    }
   }, T);
 
   test("a worker killed (SIGKILL) mid-download leaves nothing marked ready; its next prepare cleans the remains and gets the env", async () => {

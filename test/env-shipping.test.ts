@@ -1,9 +1,14 @@
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
+import { existsSync, linkSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import * as tar from "tar";
+import zlib from "node:zlib";
 import { ClusterClient } from "../src/cluster/client.ts";
+import { artifactFault, packEnv, unpackEnv } from "../src/env/artifact.ts";
 import { homeLayout } from "../src/config/paths.ts";
 import { InstallError } from "../src/errors.ts";
 import { workerShipping } from "../src/worker/env-shipping.ts";
+import { craftArtifact, escapes, metaEntry } from "./fixtures/crafted-tar.ts";
 import { tempDir } from "./helpers.ts";
 
 // Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
@@ -41,5 +46,64 @@ describe("env shipping with the server away", () => {
     expect(error).toBeInstanceOf(InstallError);
     expect((error as Error).message).toMatch(/^this worker is offline \(worker\.offline\) and builds no env, and the server could not be asked for an artifact of env aaaaaaaaaaaa: cannot reach the gpulayer server/);
     expect((error as Error).message).not.toContain("\n");
+  });
+});
+
+describe("unpacking an artifact", () => {
+  test("every crafted tar that would write outside the folder, or holds a hard link, is refused; nothing outside is written, and the server's check refuses it too", async () => {
+    const root = tempDir("gpl-unpack-");
+    const outside = join(root, "outside");
+    mkdirSync(outside);
+    writeFileSync(join(outside, "f"), "theirs");
+    const key = KEY;
+    const envPath = join(root, "envs-v1", KEY);
+    let n = 0;
+    for (const [name, entries] of Object.entries(escapes(outside, key, envPath))) {
+      const file = join(root, `a${n}.tar.zst`);
+      const sha = await craftArtifact(file, entries);
+      const into = join(root, `into${n++}`);
+      mkdirSync(into);
+      const error = await unpackEnv(file, into).then(() => null, (e: Error) => e.message);
+      expect({ name, error }).toEqual({ name, error: expect.stringMatching(/^the artifact holds an entry that may not be unpacked: /) });
+      expect({ name, outside: readdirSync(outside), f: readFileSync(join(outside, "f"), "utf8"), links: statSync(join(outside, "f")).nlink }).toEqual({ name, outside: ["f"], f: "theirs", links: 1 });
+      expect({ name, fault: await artifactFault(file, sha, key, envPath) }).toEqual({ name, fault: expect.stringMatching(/^it holds an entry that may not be unpacked: /) });
+    }
+  });
+
+  test("an env with hard-linked files and an absolute symbolic link packs without a hard link entry and unpacks whole; the server's check names a wrong key", async () => {
+    const root = tempDir("gpl-pack-");
+    const env = join(root, "env");
+    mkdirSync(join(env, ".gpulayer"), { recursive: true });
+    mkdirSync(join(env, "bin"));
+    mkdirSync(join(env, "lib"));
+    writeFileSync(join(env, ".gpulayer", "meta.json"), JSON.stringify({ key: KEY, path: env }));
+    writeFileSync(join(env, "lib", "a.py"), "A = 1\n");
+    // uv links files from its cache, so two names of one file can be in one env.
+    linkSync(join(env, "lib", "a.py"), join(env, "lib", "b.py"));
+    symlinkSync("/usr/bin/python3", join(env, "bin", "python"));
+    const file = join(root, "env.tar.zst");
+    const packed = await packEnv(env, file);
+    const types: string[] = [];
+    await new Promise<void>((resolve, reject) => {
+      const parser = new tar.Parser({ onReadEntry: (e) => (types.push(e.type), e.resume()) });
+      parser.on("end", resolve).on("error", reject);
+      parser.end(zlib.zstdDecompressSync(readFileSync(file)));
+    });
+    expect(types).not.toContain("Link");
+    expect(types).toContain("SymbolicLink");
+    const into = join(root, "into");
+    mkdirSync(into);
+    await unpackEnv(file, into);
+    expect(readFileSync(join(into, "lib", "b.py"), "utf8")).toBe("A = 1\n");
+    expect(lstatSync(join(into, "lib", "b.py")).isFile()).toBe(true);
+    expect(readlinkSync(join(into, "bin", "python"))).toBe("/usr/bin/python3");
+    expect(await artifactFault(file, packed.sha256, KEY, env)).toBeNull();
+    expect(await artifactFault(file, packed.sha256, "b".repeat(64), env)).toBe(`it holds env aaaaaaaaaaaa at ${env}, not bbbbbbbbbbbb at ${env}`);
+    expect(await artifactFault(file, "c".repeat(64), KEY, env)).toBe("its content does not match its sha256");
+    const bare = join(root, "bare.tar.zst");
+    const bareSha = await craftArtifact(bare, [{ name: "bin", type: "dir" }]);
+    expect(await artifactFault(bare, bareSha, KEY, env)).toBe("it holds no .gpulayer/meta.json");
+    const other = join(root, "other.tar.zst");
+    expect(await artifactFault(other, await craftArtifact(other, [metaEntry("b".repeat(64), env)]), KEY, env)).toMatch(/^it holds env bbbbbbbbbbbb/);
   });
 });

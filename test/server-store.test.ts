@@ -183,16 +183,17 @@ for (const [name, dialect] of dialects) {
     it("build claims: one holder at a time across replicas, given up on release, expiry, or the worker gone", async () => {
       const { db, store } = await opened(open);
       const key = "f".repeat(64);
-      expect(await store.artifacts.claim(key, "/envs/x", { id: "w1", name: "w1" }, 60_000)).toEqual({ granted: true });
-      expect(await store.artifacts.claim(key, "/envs/x", { id: "w2", name: "w2" }, 60_000)).toEqual({ granted: false, holder: "w1" });
-      expect(await store.artifacts.claim(key, "/envs/other", { id: "w2", name: "w2" }, 60_000)).toEqual({ granted: true });
+      expect(await store.artifacts.claim(key, "/envs/x", { id: "w1", name: "w1" }, "t1", 60_000)).toEqual({ granted: true });
+      expect(await store.artifacts.claim(key, "/envs/x", { id: "w2", name: "w2" }, "t2", 60_000)).toEqual({ granted: false, holder: "w1" });
+      expect(await store.artifacts.claim(key, "/envs/other", { id: "w2", name: "w2" }, "t2", 60_000)).toEqual({ granted: true });
       expect(await store.artifacts.builder(key, "/envs/x")).toBe("w1");
+      expect(await store.artifacts.claimOf(key, "/envs/x")).toEqual({ worker: "w1", workerId: "w1", taskId: "t1" });
       await store.artifacts.release(key, "/envs/x", "w2");
       expect(await store.artifacts.builder(key, "/envs/x")).toBe("w1");
       await store.artifacts.dropClaimsOf("w1");
       expect(await store.artifacts.builder(key, "/envs/x")).toBeNull();
-      expect(await store.artifacts.claim(key, "/envs/x", { id: "w3", name: "w3" }, 60_000, Date.now() - 120_000)).toEqual({ granted: true });
-      expect(await store.artifacts.claim(key, "/envs/x", { id: "w2", name: "w2" }, 60_000)).toEqual({ granted: true });
+      expect(await store.artifacts.claim(key, "/envs/x", { id: "w3", name: "w3" }, "t3", 60_000, Date.now() - 120_000)).toEqual({ granted: true });
+      expect(await store.artifacts.claim(key, "/envs/x", { id: "w2", name: "w2" }, "t2", 60_000)).toEqual({ granted: true });
       await db.close();
     });
 

@@ -1,5 +1,5 @@
-import { createReadStream, createWriteStream, lstatSync, readdirSync } from "node:fs";
-import { join } from "node:path";
+import { createReadStream, createWriteStream, lstatSync, readdirSync, readFileSync } from "node:fs";
+import { join, posix } from "node:path";
 import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import zlib from "node:zlib";
@@ -49,12 +49,23 @@ function hashing(hasher: Bun.CryptoHasher, count: { bytes: number }): Transform 
   });
 }
 
+/**
+ * A link cache that never remembers: two names of one file (uv links files
+ * from its cache, and a file may be linked twice) are packed as two plain
+ * files, since an unpacker refuses every hard link.
+ */
+class NoHardLinks extends Map<`${number}:${number}`, string> {
+  override set(): this {
+    return this;
+  }
+}
+
 /** Pack `envDir` into `file` (tar, zstd), streaming: an env of gigabytes never sits in memory. */
 export async function packEnv(envDir: string, file: string): Promise<PackedArtifact> {
   const list = entries(envDir);
   const hasher = new Bun.CryptoHasher("sha256");
   const count = { bytes: 0 };
-  const stream = tar.create({ cwd: envDir, portable: true, noDirRecurse: true, follow: false }, list) as unknown as NodeJS.ReadableStream;
+  const stream = tar.create({ cwd: envDir, portable: true, noDirRecurse: true, follow: false, linkCache: new NoHardLinks() }, list) as unknown as NodeJS.ReadableStream;
   await pipeline(Readable.from(stream as AsyncIterable<Buffer>), zlib.createZstdCompress({ params: { [zlib.constants.ZSTD_c_compressionLevel]: 3 } }), hashing(hasher, count), createWriteStream(file, { mode: 0o600 }));
   return { sha256: hasher.digest("hex"), bytes: count.bytes };
 }
@@ -66,23 +77,130 @@ export async function fileSha256(file: string): Promise<string> {
   return hasher.digest("hex");
 }
 
+/** Entry types an env holds: files, folders, symbolic links. Never a hard link (a second name of a file that may be outside), a device or a fifo. */
+const KINDS = new Set(["File", "OldFile", "ContiguousFile", "Directory", "SymbolicLink"]);
+/** What the worker itself writes into a fetched env afterwards (store.ts markReady, the lock): never through a link. */
+const WRITTEN_AFTER = new Set([".gpulayer", ".gpulayer/meta.json", ".gpulayer/ready", ".gpulayer/last-used", ".lock"]);
+export const META_ENTRY = ".gpulayer/meta.json";
+
+/** An entry's path as the unpacker resolves it (`a/./b/` is `a/b`), or null when it is not strictly inside the env. */
+export function entryPath(raw: string): string | null {
+  if (!raw || raw.includes("\0") || raw.startsWith("/") || raw.split("/").includes("..")) return null;
+  const p = posix.normalize(raw).replace(/\/+$/, "");
+  return p === "." || p === "" || p === ".." || p.startsWith("../") ? null : p;
+}
+
+/**
+ * Checks an artifact's entries in the order they come, so that none resolves
+ * outside the env whatever the order: each path appears once, as a tree whose
+ * symbolic links are leaves (nothing is written under a link, and a link never
+ * replaces a folder or file already written or implied by a path under it),
+ * and no hard link. A link may point anywhere (bin/python is the worker's
+ * interpreter): nothing of the artifact is written through it.
+ */
+export class EntryGuard {
+  private readonly dirs = new Set<string>();
+  private readonly leaves = new Map<string, string>();
+
+  /** Why this entry may not be unpacked, or null. */
+  refusal(raw: string, type: string): string | null {
+    const p = entryPath(raw);
+    if (p === null) return `${JSON.stringify(raw)} is outside the env`;
+    if (!KINDS.has(type)) return `${JSON.stringify(raw)} is ${type === "Link" ? "a hard link" : `a ${type} entry`}`;
+    const parts = p.split("/");
+    for (let i = 1; i < parts.length; i++) {
+      const up = parts.slice(0, i).join("/");
+      const leaf = this.leaves.get(up);
+      if (leaf) return `${JSON.stringify(raw)} is under ${leaf === "SymbolicLink" ? "the symbolic link" : "the file"} ${up}`;
+      this.dirs.add(up);
+    }
+    if (type === "Directory") {
+      if (this.leaves.has(p)) return `${JSON.stringify(raw)} replaces ${p}`;
+      this.dirs.add(p);
+      return null;
+    }
+    if (this.dirs.has(p) || this.leaves.has(p)) return `${JSON.stringify(raw)} replaces ${p}`;
+    if (WRITTEN_AFTER.has(p) && type === "SymbolicLink") return `${JSON.stringify(raw)} is a symbolic link where the worker writes`;
+    if (p === ".gpulayer") return `${JSON.stringify(raw)} is not a folder`;
+    this.leaves.set(p, type);
+    return null;
+  }
+}
+
 /**
  * Unpack an artifact (already checked against its sha256) into `into`, a
- * fresh folder. Symbolic links keep their absolute targets (an env's
+ * fresh empty folder. Symbolic links keep their absolute targets (an env's
  * bin/python points at the worker's interpreter), so tar's own stripping is
- * off and every entry is checked here instead: a relative path without `..`,
- * never under a link the artifact made.
+ * off and every entry passes an EntryGuard instead; after the first refused
+ * entry nothing more is written, and the unpack fails naming it.
  */
 export async function unpackEnv(file: string, into: string): Promise<void> {
-  const links: string[] = [];
+  if (readdirSync(into).length) throw new Error(`${into} is not empty`);
+  const guard = new EntryGuard();
   let refused: string | null = null;
   const filter = (path: string, entry: tar.ReadEntry | import("node:fs").Stats) => {
-    const p = path.replace(/\/+$/, "");
-    const bad = p.startsWith("/") || p.split("/").includes("..") || links.some((l) => p.startsWith(`${l}/`));
-    if (bad) refused ??= path;
-    if (!bad && "type" in entry && entry.type === "SymbolicLink") links.push(p);
-    return !bad;
+    if (refused) return false;
+    refused = guard.refusal(path, "type" in entry ? entry.type : "File");
+    return !refused;
   };
   await pipeline(createReadStream(file), zlib.createZstdDecompress(), tar.extract({ cwd: into, strict: true, preserveOwner: false, preservePaths: true, filter }));
-  if (refused) throw new Error(`the artifact holds an entry outside the env: ${refused}`);
+  if (refused) throw new Error(`the artifact holds an entry that may not be unpacked: ${refused}`);
+}
+
+/** The env metadata an unpacked artifact holds, or why it is not that of `key` at `envPath`. */
+export function unpackedMetaMismatch(into: string, key: string, envPath: string): string | null {
+  let meta: { key?: unknown; path?: unknown };
+  try {
+    meta = JSON.parse(readFileSync(join(into, META_ENTRY), "utf8")) as typeof meta;
+  } catch (error) {
+    return `it holds no readable ${META_ENTRY} (${(error as Error).message.split("\n")[0]})`;
+  }
+  return metaMismatch(meta, key, envPath);
+}
+
+function metaMismatch(meta: { key?: unknown; path?: unknown } | null, key: string, envPath: string): string | null {
+  if (!meta || typeof meta !== "object") return `its ${META_ENTRY} is not an env's metadata`;
+  if (meta.key !== key || meta.path !== envPath) return `it holds env ${String(meta.key).slice(0, 12)} at ${String(meta.path)}, not ${key.slice(0, 12)} at ${envPath}`;
+  return null;
+}
+
+const META_MAX = 1024 ** 2;
+
+/**
+ * Why an artifact file is not a sound artifact of `key` at `envPath` (its
+ * sha256, its tar, each entry as the unpacker checks it, its metadata), or
+ * null: what the server checks at an upload and when a worker says it refused
+ * one, without unpacking anything. Streaming: an artifact never sits in memory.
+ */
+export async function artifactFault(file: string, sha: string, key: string, envPath: string): Promise<string | null> {
+  const got = await fileSha256(file).catch((error: Error) => `unreadable: ${error.message}`);
+  if (got !== sha) return got.startsWith("unreadable") ? `it is ${got}` : "its content does not match its sha256";
+  const guard = new EntryGuard();
+  let refused: string | null = null;
+  let meta: string | null = null;
+  const parser = new tar.Parser({
+    strict: true,
+    onReadEntry: (entry) => {
+      refused ??= guard.refusal(entry.path, entry.type);
+      if (!refused && entryPath(entry.path) === META_ENTRY) {
+        let text = "";
+        entry.on("data", (chunk: Buffer) => {
+          if (text.length < META_MAX) text += chunk.toString("utf8");
+        });
+        entry.on("end", () => (meta = text));
+      } else entry.resume();
+    },
+  });
+  try {
+    await pipeline(createReadStream(file), zlib.createZstdDecompress(), parser as unknown as NodeJS.WritableStream);
+  } catch (error) {
+    return `it is not a readable artifact (${(error as Error).message.split("\n")[0]})`;
+  }
+  if (refused) return `it holds an entry that may not be unpacked: ${refused}`;
+  if (meta === null) return `it holds no ${META_ENTRY}`;
+  try {
+    return metaMismatch(JSON.parse(meta) as { key?: unknown; path?: unknown }, key, envPath);
+  } catch {
+    return `its ${META_ENTRY} is not JSON`;
+  }
 }

@@ -1,5 +1,6 @@
 import { open } from "node:fs/promises";
 import * as v from "valibot";
+import { artifactFault } from "../env/artifact.ts";
 import type { WorkerRow } from "./store.ts";
 import type { ArtifactRow } from "./artifacts.ts";
 import type { Coordinator } from "./coordinator.ts";
@@ -10,14 +11,21 @@ import { HttpFail } from "./http-fail.ts";
  * server/artifacts.ts).
  *
  *   GET  /v1/artifacts?key=K&path=P   (worker) what there is for K, who builds it now, who could
- *   POST /v1/artifacts/claim          (worker) {key, path, release?}: build it here, or wait for the holder
+ *   POST /v1/artifacts/claim          (worker) {key, path, task, release?}: build it here for task T, or wait for the holder
  *   PUT  /v1/artifacts/SHA?task=T&key=K  (worker) the artifact of a build for task T, its conditions in x-gpulayer-conditions
+ *   POST /v1/artifacts/report         (worker) {sha, reason}: it refused this artifact; dropped when the server finds it unsound too
  *   GET  /v1/artifacts/SHA            (worker, user) the bytes
  *   GET  /v1/artifacts                (user) every artifact, with totals
  *   POST /v1/artifacts/gc             (user) {max_bytes?, dry_run?}: trim least recently used first
  *
- * Only a worker uploads, only for a task it was given (the upload names it),
- * once per key and path (never replaced), never past the size limit.
+ * A build claim is taken only for a task the worker is running now, and an
+ * artifact is taken only from the worker holding the live claim of its key
+ * and path, for the task named in that claim: so only what a task of that
+ * worker built, while it builds or uploads it. The server checks each
+ * artifact as an unpacker does (env/artifact.ts artifactFault) before keeping
+ * it, and again when a worker reports it refused one: an unsound one is
+ * dropped, and the next build's artifact takes its place. Once per key and
+ * path otherwise, never past the size limit.
  */
 
 export interface ArtifactSettings {
@@ -32,12 +40,11 @@ type Caller = { role: "admin" | "user" | "join" } | { role: "worker"; worker: Wo
 
 const SHA = /^[0-9a-f]{64}$/;
 const CLAIM_MS = 60_000;
-/** An upload names a task of its worker given out at most this long ago. */
-const TASK_WINDOW_MS = 24 * 3_600_000;
 
 const Conditions = v.strictObject({ env_path: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), platform: v.pipe(v.string(), v.maxLength(200)), interpreter: v.pipe(v.string(), v.maxLength(4096)), python: v.pipe(v.string(), v.maxLength(50)), base: v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/)) });
 const GcBody = v.strictObject({ max_bytes: v.optional(v.pipe(v.number(), v.minValue(0))), dry_run: v.optional(v.boolean()) });
-const ClaimBody = v.strictObject({ key: v.pipe(v.string(), v.regex(SHA)), path: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), release: v.optional(v.boolean()) });
+const ClaimBody = v.strictObject({ key: v.pipe(v.string(), v.regex(SHA)), path: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), task: v.optional(v.pipe(v.string(), v.maxLength(200))), release: v.optional(v.boolean()) });
+const ReportBody = v.strictObject({ sha: v.pipe(v.string(), v.regex(SHA)), reason: v.pipe(v.string(), v.maxLength(2000)) });
 
 const reply = (data: unknown, status = 200) => Response.json(data, { status });
 
@@ -74,7 +81,26 @@ export async function artifactRoute(req: Request, url: URL, sub: string | undefi
     const claim = await body(ClaimBody);
     if (claim.release) return await store.release(claim.key, claim.path, w.id), reply({ released: true });
     if (!settings.share) return reply({ granted: true });
-    return reply(await store.claim(claim.key, claim.path, { id: w.id, name: w.name }, CLAIM_MS));
+    const taskId = claim.task ?? "";
+    const held = await store.claimOf(claim.key, claim.path);
+    // A renewal of the worker's own claim for the same task goes on after the task ended (the upload runs in the background); a new claim needs a task running now.
+    if (!(held?.workerId === w.id && held.taskId === taskId)) {
+      const task = taskId ? await coord.store.task(taskId) : null;
+      if (!task || task.workerId !== w.id || (task.state !== "assigned" && task.state !== "running")) throw new HttpFail(403, `a build claim is taken only for a task this worker is running now${taskId ? ` (task ${taskId} is not)` : " (the claim names none)"}`);
+    }
+    return reply(await store.claim(claim.key, claim.path, { id: w.id, name: w.name }, taskId, CLAIM_MS));
+  }
+  if (sub === "report" && method === "POST") {
+    const w = worker();
+    const report = await body(ReportBody);
+    // Reading an artifact again costs the server: only a worker preparing a task now (the one that fetched it) may ask.
+    if (!(await coord.store.activeTasks(w.id)).length) throw new HttpFail(403, "an artifact is reported only by a worker running a task");
+    const a = await store.get(report.sha);
+    if (!a) return reply({ dropped: false, reason: "no such artifact" });
+    // The worker's word alone drops nothing (a worker could drop every good artifact): the server checks it too.
+    const fault = await artifactFault(store.path(a.sha), a.sha, a.key, a.conditions.env_path);
+    if (fault) await store.drop(a.sha);
+    return reply(fault ? { dropped: true, reason: fault } : { dropped: false, reason: "the server finds it sound" });
   }
   if (sub === "gc" && method === "POST") {
     user();
@@ -102,16 +128,15 @@ async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: 
   const key = url.searchParams.get("key") ?? "";
   const taskId = url.searchParams.get("task") ?? "";
   if (!SHA.test(key)) throw new HttpFail(400, "key: not an env key");
-  const task = await coord.store.task(taskId);
-  if (!task || task.workerId !== w.id || Date.now() - task.created > TASK_WINDOW_MS) throw new HttpFail(403, "an artifact is taken only for a task this worker was given");
   let conditions: v.InferOutput<typeof Conditions>;
   try {
     conditions = v.parse(Conditions, JSON.parse(Buffer.from(req.headers.get("x-gpulayer-conditions") ?? "", "base64").toString("utf8")));
   } catch {
     throw new HttpFail(400, "x-gpulayer-conditions: not the artifact's conditions");
   }
+  await holdsClaim(store, w, key, conditions.env_path, taskId);
   const there = await store.existing(key, conditions.env_path);
-  if (there) return reply({ sha256: there.sha, stored: false, reason: `an artifact of this env is there already (built by ${there.builtBy}); it is never replaced` }, 409);
+  if (there) return reply({ sha256: there.sha, stored: false, reason: `an artifact of this env is there already (built by ${there.builtBy});` }, 409);
   if (await store.get(sha)) return reply({ sha256: sha, stored: false, reason: "this artifact is there already" }, 409);
   const declared = Number(req.headers.get("content-length") ?? "0");
   if (declared > settings.maxBytes) throw new HttpFail(413, `the artifact is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
@@ -131,7 +156,10 @@ async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: 
       await handle.close();
     }
     if (hasher.digest("hex") !== sha) throw new HttpFail(400, "artifact refused: its content does not match its sha256");
-    // Checked again now the bytes are in: another upload of the same env may have finished meanwhile.
+    const fault = await artifactFault(tmp.path, sha, key, conditions.env_path);
+    if (fault) throw new HttpFail(400, `artifact refused: ${fault}`);
+    // Checked again now the bytes are in: the claim may have lapsed, another upload of the same env may have finished meanwhile.
+    await holdsClaim(store, w, key, conditions.env_path, taskId);
     if (await store.existing(key, conditions.env_path)) return reply({ sha256: sha, stored: false, reason: "an artifact of this env arrived first" }, 409);
     await tmp.keep({ sha, key, conditions, bytes: total, builtBy: w.name, taskId });
   } finally {
@@ -140,4 +168,12 @@ async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: 
   await store.release(key, conditions.env_path, w.id);
   const trimmed = await store.trim(settings.maxBytes, false, settings.sharedFiles);
   return reply({ sha256: sha, stored: true, trimmed: trimmed.removed.length }, 201);
+}
+
+/** Refused (403) unless `w` holds the live build claim of `key` at `envPath`, taken for `taskId`. */
+async function holdsClaim(store: Coordinator["store"]["artifacts"], w: WorkerRow, key: string, envPath: string, taskId: string): Promise<void> {
+  const held = await store.claimOf(key, envPath);
+  if (held?.workerId === w.id && held.taskId === taskId && taskId) return;
+  const why = !held ? "no build claim of it is held" : held.workerId !== w.id ? `${held.worker} holds its build claim` : `this worker's claim of it is for another task`;
+  throw new HttpFail(403, `artifact refused: env ${key.slice(0, 12)} at ${envPath} is taken only from the build a task of this worker claimed, while it holds the claim; ${why}`);
 }

@@ -8,7 +8,8 @@ import { lruOrder } from "../gc/policy.ts";
  * Env artifacts workers uploaded (env/artifact.ts), by sha256: the bytes in
  * the server's home, a row each (the env key, the conditions it may be
  * unpacked under, who built it, size, first upload, last use). One artifact
- * per key and conditions, never replaced; kept under a size limit least
+ * per key and conditions (one found unsound is dropped, and the next build's
+ * replaces it); kept under a size limit least
  * recently used first (gc/policy.ts lruOrder, as the local cache), never one
  * a download is reading. Claims (a table: every replica sees them) say which worker is building
  * a key for a path now, so the others wait for its artifact instead of building too.
@@ -175,19 +176,34 @@ export class ArtifactStore {
   }
 
   /**
-   * Claim the build of `key` at `envPath` for a worker, for `ttlMs` (renewed
-   * by claiming again): granted when no other live claim holds it; else the
-   * holder's name. `release` gives it up. Under the writer lock, so two
-   * replicas never grant one build twice.
+   * Claim the build of `key` at `envPath` for a worker's task, for `ttlMs`
+   * (renewed by claiming again): granted when no other live claim holds it;
+   * else the holder's name. `release` gives it up. Under the writer lock, so
+   * two replicas never grant one build twice.
    */
-  claim(key: string, envPath: string, worker: { id: string; name: string }, ttlMs: number, now = Date.now()): Promise<{ granted: true } | { granted: false; holder: string }> {
+  claim(key: string, envPath: string, worker: { id: string; name: string }, taskId: string, ttlMs: number, now = Date.now()): Promise<{ granted: true } | { granted: false; holder: string }> {
     const id = `${key}:${envPath}`;
     return this.db.exclusive(async (tx) => {
       const held = await tx.get<{ worker: string; worker_id: string; until: number }>("SELECT worker, worker_id, until FROM artifact_claims WHERE id = ?", id);
       if (held && Number(held.until) > now && held.worker_id !== worker.id) return { granted: false as const, holder: held.worker };
-      await tx.run("INSERT INTO artifact_claims (id, worker, worker_id, until) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET worker = excluded.worker, worker_id = excluded.worker_id, until = excluded.until", id, worker.name, worker.id, now + ttlMs);
+      await tx.run(
+        "INSERT INTO artifact_claims (id, worker, worker_id, task_id, until) VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET worker = excluded.worker, worker_id = excluded.worker_id, task_id = excluded.task_id, until = excluded.until",
+        id, worker.name, worker.id, taskId, now + ttlMs,
+      );
       return { granted: true as const };
     });
+  }
+
+  /** The live claim on `key` at `envPath`, if any: who holds it, for which task. */
+  async claimOf(key: string, envPath: string, now = Date.now()): Promise<{ worker: string; workerId: string; taskId: string } | null> {
+    const held = await this.db.get<{ worker: string; worker_id: string; task_id: string | null; until: number }>("SELECT worker, worker_id, task_id, until FROM artifact_claims WHERE id = ?", `${key}:${envPath}`);
+    return held && Number(held.until) > now ? { worker: held.worker, workerId: held.worker_id, taskId: held.task_id ?? "" } : null;
+  }
+
+  /** Remove an artifact found unsound (artifactFault): the next worker that needs its key builds it and its artifact is taken. */
+  async drop(sha: string): Promise<void> {
+    await this.db.run("DELETE FROM artifacts WHERE sha = ?", sha);
+    rmSync(this.path(sha), { force: true });
   }
 
   async release(key: string, envPath: string, workerId: string): Promise<void> {

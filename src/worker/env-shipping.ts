@@ -4,7 +4,7 @@ import type { ClusterClient } from "../cluster/client.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { sleep } from "../core/sleep.ts";
 import { InstallError } from "../errors.ts";
-import { packEnv, unpackEnv } from "../env/artifact.ts";
+import { packEnv, unpackedMetaMismatch, unpackEnv } from "../env/artifact.ts";
 import { type ArtifactConditions, type BuildTicket, conditionsDiffer, type FetchedEnv, type Shipping, type ShippingRequest } from "../env/shipping.ts";
 import { entryPaths } from "../env/store.ts";
 
@@ -12,10 +12,12 @@ import { entryPaths } from "../env/store.ts";
  * A joined worker's side of env artifacts (env/shipping.ts): before a build,
  * ask the server for an artifact of the key whose conditions match here;
  * none, and another worker is building it for the same path: wait for its
- * artifact; none being built: claim the build, build, then pack and upload
- * in the background (the job goes on) and let the claim go. An offline
- * worker never builds. Every failure to fetch falls back to a build, its
- * reason in the build's steps.
+ * artifact; none being built: claim the build for this task, build, then
+ * pack and upload in the background (the job goes on), holding the claim
+ * until the upload ends. An offline worker never builds. Every failure to
+ * fetch falls back to a build, its reason in the build's steps; an artifact
+ * refused is reported, and when the server drops it (it checks it too) this
+ * build's artifact takes its place.
  */
 
 export interface ShippingSettings {
@@ -71,6 +73,9 @@ async function acquire(s: ShippingSettings, taskId: string, req: ShippingRequest
 async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequest): Promise<{ fetched: FetchedEnv } | { build: BuildTicket }> {
   const q = `key=${req.key}&path=${encodeURIComponent(req.conditions.env_path)}`;
   let told = false;
+  let reported = false;
+  /** Artifacts that failed here (not those for elsewhere), by sha: reported to the server once. */
+  const refused = new Map<string, string>();
   for (;;) {
     req.signal?.throwIfAborted();
     const list = await s.client.json<Listing>("GET", `/v1/artifacts?${q}`, undefined, { signal: req.signal });
@@ -87,6 +92,7 @@ async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequ
       } catch (error) {
         if (req.signal?.aborted) throw error;
         refusals.push(`${a.sha256.slice(0, 12)} from ${a.built_by}: ${(error as Error).message}`);
+        refused.set(a.sha256, (error as Error).message);
         req.onStep?.(`artifact ${a.sha256.slice(0, 12)} from ${a.built_by} refused: ${(error as Error).message}`);
       }
     }
@@ -96,16 +102,24 @@ async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequ
       throw new InstallError(`this worker is offline (worker.offline) and builds no env; no artifact of env ${req.key.slice(0, 12)} to fetch: ${why}${can.length ? `; a worker with a package index can build it: ${can.join(", ")}` : "; no worker with a package index is joined"}`, "");
     }
     if (!sharing) return { build: noTicket() };
-    if (refusals.length) {
-      // One artifact per key and path is kept, and it is the one refused: build here, share nothing.
-      req.onStep?.(`building here: ${refusals.join("; ")}`);
-      return { build: noTicket() };
+    if (refused.size) {
+      const dropped = reported ? [] : await report(s, refused, req);
+      reported = true;
+      if (dropped.length < refused.size) {
+        // One artifact per key and path is kept, and the server keeps one refused here: build here, share nothing.
+        req.onStep?.(`building here: ${refusals.join("; ")}`);
+        return { build: noTicket() };
+      }
+      // The server dropped what was refused here: claim the build, and its artifact takes the place.
+      req.onStep?.(`the server dropped artifact ${dropped.map((d) => d.slice(0, 12)).join(", ")}; building here`);
+      refused.clear();
+      continue;
     }
-    const claim = await s.client.json<{ granted: boolean; holder?: string }>("POST", "/v1/artifacts/claim", { key: req.key, path: req.conditions.env_path }, { signal: req.signal });
+    const claim = await s.client.json<{ granted: boolean; holder?: string }>("POST", "/v1/artifacts/claim", { key: req.key, path: req.conditions.env_path, task: taskId }, { signal: req.signal });
     if (claim.granted) {
       // The builder before us may have uploaded and let go between our listing and our claim: look once more.
       const again = await s.client.json<Listing>("GET", `/v1/artifacts?${q}`, undefined, { signal: req.signal });
-      if (!again.artifacts.length) return { build: ticket(s, taskId, req) };
+      if (!again.artifacts.some((a) => !conditionsDiffer(a.conditions, req.conditions))) return { build: ticket(s, taskId, req) };
       await s.client.json("POST", "/v1/artifacts/claim", { key: req.key, path: req.conditions.env_path, release: true }).catch(() => undefined);
       continue;
     }
@@ -115,22 +129,32 @@ async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequ
   }
 }
 
+/** Tell the server which artifacts failed here and why; the shas it dropped (it drops only what it finds unsound itself). */
+async function report(s: ShippingSettings, refused: Map<string, string>, req: ShippingRequest): Promise<string[]> {
+  const dropped: string[] = [];
+  for (const [sha, reason] of refused) {
+    const r = await s.client.json<{ dropped: boolean }>("POST", "/v1/artifacts/report", { sha, reason: reason.slice(0, 2000) }, { signal: req.signal }).catch(() => ({ dropped: false }));
+    if (r.dropped) dropped.push(sha);
+  }
+  return dropped;
+}
+
 function noTicket(): BuildTicket {
   return { built() {}, failed() {} };
 }
 
-/** The build is ours: renew the claim while it runs; once built, pack and upload in the background, then let the claim go. */
+/** The build is ours: renew the claim while it runs and while its artifact uploads (the server takes it only under the claim), then let the claim go. */
 function ticket(s: ShippingSettings, taskId: string, req: ShippingRequest): BuildTicket {
-  const claimBody = { key: req.key, path: req.conditions.env_path };
+  const claimBody = { key: req.key, path: req.conditions.env_path, task: taskId };
   const renew = setInterval(() => void s.client.json("POST", "/v1/artifacts/claim", claimBody).catch(() => undefined), RENEW_MS);
   renew.unref();
-  const release = () => s.client.json("POST", "/v1/artifacts/claim", { ...claimBody, release: true }).catch(() => undefined);
+  const release = () => s.client.json("POST", "/v1/artifacts/claim", { key: req.key, path: req.conditions.env_path, release: true }).catch(() => undefined);
   return {
     built() {
-      clearInterval(renew);
       const upload = share(s, taskId, req)
         .catch((error) => s.log(`env ${req.key.slice(0, 12)}: not shared (${(error as Error).message})`))
         .finally(() => {
+          clearInterval(renew);
           void release();
           s.uploads.delete(upload);
         });
@@ -185,6 +209,8 @@ async function download(s: ShippingSettings, a: ArtifactView, req: ShippingReque
     const got = hasher.digest("hex");
     if (got !== a.sha256) throw new Error(`its content does not match its sha256 (got ${got.slice(0, 12)}, ${bytes} bytes)`);
     await unpackEnv(file, req.into);
+    const mismatch = unpackedMetaMismatch(req.into, req.key, req.conditions.env_path);
+    if (mismatch) throw new Error(mismatch);
     return { sha256: a.sha256, bytes, seconds: (performance.now() - t) / 1000, builtBy: a.built_by };
   } catch (error) {
     rmSync(req.into, { recursive: true, force: true });

@@ -63,7 +63,12 @@ function schemaV4({ real }: Types): string[] {
 /** Columns that SQLite homes made before the schema was versioned may lack (ALTER TABLE … ADD COLUMN, a duplicate ignored). */
 const SQLITE_LATE_COLUMNS = ["workers ADD COLUMN joined_with TEXT", "tasks ADD COLUMN applied_seq INTEGER NOT NULL DEFAULT 0", "jobs ADD COLUMN parent_id TEXT", "workers ADD COLUMN cache TEXT", "jobs ADD COLUMN task TEXT", "jobs ADD COLUMN needs TEXT"];
 
-const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4];
+/** Version 5: the task a build claim was taken for (an artifact is taken only from that claim: server/artifact-routes.ts). */
+function schemaV5(): string[] {
+  return ["ALTER TABLE artifact_claims ADD COLUMN task_id TEXT"];
+}
+
+const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4, schemaV5];
 export const SCHEMA_VERSION = MIGRATIONS.length;
 
 async function lateColumns(tx: Sql): Promise<void> {
