@@ -1,6 +1,7 @@
 import { defineCommand } from "citty";
 import { commandContext, localGpus, localSlots, runnerSettings } from "../_context.ts";
-import { ExitError, UsageError } from "../../errors.ts";
+import { ExitError, UsageError, UserError } from "../../errors.ts";
+import { gpuRefusal } from "../../jobs/resources.ts";
 import { spawnDetachedRunner } from "../../jobs/detach.ts";
 import { startJob } from "../../jobs/runner.ts";
 import { startJobTasks } from "../../jobs/job-tasks.ts";
@@ -91,6 +92,10 @@ export default defineCommand({
       return out.result(plan, () => dryRunLines(plan));
     }
     if (remote) return (await import("../_remote/job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out, sendWorkdir: Boolean(a.file || a.workdir) });
+    // The one rule for resources (jobs/resources.ts), as a server applies it: refused before anything is recorded or built.
+    const gpus = await localGpus(ctx, spec);
+    const refusal = gpus && gpuRefusal(spec, [gpus.length]);
+    if (refusal) throw new UserError(refusal);
     const store = new JobStore(layout);
     const job = store.create(spec);
     if (a.detach) {
@@ -104,7 +109,7 @@ export default defineCommand({
     let stdoutGone = false;
     const toStdout = jobStdout(Boolean(a.json), () => stdoutGone);
     const running = spec.tasks
-      ? startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus: await localGpus(ctx, spec) }, tasksIO(out, { stdout: toStdout }))
+      ? startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus }, tasksIO(out, { stdout: toStdout }))
       : startJob(store, layout, job, runnerSettings(ctx), {
           onStdout: toStdout,
           onStderr: (c) => writeErr(c),
