@@ -11,7 +11,7 @@ import { JobStore } from "../../jobs/store.ts";
 import { jobStatus } from "../../jobs/status.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
+import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, placeArgs } from "../_args.ts";
 import { imageHooks } from "../_image-ui.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
 import type { JobDryRunDoc, JobStateDoc, JobStatusDoc } from "../_json.ts";
@@ -37,7 +37,7 @@ const args = {
   gpus: { type: "string", valueHint: "N", description: "GPUs the job needs (overrides resources.gpus); with a server, only a worker with N free GPUs takes it" },
   detach: { type: "boolean", alias: "d", description: "Start in the background and print the job id" },
   "dry-run": { type: "boolean", description: "Print each task as it would run (command, environment and its key, variables by name, needs); run nothing, build nothing" },
-  ...serverArgs,
+  ...placeArgs,
   ...labelArgs,
   ...buildOutputArgs,
 } as const;
@@ -85,7 +85,7 @@ export default defineCommand({
       },
       ctx.cwd,
     );
-    const remote = remoteTarget(ctx.settings, rawArgs);
+    const remote = remoteTarget(ctx.settings, rawArgs, { local: a.local });
     if (a["dry-run"]) {
       if (remote) throw new UsageError("--dry-run resolves the job on this machine; it does not go with --server (each worker keys its own env)");
       const plan: JobDryRunDoc = dryRunJob(layout, spec, runnerSettings(ctx));
