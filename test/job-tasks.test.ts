@@ -213,7 +213,7 @@ describe("a job of tasks, here", () => {
     }
   });
 
-  test("with the machine's GPUs (nvidia-smi), each task gets its own and sees only those; one that needs more than there are fails, and what needs it is skipped", async () => {
+  test("with the machine's GPUs (nvidia-smi), each task gets its own and sees only those; a job with a task that needs more than there are is refused before anything starts", async () => {
     const s = sandbox();
     try {
       // Two GPUs, as nvidia-smi reports them (a stand-in: this machine has none).
@@ -231,8 +231,6 @@ describe("a job of tasks, here", () => {
           `  one: {command: ${show("one", "two")}}`,
           `  two: {command: ${show("two", "one")}}`,
           `  both: {command: 'echo "both $CUDA_VISIBLE_DEVICES"', needs: [one, two], resources: {gpus: 2}}`,
-          "  three: {command: 'echo never', resources: {gpus: 3}}",
-          "  after-three: {command: 'echo never', needs: [three]}",
           "",
         ].join("\n"),
       );
@@ -242,16 +240,18 @@ describe("a job of tasks, here", () => {
         ["one", "succeeded"],
         ["two", "succeeded"],
         ["both", "succeeded"],
-        ["three", "failed"],
-        ["after-three", "skipped"],
       ]);
-      expect(status.tasks[3]!.error).toBe("it needs 3 GPUs; this machine has 2");
       const lines = r.stderr.split("\n");
       const seen = (who: string) => lines.find((l) => l.startsWith(`[${who}] ${who} `))?.split(" ").pop();
       // One and two ran at once, each on a GPU of its own; both had the two.
       expect(new Set([seen("one"), seen("two")])).toEqual(new Set(["GPU-aaaa-0000", "GPU-bbbb-1111"]));
       expect(seen("both")).toBe("GPU-aaaa-0000,GPU-bbbb-1111");
-      expect(r.code).toBe(1);
+      expect(r.code).toBe(0);
+      // One task that needs more than the machine has: the job is refused whole, nothing of it started or recorded.
+      writeFileSync(join(s.root, "three.yaml"), ["environment: {}", "tasks:", "  first: {command: 'touch first.ran'}", "  three: {command: 'echo never', needs: [first], resources: {gpus: 3}}", ""].join("\n"));
+      const three = await cli(["job", "run", "-f", "three.yaml"], { env: { ...s.env, PATH: `${bin}:${s.env.PATH}` }, cwd: s.root });
+      expect([three.code, three.stderr]).toEqual([1, "error: task three refused: it needs 3 GPUs; no machine it can run on has more than 2\n"]);
+      expect(existsSync(join(s.root, "first.ran"))).toBe(false);
     } finally {
       s.cleanup();
     }

@@ -18,12 +18,15 @@ export interface RemoteTarget {
 
 /**
  * The `server` and `token` settings (--server/--token, GPULAYER_SERVER/GPULAYER_TOKEN,
- * config file). Null when no server is named: the command runs on this
- * machine, exactly as without a cluster.
+ * config file). Null when no server is named, or with --local: the command
+ * runs on this machine, exactly as without a cluster.
  */
-export function remoteTarget(settings: ResolvedSettings, rawArgs: string[] = []): RemoteTarget | null {
-  const { server: url, token } = settings.values;
+export function remoteTarget(settings: ResolvedSettings, rawArgs: string[] = [], opts: { local?: boolean } = {}): RemoteTarget | null {
+  const { token } = settings.values;
   const origin = settings.origins.server.name;
+  if (opts.local && settings.origins.server.source === "flag") throw new UsageError("--local and --server name two places: give one");
+  // --local: this machine, whatever server the variable or the config file names.
+  const url = opts.local ? undefined : settings.values.server;
   if (!url) {
     if (settings.origins.token.source === "flag") throw new UsageError("--token needs a server: --server URL or GPULAYER_SERVER");
     const beforeDashes = rawArgs.includes("--") ? rawArgs.slice(0, rawArgs.indexOf("--")) : rawArgs;

@@ -61,6 +61,8 @@ export interface WorkerView {
   running: number;
   free_gpus: number[];
   probe: MachineProbe;
+  /** Its env cache as it last reported it (null before its first report): `env list` and `env show` of the fleet. */
+  cache: WorkerCache | null;
 }
 
 /** A job as it travels: the local JobSpec without its folder; paths inside the bundle are relative to its root. */

@@ -41,6 +41,15 @@ export const serverArgs = {
   "token-file": { type: "string", valueHint: "FILE", description: "Read the token from FILE (- : standard input; else GPULAYER_TOKEN_FILE)" },
 } as const satisfies ArgsDef;
 
+/**
+ * Where a command with a local and a fleet meaning acts: with a server configured (--server, GPULAYER_SERVER or the
+ * config file) the fleet, else this machine; --local says this machine whatever is configured.
+ */
+export const placeArgs = {
+  ...serverArgs,
+  local: { type: "boolean", description: "This machine, even with a server configured (--server, GPULAYER_SERVER or the config file)" },
+} as const satisfies ArgsDef;
+
 /** Narrow which workers may take the work (with a server). */
 export const labelArgs = {
   label: { type: "string", valueHint: "K=V", description: "With a server: only workers with this label (repeatable)" },

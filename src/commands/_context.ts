@@ -11,6 +11,7 @@ import { containerSettings } from "../docker/container-settings.ts";
 import type { RunnerSettings } from "../jobs/runner.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { LocalGpu } from "../jobs/job-tasks.ts";
+import { asksForGpus } from "../jobs/resources.ts";
 
 /**
  * What every command starts from, built once at its top: the settings
@@ -137,9 +138,9 @@ export function localSlots(ctx: CommandContext): number {
   }
 }
 
-/** The GPUs a job of tasks shares out here: asked of nvidia-smi only when one of its tasks needs a GPU (null: none needs one). */
+/** This machine's GPUs (a job of tasks shares them out): asked of nvidia-smi only when the job or a task needs a GPU (null: none does). */
 export async function localGpus(ctx: CommandContext, spec: JobSpec): Promise<LocalGpu[] | null> {
-  if (!spec.tasks?.some((t) => t.spec.resources.gpus > 0)) return null;
+  if (!asksForGpus(spec)) return null;
   // Loaded only here: the worker's probe is no part of any other command's start.
   const { probeGpus } = await import("../worker/probe.ts");
   return (await probeGpus(ctx.childEnv)).map((g) => ({ index: g.index, uuid: g.uuid }));

@@ -324,6 +324,29 @@ export const GcServerDocument = v.strictObject({
   skipped: v.array(v.strictObject({ sha256: str, reason: str })),
   kept: num,
   kept_bytes: num,
+  /** Each present worker's cache as it last reported it: shown, never trimmed from here (each worker runs its own gc). */
+  workers: v.array(v.strictObject({ worker: str, entries: v.nullable(num), bytes: v.nullable(num) })),
+});
+
+/** A worker's env as it last reported it (its heartbeats carry its cache): in `env list` and `env show` of the fleet. */
+const FleetWorkerEnv = v.strictObject({ key: str, state: str, size_bytes: num, last_used: nullableStr, summary: str });
+/** An env artifact the server keeps. */
+const FleetArtifact = v.strictObject({ sha256: str, key: str, bytes: num, built_by: str, created: str, last_used: str });
+
+/** `env list --json` with a server: each present worker's envs as it last reported them, and the server's artifacts. */
+export const EnvListFleetDocument = v.strictObject({
+  server: str,
+  workers: v.array(v.strictObject({ worker: str, state: str, reported: v.boolean(), envs: v.array(FleetWorkerEnv) })),
+  artifacts: v.array(FleetArtifact),
+});
+
+/** `env show KEY --json` with a server: where on the fleet one env is (its details: `env show KEY --local` on a worker). */
+export const EnvShowFleetDocument = v.strictObject({
+  server: str,
+  key: str,
+  summary: str,
+  workers: v.array(v.strictObject({ worker: str, state: str, size_bytes: num, last_used: nullableStr })),
+  artifacts: v.array(FleetArtifact),
 });
 
 /** Any failure under --json (a job that ran and failed prints its status instead). */
@@ -342,6 +365,8 @@ export const DOCUMENTS = {
   "env rm": EnvRmDocument,
   gc: GcDocument,
   "gc --server": GcServerDocument,
+  "env list --server": EnvListFleetDocument,
+  "env show --server": EnvShowFleetDocument,
   "job run": JobStatusDocument,
   "job run --detach": JobStateDocument,
   "job run --dry-run": JobDryRunDocument,
@@ -381,6 +406,8 @@ export const README_TABLES = {
   "gc: removed[]": GcRemovedItem,
   "gc: skipped[]": GcSkippedItem,
   "gc --server": GcServerDocument,
+  "env list --server": EnvListFleetDocument,
+  "env show --server": EnvShowFleetDocument,
   "job status": JobStatusDocument,
   "job status: phases[]": JobPhase,
   "job status: tasks[]": JobTaskEntry,
@@ -414,6 +441,8 @@ export type EnvShowDoc = v.InferOutput<typeof EnvShowDocument>;
 export type EnvRmDoc = v.InferOutput<typeof EnvRmDocument>;
 export type GcDoc = v.InferOutput<typeof GcDocument>;
 export type GcServerDoc = v.InferOutput<typeof GcServerDocument>;
+export type EnvListFleetDoc = v.InferOutput<typeof EnvListFleetDocument>;
+export type EnvShowFleetDoc = v.InferOutput<typeof EnvShowFleetDocument>;
 export type JobStatusDoc = v.InferOutput<typeof JobStatusDocument>;
 export type JobDryRunDoc = v.InferOutput<typeof JobDryRunDocument>;
 export type JobListDoc = v.InferOutput<typeof JobListDocument>;

@@ -1,6 +1,7 @@
 import { defineCommand } from "citty";
 import { commandContext, originText } from "./_context.ts";
-import { ExitCode, ExitError, UserError } from "../errors.ts";
+import { ExitCode, ExitError, UsageError, UserError } from "../errors.ts";
+import { printable } from "../ui/escape.ts";
 import { resolveGcLimits } from "../gc/limits.ts";
 import { type GcItem, type GcReport, runGc } from "../gc/run.ts";
 import { formatBytes, formatAgo, formatSeconds, Output, shortKey, table } from "../ui/output.ts";
@@ -19,7 +20,8 @@ const args = {
   "low-watermark": { type: "string", valueHint: "PCT", description: "Filesystem use to get down to once above --high-watermark (default high - 5)" },
   "refresh-sizes": { type: "boolean", description: "Measure every entry's size again instead of trusting recorded sizes" },
   strict: { type: "boolean", description: "Exit 1 when the limit cannot be reached (entries in use, kept, or too new)" },
-  server: { type: "string", valueHint: "URL", description: "Trim a gpulayer server's env artifacts instead of this machine's cache (--max-size, else its coordinator.artifacts_max_size); several replicas may be given, comma-separated" },
+  server: { type: "string", valueHint: "URL", description: "Trim a gpulayer server's env artifacts instead of this machine's cache (--max-size, else its coordinator.artifacts_max_size) and show each worker's cache; several replicas may be given, comma-separated" },
+  local: { type: "boolean", description: "This machine's cache, even with a server configured (GPULAYER_SERVER or the config file: then gc needs --local, --server URL or --dry-run)" },
   token: serverArgs.token,
   "token-file": serverArgs["token-file"],
   ...outputArgs,
@@ -91,24 +93,33 @@ async function gcServer(out: Output, a: { server?: string; token?: string; "toke
   const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"], "cache.max_size": a["max-size"] });
   const remote = remoteTarget(ctx.settings)!;
   const maxBytes = a["max-size"] === undefined ? undefined : ctx.values["cache.max_size"];
-  const r = await trimArtifacts(remote, { maxBytes, dryRun: Boolean(a["dry-run"]) });
-  const doc: GcServerDoc = { server: remote.url, dry_run: Boolean(a["dry-run"]), max_bytes: r.max_bytes, removed: r.removed.map((x) => ({ sha256: x.sha, key: x.key, bytes: x.bytes, built_by: x.built_by })), skipped: r.skipped.map((x) => ({ sha256: x.sha, reason: x.reason })), kept: r.kept, kept_bytes: r.kept_bytes };
+  const [r, workers] = await Promise.all([trimArtifacts(remote, { maxBytes, dryRun: Boolean(a["dry-run"]) }), import("./_remote/fleet-envs.ts").then((m) => m.fleetCaches(remote))]);
+  const doc: GcServerDoc = { server: remote.url, dry_run: Boolean(a["dry-run"]), max_bytes: r.max_bytes, removed: r.removed.map((x) => ({ sha256: x.sha, key: x.key, bytes: x.bytes, built_by: x.built_by })), skipped: r.skipped.map((x) => ({ sha256: x.sha, reason: x.reason })), kept: r.kept, kept_bytes: r.kept_bytes, workers };
   out.result(doc, () => [
     `${a["dry-run"] ? "would remove" : "removed"} ${r.removed.length} env artifact(s) of ${remote.url}, ${size(r.removed.reduce((n, x) => n + x.bytes, 0))}; ${r.kept} kept, ${size(r.kept_bytes)} (limit ${size(r.max_bytes)})`,
     ...table(r.removed.map((x) => [`  artifact ${shortKey(x.sha)}`, size(x.bytes), `env ${shortKey(x.key)}`, `built by ${x.built_by}`])),
     ...r.skipped.map((x) => `  skipped ${shortKey(x.sha)}: ${x.reason}`),
+    // No remote gc of a worker's cache: shown only, each worker trims its own (gc --local there, or its cache.max_size).
+    ...(workers.length ? [`workers' caches, not trimmed from here (each runs its own: gpulayer gc --local on it):`] : []),
+    ...workers.map((w) => `  ${printable(w.worker)}: ${w.entries === null ? "no report yet" : `${w.entries} env(s), ${size(w.bytes ?? 0)}`}`),
   ]);
 }
 
 export default defineCommand({
-  meta: { name: "gc", description: "Keep the cache under a size limit: least recently used first, never what is in use" },
+  meta: { name: "gc", description: "Keep the cache under a size limit: least recently used first, never what is in use; with a server configured, --dry-run shows the fleet's (the server's artifacts, each worker's cache) and trimming needs --local or --server URL" },
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    // Only a --server given here: a GPULAYER_SERVER in cron's environment must not turn a worker's gc into the server's.
+    if (a.local && a.server !== undefined) throw new UsageError("--local and --server name two places: give one");
+    // Only a --server given here trims the server: a GPULAYER_SERVER in cron's environment must not turn a worker's gc into the server's.
     if (a.server !== undefined) return gcServer(out, a);
     const ctx = await commandContext({ "cache.max_size": a["max-size"] });
+    if (!a.local && ctx.values.server) {
+      // Nor silently this machine's: the fleet's view is shown (removing nothing), else the place must be said.
+      if (a["dry-run"]) return gcServer(out, a);
+      throw new UsageError(`a server is configured (${originText(ctx, "server")}): gc --local trims this machine's cache, gc --server URL the server's artifacts (each worker trims its own cache); gc --dry-run shows the fleet's`);
+    }
     const { layout } = ctx;
     const maxSize = ctx.values["cache.max_size"];
     const limits = resolveGcLimits(

@@ -2,6 +2,7 @@ import { ExitCode } from "../errors.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { bootId, processStartTime } from "../core/process-identity.ts";
 import { type JobOutcome, type RunnerIO, type RunnerSettings, type RunningJob, startJob } from "./runner.ts";
+import { gpuRefusal } from "./resources.ts";
 import { FINAL_STATES, type JobRecord, type JobState, type JobStore } from "./store.ts";
 
 /**
@@ -55,7 +56,7 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
     io.onTask?.(name, ended, because);
   };
 
-  /** A task that can never start here: more GPUs than the machine has. */
+  /** A task that can never start here: more GPUs than the machine has (the one rule: resources.ts). */
   const failUnstartable = (name: string, because: string) => {
     const record = records.get(name)!;
     state.set(name, "failed");
@@ -120,8 +121,10 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
       if (running.size >= settings.slots || cancelReason) break;
       if (state.get(t.name) !== "waiting" || !t.needs.every((n) => state.get(n) === "succeeded")) continue;
       const n = gpus ? t.spec.resources.gpus : 0;
-      if (n > (gpus?.length ?? 0)) {
-        failUnstartable(t.name, `it needs ${n} GPU${n === 1 ? "" : "s"}; this machine has ${gpus!.length}`);
+      // Refused before the job was recorded (job run); met here only when the machine lost GPUs since.
+      const refusal = gpus && gpuRefusal({ resources: t.spec.resources, tasks: [t] }, [gpus.length]);
+      if (refusal) {
+        failUnstartable(t.name, refusal);
         return step();
       }
       if (n > freeGpus.size) continue; // waits for GPUs other tasks hold

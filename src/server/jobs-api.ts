@@ -4,7 +4,7 @@ import { phasesOf } from "../jobs/status.ts";
 import type { Change, Coordinator } from "./coordinator.ts";
 import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
-import { jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
+import { fleetGpuRefusal, jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
 import { type JobRow, newId, type WorkerRow } from "./store.ts";
 import { prepareSteps } from "./task-reports.ts";
 import { endUnstarted, JOB_CANCELLED, settleJob } from "./job-tasks.ts";
@@ -31,6 +31,8 @@ export class JobsApi {
     if (!workers.length) throw new HttpFail(422, `job refused: ${NO_WORKERS}`);
     const cycle = body.spec.tasks ? needsCycle(body.spec.tasks) : null;
     if (cycle) throw new HttpFail(422, `job refused: its tasks need each other in a cycle (${cycle.join(" → ")})`);
+    const gpus = fleetGpuRefusal(body.spec, body.labels, workers);
+    if (gpus) throw new HttpFail(422, gpus);
     // A job of tasks: each task is matched on its own, so each must have a worker that could run it.
     for (const [what, spec] of body.spec.tasks ? body.spec.tasks.map((t) => [`task ${t.name}`, t.spec] as const) : [["job", body.spec] as const]) {
       const needs = jobNeeds(spec, body.labels);

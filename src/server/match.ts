@@ -2,6 +2,7 @@ import { satisfies } from "@renovatebot/pep440";
 import type { RemoteSpec } from "../cluster/protocol.ts";
 import { normalizeName } from "../env/canonical.ts";
 import type { WorkerRow } from "./store.ts";
+import { gpuRefusal, type ResourceAsk } from "../jobs/resources.ts";
 
 /**
  * Matching, apart from everything else: what a job needs, whether a worker
@@ -36,6 +37,14 @@ export function labelsMatch(want: Record<string, string>, have: Record<string, s
     if (have[k] !== v) return `label ${k}=${have[k]}, not ${v}`;
   }
   return null;
+}
+
+/**
+ * The one rule for resources (jobs/resources.ts) over the fleet: the places a job can run are the present
+ * workers (offline ones too: they come back) whose labels match; refused in the same line as on one machine.
+ */
+export function fleetGpuRefusal(job: ResourceAsk, labels: Record<string, string>, workers: WorkerRow[]): string | null {
+  return gpuRefusal(job, workers.filter((w) => !labelsMatch(labels, w.labels)).map((w) => w.probe.gpus.length));
 }
 
 /** Why this worker can never run the job, or null when it can (now or later). */

@@ -1,5 +1,5 @@
 import type { ArgsDef } from "citty";
-import { buildOutputArgs, installerArgs, labelArgs, serverArgs } from "../_args.ts";
+import { buildOutputArgs, installerArgs, labelArgs, placeArgs } from "../_args.ts";
 
 /** `env prepare`'s flags: the command's and its warm lane's one definition (the lane reads argv over it with plainArgs, held to citty's reading). */
 export const prepareArgs = {
@@ -9,7 +9,7 @@ export const prepareArgs = {
   pull: { type: "string", valueHint: "missing|always|never", description: "With --image: pull only when missing (default), always, or never" },
   "dry-run": { type: "boolean", description: "Show the key, whether it would reuse or build, and every input the key covers; build nothing" },
   ...installerArgs,
-  ...serverArgs,
+  ...placeArgs,
   ...labelArgs,
   ...buildOutputArgs,
 } as const satisfies ArgsDef;

@@ -40,7 +40,7 @@ async function lookUp(rawArgs: string[]): Promise<{ out: Output; result: Prepare
   const remoteOrImage = [a.server, a.token, a["token-file"], a.label, a.image, a.pull].some((v) => v !== undefined);
   if (remoteOrImage || a["dry-run"] || a.conda !== undefined) return null;
   const ctx = await commandContext({ python: a.python, prepare_timeout: a["prepare-timeout"] }, { tokenFileUnread: true });
-  if (ctx.values.server !== undefined || ctx.values.token_file !== undefined) return null;
+  if ((ctx.values.server !== undefined && !a.local) || ctx.values.token_file !== undefined) return null;
   const out = new Output(a);
   // A big file to hash for the key is new or changed: its env is likely not built, and the command would hash it
   // again. Stepping aside before the hashing leaves it (and its line) to the command, once.

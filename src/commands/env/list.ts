@@ -3,7 +3,8 @@ import { defineCommand } from "citty";
 import { commandContext } from "../_context.ts";
 import { listEnvs } from "../../env/inventory.ts";
 import { formatBytes, formatAgo, Output, shortKey, table } from "../../ui/output.ts";
-import { outputArgs, rejectUnknownFlags } from "../_args.ts";
+import { outputArgs, placeArgs, rejectUnknownFlags } from "../_args.ts";
+import { remoteTarget } from "../../cluster/client.ts";
 import type { EnvEntry } from "../../env/inventory.ts";
 import type { ImageEntry } from "../../docker/inventory.ts";
 import type { EnvListEnvDoc, EnvListImageDoc } from "../_json.ts";
@@ -34,13 +35,18 @@ function imageJson(i: ImageEntry): EnvListImageDoc {
   };
 }
 
+const args = { ...placeArgs, ...outputArgs } as const;
+
 export default defineCommand({
-  meta: { name: "list", description: "List cached environments and the images gpulayer recorded, most recently used first" },
-  args: { ...outputArgs },
-  async run({ args, rawArgs }) {
-    rejectUnknownFlags(rawArgs, outputArgs);
-    const out = new Output(args);
-    const { layout } = await commandContext();
+  meta: { name: "list", description: "List cached environments and the images gpulayer recorded, most recently used first; with a server configured, each worker's envs and the server's artifacts (--local: this machine's)" },
+  args,
+  async run({ args: a, rawArgs }) {
+    rejectUnknownFlags(rawArgs, args);
+    const out = new Output(a);
+    const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
+    const remote = remoteTarget(ctx.settings, [], { local: a.local });
+    if (remote) return (await import("../_remote/fleet-envs.ts")).fleetEnvList(remote, out);
+    const { layout } = ctx;
     const envs = await listEnvs(layout);
     // The container code loads only when there is an image inventory to read.
     const images = existsSync(layout.images) ? (await import("../../docker/inventory.ts")).listImageRecords(layout) : [];

@@ -23,7 +23,7 @@ export default defineCommand({
     const specs = repeated(rawArgs, ["-p", "--package"]);
     const ctx = await commandContext({ python: a.python, server: a.server, token: a.token, token_file: a["token-file"], prepare_timeout: a["prepare-timeout"] });
     const { layout, values } = ctx;
-    const remote = remoteTarget(ctx.settings, rawArgs);
+    const remote = remoteTarget(ctx.settings, rawArgs, { local: a.local });
     if (a["dry-run"] && (remote || a.image !== undefined)) throw new UsageError("--dry-run shows a local request's key; it does not go with --server or --image");
     if (remote) {
       const request = { requirementsFile: a.requirements, specs, python: a.python, conda: a.conda, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), image: a.image, pull: a.pull };

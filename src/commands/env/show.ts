@@ -5,18 +5,22 @@ import { findEnv } from "../../env/inventory.ts";
 import { entryPaths, isReady, lastUsedMs, readMeta } from "../../env/store.ts";
 import { formatBytes, formatSeconds, Output } from "../../ui/output.ts";
 import { inputsLines } from "../../env/inputs-report.ts";
-import { outputArgs, rejectUnknownFlags } from "../_args.ts";
+import { outputArgs, placeArgs, rejectUnknownFlags } from "../_args.ts";
+import { remoteTarget } from "../../cluster/client.ts";
 import type { EnvShowDoc } from "../_json.ts";
 
-const args = { key: { type: "positional", required: true, valueHint: "KEY", description: "Environment key or a unique prefix of it" }, ...outputArgs } as const;
+const args = { key: { type: "positional", required: true, valueHint: "KEY", description: "Environment key or a unique prefix of it" }, ...placeArgs, ...outputArgs } as const;
 
 export default defineCommand({
-  meta: { name: "show", description: "Show one environment: its request, interpreter, installed packages, size, last use" },
+  meta: { name: "show", description: "Show one environment: its request, interpreter, installed packages, size, last use; with a server configured, which workers hold it and its artifact (--local: this machine's)" },
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const out = new Output(a);
-    const { layout } = await commandContext();
+    const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
+    const remote = remoteTarget(ctx.settings, [], { local: a.local });
+    if (remote) return (await import("../_remote/fleet-envs.ts")).fleetEnvShow(remote, a.key, out);
+    const { layout } = ctx;
     const key = findEnv(layout, a.key);
     const paths = entryPaths(layout, key);
     const meta = readMeta(paths);

@@ -5,10 +5,10 @@ import { JobStore } from "../../jobs/store.ts";
 import { formatAgo, formatSeconds, table } from "../../ui/output.ts";
 import { PrintableOutput, printable } from "../../ui/escape.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-import { outputArgs, rejectUnknownFlags, serverArgs } from "../_args.ts";
+import { outputArgs, rejectUnknownFlags, placeArgs } from "../_args.ts";
 import type { JobListDoc } from "../_json.ts";
 
-const args = { limit: { type: "string", default: "50", description: "How many jobs to show" }, ...serverArgs, ...outputArgs } as const;
+const args = { limit: { type: "string", default: "50", description: "How many jobs to show" }, ...placeArgs, ...outputArgs } as const;
 
 export default defineCommand({
   meta: { name: "list", description: "List jobs, newest first, with state and phase durations" },
@@ -18,7 +18,7 @@ export default defineCommand({
     // Names and the like come from the job: shown with control characters escaped.
     const out = new PrintableOutput(a);
     const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
-    const remote = remoteTarget(ctx.settings);
+    const remote = remoteTarget(ctx.settings, [], { local: a.local });
     if (remote) return import("../_remote/views.ts").then((m) => m.remoteList(remote, Math.max(1, Number(a.limit) || 50), out));
     // A read: the store opened read-only; a job whose runner is gone is shown failed, nothing recorded or signalled.
     const store = new JobStore(ctx.layout, { readOnly: true });

@@ -3,7 +3,7 @@ import { commandContext } from "../_context.ts";
 import { followLog, jobEnd } from "../../jobs/logs.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-import { rejectUnknownFlags, serverArgs } from "../_args.ts";
+import { rejectUnknownFlags, placeArgs } from "../_args.ts";
 import { writeOut, writeErr } from "../../ui/terminal.ts";
 import { ExitError, jobEndCode, UsageError } from "../../errors.ts";
 import { prefixedLines } from "../_tasks-ui.ts";
@@ -12,7 +12,7 @@ const args = {
   id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" },
   follow: { type: "boolean", alias: "f", description: "Keep printing new output until the job ends, then exit with its exit code (as job run does)" },
   task: { type: "string", valueHint: "NAME", description: "A job of tasks: this task's output (without it: each task's, each line with [name]; with --follow, all of them as their lines come)" },
-  ...serverArgs,
+  ...placeArgs,
 } as const;
 
 export default defineCommand({
@@ -21,7 +21,7 @@ export default defineCommand({
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
     const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
-    const remote = remoteTarget(ctx.settings);
+    const remote = remoteTarget(ctx.settings, [], { local: a.local });
     if (remote) {
       // Output on stdout; a server that stops answering is said on stderr, once, and following goes on.
       const say = (m: string | null) => writeErr(m ? `warning: ${m}\n` : `the server answers again\n`);

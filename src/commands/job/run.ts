@@ -1,6 +1,7 @@
 import { defineCommand } from "citty";
 import { commandContext, localGpus, localSlots, runnerSettings } from "../_context.ts";
-import { ExitError, UsageError } from "../../errors.ts";
+import { ExitError, UsageError, UserError } from "../../errors.ts";
+import { gpuRefusal } from "../../jobs/resources.ts";
 import { spawnDetachedRunner } from "../../jobs/detach.ts";
 import { startJob } from "../../jobs/runner.ts";
 import { startJobTasks } from "../../jobs/job-tasks.ts";
@@ -10,7 +11,7 @@ import { JobStore } from "../../jobs/store.ts";
 import { jobStatus } from "../../jobs/status.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, serverArgs } from "../_args.ts";
+import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, placeArgs } from "../_args.ts";
 import { imageHooks } from "../_image-ui.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
 import type { JobDryRunDoc, JobStateDoc, JobStatusDoc } from "../_json.ts";
@@ -36,7 +37,7 @@ const args = {
   gpus: { type: "string", valueHint: "N", description: "GPUs the job needs (overrides resources.gpus); with a server, only a worker with N free GPUs takes it" },
   detach: { type: "boolean", alias: "d", description: "Start in the background and print the job id" },
   "dry-run": { type: "boolean", description: "Print each task as it would run (command, environment and its key, variables by name, needs); run nothing, build nothing" },
-  ...serverArgs,
+  ...placeArgs,
   ...labelArgs,
   ...buildOutputArgs,
 } as const;
@@ -84,13 +85,17 @@ export default defineCommand({
       },
       ctx.cwd,
     );
-    const remote = remoteTarget(ctx.settings, rawArgs);
+    const remote = remoteTarget(ctx.settings, rawArgs, { local: a.local });
     if (a["dry-run"]) {
       if (remote) throw new UsageError("--dry-run resolves the job on this machine; it does not go with --server (each worker keys its own env)");
       const plan: JobDryRunDoc = dryRunJob(layout, spec, runnerSettings(ctx));
       return out.result(plan, () => dryRunLines(plan));
     }
     if (remote) return (await import("../_remote/job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out, sendWorkdir: Boolean(a.file || a.workdir) });
+    // The one rule for resources (jobs/resources.ts), as a server applies it: refused before anything is recorded or built.
+    const gpus = await localGpus(ctx, spec);
+    const refusal = gpus && gpuRefusal(spec, [gpus.length]);
+    if (refusal) throw new UserError(refusal);
     const store = new JobStore(layout);
     const job = store.create(spec);
     if (a.detach) {
@@ -104,7 +109,7 @@ export default defineCommand({
     let stdoutGone = false;
     const toStdout = jobStdout(Boolean(a.json), () => stdoutGone);
     const running = spec.tasks
-      ? startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus: await localGpus(ctx, spec) }, tasksIO(out, { stdout: toStdout }))
+      ? startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus }, tasksIO(out, { stdout: toStdout }))
       : startJob(store, layout, job, runnerSettings(ctx), {
           onStdout: toStdout,
           onStderr: (c) => writeErr(c),

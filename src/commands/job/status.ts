@@ -5,10 +5,10 @@ import { JobStore } from "../../jobs/store.ts";
 import { PrintableOutput } from "../../ui/escape.ts";
 import { statusLines } from "./_lines.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-import { outputArgs, rejectUnknownFlags, serverArgs } from "../_args.ts";
+import { outputArgs, rejectUnknownFlags, placeArgs } from "../_args.ts";
 import type { JobStatusDoc } from "../_json.ts";
 
-const args = { id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" }, ...serverArgs, ...outputArgs } as const;
+const args = { id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" }, ...placeArgs, ...outputArgs } as const;
 
 export default defineCommand({
   meta: { name: "status", description: "Show a job's state, its prepare and run phases with durations, cache hit or miss, exit code, events" },
@@ -18,7 +18,7 @@ export default defineCommand({
     // Names, commands and messages come from the job: shown with control characters escaped.
     const out = new PrintableOutput(a);
     const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
-    const remote = remoteTarget(ctx.settings);
+    const remote = remoteTarget(ctx.settings, [], { local: a.local });
     if (remote) return import("../_remote/views.ts").then((m) => m.remoteStatus(remote, a.id, out));
     // A read: the store opened read-only; a job whose runner is gone is shown failed, nothing recorded or signalled.
     const store = new JobStore(ctx.layout, { readOnly: true });
