@@ -2,6 +2,7 @@ import { closeSync, existsSync, fsyncSync, lstatSync, mkdirSync, openSync, readd
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
+import { lockDown } from "../core/tree-owner.ts";
 import type { InputsReport } from "./inputs-report.ts";
 import type { KeyDocument } from "./key.ts";
 
@@ -135,6 +136,8 @@ export function removeEntryDir(layout: HomeLayout, dir: string): void {
   mkdirSync(layout.trash, { recursive: true });
   const doomed = join(layout.trash, `${dir.split("/").pop()}.${process.pid}.${Date.now()}`);
   renameSync(dir, doomed);
+  // A build's user's tree (worker.run_as): ours and closed before rm walks it, so no link it left leads rm elsewhere.
+  lockDown(doomed);
   rmSync(doomed, { recursive: true, force: true });
 }
 
