@@ -63,13 +63,13 @@ def build_wheel(wd, config_settings=None, metadata_directory=None):
 `;
 }
 
-function projectFor(kind: keyof typeof homes): string {
-  const dir = join(box.root, `job-${kind}`);
+function projectFor(kind: keyof typeof homes, name = `job-${kind}`): string {
+  const dir = join(box.root, name);
   const src = join(dir, "probe-src");
   mkdirSync(src, { recursive: true });
   writeFileSync(join(src, "pyproject.toml"), '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n');
   const home = homes[kind];
-  writeFileSync(join(src, "backend.py"), backend({ token: tokenFile, bundles: join(home, "cluster", "bundles"), identity: join(home, "cluster", "identity"), jobs: join(home, "jobs") }));
+  writeFileSync(join(src, "backend.py"), backend({ [name]: box.root, token: tokenFile, bundles: join(home, "cluster", "bundles"), identity: join(home, "cluster", "identity"), jobs: join(home, "jobs") }));
   writeFileSync(join(dir, "requirements.txt"), "--no-index\n./probe-src\n");
   return dir;
 }
@@ -121,7 +121,7 @@ describe.skipIf(!IS_ROOT)("worker.run_as: the build of a job's requirements runs
       const r = await cli(["job", "run", "--label", `via=${kind}`, "--workdir", ".", "-r", "requirements.txt", "--", "python", "-c", code], { env: { ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: ADMIN }, cwd: dir });
       expect(r.code, r.stderr + r.stdout).toBe(0);
       const facts = JSON.parse(/FACTS=(.*)/.exec(r.stdout)![1]!);
-      expect(facts).toEqual({ uid, euid: uid, token: "PermissionError", bundles: "PermissionError", identity: "PermissionError", jobs: "PermissionError" });
+      expect(facts).toEqual({ [`job-${kind}`]: "read", uid, euid: uid, token: "PermissionError", bundles: "PermissionError", identity: "PermissionError", jobs: "PermissionError" });
       expect(r.stdout).toContain(`job uid=${uid}`);
       // The env is the worker's again: the job reads it and cannot change it.
       expect(r.stdout).toContain("writable=False");
@@ -143,4 +143,23 @@ describe.skipIf(!IS_ROOT)("worker.run_as: the build of a job's requirements runs
       expect(asNobody(["ls", site])).toBe(false);
     }, T);
   }
+
+  test("a prepare task (env prepare to the fleet) builds as the user too, from its own copy of the folder", async () => {
+    const dir = projectFor("pip", "prepare-pip");
+    const r = await cli(["env", "prepare", "requirements.txt", "--label", "via=pip", "--json"], { env: { ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: ADMIN }, cwd: dir });
+    expect(r.code, r.stderr + r.stdout).toBe(0);
+    const done = JSON.parse(r.stdout).workers[0];
+    expect(done.status).toBe("built");
+    const env = join(homes.pip, "envs-v1", done.key);
+    const seen = Bun.spawnSync([join(env, "bin", "python"), "-c", "import json, runasprobe; print(json.dumps(runasprobe.FACTS))"], { cwd: "/", stdout: "pipe", stderr: "pipe" });
+    expect(JSON.parse(seen.stdout.toString() || "null"), seen.stderr.toString()).toEqual({ "prepare-pip": "read", uid, euid: uid, token: "PermissionError", bundles: "PermissionError", identity: "PermissionError", jobs: "PermissionError" });
+  }, T);
+
+  test("an editable requirement is refused with one line: the env would link to the job's own copy, which goes with it", async () => {
+    const dir = projectFor("uv", "editable");
+    writeFileSync(join(dir, "requirements.txt"), "--no-index\n-e ./probe-src\n");
+    const r = await cli(["job", "run", "--label", "via=uv", "--workdir", ".", "-r", "requirements.txt", "--", "true"], { env: { ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: ADMIN }, cwd: dir });
+    expect(r.code).not.toBe(0);
+    expect(r.stderr + r.stdout).toContain("worker.run_as: an editable requirement (-e ");
+  }, T);
 });
