@@ -49,6 +49,11 @@ function openToOthers(home: string): string[] {
     const st = lstatSync(p);
     if (st.isSymbolicLink()) return;
     if (/\/envs-v1\/[^/]+/.test(p.slice(home.length))) return;
+    // A --run-as user's own caches (users/<uid>, theirs and 0700): what is inside is closed by that folder.
+    if (/^\/users\/\d+$/.test(p.slice(home.length))) {
+      if (st.mode & 0o077) open.push(`${(st.mode & 0o777).toString(8)} ${p.slice(home.length)}`);
+      return;
+    }
     if (st.mode & 0o077) open.push(`${(st.mode & 0o777).toString(8)} ${p.slice(home.length)}`);
     if (st.isDirectory()) for (const n of readdirSync(p)) walk(join(p, n));
   };
@@ -128,7 +133,7 @@ describe.skipIf(!IS_ROOT)("another local user", () => {
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toContain(`65534 ${join(home, "envs-v1")}`);
     // Opened on purpose, and only these: the way to the env store and to the job workdirs (each its job user's).
-    expect(openToOthers(home)).toEqual(["711 ", "711 /cluster", "755 /cluster/work", "755 /envs-v1"]);
+    expect(openToOthers(home).sort()).toEqual(["711 ", "711 /cluster", "711 /users", "755 /cluster/work", "755 /envs-v1"]);
     const files = filesUnder(home);
     expect(files.some((f) => f.includes("/envs-v1/"))).toBe(true);
     expect(readableBy(OTHER, files).filter((f) => !f.startsWith(join(home, "envs-v1")))).toEqual([]);

@@ -2,6 +2,7 @@ import type { InterpreterInfo } from "./interpreter.ts";
 import type { KeepGroup } from "./run-tool.ts";
 import type { FlagOptions } from "./key.ts";
 import type { RequestInputs } from "./requirements.ts";
+import type { BuildAs } from "./build-user.ts";
 
 /**
  * What a build is given. A module of its own: build.ts and the two installer
@@ -32,6 +33,8 @@ export interface BuildPlan {
   keep?: KeepGroup;
   /** The installers' TMPDIR, removed with the build (store.ts EntryPaths.tmp): a killed pip leaves nothing in /tmp. */
   tmpDir?: string;
+  /** worker.run_as: the installers, the compile and the checks run as this user (build-user.ts); the tree is handed over and taken back. */
+  user?: BuildAs;
 }
 
 /** --find-links flags as the installer takes them: local folders by path, URLs as given. */

@@ -1,4 +1,4 @@
-import { existsSync, rmSync } from "node:fs";
+import { existsSync, lchownSync, lstatSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { InstallError, UsageError } from "../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
@@ -11,10 +11,12 @@ import { NEUTRAL_VARIABLES, pipConfigSourceDigest } from "./installer-config.ts"
 import { machinePipSettings, originsOf, type PipSettings, relocatingOptions, translateForUv, type UvTranslation } from "./pip-config.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import { installedSet } from "./interpreter.ts";
-import { pipCheck, pipCommand, pipInstall } from "./pip-path.ts";
+import { pipCheck, pipCommand, pipInstall, requestFiles } from "./pip-path.ts";
+import { type BuildUser, buildUserEnv } from "./build-user.ts";
+import { giveTree, lockDown, reclaimTree } from "../core/tree-owner.ts";
 import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-tool.ts";
 import { scanWorker } from "./worker-mirror.ts";
-import { type AfterInstall, afterInstall, baseCheckHolds, placeStandins, readBaseCheck, returnStandins, saveBaseCheck, type StandinLease } from "./standins.ts";
+import { type AfterInstall, afterInstall, baseCheckHolds, dropStandins, placeStandins, readBaseCheck, returnStandins, saveBaseCheck, type StandinLease } from "./standins.ts";
 import { findUv } from "./uv-tool.ts";
 import { uvCacheOverride } from "./uv-cache.ts";
 import { keepVenvTemplate, venvFromTemplate } from "./venv-template.ts";
@@ -99,6 +101,7 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
       // A full disk is as full for pip: said at once, not after a second build.
       if (setting === "uv" || saysNoSpace([error.failure.message, error.failure.detail])) throw error.failure;
       // What uv tried is gone; pip builds the env from the start, and says why.
+      lockDown(plan.dir); // the build's user's, when it has one: closed before it is removed
       rmSync(plan.dir, { recursive: true, force: true });
       return await attempt(watched, hooks, steps, null, error.reason, indexes);
     }
@@ -135,8 +138,11 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const anyUv = uv ?? venvUv;
   const uvCache = anyUv ? await uvCacheOverride(anyUv, env, plan.toolsDir) : null;
   if (uvCache) env.UV_CACHE_DIR = uvCache;
+  const user = plan.user;
+  // What the build's user's processes get (build-user.ts): the build's environment, the user's caches.
+  const userEnv = user ? { ...env, ...buildUserEnv(user) } : env;
   let venvCreator: "uv" | "venv" = venvUv ? "uv" : "venv";
-  const fastEnv = uv ? uvEnv(plan, env) : null;
+  const fastEnv = uv ? uvEnv(plan, userEnv) : null;
 
   // What pip in the env would find of the worker, and what the machine's pip configuration says: asked while the venv is made.
   // uv's venv for this interpreter, kept from an earlier build, is written out again (venv-template.ts): no process.
@@ -173,23 +179,33 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
 
   const site = envSitePackages(plan.dir, info);
   const envPython = join(plan.dir, "bin", "python");
-  const compileOptions = { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep };
+  const compileOptions = { env: userEnv, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: user };
   const standinRoot = join(plan.toolsDir, "standins-v2");
   let lease: StandinLease | null = null;
   await timed("linking", `${info.siteDirs.length} site dir(s) of ${info.path}${fast ? `; ${dists!.length} of its packages shown to uv` : ""}`, async () => {
     if (!existsSync(site)) throw new InstallError(`the new environment has no ${site}`, "");
-    if (fast) lease = placeStandins(site, plan.dir, dists!, standinRoot);
+    if (fast) lease = placeStandins(site, plan.dir, dists!, standinRoot, Boolean(user));
     // addsitedir (not a bare path line) also runs the worker's own .pth files: editable installs keep working.
     const lines = info.siteDirs.map((d) => `import site; site.addsitedir(${JSON.stringify(d)})`);
     writeFileNamed(join(site, "_gpulayer_worker.pth"), `${lines.join("\n")}\n`);
   });
 
   const { requirements } = plan.inputs;
+  const version = fast ? await uvVersion(uv!, plan.dir) : "";
+  // What the installer reads, written while the env is the worker's alone; then env and TMPDIR are the user's (build-user.ts).
+  const files = requirements.length ? requestFiles(plan.dir, plan.inputs) : null;
+  if (user) {
+    giveTree(plan.dir, user.uid, user.gid);
+    // The folder only: what root's processes left in it stays theirs (a second attempt finds it the user's already).
+    if (plan.tmpDir) lchownSync(plan.tmpDir, user.uid, user.gid);
+  }
+  // Removed by the worker once the env is its own again, not inside a tree the user holds.
+  const request = files && user ? { ...files, done() {} } : (files ?? undefined);
+  let dropped: AfterInstall | null = null;
   let installer: string;
   let check: string[];
   if (fast) {
     const standins: StandinLease = lease!;
-    const version = await uvVersion(uv!, plan.dir);
     installer = `uv ${version} (fast path)`;
     // The worker's own findings, asked once per worker state while the env holds nothing but its placeholders (standins.ts).
     const base = readBaseCheck(standinRoot, standins.state, version) ?? saveBaseCheck(standinRoot, standins.state, version, await timed("checking", `uv pip check of the worker's ${dists!.length} packages (once per worker state)`, () => uvCheck(plan, uv!, envPython, fastEnv!, hooks)));
@@ -197,7 +213,9 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     let returned = false;
     const giveBack = (state: AfterInstall) => {
       returned = true;
-      returnStandins(site, plan.dir, standins, state, standinRoot);
+      // The user's placeholders go with the env once it is the worker's again (below); a failed env goes whole.
+      if (user) dropped = state;
+      else returnStandins(site, plan.dir, standins, state, standinRoot);
     };
     // The compile runs while the placeholders go back (it lists the env's files first, and placeholders hold none)
     // and the worker's findings are checked against the env.
@@ -205,7 +223,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     let compiler: Compiler | null = null;
     try {
       if (requirements.length) {
-        const installing = timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, env, translation), hooks, translation));
+        const installing = timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, userEnv, translation), hooks, translation, request));
         // The compiler's interpreters start while uv installs (bytecode.ts); uv first, it is the longer road.
         compiler = startCompiler(envPython, compileOptions);
         await installing;
@@ -225,7 +243,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
       giveBack(after);
     } finally {
       // The env keeps its own packages and the .pth link, exactly as pip leaves it; the placeholders go back for the next build, failed or not.
-      if (!returned) {
+      if (!returned && !user) {
         try {
           giveBack(after ?? afterInstall(site, standins));
         } catch {
@@ -240,16 +258,33 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     const pip = await pipCommand(plan, envPython, env, hooks);
     installer = pip.name;
     const why = fallback ? ` (not uv: ${fallback})` : "";
-    if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${pip.name}${why}`, () => pipInstall(plan, pip, env, hooks));
+    if (requirements.length) await timed("installing", `${requirements.length} requirement(s) with ${pip.name}${why}`, () => pipInstall(plan, pip, userEnv, hooks, request));
     // pip compiles as it installs, unless its configuration says --no-compile: what is already there is skipped.
     [, check] = await Promise.all([
       timed("compiling", "bytecode of the env's own packages", () => compileBytecode(envPython, site, compileOptions)),
-      timed("checking", "pip check, while the compile runs", () => pipCheck(plan, pip, env, hooks)),
+      timed("checking", "pip check, while the compile runs", () => pipCheck(plan, pip, userEnv, hooks)),
     ]);
   }
-  // A `${VAR}` value the installer wrote into a direct_url.json goes back to its name before the env is ready (or shipped).
+  if (user) takeBack(plan.dir, site, user, dropped);
+  // A `${VAR}` value the installer wrote into a direct_url.json goes back to its name before the env is ready (or shipped); after the take-back, so no link the build left is followed.
   unexpandDirectUrls(site, plan.inputs.requirements);
+  files?.done();
   return { venvCreator, installer, installerPath: fast ? FAST_PATH : "pip", fallback: fast ? null : fallback, installed: installedSet([site]), check, steps };
+}
+
+/**
+ * The env the worker's again, once the user's last process of it has ended:
+ * root's, readable by the user's group, writable by no one else
+ * (core/tree-owner.ts). Then the placeholders go, and the folders the worker
+ * writes into next must still be folders, not links the build left.
+ */
+function takeBack(dir: string, site: string, user: BuildUser, placeholders: AfterInstall | null): void {
+  reclaimTree(dir, user.uid, user.gid);
+  for (const folder of [dir, site, join(dir, ".gpulayer")]) {
+    const st = lstatSync(folder, { throwIfNoEntry: false });
+    if (st ? !st.isDirectory() : folder !== join(dir, ".gpulayer")) throw new InstallError(`the build left ${folder} as something other than a folder`, "");
+  }
+  if (placeholders) dropStandins(site, placeholders);
 }
 
 /**

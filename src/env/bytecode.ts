@@ -3,6 +3,7 @@ import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { nearlyFull, NoSpaceLeft, saysNoSpace } from "./disk-full.ts";
 import { type BuildHooks, type KeepGroup, installFailure, runTool } from "./run-tool.ts";
+import type { BuildUser } from "./build-user.ts";
 
 /**
  * The env's own modules compiled to bytecode at build, while the env is still
@@ -86,6 +87,8 @@ export interface CompileOptions {
   hooks: BuildHooks;
   signal?: AbortSignal;
   keep?: KeepGroup;
+  /** worker.run_as: the compile runs as the build's user (build-user.ts). */
+  as?: BuildUser;
 }
 
 /** Compile every module under `site`; returns how many files were given to the compiler. A full disk is NoSpaceLeft or an InstallError that says so. */
@@ -115,7 +118,7 @@ export function startCompiler(python: string, opts: CompileOptions, ahead = AHEA
   // One "still running" line for the compile, not one per worker.
   const { onQuiet: _q, ...silent } = opts.hooks;
   const worker = (i: number, input: Promise<string>) =>
-    runTool([python, "-I", "-S", "-c", COMPILER], { env, cwd: opts.cwd, hooks: i === 0 ? opts.hooks : silent, signal: opts.signal, keep: opts.keep, input });
+    runTool([python, "-I", "-S", "-c", COMPILER], { env, cwd: opts.cwd, hooks: i === 0 ? opts.hooks : silent, signal: opts.signal, keep: opts.keep, input, as: opts.as });
   const waiting = Array.from({ length: Math.min(cpus, ahead) }, () => Promise.withResolvers<string>());
   const started = waiting.map((w, i) => worker(i, w.promise));
   // Stopped while they wait (a time limit during the install): told by the install, not as an unhandled rejection.

@@ -1,7 +1,6 @@
 import { createHash } from "node:crypto";
-import { readdirSync, readFileSync } from "node:fs";
+import { closeSync, constants, ftruncateSync, openSync, readdirSync, readFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { writeFileAtomic } from "../core/atomic.ts";
 import type { Requirement } from "./requirements.ts";
 import { unexpandVariables } from "./url-credentials.ts";
 
@@ -28,15 +27,17 @@ export function unexpandDirectUrls(site: string, requirements: Requirement[]): n
   let rewritten = 0;
   for (const distInfo of names) {
     const file = join(site, distInfo, "direct_url.json");
-    let text: string;
+    const text = readPlain(file);
+    if (text === null) continue;
+    let parsed: unknown;
     try {
-      text = readFileSync(file, "utf8");
+      parsed = JSON.parse(text);
     } catch {
-      continue;
+      continue; // not pip's: nothing of ours to put back
     }
-    const fixed = JSON.stringify(unexpandDeep(JSON.parse(text), variables));
-    if (fixed === JSON.stringify(JSON.parse(text))) continue;
-    writeFileAtomic(file, fixed);
+    const fixed = JSON.stringify(unexpandDeep(parsed, variables));
+    if (fixed === JSON.stringify(parsed)) continue;
+    rewritePlain(file, fixed);
     updateRecord(join(site, distInfo, "RECORD"), `${distInfo}/direct_url.json`, Buffer.from(fixed));
     rewritten++;
   }
@@ -52,13 +53,40 @@ function unexpandDeep(value: unknown, variables: [string, string | undefined][])
 
 /** RECORD's line for `path`, with the hash and size of its new content (the wheel spec's urlsafe base64, unpadded). */
 function updateRecord(record: string, path: string, content: Buffer): void {
-  let text: string;
-  try {
-    text = readFileSync(record, "utf8");
-  } catch {
-    return;
-  }
+  const text = readPlain(record);
+  if (text === null) return;
   const digest = createHash("sha256").update(content).digest("base64url");
   const lines = text.split("\n").map((line) => (line.split(",")[0] === path ? `${path},sha256=${digest},${content.length}` : line));
-  writeFileAtomic(record, lines.join("\n"));
+  rewritePlain(record, lines.join("\n"));
+}
+
+/*
+ * Read and rewritten in place, never through a link: a --run-as build's user
+ * made these files (build-user.ts), and the env is taken back (owner, group,
+ * modes) before this runs, so a rewrite keeps what the take-back set and a
+ * link the build left leads nowhere. The env is not ready yet: a crash here
+ * leaves no marker, and the next request builds again.
+ */
+function readPlain(file: string): string | null {
+  let fd: number;
+  try {
+    fd = openSync(file, constants.O_RDONLY | constants.O_NOFOLLOW);
+  } catch {
+    return null;
+  }
+  try {
+    return readFileSync(fd, "utf8");
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function rewritePlain(file: string, text: string): void {
+  const fd = openSync(file, constants.O_WRONLY | constants.O_NOFOLLOW);
+  try {
+    ftruncateSync(fd, 0);
+    writeSync(fd, text, 0);
+  } finally {
+    closeSync(fd);
+  }
 }

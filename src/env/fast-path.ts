@@ -4,7 +4,7 @@ import { explain } from "@renovatebot/pep440";
 import type { InstallError } from "../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
 import { NEUTRAL_VARIABLES, pipConfigFiles } from "./installer-config.ts";
-import { requestFiles } from "./pip-path.ts";
+import { type RequestFiles, requestFiles } from "./pip-path.ts";
 import { normalizeName } from "./canonical.ts";
 import { localPathOf, type Requirement } from "./requirements.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
@@ -116,8 +116,7 @@ export function uvEnv(plan: BuildPlan, base: Record<string, string>, machine: Uv
  * The bytecode is compiled after it (bytecode.ts), faster than uv's
  * --compile-bytecode, whose workers each import compileall first.
  */
-export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks, machine: UvTranslation | null = null): Promise<void> {
-  const files = requestFiles(plan.dir, plan.inputs);
+export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks, machine: UvTranslation | null = null, files: RequestFiles = requestFiles(plan.dir, plan.inputs)): Promise<void> {
   // --index-strategy unsafe-best-match: every index counts, as in pip (uv's default takes the first index that has a name).
   // The machine's pip settings come first: the request's own options, read later, win over them as in pip.
   const argv = [uv, "pip", "install", "--python", envPython, "--no-config", ...(machine?.args ?? []), ...files.args];
@@ -128,7 +127,9 @@ export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, 
   // name would come from that cache. The key has seen the new content; uv is told to read each such project afresh.
   else for (const name of localFindLinksProjects(plan, machine)) argv.push("--refresh-package", name);
   if (!env.UV_FIND_LINKS) for (const f of flagFindLinks(plan)) argv.push("--find-links", f);
-  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
+  // As the build's user, nothing of the env shares an inode with the user's cache, which its jobs can write.
+  if (plan.user) argv.push("--link-mode", "copy");
+  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: plan.user });
   files.done();
   if (code !== 0) {
     // The step that failed names itself: disk-full.ts reads "X failed".
@@ -189,7 +190,7 @@ export function prereleasesInstalled(site: string, placeholders: string[] = []):
 
 /** `uv pip check` while the placeholders are there: what pip check would say, the worker's packages included. */
 export async function uvCheck(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks): Promise<string[]> {
-  const { code, lines } = await runTool([uv, "pip", "check", "--python", envPython, "--no-config"], { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
+  const { code, lines } = await runTool([uv, "pip", "check", "--python", envPython, "--no-config"], { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: plan.user });
   if (code === 0) return [];
   return lines.map((l) => l.trim()).filter((l) => l && !/^(Using Python|Checked \d+ package|Found \d+ incompatibilit|All installed packages are compatible)/.test(l));
 }

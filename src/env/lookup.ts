@@ -11,6 +11,7 @@ import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedReq
 import type { Lease } from "../core/lease.ts";
 import { confineTo, scanRequest } from "./requirements.ts";
 import type { InstallerSetting } from "./build-plan.ts";
+import type { BuildUser } from "./build-user.ts";
 import type { EnvironmentSource } from "./request.ts";
 import type { FetchedEnv } from "./shipping.ts";
 import { type EntryPaths, entryPaths, isReady, readMeta, touchLastUsed } from "./store.ts";
@@ -36,6 +37,10 @@ export interface PrepareRequest extends EnvironmentSource {
   signal?: AbortSignal;
   /** The `installer` setting; auto when not given. Not in the key: either path builds the same env. */
   installer?: InstallerSetting;
+  /** worker.run_as: a build runs as this user (build-user.ts); not in the key, as the installer is not. */
+  buildAs?: BuildUser;
+  /** With buildAs: the user's own copy of confineTo, which the build reads (and may write, as in-tree builds do) instead. */
+  buildSource?: string;
 }
 
 export interface PrepareHooks extends BuildHooks {

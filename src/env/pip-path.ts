@@ -49,6 +49,8 @@ export async function pipCommand(plan: BuildPlan, envPython: string, env: Record
  * holds the specs and `-r` the user's file. `done` removes it, `named` puts
  * the user's own names in place of ours in what the installer said.
  */
+export type RequestFiles = ReturnType<typeof requestFiles>;
+
 export function requestFiles(dir: string, inputs: RequestInputs) {
   if (!inputs.specs.length) return { args: inputs.topFile ? ["-r", inputs.topFile] : [], done() {}, named: (lines: string[]) => lines };
   const stateDir = join(dir, ".gpulayer");
@@ -64,17 +66,16 @@ export function requestFiles(dir: string, inputs: RequestInputs) {
   };
 }
 
-export async function pipInstall(plan: BuildPlan, pip: { argv: string[] }, env: Record<string, string>, hooks: BuildHooks): Promise<void> {
-  const files = requestFiles(plan.dir, plan.inputs);
+export async function pipInstall(plan: BuildPlan, pip: { argv: string[] }, env: Record<string, string>, hooks: BuildHooks, files: RequestFiles = requestFiles(plan.dir, plan.inputs)): Promise<void> {
   // The files carry their own options (--pre, --hash, ...): pip reads them there, as the user wrote them.
   const argv = [...pip.argv, "install", "--no-warn-script-location", "--progress-bar", "off", ...files.args];
-  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
+  const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: plan.user });
   files.done();
   if (code !== 0) throw installFailure("installing the requirements failed", files.named(lines));
 }
 
 /** pip check: what the env's packages require and do not get, the worker's included (~0.3 s). */
 export async function pipCheck(plan: BuildPlan, pip: { argv: string[] }, env: Record<string, string>, hooks: BuildHooks): Promise<string[]> {
-  const { code, lines } = await runTool([...pip.argv, "check"], { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
+  const { code, lines } = await runTool([...pip.argv, "check"], { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: plan.user });
   return code === 0 ? [] : lines.filter((l) => l.trim() && !/^No broken requirements/.test(l));
 }

@@ -2,7 +2,8 @@ import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
-import { ExitCode, InstallError, UserError } from "../errors.ts";
+import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
+import { type BuildAs, relocate, userCacheDir } from "./build-user.ts";
 import type { BuildStep, KeepGroup } from "./run-tool.ts";
 import type { ResolvedRequest } from "./key.ts";
 import { acquireEntry } from "./cache-entry.ts";
@@ -78,6 +79,21 @@ async function fromFleet(layout: HomeLayout, shipping: Shipping, resolved: Resol
   }
 }
 
+/**
+ * worker.run_as: the build's user, its caches, and where it reads the
+ * request: the key was read from confineTo (the worker's copy of the bundle,
+ * which the user cannot reach), the installers read the same files in the
+ * user's copy (buildSource, the job's workdir).
+ */
+function buildAs(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest): { user: BuildAs; moved(path: string): string } | null {
+  if (!req.buildAs) return null;
+  const editable = resolved.inputs.locals.find((l) => l.kind === "editable");
+  if (editable) throw new UsageError(`worker.run_as: an editable requirement (-e ${editable.path}) would link the env to the job's own copy of its folder, which goes with the job; install it without -e on a --run-as worker`);
+  const user = { ...req.buildAs, cacheDir: userCacheDir(layout.root, req.buildAs) };
+  const { confineTo: from, buildSource: to } = req;
+  return { user, moved: (path) => (from && to ? relocate(path, from, to) : path) };
+}
+
 const formatLimit = (ms: number) => (ms % 1000 === 0 ? `${ms / 1000} s` : `${(ms / 1000).toFixed(1)} s`);
 
 async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: EntryPaths, hooks: PrepareHooks, keep: KeepGroup): Promise<PrepareResult["build"]> {
@@ -89,18 +105,20 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
   removeEntryDir(layout, paths.dir);
   try {
     mkdirSync(paths.tmp, { recursive: true, mode: 0o700 });
+    const as = buildAs(layout, resolved, req);
     // Loaded for a build only: the installers' code (and pep440's) costs the warm path milliseconds.
     const { buildEnv } = await import("./build.ts");
     const outcome = await buildEnv(
       {
         dir: paths.dir,
         interpreter: resolved.interpreter,
-        inputs: resolved.inputs,
-        flags: resolved.flags,
+        inputs: as ? { ...resolved.inputs, topFile: resolved.inputs.topFile && as.moved(resolved.inputs.topFile) } : resolved.inputs,
+        flags: as ? { ...resolved.flags, findLinks: resolved.flags.findLinks.map((f) => (f.path ? { ...f, path: as.moved(f.path) } : f)) } : resolved.flags,
         isolated: resolved.isolated,
         env: req.env,
         toolsDir: layout.tools,
-        cwd: req.cwd,
+        cwd: as ? as.moved(req.cwd) : req.cwd,
+        user: as?.user,
         venvCreator: req.venvCreator,
         installer: req.installer,
         uv: req.uv,
@@ -110,7 +128,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
       },
       shownHooks,
     );
-    rmSync(paths.tmp, { recursive: true, force: true });
+    removeEntryDir(layout, paths.tmp);
     const sizeBytes = diskUsage(paths.dir);
     markReady(paths, {
       key: resolved.key,
@@ -128,7 +146,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
       inputs: inputsReport(resolved),
       installed: outcome.installed,
       check: outcome.check,
-    });
+    }, { openToAll: !as });
     return { ...outcome, sizeBytes };
   } catch (error) {
     // A failure is never reused: nothing of it stays in the cache, nor of what its installers left in their TMPDIR.

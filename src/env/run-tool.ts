@@ -1,6 +1,7 @@
 import { InstallError } from "../errors.ts";
 import { killTree } from "../core/process-tree.ts";
 import { redactUrl } from "./url-credentials.ts";
+import { type BuildUser, buildUserArgv } from "./build-user.ts";
 
 /** What a build tells whoever watches it: steps with their times, and the installers' own lines. */
 export type BuildStep = "fetching" | "creating" | "linking" | "installing" | "compiling" | "checking";
@@ -36,13 +37,14 @@ export type KeepGroup = (pid: number) => () => void;
  * ends it itself on SIGINT, SIGTERM and SIGHUP (the signal aborts). Without
  * `keep` it stays in our process group.
  */
-export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal; keep?: KeepGroup; quietMs?: number; input?: Blob | Promise<string> }): Promise<{ code: number; lines: string[] }> {
+export async function runTool(argv: string[], opts: { env: Record<string, string>; cwd: string; hooks: BuildHooks; signal?: AbortSignal; keep?: KeepGroup; quietMs?: number; input?: Blob | Promise<string>; as?: BuildUser }): Promise<{ code: number; lines: string[] }> {
   opts.signal?.throwIfAborted();
+  const spawned = opts.as ? buildUserArgv(opts.as, argv) : argv;
   // Input still to come: the tool is started now and waits on its stdin (started ahead of its work, its start-up is off the build's path).
   const later = opts.input instanceof Promise ? opts.input : null;
   let proc: Bun.Subprocess<"ignore" | "pipe" | Blob, "pipe", "pipe">;
   try {
-    proc = Bun.spawn(argv, { env: opts.env, cwd: opts.cwd, stdin: later ? "pipe" : ((opts.input as Blob | undefined) ?? "ignore"), stdout: "pipe", stderr: "pipe", detached: Boolean(opts.keep) });
+    proc = Bun.spawn(spawned, { env: opts.env, cwd: opts.cwd, stdin: later ? "pipe" : ((opts.input as Blob | undefined) ?? "ignore"), stdout: "pipe", stderr: "pipe", detached: Boolean(opts.keep) });
   } catch (error) {
     throw new InstallError(`cannot run ${argv[0]}: ${(error as Error).message}`, "");
   }
@@ -116,6 +118,14 @@ export async function runTool(argv: string[], opts: { env: Record<string, string
   try {
     await Promise.all([pump(proc.stdout), pump(proc.stderr)]);
     const code = await proc.exited;
+    // As the build's user: nothing it started outlives it in its group (the env is taken back once the build's processes are done).
+    if (opts.as && opts.keep) {
+      try {
+        process.kill(-proc.pid, "SIGKILL");
+      } catch {
+        // none left
+      }
+    }
     if (opts.signal?.aborted) throw new ToolStopped(tool);
     return { code, lines };
   } finally {

@@ -77,11 +77,15 @@ function claimSlot(stateDir: string, staging: string): boolean {
   return false;
 }
 
-/** Make the env's site-packages the worker's placeholders plus what the new venv put there. */
-export function placeStandins(site: string, envDir: string, dists: WorkerDist[], root: string): StandinLease {
+/**
+ * Make the env's site-packages the worker's placeholders plus what the new
+ * venv put there. `fresh`: written now, never from a slot (a build as another
+ * user, whose placeholders go with it: dropStandins).
+ */
+export function placeStandins(site: string, envDir: string, dists: WorkerDist[], root: string, fresh = false): StandinLease {
   const state = workerState(dists);
   const staging = join(envDir, ".gpulayer-standins");
-  const fromSlot = claimSlot(join(root, state), staging);
+  const fromSlot = !fresh && claimSlot(join(root, state), staging);
   if (!fromSlot) {
     mkdirSync(staging);
     writePlaceholders(staging, dists);
@@ -133,6 +137,11 @@ export function returnStandins(site: string, envDir: string, lease: StandinLease
   } finally {
     rmSync(back, { recursive: true, force: true });
   }
+}
+
+/** The kept placeholders out of the env, for good: a build's user could have changed them, so no later build takes them. */
+export function dropStandins(site: string, after: AfterInstall): void {
+  for (const name of after.kept) rmSync(join(site, name), { recursive: true, force: true });
 }
 
 /** Every folder in site-packages that is one of ours: none must be left in a finished env. */

@@ -3,6 +3,7 @@ import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
 import { openToReaders } from "../core/owner-only.ts";
+import { lockDown } from "../core/tree-owner.ts";
 import type { InputsReport } from "./inputs-report.ts";
 import type { KeyDocument } from "./key.ts";
 
@@ -52,12 +53,13 @@ export function isReady(paths: EntryPaths): boolean {
 }
 
 /** The last step of a build: meta, then the marker that makes the entry usable. */
-export function markReady(paths: EntryPaths, meta: EnvMeta): void {
+export function markReady(paths: EntryPaths, meta: EnvMeta, opts: { openToAll?: boolean } = {}): void {
   mkdirSync(paths.stateDir, { recursive: true });
   writeFileAtomic(paths.meta, JSON.stringify(meta, null, 2));
   writeFileAtomic(paths.lastUsed, new Date().toISOString());
   // Built under gpulayer's 077 umask, an env is opened to all: it holds code, no secret, and a --run-as job user runs it.
-  openToReaders(paths.dir);
+  // One built as a --run-as user was taken back readable by that user's group alone (build-user.ts): it holds the job's projects.
+  if (opts.openToAll ?? true) openToReaders(paths.dir);
   writeFileAtomic(paths.ready, `${meta.key}\n`);
   // The rename must itself be durable before anyone is told the entry is ready.
   const dirFd = openSync(paths.stateDir, "r");
@@ -138,6 +140,8 @@ export function removeEntryDir(layout: HomeLayout, dir: string): void {
   mkdirSync(layout.trash, { recursive: true });
   const doomed = join(layout.trash, `${dir.split("/").pop()}.${process.pid}.${Date.now()}`);
   renameSync(dir, doomed);
+  // A build's user's tree (worker.run_as): ours and closed before rm walks it, so no link it left leads rm elsewhere.
+  lockDown(doomed);
   rmSync(doomed, { recursive: true, force: true });
 }
 

@@ -1,12 +1,14 @@
-import { chmodSync, chownSync, lstatSync, mkdirSync, readdirSync, realpathSync, statSync } from "node:fs";
+import { chmodSync, lstatSync, mkdirSync, readdirSync, realpathSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
+import { giveTree as giveTreeTo } from "../core/tree-owner.ts";
 import { UsageError } from "../errors.ts";
 
 /**
- * Jobs as another OS user (worker.run_as): the worker, as root, builds envs
- * and keeps its token, credential and home to itself; each job runs through
- * `setpriv` (util-linux) as the user, who can read the envs but not write
- * them, and cannot read the worker's secrets or its process's environment.
+ * Jobs as another OS user (worker.run_as): the worker, as root, keeps its
+ * token, credential and home to itself; each job runs through `setpriv`
+ * (util-linux) as the user, and so does the build of its env
+ * (env/build-user.ts); the user can read the envs but not write them, and
+ * cannot read the worker's secrets or its process's environment.
  * Everything is checked when the worker starts, as that user, by asking the
  * kernel (`test -r`, `test -x` run as the user), so a home under a closed
  * folder or a token file others may read stops the worker with one line
@@ -42,13 +44,9 @@ export function runAsEnv(r: RunAs): Record<string, string> {
   return { HOME: r.home, USER: r.user, LOGNAME: r.user };
 }
 
-/** A job's workdir is the user's: it writes there. */
+/** A job's workdir is the user's: it writes there (and its env's build reads it: env/build-user.ts). Links are not followed. */
 export function giveTree(dir: string, r: RunAs): void {
-  const walk = (p: string) => {
-    chownSync(p, r.uid, r.gid);
-    if (lstatSync(p).isDirectory()) for (const n of readdirSync(p)) walk(join(p, n));
-  };
-  walk(dir);
+  giveTreeTo(dir, r.uid, r.gid);
 }
 
 interface Checks {

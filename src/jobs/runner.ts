@@ -71,7 +71,7 @@ export interface RunnerSettings {
   defaultPython?: string;
   /** Where defaultPython was named, as messages say it. */
   defaultPythonOrigin?: string;
-  /** worker.run_as: the job's command (not its build) runs as this user. */
+  /** worker.run_as: the job's command, and the build of its env, run as this user. */
   runAs?: RunAs;
   /** setpriv (util-linux) when on PATH: the job's main process gets a parent-death signal (and run_as its user). */
   setpriv: string | null;
@@ -104,6 +104,8 @@ export function envRequestOf(spec: JobSpec, settings: RunnerSettings): PrepareRe
     uv: settings.uv,
     timeoutMs: spec.environment.prepareTimeoutMs ?? settings.prepareTimeoutMs,
     confineTo: spec.environment.confineTo,
+    // worker.run_as: the build runs as the job's user, from the job's own copy of its folder (env/build-user.ts).
+    ...(settings.runAs ? { buildAs: settings.runAs, buildSource: spec.workdir } : {}),
   };
 }
 

@@ -12,6 +12,7 @@ import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.t
 import { environmentRequest } from "../env/request.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import { giveTree } from "../jobs/run-as.ts";
+import { lockDown } from "../core/tree-owner.ts";
 import { JobStore } from "../jobs/store.ts";
 import { acquireEntry } from "../env/cache-entry.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
@@ -136,6 +137,12 @@ function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: Worke
   };
 }
 
+/** A folder the job's user held (worker.run_as): closed first (core/tree-owner.ts), so no link it left leads rm elsewhere. */
+function removeTree(dir: string): void {
+  lockDown(dir);
+  rmSync(dir, { recursive: true, force: true });
+}
+
 const messageOf = (error: unknown) => (error instanceof InstallError && error.detail ? `${error.message}: ${error.detail}` : error instanceof Error ? error.message : String(error));
 
 export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHandle {
@@ -204,7 +211,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
         await channel.flush();
       }
       try {
-        if (!ctx.keepWorkdirs) rmSync(workdir, { recursive: true, force: true });
+        if (!ctx.keepWorkdirs) removeTree(workdir);
       } finally {
         if (bundleLease && task.bundle) touchFile(bundlePaths(ctx.layout, task.bundle).lastUsed);
         bundleLease?.release();
@@ -240,15 +247,19 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
     const empty = clusterDir(ctx, "work", `prepare-${task.id}`);
     try {
       let cwd = empty;
+      const runAs = ctx.runner.runAs;
+      rmSync(empty, { recursive: true, force: true });
       if (task.bundle) {
         const copy = await useBundle(ctx, task.bundle, `prepare task ${task.id}`);
         bundleLease = copy.lease;
         cwd = copy.dir;
+        // worker.run_as: the build reads the user's own copy of the bundle (the worker's is closed to the user).
+        if (runAs) await unpackBundle(copy.file, empty, ctx.bundleLimits);
       } else {
         // No bundle: an empty folder of the task's own, so a relative path in the request reaches nothing of the worker's.
-        rmSync(cwd, { recursive: true, force: true });
         mkdirSync(cwd, { recursive: true });
       }
+      if (runAs) giveTree(empty, runAs);
       let result: PrepareTaskResult;
       if (req.image) {
         const r = await ensureImage(ctx.layout, req.image, { pull: parsePullPolicy(req.pull), host: ctx.runner.engine });
@@ -273,6 +284,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
           uv: ctx.runner.uv,
           timeoutMs: ctx.runner.prepareTimeoutMs,
           confineTo: cwd,
+          ...(runAs ? { buildAs: runAs, buildSource: empty } : {}),
         }, {
           shipping: workerShipping(ctx.shipping, task.id),
           // The build's steps, relayed to whoever runs `env prepare --server` (as a job's are).
@@ -289,7 +301,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
       body = { state: "failed", exit_code: error instanceof UserError ? error.exitCode : ExitCode.internal, error: message, result: { status: "failed", seconds: (performance.now() - started) / 1000, message } };
     } finally {
       bundleLease?.release();
-      rmSync(empty, { recursive: true, force: true });
+      removeTree(empty);
     }
     if (!handedBack) {
       channel.finish(body);
