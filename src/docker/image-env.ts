@@ -172,7 +172,7 @@ export async function ensureImageEnv(
         const settings = await hostInstallerSettings(host);
         hooks.onStep?.("building", `the env inside ${image.ref} with its Python ${py.version}`);
         hooks.onStep?.("building", found.path ? `with ${found.said}, mounted in read-only${py.hasPip ? " (the image's pip where it does not run there)" : ""}` : `with the image's pip (no uv to mount in: ${found.reason})`);
-        for (const said of settings.said) hooks.onStep?.("building", `using ${said}`);
+        for (const said of settings.said) hooks.onStep?.("building", `with ${said}`);
         const buildStart = performance.now();
         // One name per key: holding the lock, a container of that name is a dead builder's, still writing here; it goes first.
         const name = `gpulayer-envbuild-${resolved.key.slice(0, 16)}`;
