@@ -235,6 +235,12 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       for (const v of ["REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS"]) delete env[v];
       const onHost = await cli(["env", "prepare", "-p", "greetb==2.0", "--json"], { env, cwd: box.root });
       expect(onHost.code, onHost.stderr).toBe(0);
+      // The same index without the CA named: the image build is refused the server's certificate (it is the CA that lets it in).
+      writeFileSync(conf, `[global]\nindex-url = ${secure}\nretries = 0\n`);
+      const refused = await cli(["env", "prepare", "--image", image.ref, "-p", "greetb==2.0", "--json"], { env: { ...env, GPULAYER_UV: "off" }, cwd: box.root });
+      expect(refused.code).not.toBe(0);
+      expect(refused.stderr).toMatch(/certificate/i);
+      writeFileSync(conf, `[global]\nindex-url = ${secure}\ncert = ${tls.ca}\n`);
       const installers: [string, string][] = [["pip", "off"], ...(realUv() ? [["uv", realUv()!] as [string, string]] : [])];
       for (const [installer, uvSetting] of installers) {
         const inImage = await cli(["env", "prepare", "--image", image.ref, "-p", "greetb==2.0", "--json"], { env: { ...env, GPULAYER_UV: uvSetting }, cwd: box.root });
