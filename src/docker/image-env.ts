@@ -186,11 +186,14 @@ export async function ensureImageEnv(
         const extra = [...new Map(settings.mounts.map((m) => [m.split(":")[1]!, m])).entries()].filter(([at]) => !own.has(at)).flatMap(([, m]) => ["--volume", m]);
         const mounts = ["--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, ...(uv ? ["--volume", `${uv}:${UV_MOUNT}:ro`, "--volume", `${uvCache}:${UV_CACHE_MOUNT}`] : []), ...extra];
         // The settings' values by a file of the owner's alone, not in argv: an index URL may hold credentials.
-        mkdirSync(paths.tmp, { recursive: true, mode: 0o700 });
         const envFile = join(paths.tmp, "build.env");
-        writeFileSync(envFile, Object.entries(settings.env).map(([k, v]) => `${k}=${v.replace(/[\r\n]/g, "")}\n`).join(""), { mode: 0o600 });
-        chmodSync(envFile, 0o600);
-        const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, ...mounts, "--env-file", envFile, "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req, Boolean(uv), settings)];
+        const variables = Object.entries(settings.env);
+        if (variables.length) {
+          mkdirSync(paths.tmp, { recursive: true, mode: 0o700 });
+          writeFileSync(envFile, variables.map(([k, v]) => `${k}=${v.replace(/[\r\n]/g, "")}\n`).join(""), { mode: 0o600 });
+          chmodSync(envFile, 0o600);
+        }
+        const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, ...mounts, ...(variables.length ? ["--env-file", envFile] : []), "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req, Boolean(uv), settings)];
         // Stopped (a cancel, a time limit): the engine's CLI is killed, and the container with it, by its name.
         const stop = () => void engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
         opts.signal?.addEventListener("abort", stop, { once: true });
