@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { existsSync, mkdirSync, readdirSync, utimesSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, utimesSync, writeFileSync } from "node:fs";
+import { basename, join } from "node:path";
+import { UV_VERSION } from "../src/env/uv-tool.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { bigWheel, slowProxy } from "./fixtures/slow-index.ts";
 import { importPythonImage, pythonRootfs } from "./fixtures/python-image.ts";
@@ -66,7 +67,59 @@ function withImage(it: typeof test | null): typeof test | null {
   return null;
 }
 
+/** The base image, then one made from it by a shell command, under names of this run's own (the engines are shared). */
+async function ownImage(engine: string, what: string, command: string): Promise<{ ref: string; remove(): Promise<void> }> {
+  const base = `gpl-test/python-base-${process.pid}:${engine}`;
+  const ref = `gpl-test/python-${what}-${process.pid}:1`;
+  await importPythonImage(engine as "docker" | "podman", base);
+  const name = `gpl-test-${what}-${process.pid}`;
+  const r = await run([engine, "run", "--name", name, "--network", "host", base, "sh", "-c", command]);
+  if (r.code !== 0) throw new Error(`making ${ref} failed: ${r.stderr}`);
+  const c = await run([engine, "commit", name, ref]);
+  await run([engine, "rm", "-f", name]);
+  if (c.code !== 0) throw new Error(`${engine} commit failed: ${c.stderr}`);
+  return { ref, remove: async () => void (await run([engine, "rmi", "-f", ref, base])) };
+}
+
+/** The test process's PATH without any folder that holds a uv (a pyenv shims folder among them). */
+const NO_UV_PATH = (process.env.PATH ?? "").split(":").filter((d) => d && !existsSync(join(d, "uv"))).join(":");
+/** A copy of the official uv wheel (CI downloads it; tests never reach PyPI): the pinned uv's install runs only with it. */
+const OFFICIAL = process.env.GPULAYER_TEST_UV_WHEEL && existsSync(process.env.GPULAYER_TEST_UV_WHEEL) ? process.env.GPULAYER_TEST_UV_WHEEL : null;
+
+/**
+ * A pyenv root whose `version` file picks `version`, with a `uv` there when given, and a shims folder whose `uv`
+ * is pyenv's shim for it: a script that, run, fails (there is no pyenv here to exec).
+ */
+function pyenvWithShim(root: string, version: string, uv: string | null): string {
+  const bin = join(root, "versions", version, "bin");
+  mkdirSync(bin, { recursive: true });
+  if (uv) copyFileSync(uv, join(bin, "uv"));
+  writeFileSync(join(root, "version"), `${version}\n`);
+  mkdirSync(join(root, "shims"));
+  const shim = join(root, "shims", "uv");
+  writeFileSync(shim, `#!/usr/bin/env bash\nset -e\nprogram="\${0##*/}"\nexport PYENV_ROOT="${root}"\nexec "${root}/libexec/pyenv" exec "$program" "$@"\n`);
+  chmodSync(shim, 0o755);
+  return join(root, "shims");
+}
+
+/** A CA and a certificate for 127.0.0.1 signed by it (uv's TLS takes no self-signed leaf), made by openssl. */
+function certificateAuthority(dir: string): { ca: string; cert: string; key: string } {
+  mkdirSync(dir, { recursive: true });
+  const f = (n: string) => join(dir, n);
+  const ssl = (args: string[]) => {
+    const r = Bun.spawnSync(["openssl", ...args], { stdout: "pipe", stderr: "pipe" });
+    if (r.exitCode !== 0) throw new Error(`openssl ${args[0]}: ${r.stderr.toString()}`);
+  };
+  writeFileSync(f("leaf.ext"), "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n");
+  ssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=gpulayer test CA", "-keyout", f("ca.key"), "-out", f("ca.pem"), "-days", "2", "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+  ssl(["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", f("key.pem"), "-out", f("leaf.csr")]);
+  ssl(["x509", "-req", "-in", f("leaf.csr"), "-CA", f("ca.pem"), "-CAkey", f("ca.key"), "-CAcreateserial", "-days", "2", "-extfile", f("leaf.ext"), "-out", f("cert.pem")]);
+  return { ca: f("ca.pem"), cert: f("cert.pem"), key: f("key.pem") };
+}
+
 const envDirs = (home: string) => (existsSync(join(home, "envs-v1")) ? readdirSync(join(home, "envs-v1")).filter((n) => !n.startsWith(".")) : []);
+/** Every env of a home gone, as gc would leave it: the next prepare builds. */
+const rmEnvs = (home: string) => rmSync(join(home, "envs-v1"), { recursive: true, force: true });
 
 describe.each(ENGINES)("an image and requirements, with %s", (name) => {
   const it = withImage(engineTest(matrix, name));
@@ -127,6 +180,93 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
     } finally {
       box.cleanup();
       await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
+    }
+  });
+
+  it("uv on PATH is a pyenv shim and the image has no pip: the build uses the uv a host build would (the one the shim runs; else the pinned uv, fetched from the index)", async () => {
+    const image = await ownImage(name, "nopip", "rm -rf /usr/lib/python3/dist-packages/pip /usr/lib/python3/dist-packages/pip-*");
+    const boxes: ReturnType<typeof sandbox>[] = [];
+    try {
+      const prepare = async (version: string, uv: string | null, spec: string) => {
+        const box = sandbox();
+        boxes.push(box);
+        for (const v of ["PYENV_VERSION", "PYENV_DIR", "PYENV_ROOT"]) delete box.env[v];
+        box.env.GPULAYER_CONTAINER_ENGINE = name;
+        box.env.PATH = `${pyenvWithShim(join(box.root, "pyenv"), version, uv)}:${NO_UV_PATH}`;
+        const r = await cli(["env", "prepare", "--image", image.ref, "-p", spec, "--index-url", index.url, "--json"], { env: box.env, cwd: box.root });
+        expect(r.code, r.stderr).toBe(0);
+        const env = JSON.parse(r.stdout).env;
+        expect(env.status).toBe("built");
+        const shown = JSON.parse((await cli(["env", "show", env.key, "--json"], { env: box.env })).stdout);
+        expect(shown.installer_path).toBe("uv (inside the image)");
+        expect(shown.installed).toEqual([spec]);
+        return { box, stderr: r.stderr };
+      };
+      // The shim's Python version has a uv: that binary is mounted in (the shim itself is a script, and fails when run).
+      const own = await prepare("3.99.1", realUv(), "greetb==2.0");
+      expect(own.stderr).toContain(`with uv ${join(own.box.root, "pyenv", "versions", "3.99.1", "bin", "uv")}, mounted in`);
+      // It has none: the pinned uv, installed once into the tools folder from the request's index, as for a host build.
+      if (OFFICIAL) {
+        copyFileSync(OFFICIAL, join(index.dir, basename(OFFICIAL)));
+        const pinned = await prepare("3.99.2", null, "greetb==1.0");
+        expect(pinned.stderr).toContain(`with the pinned uv ${UV_VERSION} (${join(pinned.box.home, "tools", `uv-${UV_VERSION}`, "uv")}), mounted in`);
+        expect(existsSync(join(pinned.box.home, "tools", `uv-${UV_VERSION}`, "uv"))).toBe(true);
+      } else console.warn(`[image-env.test] the pinned uv's fetch is not tried: set GPULAYER_TEST_UV_WHEEL to a copy of the official uv ${UV_VERSION} wheel`);
+    } finally {
+      for (const box of boxes) box.cleanup();
+      await image.remove();
+    }
+  });
+
+  it("an index over HTTPS whose CA only the host's pip configuration names: the host build and the image build (pip and uv) both get it; another configuration, another env", async () => {
+    expect(Bun.which("openssl"), "openssl makes the test's CA").not.toBeNull();
+    const image = await ownImage(name, "tls", "true");
+    const box = sandbox();
+    const tls = certificateAuthority(join(box.root, "tls"));
+    const upstream = new URL(index.url);
+    const https = Bun.serve({ port: 0, hostname: "127.0.0.1", tls: { cert: Bun.file(tls.cert), key: Bun.file(tls.key) }, fetch: (req) => fetch(new URL(new URL(req.url).pathname, upstream.origin)) });
+    try {
+      const conf = join(box.root, "pip.conf");
+      const secure = `https://127.0.0.1:${https.port}${upstream.pathname}`;
+      writeFileSync(conf, `[global]\nindex-url = ${secure}\ncert = ${tls.ca}\n`);
+      // Only that file names the CA: no certificate variable, and no other pip configuration of this machine's.
+      mkdirSync(join(box.root, "xdg"));
+      const env: Record<string, string> = { ...box.env, PIP_CONFIG_FILE: conf, XDG_CONFIG_DIRS: join(box.root, "xdg"), XDG_CONFIG_HOME: join(box.root, "xdg"), GPULAYER_CONTAINER_ENGINE: name };
+      for (const v of ["REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS"]) delete env[v];
+      const onHost = await cli(["env", "prepare", "-p", "greetb==2.0", "--json"], { env, cwd: box.root });
+      expect(onHost.code, onHost.stderr).toBe(0);
+      // The same index without the CA named: the image build is refused the server's certificate (it is the CA that lets it in).
+      writeFileSync(conf, `[global]\nindex-url = ${secure}\nretries = 0\n`);
+      const refused = await cli(["env", "prepare", "--image", image.ref, "-p", "greetb==2.0", "--json"], { env: { ...env, GPULAYER_UV: "off" }, cwd: box.root });
+      expect(refused.code).not.toBe(0);
+      expect(refused.stderr).toMatch(/certificate/i);
+      writeFileSync(conf, `[global]\nindex-url = ${secure}\ncert = ${tls.ca}\n`);
+      const installers: [string, string][] = [["pip", "off"], ...(realUv() ? [["uv", realUv()!] as [string, string]] : [])];
+      for (const [installer, uvSetting] of installers) {
+        const inImage = await cli(["env", "prepare", "--image", image.ref, "-p", "greetb==2.0", "--json"], { env: { ...env, GPULAYER_UV: uvSetting }, cwd: box.root });
+        expect(inImage.code, inImage.stderr).toBe(0);
+        // What the build was given, in its steps.
+        expect(inImage.stderr).toContain(`building with the host's pip configuration (`);
+        expect(inImage.stderr).toContain(`${conf}): index ${secure}, cert ${tls.ca} (read-only)\n`);
+        const key = JSON.parse(inImage.stdout).env.key;
+        expect(JSON.parse((await cli(["env", "show", key, "--json"], { env })).stdout).installer_path).toBe(`${installer} (inside the image)`);
+        const job = await cli(["job", "run", "--image", image.ref, "-p", "greetb==2.0", "--", "python", "-c", "import greetb; print(greetb.__version__)"], { env: { ...env, GPULAYER_UV: uvSetting }, cwd: box.root });
+        expect(job.code, job.stderr).toBe(0);
+        expect(job.stdout.trim()).toBe("2.0");
+        rmEnvs(box.home);
+      }
+      // The key covers the host's configuration: one built under it is not reused under another.
+      const prepare = async (e: Record<string, string>) => JSON.parse((await cli(["env", "prepare", "--image", image.ref, "-p", "greetb==2.0", "--json"], { env: e, cwd: box.root })).stdout).env;
+      const first = await prepare(env);
+      expect((await prepare(env)).key).toBe(first.key);
+      writeFileSync(conf, `[global]\nindex-url = ${secure}\ncert = ${tls.ca}\ntimeout = 31\n`);
+      const other = await prepare(env);
+      expect(other.status).toBe("built");
+      expect(other.key).not.toBe(first.key);
+    } finally {
+      await https.stop(true);
+      box.cleanup();
+      await image.remove();
     }
   });
 

@@ -1,4 +1,4 @@
-import { mkdirSync, readFileSync } from "node:fs";
+import { chmodSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { contentHash } from "../core/hashing.ts";
@@ -11,7 +11,8 @@ import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../en
 import { scanRequest } from "../env/requirements.ts";
 import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/store.ts";
 import { installFailure, runTool, ToolStopped } from "../env/run-tool.ts";
-import { pinnedUvPath } from "../env/uv-tool.ts";
+import { pipConfigDigest } from "../env/installer-config.ts";
+import { type ContainerInstaller, hostInstallerSettings, uvForImage } from "./image-installer.ts";
 import { type Engine, type EngineEnv, engineExec } from "./engine.ts";
 import { type ImagePython, imagePython } from "./image-python.ts";
 
@@ -42,8 +43,10 @@ export interface ImageEnvRequest {
   confineTo?: string;
   env: NodeJS.ProcessEnv;
   network: string;
-  /** The uv setting: auto (uv on PATH, else the pinned one, when it is a binary that can be mounted in), a path, off. */
+  /** The uv setting, as for a host build: auto (uv on PATH, its pyenv shim resolved, else the pinned one, fetched once), a path, off. */
   uv?: string;
+  /** The host's Python (the default one): it fetches the pinned uv and reads the machine's pip configuration, as for a host build. */
+  python?: string;
 }
 
 export interface ImageEnvResult {
@@ -72,10 +75,14 @@ function resolveImageRequest(layout: HomeLayout, imageId: string, py: ImagePytho
   const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs }, { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo });
   if (inputs.locals.length) throw new UsageError("local projects do not go with an image yet: publish them to an index, or build the image with them");
   const flags = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: req.findLinks.map((url) => ({ url })) };
+  // Isolated as a host build is: an index named by a flag or a file shuts the machine's pip configuration out.
+  const isolated = Boolean(req.indexUrl || req.extraIndexUrls.length || req.findLinks.length || ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o)));
+  // Otherwise the build gets the host's configuration (image-installer.ts), so the key covers it as a host key does;
+  // none at all keeps the key it had. The image's own pip configuration is part of the image, so of its id.
+  const machine = isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests });
   const interpreter = asInterpreter(py);
-  // The image's own pip configuration is part of the image, so of its id.
-  const doc = { ...keyDocument({ inputs, flags, interpreter, base: contentHash(py.distributions.join("\n")), installerConfig: null }), image: imageId };
-  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: "image", isolated: true, conda: null, machineConfig: null };
+  const doc = { ...keyDocument({ inputs, flags, interpreter, base: contentHash(py.distributions.join("\n")), installerConfig: machine?.sources.length ? machine.digest : null }), image: imageId };
+  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: "image", isolated, conda: null, machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
 }
 
 /** Where the host's uv and its cache are, inside a build container. */
@@ -118,31 +125,21 @@ for n in os.listdir(site):
 `;
 
 /** The shell (its -c, script and arguments) that builds the env inside the container: uv when it runs there, else the image's pip. */
-function buildScript(py: ImagePython, req: ImageEnvRequest, withUv: boolean): string[] {
+function buildScript(py: ImagePython, req: ImageEnvRequest, withUv: boolean, host: ContainerInstaller): string[] {
   const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
   const index = [...(req.indexUrl ? ["--index-url", req.indexUrl] : []), ...req.extraIndexUrls.flatMap((u) => ["--extra-index-url", u]), ...req.findLinks.flatMap((u) => ["--find-links", u])];
   const what = [...(req.requirementsFile ? ["-r", resolve(req.cwd, req.requirementsFile)] : []), ...req.specs];
   const site = `${IMAGE_ENV_MOUNT}/lib/python${py.pyVersion}/site-packages`;
+  // The host's settings reach pip as its PIP_* variables (the env file), and uv as its own variables and, first, these arguments.
   const pip = [`${IMAGE_ENV_MOUNT}/bin/python`, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-warn-script-location", ...index, ...what].map(q).join(" ");
-  const uv = [UV_MOUNT, "pip", "install", "--python", `${IMAGE_ENV_MOUNT}/bin/python`, "--compile-bytecode", ...index, ...what].map(q).join(" ");
+  const uv = [UV_MOUNT, "pip", "install", "--python", `${IMAGE_ENV_MOUNT}/bin/python`, "--compile-bytecode", ...host.uvArgs, ...index, ...what].map(q).join(" ");
   const viaPip = `echo "gpulayer-installer: pip"; ${pip}`;
-  const viaUv = `echo "gpulayer-installer: uv"; ${q(py.executable)} -c "$1" ${q(site)}; UV_CACHE_DIR=${UV_CACHE_MOUNT} UV_LINK_MODE=copy ${uv}; ${q(py.executable)} -c "$2" ${q(site)}`;
-  const install = withUv ? `if ${UV_MOUNT} --version >/dev/null 2>&1; then ${viaUv}; else ${viaPip}; fi` : viaPip;
+  // Every index counts, as in pip (uv's default takes the first index that has a name): as on the host.
+  const viaUv = `echo "gpulayer-installer: uv"; ${q(py.executable)} -c "$1" ${q(site)}; UV_CACHE_DIR=${UV_CACHE_MOUNT} UV_LINK_MODE=copy UV_INDEX_STRATEGY=unsafe-best-match ${uv}; ${q(py.executable)} -c "$2" ${q(site)}`;
+  // A uv that does not run in this image (another libc or architecture): the image's pip, or, with none, uv's own words.
+  const noUv = py.hasPip ? viaPip : `echo "the uv mounted in does not run in this image, whose Python has no pip: $(${UV_MOUNT} --version 2>&1 | tail -n 1)"; exit 1`;
+  const install = withUv ? `if ${UV_MOUNT} --version >/dev/null 2>&1; then ${viaUv}; else ${noUv}; fi` : viaPip;
   return ["-c", `set -e; ${q(py.executable)} -m venv --system-site-packages --without-pip ${IMAGE_ENV_MOUNT}; ${install}`, "gpulayer-build", STANDINS, CLEANUP];
-}
-
-/** A uv binary that can be mounted into a container (an ELF file, not a shim script), from the uv setting; null: the image's pip. */
-function mountableUv(setting: string | undefined, env: NodeJS.ProcessEnv, toolsDir: string): string | null {
-  if (setting === "off") return null;
-  const elf = (p: string | null) => {
-    try {
-      return p && readFileSync(p).subarray(0, 4).equals(Buffer.from([0x7f, 0x45, 0x4c, 0x46])) ? p : null;
-    } catch {
-      return null;
-    }
-  };
-  if (setting && setting !== "auto") return elf(setting);
-  return elf(Bun.which("uv", { PATH: env.PATH ?? "" })) ?? elf(pinnedUvPath(toolsDir));
 }
 
 export async function ensureImageEnv(
@@ -167,9 +164,15 @@ export async function ensureImageEnv(
     },
     build: async () => {
       try {
-        const uv = mountableUv(req.uv, req.env, layout.tools);
-        if (!py.hasPip && !uv) throw new InstallError(`image ${image.ref}: its Python (${py.executable}) has no pip to install the requirements with, and there is no uv to mount in`, "");
+        // What a host build of this request would be given: its uv, its installer settings (image-installer.ts).
+        const host = { layout, python: req.python, plan: { inputs: resolved.inputs, flags: resolved.flags, isolated: resolved.isolated, env: req.env, cwd: req.cwd, uv: req.uv, signal: opts.signal } };
+        const found = await uvForImage(host, resolved.interpreter);
+        const uv = found.path;
+        if (!py.hasPip && !uv) throw new InstallError(`image ${image.ref}: its Python (${py.executable}) has no pip to install the requirements with, and there is no uv to mount in: ${found.reason}`, "");
+        const settings = await hostInstallerSettings(host);
         hooks.onStep?.("building", `the env inside ${image.ref} with its Python ${py.version}`);
+        hooks.onStep?.("building", found.path ? `with ${found.said}, mounted in read-only${py.hasPip ? " (the image's pip where it does not run there)" : ""}` : `with the image's pip (no uv to mount in: ${found.reason})`);
+        for (const said of settings.said) hooks.onStep?.("building", `with ${said}`);
         const buildStart = performance.now();
         // One name per key: holding the lock, a container of that name is a dead builder's, still writing here; it goes first.
         const name = `gpulayer-envbuild-${resolved.key.slice(0, 16)}`;
@@ -178,8 +181,19 @@ export async function ensureImageEnv(
         mkdirSync(paths.dir, { recursive: true });
         const uvCache = uv ? (req.env.UV_CACHE_DIR ?? join(layout.tools, "uv-cache")) : null;
         if (uvCache) mkdirSync(uvCache, { recursive: true });
-        const mounts = ["--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, ...(uv ? ["--volume", `${uv}:${UV_MOUNT}:ro`, "--volume", `${uvCache}:${UV_CACHE_MOUNT}`] : [])];
-        const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, ...mounts, "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req, Boolean(uv))];
+        // The settings' files and folders, read-only, each once; what is mounted already (the request's folder) is not again.
+        const own = new Set([IMAGE_ENV_MOUNT, req.cwd, UV_MOUNT, UV_CACHE_MOUNT]);
+        const extra = [...new Map(settings.mounts.map((m) => [m.split(":")[1]!, m])).entries()].filter(([at]) => !own.has(at)).flatMap(([, m]) => ["--volume", m]);
+        const mounts = ["--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, ...(uv ? ["--volume", `${uv}:${UV_MOUNT}:ro`, "--volume", `${uvCache}:${UV_CACHE_MOUNT}`] : []), ...extra];
+        // The settings' values by a file of the owner's alone, not in argv: an index URL may hold credentials.
+        const envFile = join(paths.tmp, "build.env");
+        const variables = Object.entries(settings.env);
+        if (variables.length) {
+          mkdirSync(paths.tmp, { recursive: true, mode: 0o700 });
+          writeFileSync(envFile, variables.map(([k, v]) => `${k}=${v.replace(/[\r\n]/g, "")}\n`).join(""), { mode: 0o600 });
+          chmodSync(envFile, 0o600);
+        }
+        const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, ...mounts, ...(variables.length ? ["--env-file", envFile] : []), "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req, Boolean(uv), settings)];
         // Stopped (a cancel, a time limit): the engine's CLI is killed, and the container with it, by its name.
         const stop = () => void engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
         opts.signal?.addEventListener("abort", stop, { once: true });
@@ -192,6 +206,7 @@ export async function ensureImageEnv(
           throw error;
         } finally {
           opts.signal?.removeEventListener("abort", stop);
+          rmSync(paths.tmp, { recursive: true, force: true });
         }
         const installerUsed = ran.lines.includes("gpulayer-installer: uv") ? "uv" : "pip";
         if (ran.code !== 0) throw installFailure(`installing the requirements in image ${image.ref} with its ${installerUsed} failed`, ran.lines);

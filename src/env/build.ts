@@ -53,7 +53,7 @@ export function envSitePackages(dir: string, info: InterpreterInfo): string {
 }
 
 /** Environment for the installer: no PYTHONPATH leaking in, and, when isolated, none of pip's own config. */
-function installerEnv(plan: BuildPlan): Record<string, string> {
+export function installerEnv(plan: BuildPlan): Record<string, string> {
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries(plan.env)) {
     if (v === undefined) continue;

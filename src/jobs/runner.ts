@@ -229,7 +229,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
               await (await import("../docker/image-env.ts")).ensureImageEnv(
                 layout,
                 { ref: image.image, imageId: image.imageId, engine: image.engine },
-                { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: requestDir(spec), confineTo: e.confineTo, env: settings.env, network: settings.container.network, uv: settings.uv },
+                { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: requestDir(spec), confineTo: e.confineTo, env: settings.env, network: settings.container.network, uv: settings.uv, python: settings.defaultPython },
                 { engineEnv: settings.engine.env, hooks: { onStep: io.prepareHooks?.onStep }, leaseHolder: `job ${job.id}`, signal: preparing.signal },
               ).catch((err) => (image.lease?.release(), Promise.reject(err)))
             : undefined;

@@ -269,7 +269,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
           const env = await ensureImageEnv(
             ctx.layout,
             { ref: r.image, imageId: r.imageId, engine: r.engine },
-            { requirementsFile: req.requirementsFile ? resolve(cwd, req.requirementsFile) : undefined, specs: req.specs, indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: req.findLinks, cwd, confineTo: cwd, env: ctx.runner.env, network: ctx.runner.container.network, uv: ctx.runner.uv },
+            { requirementsFile: req.requirementsFile ? resolve(cwd, req.requirementsFile) : undefined, specs: req.specs, indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: req.findLinks, cwd, confineTo: cwd, env: ctx.runner.env, network: ctx.runner.container.network, uv: ctx.runner.uv, python: ctx.runner.defaultPython },
             { engineEnv: ctx.runner.engine.env, hooks: { onStep: (step, detail) => channel.event("task.prepare.step", { step, detail }) } },
           );
           result = { ...result, status: env.status, seconds: (performance.now() - started) / 1000, key: env.key, path: env.path };

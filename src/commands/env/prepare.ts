@@ -5,6 +5,7 @@ import { inputsLines } from "../../env/inputs-report.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { commandContext, engineHost, stopOnSignals } from "../_context.ts";
+import { defaultPython } from "../../config/python.ts";
 import { rejectUnknownFlags, repeated } from "../_args.ts";
 import { FROM_JOB_RUN, prepareArgs } from "./_prepare-args.ts";
 import { localPrepareRequest, reportPrepared } from "./_prepare-local.ts";
@@ -44,7 +45,7 @@ export default defineCommand({
       const env = await ensureImageEnv(
         layout,
         { ref: result.image, imageId: result.imageId, engine: result.engine },
-        { requirementsFile: a.requirements, specs, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), cwd: ctx.cwd, env: ctx.childEnv, network: values["container.network"], uv: values.uv },
+        { requirementsFile: a.requirements, specs, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), cwd: ctx.cwd, env: ctx.childEnv, network: values["container.network"], uv: values.uv, python: defaultPython(layout, ctx.settings).python },
         { engineEnv: host.env, hooks: { onStep: (step, detail) => out.phase(`${step} ${detail}`) }, signal: stopOnSignals() },
       );
       out.progress(`env ${shortKey(env.key)} ${env.status} (${formatSeconds(env.seconds)}) on ${result.image}`);
