@@ -241,7 +241,12 @@ export const JobTaskEntry = v.strictObject({
   phases: v.array(JobPhase),
   /** Through a server: the worker it ran on. */
   worker: v.optional(nullableStr),
+  /** The files it left for the tasks that need it (its declared `outputs:`), with their sizes. */
+  outputs: v.array(v.lazy(() => JobTaskOutput)),
 });
+
+/** One file a task left: its path in the task's folder, and its size. */
+export const JobTaskOutput = v.strictObject({ path: str, bytes: num });
 
 export const JobListEntry = v.omit(JobStatusDocument, ["events"]);
 
@@ -411,6 +416,7 @@ export const README_TABLES = {
   "job status": JobStatusDocument,
   "job status: phases[]": JobPhase,
   "job status: tasks[]": JobTaskEntry,
+  "job status: tasks[].outputs[]": JobTaskOutput,
   "job run --dry-run": JobDryRunDocument,
   "job run --dry-run: tasks[]": JobDryRunTask,
   "job status: events[]": JobEventEntry,

@@ -1,6 +1,6 @@
 import type { PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, SubmitRequest, SubmitResponse, WatchResponse } from "../cluster/protocol.ts";
 import { FINAL_JOB_STATES } from "../cluster/protocol.ts";
-import { phasesOf } from "../jobs/status.ts";
+import { outputsOfEvents, phasesOf } from "../jobs/status.ts";
 import type { Change, Coordinator } from "./coordinator.ts";
 import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
@@ -93,7 +93,8 @@ export class JobsApi {
     const out: NonNullable<RemoteJobStatus["tasks"]> = [];
     for (const t of await this.store.tasksOf(job.id)) {
       const s = await this.status(t, false);
-      out.push({ name: t.task!, id: t.id, state: t.state, needs: t.needs, exit_code: t.exitCode, env_key: t.envKey, error: t.error, command: t.spec.commandText, phases: s.phases, worker: s.worker });
+      const outputs = outputsOfEvents(await this.store.events(t.id));
+      out.push({ name: t.task!, id: t.id, state: t.state, needs: t.needs, exit_code: t.exitCode, env_key: t.envKey, error: t.error, command: t.spec.commandText, phases: s.phases, worker: s.worker, outputs });
     }
     return out;
   }
