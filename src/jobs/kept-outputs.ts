@@ -23,7 +23,7 @@ export function keepTaskOutputs(store: JobStore, record: JobRecord): { failed: s
   if (missing.length) {
     const line = missingOutputLine(record.task ?? record.name, missing);
     store.update(record.id, { state: "failed", exitCode: ExitCode.failed, error: line });
-    store.event(record.id, "task.outputs.missing", { message: line, missing });
+    store.event(record.id, "task.outputs.missing", { message: line });
     return { failed: line };
   }
   const dir = store.outputsDir(record.id);
