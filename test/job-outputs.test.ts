@@ -123,6 +123,16 @@ describe("examples/pipeline, which passes rows.json from prepare to both reports
   }, T);
 });
 
+describe("the job file's outputs:", () => {
+  test("each is a path inside the task's folder: otherwise one line naming its key", async () => {
+    for (const [bad, why] of [["../up.json", "must stay inside the task's folder (no `..`)"], ["/etc/passwd", "must be a path relative to the task's folder, not an absolute one"]]) {
+      const dir = jobDir(boxes.local.root, "bad-outputs", ["tasks:", `  prepare: {command: "true", outputs: [rows.json, ${JSON.stringify(bad)}]}`]);
+      const r = await here(["job", "run", "-f", "job.yaml"], dir);
+      expect([r.code, r.stderr]).toEqual([2, `error: job.yaml: tasks.prepare.outputs[1]: ${why}\n`]);
+    }
+  });
+});
+
 describe("outputs through a server", () => {
   test("a task finds what a task it needs (through another) left, on another worker", async () => {
     // make -> shape -> a and b, which meet (one slot each: one per worker); so one of them runs where make did not.
