@@ -193,3 +193,32 @@ export async function unpackBundle(file: string, dest: string, limits: BundleLim
     throw new BundleError(`unpacking the bundle failed: ${(error as Error).message}`);
   }
 }
+
+/**
+ * A task's outputs as an archive, packed as bundles are (sorted, no owners,
+ * no times: its sha256 names its content) and under the same limits: only
+ * the files named, each at its path relative to `root`.
+ */
+export function packFiles(root: string, files: { path: string; bytes: number }[], outFile: string, limits: BundleLimits, what: string): PackResult {
+  const rawBytes = files.reduce((n, f) => n + f.bytes, 0);
+  const sizes = files.map((f) => ({ path: f.path, bytes: f.bytes })).sort((a, b) => b.bytes - a.bytes);
+  if (rawBytes > limits.maxUnpackedBytes) throw tooBig(what, rawBytes, limits.maxUnpackedBytes, "GPULAYER_BUNDLE_MAX_UNPACKED", sizes);
+  if (files.length > limits.maxEntries) throw new BundleError(`${what}: ${files.length} files, over the limit of ${limits.maxEntries}`);
+  mkdirSync(dirname(outFile), { recursive: true });
+  const paths = files.map((f) => f.path).sort();
+  tar.c({ gzip: { level: 6 }, cwd: root, portable: true, mtime: new Date(0), sync: true, file: outFile, noDirRecurse: true, follow: false }, paths);
+  const data = readFileSync(outFile);
+  if (data.length > limits.maxBytes) {
+    rmSync(outFile, { force: true });
+    throw tooBig(`${what}, packed,`, data.length, limits.maxBytes, "GPULAYER_BUNDLE_MAX", sizes);
+  }
+  const hash = new Bun.CryptoHasher("sha256").update(data).digest("hex");
+  return { file: outFile, hash, bytes: data.length, files: paths.length, entries: paths, rawBytes, skipped: [], ownerOnly: [] };
+}
+
+/** The plain files an archive holds, with their sizes (read after its entry checks passed). */
+export async function bundleFiles(file: string): Promise<{ path: string; bytes: number }[]> {
+  const files: { path: string; bytes: number }[] = [];
+  await tar.t({ file, onReadEntry: (e) => void (e.type === "File" && files.push({ path: posix.normalize(e.path), bytes: e.size ?? 0 })) });
+  return files.sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+}

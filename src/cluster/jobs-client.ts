@@ -37,6 +37,7 @@ export function remoteSpec(spec: JobSpec, pack?: PackResult): RemoteSpec {
       ...(e.prepareTimeoutMs ? { prepareTimeoutMs: e.prepareTimeoutMs } : {}),
     },
     resources: spec.resources,
+    ...(spec.outputs?.length ? { outputs: spec.outputs } : {}),
     ...(spec.tasks ? { tasks: spec.tasks.map((t) => ({ name: t.name, needs: t.needs, spec: remoteSpec(taskInBundle(spec, t), pack) })) } : {}),
   };
 }

@@ -111,6 +111,14 @@ export interface TaskAssignment {
   gpus: number[];
   spec?: RemoteSpec;
   prepare?: PrepareRequestPayload;
+  /** A task of a job: the outputs of the tasks it needs (directly or not), each an archive to fetch and put in its folder first. */
+  inputs?: { task: string; bundle: string }[];
+}
+
+/** What a job's tasks left (`job outputs` through a server): each task's archive and its files. */
+export interface JobOutputsView {
+  id: string;
+  tasks: { name: string; bundle: string | null; files: { path: string; bytes: number }[] }[];
 }
 
 export interface PollResponse {

@@ -241,7 +241,12 @@ export const JobTaskEntry = v.strictObject({
   phases: v.array(JobPhase),
   /** Through a server: the worker it ran on. */
   worker: v.optional(nullableStr),
+  /** The files it left for the tasks that need it (its declared `outputs:`), with their sizes. */
+  outputs: v.array(v.lazy(() => JobTaskOutput)),
 });
+
+/** One file a task left: its path in the task's folder, and its size. */
+export const JobTaskOutput = v.strictObject({ path: str, bytes: num });
 
 export const JobListEntry = v.omit(JobStatusDocument, ["events"]);
 
@@ -259,6 +264,10 @@ export const JobDryRunTask = v.strictObject({
 });
 
 export const JobDryRunDocument = v.strictObject({ name: str, tasks: v.array(JobDryRunTask) });
+
+/** `job outputs --json`: what was fetched, task by task, into which folder. */
+export const JobOutputsTask = v.strictObject({ name: str, files: v.array(JobTaskOutput) });
+export const JobOutputsDocument = v.strictObject({ id: str, dir: str, tasks: v.array(JobOutputsTask) });
 
 /** `job run --detach --json` and `job cancel --json`. */
 export const JobStateDocument = v.strictObject({ id: str, state: JobState });
@@ -373,6 +382,7 @@ export const DOCUMENTS = {
   "job status": JobStatusDocument,
   "job list": JobListDocument,
   "job cancel": JobStateDocument,
+  "job outputs": JobOutputsDocument,
   join: JoinDocument,
   "join SERVER_URL": JoinLeftDocument,
   server: ServerDocument,
@@ -411,11 +421,14 @@ export const README_TABLES = {
   "job status": JobStatusDocument,
   "job status: phases[]": JobPhase,
   "job status: tasks[]": JobTaskEntry,
+  "job status: tasks[].outputs[]": JobTaskOutput,
   "job run --dry-run": JobDryRunDocument,
   "job run --dry-run: tasks[]": JobDryRunTask,
   "job status: events[]": JobEventEntry,
   "job list": JobListEntry,
   "job cancel": JobStateDocument,
+  "job outputs": JobOutputsDocument,
+  "job outputs: tasks[]": JobOutputsTask,
   join: JoinDocument,
   "join: probe": ProbeDocument,
   "join: probe.gpus[]": GpuEntry,
@@ -447,6 +460,7 @@ export type JobStatusDoc = v.InferOutput<typeof JobStatusDocument>;
 export type JobDryRunDoc = v.InferOutput<typeof JobDryRunDocument>;
 export type JobListDoc = v.InferOutput<typeof JobListDocument>;
 export type JobStateDoc = v.InferOutput<typeof JobStateDocument>;
+export type JobOutputsDoc = v.InferOutput<typeof JobOutputsDocument>;
 export type ProbeDoc = v.InferOutput<typeof ProbeDocument>;
 export type JoinDoc = v.InferOutput<typeof JoinDocument>;
 export type JoinLeftDoc = v.InferOutput<typeof JoinLeftDocument>;

@@ -28,6 +28,24 @@ const Resources = v.strictObject({
   frameworks: v.optional(v.record(v.string(), v.pipe(v.string("must be a version specifier string"), v.check((s) => s === "" || s === "*" || validRange(s), "is not a valid PEP 440 specifier")))),
 });
 
+/** Why a declared output cannot be one (null when it can): a path inside the task's folder, never out of it. */
+export function outputPathProblem(p: string): string | null {
+  if (!p.length) return "must not be empty";
+  if (p.startsWith("/")) return "must be a path relative to the task's folder, not an absolute one";
+  if (p.split("/").includes("..")) return "must stay inside the task's folder (no `..`)";
+  if (p.includes("\0")) return "must not hold a NUL character";
+  return null;
+}
+
+/** A declared output: a path or glob inside the task's folder. */
+const OutputPath = v.pipe(
+  v.string("must be a path or glob"),
+  v.rawCheck(({ dataset, addIssue }) => {
+    const problem = dataset.typed ? outputPathProblem(dataset.value) : null;
+    if (problem) addIssue({ message: problem });
+  }),
+);
+
 /** A task name: what `--task`, `needs:` and the output's `[name]` prefix use. */
 export const TASK_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
 
@@ -39,6 +57,8 @@ const Task = v.strictObject({
   environment: v.optional(Environment),
   resources: v.optional(Resources),
   needs: v.optional(v.array(NonEmpty, "must be a list of task names")),
+  /** Files it leaves for the tasks that need it: paths or globs relative to its folder (jobs/outputs.ts). */
+  outputs: v.optional(v.array(OutputPath, "must be a list of paths or globs relative to the task's folder")),
 });
 
 export const JobFileSchema = v.strictObject({
@@ -60,7 +80,11 @@ const TYPE_WORDS: Record<string, string> = { Object: "a mapping", Array: "a list
 
 function describeIssue(issue: v.BaseIssue<unknown>): string {
   // A key that is empty or has spaces is shown quoted: `tasks."a b"`, `tasks.""`.
-  const path = (issue.path ?? []).map((p) => String(p.key)).map((k, i) => (i && !/^[A-Za-z0-9_-]+$/.test(k) ? JSON.stringify(k) : k)).join(".");
+  // A list's item by its index: `tasks.prepare.outputs[0]`.
+  const path = (issue.path ?? [])
+    .map((p) => ({ key: String(p.key), index: p.type === "array" }))
+    .map(({ key, index }, i) => (index ? `[${key}]` : `${i ? "." : ""}${i && !/^[A-Za-z0-9_-]+$/.test(key) ? JSON.stringify(key) : key}`))
+    .join("");
   // A list where a mapping goes (`environment: [a]`): valibot reads its items as keys; the list is the problem.
   const last = issue.path?.at(-1);
   if (issue.expected === "never" && last && Array.isArray(last.input)) return `${path.slice(0, path.lastIndexOf("."))}: expected a mapping, got a list`;

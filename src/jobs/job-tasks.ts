@@ -3,6 +3,7 @@ import type { HomeLayout } from "../config/paths.ts";
 import { bootId, processStartTime } from "../core/process-identity.ts";
 import { type JobOutcome, type RunnerIO, type RunnerSettings, type RunningJob, startJob } from "./runner.ts";
 import { gpuRefusal } from "./resources.ts";
+import { keepTaskOutputs, placeTaskInputs } from "./kept-outputs.ts";
 import { FINAL_STATES, type JobRecord, type JobState, type JobStore } from "./store.ts";
 
 /**
@@ -81,7 +82,16 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
     }
     store.event(job.id, "task.started", { task: name, id: record.id, ...(n ? { gpus: held.get(name) } : {}) });
     io.onTask?.(name, "started", null);
-    const run = startJob(store, layout, record, settings, io.forTask(name));
+    // What the tasks it needs left (their declared outputs), at the same paths in its folder.
+    const placed = (() => {
+      try {
+        placeTaskInputs(store, records, tasks, name);
+        return null;
+      } catch (error) {
+        return `task ${name}: the outputs of the tasks it needs could not be put in its folder: ${(error as Error).message}`;
+      }
+    })();
+    const run = placed ? unstartable(record, placed) : startJob(store, layout, record, settings, io.forTask(name));
     running.set(name, run);
     void run.done
       .catch((error: unknown): JobOutcome => {
@@ -89,16 +99,26 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
         store.update(record.id, { state: "failed", error: (error as Error).message });
         return { state: "failed", exitCode: ExitCode.internal, prepareSeconds: null, runSeconds: null };
       })
-      .then((outcome) => {
+      .then((ran) => {
+        // Its declared outputs, kept; one missing fails it.
+        const kept = ran.state === "succeeded" ? keepTaskOutputs(store, record) : null;
+        const outcome: JobOutcome = kept ? { ...ran, state: "failed", exitCode: ExitCode.failed } : ran;
         running.delete(name);
         for (const g of held.get(name) ?? []) freeGpus.add(g);
         held.delete(name);
         state.set(name, outcome.state);
         if (outcome.state === "failed" && !firstFailure) firstFailure = { name, exitCode: outcome.exitCode };
         store.event(job.id, "task.finished", { task: name, state: outcome.state, exit_code: outcome.exitCode });
-        io.onTask?.(name, outcome.state, `exit ${outcome.exitCode}`);
+        io.onTask?.(name, outcome.state, kept?.failed ?? `exit ${outcome.exitCode}`);
         step();
       });
+  };
+
+  /** A task that fails before its command: recorded as its runner would, with the reason. */
+  const unstartable = (record: JobRecord, because: string): RunningJob => {
+    store.update(record.id, { state: "failed", exitCode: ExitCode.failed, error: because });
+    store.event(record.id, "task.prepare.failed", { seconds: 0, message: because });
+    return { done: Promise.resolve({ state: "failed", exitCode: ExitCode.failed, prepareSeconds: null, runSeconds: null }), cancel: () => undefined };
   };
 
   /** The first task this one needs that ended without succeeding: it can never start. */

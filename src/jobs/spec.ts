@@ -24,6 +24,8 @@ export interface JobSpec {
     confineTo?: string;
   };
   resources: { gpus: number; frameworks: Record<string, string> };
+  /** A task's declared outputs (paths or globs relative to its workdir): found there when it succeeds, given to what needs it. */
+  outputs?: string[];
   /** A job of several tasks (the job file's `tasks:`): each runs on its own, with the job's fields as its defaults. */
   tasks?: TaskSpec[];
 }
@@ -188,7 +190,7 @@ function taskSpec(job: JobSpec, name: string, task: TaskFile, fileDir: string, s
     environment = { ...job.environment, ...own, ...base };
   }
   const resources = { gpus: task.resources?.gpus ?? job.resources.gpus, frameworks: task.resources?.frameworks ?? job.resources.frameworks };
-  return { name, ...commandOf(task.command), workdir, env, environment, resources };
+  return { name, ...commandOf(task.command), workdir, env, environment, resources, ...(task.outputs?.length ? { outputs: task.outputs } : {}) };
 }
 
 /** Every `needs` names another task of the job, and no task waits on itself through others. */

@@ -1,5 +1,6 @@
 import { markedJobCounts } from "../core/job-processes.ts";
 import { liveness } from "../core/process-identity.ts";
+import type { OutputFile } from "./outputs.ts";
 import { FINAL_STATES, type JobEvent, type JobRecord, type JobStore } from "./store.ts";
 
 export interface Phase {
@@ -46,6 +47,14 @@ export interface TaskStatus {
   phases: Phase[];
   /** Through a server: the worker it ran on. */
   worker?: string | null;
+  /** The files it left for the tasks that need it (its declared outputs), with their sizes. */
+  outputs: OutputFile[];
+}
+
+/** A task's outputs, from its `task.outputs` event (the last one: a task run again on another worker says them again). */
+export function outputsOfEvents(events: JobEvent[]): OutputFile[] {
+  const e = events.findLast((x) => x.type === "task.outputs");
+  return ((e?.data.files as OutputFile[] | undefined) ?? []).map((f) => ({ path: f.path, bytes: f.bytes }));
 }
 
 /** Phases come from events alone: one way for the data to flow, and the same answer for every reader. */
@@ -107,6 +116,7 @@ function taskStatuses(store: JobStore, job: JobRecord, lost: boolean): TaskStatu
   const needs = new Map((job.spec.tasks ?? []).map((t) => [t.name, t.needs]));
   return store.tasks(job.id).map((t) => {
     const gone = lost && !FINAL_STATES.includes(t.state);
+    const events = store.events(t.id);
     return {
       name: t.task!,
       id: t.id,
@@ -116,7 +126,8 @@ function taskStatuses(store: JobStore, job: JobRecord, lost: boolean): TaskStatu
       env_key: t.envKey,
       error: gone ? "the job's runner is gone" : t.error,
       command: t.spec.commandText,
-      phases: gone ? endedPhases(store.events(t.id), t.updated) : phasesOf(store.events(t.id)),
+      phases: gone ? endedPhases(events, t.updated) : phasesOf(events),
+      outputs: outputsOfEvents(events),
     };
   });
 }

@@ -138,6 +138,11 @@ export class JobStore {
     return join(this.layout.jobs, `${id}.log`);
   }
 
+  /** A task's outputs as it left them (a copy of its own: jobs/outputs.ts), kept with its record. */
+  outputsDir(id: string): string {
+    return join(this.layout.jobs, "outputs", id);
+  }
+
   /**
    * Records a job without the credentials in its URLs (the database is read by
    * `job list`, backups, anyone with the file). The record returned holds the

@@ -110,11 +110,12 @@ export class BundleStore {
     return rows.map((r) => ({ hash: r.hash, bytes: Number(r.bytes), created: Number(r.created), lastUsed: Number(r.last_used) }));
   }
 
-  /** Bundles a job that has not ended, or a task held by a worker, still needs. */
+  /** Bundles a job that has not ended, or a task held by a worker, still needs; and the outputs of the tasks of a job that has not ended. */
   async referenced(): Promise<Set<string>> {
     const rows = await this.db.all<{ bundle: string }>(
       `SELECT bundle FROM jobs WHERE bundle IS NOT NULL AND state NOT IN ('succeeded', 'failed', 'cancelled', 'skipped')
-       UNION SELECT bundle FROM tasks WHERE bundle IS NOT NULL AND state IN ('assigned', 'running')`,
+       UNION SELECT bundle FROM tasks WHERE bundle IS NOT NULL AND state IN ('assigned', 'running')
+       UNION SELECT c.outputs_bundle AS bundle FROM jobs c JOIN jobs p ON p.id = c.parent_id WHERE c.outputs_bundle IS NOT NULL AND p.state NOT IN ('succeeded', 'failed', 'cancelled', 'skipped')`,
     );
     return new Set(rows.map((r) => r.bundle));
   }

@@ -9,6 +9,7 @@ import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
 import { endUnstarted, settleJob, taskBlocked } from "./job-tasks.ts";
+import { neededTasks } from "../jobs/outputs.ts";
 
 /**
  * The coordinator's rules: workers come, beat and go (or are lost), queued
@@ -191,7 +192,16 @@ export class Coordinator {
     const spec = job ? await this.heldSpecs.resolve(ch.store.sql, job.id, job.spec) : undefined;
     const prepare = t.prepare ? await this.heldPrepares.resolve(ch.store.sql, t.groupId!, t.prepare) : undefined;
     if (spec === null || prepare === null) return null;
-    return { id: t.id, kind: t.kind, attempt: t.attempt, job_id: t.jobId, bundle: job?.bundle ?? t.bundle, gpus: t.gpus, ...(spec ? { spec } : {}), ...(prepare ? { prepare } : {}) };
+    const inputs = job ? await this.inputsOf(ch, job) : [];
+    return { id: t.id, kind: t.kind, attempt: t.attempt, job_id: t.jobId, bundle: job?.bundle ?? t.bundle, gpus: t.gpus, ...(spec ? { spec } : {}), ...(prepare ? { prepare } : {}), ...(inputs.length ? { inputs } : {}) };
+  }
+
+  /** A task's inputs: the outputs archives of the tasks it needs, directly or through others (jobs/outputs.ts). */
+  private async inputsOf(ch: Change, job: JobRow): Promise<{ task: string; bundle: string }[]> {
+    if (!job.parentId || !job.needs.length) return [];
+    const siblings = await ch.store.tasksOf(job.parentId);
+    const needed = neededTasks(siblings.map((s) => ({ name: s.task!, needs: s.needs })), job.task!);
+    return siblings.filter((s) => needed.includes(s.task!) && s.outputsBundle).map((s) => ({ task: s.task!, bundle: s.outputsBundle! }));
   }
 
   /** A task whose request lost its credentials: it ends here, failed, with the reason; the worker never sees it. */
@@ -325,6 +335,26 @@ export class Coordinator {
     return t;
   }
 
+  /** A task this worker holds now, of a job: what it may upload outputs for. */
+  taskOfWorker(w: WorkerRow, taskId: string): Promise<TaskRow> {
+    return this.change(async (ch) => {
+      const t = await this.ownTask(ch, w, taskId);
+      if (!t.jobId) throw new HttpFail(400, "a prepare task has no outputs");
+      return t;
+    });
+  }
+
+  /** A task's outputs, as the server received and checked them: recorded on its job's row, listed in its `task.outputs` event. */
+  taskOutputs(w: WorkerRow, taskId: string, hash: string, files: { path: string; bytes: number }[]): Promise<void> {
+    return this.change(async (ch) => {
+      const t = await this.ownTask(ch, w, taskId);
+      if (!t.jobId) throw new HttpFail(400, "a prepare task has no outputs");
+      await ch.store.updateJob(t.jobId, { outputsBundle: hash });
+      await ch.store.event(t.jobId, "task.outputs", { files });
+      await this.wakeJob(ch, t.jobId);
+    });
+  }
+
   /** How many of these outbox items were applied already (task-reports.ts); the rest count as applied from now. */
   private async alreadyApplied(ch: Change, t: TaskRow, seq: number | undefined, count: number): Promise<number> {
     const { skip, applied } = outboxSkip(t.appliedSeq, seq, count);
@@ -351,6 +381,8 @@ export class Coordinator {
         return;
       }
       for (const e of events.slice(skip)) {
+        // Outputs are said by the server alone, from the archive it received (taskOutputs).
+        if (e.type === "task.outputs") continue;
         // The server's clock, so running phases measure against the same clock that reads them.
         await store.event(t.jobId, e.type, e.data);
         if (e.type === "task.prepare.started") await store.updateJob(t.jobId, { state: "preparing" });

@@ -1,6 +1,6 @@
-import type { PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, SubmitRequest, SubmitResponse, WatchResponse } from "../cluster/protocol.ts";
+import type { JobOutputsView, PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, SubmitRequest, SubmitResponse, WatchResponse } from "../cluster/protocol.ts";
 import { FINAL_JOB_STATES } from "../cluster/protocol.ts";
-import { phasesOf } from "../jobs/status.ts";
+import { outputsOfEvents, phasesOf } from "../jobs/status.ts";
 import type { Change, Coordinator } from "./coordinator.ts";
 import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
@@ -93,9 +93,17 @@ export class JobsApi {
     const out: NonNullable<RemoteJobStatus["tasks"]> = [];
     for (const t of await this.store.tasksOf(job.id)) {
       const s = await this.status(t, false);
-      out.push({ name: t.task!, id: t.id, state: t.state, needs: t.needs, exit_code: t.exitCode, env_key: t.envKey, error: t.error, command: t.spec.commandText, phases: s.phases, worker: s.worker });
+      const outputs = outputsOfEvents(await this.store.events(t.id));
+      out.push({ name: t.task!, id: t.id, state: t.state, needs: t.needs, exit_code: t.exitCode, env_key: t.envKey, error: t.error, command: t.spec.commandText, phases: s.phases, worker: s.worker, outputs });
     }
     return out;
+  }
+
+  /** What a job's tasks left: each task's outputs archive (fetched as a bundle) and its files. */
+  async outputs(job: JobRow): Promise<JobOutputsView> {
+    const tasks: JobOutputsView["tasks"] = [];
+    for (const t of job.parentId ? [job] : await this.store.tasksOf(job.id)) tasks.push({ name: t.task ?? t.name, bundle: t.outputsBundle, files: outputsOfEvents(await this.store.events(t.id)) });
+    return { id: job.id, tasks };
   }
 
   async list(limit: number): Promise<Omit<RemoteJobStatus, "events">[]> {

@@ -1,7 +1,7 @@
 import { open } from "node:fs/promises";
 import { timingSafeEqual } from "node:crypto";
 import type * as v from "valibot";
-import { type BundleLimits, inspectBundle, isBundleHash } from "../cluster/bundle.ts";
+import { type BundleLimits, bundleFiles, inspectBundle, isBundleHash } from "../cluster/bundle.ts";
 import { BundleError } from "../errors.ts";
 import { contentHash as sha256 } from "../core/hashing.ts";
 import type { Coordinator } from "./coordinator.ts";
@@ -22,8 +22,9 @@ import type { Sessions } from "./dashboard/session.ts";
  * (given at registration; good only for that worker's routes). A missing or
  * wrong one gets a bare 401 before anything else is looked at. A worker's
  * credential stops working once it has left or been declared lost, and
- * fetches only the bundles of the tasks it holds now: any other hash is
- * answered as a missing bundle, whether the server has it or not.
+ * fetches only the bundles of the tasks it holds now, and the outputs of the
+ * tasks those need: any other hash is answered as a missing bundle, whether
+ * the server has it or not.
  */
 
 /** Who is asking: the server's own token (everything), a named user or join token, or a worker's credential. */
@@ -105,8 +106,14 @@ async function jsonBody<Sch extends v.GenericSchema>(req: Request, ctx: RouteCon
  * turning, so health checks, heartbeats and long polls are answered meanwhile.
  */
 async function putBundle(req: Request, ctx: RouteContext, hash: string): Promise<Response> {
+  const stored = await receiveBundle(req, ctx, hash);
+  return reply({ hash, stored }, stored ? 201 : 200);
+}
+
+/** An upload kept as a bundle once its hash and its entries check out; false when the server had it already. */
+async function receiveBundle(req: Request, ctx: RouteContext, hash: string): Promise<boolean> {
   const store = ctx.coord.store.bundles;
-  if (await store.has(hash)) return reply({ hash, stored: false });
+  if (await store.has(hash)) return false;
   const tmp = store.receiving(hash);
   try {
     const received = await receiveTo(req, ctx.limits.maxBytes, tmp.path);
@@ -121,7 +128,21 @@ async function putBundle(req: Request, ctx: RouteContext, hash: string): Promise
   } finally {
     tmp.drop();
   }
-  return reply({ hash, stored: true }, 201);
+  return true;
+}
+
+/**
+ * A task's outputs from the worker that holds it: an archive checked as any
+ * bundle (limits, no links out, no `..`), kept among them, and recorded on
+ * the task with the files the server itself read from it.
+ */
+async function putOutputs(req: Request, ctx: RouteContext, w: WorkerRow, taskId: string, hash: string | undefined): Promise<Response> {
+  if (!hash || !isBundleHash(hash)) throw new HttpFail(400, "not a bundle hash");
+  await ctx.coord.taskOfWorker(w, taskId);
+  await receiveBundle(req, ctx, hash);
+  const files = await bundleFiles(ctx.coord.store.bundles.path(hash));
+  await ctx.coord.taskOutputs(w, taskId, hash, files);
+  return reply({ hash, files }, 201);
 }
 
 /** The body into `file`, refused (413) past the limit as it arrives; its sha256 and size. */
@@ -186,6 +207,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
       if (lengths.some((n) => !Number.isInteger(n) || n < 0)) throw new HttpFail(400, "lengths: comma-separated byte counts");
       return await coord.taskOutput(w, id, await readBody(req, ctx.maxBodyBytes), url.searchParams.get("stream") === "stderr" ? "stderr" : "stdout", seq, lengths.length ? lengths : undefined), reply({ ok: true });
     }
+    if (action === "outputs" && method === "PUT") return await putOutputs(req, ctx, w, id, parts[4]);
     if (action === "finish" && method === "POST") return await coord.taskFinish(w, id, await jsonBody(req, ctx, S.FinishSchema)), reply({ ok: true });
     if (action === "handback" && method === "POST") {
       const body = await jsonBody(req, ctx, S.HandbackSchema);
@@ -196,7 +218,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
     if (!isBundleHash(id)) throw new HttpFail(400, "not a bundle hash");
     const bundles = coord.store.bundles;
     // A worker sees only its own tasks' bundles; to it, any other is missing.
-    const visible = async () => (await bundles.has(id)) && (caller.role === "admin" || caller.role === "user" || (caller.role === "worker" && (await coord.store.workerHoldsBundle(caller.worker.id, id))));
+    const visible = async () => (await bundles.has(id)) && (caller.role === "admin" || caller.role === "user" || (caller.role === "worker" && ((await coord.store.workerHoldsBundle(caller.worker.id, id)) || (await coord.store.workerNeedsOutputs(caller.worker.id, id)))));
     if (method === "HEAD") return new Response(null, { status: (await visible()) ? 200 : 404 });
     if (method === "GET") return (await visible()) ? (await bundles.touch(id), new Response(Bun.file(bundles.path(id)))) : reply({ error: "no such bundle" }, 404);
     if (method === "PUT") return needUser(), await putBundle(req, ctx, id);
@@ -207,6 +229,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
     if (!id && method === "POST") return reply(await jobs.submit(await jsonBody(req, ctx, S.SubmitSchema)), 201);
     if (!id && method === "GET") return reply(await jobs.list(Math.min(1000, intParam(url, "limit") || 50)));
     if (id && !action && method === "GET") return reply(await jobs.status(await jobs.find(id)));
+    if (id && action === "outputs" && method === "GET") return reply(await jobs.outputs(await jobs.find(id)));
     if (id && action === "cancel" && method === "POST") return reply(await jobs.cancel((await jobs.find(id)).id));
     if (id && action === "log" && method === "GET") {
       const job = await jobs.find(id);

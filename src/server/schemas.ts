@@ -38,6 +38,8 @@ const SpecEntries = {
     gpus: v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(1024)),
     frameworks: v.record(v.string(), v.string()),
   }),
+  /** A task's declared outputs: paths or globs inside its folder. */
+  outputs: v.optional(v.pipe(v.array(v.pipe(RelPath, v.minLength(1))), v.maxLength(1000))),
 };
 
 const TaskName = v.pipe(v.string(), v.regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/));

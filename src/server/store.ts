@@ -5,6 +5,7 @@ import { ArtifactStore } from "./artifacts.ts";
 import { TokenStore } from "./tokens.ts";
 import type { Sql, SqlValue } from "./db/sql.ts";
 import { redactDeep, redactUrl } from "../env/url-credentials.ts";
+import { neededTasks } from "../jobs/outputs.ts";
 
 /**
  * The coordinator's state in its database (db/: SQLite in its home, or
@@ -55,6 +56,8 @@ export interface JobRow {
   parentId: string | null;
   task: string | null;
   needs: string[];
+  /** A task's outputs: the archive its worker uploaded (a bundle's hash), or null. */
+  outputsBundle: string | null;
 }
 
 export type TaskState = "assigned" | "running" | "done" | "lost" | "handed_back";
@@ -116,6 +119,7 @@ function toJob(r: Row): JobRow {
     parentId: (r.parent_id as string | null) ?? null,
     task: (r.task as string | null) ?? null,
     needs: r.needs ? json(r.needs) : [],
+    outputsBundle: (r.outputs_bundle as string | null) ?? null,
   };
 }
 
@@ -141,7 +145,7 @@ function toTask(r: Row): TaskRow {
   };
 }
 
-const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_code", error: "error", envKey: "env_key", workerId: "worker_id", attempts: "attempts", waiting: "waiting", cancelRequested: "cancel_requested" };
+const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_code", error: "error", envKey: "env_key", workerId: "worker_id", attempts: "attempts", waiting: "waiting", cancelRequested: "cancel_requested", outputsBundle: "outputs_bundle" };
 const TASK_COLUMNS: Record<string, string> = { state: "state", result: "result", delivered: "delivered", cancel: "cancel", cancelSent: "cancel_sent", appliedSeq: "applied_seq" };
 const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots", joinedWith: "joined_with", cache: "cache" };
 
@@ -274,7 +278,7 @@ export class ServerStore {
       )
     ).map(toJob);
   }
-  async updateJob(id: string, fields: Partial<Pick<JobRow, "state" | "exitCode" | "error" | "envKey" | "workerId" | "attempts" | "waiting" | "cancelRequested">>): Promise<void> {
+  async updateJob(id: string, fields: Partial<Pick<JobRow, "state" | "exitCode" | "error" | "envKey" | "workerId" | "attempts" | "waiting" | "cancelRequested" | "outputsBundle">>): Promise<void> {
     await this.update("jobs", JOB_COLUMNS, id, fields, true);
   }
 
@@ -302,6 +306,22 @@ export class ServerStore {
       workerId, hash, hash,
     );
     return Boolean(r);
+  }
+  /**
+   * Whether the worker holds a task now whose job's tasks it needs (directly
+   * or not) left this archive as their outputs: the only outputs its credential fetches.
+   */
+  async workerNeedsOutputs(workerId: string, hash: string): Promise<boolean> {
+    const producers = (await this.sql.all("SELECT * FROM jobs WHERE outputs_bundle = ? AND parent_id IS NOT NULL", hash)).map(toJob);
+    if (!producers.length) return false;
+    const held = (await this.sql.all("SELECT jobs.* FROM tasks JOIN jobs ON jobs.id = tasks.job_id WHERE tasks.worker_id = ? AND tasks.state IN ('assigned', 'running') AND jobs.parent_id IS NOT NULL", workerId)).map(toJob);
+    for (const h of held) {
+      const mine = producers.filter((p) => p.parentId === h.parentId);
+      if (!mine.length) continue;
+      const needed = neededTasks((await this.tasksOf(h.parentId!)).map((t) => ({ name: t.task!, needs: t.needs })), h.task!);
+      if (mine.some((p) => needed.includes(p.task!))) return true;
+    }
+    return false;
   }
   async activeTaskOfJob(jobId: string): Promise<TaskRow | null> {
     const r = await this.sql.get("SELECT * FROM tasks WHERE job_id = ? AND state IN ('assigned', 'running') ORDER BY created DESC LIMIT 1", jobId);

@@ -22,6 +22,7 @@ import { ensureImageEnv } from "../docker/image-env.ts";
 import { TaskChannel } from "./channel.ts";
 import { type ShippingSettings, workerShipping } from "./env-shipping.ts";
 import type { Outbox } from "./outbox.ts";
+import { placeInputs, sendOutputs } from "./task-outputs.ts";
 
 /**
  * A task on this worker: a job (fetch its bundle, unpack it, run it with the
@@ -134,6 +135,7 @@ function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: Worke
       confineTo: source,
     },
     resources: spec.resources,
+    ...(spec.outputs?.length ? { outputs: spec.outputs } : {}),
   };
 }
 
@@ -172,6 +174,8 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
         source = copy.dir;
         await unpackBundle(copy.file, workdir, ctx.bundleLimits);
       } else mkdirSync(workdir, { recursive: true });
+      // What the tasks it needs left, fetched (the bundles' entry checks) and put at their paths.
+      await placeInputs(task, workdir, (hash) => useBundle(ctx, hash, `task ${task.id} (job ${task.job_id}): inputs`));
       if (ctx.runner.runAs) giveTree(workdir, ctx.runner.runAs);
       if (stopReason) {
         if (handedBack) return;
@@ -193,8 +197,19 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
         onStderr: (c) => channel.output(c, "stderr"),
       });
       if (stopReason) running.cancel(stopReason);
-      const outcome = await running.done;
-      const error = store.get(job.id)?.error ?? null;
+      const ran = await running.done;
+      let error = store.get(job.id)?.error ?? null;
+      let outcome = ran;
+      if (ran.state === "succeeded" && task.spec?.outputs?.length) {
+        // The events so far first: the server records the outputs after the run's end.
+        await channel.flush();
+        const sent = await sendOutputs(ctx.client, ctx.bundleLimits, task, workdir, clusterDir(ctx, "work"));
+        if ("failed" in sent) {
+          channel.event(sent.missing ? "task.outputs.missing" : "task.outputs.failed", { message: sent.failed });
+          outcome = { ...ran, state: "failed", exitCode: ExitCode.failed };
+          error = sent.failed;
+        }
+      }
       ctx.log(`job ${task.job_id}: ended here (${outcome.state}, exit ${outcome.exitCode}); its end goes to the server`);
       store.close();
       if (!handedBack && !channel.muted) await finish({ state: outcome.state === "succeeded" ? "succeeded" : outcome.state === "cancelled" ? "cancelled" : "failed", exit_code: outcome.exitCode, error });

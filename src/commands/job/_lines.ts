@@ -1,6 +1,6 @@
 import type { JobStatus } from "../../jobs/status.ts";
 import type { DryRunJob } from "../../jobs/dry-run.ts";
-import { formatSeconds, shortKey } from "../../ui/output.ts";
+import { formatBytes, formatSeconds, shortKey } from "../../ui/output.ts";
 
 /** Where a job ran, when a server reports it. */
 type Placement = { worker?: string | null; attempts?: number; waiting?: string | null };
@@ -32,6 +32,7 @@ export function statusLines(s: JobStatus & Placement): string[] {
       const ended = t.exit_code !== null && t.state !== "running" ? `, exit ${t.exit_code}` : "";
       lines.push(`    ${t.name.padEnd(width)}  ${t.state}${ended}${timing.length ? `; ${timing.join(", ")}` : ""}${t.needs.length ? `; needs ${t.needs.join(", ")}` : ""}`);
       if (t.error && (t.state === "skipped" || t.state === "failed" || t.state === "cancelled")) lines.push(`    ${" ".repeat(width)}  ${t.error}`);
+      if (t.outputs?.length) lines.push(`    ${" ".repeat(width)}  outputs ${t.outputs.map((o) => `${o.path} (${formatBytes(o.bytes)})`).join(", ")}`);
     }
   }
   lines.push("  events");

@@ -8,6 +8,7 @@ export default defineCommand({
     logs: () => import("./logs.ts").then((m) => m.default),
     list: () => import("./list.ts").then((m) => m.default),
     cancel: () => import("./cancel.ts").then((m) => m.default),
+    outputs: () => import("./outputs.ts").then((m) => m.default),
     _exec: () => import("./exec.ts").then((m) => m.default),
   },
 });

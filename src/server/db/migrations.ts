@@ -68,7 +68,12 @@ function schemaV5(): string[] {
   return ["ALTER TABLE artifact_claims ADD COLUMN task_id TEXT"];
 }
 
-const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4, schemaV5];
+/** Version 6: a task's outputs, as the archive its worker uploaded (a bundle, by hash): what the tasks that need it are given. */
+function schemaV6(): string[] {
+  return ["ALTER TABLE jobs ADD COLUMN outputs_bundle TEXT"];
+}
+
+const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6];
 export const SCHEMA_VERSION = MIGRATIONS.length;
 
 async function lateColumns(tx: Sql): Promise<void> {
