@@ -15,7 +15,8 @@ import type { Shipping } from "../env/shipping.ts";
 import { type ContainerSettings, type EngineHost, type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, type RunningContainer, runContainer } from "../docker/index.ts";
 import type { ImageEnvResult } from "../docker/image-env.ts";
 import type { InstallerSetting } from "../env/build-plan.ts";
-import type { JobRecord, JobState, JobStore } from "./store.ts";
+import type { JobRecord, JobStore } from "./store.ts";
+import type { EventSink, JobEventData, JobEventName, JobState } from "./model.ts";
 import type { JobSpec } from "./spec.ts";
 import { bootId, processStartTime } from "../core/process-identity.ts";
 
@@ -33,7 +34,7 @@ export interface RunnerIO {
   onPrepared?(info: { status: string; seconds: number; key: string; kind: "env" | "image" }): void;
   onPrepareFailed?(message: string): void;
   /** Every event as it is recorded (a cluster worker forwards them to the server). */
-  onEvent?(type: string, data: Record<string, unknown>): void;
+  onEvent?: EventSink;
   /** A joined worker's env artifacts: fetched before a build, shared after one (env/shipping.ts). */
   shipping?: Shipping;
 }
@@ -124,7 +125,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
   let killTimer: ReturnType<typeof setTimeout> | undefined;
   let jobLease: Lease | undefined;
   let watchdog: Watchdog | null = null;
-  const emit = (type: string, data: Record<string, unknown> = {}) => {
+  const emit = <N extends JobEventName>(type: N, data: JobEventData[N]) => {
     store.event(job.id, type, data);
     io.onEvent?.(type, data);
   };
