@@ -4,7 +4,7 @@
  * (model/events.ts), the `needs` rule of a job of tasks (model/needs.ts) and
  * the status document (model/status.ts). Pure: no store, no process.
  */
-export { FINAL_STATES, isFinal, type JobState } from "./model/states.ts";
+export { FINAL_STATES, isFinal, JOB_STATES, type JobState } from "./model/states.ts";
 export { type EventSink, eventIs, isJobEventName, JOB_EVENT_NAMES, type JobEventData, type JobEventName, type JobEventOf, PHASE_NAMES, type PhaseName, type PrepareFinished, type RecordedEvent, type RelayMark } from "./model/events.ts";
 export { jobEnd, type Readiness, readiness, unstartedEnds } from "./model/needs.ts";
 export { type JobFacts, type JobStatus, type Phase, phasesOf, statusDocument, type TaskStatus, taskStatus } from "./model/status.ts";

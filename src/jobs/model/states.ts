@@ -5,7 +5,8 @@
  */
 
 /** `skipped`: a task of a job that never started, because a task it needs failed or the job was cancelled first. */
-export type JobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled" | "skipped";
+export const JOB_STATES = ["queued", "preparing", "running", "succeeded", "failed", "cancelled", "skipped"] as const;
+export type JobState = (typeof JOB_STATES)[number];
 
 /** The states a job or task never leaves. */
 export const FINAL_STATES: readonly JobState[] = ["succeeded", "failed", "cancelled", "skipped"];
