@@ -194,14 +194,14 @@ describe("a task's reports", () => {
     const outbox = new Outbox({ root: join(box.root, "outbox-home") } as ConstructorParameters<typeof Outbox>[0]);
     const logs: string[] = [];
     const channel = new TaskChannel(new ClusterClient([a.url, b.url], TOKEN), "t1", outbox, (m) => logs.push(`revoked: ${m}`), (m) => logs.push(m));
-    channel.event("task.started", { n: 1 });
+    channel.event("task.prepare.step", { step: "resolve", detail: "1" });
     await waitFor("both asked", () => a.asked.length > 0 && b.asked.length > 0);
     expect(outbox.pending("t1")).toBe(1);
     b.unavailable = false;
     await channel.flush();
     expect(outbox.pending("t1")).toBe(0);
     expect(b.paths().at(-1)).toBe("POST /v1/tasks/t1/events");
-    expect(JSON.parse(b.asked.at(-1)!.body).events[0]).toMatchObject({ type: "task.started", data: { n: 1 } });
+    expect(JSON.parse(b.asked.at(-1)!.body).events[0]).toMatchObject({ type: "task.prepare.step", data: { step: "resolve", detail: "1" } });
     expect(logs.filter((l) => l.includes("refused") || l.startsWith("revoked"))).toEqual([]);
     outbox.close();
   });

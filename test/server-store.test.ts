@@ -122,7 +122,7 @@ for (const [name, dialect] of dialects) {
 
     it("events: in the order they happened, read after a mark", async () => {
       const { db, store } = await opened(open);
-      for (let i = 0; i < 5; i++) await store.event("dd00000000000001", `e.${i}`, { i, url: "https://alice:s3cr@t@host/simple" });
+      for (let i = 0; i < 5; i++) await store.relayedEvent("dd00000000000001", { type: `e.${i}`, data: { i, url: "https://alice:s3cr@t@host/simple" } });
       const events = await store.events("dd00000000000001");
       expect(events.map((e) => e.type)).toEqual(["e.0", "e.1", "e.2", "e.3", "e.4"]);
       expect(events.map((e) => e.seq)).toEqual([...events.map((e) => e.seq)].sort((a, b) => a - b));

@@ -7,7 +7,8 @@ import type { JobSpec } from "../jobs/spec.ts";
 import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
 import { ExitCode, HttpError, jobEndCode, UsageError, UserError } from "../errors.ts";
-import { FINAL_JOB_STATES, type RemoteJobStatus, type RemoteSpec, type SubmitRequest, type SubmitResponse, type WatchResponse } from "./protocol.ts";
+import { isFinal } from "../jobs/model.ts";
+import { type RemoteJobStatus, type RemoteSpec, type SubmitRequest, type SubmitResponse, type WatchResponse } from "./protocol.ts";
 import { inBundle, packTemp, postWithBundle, type UploadHooks } from "./upload.ts";
 
 /**
@@ -205,7 +206,7 @@ export async function cancelJob(target: RemoteTarget, id: string, graceMs = targ
   const deadline = Date.now() + graceMs + 15_000;
   for (;;) {
     const s = await jobStatus(target, first.id);
-    if (FINAL_JOB_STATES.includes(s.state)) return { id: s.id, state: s.state };
+    if (isFinal(s.state)) return { id: s.id, state: s.state };
     if (Date.now() > deadline) throw new UserError(`job ${s.id} did not stop in time on worker ${s.worker}`);
     await sleep(200);
   }

@@ -1,6 +1,6 @@
 import { UsageError } from "../errors.ts";
 import type { JobSpec } from "../jobs/spec.ts";
-import type { JobStatus } from "../jobs/status.ts";
+import type { JobStatus } from "../jobs/model.ts";
 
 /**
  * What the coordinator, its workers and its clients say to each other: the
@@ -178,8 +178,6 @@ export interface PrepareGroupView {
   /** Build steps after the `after` the client gave, oldest first: `seq` is the next `after`. */
   steps?: { seq: number; worker: string; type: string; data: Record<string, unknown> }[];
 }
-
-export const FINAL_JOB_STATES = ["succeeded", "failed", "cancelled", "skipped"];
 
 /** K=V pairs from --label flags. */
 export function parseLabels(pairs: string[], origin = "--label"): Record<string, string> {

@@ -1,4 +1,5 @@
 import * as v from "valibot";
+import { JOB_STATES, PHASE_NAMES } from "../jobs/model.ts";
 
 /**
  * Every `--json` document a command prints, written down once. Keys are
@@ -193,10 +194,10 @@ export const GcDocument = v.strictObject({
 
 // ---- job run, status, list, cancel ----
 
-const JobState = v.picklist(["queued", "preparing", "running", "succeeded", "failed", "cancelled", "skipped"]);
+const JobState = v.picklist(JOB_STATES);
 
 export const JobPhase = v.strictObject({
-  name: v.picklist(["task.prepare", "task.run"]),
+  name: v.picklist(PHASE_NAMES),
   seconds: v.nullable(num),
   state: v.picklist(["running", "finished", "failed"]),
   cache: v.optional(v.picklist(["hit", "miss"])),

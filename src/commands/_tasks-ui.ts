@@ -1,6 +1,6 @@
 import type { ConsolaInstance } from "consola/core";
 import type { TasksIO } from "../jobs/job-tasks.ts";
-import type { JobStatus } from "../jobs/status.ts";
+import type { JobStatus } from "../jobs/model.ts";
 import { formatSeconds, Output, shortKey } from "../ui/output.ts";
 import { writeErr, writeOut } from "../ui/terminal.ts";
 import { imageHooks } from "./_image-ui.ts";

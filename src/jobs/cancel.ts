@@ -3,7 +3,8 @@ import { endJobProcesses } from "../core/job-processes.ts";
 import { sleep } from "../core/sleep.ts";
 import type { EngineHost } from "../docker/engine.ts";
 import { liveness, type RecordedProcess, signalRecorded } from "../core/process-identity.ts";
-import { FINAL_STATES, type JobRecord, type JobStore } from "./store.ts";
+import { FINAL_STATES } from "./model.ts";
+import type { JobRecord, JobStore } from "./store.ts";
 
 /**
  * Ask the job's runner to cancel (it owns the process group and records the

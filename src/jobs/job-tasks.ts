@@ -4,7 +4,8 @@ import { bootId, processStartTime } from "../core/process-identity.ts";
 import { type JobOutcome, type RunnerIO, type RunnerSettings, type RunningJob, startJob } from "./runner.ts";
 import { gpuRefusal } from "./resources.ts";
 import { keepTaskOutputs, placeTaskInputs } from "./kept-outputs.ts";
-import { FINAL_STATES, type JobRecord, type JobState, type JobStore } from "./store.ts";
+import { type JobState, jobEnd, readiness, unstartedEnds } from "./model.ts";
+import type { JobRecord, JobStore } from "./store.ts";
 
 /**
  * A job of several tasks, run here: each task is a job record of its own
@@ -52,8 +53,8 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
     const record = records.get(name)!;
     state.set(name, ended);
     store.update(record.id, { state: ended, error: because });
-    store.event(record.id, `task.${ended}`, { because });
-    store.event(job.id, `task.${ended}`, { task: name, because });
+    store.event(record.id, `task.${ended}` as const, { because });
+    store.event(job.id, `task.${ended}` as const, { task: name, because });
     io.onTask?.(name, ended, because);
   };
 
@@ -121,25 +122,16 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
     return { done: Promise.resolve({ state: "failed", exitCode: ExitCode.failed, prepareSeconds: null, runSeconds: null }), cancel: () => undefined };
   };
 
-  /** The first task this one needs that ended without succeeding: it can never start. */
-  const blockerOf = (t: (typeof tasks)[number]) => t.needs.find((n) => FINAL_STATES.includes(state.get(n) as JobState) && state.get(n) !== "succeeded");
+  const stateOf = (name: string) => state.get(name);
 
   const step = () => {
-    // Until nothing more ends unstarted: a skip can skip more, and needs point backwards or forwards in the file.
-    for (let ended = true; ended; ) {
-      ended = false;
-      for (const t of tasks) {
-        if (state.get(t.name) !== "waiting") continue;
-        const blocker = cancelReason ? null : blockerOf(t);
-        if (cancelReason) endUnstarted(t.name, "cancelled", `the job was cancelled (${cancelReason})`);
-        else if (blocker) endUnstarted(t.name, "skipped", `not started: ${blocker}, which it needs, ${state.get(blocker)}`);
-        else continue;
-        ended = true;
-      }
+    // What can never start now (the needs rule: model/needs.ts), skips that cause more skips included.
+    for (const e of unstartedEnds(tasks, stateOf, (name) => state.get(name) === "waiting", Boolean(cancelReason))) {
+      endUnstarted(e.task, e.end, e.end === "cancelled" ? `the job was cancelled (${cancelReason})` : e.because!);
     }
     for (const t of tasks) {
       if (running.size >= settings.slots || cancelReason) break;
-      if (state.get(t.name) !== "waiting" || !t.needs.every((n) => state.get(n) === "succeeded")) continue;
+      if (state.get(t.name) !== "waiting" || !("ready" in readiness(t.needs, stateOf, false))) continue;
       const n = gpus ? t.spec.resources.gpus : 0;
       // Refused before the job was recorded (job run); met here only when the machine lost GPUs since.
       const refusal = gpus && gpuRefusal({ resources: t.spec.resources, tasks: [t] }, [gpus.length]);
@@ -154,13 +146,15 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
   };
 
   const finish = () => {
-    const states = tasks.map((t) => state.get(t.name));
-    const final: JobState = cancelReason ? "cancelled" : states.every((s) => s === "succeeded") ? "succeeded" : "failed";
-    const exitCode = firstFailure?.exitCode ?? (final === "cancelled" ? ExitCode.cancelled : final === "succeeded" ? 0 : ExitCode.failed);
+    const end = jobEnd(
+      tasks.map((t) => state.get(t.name)!),
+      Boolean(cancelReason),
+      firstFailure && { task: firstFailure.name, exitCode: firstFailure.exitCode },
+    );
     if (cancelReason) store.event(job.id, "job.cancelled", { reason: cancelReason });
-    store.event(job.id, "job.finished", { state: final, exit_code: exitCode, ...(firstFailure ? { failed_task: firstFailure.name } : {}) });
-    store.update(job.id, { state: final, exitCode, ...(firstFailure ? { error: `task ${firstFailure.name} failed (exit ${firstFailure.exitCode})` } : {}) });
-    settle({ state: final, exitCode, prepareSeconds: null, runSeconds: null });
+    store.event(job.id, "job.finished", end.event);
+    store.update(job.id, { state: end.state, exitCode: end.exitCode, ...(end.error ? { error: end.error } : {}) });
+    settle({ state: end.state, exitCode: end.exitCode, prepareSeconds: null, runSeconds: null });
   };
 
   const cancel = (reason: string) => {

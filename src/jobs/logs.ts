@@ -1,6 +1,7 @@
 import { closeSync, existsSync, openSync, readSync } from "node:fs";
 import { reconcile } from "./detach.ts";
-import { FINAL_STATES, type JobRecord, type JobStore } from "./store.ts";
+import { FINAL_STATES } from "./model.ts";
+import type { JobRecord, JobStore } from "./store.ts";
 import { sleep } from "../core/sleep.ts";
 
 /** Read a job's log from the start; with follow, keep reading until the job has ended and the log is drained. */

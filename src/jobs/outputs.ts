@@ -11,11 +11,9 @@ import { dirname, join, posix } from "node:path";
  * caller's.
  */
 
-export interface OutputFile {
-  /** Relative to the task's folder, with `/`. */
-  path: string;
-  bytes: number;
-}
+import type { OutputFile } from "./model.ts";
+
+export type { OutputFile };
 
 const GLOB = /[*?[\]{}]/;
 

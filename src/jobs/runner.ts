@@ -1,28 +1,30 @@
 import { closeSync, openSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { endJobProcesses } from "../core/job-processes.ts";
-import { withUmask } from "../core/owner-only.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
 import { pythonOriginOf } from "../env/request.ts";
-import { jobArgv, type RunAs, runAsEnv } from "./run-as.ts";
-import { type Watchdog, watchJob } from "./watchdog.ts";
+import type { RunAs } from "./run-as.ts";
+import { CannotStart, type StartedTask, type TaskDriver } from "./drivers/driver.ts";
+import { processDriver } from "./drivers/process.ts";
+import { containerDriver } from "./drivers/container.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
 import type { PrepareHooks, PrepareRequest } from "../env/lookup.ts";
 import { prepareEnv } from "../env/prepare.ts";
 import { condaActivation } from "../env/conda-activation.ts";
 import type { Shipping } from "../env/shipping.ts";
-import { type ContainerSettings, type EngineHost, type EnsureHooks, type EnsureResult, ensureImage, gpuArgs, type RunningContainer, runContainer } from "../docker/index.ts";
-import type { ImageEnvResult } from "../docker/image-env.ts";
+import { type ContainerSettings, type EngineHost, type EnsureHooks, ensureImage, gpuArgs } from "../docker/index.ts";
 import type { InstallerSetting } from "../env/build-plan.ts";
-import type { JobRecord, JobState, JobStore } from "./store.ts";
+import type { JobRecord, JobStore } from "./store.ts";
+import type { EventSink, JobEventData, JobEventName, JobState } from "./model.ts";
 import type { JobSpec } from "./spec.ts";
 import { bootId, processStartTime } from "../core/process-identity.ts";
 
 /**
- * The local runner: prepare (the env cache; timed as task.prepare), then run
- * the command in the env (task.run), in its own process group so cancel
- * reaches every child. Never mixes the two phases' time.
+ * The runner of one task (a job without tasks is one), here or on a worker:
+ * prepare (the env cache, or the image; timed as task.prepare), then run the
+ * command (task.run) through a driver (jobs/drivers/: a process in its own
+ * group, so cancel reaches every child, or a container), with its log, events,
+ * record and cancel written once for both. Never mixes the two phases' time.
  */
 
 export interface RunnerIO {
@@ -33,7 +35,7 @@ export interface RunnerIO {
   onPrepared?(info: { status: string; seconds: number; key: string; kind: "env" | "image" }): void;
   onPrepareFailed?(message: string): void;
   /** Every event as it is recorded (a cluster worker forwards them to the server). */
-  onEvent?(type: string, data: Record<string, unknown>): void;
+  onEvent?: EventSink;
   /** A joined worker's env artifacts: fetched before a build, shared after one (env/shipping.ts). */
   shipping?: Shipping;
 }
@@ -50,8 +52,6 @@ export interface RunningJob {
   /** SIGTERM to the job's process group, SIGKILL after the grace period. */
   cancel(reason: string): void;
 }
-
-const SIGNALS: Record<string, number> = { SIGHUP: 1, SIGINT: 2, SIGQUIT: 3, SIGKILL: 9, SIGTERM: 15 };
 
 /** What the runner takes from the settings, resolved once at the top. */
 export interface RunnerSettings {
@@ -109,22 +109,20 @@ export function envRequestOf(spec: JobSpec, settings: RunnerSettings): PrepareRe
   };
 }
 
-function killGroup(pid: number, signal: NodeJS.Signals): void {
-  try {
-    process.kill(-pid, signal);
-  } catch {
-    // the group is gone already
-  }
+/** What task.prepare leaves for task.run: the driver that runs the command, and what it holds until the command ends. */
+interface Launch {
+  driver: TaskDriver;
+  prepareSeconds: number;
+  /** The command started (its main process's pid). */
+  onStarted?(pid: number): void;
+  /** Lets go of what task.prepare holds (the env's and image's leases). */
+  release(): void;
 }
 
 export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, settings: RunnerSettings, io: RunnerIO = {}): RunningJob {
   let cancelReason: string | null = null;
-  let child: Bun.Subprocess | null = null;
-  let container: RunningContainer | null = null;
-  let killTimer: ReturnType<typeof setTimeout> | undefined;
-  let jobLease: Lease | undefined;
-  let watchdog: Watchdog | null = null;
-  const emit = (type: string, data: Record<string, unknown> = {}) => {
+  let running: StartedTask | null = null;
+  const emit = <N extends JobEventName>(type: N, data: JobEventData[N]) => {
     store.event(job.id, type, data);
     io.onEvent?.(type, data);
   };
@@ -135,14 +133,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     if (cancelReason) return;
     cancelReason = reason;
     preparing.abort(new Error(reason));
-    if (container) void container.stop(settings.cancelGraceMs / 1000);
-    else if (child) {
-      const pid = child.pid;
-      killGroup(pid, "SIGTERM");
-      killTimer = setTimeout(() => killGroup(pid, "SIGKILL"), settings.cancelGraceMs);
-      // And whatever left the group (setsid, a daemon): every process with the job's mark.
-      void endJobProcesses(job.id, settings.cancelGraceMs);
-    }
+    running?.stop();
   };
 
   const finish = (state: JobState, exitCode: number, extra: Partial<JobOutcome> = {}): JobOutcome => {
@@ -151,9 +142,26 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     return { state, exitCode, prepareSeconds: null, runSeconds: null, ...extra };
   };
 
-  /** task.run in a container (the image is here: ensureImage was task.prepare; and the env on top of it, when the job has requirements). */
-  const runImage = async (image: EnsureResult, prepareSeconds: number, env?: ImageEnvResult): Promise<JobOutcome> => {
+  /** task.prepare of an image job: the image here, and the env on top of it when the job has requirements; run in a container. */
+  const prepareImage = async (prepStart: number): Promise<Launch> => {
     const spec = job.spec;
+    const image = await ensureImage(layout, spec.environment.image!, { ...io.imageHooks, host: settings.engine, leaseHolder: `job ${job.id}` });
+    // A machine without the NVIDIA runtime/CDI fails here, in task.prepare, not after the run started.
+    if (spec.resources.gpus) await gpuArgs(image.engine, spec.resources.gpus, settings.engine.env).catch((e) => (image.lease?.release(), Promise.reject(e)));
+    const e = spec.environment;
+    const withEnv = Boolean(e.requirementsFile || e.specs.length);
+    if (withEnv) io.onPrepared?.({ status: image.status, seconds: image.seconds, key: image.digest, kind: "image" });
+    const env =
+      withEnv
+        ? // Loaded only for an image with requirements: a plain job never pays for it.
+          await (await import("../docker/image-env.ts")).ensureImageEnv(
+            layout,
+            { ref: image.image, imageId: image.imageId, engine: image.engine },
+            { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: requestDir(spec), confineTo: e.confineTo, env: settings.env, network: settings.container.network, uv: settings.uv, python: settings.defaultPython },
+            { engineEnv: settings.engine.env, hooks: { onStep: io.prepareHooks?.onStep }, leaseHolder: `job ${job.id}`, signal: preparing.signal },
+          ).catch((err) => (image.lease?.release(), Promise.reject(err)))
+        : undefined;
+    const prepareSeconds = (performance.now() - prepStart) / 1000;
     const hit = image.status === "reused" && (!env || env.status === "reused");
     emit("task.prepare.finished", {
       seconds: prepareSeconds,
@@ -167,15 +175,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     });
     if (env) io.onPrepared?.({ status: env.status, seconds: env.seconds, key: env.key, kind: "env" });
     else io.onPrepared?.({ status: image.status, seconds: prepareSeconds, key: image.digest, kind: "image" });
-    try {
-      if (cancelReason) return finish("cancelled", ExitCode.cancelled, { prepareSeconds });
-      const log = openSync(store.logPath(job.id), "a");
-      const sink = (to?: (c: Uint8Array) => void) => (c: Uint8Array) => {
-        writeSync(log, c);
-        to?.(c);
-      };
-      const runStart = performance.now();
-      container = await runContainer({
+    const driver = containerDriver(
+      {
         engine: image.engine,
         image: image.imageId,
         workdir: spec.workdir,
@@ -188,60 +189,101 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         network: settings.container.network,
         extraOptions: settings.container.extraOptions,
         engineEnv: settings.engine.env,
-        onStdout: sink(io.onStdout),
-        onStderr: sink(io.onStderr),
-      });
-      store.update(job.id, { state: "running", childPid: container.pid, childStart: processStartTime(container.pid) });
-      emit("task.run.started", { pid: container.pid, container: container.name, engine: image.engine.name, command: spec.commandText });
-      if (cancelReason) void container.stop(settings.cancelGraceMs / 1000);
-      const exitCode = await container.exited;
-      closeSync(log);
-      const runSeconds = (performance.now() - runStart) / 1000;
-      emit("task.run.finished", { exit_code: exitCode, seconds: runSeconds });
-      if (cancelReason) return finish("cancelled", exitCode, { prepareSeconds, runSeconds });
-      return finish(exitCode === 0 ? "succeeded" : "failed", exitCode, { prepareSeconds, runSeconds });
-    } finally {
-      env?.lease?.release();
-      image.lease?.release();
-    }
+      },
+      settings.cancelGraceMs,
+    );
+    return { driver, prepareSeconds, release: () => (env?.lease?.release(), image.lease?.release()) };
   };
 
-  const done = (async (): Promise<JobOutcome> => {
+  /** task.prepare of a job on this machine's Python: the env, found, fetched or built; run as a process. */
+  const prepareHost = async (prepStart: number): Promise<Launch> => {
     const spec = job.spec;
-    // Each pid with its start time: whoever signals it later checks that it is still this process.
-    store.update(job.id, { state: "preparing", runnerPid: process.pid, runnerStart: processStartTime(process.pid), pidBoot: bootId() });
-    emit("task.prepare.started", { image: spec.environment.image ?? null });
-    const prepStart = performance.now();
-    let prepared: Awaited<ReturnType<typeof prepareEnv>> | undefined;
+    const prepared = await prepareEnv(layout, { ...envRequestOf(spec, settings), signal: preparing.signal }, { hooks: io.prepareHooks, leaseHolder: `job ${job.id}`, shipping: io.shipping });
     /** What the job's command inherits before its own variables and the env's PATH. */
     let base: Record<string, string> = {};
     try {
-      if (spec.environment.image) {
-        const image = await ensureImage(layout, spec.environment.image, { ...io.imageHooks, host: settings.engine, leaseHolder: `job ${job.id}` });
-        // A machine without the NVIDIA runtime/CDI fails here, in task.prepare, not after the run started.
-        if (spec.resources.gpus) await gpuArgs(image.engine, spec.resources.gpus, settings.engine.env).catch((e) => (image.lease?.release(), Promise.reject(e)));
-        const e = spec.environment;
-        const withEnv = Boolean(e.requirementsFile || e.specs.length);
-        if (withEnv) io.onPrepared?.({ status: image.status, seconds: image.seconds, key: image.digest, kind: "image" });
-        const env =
-          withEnv
-            ? // Loaded only for an image with requirements: a plain job never pays for it.
-              await (await import("../docker/image-env.ts")).ensureImageEnv(
-                layout,
-                { ref: image.image, imageId: image.imageId, engine: image.engine },
-                { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: requestDir(spec), confineTo: e.confineTo, env: settings.env, network: settings.container.network, uv: settings.uv, python: settings.defaultPython },
-                { engineEnv: settings.engine.env, hooks: { onStep: io.prepareHooks?.onStep }, leaseHolder: `job ${job.id}`, signal: preparing.signal },
-              ).catch((err) => (image.lease?.release(), Promise.reject(err)))
-            : undefined;
-        return await runImage(image, (performance.now() - prepStart) / 1000, env);
-      }
-      prepared = await prepareEnv(layout, { ...envRequestOf(spec, settings), signal: preparing.signal }, { hooks: io.prepareHooks, leaseHolder: `job ${job.id}`, shipping: io.shipping });
       for (const [k, val] of Object.entries(settings.env)) if (k !== "PYTHONHOME") base[k] = val;
       // As `conda activate` leaves a shell (its variables, its activate.d scripts); the env goes on top, as a venv's activation.
       if (prepared.conda) base = await condaActivation(prepared.conda, base);
     } catch (error) {
+      prepared.lease?.release();
+      throw error;
+    }
+    const prepareSeconds = (performance.now() - prepStart) / 1000;
+    store.update(job.id, { envKey: prepared.key });
+    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath, ...(prepared.fetched ? { fetched: { bytes: prepared.fetched.bytes, seconds: prepared.fetched.seconds, built_by: prepared.fetched.builtBy } } : {}) });
+    io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
+    const env: Record<string, string> = { ...base };
+    Object.assign(env, spec.env, {
+      PATH: `${join(prepared.path, "bin")}:${base.PATH ?? "/usr/bin:/bin"}`,
+      VIRTUAL_ENV: prepared.path,
+      GPULAYER_JOB_ID: job.id,
+    });
+    let jobLease: Lease | undefined;
+    return {
+      driver: processDriver({ jobId: job.id, argv: spec.argv, workdir: spec.workdir, env, graceMs: settings.cancelGraceMs, setpriv: settings.setpriv, runAs: settings.runAs, umask: settings.jobUmask, watchdogPath: settings.env.PATH ?? "/usr/bin:/bin" }),
+      prepareSeconds,
+      // Held by the job itself too: if this runner dies, the env stays in use while any process of the job lives.
+      onStarted: (pid) => (jobLease = takeLease(layout, "env", prepared.key, `job ${job.id}`, pid, job.id)),
+      release: () => (jobLease?.release(), prepared.lease?.release()),
+    };
+  };
+
+  /** task.run, whatever the driver: the log, the record, the events, cancel, and the outcome. */
+  const runLaunch = async (launch: Launch): Promise<JobOutcome> => {
+    const spec = job.spec;
+    const { prepareSeconds } = launch;
+    try {
+      if (cancelReason) return finish("cancelled", ExitCode.cancelled, { prepareSeconds });
+      const log = openSync(store.logPath(job.id), "a");
+      const sink = (to?: (c: Uint8Array) => void) => (c: Uint8Array) => {
+        writeSync(log, c);
+        to?.(c);
+      };
+      const runStart = performance.now();
+      let started: StartedTask;
+      try {
+        started = await launch.driver.start({ stdout: sink(io.onStdout), stderr: sink(io.onStderr) });
+      } catch (error) {
+        if (!(error instanceof CannotStart)) {
+          closeSync(log);
+          throw error;
+        }
+        emit("task.run.started", { command: spec.commandText });
+        emit("task.run.finished", { exit_code: ExitCode.cannotStart, seconds: 0, error: error.message });
+        const line = new TextEncoder().encode(`gpulayer: ${error.message}\n`);
+        writeSync(log, line);
+        closeSync(log);
+        io.onStderr?.(line);
+        return finish("failed", ExitCode.cannotStart, { prepareSeconds, runSeconds: 0 });
+      }
+      running = started;
+      store.update(job.id, { state: "running", childPid: started.pid, childStart: processStartTime(started.pid) });
+      launch.onStarted?.(started.pid);
+      emit("task.run.started", { pid: started.pid, ...started.details, command: spec.commandText });
+      if (cancelReason) started.stop();
+      const exit = await started.exited;
+      running = null;
+      closeSync(log);
+      const runSeconds = (performance.now() - runStart) / 1000;
+      emit("task.run.finished", { exit_code: exit.exitCode, seconds: runSeconds, ...(exit.signal ? { signal: exit.signal } : {}) });
+      if (cancelReason) return finish("cancelled", exit.exitCode, { prepareSeconds, runSeconds });
+      return finish(exit.exitCode === 0 ? "succeeded" : "failed", exit.exitCode, { prepareSeconds, runSeconds });
+    } finally {
+      launch.release();
+    }
+  };
+
+  const done = (async (): Promise<JobOutcome> => {
+    // Each pid with its start time: whoever signals it later checks that it is still this process.
+    store.update(job.id, { state: "preparing", runnerPid: process.pid, runnerStart: processStartTime(process.pid), pidBoot: bootId() });
+    emit("task.prepare.started", { image: job.spec.environment.image ?? null });
+    const prepStart = performance.now();
+    let launch: Launch;
+    try {
+      launch = job.spec.environment.image ? await prepareImage(prepStart) : await prepareHost(prepStart);
+    } catch (error) {
       const seconds = (performance.now() - prepStart) / 1000;
-      prepared?.lease?.release();
       if (!(error instanceof UserError)) throw error;
       const message = error instanceof InstallError && error.detail ? `${error.message}: ${error.detail}` : error.message;
       emit("task.prepare.failed", { seconds, message });
@@ -249,67 +291,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       io.onPrepareFailed?.(message);
       return finish(cancelReason ? "cancelled" : "failed", cancelReason ? ExitCode.cancelled : error.exitCode, { prepareSeconds: seconds });
     }
-    const prepareSeconds = (performance.now() - prepStart) / 1000;
-    store.update(job.id, { envKey: prepared.key });
-    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath, ...(prepared.fetched ? { fetched: { bytes: prepared.fetched.bytes, seconds: prepared.fetched.seconds, built_by: prepared.fetched.builtBy } } : {}) });
-    io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
-
-    try {
-      if (cancelReason) return finish("cancelled", ExitCode.cancelled, { prepareSeconds });
-      const log = openSync(store.logPath(job.id), "a");
-      const env: Record<string, string> = { ...base };
-      Object.assign(env, spec.env, {
-        PATH: `${join(prepared.path, "bin")}:${base.PATH ?? "/usr/bin:/bin"}`,
-        VIRTUAL_ENV: prepared.path,
-        GPULAYER_JOB_ID: job.id,
-      });
-      if (settings.runAs) Object.assign(env, runAsEnv(settings.runAs));
-      const runStart = performance.now();
-      try {
-        // Looked up as exec would, here: through setpriv the failure would read as setpriv's own.
-        if (!Bun.which(spec.argv[0]!, { PATH: env.PATH, cwd: spec.workdir })) throw new Error(spec.argv[0]!.includes("/") ? "no such file, or not executable" : "not found on the job's PATH (the env's bin first), or not executable");
-        child = Bun.spawn(jobArgv(withUmask(spec.argv, settings.jobUmask), settings.setpriv, settings.runAs), { cwd: spec.workdir, env, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: true });
-      } catch (error) {
-        closeSync(log);
-        const message = `cannot start ${spec.argv[0]}: ${(error as Error).message}`;
-        emit("task.run.started", { command: spec.commandText });
-        emit("task.run.finished", { exit_code: ExitCode.cannotStart, seconds: 0, error: message });
-        writeSync(openSync(store.logPath(job.id), "a"), `gpulayer: ${message}\n`);
-        io.onStderr?.(new TextEncoder().encode(`gpulayer: ${message}\n`));
-        return finish("failed", ExitCode.cannotStart, { prepareSeconds, runSeconds: 0 });
-      }
-      store.update(job.id, { state: "running", childPid: child.pid, childStart: processStartTime(child.pid) });
-      // Held by the job itself too: if this runner dies, the env stays in use while any process of the job lives.
-      jobLease = takeLease(layout, "env", prepared.key, `job ${job.id}`, child.pid, job.id);
-      // And if this runner dies, what the job started is ended within a second.
-      watchdog = watchJob(job.id, process.pid, settings.env.PATH ?? "/usr/bin:/bin");
-      emit("task.run.started", { pid: child.pid, command: spec.commandText });
-      if (cancelReason) cancel(cancelReason);
-      const pump = async (stream: ReadableStream<Uint8Array>, sink?: (c: Uint8Array) => void) => {
-        for await (const chunk of stream) {
-          writeSync(log, chunk);
-          sink?.(chunk);
-        }
-      };
-      const pumped = Promise.all([pump(child.stdout as ReadableStream<Uint8Array>, io.onStdout), pump(child.stderr as ReadableStream<Uint8Array>, io.onStderr)]);
-      await child.exited;
-      // The job ends with its main process: what it left behind (in its group, or setsid and holding its output) is ended too.
-      killGroup(child.pid, cancelReason ? "SIGKILL" : "SIGTERM");
-      await endJobProcesses(job.id, cancelReason ? 0 : settings.cancelGraceMs);
-      await pumped;
-      clearTimeout(killTimer);
-      closeSync(log);
-      const runSeconds = (performance.now() - runStart) / 1000;
-      const signal = child.signalCode;
-      const exitCode = child.exitCode ?? ExitCode.signalBase + (signal ? (SIGNALS[signal] ?? 0) : 0);
-      emit("task.run.finished", { exit_code: exitCode, seconds: runSeconds, ...(signal ? { signal } : {}) });
-      if (cancelReason) return finish("cancelled", exitCode, { prepareSeconds, runSeconds });
-      return finish(exitCode === 0 ? "succeeded" : "failed", exitCode, { prepareSeconds, runSeconds });
-    } finally {
-      watchdog?.stop();
-      jobLease?.release();
-      prepared.lease?.release();
-    }
+    return runLaunch(launch);
   })();
 
   return { done, cancel };

@@ -6,10 +6,7 @@ import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
 import { redactDeep, redactUrl } from "../env/url-credentials.ts";
 import type { JobSpec } from "./spec.ts";
-
-/** `skipped`: a task of a job that never started, because a task it needs failed or the job was cancelled. */
-export type JobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled" | "skipped";
-export const FINAL_STATES: JobState[] = ["succeeded", "failed", "cancelled", "skipped"];
+import type { JobEventData, JobEventName, JobState, RecordedEvent } from "./model.ts";
 
 export interface JobRecord {
   id: string;
@@ -31,12 +28,6 @@ export interface JobRecord {
   /** A task's record: the job it belongs to, and its name there (null for a job itself). */
   parentId: string | null;
   task: string | null;
-}
-
-export interface JobEvent {
-  ts: number; // ms
-  type: string;
-  data: Record<string, unknown>;
 }
 
 interface JobRow {
@@ -153,7 +144,7 @@ export class JobStore {
     const now = Date.now();
     this.db.transaction(() => {
       this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec) VALUES (?, ?, 'queued', ?, ?, ?)").run(id, spec.name, now, now, JSON.stringify(redactDeep(spec)));
-      this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, 'job.submitted', ?)").run(id, now, JSON.stringify({ name: spec.name, command: spec.commandText }));
+      this.insertEvent(id, now, "job.submitted", JSON.stringify({ name: spec.name, command: spec.commandText } satisfies JobEventData["job.submitted"]));
       // A job of tasks: a record per task, queued with the job; each has its own events, log and phases.
       for (const t of spec.tasks ?? []) {
         this.db
@@ -216,11 +207,15 @@ export class JobStore {
     this.db.query(`UPDATE jobs SET ${sets.join(", ")} WHERE id = ?`).run(...values, id);
   }
 
-  event(id: string, type: string, data: Record<string, unknown> = {}): void {
-    this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)").run(id, Date.now(), type, JSON.stringify(redactDeep(data)));
+  event<N extends JobEventName>(id: string, type: N, data: JobEventData[N]): void {
+    this.insertEvent(id, Date.now(), type, JSON.stringify(redactDeep(data)));
   }
 
-  events(id: string): JobEvent[] {
+  private insertEvent(id: string, ts: number, type: JobEventName, data: string): void {
+    this.db.query("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)").run(id, ts, type, data);
+  }
+
+  events(id: string): RecordedEvent[] {
     return this.db
       .query<{ ts: number; type: string; data: string }, [string]>("SELECT ts, type, data FROM events WHERE job_id = ? ORDER BY seq")
       .all(id)

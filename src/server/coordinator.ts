@@ -1,5 +1,5 @@
 import type { FinishRequest, PollResponse, PrepareRequestPayload, RegisterResponse, RemoteSpec, TaskAssignment, TaskEventIn, WorkerCache } from "../cluster/protocol.ts";
-import { FINAL_JOB_STATES as FINAL } from "../cluster/protocol.ts";
+import { eventIs, isFinal } from "../jobs/model.ts";
 import { ExitCode } from "../errors.ts";
 import { CREDENTIALS_LOST, HeldSecrets, type SecretSeal } from "./held-secrets.ts";
 import { HttpFail } from "./http-fail.ts";
@@ -280,7 +280,7 @@ export class Coordinator {
       }
     }
     // Credentials live as long as what needs them: a job until it ends, a prepare while any of its tasks runs.
-    await this.heldSpecs.keepOnly(store.sql, async (id) => !FINAL.includes((await store.job(id))?.state ?? "failed"));
+    await this.heldSpecs.keepOnly(store.sql, async (id) => !isFinal((await store.job(id))?.state ?? "failed"));
     await this.heldPrepares.keepOnly(store.sql, async (id) => (await store.groupTasks(id)).some((t) => t.state === "assigned" || t.state === "running"));
   }
 
@@ -310,7 +310,7 @@ export class Coordinator {
       return;
     }
     const job = await store.job(t.jobId!);
-    if (!job || FINAL.includes(job.state)) return;
+    if (!job || isFinal(job.state)) return;
     if (job.cancelRequested) {
       await store.event(job.id, "job.cancelled", { reason: `job cancel (${reason})` });
       await store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled });
@@ -376,7 +376,7 @@ export class Coordinator {
       const skip = await this.alreadyApplied(ch, t, seq, events.length);
       if (!t.jobId) {
         // A prepare's build steps, kept by task for `env prepare --server` to show.
-        for (const e of events.slice(skip)) if (e.type.startsWith("task.prepare.")) await store.event(prepareSteps(t.id), e.type, e.data);
+        for (const e of events.slice(skip)) if (e.type.startsWith("task.prepare.")) await store.relayedEvent(prepareSteps(t.id), e);
         if (t.groupId) ch.wake(`group:${t.groupId}`);
         return;
       }
@@ -384,10 +384,10 @@ export class Coordinator {
         // Outputs are said by the server alone, from the archive it received (taskOutputs).
         if (e.type === "task.outputs") continue;
         // The server's clock, so running phases measure against the same clock that reads them.
-        await store.event(t.jobId, e.type, e.data);
-        if (e.type === "task.prepare.started") await store.updateJob(t.jobId, { state: "preparing" });
-        if (e.type === "task.prepare.finished" && typeof e.data.env_key === "string") await store.updateJob(t.jobId, { envKey: e.data.env_key });
-        if (e.type === "task.run.started") await store.updateJob(t.jobId, { state: "running" });
+        await store.relayedEvent(t.jobId, e);
+        if (eventIs(e, "task.prepare.started")) await store.updateJob(t.jobId, { state: "preparing" });
+        if (eventIs(e, "task.prepare.finished") && typeof e.data.env_key === "string") await store.updateJob(t.jobId, { envKey: e.data.env_key });
+        if (eventIs(e, "task.run.started")) await store.updateJob(t.jobId, { state: "running" });
       }
       await this.wakeJob(ch, t.jobId);
     });

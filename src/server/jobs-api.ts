@@ -1,6 +1,5 @@
 import type { JobOutputsView, PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, SubmitRequest, SubmitResponse, WatchResponse } from "../cluster/protocol.ts";
-import { FINAL_JOB_STATES } from "../cluster/protocol.ts";
-import { outputsOfEvents, phasesOf } from "../jobs/status.ts";
+import { isFinal, outputsOfEvents, phasesOf, statusDocument, taskStatus } from "../jobs/model.ts";
 import type { Change, Coordinator } from "./coordinator.ts";
 import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
@@ -64,23 +63,14 @@ export class JobsApi {
   }
 
   async status(job: JobRow, withEvents = true): Promise<RemoteJobStatus> {
-    const events = (await this.store.events(job.id)).map(({ seq: _s, ...e }) => ({ ...e, time: new Date(e.ts).toISOString() }));
+    const events = (await this.store.events(job.id)).map(({ seq: _s, ...e }) => e);
     // Phases of the latest attempt only: a lost attempt stays in the events, not in the phases.
     const lastAssigned = events.findLastIndex((e) => e.type === "job.assigned" || e.type === "job.requeued" || e.type === "job.lost");
     const worker = job.workerId ? await this.store.worker(job.workerId) : null;
+    const phases = phasesOf(lastAssigned >= 0 ? events.slice(lastAssigned) : events);
+    const facts = { ...job, command: job.spec.commandText };
     return {
-      id: job.id,
-      name: job.name,
-      state: job.state,
-      exit_code: job.exitCode,
-      command: job.spec.commandText,
-      workdir: job.workdir,
-      created: new Date(job.created).toISOString(),
-      env_key: job.envKey,
-      error: job.error,
-      phases: phasesOf(lastAssigned >= 0 ? events.slice(lastAssigned) : events),
-      ...(job.spec.tasks ? { tasks: await this.taskStatuses(job) } : {}),
-      events: withEvents ? events : [],
+      ...statusDocument(facts, phases, withEvents ? events : [], job.spec.tasks ? { tasks: await this.taskStatuses(job) } : {}),
       worker: worker?.name ?? null,
       attempts: job.attempts,
       waiting: job.waiting,
@@ -93,8 +83,7 @@ export class JobsApi {
     const out: NonNullable<RemoteJobStatus["tasks"]> = [];
     for (const t of await this.store.tasksOf(job.id)) {
       const s = await this.status(t, false);
-      const outputs = outputsOfEvents(await this.store.events(t.id));
-      out.push({ name: t.task!, id: t.id, state: t.state, needs: t.needs, exit_code: t.exitCode, env_key: t.envKey, error: t.error, command: t.spec.commandText, phases: s.phases, worker: s.worker, outputs });
+      out.push(taskStatus({ ...t, task: t.task!, command: t.spec.commandText }, s.phases, outputsOfEvents(await this.store.events(t.id)), s.worker));
     }
     return out;
   }
@@ -124,14 +113,14 @@ export class JobsApi {
     const { store } = ch;
     // Read again under the lock: it may have ended since the request found it.
     const job = (await store.job(jobId))!;
-    if (FINAL_JOB_STATES.includes(job.state)) throw new HttpFail(409, `job ${job.id} has already ended (${job.state})`);
+    if (isFinal(job.state)) throw new HttpFail(409, `job ${job.id} has already ended (${job.state})`);
     const tasks = await store.tasksOf(job.id);
     if (tasks.length) {
       // A job of tasks: each running task is cancelled on its worker, each not started ends now; the job ends with the last.
       await store.updateJob(job.id, { cancelRequested: true });
-      await store.event(job.id, "job.cancel.requested", { tasks: tasks.filter((t) => !FINAL_JOB_STATES.includes(t.state)).map((t) => t.task) });
+      await store.event(job.id, "job.cancel.requested", { tasks: tasks.filter((t) => !isFinal(t.state)).map((t) => t.task) });
       for (const t of tasks) {
-        if (FINAL_JOB_STATES.includes(t.state)) continue;
+        if (isFinal(t.state)) continue;
         if (await store.activeTaskOfJob(t.id)) await this.cancelIn(ch, t.id);
         else {
           await endUnstarted(store, t, JOB_CANCELLED);
@@ -165,7 +154,7 @@ export class JobsApi {
       const chunks = job.logSize > logOffset ? await this.store.readChunks(jobId, logOffset) : [];
       const size = chunks.reduce((n, c) => n + c.data.length, 0);
       const events = await this.store.events(jobId, afterSeq);
-      const final = FINAL_JOB_STATES.includes(job.state);
+      const final = isFinal(job.state);
       if (size || events.length || final || Date.now() >= deadline || signal?.aborted) {
         const worker = job.workerId ? await this.store.worker(job.workerId) : null;
         return {

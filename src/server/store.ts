@@ -6,6 +6,7 @@ import { TokenStore } from "./tokens.ts";
 import type { Sql, SqlValue } from "./db/sql.ts";
 import { redactDeep, redactUrl } from "../env/url-credentials.ts";
 import { neededTasks } from "../jobs/outputs.ts";
+import type { JobEventData, JobEventName, JobState, RecordedEvent } from "../jobs/model.ts";
 
 /**
  * The coordinator's state in its database (db/: SQLite in its home, or
@@ -31,13 +32,10 @@ export interface WorkerRow {
   cache: WorkerCache | null;
 }
 
-/** `skipped`: a task of a job that never started (a task it needs failed, or the job was cancelled first). */
-export type ServerJobState = "queued" | "preparing" | "running" | "succeeded" | "failed" | "cancelled" | "skipped";
-
 export interface JobRow {
   id: string;
   name: string;
-  state: ServerJobState;
+  state: JobState;
   created: number;
   updated: number;
   spec: RemoteSpec;
@@ -83,11 +81,8 @@ export interface TaskRow {
   updated: number;
 }
 
-export interface StoredEvent {
+export interface StoredEvent extends RecordedEvent {
   seq: number;
-  ts: number;
-  type: string;
-  data: Record<string, unknown>;
 }
 
 type Row = Record<string, unknown>;
@@ -101,7 +96,7 @@ function toJob(r: Row): JobRow {
   return {
     id: r.id as string,
     name: r.name as string,
-    state: r.state as ServerJobState,
+    state: r.state as JobState,
     created: Number(r.created),
     updated: Number(r.updated),
     spec: json(r.spec),
@@ -335,8 +330,12 @@ export class ServerStore {
   }
 
   // Events and output
-  async event(jobId: string, type: string, data: Record<string, unknown> = {}, ts = Date.now()): Promise<void> {
-    await this.sql.run("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)", jobId, ts, type, sqlValue(data));
+  async event<N extends JobEventName>(jobId: string, type: N, data: JobEventData[N]): Promise<void> {
+    await this.sql.run("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)", jobId, Date.now(), type, sqlValue(data));
+  }
+  /** An event a worker recorded, kept as it came: its name may be one of another version's (a worker not upgraded yet). */
+  async relayedEvent(jobId: string, e: Pick<RecordedEvent, "type" | "data">): Promise<void> {
+    await this.sql.run("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)", jobId, Date.now(), e.type, sqlValue(e.data));
   }
   async events(jobId: string, afterSeq = 0): Promise<StoredEvent[]> {
     return (await this.sql.all<{ seq: number; ts: number; type: string; data: string }>("SELECT seq, ts, type, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq", jobId, afterSeq)).map((r) => ({
@@ -347,7 +346,7 @@ export class ServerStore {
     }));
   }
   /** Every event of these types, oldest first, with the worker its job last ran on: what /metrics counts. */
-  async phaseEvents(types: string[]): Promise<{ jobId: string; ts: number; type: string; data: Record<string, unknown>; workerId: string | null }[]> {
+  async phaseEvents(types: JobEventName[]): Promise<{ jobId: string; ts: number; type: string; data: Record<string, unknown>; workerId: string | null }[]> {
     const marks = types.map(() => "?").join(", ");
     return (
       await this.sql.all<{ job_id: string; ts: number; type: string; data: string; worker_id: string | null }>(`SELECT e.job_id, e.ts, e.type, e.data, j.worker_id FROM events e LEFT JOIN jobs j ON j.id = e.job_id WHERE e.type IN (${marks}) ORDER BY e.seq`, ...types)

@@ -1,6 +1,7 @@
 import { type ClusterClient, isUnavailable } from "../cluster/client.ts";
 import { HttpError } from "../errors.ts";
 import type { TaskEventIn } from "../cluster/protocol.ts";
+import type { JobEventData, JobEventName, RelayMark } from "../jobs/model.ts";
 import { sleep } from "../core/sleep.ts";
 import type { Outbox, OutboxItem } from "./outbox.ts";
 
@@ -36,7 +37,7 @@ export class TaskChannel {
     private readonly log: (message: string) => void,
   ) {}
 
-  event(type: string, data: Record<string, unknown>): void {
+  event<N extends JobEventName>(type: N, data: JobEventData[N] & RelayMark): void {
     this.push("event", JSON.stringify({ ts: Date.now(), type, data } satisfies TaskEventIn));
   }
 

@@ -1,4 +1,4 @@
-import type { JobStatus } from "../../jobs/status.ts";
+import type { JobStatus } from "../../jobs/model.ts";
 import type { DryRunJob } from "../../jobs/dry-run.ts";
 import { formatBytes, formatSeconds, shortKey } from "../../ui/output.ts";
 

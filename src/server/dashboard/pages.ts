@@ -1,5 +1,5 @@
 import type { RemoteJobStatus, WorkerCache, WorkerView } from "../../cluster/protocol.ts";
-import type { Phase } from "../../jobs/status.ts";
+import type { Phase } from "../../jobs/model.ts";
 import { ago, bar, esc, formatBytes, Html, html, layout, seconds } from "./html.ts";
 import { STYLE } from "./assets.ts";
 

@@ -1,4 +1,4 @@
-import { FINAL_JOB_STATES } from "../../cluster/protocol.ts";
+import { isFinal } from "../../jobs/model.ts";
 import type { Coordinator } from "../coordinator.ts";
 import { HttpFail } from "../http-fail.ts";
 import type { JobsApi } from "../jobs-api.ts";
@@ -110,7 +110,7 @@ export async function dashboardRoute(req: Request, ctx: DashboardContext): Promi
     // The log's last part only: a big log is for `gpulayer job logs`, not for one page.
     const from = Math.max(0, row.logSize - PAGE_LOG_BYTES);
     const tail = await ctx.coord.store.readLog(row.id, from, PAGE_LOG_BYTES);
-    return page(jobPage(status, new TextDecoder().decode(tail), from + tail.length, !FINAL_JOB_STATES.includes(status.state), from));
+    return page(jobPage(status, new TextDecoder().decode(tail), from + tail.length, !isFinal(status.state), from));
   }
   const live = /^\/dash\/api\/jobs\/([0-9a-f]{16})\/log$/.exec(path);
   if (live) {
