@@ -10,19 +10,55 @@ import type { JobRow, ServerJobState, ServerStore } from "./store.ts";
  * ends when all its tasks have, with the first failed task's exit code.
  */
 
-/** What stops a queued task from being dispatched now: skip it (a need of it failed), or wait (for its needs); null: nothing. */
-export async function taskBlocked(store: ServerStore, task: JobRow): Promise<{ skip: string } | { wait: string } | null> {
-  if (!task.parentId) return null;
-  const parent = await store.job(task.parentId);
-  if (parent?.cancelRequested) return { skip: JOB_CANCELLED };
-  if (!task.needs.length) return null;
-  const siblings = new Map((await store.tasksOf(task.parentId)).map((t) => [t.task, t]));
-  for (const n of task.needs) {
-    const s = siblings.get(n)?.state;
-    if (s && FINAL_JOB_STATES.includes(s) && s !== "succeeded") return { skip: `not started: ${n}, which it needs, ${s}` };
+/** Why queued tasks are not dispatched now: `skips` end unstarted, in the order their needs ended (a need before what needs it); `waits` say for what. */
+export interface Blocked {
+  skips: { task: JobRow; because: string }[];
+  waits: Map<string, string>;
+}
+
+/**
+ * What stops each queued task from being dispatched now, for all of them at
+ * once: a task whose need failed is skipped, and so is, down the line, every
+ * task that needs a skipped one; a task whose needs have not all succeeded
+ * waits. Each job's tasks are read once and each need looked at a few times:
+ * linear in tasks and needs, however long the chain a failure ends.
+ */
+export async function blockedTasks(store: ServerStore, queued: JobRow[]): Promise<Blocked> {
+  const blocked: Blocked = { skips: [], waits: new Map() };
+  const byParent = new Map<string, JobRow[]>();
+  const add = <K, V>(m: Map<K, V[]>, k: K, v: V) => (m.get(k) ?? m.set(k, []).get(k)!).push(v);
+  for (const t of queued) if (t.parentId) add(byParent, t.parentId, t);
+  for (const [parentId, waiting] of byParent) {
+    if ((await store.job(parentId))?.cancelRequested) {
+      for (const task of waiting) blocked.skips.push({ task, because: JOB_CANCELLED });
+      continue;
+    }
+    const state = new Map((await store.tasksOf(parentId)).map((t) => [t.task!, t.state as string]));
+    const ended = (n: string) => FINAL_JOB_STATES.includes(state.get(n) ?? "") && state.get(n) !== "succeeded";
+    const neededBy = new Map<string, JobRow[]>();
+    for (const t of waiting) for (const n of t.needs) add(neededBy, n, t);
+    // From the tasks whose need ended unsuccessfully, down through what needs them (a need's state becomes `skipped` as it goes).
+    const skip = (t: JobRow) => {
+      const n = t.needs.find(ended)!;
+      blocked.skips.push({ task: t, because: `not started: ${n}, which it needs, ${state.get(n)}` });
+      state.set(t.task!, "skipped");
+    };
+    const front = waiting.filter((t) => t.needs.some(ended));
+    front.forEach(skip);
+    for (let i = 0; i < front.length; i++) {
+      for (const t of neededBy.get(front[i]!.task!) ?? []) {
+        if (state.get(t.task!) === "skipped") continue;
+        skip(t);
+        front.push(t);
+      }
+    }
+    for (const t of waiting) {
+      if (state.get(t.task!) === "skipped") continue;
+      const pending = t.needs.filter((n) => state.get(n) !== "succeeded");
+      if (pending.length) blocked.waits.set(t.id, `the tasks it needs (${pending.join(", ")})`);
+    }
   }
-  const pending = task.needs.filter((n) => siblings.get(n)?.state !== "succeeded");
-  return pending.length ? { wait: `the tasks it needs (${pending.join(", ")})` } : null;
+  return blocked;
 }
 
 export const JOB_CANCELLED = "the job was cancelled";

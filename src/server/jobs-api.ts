@@ -8,7 +8,7 @@ import { jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
 import { type JobRow, newId, type WorkerRow } from "./store.ts";
 import { prepareSteps } from "./task-reports.ts";
 import { endUnstarted, JOB_CANCELLED, settleJob } from "./job-tasks.ts";
-import { needsCycle } from "../jobs/spec.ts";
+import { taskGraphProblem } from "../jobs/task-graph.ts";
 
 const NO_WORKERS = "no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)";
 
@@ -21,7 +21,10 @@ export class JobsApi {
   }
 
   /** Refused (422) when no worker present could ever run it; asks for the bundle (409) when the server lacks it. */
-  submit(body: SubmitRequest): Promise<SubmitResponse> {
+  async submit(body: SubmitRequest): Promise<SubmitResponse> {
+    // As a job file's tasks are checked (jobs/task-graph.ts): two of one name, a need of no task, a cycle.
+    const graph = body.spec.tasks ? taskGraphProblem(body.spec.tasks) : null;
+    if (graph) throw new HttpFail(400, `spec.${graph.at}: ${graph.problem}`);
     return this.c.change((ch) => this.submitIn(ch, body));
   }
 
@@ -29,8 +32,6 @@ export class JobsApi {
     const { store } = ch;
     const workers = await store.workers({ present: true });
     if (!workers.length) throw new HttpFail(422, `job refused: ${NO_WORKERS}`);
-    const cycle = body.spec.tasks ? needsCycle(body.spec.tasks) : null;
-    if (cycle) throw new HttpFail(422, `job refused: its tasks need each other in a cycle (${cycle.join(" → ")})`);
     // A job of tasks: each task is matched on its own, so each must have a worker that could run it.
     for (const [what, spec] of body.spec.tasks ? body.spec.tasks.map((t) => [`task ${t.name}`, t.spec] as const) : [["job", body.spec] as const]) {
       const needs = jobNeeds(spec, body.labels);
