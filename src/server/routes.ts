@@ -1,4 +1,5 @@
 import { open } from "node:fs/promises";
+import type { SubmitRequest } from "../cluster/protocol.ts";
 import { timingSafeEqual } from "node:crypto";
 import type * as v from "valibot";
 import { type BundleLimits, inspectBundle, isBundleHash } from "../cluster/bundle.ts";
@@ -106,6 +107,15 @@ async function jsonBody<Sch extends v.GenericSchema>(req: Request, ctx: RouteCon
   return parsed.value;
 }
 
+/** A job's request: its shape, then its tasks a few at a time (schemas.ts parseTasks). */
+async function submitBody(req: Request, ctx: RouteContext): Promise<SubmitRequest> {
+  const { spec, ...body } = await jsonBody(req, ctx, S.SubmitSchema, true);
+  if (!("tasks" in spec)) return { ...body, spec };
+  const tasks = await S.parseTasks(spec.tasks);
+  if (!tasks.ok) throw new HttpFail(400, tasks.message);
+  return { ...body, spec: { ...spec, tasks: tasks.value } };
+}
+
 /**
  * An upload, streamed to a temporary file while it is hashed (never held in
  * memory whole), then checked by the streaming checker: the event loop keeps
@@ -211,7 +221,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   if (kind === "artifacts") return artifactRoute(req, url, id, caller, coord, ctx.artifacts, (schema) => jsonBody(req, ctx, schema));
   if (kind === "jobs") {
     needUser();
-    if (!id && method === "POST") return reply(await jobs.submit(await jsonBody(req, ctx, S.SubmitSchema, true)), 201);
+    if (!id && method === "POST") return reply(await jobs.submit(await submitBody(req, ctx)), 201);
     if (!id && method === "GET") return reply(await jobs.list(Math.min(1000, intParam(url, "limit") || 50)));
     if (id && !action && method === "GET") return reply(await jobs.status(await jobs.find(id)));
     if (id && action === "cancel" && method === "POST") return reply(await jobs.cancel((await jobs.find(id)).id));
