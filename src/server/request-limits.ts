@@ -16,6 +16,26 @@ const EVENT_STRING_CHARS = 16 * 1024;
 /** Nesting an event's data may have: its own values are flat; a deep one is refused rather than walked. */
 const EVENT_DEPTH = 16;
 
+/** How deep a JSON body may nest: the API's documents are a few levels deep; parsing 8 MB of `[[[[…` took over a second. */
+export const MAX_JSON_DEPTH = 64;
+
+/** Whether JSON text nests deeper than `max` (brackets outside strings counted, in one pass over the bytes, before it is parsed). */
+export function nestsDeeper(raw: Uint8Array, max = MAX_JSON_DEPTH): boolean {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < raw.length; i++) {
+    const c = raw[i]!;
+    if (inString) {
+      if (c === 0x5c) i++; // a backslash: the next byte is escaped
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) inString = true;
+    else if (c === 0x5b || c === 0x7b) {
+      if (++depth > max) return true;
+    } else if (c === 0x5d || c === 0x7d) depth--;
+  }
+  return false;
+}
+
 /** The 413 for a job request past coordinator.max_job: by its declared length, or as soon as what arrived passes the limit. */
 export function jobTooLarge(limit: number, declared: number | null): HttpFail {
   return new HttpFail(413, `job request too large: ${declared ? `${declared}` : `more than ${limit}`} bytes, over the limit of ${formatBytes(limit)} (coordinator.max_job, GPULAYER_MAX_JOB_BYTES)`);

@@ -7,7 +7,7 @@ import { BundleError } from "../errors.ts";
 import { contentHash as sha256 } from "../core/hashing.ts";
 import type { Coordinator } from "./coordinator.ts";
 import { HttpFail } from "./http-fail.ts";
-import { boundEvents, jobTooLarge } from "./request-limits.ts";
+import { boundEvents, jobTooLarge, MAX_JSON_DEPTH, nestsDeeper } from "./request-limits.ts";
 import { DatabaseDown } from "./db/sql.ts";
 import type { JobsApi } from "./jobs-api.ts";
 import * as S from "./schemas.ts";
@@ -96,6 +96,7 @@ async function readBody(req: Request, limit: number, tooLarge: (declared: number
 async function jsonBody<Sch extends v.GenericSchema>(req: Request, ctx: RouteContext, schema: Sch, job = false): Promise<v.InferOutput<Sch>> {
   const limit = job ? Math.min(ctx.maxJobBytes, ctx.maxBodyBytes) : ctx.maxBodyBytes;
   const raw = await readBody(req, limit, job ? (declared) => jobTooLarge(limit, declared) : undefined);
+  if (nestsDeeper(raw)) throw new HttpFail(400, `the body nests deeper than ${MAX_JSON_DEPTH} levels`);
   let data: unknown;
   try {
     data = JSON.parse(new TextDecoder().decode(raw));
