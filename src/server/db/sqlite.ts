@@ -26,7 +26,7 @@ export class SqliteDatabase implements Database {
   private readonly mutex = new Mutex();
   private open: Promise<unknown> | null = null;
   private readonly inside: Sql;
-  /** When the open transaction last let the event loop turn. */
+  /** When work on the database last let the event loop turn. */
   private sliceStart = 0;
 
   constructor(readonly where: string) {
@@ -57,11 +57,13 @@ export class SqliteDatabase implements Database {
     while (this.open) await this.open.catch(() => {});
   }
 
-  // Everyone else's: reads from what was committed, writes once no transaction is open.
+  // Everyone else's: reads from what was committed (a turn of the event loop now and then: a status of 1,000 tasks is 2,000 reads), writes once no transaction is open.
   async all<T = Row>(query: string, ...params: SqlValue[]): Promise<T[]> {
+    await this.turn();
     return this.reader.query(query).all(...params) as T[];
   }
   async get<T = Row>(query: string, ...params: SqlValue[]): Promise<T | null> {
+    await this.turn();
     return (this.reader.query(query).get(...params) as T | null) ?? null;
   }
   async run(query: string, ...params: SqlValue[]): Promise<number> {
