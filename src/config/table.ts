@@ -45,6 +45,7 @@ export const SETTINGS = {
   "coordinator.worker_lease": { env: "GPULAYER_WORKER_LEASE", kind: positiveDuration, default: 300_000, help: "how long a lost worker's jobs stay its own: re-queued only after this much silence (a worker out of touch that long stops them itself), so no job runs twice at once" },
   "coordinator.job_max_attempts": { env: "GPULAYER_JOB_MAX_ATTEMPTS", kind: count(1), default: 3, help: "times a job is started before it fails for good" },
   "coordinator.max_body": { env: "GPULAYER_MAX_BODY_BYTES", kind: size, default: 8 * 1024 ** 2, help: "the largest JSON request the server reads" },
+  "coordinator.max_job": { env: "GPULAYER_MAX_JOB_BYTES", kind: size, default: 2 * 1024 ** 2, help: "the largest job (or prepare) request the server takes: commands, env values and tasks together" },
   "coordinator.bundles_max_size": { env: "GPULAYER_BUNDLE_MAX_SIZE", kind: size, default: 10 * 1024 ** 3, help: "the most the server keeps of uploaded bundles, together" },
   "coordinator.bundle_retention": { env: "GPULAYER_BUNDLE_RETENTION", kind: age, default: 86_400_000, help: "how long an unused bundle is kept" },
   "coordinator.artifacts_max_size": { env: "GPULAYER_ARTIFACTS_MAX_SIZE", kind: size, default: 50 * 1024 ** 3, help: "the most the server keeps of env artifacts workers uploaded, together (least recently used go first)" },

@@ -1,7 +1,6 @@
 import { contentHash } from "../core/hashing.ts";
-import { hideCredentials } from "./url-credentials.ts";
+import { hideCredentials, hideCredentialsIn } from "./url-credentials.ts";
 import type { ResolvedRequest } from "./key.ts";
-import { hideCredentialsIn } from "./requirements.ts";
 
 /**
  * The inputs a key covers, for people: which files (with digests), which

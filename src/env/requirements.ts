@@ -7,7 +7,7 @@ import { fileDigest, findLinksDigest, type OnHashing } from "./content-digest.ts
 import { treeDigest } from "./tree-digest.ts";
 import { canonicalPlainRequirement, normalizeName } from "./canonical.ts";
 import { contentHash } from "../core/hashing.ts";
-import { hideCredentials, redactUrl, unexpandVariables } from "./url-credentials.ts";
+import { hideCredentials, hideCredentialsIn, redactUrl, unexpandVariables } from "./url-credentials.ts";
 import { LineRefused, type PipLine, readPipLines } from "./pip-lines.ts";
 
 /**
@@ -304,11 +304,6 @@ class Scanner {
     });
     this.inputs.specLines.requirements.sort();
   }
-}
-
-/** URLs in a line with their credentials replaced by a digest of them (user and password both). */
-export function hideCredentialsIn(text: string): string {
-  return text.replace(/[a-z][a-z0-9+.-]*:\/\/[^\s'"]+/gi, (url) => hideCredentials(url));
 }
 
 /** Under `root` (a remote job's bundle), links resolved, or a refusal naming where it came from: nothing outside is read, quoted or installed. */

@@ -5,6 +5,7 @@ import { type EnvironmentSource, environmentRequest } from "../env/request.ts";
 import { positiveDuration } from "../config/kinds.ts";
 import { join as shlexJoin } from "shlex";
 import { UsageError } from "../errors.ts";
+import { taskGraphProblem } from "./task-graph.ts";
 
 /** A job with every path resolved and flags merged over its file: what a runner needs, nothing else. */
 export interface JobSpec {
@@ -193,37 +194,8 @@ function taskSpec(job: JobSpec, name: string, task: TaskFile, fileDir: string, s
   return { name, ...commandOf(task.command), workdir, env, environment, resources, ...(task.outputs?.length ? { outputs: task.outputs } : {}) };
 }
 
-/** Every `needs` names another task of the job, and no task waits on itself through others. */
+/** The tasks' names and needs, as a server checks them too (task-graph.ts). */
 function checkNeeds(tasks: TaskSpec[], source: string): void {
-  const names = new Set(tasks.map((t) => t.name));
-  for (const t of tasks) {
-    for (const n of t.needs) {
-      if (n === t.name) throw new UsageError(`${source}: tasks.${t.name}.needs: a task cannot need itself`);
-      if (!names.has(n)) throw new UsageError(`${source}: tasks.${t.name}.needs: no task named ${n} (tasks: ${[...names].join(", ")})`);
-    }
-  }
-  const cycle = needsCycle(tasks);
-  if (cycle) throw new UsageError(`${source}: tasks: a cycle of needs: ${cycle.join(" → ")}`);
-}
-
-/** A cycle of needs among tasks (its names, the first repeated at the end), or null: the server checks what it is sent too. */
-export function needsCycle(tasks: { name: string; needs: string[] }[]): string[] | null {
-  const needs = new Map(tasks.map((t) => [t.name, t.needs]));
-  const state = new Map<string, "visiting" | "done">();
-  const visit = (n: string, path: string[]): string[] | null => {
-    if (state.get(n) === "done") return null;
-    if (state.get(n) === "visiting") return [...path.slice(path.indexOf(n)), n];
-    state.set(n, "visiting");
-    for (const m of needs.get(n) ?? []) {
-      const found = visit(m, [...path, n]);
-      if (found) return found;
-    }
-    state.set(n, "done");
-    return null;
-  };
-  for (const t of tasks) {
-    const found = visit(t.name, []);
-    if (found) return found;
-  }
-  return null;
+  const found = taskGraphProblem(tasks);
+  if (found) throw new UsageError(`${source}: ${found.at}: ${found.problem}`);
 }

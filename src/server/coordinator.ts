@@ -8,7 +8,7 @@ import { BeatReconciler, freshOutput, outboxSkip, prepareSteps } from "./task-re
 import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
-import { endUnstarted, settleJob, taskBlocked } from "./job-tasks.ts";
+import { blockedTasks, endUnstarted, settleJob } from "./job-tasks.ts";
 import { neededTasks } from "../jobs/outputs.ts";
 
 /**
@@ -449,16 +449,20 @@ export class Coordinator {
     const { store } = ch;
     const workers = await store.workers({ present: true });
     const loads = await this.loads(ch, workers);
-    for (const job of await store.queuedJobs()) {
-      const blocked = await taskBlocked(store, job);
-      if (blocked && "skip" in blocked) {
-        await endUnstarted(store, job, blocked.skip);
-        await this.wakeJob(ch, job.id);
-        // What needs this one may come earlier in the queue: look again.
-        return this.dispatch(ch);
-      }
-      if (blocked) {
-        await this.setWaiting(ch, job, blocked.wait);
+    const queued = await store.queuedJobs();
+    // Tasks of jobs whose needs failed end here, all at once, each job settled once after (job-tasks.ts): linear, however long the chain.
+    const blocked = await blockedTasks(store, queued);
+    for (const { task, because } of blocked.skips) {
+      await endUnstarted(store, task, because);
+      ch.wake(`job:${task.id}`);
+    }
+    for (const parent of new Set(blocked.skips.map((s) => s.task.parentId!))) if (await settleJob(store, parent)) ch.wake(`job:${parent}`);
+    const skipped = new Set(blocked.skips.map((s) => s.task.id));
+    for (const job of queued) {
+      if (skipped.has(job.id)) continue;
+      const waiting = blocked.waits.get(job.id);
+      if (waiting) {
+        await this.setWaiting(ch, job, waiting);
         continue;
       }
       if ((await this.heldSpecs.resolve(store.sql, job.id, job.spec)) === null) {
@@ -486,7 +490,8 @@ export class Coordinator {
         ch.wake(`job:${job.parentId}`);
       }
       ch.wake(`worker:${w.id}`);
-      await this.wakeJob(ch, job.id);
+      // Assigned, its row still queued: nothing of its job's row changes (settleJob), which would cost a read of all its tasks per task.
+      ch.wake(`job:${job.id}`);
     }
   }
 
@@ -501,6 +506,7 @@ export class Coordinator {
     if (job.waiting === reason) return;
     await ch.store.updateJob(job.id, { waiting: reason });
     await ch.store.event(job.id, "job.waiting", { for: reason });
-    await this.wakeJob(ch, job.id);
+    // Waiting changes nothing of its job's row (settleJob): woken, not settled, or a job of 1,000 tasks reads them all 1,000 times.
+    ch.wake(`job:${job.id}`);
   }
 }

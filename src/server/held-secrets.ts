@@ -1,5 +1,5 @@
 import { createCipheriv, createDecipheriv, hkdfSync, randomBytes } from "node:crypto";
-import { lostCredentials, redactDeep } from "../env/url-credentials.ts";
+import { holdsCredentials, lostCredentials } from "../env/url-credentials.ts";
 import type { Sql } from "./db/sql.ts";
 
 /**
@@ -51,7 +51,7 @@ export class HeldSecrets<T> {
 
   /** Keep the original only when the stored copy lost something. */
   async hold(sql: Sql, id: string, original: T): Promise<void> {
-    if (JSON.stringify(original) === JSON.stringify(redactDeep(original))) return;
+    if (!holdsCredentials(original)) return;
     if (!this.sealer) this.held.set(id, original);
     else await sql.run("INSERT INTO held_secrets (id, sealed, created) VALUES (?, ?, ?)", `${this.kind}:${id}`, this.sealer.seal(original), Date.now());
   }

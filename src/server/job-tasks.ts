@@ -1,4 +1,4 @@
-import { isFinal, jobEnd, readiness } from "../jobs/model.ts";
+import { isFinal, jobEnd, readiness, unstartedEnds } from "../jobs/model.ts";
 import type { JobRow, ServerStore } from "./store.ts";
 
 /**
@@ -9,15 +9,37 @@ import type { JobRow, ServerStore } from "./store.ts";
  * (jobs/model/needs.ts), asked of the rows here.
  */
 
-/** What stops a queued task from being dispatched now: skip it (a need of it failed), or wait (for its needs); null: nothing. */
-export async function taskBlocked(store: ServerStore, task: JobRow): Promise<{ skip: string } | { wait: string } | null> {
-  if (!task.parentId) return null;
-  const parent = await store.job(task.parentId);
-  const cancelled = Boolean(parent?.cancelRequested);
-  const siblings = new Map(cancelled || !task.needs.length ? [] : (await store.tasksOf(task.parentId)).map((t) => [t.task, t]));
-  const r = readiness(task.needs, (n) => siblings.get(n)?.state, cancelled);
-  if ("end" in r) return { skip: r.end === "skipped" ? r.because : JOB_CANCELLED };
-  return "wait" in r ? { wait: `the tasks it needs (${r.wait.join(", ")})` } : null;
+/** Why queued tasks are not dispatched now: `skips` end unstarted, in the order their needs ended (a need before what needs it); `waits` say for what. */
+export interface Blocked {
+  skips: { task: JobRow; because: string }[];
+  waits: Map<string, string>;
+}
+
+/**
+ * What stops each queued task from being dispatched now, for all of them at
+ * once, by the one model's rule (jobs/model/needs.ts): each job's tasks are
+ * read once, and the rule is linear in tasks and needs, however long the
+ * chain a failure ends.
+ */
+export async function blockedTasks(store: ServerStore, queued: JobRow[]): Promise<Blocked> {
+  const blocked: Blocked = { skips: [], waits: new Map() };
+  const byParent = new Map<string, JobRow[]>();
+  for (const t of queued) if (t.parentId) (byParent.get(t.parentId) ?? byParent.set(t.parentId, []).get(t.parentId)!).push(t);
+  for (const [parentId, waiting] of byParent) {
+    const cancelled = Boolean((await store.job(parentId))?.cancelRequested);
+    const state = new Map(cancelled ? [] : (await store.tasksOf(parentId)).map((t) => [t.task!, t.state as string]));
+    const rows = new Map(waiting.map((t) => [t.task!, t]));
+    const tasks = waiting.map((t) => ({ name: t.task!, needs: t.needs }));
+    for (const e of unstartedEnds(tasks, (n) => state.get(n), (n) => rows.has(n), cancelled)) {
+      blocked.skips.push({ task: rows.get(e.task)!, because: e.because ?? JOB_CANCELLED });
+      state.set(e.task, e.end);
+    }
+    for (const t of waiting) {
+      const r = readiness(t.needs, (n) => state.get(n), false);
+      if ("wait" in r && !isFinal(state.get(t.task!) ?? "")) blocked.waits.set(t.id, `the tasks it needs (${r.wait.join(", ")})`);
+    }
+  }
+  return blocked;
 }
 
 export const JOB_CANCELLED = "the job was cancelled";

@@ -7,7 +7,7 @@ import { fleetGpuRefusal, jobNeeds, labelsMatch, neverReason, reasons } from "./
 import { type JobRow, newId, type WorkerRow } from "./store.ts";
 import { prepareSteps } from "./task-reports.ts";
 import { endUnstarted, JOB_CANCELLED, settleJob } from "./job-tasks.ts";
-import { needsCycle } from "../jobs/spec.ts";
+import { taskGraphProblem } from "../jobs/task-graph.ts";
 
 const NO_WORKERS = "no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)";
 
@@ -20,7 +20,10 @@ export class JobsApi {
   }
 
   /** Refused (422) when no worker present could ever run it; asks for the bundle (409) when the server lacks it. */
-  submit(body: SubmitRequest): Promise<SubmitResponse> {
+  async submit(body: SubmitRequest): Promise<SubmitResponse> {
+    // As a job file's tasks are checked (jobs/task-graph.ts): two of one name, a need of no task, a cycle.
+    const graph = body.spec.tasks ? taskGraphProblem(body.spec.tasks) : null;
+    if (graph) throw new HttpFail(400, `spec.${graph.at}: ${graph.problem}`);
     return this.c.change((ch) => this.submitIn(ch, body));
   }
 
@@ -28,8 +31,6 @@ export class JobsApi {
     const { store } = ch;
     const workers = await store.workers({ present: true });
     if (!workers.length) throw new HttpFail(422, `job refused: ${NO_WORKERS}`);
-    const cycle = body.spec.tasks ? needsCycle(body.spec.tasks) : null;
-    if (cycle) throw new HttpFail(422, `job refused: its tasks need each other in a cycle (${cycle.join(" → ")})`);
     const gpus = fleetGpuRefusal(body.spec, body.labels, workers);
     if (gpus) throw new HttpFail(422, gpus);
     // A job of tasks: each task is matched on its own, so each must have a worker that could run it.

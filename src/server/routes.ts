@@ -1,4 +1,5 @@
 import { open } from "node:fs/promises";
+import type { SubmitRequest } from "../cluster/protocol.ts";
 import { timingSafeEqual } from "node:crypto";
 import type * as v from "valibot";
 import { type BundleLimits, bundleFiles, inspectBundle, isBundleHash } from "../cluster/bundle.ts";
@@ -6,6 +7,7 @@ import { BundleError } from "../errors.ts";
 import { contentHash as sha256 } from "../core/hashing.ts";
 import type { Coordinator } from "./coordinator.ts";
 import { HttpFail } from "./http-fail.ts";
+import { boundEvents, jobTooLarge, MAX_JSON_DEPTH, nestsDeeper } from "./request-limits.ts";
 import { DatabaseDown } from "./db/sql.ts";
 import type { JobsApi } from "./jobs-api.ts";
 import * as S from "./schemas.ts";
@@ -37,6 +39,8 @@ export interface RouteContext {
   limits: BundleLimits;
   /** JSON bodies (output chunks included). */
   maxBodyBytes: number;
+  /** A job's or prepare's request (coordinator.max_job). */
+  maxJobBytes: number;
   artifacts: ArtifactSettings;
   /** The dashboard's sign-in sessions (dashboard/session.ts). */
   sessions: Sessions;
@@ -72,23 +76,28 @@ async function authenticate(req: Request, ctx: RouteContext): Promise<Caller | n
   return worker ? { role: "worker", worker, secretHash } : null;
 }
 
+const bodyTooLarge = (limit: number) => new HttpFail(413, `request body too large (limit ${limit} bytes)`);
+
 /** The body, refused (413) past the limit, counted as it arrives rather than trusted from Content-Length. */
-async function readBody(req: Request, limit: number): Promise<Uint8Array> {
+async function readBody(req: Request, limit: number, tooLarge: (declared: number | null) => HttpFail = () => bodyTooLarge(limit)): Promise<Uint8Array> {
   const declared = Number(req.headers.get("content-length") ?? "0");
-  if (declared > limit) throw new HttpFail(413, `request body too large (limit ${limit} bytes)`);
+  if (declared > limit) throw tooLarge(declared);
   if (!req.body) return new Uint8Array();
   const parts: Uint8Array[] = [];
   let total = 0;
   for await (const chunk of req.body as unknown as AsyncIterable<Uint8Array>) {
     total += chunk.length;
-    if (total > limit) throw new HttpFail(413, `request body too large (limit ${limit} bytes)`);
+    if (total > limit) throw tooLarge(null);
     parts.push(chunk);
   }
   return Buffer.concat(parts);
 }
 
-async function jsonBody<Sch extends v.GenericSchema>(req: Request, ctx: RouteContext, schema: Sch): Promise<v.InferOutput<Sch>> {
-  const raw = await readBody(req, ctx.maxBodyBytes);
+/** A JSON body checked against its schema; a job's or prepare's request against coordinator.max_job too (request-limits.ts). */
+async function jsonBody<Sch extends v.GenericSchema>(req: Request, ctx: RouteContext, schema: Sch, job = false): Promise<v.InferOutput<Sch>> {
+  const limit = job ? Math.min(ctx.maxJobBytes, ctx.maxBodyBytes) : ctx.maxBodyBytes;
+  const raw = await readBody(req, limit, job ? (declared) => jobTooLarge(limit, declared) : undefined);
+  if (nestsDeeper(raw)) throw new HttpFail(400, `the body nests deeper than ${MAX_JSON_DEPTH} levels`);
   let data: unknown;
   try {
     data = JSON.parse(new TextDecoder().decode(raw));
@@ -98,6 +107,15 @@ async function jsonBody<Sch extends v.GenericSchema>(req: Request, ctx: RouteCon
   const parsed = S.parseBody(schema, data);
   if (!parsed.ok) throw new HttpFail(400, parsed.message);
   return parsed.value;
+}
+
+/** A job's request: its shape, then its tasks a few at a time (schemas.ts parseTasks). */
+async function submitBody(req: Request, ctx: RouteContext): Promise<SubmitRequest> {
+  const { spec, ...body } = await jsonBody(req, ctx, S.SubmitSchema, true);
+  if (!("tasks" in spec)) return { ...body, spec };
+  const tasks = await S.parseTasks(spec.tasks);
+  if (!tasks.ok) throw new HttpFail(400, tasks.message);
+  return { ...body, spec: { ...spec, tasks: tasks.value } };
 }
 
 /**
@@ -199,7 +217,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
     const w = asWorker();
     if (action === "events" && method === "POST") {
       const body = await jsonBody(req, ctx, S.EventsSchema);
-      return await coord.taskEvents(w, id, body.events, body.seq), reply({ ok: true });
+      return await coord.taskEvents(w, id, boundEvents(body.events), body.seq), reply({ ok: true });
     }
     if (action === "output" && method === "POST") {
       const seq = intParam(url, "seq") || undefined;
@@ -226,7 +244,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   if (kind === "artifacts") return artifactRoute(req, url, id, caller, coord, ctx.artifacts, (schema) => jsonBody(req, ctx, schema));
   if (kind === "jobs") {
     needUser();
-    if (!id && method === "POST") return reply(await jobs.submit(await jsonBody(req, ctx, S.SubmitSchema)), 201);
+    if (!id && method === "POST") return reply(await jobs.submit(await submitBody(req, ctx)), 201);
     if (!id && method === "GET") return reply(await jobs.list(Math.min(1000, intParam(url, "limit") || 50)));
     if (id && !action && method === "GET") return reply(await jobs.status(await jobs.find(id)));
     if (id && action === "outputs" && method === "GET") return reply(await jobs.outputs(await jobs.find(id)));
@@ -239,7 +257,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   }
   if (kind === "prepares") {
     needUser();
-    if (!id && method === "POST") return reply(await jobs.prepare(await jsonBody(req, ctx, S.PrepareSchema)), 201);
+    if (!id && method === "POST") return reply(await jobs.prepare(await jsonBody(req, ctx, S.PrepareSchema, true)), 201);
     if (id && method === "GET") return reply(await jobs.group(id, intParam(url, "known"), waitMs(url, 20), req.signal, intParam(url, "after")));
   }
   throw new HttpFail(404, `no route ${method} ${url.pathname}`);

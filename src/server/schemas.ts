@@ -5,7 +5,7 @@ import * as v from "valibot";
 const Str = v.pipe(v.string(), v.maxLength(64 * 1024));
 const Name = v.pipe(v.string(), v.minLength(1), v.maxLength(200));
 const StrList = v.pipe(v.array(Str), v.maxLength(1000));
-const Labels = v.record(v.pipe(v.string(), v.regex(/^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}$/)), v.pipe(v.string(), v.maxLength(200)));
+const Labels = v.record(v.pipe(v.string(), v.maxLength(63), v.regex(/^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}$/)), v.pipe(v.string(), v.maxLength(200)));
 /** Paths inside a bundle: relative, no `..`. */
 const RelPath = v.pipe(
   v.string(),
@@ -32,7 +32,8 @@ const SpecEntries = {
   name: Name,
   argv: v.pipe(v.array(Str), v.minLength(1), v.maxLength(10_000)),
   commandText: Str,
-  env: v.record(v.pipe(v.string(), v.regex(/^[A-Za-z_][A-Za-z0-9_]*$/)), Str),
+  // A name's length is checked first: a refusal quotes what it refuses, which must not be megabytes.
+  env: v.record(v.pipe(v.string(), v.maxLength(1024), v.regex(/^[A-Za-z_][A-Za-z0-9_]*$/)), Str),
   environment: Environment,
   resources: v.strictObject({
     gpus: v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(1024)),
@@ -42,7 +43,10 @@ const SpecEntries = {
   outputs: v.optional(v.pipe(v.array(v.pipe(RelPath, v.minLength(1))), v.maxLength(1000))),
 };
 
-const TaskName = v.pipe(v.string(), v.regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/));
+/** Tasks in one job: each is a row, matched and dispatched on its own. */
+export const MAX_TASKS = 1000;
+
+const TaskName = v.pipe(v.string(), v.maxLength(63), v.regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/));
 
 /** A job, or a job of tasks: then it has no command of its own (argv empty) and each task is a job spec of its own. */
 export const RemoteSpecSchema = v.union([
@@ -50,16 +54,12 @@ export const RemoteSpecSchema = v.union([
   v.strictObject({
     ...SpecEntries,
     argv: v.pipe(v.array(Str), v.maxLength(0)),
-    tasks: v.pipe(
-      v.array(v.strictObject({ name: TaskName, needs: v.array(TaskName), spec: v.strictObject(SpecEntries) })),
-      v.minLength(1),
-      v.maxLength(1000),
-      v.check((ts) => ts.every((t) => t.needs.every((n) => n !== t.name && ts.some((o) => o.name === n))), "every need must name another task of the job"),
-    ),
+    // Each task is checked by parseTasks, a few at a time; names and needs as a job file's are (jobs/task-graph.ts).
+    tasks: v.pipe(v.array(v.unknown()), v.minLength(1), v.maxLength(MAX_TASKS, (issue) => `at most ${MAX_TASKS} tasks in a job (this one has ${issue.received})`)),
   }),
 ]);
 
-const BundleHash = v.nullable(v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/)));
+const BundleHash = v.nullable(v.pipe(v.string(), v.maxLength(64), v.regex(/^[0-9a-f]{64}$/)));
 
 export const SubmitSchema = v.strictObject({
   spec: RemoteSpecSchema,
@@ -83,7 +83,7 @@ const Gpu = v.object({
 });
 
 export const RegisterSchema = v.strictObject({
-  name: v.pipe(v.string(), v.regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/, "must be letters, digits, . _ - (up to 63)")),
+  name: v.pipe(v.string(), v.maxLength(63, "must be letters, digits, . _ - (up to 63)"), v.regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/, "must be letters, digits, . _ - (up to 63)")),
   labels: Labels,
   slots: v.pipe(v.number(), v.integer(), v.minValue(1), v.maxValue(1024)),
   probe: v.object({
@@ -152,6 +152,22 @@ export const FinishSchema = v.object({
 
 export const HandbackSchema = v.object({ reason: v.pipe(v.string(), v.maxLength(1000)), seq: Seq });
 export const LeaveSchema = v.object({ final: v.boolean() });
+
+const TaskSchema = v.strictObject({ name: TaskName, needs: v.pipe(v.array(TaskName), v.maxLength(MAX_TASKS)), spec: v.strictObject(SpecEntries) });
+/** Tasks checked between two turns of the event loop: a job of 1,000 holds nobody else's request up for long. */
+const TASKS_AT_ONCE = 50;
+
+/** A job's tasks, checked a few at a time with the event loop turning in between; an issue's path is the task's place in the job. */
+export async function parseTasks(tasks: unknown[]): Promise<{ ok: true; value: v.InferOutput<typeof TaskSchema>[] } | { ok: false; message: string }> {
+  const value: v.InferOutput<typeof TaskSchema>[] = [];
+  for (let i = 0; i < tasks.length; i++) {
+    if (i && i % TASKS_AT_ONCE === 0) await new Promise((resolve) => setImmediate(resolve));
+    const parsed = parseBody(TaskSchema, tasks[i]);
+    if (!parsed.ok) return { ok: false, message: `spec.tasks.${i}${parsed.message.startsWith("body:") ? parsed.message.slice(4) : `.${parsed.message}`}` };
+    value.push(parsed.value);
+  }
+  return { ok: true, value };
+}
 
 /** Parse or explain: the first issue with its key path. */
 export function parseBody<S extends v.GenericSchema>(schema: S, data: unknown): { ok: true; value: v.InferOutput<S> } | { ok: false; message: string } {

@@ -33,6 +33,8 @@ export interface ServerSettings {
   leaseSeconds: number;
   maxAttempts: number;
   maxBodyBytes: number;
+  /** coordinator.max_job: a job's or prepare's request. */
+  maxJobBytes: number;
   bundles: BundlePolicy;
   /** What one uploaded bundle may hold. */
   bundleLimits: BundleLimits;
@@ -56,7 +58,7 @@ function lease(values: SettingValues): number {
 }
 
 export function serverSettings(values: SettingValues): ServerSettings {
-  const positive = (name: "coordinator.heartbeat" | "coordinator.worker_lost" | "coordinator.worker_lease" | "coordinator.max_body") => {
+  const positive = (name: "coordinator.heartbeat" | "coordinator.worker_lost" | "coordinator.worker_lease" | "coordinator.max_body" | "coordinator.max_job") => {
     if (values[name] <= 0) throw new UsageError(`${name} must be more than 0`);
     return values[name];
   };
@@ -67,6 +69,7 @@ export function serverSettings(values: SettingValues): ServerSettings {
     leaseSeconds: lease(values),
     maxAttempts: values["coordinator.job_max_attempts"],
     maxBodyBytes: positive("coordinator.max_body"),
+    maxJobBytes: positive("coordinator.max_job"),
     bundles: { retentionMs: values["coordinator.bundle_retention"], maxBytes: values["coordinator.bundles_max_size"] },
     bundleLimits: bundleLimits(values),
     artifacts: { maxBytes: values["coordinator.artifacts_max_size"], share: values["coordinator.share_envs"], sharedFiles: Boolean(values["coordinator.database"]) },
@@ -248,6 +251,7 @@ export async function startServer(dir: string, token: string, settings: ServerSe
         token,
         limits,
         maxBodyBytes: settings.maxBodyBytes,
+        maxJobBytes: settings.maxJobBytes,
         artifacts: settings.artifacts,
         sessions: new Sessions(db),
         metricsToken: settings.metricsToken,

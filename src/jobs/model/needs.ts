@@ -26,9 +26,10 @@ export function readiness(needs: readonly string[], stateOf: (task: string) => s
 }
 
 /**
- * The tasks not started yet that end now, in the job file's order, the
- * skips a skip causes included (needs point backwards or forwards in the
- * file). `notStarted`: whether a task has not started yet.
+ * The tasks not started yet that end now, the skips a skip causes included
+ * (needs point backwards or forwards in the file), each after the need that
+ * ended it. `notStarted`: whether a task has not started yet. Linear in tasks
+ * and needs: a chain of a thousand tasks whose first fails is one pass.
  */
 export function unstartedEnds(
   tasks: readonly { name: string; needs: readonly string[] }[],
@@ -39,17 +40,20 @@ export function unstartedEnds(
   const ended = new Map<string, string>();
   const now = (t: string) => ended.get(t) ?? stateOf(t);
   const out: { task: string; end: "cancelled" | "skipped"; because: string | null }[] = [];
-  for (let more = true; more; ) {
-    more = false;
-    for (const t of tasks) {
-      if (ended.has(t.name) || !notStarted(t.name)) continue;
-      const r = readiness(t.needs, now, jobCancelled);
-      if (!("end" in r)) continue;
-      ended.set(t.name, r.end);
-      out.push({ task: t.name, end: r.end, because: r.end === "skipped" ? r.because : null });
-      more = true;
-    }
-  }
+  const neededBy = new Map<string, { name: string; needs: readonly string[] }[]>();
+  for (const t of tasks) if (notStarted(t.name)) for (const n of t.needs) (neededBy.get(n) ?? neededBy.set(n, []).get(n)!).push(t);
+  const ends: string[] = [];
+  const look = (t: { name: string; needs: readonly string[] }) => {
+    if (ended.has(t.name) || !notStarted(t.name)) return;
+    const r = readiness(t.needs, now, jobCancelled);
+    if (!("end" in r)) return;
+    ended.set(t.name, r.end);
+    out.push({ task: t.name, end: r.end, because: r.end === "skipped" ? r.because : null });
+    ends.push(t.name);
+  };
+  for (const t of tasks) look(t);
+  // What needs a task that just ended may end in turn (only those: each need is followed once).
+  for (let i = 0; i < ends.length; i++) for (const t of neededBy.get(ends[i]!) ?? []) look(t);
   return out;
 }
 
