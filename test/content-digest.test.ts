@@ -427,34 +427,48 @@ describe("an editable project's modules a build reads for its metadata", () => {
 describe("ignore rules, as git and setuptools read them", () => {
   const digest = (root: string) => treeDigest(root, { editable: false, cacheDir: null }).digest;
 
-  test("inside a package folder nothing is excluded: a gitignored module there is what setuptools installs", () => {
+  test("inside a package folder nothing is excluded: a gitignored module, data folder, prebuilt library, egg-info or node_modules there is what a backend installs", () => {
     const root = project("ignored-in-package");
-    writeFileSync(join(root, ".gitignore"), "_gen.py\n*.dat\n");
+    writeFileSync(join(root, ".gitignore"), "_gen.py\n*.dat\n*.so\ndata/\nnode_modules/\n");
     writeFileSync(join(root, "pkg", "_gen.py"), "G = 1\n");
     writeFileSync(join(root, "pkg", "keep.dat"), "one\n");
-    const before = digest(root);
-    writeFileSync(join(root, "pkg", "_gen.py"), "G = 2\n");
-    const generated = digest(root);
-    expect(generated).not.toBe(before);
-    writeFileSync(join(root, "pkg", "keep.dat"), "two\n");
-    const data = digest(root);
-    expect(data).not.toBe(generated);
-    // What an in-place build writes there (build_ext --inplace, an editable's extension), ignored: output, not input.
-    writeFileSync(join(root, ".gitignore"), "_gen.py\n*.dat\n*.so\n");
-    const rules = digest(root);
-    writeFileSync(join(root, "pkg", "_ext.cpython-311-x86_64-linux-gnu.so"), "\x7fELF");
-    expect(digest(root)).toBe(rules);
-    // An ignored folder there: left out unless it is a package itself (generated code setuptools' find_packages installs).
-    writeFileSync(join(root, ".gitignore"), "_gen.py\n*.dat\n*.so\nnode_modules/\n_generated/\n");
+    writeFileSync(join(root, "pkg", "_kernels.so"), "\x7fELF 1");
+    mkdirSync(join(root, "pkg", "extra.egg-info"), { recursive: true });
+    writeFileSync(join(root, "pkg", "extra.egg-info", "info.txt"), "one\n");
     mkdirSync(join(root, "pkg", "node_modules", "x"), { recursive: true });
-    mkdirSync(join(root, "pkg", "_generated"), { recursive: true });
-    writeFileSync(join(root, "pkg", "_generated", "__init__.py"), "");
-    writeFileSync(join(root, "pkg", "_generated", "api_pb2.py"), "A = 1\n");
-    const folders = digest(root);
     writeFileSync(join(root, "pkg", "node_modules", "x", "index.js"), "module.exports = 1\n");
-    expect(digest(root)).toBe(folders);
-    writeFileSync(join(root, "pkg", "_generated", "api_pb2.py"), "A = 2\n");
-    expect(digest(root)).not.toBe(folders);
+    const changes: [string, string][] = [
+      ["pkg/_gen.py", "G = 2\n"],
+      ["pkg/keep.dat", "two\n"],
+      ["pkg/data/f3.txt", "changed\n"], // pkg/data: ignored by data/
+      ["pkg/_kernels.so", "\x7fELF 2"],
+      ["pkg/extra.egg-info/info.txt", "two\n"],
+      ["pkg/node_modules/x/index.js", "module.exports = 2\n"],
+    ];
+    let before = digest(root);
+    for (const [file, text] of changes) {
+      writeFileSync(join(root, file), text);
+      const after = digest(root);
+      expect({ file, changed: after !== before }).toEqual({ file, changed: true });
+      before = after;
+    }
+    // Outside packages the same rules leave out what they name: a build's own egg-info, ignored data.
+    mkdirSync(join(root, "pkg.egg-info"));
+    writeFileSync(join(root, "pkg.egg-info", "PKG-INFO"), "Name: pkg\n");
+    mkdirSync(join(root, "data"));
+    writeFileSync(join(root, "data", "big.bin"), "1");
+    writeFileSync(join(root, "top.so"), "1");
+    expect(digest(root)).toBe(before);
+  });
+
+  test("an editable project: an ignored native library in a package is an in-place build's output, served live; plain, it counts", () => {
+    const root = project("in-place-output");
+    writeFileSync(join(root, ".gitignore"), "*.so\n");
+    const editable = () => treeDigest(root, { editable: true, cacheDir: null }).digest;
+    const [e, p] = [editable(), digest(root)];
+    writeFileSync(join(root, "pkg", "_ext.cpython-311-x86_64-linux-gnu.so"), "\x7fELF");
+    expect(editable()).toBe(e);
+    expect(digest(root)).not.toBe(p);
   });
 
   test("outside packages: ignored files are left out, and a deeper .gitignore's !pattern brings one back (git's precedence)", () => {
@@ -469,6 +483,59 @@ describe("ignore rules, as git and setuptools read them", () => {
     expect(digest(root)).toBe(before); // ignored: not what an install reads
     writeFileSync(join(root, "assets", "sub", "s.dat"), "two\n");
     expect(digest(root)).not.toBe(before); // re-included below: it counts
+  });
+});
+
+describe("a setup.py that computes a path: the whole project counts", () => {
+  const digests = (root: string) => [false, true].map((editable) => treeDigest(root, { editable, cacheDir: null }).digest);
+  /** A project whose setup.py is `setup`, with an ignored file outside packages and a module its editable's live link serves. */
+  const withSetup = (name: string, setup: string) => {
+    const root = project(name);
+    writeFileSync(join(root, "setup.py"), setup);
+    writeFileSync(join(root, ".gitignore"), "notes/\n.venv/\n");
+    mkdirSync(join(root, "notes"));
+    writeFileSync(join(root, "notes", "VERSION"), "0.1\n");
+    writeFileSync(join(root, "pkg", "meta.py"), "VERSION = '0.1'\n");
+    mkdirSync(join(root, ".venv", "lib"), { recursive: true });
+    writeFileSync(join(root, ".venv", "pyvenv.cfg"), "home = /usr\n");
+    return root;
+  };
+  const computed: [string, string][] = [
+    ["os.path.join", 'import os\nfrom setuptools import setup\nsetup(version=open(os.path.join("pkg", "meta.py")).read()[11:14])\n'],
+    ["pathlib's / join", 'from pathlib import Path\nfrom setuptools import setup\nsetup(version=(Path("pkg") / "meta.py").read_text()[11:14])\n'],
+    ["open() of a name made in code", 'from setuptools import setup\nname = "pkg" + "/meta.py"\nsetup(version=open(name).read()[11:14])\n'],
+    ["a path from its own location", 'import os\nfrom setuptools import setup\nhere = os.path.dirname(__file__)\nsetup()\n'],
+  ];
+  for (const [what, setup] of computed) {
+    test(`${what}: an ignored file and an editable's live module count by content; an ignored virtual environment, .git and caches do not`, () => {
+      const root = withSetup(`setup-${what.replace(/\W/g, "-")}`, setup);
+      let before = digests(root);
+      for (const [file, text] of [["notes/VERSION", "0.2\n"], ["pkg/meta.py", "VERSION = '0.2'\n"]]) {
+        writeFileSync(join(root, file!), text!);
+        const after = digests(root);
+        expect({ file, plain: after[0] !== before[0], editable: after[1] !== before[1] }).toEqual({ file, plain: true, editable: true });
+        before = after;
+      }
+      writeFileSync(join(root, ".venv", "lib", "site.py"), "x\n");
+      mkdirSync(join(root, ".git"), { recursive: true });
+      writeFileSync(join(root, ".git", "HEAD"), "ref\n");
+      mkdirSync(join(root, "pkg", "__pycache__"), { recursive: true });
+      writeFileSync(join(root, "pkg", "__pycache__", "meta.cpython-311.pyc"), "x");
+      expect(digests(root)).toEqual(before);
+    });
+  }
+
+  test("a setup.py of plain strings keeps the ignore rules and the live link; one importing a module makes it count", () => {
+    const root = withSetup("setup-static", 'from setuptools import setup\nsetup(name="pkg", version="0.1", packages=["pkg"])\n');
+    const before = digests(root);
+    writeFileSync(join(root, "notes", "VERSION"), "0.2\n");
+    expect(digests(root)).toEqual(before);
+    writeFileSync(join(root, "pkg", "meta.py"), "VERSION = '0.2'\n");
+    expect(digests(root)[1]).toBe(before[1]);
+    writeFileSync(join(root, "setup.py"), 'from setuptools import setup\nfrom pkg.meta import VERSION\nsetup(name="pkg", version=VERSION, packages=["pkg"])\n');
+    const importing = treeDigest(root, { editable: true, cacheDir: null }).digest;
+    writeFileSync(join(root, "pkg", "meta.py"), "VERSION = '0.3'\n");
+    expect(treeDigest(root, { editable: true, cacheDir: null }).digest).not.toBe(importing);
   });
 });
 

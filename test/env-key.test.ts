@@ -3,7 +3,7 @@ import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
 import { type PrepareRequest, resolveRequest } from "../src/env/lookup.ts";
-import { PackageIndex } from "./fixtures/index.ts";
+import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, pipInstall, sandbox, tempDir } from "./helpers.ts";
 
 /**
@@ -176,6 +176,52 @@ describe("env key", () => {
       const [a, b] = [JSON.parse(first.stdout), JSON.parse(second.stdout)];
       expect(a.status).toBe("built");
       expect(b).toMatchObject({ key: a.key, path: a.path, status: "reused" });
+    } finally {
+      s.cleanup();
+    }
+  });
+});
+
+describe("why a rebuild: env prepare --dry-run names the nearest env built and what differs", () => {
+  test("the env with the fewest differing inputs, each in words: a file's lines, a variable, an option, a local project's content; none for another interpreter", async () => {
+    const s = sandbox();
+    try {
+      const proj = makeDist("project", join(s.root, "projects"), { name: "near-proj", version: "1.0" });
+      writeFileSync(join(s.root, "reqs.txt"), "tiny\n");
+      writeFileSync(join(s.root, "reqs-v.txt"), "tiny\nextra-pkg<${V}\n");
+      const gpl = async (args: string[], env: Record<string, string> = {}) => {
+        const r = await cli(["env", "prepare", ...args, "--python", pyA, "--index-url", index.url], { env: { ...s.env, ...env }, cwd: s.root });
+        if (r.code !== 0) throw new Error(r.stderr);
+        return r.stdout;
+      };
+      type Plan = { key: string; would: string; nearest: { key: string; differs: string[] } | null };
+      const dry = async (args: string[], env: Record<string, string> = {}) => JSON.parse(await gpl([...args, "--dry-run", "--json"], env)) as Plan;
+      const built = async (args: string[], env: Record<string, string> = {}) => (JSON.parse(await gpl([...args, "--json"], env)) as { key: string }).key;
+      expect((await dry(["reqs.txt"])).nearest).toBeNull(); // nothing built yet
+      const plain = await built(["reqs.txt"]);
+      const withVar = await built(["reqs-v.txt"], { V: "2" });
+      const withProj = await built(["reqs.txt", "-p", "./projects/near-proj"]);
+      expect(await dry(["reqs.txt"])).toMatchObject({ key: plain, would: "reuse", nearest: null });
+
+      // One line more in the file: the plain env, one difference (the env with ${V} differs in the file and the variable).
+      writeFileSync(join(s.root, "reqs.txt"), "tiny\nextra-pkg\n");
+      const moreLines = await dry(["reqs.txt"]);
+      expect(moreLines.nearest).toEqual(expect.objectContaining({ key: plain, differs: [`requirements file ${join(s.root, "reqs.txt")}: + extra-pkg`] }));
+      writeFileSync(join(s.root, "reqs.txt"), "tiny\n");
+
+      expect((await dry(["reqs-v.txt"], { V: "3" })).nearest).toEqual(expect.objectContaining({ key: withVar, differs: ["the variable ${V}: its value"] }));
+      const option = await dry(["reqs.txt", "--extra-index-url", "http://127.0.0.1:9/simple"]);
+      expect(option.nearest).toEqual(expect.objectContaining({ key: plain, differs: ["the option --extra-index-url: + http://127.0.0.1:9/simple"] }));
+      writeFileSync(join(proj, "near_proj", "data.txt"), "new\n");
+      const local = await dry(["reqs.txt", "-p", "./projects/near-proj"]);
+      expect(local.nearest).toEqual(expect.objectContaining({ key: withProj, differs: [`local project ${proj}: a file's content, a file added or removed`] }));
+      // For people: the same answer after the inputs.
+      const human = await gpl(["reqs.txt", "-p", "./projects/near-proj", "--dry-run"]);
+      expect(human).toContain(`nearest      ${withProj.slice(0, 12)} (`);
+      expect(human).toContain(`  local project ${proj}: a file's content, a file added or removed\n`);
+
+      const otherPython = await cli(["env", "prepare", "reqs.txt", "--python", pyB, "--index-url", index.url, "--dry-run", "--json"], { env: s.env, cwd: s.root });
+      expect(JSON.parse(otherPython.stdout).nearest).toBeNull();
     } finally {
       s.cleanup();
     }

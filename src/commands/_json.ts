@@ -66,7 +66,10 @@ export const InputsReport = v.strictObject({
   conda: v.optional(v.strictObject({ prefix: str, name: nullableStr, packages: num, meta_digest: str })),
 });
 
-export const EnvDryRunDocument = v.strictObject({ key: str, would: v.picklist(["reuse", "build"]), path: str, summary: str, inputs: InputsReport });
+/** The env built here nearest a request that would build, and what differs (env/nearest.ts). */
+export const NearestEnv = v.strictObject({ key: str, path: str, summary: str, created: nullableStr, differs: v.array(str) });
+
+export const EnvDryRunDocument = v.strictObject({ key: str, would: v.picklist(["reuse", "build"]), path: str, summary: str, inputs: InputsReport, nearest: v.nullable(NearestEnv) });
 
 export const EnvImageDocument = v.strictObject({
   image: str,
@@ -407,6 +410,7 @@ export const README_TABLES = {
   "env prepare": EnvPrepareDocument,
   "env prepare --dry-run": EnvDryRunDocument,
   "env prepare --dry-run: inputs": InputsReport,
+  "env prepare --dry-run: nearest": NearestEnv,
   "env prepare --image": EnvImageDocument,
   "env list: an env": EnvListEnvEntry,
   "env list: an image": EnvListImageEntry,

@@ -9,15 +9,17 @@ import type { ResolvedRequest } from "./key.ts";
 import { acquireEntry } from "./cache-entry.ts";
 import { diskFull } from "./disk-full.ts";
 import { inputsReport } from "./inputs-report.ts";
+import { nearestEnv } from "./nearest.ts";
 import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedResult, readyEntry, resolveRequest } from "./lookup.ts";
 import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, removeEntryDir } from "./store.ts";
 import { unexpandVariables } from "./url-credentials.ts";
 
-/** What `env prepare` would do, without building or locking: the key, reuse or build, and the inputs the key covers. */
+/** What `env prepare` would do, without building or locking: the key, reuse or build, the inputs the key covers, and for a build the nearest env built here and what differs from it. */
 export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest, hooks: Pick<PrepareHooks, "onHashing"> = {}) {
   const resolved = resolveRequest(layout, req, hooks);
   const paths = entryPaths(layout, resolved.key);
-  return { key: resolved.key, would: isReady(paths) ? ("reuse" as const) : ("build" as const), path: paths.dir, summary: resolved.summary, inputs: inputsReport(resolved) };
+  const would = isReady(paths) ? ("reuse" as const) : ("build" as const);
+  return { key: resolved.key, would, path: paths.dir, summary: resolved.summary, inputs: inputsReport(resolved), nearest: would === "build" ? nearestEnv(layout, resolved) : null };
 }
 
 export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: { hooks?: PrepareHooks; leaseHolder?: string; shipping?: Shipping } = {}): Promise<PrepareResult> {

@@ -4,12 +4,17 @@ import type { Ignore } from "ignore";
 import { contentHash } from "../core/hashing.ts";
 import { UsageError } from "../errors.ts";
 import { DigestCache, type OnHashing, RACY_MS } from "./content-digest.ts";
+import { buildReads } from "./build-config.ts";
 import { keepAnswer, keptAnswer, newestChange, type Seen, statFollowing, type WalkAnswer } from "./tree-state.ts";
 
 /**
  * A project folder by everything a fresh install reads: every file, symlinks
- * followed, except VCS metadata, what the project's .gitignore files exclude,
- * bytecode, egg-info and setuptools' own build output.
+ * followed, except VCS metadata, caches, bytecode and setuptools' own build
+ * output. Outside package folders, what the project's .gitignore files exclude
+ * is left out too (build outputs, node_modules, data sets); inside a package
+ * folder every file counts whatever .gitignore says, as backends install
+ * package data and prebuilt libraries from there. A setup.py that computes a
+ * path may read any file: then the whole project counts (build-config.ts), virtual environments aside.
  *
  * The warm path is a stat per file and per folder, and nothing else: a walk
  * records every path whose state it went by (each folder it listed, each file
@@ -88,46 +93,16 @@ interface Walked {
   keepable: boolean;
 }
 
-/** Version-control metadata and what builds and imports write into a project: never read by a fresh install. */
-const NEVER_READ_DIRS = new Set([".git", ".hg", ".svn", ".bzr", "__pycache__"]);
+/** Version-control metadata and what tools and imports write into a project: never read by a fresh install. */
+const NEVER_READ_DIRS = new Set([".git", ".hg", ".svn", ".bzr", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis", ".ipynb_checkpoints"]);
 /** setuptools' in-tree build folder (build/lib, build/temp.linux-x86_64-cpython-311, ...): its output, not its input. */
 const SETUPTOOLS_BUILD_ENTRY = /^(lib|temp|bdist|scripts)([.-].+)?$/;
 
-/** What compilers and linkers write: in a package folder, an ignored one is a build's output, not its input. */
+/** What compilers and linkers write: an ignored one in an editable project's package is an in-place build's output, served by the live link. */
 const NATIVE_OUTPUT = /\.(so|pyd|dylib|dll|o|obj|a|lib)$|\.so\.\d/i;
 
 /** Modules a build reads for metadata, whatever the backend: versions and abouts, and each package's __init__.py (flit's docstring and __version__). */
 const METADATA_MODULE = /^(__init__|_*version_*|_*about_*)\.py$/i;
-
-/** The files an editable project's build configuration is read from (modulesBuildReads). */
-const BUILD_CONFIG_FILES = ["pyproject.toml", "setup.cfg", "setup.py"];
-
-/**
- * The modules an editable project's build configuration names (setuptools'
- * `attr:`, hatch's version `path`, any `*.py` a setup.py opens), by path
- * relative to the project: a build reads them, so they count by content
- * even where the live link serves them. Read conservatively: a name too many
- * costs a rebuild, a name missed a stale env.
- */
-function modulesBuildReads(root: string, see: (relPath: string) => Stats | null): Set<string> {
-  const named = new Set<string>();
-  for (const file of BUILD_CONFIG_FILES) {
-    if (!see(file)?.isFile()) continue; // a FIFO would block the read
-    let text: string;
-    try {
-      text = readFileSync(join(root, file), "utf8");
-    } catch {
-      continue;
-    }
-    for (const m of text.matchAll(/\battr\s*[:=]\s*["']?([A-Za-z_][\w.]*)/g)) {
-      const module = m[1]!.split(".").slice(0, -1).join("/");
-      if (!module) continue;
-      for (const base of ["", "src/"]) named.add(`${base}${module}.py`).add(`${base}${module}/__init__.py`);
-    }
-    for (const m of text.matchAll(/["']([^"'\s]+\.py)["']/g)) named.add(m[1]!.replace(/^\.\//, ""));
-  }
-  return named;
-}
 
 /** What a fresh install of the project reads, in a stable order (the files, and the names that count by name only), and what the walk went by. */
 function walkTree(root: string, editable: boolean): Walked {
@@ -147,9 +122,10 @@ function walkTree(root: string, editable: boolean): Walked {
     return stat;
   };
   const seenDirs = new Set<string>();
-  const buildReads = editable ? modulesBuildReads(root, see) : new Set<string>();
-  // inPackage: inside a Python package folder, where setuptools installs what is there whatever .gitignore says
-  // (a generated module, data a test tracks): there ignore rules leave out only what it would not install.
+  const reads = buildReads(root, see);
+  // inPackage: inside a Python package folder, where backends install what is there whatever .gitignore says (package
+  // data, a prebuilt library, a generated module): there, and everywhere when setup.py may read any file, ignore rules
+  // leave out nothing but an editable's in-place build output.
   const walk = (dir: string, rel: string, rules: { base: string; ig: Ignore }[], inPackage: boolean) => {
     // Its listing's state (an entry added, removed or renamed moves its mtime), taken before it is read; for a link
     // that closes a loop too: pointed elsewhere, it holds something. A folder is known by its device and inode (the
@@ -176,7 +152,8 @@ function walkTree(root: string, editable: boolean): Walked {
       }
     }
     const packageDir = inPackage || (dir !== root && names.includes("__init__.py"));
-    const isPackage = editable && dir !== root && names.includes("__init__.py");
+    const isPackage = editable && !reads.wholeProject && dir !== root && names.includes("__init__.py");
+    const allCount = packageDir || reads.wholeProject;
     for (const name of names) {
       const entry = typed?.get(name);
       const path = `${dir}/${name}`; // not join(): it normalises, and this runs per file
@@ -195,20 +172,25 @@ function walkTree(root: string, editable: boolean): Walked {
         }
       }
       const isDir = stat ? stat.isDirectory() : entry!.isDirectory();
-      if (isDir && (NEVER_READ_DIRS.has(name) || name.endsWith(".egg-info"))) continue;
+      if (isDir && NEVER_READ_DIRS.has(name)) continue;
+      // A build's own egg-info sits beside the packages; one inside a package is package data.
+      if (isDir && !packageDir && name.endsWith(".egg-info")) continue;
       if (!isDir && (name.endsWith(".pyc") || name.endsWith(".pyo"))) continue;
       if (isDir && dir === root && name === "build" && see(relPath) && readdirSync(path).every((e) => SETUPTOOLS_BUILD_ENTRY.test(e))) continue;
-      // In a package, ignore rules still leave out what setuptools would not install there: an ignored folder that is no
-      // package itself (node_modules, a tool's cache), and an ignored native library, an in-place build's output.
-      const installedAnyway = () => packageDir && (isDir ? see(`${relPath}/__init__.py`) !== null : !NATIVE_OUTPUT.test(name));
-      if (rules.length && !installedAnyway() && ignoredBy(rules, path, isDir)) continue;
+      // Ignore rules decide outside packages; in them (and everywhere, when setup.py may read any file) only about an
+      // editable's native libraries, an in-place build's output the live link serves; and a virtual environment.
+      const inPlaceOutput = editable && !isDir && NATIVE_OUTPUT.test(name);
+      const venvCandidate = reads.wholeProject && !packageDir && isDir;
+      if (rules.length && (!allCount || inPlaceOutput || venvCandidate) && ignoredBy(rules, path, isDir)) {
+        if (!allCount || inPlaceOutput || see(`${relPath}/pyvenv.cfg`)) continue;
+      }
       if (isDir) {
         walk(path, relPath, rules, packageDir);
         continue;
       }
       if (!(stat ? stat.isFile() : entry!.isFile())) continue; // sockets, FIFOs: nothing an installer copies
       // Served by the live link: its name counts, not its content; unless a build reads it (metadata, a version).
-      const live = isPackage && name.endsWith(".py") && !METADATA_MODULE.test(name) && !buildReads.has(relPath);
+      const live = isPackage && name.endsWith(".py") && !METADATA_MODULE.test(name) && !reads.modules.has(relPath);
       if (live) {
         items.push({ kind: "live", relPath, path, stat: null });
         continue;

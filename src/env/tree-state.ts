@@ -30,7 +30,7 @@ interface Summary extends WalkAnswer {
 }
 
 /** Bumped when what a summary holds changes: an older one is then not read. */
-const SUMMARY_FORMAT = "tree-summary-v3";
+const SUMMARY_FORMAT = "tree-summary-v4";
 
 /** Why a path cannot be followed to anything: as a dangling link, by name (a link to itself, a file used as a folder). */
 const NOTHING_THERE = new Set(["ENOENT", "ELOOP", "ENOTDIR"]);

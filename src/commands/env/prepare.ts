@@ -2,6 +2,7 @@ import { defineCommand } from "citty";
 import { UsageError } from "../../errors.ts";
 import { dryRunPrepare, prepareEnv } from "../../env/prepare.ts";
 import { inputsLines } from "../../env/inputs-report.ts";
+import { nearestLines } from "../../env/nearest.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { commandContext, engineHost, stopOnSignals } from "../_context.ts";
@@ -55,8 +56,8 @@ export default defineCommand({
     const request = { ...localPrepareRequest(a, rawArgs, ctx), signal: stopOnSignals() };
     if (a["dry-run"]) {
       const plan = dryRunPrepare(layout, request, { onHashing: prepareHooks(out).onHashing });
-      const doc: EnvDryRunDoc = { key: plan.key, would: plan.would, path: plan.path, summary: plan.summary, inputs: plan.inputs };
-      out.result(doc, () => [`key          ${plan.key}`, `would        ${plan.would} (${plan.path})`, ...inputsLines(plan.inputs)]);
+      const doc: EnvDryRunDoc = { key: plan.key, would: plan.would, path: plan.path, summary: plan.summary, inputs: plan.inputs, nearest: plan.nearest };
+      out.result(doc, () => [`key          ${plan.key}`, `would        ${plan.would} (${plan.path})`, ...inputsLines(plan.inputs), ...nearestLines(plan.nearest, plan.would)]);
       return;
     }
     try {
