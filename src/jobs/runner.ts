@@ -155,6 +155,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
   const runImage = async (image: EnsureResult, prepareSeconds: number, env?: ImageEnvResult): Promise<JobOutcome> => {
     const spec = job.spec;
     const hit = image.status === "reused" && (!env || env.status === "reused");
+    // The job's env is the one on top of the image, as a server records it from this event.
+    if (env) store.update(job.id, { envKey: env.key });
     emit("task.prepare.finished", {
       seconds: prepareSeconds,
       status: env?.status ?? image.status,
