@@ -194,8 +194,16 @@ async function sameBothWays(name: string, make: (dir: string, place: Place) => v
   expect(ran.fleet.run.code).toBe(ran.here.run.code);
   expect(comparable(ran.fleet.status, opts.cache)).toEqual(comparable(ran.here.status, opts.cache));
   expect(ran.fleet.logs).toEqual(ran.here.logs);
+  recorded.push({ name, here: ran.here.status, fleet: ran.fleet.status });
   return ran;
 }
+
+/** Every pair of documents the cases compared, for the events' own test at the end. */
+const recorded: { name: string; here: StatusDoc; fleet: StatusDoc }[] = [];
+/** Events that name a worker: a fleet's own, with nothing to match here. */
+const ASSIGNMENT = new Set(["job.assigned", "task.assigned"]);
+/** The kinds of event a job recorded (each once, sorted: tasks side by side interleave theirs differently). */
+const eventKinds = (doc: StatusDoc) => [...new Set(doc.events.map((e) => e.type).filter((t) => !ASSIGNMENT.has(t)))].sort();
 
 describe("every example in examples/, here and through a server with two workers", () => {
   test("examples/hello", async () => {
@@ -299,4 +307,12 @@ describe("job files, here and through a server with two workers", () => {
     }
     for (const place of ["here", "fleet"] as const) expect(JSON.parse((await places[place].gpl(["job", "list", "--json"])).stdout).filter((j: StatusDoc) => j.name === "gpu")).toEqual([]);
   }, T);
+});
+
+describe("the events each job recorded, here and through the server", () => {
+  // Last in the file: it reads what the cases above recorded.
+  test("are of the same kinds, apart from a worker's assignment", () => {
+    const kinds = (place: Place) => Object.fromEntries(recorded.map((r) => [r.name, eventKinds(r[place])]));
+    expect(kinds("fleet")).toEqual(kinds("here"));
+  });
 });
