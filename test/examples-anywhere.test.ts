@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { cpSync, mkdirSync, writeFileSync } from "node:fs";
+import { cpSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { importPythonImage, pythonRootfs } from "./fixtures/python-image.ts";
@@ -30,7 +30,8 @@ const ENGINE = (await engineStatus("docker")).ok ? "docker" : (await engineStatu
 const rootfs = ENGINE ? await pythonRootfs() : { reason: "no container engine answers" };
 const IMAGE = `gpl-test/python-anywhere-${process.pid}:1`;
 const imageReady = ENGINE !== null && !("reason" in rootfs);
-if (!imageReady) console.warn(`[examples-anywhere.test] skipping the image case: ${"reason" in rootfs ? rootfs.reason : ""}`);
+const REQUIRED = Boolean(process.env.GPULAYER_TEST_REQUIRE_ENGINES?.trim());
+if (!imageReady && !REQUIRED) console.warn(`[examples-anywhere.test] skipping the image case: ${"reason" in rootfs ? rootfs.reason : ""}`);
 
 /** Here: two slots, so tasks that meet can run side by side as on the two workers. */
 const localEnv = () => ({ ...boxes.local.env, GPULAYER_PYTHON: localPython, GPULAYER_WORKER_SLOTS: "2", ...(ENGINE ? { GPULAYER_CONTAINER_ENGINE: ENGINE } : {}) });
@@ -51,7 +52,7 @@ beforeAll(async () => {
   index.wheel(tqdm("4.67.1"));
   index.wheel({ name: "greetb", version: "1.0" });
   // Its build never ends: what a prepare_timeout stops.
-  index.sdist({ name: "hangs-anywhere", version: "1.0", counter: join(boxes.client.root, "hangs.builds"), sleep: 600 });
+  index.sdist({ name: "hangs-anywhere", version: "1.0", sleep: 600 });
   if (imageReady) await importPythonImage(ENGINE!, IMAGE);
   localPython = await makeWorkerVenv(join(boxes.local.root, "venv"), { env: boxes.local.env });
   const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...boxes.server.env, ...FAST } }), procs);
@@ -161,6 +162,7 @@ interface Ran {
 async function runAt(place: Place, dir: string, args: string[]): Promise<Ran> {
   const { gpl } = places[place];
   const run = await gpl(["job", "run", ...args, "--json"], dir);
+  expect(run.stdout, `${place}: ${run.stderr}`).toStartWith("{");
   const id = (JSON.parse(run.stdout) as StatusDoc).id;
   const shown = await gpl(["job", "status", id, "--json"], dir);
   expect(shown.code, shown.stderr).toBe(0);
@@ -190,11 +192,10 @@ const jobFile = (lines: string[]) => (dir: string) => writeFileSync(join(dir, "j
 async function sameBothWays(name: string, make: (dir: string, place: Place) => void, args: string[], opts: { cache: boolean }): Promise<Record<Place, Ran>> {
   const dirs = folders(name, make);
   const ran = { here: await runAt("here", dirs.here, args), fleet: await runAt("fleet", dirs.fleet, args) };
-  if (process.env.DEBUG_ANYWHERE) console.log(name, JSON.stringify({ here: ran.here.status, fleet: ran.fleet.status, logs: [ran.here.logs, ran.fleet.logs] }, null, 1));
+  recorded.push({ name, here: ran.here.status, fleet: ran.fleet.status });
   expect(ran.fleet.run.code).toBe(ran.here.run.code);
   expect(comparable(ran.fleet.status, opts.cache)).toEqual(comparable(ran.here.status, opts.cache));
   expect(ran.fleet.logs).toEqual(ran.here.logs);
-  recorded.push({ name, here: ran.here.status, fleet: ran.fleet.status });
   return ran;
 }
 
@@ -205,17 +206,22 @@ const ASSIGNMENT = new Set(["job.assigned", "task.assigned"]);
 /** The kinds of event a job recorded (each once, sorted: tasks side by side interleave theirs differently). */
 const eventKinds = (doc: StatusDoc) => [...new Set(doc.events.map((e) => e.type).filter((t) => !ASSIGNMENT.has(t)))].sort();
 
-describe("every example in examples/, here and through a server with two workers", () => {
-  test("examples/hello", async () => {
-    const { here } = await sameBothWays("hello", example("hello"), ["-f", "job.yaml", "--index-url", index.url], { cache: true });
-    expect(here.status.state).toBe("succeeded");
-    expect(here.logs.hello).toContain("done: sum=190");
-  }, T);
+/** What each shipped example shows beyond running the same both ways; an example not named here is checked for that alone. */
+const EXAMPLE_CHECKS: Record<string, (ran: Ran) => void> = {
+  hello: (ran) => expect(ran.logs.hello).toContain("done: sum=190"),
+  pipeline: (ran) => {
+    expect(ran.status.tasks!.map((t) => [t.name, t.state, t.outputs.map((o) => o.path)])).toEqual([["prepare", "succeeded", ["rows.json"]], ["report-old", "succeeded", []], ["report-new", "succeeded", []]]);
+    expect(ran.logs["report-old"]).toBe("tqdm 4.66.5: sum of 200 rows = 19900\n");
+    expect(ran.logs["report-new"]).toBe("tqdm 4.67.1: sum of 100 rows = 4950\n");
+  },
+};
 
-  test("examples/pipeline", async () => {
-    const { here } = await sameBothWays("pipeline", example("pipeline"), ["-f", "job.yaml", "--index-url", index.url], { cache: true });
-    expect(here.status.tasks!.map((t) => [t.name, t.state])).toEqual([["prepare", "succeeded"], ["report-old", "succeeded"], ["report-new", "succeeded"]]);
-    expect(here.logs["report-new"]).toBe("tqdm 4.67.1: sum of 100 rows = 4950\n");
+describe("every example in examples/, here and through a server with two workers", () => {
+  test.each(readdirSync(join(ROOT, "examples")).sort())("examples/%s", async (name) => {
+    // An env new to both places (requirements of the example's own): a miss both ways.
+    const { here } = await sameBothWays(name, example(name), ["-f", "job.yaml", "--index-url", index.url], { cache: true });
+    expect(here.status.state).toBe("succeeded");
+    EXAMPLE_CHECKS[name]?.(here);
   }, T);
 });
 
@@ -279,7 +285,9 @@ describe("job files, here and through a server with two workers", () => {
     expect(here.logs).toEqual({ job: "" });
   }, T);
 
-  (imageReady ? test : test.skip)(`an image with requirements (${ENGINE ?? "no engine"}): installed on top of the image's Python, imported by the job`, async () => {
+  // Skipped where no engine answers or the Python image cannot be made, unless the run requires the engines (CI does): then it fails, saying why.
+  (imageReady || REQUIRED ? test : test.skip)(`an image with requirements (${ENGINE ?? "no engine"}): installed on top of the image's Python, imported by the job`, async () => {
+    if (!imageReady) throw new Error(`the image case cannot run: ${"reason" in rootfs ? rootfs.reason : "no engine"}`);
     const { here } = await sameBothWays(
       "image",
       jobFile(["name: boxed", `command: python -c "import greetb; print('greetb', greetb.__version__)"`, "environment:", `  image: ${IMAGE}`, "  requirements: [greetb==1.0]", `  index_url: ${index.url}`]),
