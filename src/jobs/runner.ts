@@ -163,6 +163,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         : undefined;
     const prepareSeconds = (performance.now() - prepStart) / 1000;
     const hit = image.status === "reused" && (!env || env.status === "reused");
+    // The job's env is the one on top of the image, as a server records it from this event.
+    if (env) store.update(job.id, { envKey: env.key });
     emit("task.prepare.finished", {
       seconds: prepareSeconds,
       status: env?.status ?? image.status,
