@@ -486,6 +486,8 @@ export class Coordinator {
       await store.event(job.id, "job.assigned", { worker: w.name, worker_id: w.id, attempt, gpus });
       if (job.parentId) {
         await store.event(job.parentId, "task.assigned", { task: job.task, worker: w.name, attempt });
+        // As the local runner records it (one model of events): the task's first start, not its retries.
+        if (attempt === 1) await store.event(job.parentId, "task.started", { task: job.task!, id: job.id, ...(gpus.length ? { gpus } : {}) });
         // Whoever follows the job hears of it now, not at its next long poll's end.
         ch.wake(`job:${job.parentId}`);
       }
