@@ -12,9 +12,6 @@ import { inBundle, packTemp, postWithBundle } from "./upload.ts";
  * Nothing here prints.
  */
 
-/** As asked on the command line: the same fields a worker receives (requirements, python, indexes, image, pull), paths relative to the caller's folder. */
-export type RemotePrepareRequest = PrepareRequestPayload;
-
 export interface PrepareGroup {
   id: string;
   workers: string[];
@@ -37,7 +34,7 @@ export interface StartPrepareOptions {
  * its includes and local paths are relative to it), and start a prepare task
  * on every worker the labels pick.
  */
-export async function startPrepare(target: RemoteTarget, req: RemotePrepareRequest, opts: StartPrepareOptions): Promise<PrepareGroup> {
+export async function startPrepare(target: RemoteTarget, req: PrepareRequestPayload, opts: StartPrepareOptions): Promise<PrepareGroup> {
   const { cwd } = opts;
   if (req.pull !== undefined && req.image === undefined) throw new UsageError("--pull goes with --image");
   for (const s of req.specs) if (/^(\.{0,2}\/|~)/.test(s.trim())) throw new UsageError(`-p ${s}: a local path cannot travel to the workers; list it in a requirements file inside the folder to send`);
