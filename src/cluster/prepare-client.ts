@@ -4,7 +4,7 @@ import { isUrl } from "../env/request.ts";
 import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
 import type { PrepareGroupView, PrepareRequestPayload, PrepareTaskResult } from "./protocol.ts";
-import { inBundle, packTemp, postWithBundle } from "./upload.ts";
+import { packTemp, postWithBundle, wireEnvironment } from "./upload.ts";
 
 /**
  * `env prepare` on a coordinator's workers, from the client's side: a
@@ -44,17 +44,8 @@ export async function startPrepare(target: RemoteTarget, req: PrepareRequestPayl
   try {
     for (const s of pack?.skipped ?? []) opts.onSkipped?.(s);
     if (pack?.ownerOnly.length) opts.onOwnerOnly?.(pack.ownerOnly);
-    const request: PrepareRequestPayload = {
-      ...(req.requirementsFile ? { requirementsFile: inBundle(root, resolve(cwd, req.requirementsFile), "the requirements file", pack ?? undefined) } : {}),
-      specs: req.specs,
-      ...(req.python ? { python: req.python } : {}),
-      ...(req.conda ? { conda: req.conda } : {}),
-      ...(req.indexUrl ? { indexUrl: req.indexUrl } : {}),
-      extraIndexUrls: req.extraIndexUrls,
-      findLinks: req.findLinks.map((f) => (isUrl(f) ? f : inBundle(root, resolve(cwd, f), "--find-links", pack ?? undefined))),
-      ...(req.image ? { image: req.image } : {}),
-      ...(req.pull ? { pull: req.pull } : {}),
-    };
+    const { pull, ...asked } = req;
+    const request: PrepareRequestPayload = { ...wireEnvironment(asked, root, cwd, pack ?? undefined), ...(pull ? { pull } : {}) };
     return await postWithBundle<PrepareGroup>(connect(target), "/v1/prepares", { request, bundle: pack?.hash ?? null, labels: opts.labels }, pack, {
       onUpload: (p) => opts.onUpload?.(p, root),
     });
