@@ -125,7 +125,8 @@ async function imageEnv(layout: HomeLayout, settings: PrepareSettings, target: P
   return ensureImageEnv(
     layout,
     { ref: image.image, imageId: image.imageId, engine: image.engine },
-    { requirementsFile: r.requirementsFile, specs: r.specs, indexUrl: r.indexUrl, extraIndexUrls: r.extraIndexUrls, findLinks: r.findLinks, cwd: dir, confineTo: target.request.confineTo, env: settings.env, network: settings.container.network, uv: settings.uv, python: settings.defaultPython },
+    // The image's own Python runs the env; the host's (the default) fetches the pinned uv and reads the pip configuration.
+    { ...r, cwd: dir, confineTo: target.request.confineTo, env: settings.env, network: settings.container.network, uv: settings.uv, python: settings.defaultPython },
     { engineEnv: settings.engine.env, hooks: { onStep: target.hooks?.env?.onStep }, leaseHolder: target.holder, signal: target.signal },
   );
 }
