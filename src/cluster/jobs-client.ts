@@ -9,7 +9,7 @@ import { connect, type RemoteTarget } from "./client.ts";
 import { ExitCode, HttpError, jobEndCode, UsageError, UserError } from "../errors.ts";
 import { isFinal } from "../jobs/model.ts";
 import { type RemoteJobStatus, type RemoteSpec, type SubmitRequest, type SubmitResponse, type WatchResponse } from "./protocol.ts";
-import { inBundle, packTemp, postWithBundle, type UploadHooks } from "./upload.ts";
+import { inBundle, packTemp, postWithBundle, type UploadHooks, wireEnvironment } from "./upload.ts";
 
 /**
  * Jobs on a coordinator, from the client's side: submit one (its folder
@@ -20,23 +20,12 @@ import { inBundle, packTemp, postWithBundle, type UploadHooks } from "./upload.t
 
 /** The job as it travels: paths inside its folder made relative to it (and checked to be in the bundle). */
 export function remoteSpec(spec: JobSpec, pack?: PackResult): RemoteSpec {
-  const e = spec.environment;
   return {
     name: spec.name,
     argv: spec.argv,
     commandText: spec.commandText,
     env: spec.env,
-    environment: {
-      ...(e.requirementsFile ? { requirementsFile: inBundle(spec.workdir, e.requirementsFile, "the requirements file", pack) } : {}),
-      specs: e.specs,
-      ...(e.python ? { python: e.python } : {}),
-      ...(e.conda ? { conda: e.conda } : {}),
-      ...(e.indexUrl ? { indexUrl: e.indexUrl } : {}),
-      extraIndexUrls: e.extraIndexUrls,
-      findLinks: e.findLinks.map((f) => (isUrl(f) ? f : inBundle(spec.workdir, f, "--find-links", pack))),
-      ...(e.image ? { image: e.image } : {}),
-      ...(e.prepareTimeoutMs ? { prepareTimeoutMs: e.prepareTimeoutMs } : {}),
-    },
+    environment: wireEnvironment(spec.environment, spec.workdir, spec.workdir, pack),
     resources: spec.resources,
     ...(spec.outputs?.length ? { outputs: spec.outputs } : {}),
     ...(spec.tasks ? { tasks: spec.tasks.map((t) => ({ name: t.name, needs: t.needs, spec: remoteSpec(taskInBundle(spec, t), pack) })) } : {}),

@@ -4,16 +4,13 @@ import { isUrl } from "../env/request.ts";
 import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
 import type { PrepareGroupView, PrepareRequestPayload, PrepareTaskResult } from "./protocol.ts";
-import { inBundle, packTemp, postWithBundle } from "./upload.ts";
+import { packTemp, postWithBundle, wireEnvironment } from "./upload.ts";
 
 /**
  * `env prepare` on a coordinator's workers, from the client's side: a
  * prepare task on every matching worker, then each one's result as it ends.
  * Nothing here prints.
  */
-
-/** As asked on the command line: the same fields a worker receives (requirements, python, indexes, image, pull), paths relative to the caller's folder. */
-export type RemotePrepareRequest = PrepareRequestPayload;
 
 export interface PrepareGroup {
   id: string;
@@ -37,7 +34,7 @@ export interface StartPrepareOptions {
  * its includes and local paths are relative to it), and start a prepare task
  * on every worker the labels pick.
  */
-export async function startPrepare(target: RemoteTarget, req: RemotePrepareRequest, opts: StartPrepareOptions): Promise<PrepareGroup> {
+export async function startPrepare(target: RemoteTarget, req: PrepareRequestPayload, opts: StartPrepareOptions): Promise<PrepareGroup> {
   const { cwd } = opts;
   if (req.pull !== undefined && req.image === undefined) throw new UsageError("--pull goes with --image");
   for (const s of req.specs) if (/^(\.{0,2}\/|~)/.test(s.trim())) throw new UsageError(`-p ${s}: a local path cannot travel to the workers; list it in a requirements file inside the folder to send`);
@@ -47,17 +44,8 @@ export async function startPrepare(target: RemoteTarget, req: RemotePrepareReque
   try {
     for (const s of pack?.skipped ?? []) opts.onSkipped?.(s);
     if (pack?.ownerOnly.length) opts.onOwnerOnly?.(pack.ownerOnly);
-    const request: PrepareRequestPayload = {
-      ...(req.requirementsFile ? { requirementsFile: inBundle(root, resolve(cwd, req.requirementsFile), "the requirements file", pack ?? undefined) } : {}),
-      specs: req.specs,
-      ...(req.python ? { python: req.python } : {}),
-      ...(req.conda ? { conda: req.conda } : {}),
-      ...(req.indexUrl ? { indexUrl: req.indexUrl } : {}),
-      extraIndexUrls: req.extraIndexUrls,
-      findLinks: req.findLinks.map((f) => (isUrl(f) ? f : inBundle(root, resolve(cwd, f), "--find-links", pack ?? undefined))),
-      ...(req.image ? { image: req.image } : {}),
-      ...(req.pull ? { pull: req.pull } : {}),
-    };
+    const { pull, ...asked } = req;
+    const request: PrepareRequestPayload = { ...wireEnvironment(asked, root, cwd, pack ?? undefined), ...(pull ? { pull } : {}) };
     return await postWithBundle<PrepareGroup>(connect(target), "/v1/prepares", { request, bundle: pack?.hash ?? null, labels: opts.labels }, pack, {
       onUpload: (p) => opts.onUpload?.(p, root),
     });

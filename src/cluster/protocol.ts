@@ -1,4 +1,5 @@
 import { UsageError } from "../errors.ts";
+import type { WireEnvironment } from "../env/request-schema.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { JobStatus } from "../jobs/model.ts";
 
@@ -65,10 +66,13 @@ export interface WorkerView {
   cache: WorkerCache | null;
 }
 
-/** A job as it travels: the local JobSpec without its folder; paths inside the bundle are relative to its root. */
-export type RemoteSpec = Omit<JobSpec, "workdir" | "tasks"> & {
+/** One job's or task's spec as it travels: the local JobSpec without its folder; its request's paths are relative to the bundle's root. */
+type TravellingSpec = Omit<JobSpec, "workdir" | "tasks" | "environment"> & { environment: WireEnvironment };
+
+/** A job as it travels. */
+export type RemoteSpec = TravellingSpec & {
   /** A job of tasks: each task's own spec, as it travels; run in the job's folder on its worker. */
-  tasks?: { name: string; needs: string[]; spec: Omit<JobSpec, "workdir" | "tasks"> }[];
+  tasks?: { name: string; needs: string[]; spec: TravellingSpec }[];
 };
 
 export interface SubmitRequest {
@@ -85,8 +89,8 @@ export interface SubmitResponse {
   waiting: string | null;
 }
 
-/** What `env prepare` asks of each worker: a job's environment section, and the image pull policy. */
-export type PrepareRequestPayload = JobSpec["environment"] & { pull?: string };
+/** What `env prepare` asks of each worker: the request a job's environment section makes, and the image pull policy. */
+export type PrepareRequestPayload = WireEnvironment & { pull?: string };
 
 export interface PrepareTaskResult {
   status: "built" | "reused" | "fetched" | "pulled" | "failed";

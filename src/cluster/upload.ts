@@ -1,10 +1,12 @@
 import { readFileSync, rmSync } from "node:fs";
 import { namesOfDeadOwners } from "../core/dead-owners.ts";
 import { tmpdir } from "node:os";
-import { isAbsolute, join, relative, sep } from "node:path";
+import { isAbsolute, join, relative, resolve, sep } from "node:path";
 import { type BundleLimits, type PackProgress, type PackResult, packWorkdir } from "./bundle.ts";
 import type { ClusterClient } from "./client.ts";
 import { HttpError, UsageError } from "../errors.ts";
+import { type EnvironmentRequest, isUrl } from "../env/request.ts";
+import type { WireEnvironment } from "../env/request-schema.ts";
 
 /** A folder packed into a temporary bundle; remove it with `dispose`. */
 export function packTemp(root: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void): PackResult & { dispose(): void } {
@@ -30,6 +32,25 @@ export function inBundle(root: string, abs: string, what: string, pack?: PackRes
   const posix = rel.split(sep).join("/") || ".";
   if (pack && posix !== "." && !pack.entries.includes(posix)) throw new UsageError(`${what} ${posix} is left out of the bundle (by .gitignore, .gpulayerignore or the default excludes); the worker would not find it`);
   return posix;
+}
+
+/**
+ * A request as it travels to a worker (a job's, `env prepare --server`'s): its files made relative to the bundle's
+ * root (and checked to be in it), relative ones read from `cwd`; where `python` was named and the local confinement
+ * stay here. The one way onto the wire: a worker reads the same fields back (env/request-schema.ts).
+ */
+export function wireEnvironment(e: EnvironmentRequest, root: string, cwd: string, pack?: PackResult): WireEnvironment {
+  return {
+    ...(e.requirementsFile ? { requirementsFile: inBundle(root, resolve(cwd, e.requirementsFile), "the requirements file", pack) } : {}),
+    specs: e.specs,
+    ...(e.python ? { python: e.python } : {}),
+    ...(e.conda ? { conda: e.conda } : {}),
+    ...(e.indexUrl ? { indexUrl: e.indexUrl } : {}),
+    extraIndexUrls: e.extraIndexUrls,
+    findLinks: e.findLinks.map((f) => (isUrl(f) ? f : inBundle(root, resolve(cwd, f), "--find-links", pack))),
+    ...(e.image ? { image: e.image } : {}),
+    ...(e.prepareTimeoutMs ? { prepareTimeoutMs: e.prepareTimeoutMs } : {}),
+  };
 }
 
 export interface UploadHooks {

@@ -9,6 +9,8 @@ import type { SettingName } from "../config/table.ts";
 import type { EngineHost } from "../docker/engine.ts";
 import { containerSettings } from "../docker/container-settings.ts";
 import type { RunnerSettings } from "../jobs/runner.ts";
+import type { PrepareSettings } from "../jobs/prepare.ts";
+import type { EnvSettings } from "../env/request.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { LocalGpu } from "../jobs/job-tasks.ts";
 import { asksForGpus } from "../jobs/resources.ts";
@@ -123,7 +125,6 @@ export function engineHost(ctx: CommandContext): EngineHost {
   return { env: ctx.childEnv, forced, forcedBy: forced ? (origin.source === "file" ? `container.engine in ${origin.name}` : origin.name) : undefined };
 }
 
-/** Everything a local job's runner takes from the settings. */
 /**
  * How many tasks of a job run here at once: worker.slots, else the number of
  * GPUs (counted by the NVIDIA driver's own folder: no process started), at least 1.
@@ -146,20 +147,34 @@ export async function localGpus(ctx: CommandContext, spec: JobSpec): Promise<Loc
   return (await probeGpus(ctx.childEnv)).map((g) => ({ index: g.index, uuid: g.uuid }));
 }
 
-export function runnerSettings(ctx: CommandContext): RunnerSettings {
+/** What the settings say about building an env: every prepare's, `env prepare`'s warm lane's too (nothing here starts a process). */
+export function envSettings(ctx: CommandContext): EnvSettings {
   const v = ctx.values;
   const fallback = defaultPython(ctx.layout, ctx.settings);
   return {
     env: ctx.childEnv,
-    engine: engineHost(ctx),
-    container: containerSettings(v["container.network"], v["container.options"]),
-    cancelGraceMs: v.cancel_grace,
     prepareTimeoutMs: v.prepare_timeout,
     installer: v.installer,
     venvCreator: v.venv_creator,
     uv: v.uv,
     defaultPython: fallback.python,
     defaultPythonOrigin: fallback.origin,
+  };
+}
+
+/** What `prepare` (jobs/prepare.ts) takes: the env's settings, and the container engine's for an image. */
+export function prepareSettings(ctx: CommandContext): PrepareSettings {
+  return { ...envSettings(ctx), engine: engineHost(ctx), container: { network: ctx.values["container.network"] } };
+}
+
+/** Everything a local job's runner takes from the settings. */
+export function runnerSettings(ctx: CommandContext): RunnerSettings {
+  const v = ctx.values;
+  return {
+    ...envSettings(ctx),
+    engine: engineHost(ctx),
+    container: containerSettings(v["container.network"], v["container.options"]),
+    cancelGraceMs: v.cancel_grace,
     setpriv: Bun.which("setpriv", { PATH: ctx.childEnv.PATH ?? "/usr/bin:/bin" }),
     jobUmask: ctx.jobUmask,
   };

@@ -9,6 +9,7 @@ import { inputsReport } from "../env/inputs-report.ts";
 import { type InterpreterInfo, installedSet } from "../env/interpreter.ts";
 import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../env/key.ts";
 import { scanRequest } from "../env/requirements.ts";
+import type { EnvironmentRequest } from "../env/request-schema.ts";
 import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/store.ts";
 import { installFailure, runTool, ToolStopped } from "../env/run-tool.ts";
 import { pipConfigDigest } from "../env/installer-config.ts";
@@ -31,16 +32,10 @@ import { type ImagePython, imagePython } from "./image-python.ts";
 /** Where an image env is, inside every container that uses it. */
 export const IMAGE_ENV_MOUNT = "/opt/gpulayer/env";
 
-export interface ImageEnvRequest {
-  requirementsFile?: string;
-  specs: string[];
-  indexUrl?: string;
-  extraIndexUrls: string[];
-  findLinks: string[];
+/** An image env's stage of the request (EnvironmentRequest, env/request-schema.ts): its requirements, and the machine's settings for the build. */
+export interface ImageEnvRequest extends Pick<EnvironmentRequest, "requirementsFile" | "specs" | "indexUrl" | "extraIndexUrls" | "findLinks" | "confineTo"> {
   /** Where relative paths start; mounted (read-only) into the build, at the same path. */
   cwd: string;
-  /** A remote job's bundle: every file the request reaches must be inside it (see ScanContext.confine). */
-  confineTo?: string;
   env: NodeJS.ProcessEnv;
   network: string;
   /** The uv setting, as for a host build: auto (uv on PATH, its pyenv shim resolved, else the pinned one, fetched once), a path, off. */

@@ -12,15 +12,18 @@ import type { Lease } from "../core/lease.ts";
 import { confineTo, scanRequest } from "./requirements.ts";
 import type { InstallerSetting } from "./build-plan.ts";
 import type { BuildUser } from "./build-user.ts";
-import type { EnvironmentSource } from "./request.ts";
+import type { EnvironmentRequest } from "./request-schema.ts";
 import type { FetchedEnv } from "./shipping.ts";
 import { type EntryPaths, entryPaths, isReady, readMeta, touchLastUsed } from "./store.ts";
 import { redactUrl } from "./url-credentials.ts";
 
 // A request's key and the look for its env: all a warm prepare loads (env prepare's warm lane); building is in prepare.ts.
 
-/** What a user asks for, and where: relative paths resolve against `cwd`; `env` is the installers' environment. */
-export interface PrepareRequest extends EnvironmentSource {
+/**
+ * A host build's stage of the request (env/request.ts hostRequest makes it): the EnvironmentRequest, resolved
+ * against `cwd`, with the machine's settings for the build; the image and the time limit are taken out (timeoutMs).
+ */
+export interface PrepareRequest extends Omit<EnvironmentRequest, "image" | "prepareTimeoutMs"> {
   /** Relative paths (requirements file, local packages) resolve against this. */
   cwd: string;
   env: NodeJS.ProcessEnv;

@@ -1,6 +1,7 @@
 import type { HomeLayout } from "../config/paths.ts";
 import { dryRunPrepare } from "../env/prepare.ts";
-import { envRequestOf, type RunnerSettings } from "./runner.ts";
+import { hostRequest } from "../env/request.ts";
+import type { RunnerSettings } from "./runner.ts";
 import type { JobSpec } from "./spec.ts";
 
 /** One task as it would run: what `job run --dry-run` prints, resolved exactly as the runner would take it. */
@@ -28,7 +29,7 @@ export function dryRunJob(layout: HomeLayout, spec: JobSpec, settings: RunnerSet
     name: spec.name,
     tasks: tasks.map(({ name, needs, spec: t }) => {
       const e = t.environment;
-      const keyed = e.image ? null : dryRunPrepare(layout, envRequestOf(t, settings));
+      const keyed = e.image ? null : dryRunPrepare(layout, hostRequest(settings, { request: e, workdir: t.workdir }));
       return {
         name,
         command: t.commandText,

@@ -1,22 +1,17 @@
 import { closeSync, openSync, writeSync } from "node:fs";
-import { join } from "node:path";
 import { type Lease, takeLease } from "../core/lease.ts";
-import { pythonOriginOf } from "../env/request.ts";
 import type { RunAs } from "./run-as.ts";
 import { CannotStart, type StartedTask, type TaskDriver } from "./drivers/driver.ts";
 import { processDriver } from "./drivers/process.ts";
 import { containerDriver } from "./drivers/container.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
-import type { PrepareHooks, PrepareRequest } from "../env/lookup.ts";
-import { prepareEnv } from "../env/prepare.ts";
-import { condaActivation } from "../env/conda-activation.ts";
+import type { PrepareHooks } from "../env/lookup.ts";
+import { prepare, type Prepared, type PrepareSettings } from "./prepare.ts";
 import type { Shipping } from "../env/shipping.ts";
-import { type ContainerSettings, type EngineHost, type EnsureHooks, ensureImage, gpuArgs } from "../docker/index.ts";
-import type { InstallerSetting } from "../env/build-plan.ts";
+import type { ContainerSettings, EnsureHooks } from "../docker/index.ts";
 import type { JobRecord, JobStore } from "./store.ts";
 import type { EventSink, JobEventData, JobEventName, JobState } from "./model.ts";
-import type { JobSpec } from "./spec.ts";
 import { bootId, processStartTime } from "../core/process-identity.ts";
 
 /**
@@ -53,60 +48,17 @@ export interface RunningJob {
   cancel(reason: string): void;
 }
 
-/** What the runner takes from the settings, resolved once at the top. */
-export interface RunnerSettings {
-  /** What the job and its tools inherit: the caller's environment minus gpulayer's own secrets. */
-  env: Record<string, string>;
-  engine: EngineHost;
+/** What the runner takes from the settings, resolved once at the top: the prepare's (jobs/prepare.ts), and the run's. */
+export interface RunnerSettings extends PrepareSettings {
   container: ContainerSettings;
   /** cancel_grace: SIGTERM, then SIGKILL this much later. */
   cancelGraceMs: number;
-  /** prepare_timeout, for a job whose file names none. */
-  prepareTimeoutMs: number;
-  installer: InstallerSetting;
-  venvCreator: "auto" | "uv" | "venv";
-  /** The `uv` setting. */
-  uv: string;
-  /** For a job that names no Python: the one default (see environmentRequest). */
-  defaultPython?: string;
-  /** Where defaultPython was named, as messages say it. */
-  defaultPythonOrigin?: string;
   /** worker.run_as: the job's command, and the build of its env, run as this user. */
   runAs?: RunAs;
   /** setpriv (util-linux) when on PATH: the job's main process gets a parent-death signal (and run_as its user). */
   setpriv: string | null;
   /** The umask the job's command runs with: the one gpulayer was started with (it runs under 077 itself). */
   jobUmask?: number;
-}
-
-/**
- * Where the request's relative paths are read: a remote job's bundle copy (immutable, named by content, where `env
- * prepare --server` reads them too, so its key is the job's), else the job's workdir. An editable project links there.
- */
-const requestDir = (spec: JobSpec): string => spec.environment.confineTo ?? spec.workdir;
-
-/** The env a job's spec asks for, as prepareEnv takes it: what the runner builds, and what `job run --dry-run` keys. */
-export function envRequestOf(spec: JobSpec, settings: RunnerSettings): PrepareRequest {
-  return {
-    requirementsFile: spec.environment.requirementsFile,
-    specs: spec.environment.specs,
-    // A conda environment is the base interpreter itself: the default Python is for requests that name neither.
-    python: spec.environment.conda === undefined ? (spec.environment.python ?? settings.defaultPython) : spec.environment.python,
-    pythonOrigin: pythonOriginOf(spec.environment, settings.defaultPythonOrigin),
-    ...(spec.environment.conda === undefined ? {} : { conda: spec.environment.conda }),
-    indexUrl: spec.environment.indexUrl,
-    extraIndexUrls: spec.environment.extraIndexUrls,
-    findLinks: spec.environment.findLinks,
-    cwd: requestDir(spec),
-    env: settings.env,
-    installer: settings.installer,
-    venvCreator: settings.venvCreator,
-    uv: settings.uv,
-    timeoutMs: spec.environment.prepareTimeoutMs ?? settings.prepareTimeoutMs,
-    confineTo: spec.environment.confineTo,
-    // worker.run_as: the build runs as the job's user, from the job's own copy of its folder (env/build-user.ts).
-    ...(settings.runAs ? { buildAs: settings.runAs, buildSource: spec.workdir } : {}),
-  };
 }
 
 /** What task.prepare leaves for task.run: the driver that runs the command, and what it holds until the command ends. */
@@ -142,26 +94,39 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     return { state, exitCode, prepareSeconds: null, runSeconds: null, ...extra };
   };
 
-  /** task.prepare of an image job: the image here, and the env on top of it when the job has requirements; run in a container. */
-  const prepareImage = async (prepStart: number): Promise<Launch> => {
+  // The build's progress is the job's own events too (recorded here, relayed by a worker): the same record wherever it runs.
+  const prepareHooks: PrepareHooks = {
+    ...io.prepareHooks,
+    onStep: (step, detail) => {
+      emit("task.prepare.step", { step, detail });
+      io.prepareHooks?.onStep?.(step, detail);
+    },
+    onQuiet: (tool, seconds) => {
+      emit("task.prepare.quiet", { tool, seconds });
+      io.prepareHooks?.onQuiet?.(tool, seconds);
+    },
+  };
+
+  /** task.prepare, by the one prepare (jobs/prepare.ts): an image (and the env on top of it) or this machine's env; what runs it next. */
+  const prepareLaunch = async (prepStart: number): Promise<Launch> => {
     const spec = job.spec;
-    const image = await ensureImage(layout, spec.environment.image!, { ...io.imageHooks, host: settings.engine, leaseHolder: `job ${job.id}` });
-    // A machine without the NVIDIA runtime/CDI fails here, in task.prepare, not after the run started.
-    if (spec.resources.gpus) await gpuArgs(image.engine, spec.resources.gpus, settings.engine.env).catch((e) => (image.lease?.release(), Promise.reject(e)));
-    const e = spec.environment;
-    const withEnv = Boolean(e.requirementsFile || e.specs.length);
-    if (withEnv) io.onPrepared?.({ status: image.status, seconds: image.seconds, key: image.digest, kind: "image" });
-    const env =
-      withEnv
-        ? // Loaded only for an image with requirements: a plain job never pays for it.
-          await (await import("../docker/image-env.ts")).ensureImageEnv(
-            layout,
-            { ref: image.image, imageId: image.imageId, engine: image.engine },
-            { requirementsFile: e.requirementsFile, specs: e.specs, indexUrl: e.indexUrl, extraIndexUrls: e.extraIndexUrls, findLinks: e.findLinks, cwd: requestDir(spec), confineTo: e.confineTo, env: settings.env, network: settings.container.network, uv: settings.uv, python: settings.defaultPython },
-            { engineEnv: settings.engine.env, hooks: { onStep: io.prepareHooks?.onStep }, leaseHolder: `job ${job.id}`, signal: preparing.signal },
-          ).catch((err) => (image.lease?.release(), Promise.reject(err)))
-        : undefined;
-    const prepareSeconds = (performance.now() - prepStart) / 1000;
+    const prepared = await prepare(layout, settings, {
+      request: spec.environment,
+      workdir: spec.workdir,
+      gpus: spec.resources.gpus,
+      holder: `job ${job.id}`,
+      signal: preparing.signal,
+      shipping: io.shipping,
+      forRun: true,
+      hooks: { env: prepareHooks, image: io.imageHooks, onImage: (image, withEnv) => withEnv && io.onPrepared?.({ status: image.status, seconds: image.seconds, key: image.digest, kind: "image" }) },
+    });
+    return prepared.kind === "image" ? imageLaunch(prepared, (performance.now() - prepStart) / 1000) : hostLaunch(prepared, (performance.now() - prepStart) / 1000);
+  };
+
+  /** An image job: prepared; run in a container. */
+  const imageLaunch = (prepared: Extract<Prepared, { kind: "image" }>, prepareSeconds: number): Launch => {
+    const spec = job.spec;
+    const { image, env } = prepared;
     const hit = image.status === "reused" && (!env || env.status === "reused");
     // The job's env is the one on top of the image, as a server records it from this event.
     if (env) store.update(job.id, { envKey: env.key });
@@ -183,8 +148,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         image: image.imageId,
         workdir: spec.workdir,
         // The env first on the image's own PATH, as a venv's activation would put it.
-        env: { ...spec.env, GPULAYER_JOB_ID: job.id, ...(env ? { PATH: `${env.mount}/bin:${env.python.path}`, VIRTUAL_ENV: env.mount } : {}) },
-        mounts: env ? [{ host: env.path, target: env.mount, readOnly: true }] : [],
+        env: { ...spec.env, GPULAYER_JOB_ID: job.id, ...prepared.vars },
+        mounts: prepared.mounts,
         command: spec.argv,
         name: `gpulayer-${job.id}`.replace(/[^a-zA-Z0-9_.-]/g, "-"),
         gpus: spec.resources.gpus || undefined,
@@ -194,40 +159,24 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       },
       settings.cancelGraceMs,
     );
-    return { driver, prepareSeconds, release: () => (env?.lease?.release(), image.lease?.release()) };
+    return { driver, prepareSeconds, release: prepared.release };
   };
 
-  /** task.prepare of a job on this machine's Python: the env, found, fetched or built; run as a process. */
-  const prepareHost = async (prepStart: number): Promise<Launch> => {
+  /** A job on this machine's Python: its env found, fetched or built; run as a process. */
+  const hostLaunch = (host: Extract<Prepared, { kind: "host" }>, prepareSeconds: number): Launch => {
     const spec = job.spec;
-    const prepared = await prepareEnv(layout, { ...envRequestOf(spec, settings), signal: preparing.signal }, { hooks: io.prepareHooks, leaseHolder: `job ${job.id}`, shipping: io.shipping });
-    /** What the job's command inherits before its own variables and the env's PATH. */
-    let base: Record<string, string> = {};
-    try {
-      for (const [k, val] of Object.entries(settings.env)) if (k !== "PYTHONHOME") base[k] = val;
-      // As `conda activate` leaves a shell (its variables, its activate.d scripts); the env goes on top, as a venv's activation.
-      if (prepared.conda) base = await condaActivation(prepared.conda, base);
-    } catch (error) {
-      prepared.lease?.release();
-      throw error;
-    }
-    const prepareSeconds = (performance.now() - prepStart) / 1000;
+    const prepared = host.env;
     store.update(job.id, { envKey: prepared.key });
     emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath, ...(prepared.fetched ? { fetched: { bytes: prepared.fetched.bytes, seconds: prepared.fetched.seconds, built_by: prepared.fetched.builtBy } } : {}) });
     io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
-    const env: Record<string, string> = { ...base };
-    Object.assign(env, spec.env, {
-      PATH: `${join(prepared.path, "bin")}:${base.PATH ?? "/usr/bin:/bin"}`,
-      VIRTUAL_ENV: prepared.path,
-      GPULAYER_JOB_ID: job.id,
-    });
+    const env: Record<string, string> = { ...host.inherited, ...spec.env, ...host.vars, GPULAYER_JOB_ID: job.id };
     let jobLease: Lease | undefined;
     return {
       driver: processDriver({ jobId: job.id, argv: spec.argv, workdir: spec.workdir, env, graceMs: settings.cancelGraceMs, setpriv: settings.setpriv, runAs: settings.runAs, umask: settings.jobUmask, watchdogPath: settings.env.PATH ?? "/usr/bin:/bin" }),
       prepareSeconds,
       // Held by the job itself too: if this runner dies, the env stays in use while any process of the job lives.
       onStarted: (pid) => (jobLease = takeLease(layout, "env", prepared.key, `job ${job.id}`, pid, job.id)),
-      release: () => (jobLease?.release(), prepared.lease?.release()),
+      release: () => (jobLease?.release(), host.release()),
     };
   };
 
@@ -283,7 +232,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     const prepStart = performance.now();
     let launch: Launch;
     try {
-      launch = job.spec.environment.image ? await prepareImage(prepStart) : await prepareHost(prepStart);
+      launch = await prepareLaunch(prepStart);
     } catch (error) {
       const seconds = (performance.now() - prepStart) / 1000;
       if (!(error instanceof UserError)) throw error;

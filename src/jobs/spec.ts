@@ -1,7 +1,7 @@
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
 import { type EnvironmentFile, type JobFile, loadJobFile, type TaskFile } from "../config/jobfile.ts";
-import { type EnvironmentSource, environmentRequest } from "../env/request.ts";
+import { type EnvironmentRequest, environmentRequest } from "../env/request.ts";
 import { positiveDuration } from "../config/kinds.ts";
 import { join as shlexJoin } from "shlex";
 import { UsageError } from "../errors.ts";
@@ -15,15 +15,8 @@ export interface JobSpec {
   commandText: string;
   workdir: string;
   env: Record<string, string>;
-  environment: EnvironmentSource & {
-    image?: string;
-    /** A conda environment on the worker (name or path): its Python is the base interpreter, its activation applies to the job. */
-    conda?: string;
-    /** environment.prepare_timeout or --prepare-timeout; else the runner's default. */
-    prepareTimeoutMs?: number;
-    /** A remote job's bundle on its worker: the request may reach nothing outside it. */
-    confineTo?: string;
-  };
+  /** What it asks of its environment (env/request-schema.ts): the one shape from here to the wire and a worker's prepare. */
+  environment: EnvironmentRequest;
   resources: { gpus: number; frameworks: Record<string, string> };
   /** A task's declared outputs (paths or globs relative to its workdir): found there when it succeeds, given to what needs it. */
   outputs?: string[];
@@ -38,23 +31,14 @@ export interface TaskSpec {
   spec: JobSpec;
 }
 
-/** What `job run` flags can say; each one overrides the job file's field. */
-export interface JobFlags {
+/** What `job run` flags can say; each one overrides the job file's field. Its environment fields are the request's own. */
+export interface JobFlags extends Omit<EnvironmentRequest, "pythonOrigin" | "confineTo"> {
   file?: string;
-  requirementsFile?: string;
-  specs: string[];
-  python?: string;
   workdir?: string;
   env: string[]; // K=V
-  image?: string;
-  prepareTimeoutMs?: number;
-  indexUrl?: string;
-  extraIndexUrls: string[];
-  findLinks: string[];
   command: string[]; // after --
   name?: string;
   gpus?: number;
-  conda?: string;
 }
 
 function parseEnvPairs(pairs: string[]): Record<string, string> {

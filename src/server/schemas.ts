@@ -1,4 +1,5 @@
 import * as v from "valibot";
+import { WireEnvironmentSchema } from "../env/request-schema.ts";
 
 /** What the API accepts, checked before anything is stored: a malformed body is a 400 naming the field. */
 
@@ -13,20 +14,8 @@ const RelPath = v.pipe(
   v.check((p) => !p.startsWith("/") && !p.split("/").includes(".."), "must be a path inside the bundle"),
 );
 
-/** A job's environment section, as it travels (requirements paths relative to the bundle). */
-const Environment = v.strictObject({
-  requirementsFile: v.optional(RelPath),
-  specs: StrList,
-  python: v.optional(Str),
-  /** A conda environment on the worker (name or path), the env's base. */
-  conda: v.optional(Str),
-  indexUrl: v.optional(Str),
-  extraIndexUrls: StrList,
-  findLinks: StrList,
-  image: v.optional(Str),
-  /** environment.prepare_timeout or --prepare-timeout, in ms; else the worker's own prepare_timeout. */
-  prepareTimeoutMs: v.optional(v.pipe(v.number(), v.integer(), v.minValue(1))),
-});
+/** A job's environment section, as it travels (env/request-schema.ts), its requirements path relative to the bundle. */
+const Environment = v.strictObject({ ...WireEnvironmentSchema.entries, requirementsFile: v.optional(RelPath) });
 
 const SpecEntries = {
   name: Name,

@@ -1,13 +1,12 @@
 import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
 import { ownerOnlyFolder } from "../core/owner-only.ts";
 import { type BundleLimits, unpackBundle } from "../cluster/bundle.ts";
 import type { ClusterClient } from "../cluster/client.ts";
 import type { GpuInfo, PrepareTaskResult, RemoteSpec, TaskAssignment } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
-import { ensureImage, parsePullPolicy } from "../docker/index.ts";
 import { BundleError, ExitCode, InstallError, UserError } from "../errors.ts";
-import { prepareEnv } from "../env/prepare.ts";
+import { prepare, type Prepared } from "../jobs/prepare.ts";
 import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.ts";
 import { environmentRequest } from "../env/request.ts";
 import type { JobSpec } from "../jobs/spec.ts";
@@ -18,7 +17,6 @@ import { acquireEntry } from "../env/cache-entry.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
 import { touchFile } from "../env/store.ts";
 import { bundlePaths } from "../gc/bundle-source.ts";
-import { ensureImageEnv } from "../docker/image-env.ts";
 import { TaskChannel } from "./channel.ts";
 import { type ShippingSettings, workerShipping } from "./env-shipping.ts";
 import type { Outbox } from "./outbox.ts";
@@ -121,19 +119,14 @@ function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: Worke
   const env = { ...spec.env };
   // The GPUs the server gave this job, and no others (none when it asked for none).
   if (ctx.gpus.length) env.CUDA_VISIBLE_DEVICES = gpus.map((i) => ctx.gpus.find((g) => g.index === i)?.uuid ?? String(i)).join(",");
-  const e = spec.environment;
   return {
     name: spec.name,
     argv: spec.argv,
     commandText: spec.commandText,
     workdir,
     env,
-    environment: {
-      ...environmentRequest(e, source, ctx.runner.defaultPython, ctx.runner.defaultPythonOrigin),
-      image: e.image,
-      prepareTimeoutMs: e.prepareTimeoutMs,
-      confineTo: source,
-    },
+    // Read in the bundle's copy: every worker's key for it is the same (the image and time limit pass through).
+    environment: { ...environmentRequest(spec.environment, source, ctx.runner.defaultPython, ctx.runner.defaultPythonOrigin), confineTo: source },
     resources: spec.resources,
     ...(spec.outputs?.length ? { outputs: spec.outputs } : {}),
   };
@@ -187,12 +180,8 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       const job = store.create(localSpec(task.spec!, workdir, source, ctx, task.gpus));
       running = startJob(store, ctx.layout, job, ctx.runner, {
         shipping: workerShipping(ctx.shipping, task.id),
+        // Every event the runner records, the build's progress (task.prepare.step) among them, goes on to the server.
         onEvent: (type, data) => channel.event(type, { ...data, local_job: job.id }),
-        // The build's progress, relayed to whoever follows the job (not kept in the local job store).
-        prepareHooks: {
-          onStep: (step, detail) => channel.event("task.prepare.step", { step, detail }),
-          onQuiet: (tool, seconds) => channel.event("task.prepare.quiet", { tool, seconds }),
-        },
         onStdout: (c) => channel.output(c, "stdout"),
         onStderr: (c) => channel.output(c, "stderr"),
       });
@@ -251,10 +240,21 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
   };
 }
 
+/** What a prepare task reports: the env (or the image, and its env when the request has one). */
+function taskResult(prepared: Prepared, seconds: number): PrepareTaskResult {
+  if (prepared.kind === "image") {
+    const { image, env } = prepared;
+    const result = { status: image.status, seconds: image.seconds, image: image.image, digest: image.digest };
+    return env ? { ...result, status: env.status, seconds, key: env.key, path: env.path } : result;
+  }
+  const r = prepared.env;
+  return { status: r.status, seconds: r.seconds, key: r.key, path: r.path, installer_path: r.installerPath, ...(r.fetched ? { fetched: { bytes: r.fetched.bytes, seconds: r.fetched.seconds, built_by: r.fetched.builtBy } } : {}) };
+}
+
 export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): TaskHandle {
   let handedBack: string | null = null;
   const channel = new TaskChannel(ctx.client, task.id, ctx.outbox, () => {}, ctx.log);
-  const req = task.prepare!;
+  const { pull, ...request } = task.prepare!;
   const done = (async () => {
     const started = performance.now();
     let body: { state: string; exit_code: number; error: string | null; result: PrepareTaskResult };
@@ -275,41 +275,23 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
         mkdirSync(cwd, { recursive: true });
       }
       if (runAs) giveTree(empty, runAs);
-      let result: PrepareTaskResult;
-      if (req.image) {
-        const r = await ensureImage(ctx.layout, req.image, { pull: parsePullPolicy(req.pull), host: ctx.runner.engine });
-        result = { status: r.status, seconds: r.seconds, image: r.image, digest: r.digest };
-        if (req.requirementsFile || req.specs.length) {
-          // The env on top of the image, for its own Python (docker/image-env.ts).
-          const env = await ensureImageEnv(
-            ctx.layout,
-            { ref: r.image, imageId: r.imageId, engine: r.engine },
-            { requirementsFile: req.requirementsFile ? resolve(cwd, req.requirementsFile) : undefined, specs: req.specs, indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: req.findLinks, cwd, confineTo: cwd, env: ctx.runner.env, network: ctx.runner.container.network, uv: ctx.runner.uv, python: ctx.runner.defaultPython },
-            { engineEnv: ctx.runner.engine.env, hooks: { onStep: (step, detail) => channel.event("task.prepare.step", { step, detail }) } },
-          );
-          result = { ...result, status: env.status, seconds: (performance.now() - started) / 1000, key: env.key, path: env.path };
-        }
-      } else {
-        const r = await prepareEnv(ctx.layout, {
-          ...environmentRequest(req, cwd, ctx.runner.defaultPython, ctx.runner.defaultPythonOrigin),
-          cwd,
-          env: ctx.runner.env,
-          installer: ctx.runner.installer,
-          venvCreator: ctx.runner.venvCreator,
-          uv: ctx.runner.uv,
-          timeoutMs: ctx.runner.prepareTimeoutMs,
-          confineTo: cwd,
-          ...(runAs ? { buildAs: runAs, buildSource: empty } : {}),
-        }, {
-          shipping: workerShipping(ctx.shipping, task.id),
-          // The build's steps, relayed to whoever runs `env prepare --server` (as a job's are).
-          hooks: {
+      const prepared = await prepare(ctx.layout, ctx.runner, {
+        // Relative paths are read in the bundle's copy (the worker's, which the job's user cannot reach): a local
+        // prepare's key; with worker.run_as the build reads the user's copy (`empty`), as a job's build does.
+        request: { ...request, confineTo: cwd },
+        workdir: empty,
+        pull,
+        shipping: workerShipping(ctx.shipping, task.id),
+        // The build's steps, relayed to whoever runs `env prepare --server` (as a job's are).
+        hooks: {
+          env: {
             onStep: (step, detail) => channel.event("task.prepare.step", { step, detail }),
             onQuiet: (tool, seconds) => channel.event("task.prepare.quiet", { tool, seconds }),
           },
-        });
-        result = { status: r.status, seconds: r.seconds, key: r.key, path: r.path, installer_path: r.installerPath, ...(r.fetched ? { fetched: { bytes: r.fetched.bytes, seconds: r.fetched.seconds, built_by: r.fetched.builtBy } } : {}) };
-      }
+        },
+      });
+      prepared.release();
+      const result = taskResult(prepared, (performance.now() - started) / 1000);
       body = { state: "succeeded", exit_code: ExitCode.ok, error: null, result };
     } catch (error) {
       const message = error instanceof UserError ? messageOf(error) : `internal error: ${messageOf(error)}`;

@@ -1,27 +1,21 @@
 import type { ParsedArgs } from "citty";
-import { defaultPython } from "../../config/python.ts";
 import type { PrepareRequest, PrepareResult } from "../../env/lookup.ts";
-import { environmentRequest } from "../../env/request.ts";
+import { type EnvironmentRequest, hostRequest } from "../../env/request.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import { repeated } from "../_args.ts";
-import type { CommandContext } from "../_context.ts";
+import { type CommandContext, envSettings } from "../_context.ts";
 import type { EnvPrepareDoc } from "../_json.ts";
 import type { prepareArgs } from "./_prepare-args.ts";
 
-/** A local `env prepare`'s request, from its flags and the settings: the command's and its warm lane's (which builds nothing, so stops nothing: the command adds the signal). */
+/** What `env prepare`'s flags ask of the environment (the image aside). */
+export function askedByFlags(a: ParsedArgs<typeof prepareArgs>, rawArgs: string[]): EnvironmentRequest {
+  // --python without --conda is the default Python (the settings' python, named by the flag): not the request's own.
+  return { requirementsFile: a.requirements, specs: repeated(rawArgs, ["-p", "--package"]), conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]) };
+}
+
+/** A local `env prepare`'s host request, by the one assembly every prepare makes (hostRequest): its warm lane's look and --dry-run's. */
 export function localPrepareRequest(a: ParsedArgs<typeof prepareArgs>, rawArgs: string[], ctx: CommandContext): PrepareRequest {
-  const { layout, values } = ctx;
-  const fallback = defaultPython(layout, ctx.settings);
-  const asked = { requirementsFile: a.requirements, specs: repeated(rawArgs, ["-p", "--package"]), conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]) };
-  return {
-    ...environmentRequest(asked, ctx.cwd, fallback.python, fallback.origin),
-    cwd: ctx.cwd,
-    env: ctx.childEnv,
-    installer: values.installer,
-    venvCreator: values.venv_creator,
-    uv: values.uv,
-    timeoutMs: values.prepare_timeout,
-  };
+  return hostRequest(envSettings(ctx), { request: askedByFlags(a, rawArgs), workdir: ctx.cwd });
 }
 
 /** A prepared env as `env prepare` shows it: pip check's findings, a line on stderr, the path (or the document) on stdout. */
