@@ -1,0 +1,193 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { cli, sandbox, startCli } from "./helpers.ts";
+import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.ts";
+
+/**
+ * Exactly once, under faults, on the database as users run it: three
+ * `gpulayer server` replicas on one real PostgreSQL (fsync and
+ * synchronous_commit on), three workers given every replica, and a few
+ * hundred short jobs submitted by clients that try again when no replica can
+ * serve them, as a user's script would. Meanwhile replicas are SIGKILLed and
+ * the database is stopped (`pg_ctl stop -m immediate`) and started again, at
+ * random moments. Afterwards, from the database: every job a client was
+ * answered 201 for exists and succeeded, ran once (one line in the file
+ * every job appends to, from the attempt whose task ended), and ended once.
+ */
+
+const TOKEN = "durability-test-token-0123456789";
+// A worker counts as lost only after a silence no fault here causes, and its jobs are given out again only after a lease no run lasts:
+// so a job that runs twice is the coordinator's doing, never a lease that ran out on this loaded machine.
+const SETTINGS = { GPULAYER_HEARTBEAT_SECONDS: "0.5", GPULAYER_WORKER_LOST_SECONDS: "15", GPULAYER_WORKER_LEASE: "120", GPULAYER_WORKER_ENGINE: "none", GPULAYER_CANCEL_GRACE: "1", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
+const JOBS = 240;
+const SUBMITTERS = 6;
+const T = 300_000;
+const box = sandbox();
+const procs: Kept[] = [];
+const files = join(box.root, "shared-files");
+const runs = join(box.root, "runs.txt");
+let pg: Postgres;
+let database = "";
+let sql: InstanceType<typeof Bun.SQL>;
+
+/** A replica on a port of its own for the whole test: killed and started again, it is where its clients and workers look. */
+interface Replica {
+  i: number;
+  port: number;
+  kept: Kept | null;
+}
+const replicas: Replica[] = [];
+const urls = () => replicas.map((r) => `http://127.0.0.1:${r.port}`);
+
+async function freePort(): Promise<number> {
+  const s = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const port = s.port;
+  s.stop(true);
+  return port;
+}
+
+const serves = async (r: Replica) => (await fetch(`http://127.0.0.1:${r.port}/v1/health`).catch(() => null))?.status === 200;
+
+/** Start it and wait until it serves; a start while the database is down fails (it says so and exits), and is tried again. */
+async function startReplica(r: Replica): Promise<void> {
+  for (;;) {
+    const kept = keepOutput(startCli(["server", "--listen", `127.0.0.1:${r.port}`, "--database", database, "--files", files], { env: { ...box.env, ...SETTINGS, GPULAYER_HOME: join(box.root, `replica-${r.i}`), GPULAYER_TOKEN: TOKEN } }), procs);
+    r.kept = kept;
+    let exited = false;
+    void kept.proc.exited.then(() => (exited = true));
+    while (!exited && !(await serves(r))) await Bun.sleep(100);
+    if (!exited) return;
+    await Bun.sleep(300);
+  }
+}
+
+// The job writes which job and attempt ran it (its folder on the worker is named JOB-ATTEMPT): a retried submit's second job is told apart.
+const SCRIPT = `basename "$PWD" >> ${runs}`;
+
+/** Submit once; on "cannot reach" or "no replica can serve it" (503) try again, as a script would. Null: never answered 201. */
+async function submit(tries: { n: number }): Promise<string> {
+  for (;;) {
+    const r = await cli(["job", "run", "--detach", "--json", "--", "sh", "-c", SCRIPT], { env: { ...box.env, GPULAYER_SERVER: urls().join(","), GPULAYER_TOKEN: TOKEN }, cwd: box.root });
+    if (r.code === 0) return (JSON.parse(r.stdout) as { id: string }).id;
+    if (!/cannot reach|can serve it now/.test(r.stderr)) throw new Error(`a submit failed otherwise than for a fault: ${r.stderr}`);
+    tries.n++;
+    await Bun.sleep(200);
+  }
+}
+
+const rand = (lo: number, hi: number) => lo + Math.random() * (hi - lo);
+
+// A machine without PostgreSQL runs none of this; CI installs it and requires it (GPULAYER_TEST_REQUIRE_POSTGRES).
+const suite = hasPostgres ? describe : describe.skip;
+
+beforeAll(async () => {
+  if (!hasPostgres) return;
+  pg = await startPostgres();
+  database = await pg.database();
+  sql = new Bun.SQL(database, { max: 2 });
+  mkdirSync(files, { recursive: true });
+  for (let i = 0; i < 3; i++) replicas.push({ i, port: await freePort(), kept: null });
+  await Promise.all(replicas.map(startReplica));
+  for (let i = 0; i < 3; i++) {
+    const mine = [...urls().slice(i), ...urls().slice(0, i)].join(",");
+    const w = keepOutput(startCli(["join", mine, "--name", `w${i}`, "--python", "python3"], { env: { ...box.env, ...SETTINGS, GPULAYER_HOME: join(box.root, `w${i}-home`), GPULAYER_TOKEN: TOKEN } }), procs);
+    await waitFor(`worker w${i}`, () => w.out().includes(`as w${i}`));
+  }
+}, T);
+
+afterAll(async () => {
+  await stopAll(procs);
+  await sql?.close({ timeout: 1 }).catch(() => {});
+  await pg?.close();
+  box.cleanup();
+}, 60_000);
+
+suite("exactly once with replicas SIGKILLed and the database stopped at random moments", () => {
+  test("the tests' PostgreSQL runs as a user's does: fsync, synchronous_commit and full_page_writes on", async () => {
+    const on = await sql.unsafe("SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes') ORDER BY name");
+    expect(on.map((r: { name: string; setting: string }) => `${r.name}=${r.setting}`)).toEqual(["fsync=on", "full_page_writes=on", "synchronous_commit=on"]);
+  }, T);
+
+  test(`${JOBS} jobs through replica kills and database restarts: each answered job exists, ran once and ended once`, async () => {
+    const answered: string[] = [];
+    const tries = { n: 0 };
+    let next = 0;
+    const submitters = Array.from({ length: SUBMITTERS }, async () => {
+      while (next < JOBS) {
+        next++;
+        answered.push(await submit(tries));
+      }
+    });
+    let submitting = true;
+    const faults = { kills: 0, stops: 0 };
+    const restarts: Promise<void>[] = [];
+    const chaos = (async () => {
+      while (submitting) {
+        await Bun.sleep(rand(1_000, 3_000));
+        if (!submitting) break;
+        if (Math.random() < 0.6) {
+          const up = replicas.filter((r) => r.kept && r.kept.proc.exitCode === null && r.kept.proc.signalCode === null);
+          const r = up[Math.floor(Math.random() * up.length)];
+          if (!r || up.length < 2) continue;
+          r.kept!.proc.kill("SIGKILL");
+          await r.kept!.proc.exited;
+          faults.kills++;
+          restarts.push(Bun.sleep(rand(200, 2_000)).then(() => startReplica(r)));
+        } else {
+          await pg.stop();
+          faults.stops++;
+          await Bun.sleep(rand(200, 2_000));
+          await pg.start();
+        }
+      }
+    })();
+    await Promise.all(submitters);
+    submitting = false;
+    await chaos;
+    await Promise.all(restarts);
+    console.error(`${answered.length} jobs answered 201; ${faults.kills} replica kills, ${faults.stops} database restarts, ${tries.n} submits tried again`);
+    expect(faults.kills).toBeGreaterThan(0);
+    expect(faults.stops).toBeGreaterThan(0);
+
+    // Every replica serves again: those killed were started again, and all of them found the restarted database.
+    for (const r of replicas) await waitFor(`replica ${r.i} to serve`, () => serves(r), 30_000);
+    const ended = await waitFor(
+      "every answered job to end",
+      async () => {
+        const rows = (await sql.unsafe("SELECT id, state FROM jobs WHERE id = ANY($1::text[])", [answered])) as { id: string; state: string }[];
+        return rows.length === answered.length && rows.every((r) => ["succeeded", "failed", "cancelled"].includes(r.state)) ? rows : null;
+      },
+      120_000,
+    ).catch(async (error) => {
+      const found = new Set(((await sql.unsafe("SELECT id FROM jobs WHERE id = ANY($1::text[])", [answered])) as { id: string }[]).map((r) => r.id));
+      throw new Error(`${(error as Error).message}; answered 201 but not in the database: ${answered.filter((id) => !found.has(id)).join(", ") || "none"}`);
+    });
+    expect(ended.filter((r) => r.state !== "succeeded")).toEqual([]);
+
+    // Per job, from the database: its tasks (one per assignment), its assignments, its ends; and from the file, the attempts that ran.
+    const tasks = (await sql.unsafe("SELECT job_id, attempt, state FROM tasks WHERE job_id = ANY($1::text[])", [answered])) as { job_id: string; attempt: number; state: string }[];
+    const events = (await sql.unsafe("SELECT job_id, type, COUNT(*)::int AS n FROM events WHERE job_id = ANY($1::text[]) AND type IN ('job.assigned', 'task.run.started', 'task.run.finished') GROUP BY job_id, type", [answered])) as { job_id: string; type: string; n: number }[];
+    const ran = existsSync(runs) ? readFileSync(runs, "utf8").split("\n").filter(Boolean) : [];
+    const wrong: string[] = [];
+    for (const id of answered) {
+      const mine = tasks.filter((t) => t.job_id === id);
+      const count = (type: string) => events.find((e) => e.job_id === id && e.type === type)?.n ?? 0;
+      const runsOf = ran.filter((line) => line.startsWith(`${id}-`));
+      const done = mine.filter((t) => t.state === "done");
+      const problems = [
+        runsOf.length !== 1 && `ran ${runsOf.length} times (${runsOf.join(", ")})`,
+        done.length !== 1 && `${done.length} tasks ended`,
+        done.length === 1 && runsOf.length === 1 && runsOf[0] !== `${id}-${done[0]!.attempt}` && `ran as ${runsOf[0]}, but attempt ${done[0]!.attempt} ended`,
+        count("job.assigned") !== mine.length && `${count("job.assigned")} assignments for ${mine.length} tasks`,
+        count("task.run.started") !== 1 && `started ${count("task.run.started")} times`,
+        count("task.run.finished") !== 1 && `finished ${count("task.run.finished")} times`,
+      ].filter(Boolean);
+      if (problems.length) wrong.push(`${id}: ${problems.join("; ")} [tasks: ${mine.map((t) => `${t.attempt}:${t.state}`).join(" ")}]`);
+    }
+    expect(wrong).toEqual([]);
+    // Jobs never answered (a submit whose answer was cut off, then tried again) ran at most once too: no line appears twice.
+    expect(ran.length).toBe(new Set(ran).size);
+  }, T);
+});
