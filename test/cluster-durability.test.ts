@@ -21,7 +21,7 @@ const TOKEN = "durability-test-token-0123456789";
 // A worker counts as lost only after a silence no fault here causes, and its jobs are given out again only after a lease no run lasts:
 // so a job that runs twice is the coordinator's doing, never a lease that ran out on this loaded machine.
 const SETTINGS = { GPULAYER_HEARTBEAT_SECONDS: "0.5", GPULAYER_WORKER_LOST_SECONDS: "15", GPULAYER_WORKER_LEASE: "120", GPULAYER_WORKER_ENGINE: "none", GPULAYER_CANCEL_GRACE: "1", GPULAYER_WORKER_DRAIN_SECONDS: "1" };
-const JOBS = 240;
+const JOBS = 200;
 const SUBMITTERS = 6;
 const T = 300_000;
 const box = sandbox();
@@ -125,9 +125,11 @@ suite("exactly once with replicas SIGKILLed and the database stopped at random m
     const restarts: Promise<void>[] = [];
     const chaos = (async () => {
       while (submitting) {
-        await Bun.sleep(rand(1_000, 3_000));
+        await Bun.sleep(rand(2_000, 5_000));
         if (!submitting) break;
-        if (Math.random() < 0.6) {
+        // About as many replica kills as database restarts, in random order.
+        const kill = faults.kills === faults.stops ? Math.random() < 0.5 : faults.kills < faults.stops;
+        if (kill) {
           const up = replicas.filter((r) => r.kept && r.kept.proc.exitCode === null && r.kept.proc.signalCode === null);
           const r = up[Math.floor(Math.random() * up.length)];
           if (!r || up.length < 2) continue;
@@ -138,7 +140,7 @@ suite("exactly once with replicas SIGKILLed and the database stopped at random m
         } else {
           await pg.stop();
           faults.stops++;
-          await Bun.sleep(rand(200, 2_000));
+          await Bun.sleep(rand(200, 1_500));
           await pg.start();
         }
       }
@@ -153,17 +155,17 @@ suite("exactly once with replicas SIGKILLed and the database stopped at random m
 
     // Every replica serves again: those killed were started again, and all of them found the restarted database.
     for (const r of replicas) await waitFor(`replica ${r.i} to serve`, () => serves(r), 30_000);
+    // A job answered 201 and lost to the database's restart never shows up: the jobs found are awaited, then the answered ones counted.
     const ended = await waitFor(
-      "every answered job to end",
+      "every answered job the database holds to end",
       async () => {
         const rows = (await sql.unsafe("SELECT id, state FROM jobs WHERE id = ANY($1::text[])", [answered])) as { id: string; state: string }[];
-        return rows.length === answered.length && rows.every((r) => ["succeeded", "failed", "cancelled"].includes(r.state)) ? rows : null;
+        return rows.every((r) => ["succeeded", "failed", "cancelled"].includes(r.state)) ? rows : null;
       },
       120_000,
-    ).catch(async (error) => {
-      const found = new Set(((await sql.unsafe("SELECT id FROM jobs WHERE id = ANY($1::text[])", [answered])) as { id: string }[]).map((r) => r.id));
-      throw new Error(`${(error as Error).message}; answered 201 but not in the database: ${answered.filter((id) => !found.has(id)).join(", ") || "none"}`);
-    });
+    );
+    const found = new Set(ended.map((r) => r.id));
+    expect(answered.filter((id) => !found.has(id))).toEqual([]);
     expect(ended.filter((r) => r.state !== "succeeded")).toEqual([]);
 
     // Per job, from the database: its tasks (one per assignment), its assignments, its ends; and from the file, the attempts that ran.
