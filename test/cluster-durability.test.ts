@@ -189,6 +189,8 @@ suite("exactly once with replicas SIGKILLed and the database stopped at random m
       if (problems.length) wrong.push(`${id}: ${problems.join("; ")} [tasks: ${mine.map((t) => `${t.attempt}:${t.state}`).join(" ")}]`);
     }
     expect(wrong).toEqual([]);
+    const orphans = (await sql.unsafe("SELECT COUNT(*)::int AS n FROM jobs WHERE NOT (id = ANY($1::text[]))", [answered]))[0].n as number;
+    console.error(`${orphans} job(s) in the database that no client was answered for (a submit committed, its answer cut off, tried again)`);
     // Jobs never answered (a submit whose answer was cut off, then tried again) ran at most once too: no line appears twice.
     expect(ran.length).toBe(new Set(ran).size);
   }, T);
