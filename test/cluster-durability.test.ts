@@ -110,6 +110,19 @@ suite("exactly once with replicas SIGKILLed and the database stopped at random m
     expect(on.map((r: { name: string; setting: string }) => `${r.name}=${r.setting}`)).toEqual(["fsync=on", "full_page_writes=on", "synchronous_commit=on"]);
   }, T);
 
+  test("a replica on a database that acknowledges commits before they are on disk says so when it starts", async () => {
+    const lax = await pg.database();
+    const admin = new Bun.SQL(pg.url, { max: 1 });
+    await admin.unsafe(`ALTER DATABASE ${new URL(lax).pathname.slice(1)} SET synchronous_commit = off`);
+    await admin.close();
+    const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--database", lax, "--files", files], { env: { ...box.env, ...SETTINGS, GPULAYER_HOME: join(box.root, "replica-lax"), GPULAYER_TOKEN: TOKEN } }), procs);
+    await waitFor("the replica on the lax database to start", () => server.out().includes("listening") || server.proc.exitCode !== null);
+    server.proc.kill("SIGTERM");
+    await server.proc.exited;
+    expect(server.out()).toContain("warning: the database runs with synchronous_commit=off: if it crashes, jobs it answered for can be lost or run twice");
+    for (const r of replicas) expect(r.kept!.out()).not.toContain("warning: the database");
+  }, T);
+
   test(`${JOBS} jobs through replica kills and database restarts: each answered job exists, ran once and ended once`, async () => {
     const answered: string[] = [];
     const tries = { n: 0 };
