@@ -66,7 +66,7 @@ async function startReplica(r: Replica): Promise<void> {
 // The job writes which job and attempt ran it (its folder on the worker is named JOB-ATTEMPT): a retried submit's second job is told apart.
 const SCRIPT = `basename "$PWD" >> ${runs}`;
 
-/** Submit once; on "cannot reach" or "no replica can serve it" (503) try again, as a script would. Null: never answered 201. */
+/** One job, answered 201: on "cannot reach" or "no replica can serve it" (503) the submit is tried again, as a script would. */
 async function submit(tries: { n: number }): Promise<string> {
   for (;;) {
     const r = await cli(["job", "run", "--detach", "--json", "--", "sh", "-c", SCRIPT], { env: { ...box.env, GPULAYER_SERVER: urls().join(","), GPULAYER_TOKEN: TOKEN }, cwd: box.root });
@@ -158,10 +158,14 @@ suite("exactly once with replicas SIGKILLed and the database stopped at random m
         }
       }
     })();
-    await Promise.all(submitters);
-    submitting = false;
-    await chaos;
-    await Promise.all(restarts);
+    try {
+      await Promise.all(submitters);
+    } finally {
+      // Also when a submit failed: no fault and no replica started after the test.
+      submitting = false;
+      await chaos;
+      await Promise.all(restarts);
+    }
     console.error(`${answered.length} jobs answered 201; ${faults.kills} replica kills, ${faults.stops} database restarts, ${tries.n} submits tried again`);
     expect(faults.kills).toBeGreaterThan(0);
     expect(faults.stops).toBeGreaterThan(0);
