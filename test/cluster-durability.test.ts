@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, mkdirSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
@@ -39,6 +39,7 @@ interface Replica {
   kept: Kept | null;
 }
 const replicas: Replica[] = [];
+const workers: Kept[] = [];
 const urls = () => replicas.map((r) => `http://127.0.0.1:${r.port}`);
 
 async function freePort(): Promise<number> {
@@ -94,6 +95,7 @@ beforeAll(async () => {
     const mine = [...urls().slice(i), ...urls().slice(0, i)].join(",");
     const w = keepOutput(startCli(["join", mine, "--name", `w${i}`, "--python", "python3"], { env: { ...box.env, ...SETTINGS, GPULAYER_HOME: join(box.root, `w${i}-home`), GPULAYER_TOKEN: TOKEN } }), procs);
     await waitFor(`worker w${i}`, () => w.out().includes(`as w${i}`));
+    workers.push(w);
   }
 }, T);
 
@@ -121,6 +123,30 @@ suite("exactly once with replicas SIGKILLed and the database stopped at random m
     await server.proc.exited;
     expect(server.out()).toContain("warning: the database runs with synchronous_commit=off: if it crashes, jobs it answered for can be lost or run twice");
     for (const r of replicas) expect(r.kept!.out()).not.toContain("warning: the database");
+  }, T);
+
+  test("a job handed to a worker just before the database stops is not failed by the outage: the worker fetches its folder once a replica can serve again", async () => {
+    // A folder no worker has yet: the worker that takes the job asks a replica for it first.
+    const project = join(box.root, "project-outage");
+    mkdirSync(project);
+    writeFileSync(join(project, "data.txt"), `${crypto.randomUUID()}\n`);
+    // The workers stopped: the job is handed out (its poll answered), but the worker acts on it only once the database is down.
+    for (const w of workers) w.proc.kill("SIGSTOP");
+    try {
+      const r = await cli(["job", "run", "--detach", "--json", "--workdir", project, "--", "cat", "data.txt"], { env: { ...box.env, GPULAYER_SERVER: urls().join(","), GPULAYER_TOKEN: TOKEN }, cwd: box.root });
+      expect(r.code).toBe(0);
+      const id = (JSON.parse(r.stdout) as { id: string }).id;
+      await waitFor("the job to be handed to a worker", async () => (await sql.unsafe("SELECT 1 FROM tasks WHERE job_id = $1 AND delivered = 1", [id])).length === 1);
+      await pg.stop();
+      for (const w of workers) w.proc.kill("SIGCONT");
+      // The worker asks for the folder meanwhile, and every replica answers 503.
+      await Bun.sleep(2_000);
+      await pg.start();
+      const row = await waitFor("the job to end", async () => (await sql.unsafe("SELECT state, error FROM jobs WHERE id = $1 AND state IN ('succeeded', 'failed', 'cancelled')", [id]))[0], 60_000);
+      expect(row).toEqual({ state: "succeeded", error: null });
+    } finally {
+      for (const w of workers) w.proc.kill("SIGCONT");
+    }
   }, T);
 
   test(`${JOBS} jobs through replica kills and database restarts: each answered job exists, ran once and ended once`, async () => {
