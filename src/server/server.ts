@@ -184,12 +184,15 @@ export async function startServer(dir: string, token: string, settings: ServerSe
   });
   const replica = `${hostname()}-${process.pid}-${Buffer.from(crypto.getRandomValues(new Uint8Array(3))).toString("hex")}`;
   if (replicas) {
+    let unsafe: string[];
     try {
       await refuseOtherToken(db, token);
+      unsafe = db instanceof PostgresDatabase ? await db.unsafeSettings() : [];
     } catch (error) {
       await db.close();
       throw error;
     }
+    if (unsafe.length) log(`warning: the database runs with ${unsafe.join(" and ")}: if it crashes, jobs it answered for can be lost or run twice (the README says what the coordinator needs from PostgreSQL)`);
     mkdirSync(dir, { recursive: true, mode: 0o700 });
     writeFileSync(join(dir, DATABASE_MARKER), `${db.where}\n`, { mode: 0o600 });
   } else rmSync(join(dir, DATABASE_MARKER), { force: true });

@@ -2,10 +2,10 @@ import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:f
 import { join } from "node:path";
 import { ownerOnlyFolder } from "../core/owner-only.ts";
 import { type BundleLimits, unpackBundle } from "../cluster/bundle.ts";
-import type { ClusterClient } from "../cluster/client.ts";
+import { type ClusterClient, isUnavailable } from "../cluster/client.ts";
 import type { GpuInfo, PrepareTaskResult, RemoteSpec, TaskAssignment } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
-import { BundleError, ExitCode, InstallError, UserError } from "../errors.ts";
+import { BundleError, ExitCode, HttpError, InstallError, UserError } from "../errors.ts";
 import { prepare, type Prepared } from "../jobs/prepare.ts";
 import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.ts";
 import { environmentRequest } from "../env/request.ts";
@@ -14,6 +14,7 @@ import { giveTree } from "../jobs/run-as.ts";
 import { lockDown } from "../core/tree-owner.ts";
 import { JobStore } from "../jobs/store.ts";
 import { acquireEntry } from "../env/cache-entry.ts";
+import { sleep } from "../core/sleep.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
 import { touchFile } from "../env/store.ts";
 import { bundlePaths } from "../gc/bundle-source.ts";
@@ -56,11 +57,30 @@ function clusterDir(ctx: WorkerContext, ...parts: string[]): string {
   return join(ctx.layout.root, "cluster", ...parts);
 }
 
+/**
+ * The bundle's bytes. A server that cannot be reached, or cannot serve now
+ * (503: a replica without its database), is asked again, as a task's reports
+ * are, until it answers or the task is stopped: an outage of the coordinator
+ * fails no job that was already given out.
+ */
+async function downloadBundle(ctx: WorkerContext, hash: string, stopped: () => boolean): Promise<Uint8Array> {
+  for (let delay = 200; ; delay = Math.min(delay * 2, 5000)) {
+    try {
+      return (await ctx.client.bytes(`/v1/bundles/${hash}`)).data;
+    } catch (error) {
+      // The client throws an HttpError for an answer, anything else when no replica could be reached.
+      const outage = !(error instanceof HttpError) || isUnavailable(error.status);
+      if (!outage || stopped()) throw error;
+      await sleep(delay);
+    }
+  }
+}
+
 /** The bundle's tar.gz, fetched once per worker and checked against its hash. */
-async function fetchBundle(ctx: WorkerContext, hash: string): Promise<string> {
+async function fetchBundle(ctx: WorkerContext, hash: string, stopped: () => boolean): Promise<string> {
   const file = clusterDir(ctx, "bundles", `${hash}.tar.gz`);
   if (existsSync(file)) return file;
-  const { data } = await ctx.client.bytes(`/v1/bundles/${hash}`);
+  const data = await downloadBundle(ctx, hash, stopped);
   if (new Bun.CryptoHasher("sha256").update(data).digest("hex") !== hash) throw new BundleError(`bundle ${hash.slice(0, 12)} arrived damaged (hash mismatch)`);
   ownerOnlyFolder(clusterDir(ctx, "bundles"));
   const tmp = `${file}.${process.pid}.${crypto.randomUUID()}.tmp`;
@@ -94,7 +114,7 @@ async function sharedCopy(ctx: WorkerContext, hash: string, file: string): Promi
  * copy's lock, which gc holds while it moves a copy out. The caller releases
  * the lease when the task ends.
  */
-async function useBundle(ctx: WorkerContext, hash: string, holder: string): Promise<{ file: string; dir: string; lease: Lease }> {
+async function useBundle(ctx: WorkerContext, hash: string, holder: string, stopped: () => boolean): Promise<{ file: string; dir: string; lease: Lease }> {
   const paths = bundlePaths(ctx.layout, hash);
   const lease = takeLease(ctx.layout, "bundle", hash, holder);
   try {
@@ -103,7 +123,7 @@ async function useBundle(ctx: WorkerContext, hash: string, holder: string): Prom
       // Looked at only under the lock: never between gc moving the tar.gz out and the folder.
       reuse: (look) => (look.locked && existsSync(paths.file) && existsSync(paths.dir) ? paths : null),
       build: async () => {
-        await sharedCopy(ctx, hash, await fetchBundle(ctx, hash));
+        await sharedCopy(ctx, hash, await fetchBundle(ctx, hash, stopped));
         return paths;
       },
     });
@@ -162,13 +182,13 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       let source = workdir;
       rmSync(workdir, { recursive: true, force: true });
       if (task.bundle) {
-        const copy = await useBundle(ctx, task.bundle, `task ${task.id} (job ${task.job_id})`);
+        const copy = await useBundle(ctx, task.bundle, `task ${task.id} (job ${task.job_id})`, () => stopReason !== null);
         bundleLease = copy.lease;
         source = copy.dir;
         await unpackBundle(copy.file, workdir, ctx.bundleLimits);
       } else mkdirSync(workdir, { recursive: true });
       // What the tasks it needs left, fetched (the bundles' entry checks) and put at their paths.
-      await placeInputs(task, workdir, (hash) => useBundle(ctx, hash, `task ${task.id} (job ${task.job_id}): inputs`));
+      await placeInputs(task, workdir, (hash) => useBundle(ctx, hash, `task ${task.id} (job ${task.job_id}): inputs`, () => stopReason !== null));
       if (ctx.runner.runAs) giveTree(workdir, ctx.runner.runAs);
       if (stopReason) {
         if (handedBack) return;
@@ -265,7 +285,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
       const runAs = ctx.runner.runAs;
       rmSync(empty, { recursive: true, force: true });
       if (task.bundle) {
-        const copy = await useBundle(ctx, task.bundle, `prepare task ${task.id}`);
+        const copy = await useBundle(ctx, task.bundle, `prepare task ${task.id}`, () => handedBack !== null);
         bundleLease = copy.lease;
         cwd = copy.dir;
         // worker.run_as: the build reads the user's own copy of the bundle (the worker's is closed to the user).

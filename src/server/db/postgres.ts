@@ -85,6 +85,16 @@ export class PostgresDatabase implements Database {
     }
   }
 
+  /**
+   * Settings under which a commit is acknowledged before it is on disk: a
+   * crash of the database then loses changes the replicas answered for (a
+   * job answered 201, a task already handed to a worker).
+   */
+  async unsafeSettings(): Promise<string[]> {
+    const rows = await this.pool.all<{ name: string; setting: string }>("SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit') ORDER BY name");
+    return rows.filter((r) => r.setting === "off").map((r) => `${r.name}=off`);
+  }
+
   async ping(): Promise<void> {
     await this.pool.get("SELECT 1 AS ok");
   }
