@@ -293,7 +293,7 @@ describe("gpulayer reads requirement files as pip does", () => {
     // Measured the way (one per key beyond the first for each request pip reads alike): 19 before -p specs,
     // included files and option spellings were read as pip reads them; the goal is at most 13.
     const groups = [...byView.values()].filter((keys) => keys.size > 1).map((keys) => results.filter((r) => r.key && keys.has(r.key)).map((r) => r.c.name));
-    expect({ wasted, groups }).toMatchObject({ wasted: expect.toBeWithin(0, 14) });
+    expect({ wasted: wasted <= 13, groups }).toMatchObject({ wasted: true });
   });
 
   test("credentials and expanded variables never reach the key document", () => {
