@@ -129,6 +129,8 @@ export function localPathOf(target: string): string | null {
 class Scanner {
   readonly inputs: RequestInputs;
   private readonly open = new Set<string>();
+  /** Inside a requirements file that a constraints file includes: uv reads it as constraints too (requestFiles adds it as requirements). */
+  private underConstraints = 0;
 
   constructor(private readonly ctx: ScanContext) {
     this.inputs = { specs: [], specLines: { lines: [], requirements: [] }, files: [], variables: new Map(), locals: [], findLinks: [], requirements: [], indexUrls: [], indexUrlsShown: [], noIndex: false, optionsSeen: new Set(), uvDiffers: null, reading: { requirements: [], constraints: [], lines: [] }, requirementsUnderConstraints: [] };
@@ -207,6 +209,8 @@ class Scanner {
       const ignored = line.options.filter((o) => o !== editable && !PER_REQUIREMENT.has(o.name));
       if (ignored.length) this.uvDiffers(`${origin}: pip ignores ${ignored[0]!.name} on a requirement line`);
       this.readAs(kind, plain ?? this.requirementKeyLine(line, editable));
+      refuseAsPip(line, kind, origin, editable);
+      if (this.underConstraints && !plain) this.uvDiffers(`${origin}: a requirement other than a name and versions, in a file a constraints file includes, is left to pip (uv reads that file as constraints too)`);
       if (kind === "requirements") this.requirement(line, origin, editable?.value, file);
       else if (editable) this.requirement(line, origin, editable.value, file);
       return;
@@ -240,8 +244,18 @@ class Scanner {
       const nestedKind = nested[0].name === "--requirement" ? "requirements" : "constraints";
       const nestedPath = isAbsolute(local) ? local : join(fileDir, local);
       // pip: a -r reads requirements wherever it is; uv reads what a constraints file includes as constraints.
-      if (nestedKind === "requirements" && kind === "constraints") this.inputs.requirementsUnderConstraints.push(resolve(this.ctx.cwd, nestedPath));
-      this.file(nestedPath, nestedKind, origin, local);
+      const underConstraints = nestedKind === "requirements" && kind === "constraints";
+      if (underConstraints) {
+        const abs = resolve(this.ctx.cwd, nestedPath);
+        this.inputs.requirementsUnderConstraints.push(abs);
+        if (shlexQuote(abs) !== abs) this.uvDiffers(`${origin}: a requirements file in a constraints file, whose path needs quoting, is left to pip`);
+      }
+      this.underConstraints += underConstraints ? 1 : 0;
+      try {
+        this.file(nestedPath, nestedKind, origin, local);
+      } finally {
+        this.underConstraints -= underConstraints ? 1 : 0;
+      }
     }
   }
 
@@ -355,6 +369,27 @@ class Scanner {
     });
     this.inputs.specLines.requirements.sort();
   }
+}
+
+const NAMED = /^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\s*(\[[^\]]*\])?\s*\(?([^;@()]*)\)?\s*(;.*)?$/s;
+
+/**
+ * What pip refuses and uv would read: refused here, in pip's words, for
+ * either installer. Each rule is one pip holds in every version (packaging's
+ * grammar; pip's check of constraints), and the differential suite holds it
+ * against pip's parser and resolver.
+ */
+function refuseAsPip(line: PipLine, kind: RequestFile["kind"], origin: string, editable: FileOption | undefined): void {
+  if (kind === "constraints") {
+    if (editable) throw new UsageError(`${origin}: Editable requirements are not allowed as constraints (pip refuses them: make it a requirement)`);
+    const extras = NAME_AT_URL.exec(line.args)?.[2] ?? NAMED.exec(line.args)?.[1];
+    if (extras?.replace(/[[\]\s,]/g, "")) throw new UsageError(`${origin}: Constraints cannot have extras (pip refuses them: constrain ${line.args.split("[", 1)[0]!.trim()} without them)`);
+  }
+  const named = NAME_AT_URL.test(line.args) ? null : NAMED.exec(line.args);
+  if (!named) return;
+  // pip splits options from a requirement at spaces only: after a tab, `--hash=...` is read as part of the requirement.
+  if (/[^\S ]-/.test(line.args)) throw new UsageError(`${origin}: Invalid requirement: '${line.args.replace(/\t/g, "\\t")}' (pip separates options from a requirement with a space, not a tab)`);
+  if ((named[2] ?? "").includes(",") && named[2]!.split(",").some((c) => !c.trim())) throw new UsageError(`${origin}: Invalid requirement: '${line.args}' (pip takes no empty version clause: a trailing or doubled comma)`);
 }
 
 /** URLs in a line with their credentials replaced by a digest of them (user and password both). */
