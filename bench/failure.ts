@@ -33,12 +33,14 @@ const python = await makeWorkerVenv(join(work, "worker"), { env: base });
 
 let n = 0;
 /** One failing run: its wall time and what it said; a success is a broken benchmark. */
-function failing(argv: string[], env: Record<string, string>): { ms: number; said: string } {
+// Spawned, not spawnSync: the index answers from this same process.
+async function failing(argv: string[], env: Record<string, string>): Promise<{ ms: number; said: string }> {
   const t = performance.now();
-  const r = Bun.spawnSync(argv, { env, cwd: work, stdout: "pipe", stderr: "pipe", stdin: "ignore" });
+  const p = Bun.spawn(argv, { env, cwd: work, stdout: "ignore", stderr: "pipe", stdin: "ignore" });
+  const [said, code] = await Promise.all([new Response(p.stderr).text(), p.exited]);
   const ms = performance.now() - t;
-  if (r.exitCode === 0) throw new Error(`${argv.join(" ")} succeeded on a request nothing satisfies`);
-  return { ms, said: r.stderr.toString() };
+  if (code === 0) throw new Error(`${argv.join(" ")} succeeded on a request nothing satisfies`);
+  return { ms, said };
 }
 
 const RAW = "`uv venv` + `uv pip install` (raw)";
@@ -50,16 +52,16 @@ for (let i = 0; i < RUNS + 1; i++) {
   const cache = { UV_CACHE_DIR: join(dir, "uv-cache") };
   const venv = join(dir, "venv");
   const t = performance.now();
-  const made = Bun.spawnSync([uv, "venv", "--quiet", "--python", python, venv], { env: { ...base, ...cache }, stdout: "ignore", stderr: "pipe" });
-  if (made.exitCode !== 0) throw new Error(`uv venv failed: ${made.stderr}`);
-  const raw = failing([uv, "pip", "install", "--python", join(venv, "bin", "python"), "--index-url", index.url, "tiny==9"], { ...base, ...cache });
+  const made = Bun.spawn([uv, "venv", "--quiet", "--python", python, venv], { env: { ...base, ...cache }, stdout: "ignore", stderr: "ignore" });
+  if ((await made.exited) !== 0) throw new Error("uv venv failed");
+  const raw = await failing([uv, "pip", "install", "--python", join(venv, "bin", "python"), "--index-url", index.url, "tiny==9"], { ...base, ...cache });
   const rawMs = performance.now() - t;
-  const gpl = failing([bin, "env", "prepare", "-p", "tiny==9", "--index-url", index.url, "--python", python], { ...base, ...cache, GPULAYER_HOME: join(dir, "home") });
+  const gpl = await failing([bin, "env", "prepare", "-p", "tiny==9", "--index-url", index.url, "--python", python], { ...base, ...cache, GPULAYER_HOME: join(dir, "home") });
   if (i === 0) continue; // warm-up: the page cache, the binary
   samples[RAW]!.push(rawMs);
   samples[GPL]!.push(gpl.ms);
   gplSaid = gpl.said;
-  void raw;
+  if (!/No solution found/.test(raw.said)) throw new Error(`raw uv failed otherwise: ${raw.said}`);
 }
 index.stop();
 rmSync(work, { recursive: true, force: true });
