@@ -359,6 +359,67 @@ describe.if(HAS_UV)("what the fast path leaves to pip", () => {
     }
   });
 
+  test("a -r inside a -c file: pip installs what it names (it reads requirements there), and so does the fast path", async () => {
+    const dir = tempDir("gpl-fast-rinc-");
+    try {
+      writeFileSync(join(dir, "req.txt"), "-c c.txt\ntiny\n");
+      writeFileSync(join(dir, "c.txt"), "-r inner.txt\n");
+      writeFileSync(join(dir, "inner.txt"), "extra-dep\n");
+      const pair = await both([join(dir, "req.txt"), ...idx(), "--python", wB]);
+      expect(pair.pip.installed).toEqual(["extra-dep==1.0", "tiny==1.0"]);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("what pip refuses and uv would build is refused on both installers, in one line naming the file and line", async () => {
+    const dir = tempDir("gpl-fast-refused-");
+    try {
+      const forms: [string, Record<string, string>, RegExp][] = [
+        ["tab", { "req.txt": "tiny\nb==1.0\t--hash=sha256:00\n" }, /req\.txt:2: Invalid requirement: 'b==1\.0\\t--hash=sha256:00'/],
+        ["comma", { "req.txt": "tiny>=1.0,\n" }, /req\.txt:1: Invalid requirement: 'tiny>=1\.0,'/],
+        ["extras", { "req.txt": "-c c.txt\nwithextra\n", "c.txt": "withextra[fancy]==1.0\n" }, /c\.txt:1: Constraints cannot have extras/],
+      ];
+      for (const [name, files, said] of forms) {
+        mkdirSync(join(dir, name));
+        for (const [file, text] of Object.entries(files)) writeFileSync(join(dir, name, file), text);
+        const runs = await Promise.all((["auto", "uv", "pip"] as const).map((installer) => build(installer, [join(dir, name, "req.txt"), ...idx(), "--python", wB])));
+        for (const r of runs) {
+          expect({ name, code: r.code, lines: r.stderr.trim().split("\n") }).toMatchObject({ code: 2, lines: [expect.stringMatching(said)] });
+        }
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("a typo both installers refuse (b>>2): one line naming the user's file and line, exit 1, no second run by pip", async () => {
+    const dir = tempDir("gpl-fast-typo-");
+    try {
+      writeFileSync(join(dir, "req.txt"), "tiny\n# why\nb>>2\n");
+      const [inFile, asSpec] = await Promise.all([build("auto", [join(dir, "req.txt"), ...idx(), "--python", wB]), build("auto", ["-p", "tiny", "-p", "b>>2", ...idx(), "--python", wB])]);
+      expect(inFile.code).toBe(1);
+      expect(inFile.stderr).toEndWith(`error: ${join(dir, "req.txt")}:3: invalid requirement 'b>>2': no such comparison operator ">>", must be one of ~= == != <= >= < > ===\n`);
+      expect(asSpec.code).toBe(1);
+      expect(asSpec.stderr).toEndWith(`error: -p b>>2: invalid requirement 'b>>2': no such comparison operator ">>", must be one of ~= == != <= >= < > ===\n`);
+      for (const r of [inFile, asSpec]) {
+        expect(r.stderr).not.toContain("request.txt");
+        expect(r.stderr).not.toMatch(/with pip/);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("a request nothing satisfies: uv's short explanation in one line, exit 1, no second run by pip", async () => {
+    const r = await build("auto", ["-p", "tiny==9", ...idx(), "--python", wB]);
+    expect(r.code).toBe(1);
+    const errors = r.stderr.split("\n").filter((l) => l.startsWith("error:"));
+    expect(errors).toEqual(["error: no solution found when resolving dependencies: Because there is no version of tiny==9 and you require tiny==9, we can conclude that your requirements are unsatisfiable."]);
+    expect(r.stderr).toEndWith(`${errors[0]}\n`);
+    expect(r.stderr).not.toMatch(/with pip/);
+  });
+
   test("GPULAYER_INSTALLER takes auto, uv or pip", async () => {
     const r = await build("bogus" as "auto", ["-p", "tiny", ...idx(), "--python", wB]);
     expect(r.code).toBe(2);

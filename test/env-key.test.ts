@@ -94,6 +94,21 @@ describe("env key", () => {
     }
   });
 
+  test("one request, one key: -p specs and the same lines in a file, an included file and its lines inline, option spellings", () => {
+    const inFile = keyOf("tiny\nextra-pkg>=1\n");
+    // The installer reads `-p a -p b` as it reads a file of those two lines (a top file of them, for pip and uv alike).
+    expect(keyOf("", { requirementsFile: undefined, specs: ["tiny", "extra-pkg>=1"] })).toBe(inFile);
+    expect(keyOf("", { requirementsFile: undefined, specs: ["extra-pkg >= 1.0", "TINY"] })).toBe(inFile);
+    expect(keyOf("extra-pkg>=1\n", { specs: ["tiny"] })).toBe(inFile);
+    expect(keyOf("-r more.txt\n", { files: { "more.txt": "tiny\nextra-pkg>=1\n" } })).toBe(inFile);
+    expect(keyOf("", { requirementsFile: undefined, specs: ["tiny"] })).not.toBe(inFile);
+    // Option lines: pip reads every spelling of one option alike; a -c file's lines stay constraints.
+    const index = keyOf("--index-url http://127.0.0.1:9/simple\ntiny\n");
+    for (const spelling of ["-i http://127.0.0.1:9/simple", "--index-url=http://127.0.0.1:9/simple", "--pypi-url http://127.0.0.1:9/simple"]) expect(keyOf(`${spelling}\ntiny\n`)).toBe(index);
+    expect(keyOf("-c more.txt\ntiny\n", { files: { "more.txt": "extra-pkg>=1\n" } })).not.toBe(inFile);
+    expect(keyOf("tiny==1.0 --hash=sha256:aa --hash sha256:bb\n")).toBe(keyOf("tiny==1 \\\n  --hash=sha256:bb \\\n  --hash=sha256:aa\n"));
+  });
+
   test("changed by the index and the installer options", () => {
     const base = keyOf("tiny\n");
     expect(keyOf("tiny\n", { indexUrl: index.url.replace("127.0.0.1", "localhost") })).not.toBe(base);
@@ -206,7 +221,7 @@ describe("why a rebuild: env prepare --dry-run names the nearest env built and w
       // One line more in the file: the plain env, one difference (the env with ${V} differs in the file and the variable).
       writeFileSync(join(s.root, "reqs.txt"), "tiny\nextra-pkg\n");
       const moreLines = await dry(["reqs.txt"]);
-      expect(moreLines.nearest).toEqual(expect.objectContaining({ key: plain, differs: [`requirements file ${join(s.root, "reqs.txt")}: + extra-pkg`] }));
+      expect(moreLines.nearest).toEqual(expect.objectContaining({ key: plain, differs: ["the requirements: + extra-pkg"] }));
       writeFileSync(join(s.root, "reqs.txt"), "tiny\n");
 
       expect((await dry(["reqs-v.txt"], { V: "3" })).nearest).toEqual(expect.objectContaining({ key: withVar, differs: ["the variable ${V}: its value"] }));

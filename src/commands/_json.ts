@@ -118,8 +118,7 @@ const UrlOrDigest = v.strictObject({ url: v.optional(str), digest: v.optional(st
 /** The key document (src/env/key.ts): every input the installer reads, by content. */
 export const KeyDocument = v.strictObject({
   schema: num,
-  specs: v.strictObject({ lines: strList, requirements: strList }),
-  files: v.array(v.strictObject({ kind: v.picklist(["requirements", "constraints"]), lines: strList, requirements: strList })),
+  reading: v.strictObject({ requirements: strList, constraints: strList, lines: strList }),
   variables: v.record(v.string(), nullableStr),
   locals: v.array(v.strictObject({ kind: v.picklist(["project", "editable", "archive"]), digest: str, path: v.optional(str) })),
   find_links: v.array(UrlOrDigest),

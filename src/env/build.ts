@@ -193,7 +193,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const { requirements } = plan.inputs;
   const version = fast ? await uvVersion(uv!, plan.dir) : "";
   // What the installer reads, written while the env is the worker's alone; then env and TMPDIR are the user's (build-user.ts).
-  const files = requirements.length ? requestFiles(plan.dir, plan.inputs) : null;
+  const files = requirements.length ? requestFiles(plan.dir, plan.inputs, fast) : null;
   if (user) {
     giveTree(plan.dir, user.uid, user.gid);
     // The folder only: what root's processes left in it stays theirs (a second attempt finds it the user's already).

@@ -9,6 +9,7 @@ import { normalizeName } from "./canonical.ts";
 import { localPathOf, type Requirement } from "./requirements.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
 import type { UvTranslation } from "./pip-config.ts";
+import { uvFailureMeaning } from "./uv-failure.ts";
 import { MIRROR_MARK, type WorkerDist } from "./worker-mirror.ts";
 
 /**
@@ -116,7 +117,7 @@ export function uvEnv(plan: BuildPlan, base: Record<string, string>, machine: Uv
  * The bytecode is compiled after it (bytecode.ts), faster than uv's
  * --compile-bytecode, whose workers each import compileall first.
  */
-export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks, machine: UvTranslation | null = null, files: RequestFiles = requestFiles(plan.dir, plan.inputs)): Promise<void> {
+export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, env: Record<string, string>, hooks: BuildHooks, machine: UvTranslation | null = null, files: RequestFiles = requestFiles(plan.dir, plan.inputs, true)): Promise<void> {
   // --index-strategy unsafe-best-match: every index counts, as in pip (uv's default takes the first index that has a name).
   // The machine's pip settings come first: the request's own options, read later, win over them as in pip.
   const argv = [uv, "pip", "install", "--python", envPython, "--no-config", ...(machine?.args ?? []), ...files.args];
@@ -132,6 +133,9 @@ export async function uvInstall(plan: BuildPlan, uv: string, envPython: string, 
   const { code, lines } = await runTool(argv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: plan.user });
   files.done();
   if (code !== 0) {
+    const meaning = uvFailureMeaning(lines, plan.cwd, files);
+    if (meaning && "final" in meaning) throw meaning.final;
+    if (meaning) throw new UvFailed(installFailure("installing the requirements with uv failed", files.named(lines)), meaning.retry);
     // The step that failed names itself: disk-full.ts reads "X failed".
     const failure = installFailure("installing the requirements with uv failed", files.named(lines));
     throw new UvFailed(failure, `uv failed: ${failure.message.replace(/^installing the requirements with uv failed:? ?/, "") || "(no message)"}`);

@@ -5,7 +5,7 @@ import type { CondaEnv } from "./conda.ts";
 import { type RequestInputs, variableDigests } from "./requirements.ts";
 
 /** Bumped whenever the key document or the build changes meaning; old entries are then never reused. */
-export const KEY_SCHEMA = 2;
+export const KEY_SCHEMA = 3;
 
 /** Installer options given as flags (not in a file): they travel to the installer as variables. */
 export interface FlagOptions {
@@ -36,11 +36,11 @@ export function keyDocument(input: KeyInput) {
   const { inputs, flags } = input;
   return {
     schema: KEY_SCHEMA,
-    specs: inputs.specLines,
-    files: inputs.files.map((f) => ({ kind: f.kind, lines: f.lines, requirements: f.requirements })),
+    // What pip reads, not which file or -p said it: `-p a -p b` and a file of the same two lines are one request.
+    reading: inputs.reading,
     variables: variableDigests(inputs.variables),
     // An editable project is linked, not copied: its place is part of what is built.
-    locals: inputs.locals.map((l) => (l.kind === "editable" ? { kind: l.kind, digest: l.digest, path: l.path } : { kind: l.kind, digest: l.digest })),
+    locals: inputs.locals.map((l) => (l.kind === "editable" ? { kind: l.kind, digest: l.digest, path: l.path } : { kind: l.kind, digest: l.digest })).sort((a, b) => (JSON.stringify(a) < JSON.stringify(b) ? -1 : 1)),
     // By the variable's name (its value is in `variables` by digest): the stored document never holds it.
     find_links: inputs.findLinks.map((f) => (f.url ? { url: f.shown ?? f.url } : { digest: f.digest })),
     flags: {

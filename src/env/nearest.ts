@@ -53,17 +53,11 @@ export function keyDifferences(theirs: Partial<KeyDocument>, resolved: ResolvedR
   const { inputs } = resolved;
   const out: string[] = [];
   if (theirs.schema !== ours.schema) out.push(`the key's format: ${theirs.schema ?? "older"} → ${ours.schema} (gpulayer was upgraded)`);
-  if (!same(theirs.specs, ours.specs)) {
-    out.push(`the -p specs: ${setChange([...(theirs.specs?.requirements ?? []), ...(theirs.specs?.lines ?? [])], [...ours.specs.requirements, ...ours.specs.lines])}`);
-  }
-  const files = Math.max(theirs.files?.length ?? 0, ours.files.length);
-  for (let i = 0; i < files; i++) {
-    const [was, now] = [theirs.files?.[i], ours.files[i]];
-    const name = inputs.files[i] ? `${now!.kind} file ${inputs.files[i]!.path}` : `a ${was!.kind} file`;
-    if (!was) out.push(`${name}: not in the built env's request`);
-    else if (!now) out.push(`${name}: in the built env's request only`);
-    else if (!same(was, now)) out.push(`${name}: ${was.kind !== now.kind ? `${was.kind} → ${now.kind}` : setChange([...was.requirements, ...was.lines], [...now.requirements, ...now.lines])}`);
-  }
+  // What pip reads, wherever it was written (-p specs, a file, a file it includes): requirements, constraints, then options.
+  const [was, now] = [theirs.reading, ours.reading];
+  if (!same(was?.requirements, now.requirements)) out.push(`the requirements: ${setChange(was?.requirements, now.requirements)}`);
+  if (!same(was?.constraints, now.constraints)) out.push(`the constraints: ${setChange(was?.constraints, now.constraints)}`);
+  if (!same(was?.lines, now.lines)) out.push(`the options and other lines: ${setChange(was?.lines, now.lines)}`);
   const variables = new Set([...Object.keys(theirs.variables ?? {}), ...Object.keys(ours.variables)]);
   for (const name of [...variables].sort()) {
     const [was, now] = [theirs.variables?.[name], ours.variables[name]];

@@ -46,23 +46,31 @@ export async function pipCommand(plan: BuildPlan, envPython: string, env: Record
 /**
  * What the installer is told to read: the user's own file, unchanged, as
  * `-r FILE`; with -p specs, a small top file (readable by us alone) that
- * holds the specs and `-r` the user's file. `done` removes it, `named` puts
- * the user's own names in place of ours in what the installer said.
+ * holds the specs and `-r` the user's file. For uv (`forUv`), the top file
+ * also names as requirements each file that a constraints file includes
+ * with `-r` (pip reads those as requirements, uv as constraints). `done`
+ * removes it, `named` puts the user's own names in place of ours in what the
+ * installer said, `where` names a line of the top file as the user gave it.
  */
 export type RequestFiles = ReturnType<typeof requestFiles>;
 
-export function requestFiles(dir: string, inputs: RequestInputs) {
-  if (!inputs.specs.length) return { args: inputs.topFile ? ["-r", inputs.topFile] : [], done() {}, named: (lines: string[]) => lines };
+export function requestFiles(dir: string, inputs: RequestInputs, forUv = false) {
+  const extra = forUv ? inputs.requirementsUnderConstraints.map((p) => `-r ${p}`) : [];
+  const given = inputs.topFile ? [`-r ${shlexQuote(inputs.topFile)}`] : [];
+  if (!inputs.specs.length && !extra.length) return { args: inputs.topFile ? ["-r", inputs.topFile] : [], top: null, done() {}, named: (lines: string[]) => lines, where: (_line: number) => null as string | null };
   const stateDir = join(dir, ".gpulayer");
   mkdirSync(stateDir, { recursive: true });
   const top = join(stateDir, "request.txt");
-  const lines = [...inputs.specs, ...(inputs.topFile ? [`-r ${shlexQuote(inputs.topFile)}`] : [])];
+  const lines = [...inputs.specs, ...given, ...extra];
   writeFileNamed(top, `${lines.join("\n")}\n`, { mode: 0o600 });
   const ours = new RegExp(`-r ${top.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} \\(line (\\d+)\\)`, "g");
+  const where = (n: number): string | null => (n >= 1 && n <= inputs.specs.length ? `-p ${inputs.specs[n - 1]}` : null);
   return {
     args: ["-r", top],
+    top: { path: top, text: `${lines.join("\n")}\n` },
     done: () => rmSync(top, { force: true }),
-    named: (out: string[]) => out.map((l) => l.replace(ours, (m, n: string) => (Number(n) <= inputs.specs.length ? `-p ${inputs.specs[Number(n) - 1]}` : m))),
+    named: (out: string[]) => out.map((l) => l.replace(ours, (m, n: string) => where(Number(n)) ?? m)),
+    where,
   };
 }
 

@@ -8,7 +8,7 @@ import { treeDigest } from "./tree-digest.ts";
 import { canonicalPlainRequirement, normalizeName } from "./canonical.ts";
 import { contentHash } from "../core/hashing.ts";
 import { hideCredentials, hideCredentialsIn, redactUrl, unexpandVariables } from "./url-credentials.ts";
-import { LineRefused, type PipLine, readPipLines } from "./pip-lines.ts";
+import { type FileOption, LineRefused, PIP_FILE_OPTIONS, type PipLine, readPipLines } from "./pip-lines.ts";
 
 /**
  * What a request makes the installer read, found by reading the user's files
@@ -56,6 +56,19 @@ export interface Requirement {
   variables?: [string, string | undefined][];
 }
 
+/**
+ * The request as pip reads it, whatever file or `-p` each line came from:
+ * pip gathers every file's requirements into one set, its constraints into
+ * another, and applies option lines wherever they are. What the key holds.
+ */
+export interface PipReading {
+  /** Plain requirements, canonical and sorted (their order does not change pip's result). */
+  requirements: string[];
+  constraints: string[];
+  /** Everything else, in pip's reading order: `r:`/`c:` lines that are not plain, `o:` options one by one. */
+  lines: string[];
+}
+
 export interface RequestInputs {
   topFile?: string;
   specs: string[];
@@ -74,6 +87,9 @@ export interface RequestInputs {
   optionsSeen: Set<string>;
   /** Why uv might read these files otherwise than pip does; null when it reads them alike. */
   uvDiffers: string | null;
+  reading: PipReading;
+  /** Requirements files pip reads as requirements although a constraints file names them (`-r` in a `-c` file): uv is told to read them as such too. */
+  requirementsUnderConstraints: string[];
 }
 
 export interface ScanContext {
@@ -93,6 +109,7 @@ const SPEC_FORBIDDEN = /[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]/;
 const ARCHIVE = /\.(whl|tar\.gz|tgz|tar|zip|tar\.bz2|tbz|tar\.xz|txz|tlz|tar\.lz|tar\.lzma)$/i;
 const SCHEME = /^[a-z][a-z0-9+.-]*:/i;
 const NAME_AT_URL = /^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*@\s*(\S+)/;
+const PER_REQUIREMENT = new Set(PIP_FILE_OPTIONS.filter((o) => o.perRequirement).map((o) => o.long));
 const UV_SAFE_OPTIONS = new Set(["--requirement", "--constraint", "--editable", "--index-url", "--extra-index-url", "--find-links", "--no-index"]);
 
 /** A local path for a path or file: URL (its #fragment dropped), or null for another scheme's URL. */
@@ -112,9 +129,11 @@ export function localPathOf(target: string): string | null {
 class Scanner {
   readonly inputs: RequestInputs;
   private readonly open = new Set<string>();
+  /** Inside a requirements file that a constraints file includes: uv reads it as constraints too (requestFiles adds it as requirements). */
+  private underConstraints = 0;
 
   constructor(private readonly ctx: ScanContext) {
-    this.inputs = { specs: [], specLines: { lines: [], requirements: [] }, files: [], variables: new Map(), locals: [], findLinks: [], requirements: [], indexUrls: [], indexUrlsShown: [], noIndex: false, optionsSeen: new Set(), uvDiffers: null };
+    this.inputs = { specs: [], specLines: { lines: [], requirements: [] }, files: [], variables: new Map(), locals: [], findLinks: [], requirements: [], indexUrls: [], indexUrlsShown: [], noIndex: false, optionsSeen: new Set(), uvDiffers: null, reading: { requirements: [], constraints: [], lines: [] }, requirementsUnderConstraints: [] };
   }
 
   /** pip's reading of one text; what it refuses is the user's to fix. */
@@ -186,12 +205,24 @@ class Scanner {
       const plain = line.args && !line.options.length && !line.variables.length ? canonicalPlainRequirement(line.args) : null;
       if (plain) into.requirements.push(plain);
       else into.lines.push(hideCredentialsIn(line.text));
+      // pip takes only the per-requirement options of a requirement line and ignores the rest; uv may not.
+      const ignored = line.options.filter((o) => o !== editable && !PER_REQUIREMENT.has(o.name));
+      if (ignored.length) this.uvDiffers(`${origin}: pip ignores ${ignored[0]!.name} on a requirement line`);
+      this.readAs(kind, plain ?? this.requirementKeyLine(line, editable));
+      refuseAsPip(line, kind, origin, editable);
+      if (this.underConstraints && !plain) this.uvDiffers(`${origin}: a requirement other than a name and versions, in a file a constraints file includes, is left to pip (uv reads that file as constraints too)`);
       if (kind === "requirements") this.requirement(line, origin, editable?.value, file);
       else if (editable) this.requirement(line, origin, editable.value, file);
       return;
     }
     into.lines.push(hideCredentialsIn(line.text));
     const nested = line.options.filter((o) => o.name === "--requirement" || o.name === "--constraint");
+    // A -r/-c line is read for its file alone: pip ignores its other options, uv may not.
+    if (nested.length && line.options.length > nested.length) this.uvDiffers(`${origin}: pip ignores the other options of a ${nested[0]!.name} line`);
+    if (!nested.length) {
+      if (line.variables.length) this.inputs.reading.lines.push(`o:${hideCredentialsIn(line.text)}`);
+      else for (const o of line.options) this.inputs.reading.lines.push(`o:${o.name}${o.value === undefined ? "" : `=${hideCredentials(o.value)}`}`);
+    }
     const links = line.options.filter((o) => o.name === "--find-links");
     if (nested.length > 1) throw new UsageError(`${origin}: pip reads only the first -r/-c of a line; put each on its own line`);
     if (links.length > 1) throw new UsageError(`${origin}: pip uses only the first --find-links of a line; put each on its own line`);
@@ -211,8 +242,42 @@ class Scanner {
       const local = localPathOf(target);
       if (local === null) throw new UsageError(`${origin}: ${redactUrl(target)} is a remote file, which gpulayer cannot key by content; download it and name the copy`);
       const nestedKind = nested[0].name === "--requirement" ? "requirements" : "constraints";
-      this.file(isAbsolute(local) ? local : join(fileDir, local), nestedKind, origin, local);
+      const nestedPath = isAbsolute(local) ? local : join(fileDir, local);
+      // pip: a -r reads requirements wherever it is; uv reads what a constraints file includes as constraints.
+      const underConstraints = nestedKind === "requirements" && kind === "constraints";
+      if (underConstraints) {
+        const abs = resolve(this.ctx.cwd, nestedPath);
+        this.inputs.requirementsUnderConstraints.push(abs);
+        if (shlexQuote(abs) !== abs) this.uvDiffers(`${origin}: a requirements file in a constraints file, whose path needs quoting, is left to pip`);
+      }
+      this.underConstraints += underConstraints ? 1 : 0;
+      try {
+        this.file(nestedPath, nestedKind, origin, local);
+      } finally {
+        this.underConstraints -= underConstraints ? 1 : 0;
+      }
     }
+  }
+
+  private readAs(kind: RequestFile["kind"], plainOrLine: string | { line: string }): void {
+    const r = this.inputs.reading;
+    if (typeof plainOrLine === "string") (kind === "requirements" ? r.requirements : r.constraints).push(plainOrLine);
+    else r.lines.push(`${kind === "requirements" ? "r" : "c"}:${plainOrLine.line}`);
+  }
+
+  /** A requirement line that is not plain, in one spelling where pip reads spellings alike: options by their long names, hashes as a set, a local editable by its place. */
+  private requirementKeyLine(line: PipLine, editable: FileOption | undefined): { line: string } {
+    if (line.variables.length) return { line: hideCredentialsIn(line.text) };
+    const options = line.options.filter((o) => PER_REQUIREMENT.has(o.name));
+    const hashes = options.filter((o) => o.name === "--hash").map((o) => `--hash=${o.value}`).sort();
+    const others = options.filter((o) => o.name !== "--hash").map((o) => `${o.name}=${o.value}`);
+    let head: string;
+    if (editable) {
+      const [, target, extras] = /^(.*?)(\[[^\]]*\])?$/.exec(editable.value!)!;
+      const local = localPathOf(target!);
+      head = `--editable=${local === null ? hideCredentialsIn(editable.value!) : `${resolve(this.ctx.cwd, local)}${extras ?? ""}`}`;
+    } else head = canonicalPlainRequirement(line.args) ?? hideCredentialsIn(line.args);
+    return { line: [head, ...others, ...hashes].join(" ") };
   }
 
   findLinks(value: string, origin: string, fileDir: string | null, variables: [string, string | undefined][] = []): void {
@@ -306,6 +371,27 @@ class Scanner {
   }
 }
 
+const NAMED = /^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\s*(\[[^\]]*\])?\s*\(?([^;@()]*)\)?\s*(;.*)?$/s;
+
+/**
+ * What pip refuses and uv would read: refused here, in pip's words, for
+ * either installer. Each rule is one pip holds in every version (packaging's
+ * grammar; pip's check of constraints), and the differential suite holds it
+ * against pip's parser and resolver.
+ */
+function refuseAsPip(line: PipLine, kind: RequestFile["kind"], origin: string, editable: FileOption | undefined): void {
+  if (kind === "constraints") {
+    if (editable) throw new UsageError(`${origin}: Editable requirements are not allowed as constraints (pip refuses them: make it a requirement)`);
+    const extras = NAME_AT_URL.exec(line.args)?.[2] ?? NAMED.exec(line.args)?.[1];
+    if (extras?.replace(/[[\]\s,]/g, "")) throw new UsageError(`${origin}: Constraints cannot have extras (pip refuses them: constrain ${line.args.split("[", 1)[0]!.trim()} without them)`);
+  }
+  const named = NAME_AT_URL.test(line.args) ? null : NAMED.exec(line.args);
+  if (!named) return;
+  // pip splits options from a requirement at spaces only: after a tab, `--hash=...` is read as part of the requirement.
+  if (/[^\S ]-/.test(line.args)) throw new UsageError(`${origin}: Invalid requirement: '${line.args.replace(/\t/g, "\\t")}' (pip separates options from a requirement with a space, not a tab)`);
+  if ((named[2] ?? "").includes(",") && named[2]!.split(",").some((c) => !c.trim())) throw new UsageError(`${origin}: Invalid requirement: '${line.args}' (pip takes no empty version clause: a trailing or doubled comma)`);
+}
+
 /** Under `root` (a remote job's bundle), links resolved, or a refusal naming where it came from: nothing outside is read, quoted or installed. */
 export function confineTo(root: string, abs: string, origin: string, what: string): void {
   let real = abs;
@@ -330,6 +416,14 @@ export function scanRequest(source: { requirementsFile?: string; specs: string[]
     scanner.inputs.topFile = resolve(ctx.cwd, source.requirementsFile);
     if (source.specs.length && shlexQuote(scanner.inputs.topFile) !== scanner.inputs.topFile) scanner.inputs.uvDiffers ??= "a requirements file whose path needs quoting is left to pip";
   }
+  const r = scanner.inputs.reading;
+  r.requirements.sort();
+  r.constraints.sort();
+  // Options first, each kind in the order pip met it (a later --index-url wins; --no-binary and --only-binary undo each other); lines after, in order.
+  const group = (l: string) => (/^o:--(no|only)-binary/.test(l) ? "o:binary" : l.split("=", 1)[0]!);
+  const options = r.lines.filter((l) => l.startsWith("o:"));
+  const order = [...new Set(options.map(group))].sort();
+  r.lines = [...order.flatMap((g) => options.filter((l) => group(l) === g)), ...r.lines.filter((l) => !l.startsWith("o:"))];
   return scanner.inputs;
 }
 

@@ -1,0 +1,87 @@
+/**
+ * A request nothing satisfies (`tiny==9`, the index has 1.0), side by side in
+ * one run: `gpulayer env prepare` (auto: the uv fast path) against raw
+ * `uv venv` + `uv pip install` of the same request from the same index (a
+ * local PEP 503 index on 127.0.0.1, served by the test fixture). Every run has
+ * a fresh GPULAYER_HOME, venv and uv cache. Both must fail; gpulayer's failure
+ * must be one line with uv's explanation, and pip must not run a second
+ * resolution. Goal (issue 39): within 1.5x of raw uv's own failure.
+ *
+ * Run: bun run bench/failure.ts   (BENCH_FAILURE_RUNS=10)
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { PackageIndex } from "../test/fixtures/index.ts";
+import { makeWorkerVenv } from "../test/helpers.ts";
+import { ensureBinary, machine, realUv, stats, writeReport } from "./_lib.ts";
+
+const RUNS = Number(process.env.BENCH_FAILURE_RUNS ?? 10);
+const { bin, how } = ensureBinary();
+const uv = realUv() ?? (() => {
+  throw new Error("uv is not on PATH (the benchmark compares against it)");
+})();
+const work = mkdtempSync(join(tmpdir(), "gpl-bench-failure-"));
+const index = new PackageIndex(join(work, "index"));
+index.start();
+index.wheel({ name: "tiny", version: "1.0" });
+
+const base: Record<string, string> = {};
+for (const [k, v] of Object.entries(process.env)) if (v !== undefined && !/^(PIP_|UV_|GPULAYER_)/.test(k)) base[k] = v;
+Object.assign(base, { PIP_DISABLE_PIP_VERSION_CHECK: "1", NO_COLOR: "1" });
+const python = await makeWorkerVenv(join(work, "worker"), { env: base });
+
+let n = 0;
+/** One failing run: its wall time and what it said; a success is a broken benchmark. */
+// Spawned, not spawnSync: the index answers from this same process.
+async function failing(argv: string[], env: Record<string, string>): Promise<{ ms: number; said: string }> {
+  const t = performance.now();
+  const p = Bun.spawn(argv, { env, cwd: work, stdout: "ignore", stderr: "pipe", stdin: "ignore" });
+  const [said, code] = await Promise.all([new Response(p.stderr).text(), p.exited]);
+  const ms = performance.now() - t;
+  if (code === 0) throw new Error(`${argv.join(" ")} succeeded on a request nothing satisfies`);
+  return { ms, said };
+}
+
+const RAW = "`uv venv` + `uv pip install` (raw)";
+const GPL = "gpulayer env prepare (auto)";
+const samples: Record<string, number[]> = { [RAW]: [], [GPL]: [] };
+let gplSaid = "";
+for (let i = 0; i < RUNS + 1; i++) {
+  const dir = join(work, `run-${n++}`);
+  const cache = { UV_CACHE_DIR: join(dir, "uv-cache") };
+  const venv = join(dir, "venv");
+  const t = performance.now();
+  const made = Bun.spawn([uv, "venv", "--quiet", "--python", python, venv], { env: { ...base, ...cache }, stdout: "ignore", stderr: "ignore" });
+  if ((await made.exited) !== 0) throw new Error("uv venv failed");
+  const raw = await failing([uv, "pip", "install", "--python", join(venv, "bin", "python"), "--index-url", index.url, "tiny==9"], { ...base, ...cache });
+  const rawMs = performance.now() - t;
+  const gpl = await failing([bin, "env", "prepare", "-p", "tiny==9", "--index-url", index.url, "--python", python], { ...base, ...cache, GPULAYER_HOME: join(dir, "home") });
+  if (i === 0) continue; // warm-up: the page cache, the binary
+  samples[RAW]!.push(rawMs);
+  samples[GPL]!.push(gpl.ms);
+  gplSaid = gpl.said;
+  if (!/No solution found/.test(raw.said)) throw new Error(`raw uv failed otherwise: ${raw.said}`);
+}
+index.stop();
+rmSync(work, { recursive: true, force: true });
+
+const errors = gplSaid.split("\n").filter((l) => l.startsWith("error:"));
+const pipRan = /with pip/.test(gplSaid);
+const rows = [RAW, GPL].map((name) => [name, stats(samples[name]!)] as const);
+const rawMedian = rows[0]![1].median;
+const lines = [
+  `## A request nothing satisfies (\`tiny==9\`), ${RUNS} runs each, alternated`,
+  "",
+  `${machine()}; ${how}.`,
+  "",
+  "| | median | min | p90 | vs raw uv |",
+  "|---|---:|---:|---:|---:|",
+  ...rows.map(([name, s]) => `| ${name} | ${s.median.toFixed(0)} ms | ${s.min.toFixed(0)} ms | ${s.p90.toFixed(0)} ms | ${(s.median / rawMedian).toFixed(2)}x |`),
+  "",
+  `gpulayer's error: ${errors.length} line(s), \`${errors[0] ?? "(none)"}\`; pip ran a second resolution: ${pipRan ? "yes" : "no"}.`,
+];
+const doc = lines.join("\n");
+console.log(doc);
+writeReport("bench-failure.md", doc);
+if (errors.length !== 1 || pipRan) process.exit(1);
