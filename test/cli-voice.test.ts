@@ -78,6 +78,17 @@ describe("--help", () => {
     }
   });
 
+  test("gpulayer help [COMMAND...] prints what --help prints; a command that is not there is named", async () => {
+    for (const words of [[], ["job"], ["job", "run"], ["server", "token"]]) {
+      const help = await cli(["help", ...words], { env: box.env });
+      const flag = await cli([...words, "--help"], { env: box.env });
+      expect([words.join(" "), help.code, help.stdout]).toEqual([words.join(" "), 0, flag.stdout]);
+    }
+    expect((await cli(["--help"], { env: box.env })).stdout).toContain("  help ");
+    const unknown = await cli(["help", "env", "prepar"], { env: box.env });
+    expect([unknown.code, unknown.stdout, unknown.stderr]).toEqual([2, "", "error: unknown command prepar (see gpulayer env --help)\n"]);
+  });
+
   test("as a process: plain when piped, NO_COLOR plain, FORCE_COLOR in colour", async () => {
     const piped = await cli(["job", "run", "--help"], { env: box.env });
     expect(piped.stdout).toStartWith("Prepare the job's environment");
