@@ -121,7 +121,10 @@ describe("one error style", () => {
     expect(r.stderr).toBe("error: unexpected argument python: put the command after -- (gpulayer job run -p tqdm -- python -c 1)\n");
     // A misspelled flag before the stray value is what is wrong, not where the command goes.
     const typo = await cli(["job", "run", "-p", "tqdm", "--pyhton", "python3", "--", "python", "-c", "1"], { env: box.env });
-    expect([typo.code, typo.stderr]).toEqual([2, "error: unknown option --pyhton (see --help)\n"]);
+    expect([typo.code, typo.stderr]).toEqual([2, "error: unknown option --pyhton (did you mean --python?)\n"]);
+    // Nothing near: where to look instead.
+    const far = await cli(["job", "run", "--frobnicate", "--", "true"], { env: box.env });
+    expect([far.code, far.stderr]).toEqual([2, "error: unknown option --frobnicate (see --help)\n"]);
     // job run's -r, brought to env prepare, where the file is the argument.
     for (const flag of ["-r", "--requirement"]) {
       const r2 = await cli(["env", "prepare", flag, "requirements.txt"], { env: box.env });
