@@ -195,6 +195,9 @@ describe.skipIf(!CHROMIUM)("in a browser", () => {
     await shoot("workers");
     await b.goto(`${url}/envs`);
     expect(await b.eval<string>(`document.querySelector("main").textContent`)).toContain("greet");
+    // Which interpreter each env was built for: a column of its own, version then path.
+    expect(await b.eval<string[]>(`[...document.querySelectorAll("main thead th")].map((th) => th.textContent)`)).toEqual(["Key", "Python", "Request", "Size", "Last used", "State"]);
+    expect(await b.eval<string>(`document.querySelector("main tbody td:nth-child(2)").textContent`)).toMatch(/^3\.\d+\.\d+ \S*venv/);
     await shoot("envs");
     // Filtering the jobs by state.
     await b.goto(`${url}/jobs?state=failed`);
