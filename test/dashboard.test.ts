@@ -203,6 +203,23 @@ describe.skipIf(!CHROMIUM)("in a browser", () => {
     await b.goto(`${url}/jobs?state=failed`);
     expect(await b.eval<string>(`document.querySelector("tbody").textContent`)).toContain("No jobs match");
   }, T);
+
+  test("the hit rate counts the env prepares a worker ran (env prepare --server) as well as jobs' prepares", async () => {
+    const b = browser!;
+    const hitRate = async () => {
+      await b.goto(`${url}/workers`);
+      return b.eval<string>(`document.querySelector("tbody tr td:nth-child(9)").textContent`);
+    };
+    const before = /^(\d+)% of (\d+)$/.exec(await hitRate());
+    expect(before).not.toBeNull();
+    // greet's env is there already (the jobs above built it): a hit.
+    const r = await gpl(["env", "prepare", "-p", "greet", "--index-url", index.url, "--json"]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout).workers[0].status).toBe("reused");
+    const after = /^(\d+)% of (\d+)$/.exec(await hitRate())!;
+    expect(Number(after[2])).toBe(Number(before![2]) + 1);
+    expect(Number(after[1])).toBeGreaterThanOrEqual(Number(before![1]));
+  }, T);
 });
 
 describe("/metrics", () => {
