@@ -87,16 +87,24 @@ pick_downloader() {
 	fi
 }
 
-# download URL FILE [progress]
+# download URL FILE [progress]: returns 1 when the server has no such file (HTTP 404), so that the caller can
+# say what is missing (a release, a build); stops on any other failure.
 download() {
 	if [ "$downloader" = curl ]; then
-		if [ "${3:-}" = progress ] && [ -t 2 ]; then
-			curl -fL --retry 3 --progress-bar -o "$2" "$1" || die "could not download $1"
-		else
-			curl -fsSL --retry 3 -o "$2" "$1" || die "could not download $1"
-		fi
+		# Not -f: the status is read here, and a 404 is no error of curl's.
+		if [ "${3:-}" = progress ] && [ -t 2 ]; then shown=--progress-bar; else shown=-sS; fi
+		status=$(curl -L --retry 3 "$shown" -w '%{http_code}' -o "$2" "$1") || die "could not download $1"
+		case $status in
+		2??) return 0 ;;
+		404) return 1 ;;
+		*) die "could not download $1 (HTTP $status)" ;;
+		esac
 	else
-		wget -q -O "$2" "$1" || die "could not download $1"
+		# wget says the status only in its messages: GNU `ERROR 404: Not Found.`, BusyBox `HTTP/1.1 404 Not Found`.
+		wget -nv -O "$2" "$1" 2>"$tmp/wget.log" && return 0
+		grep -Eq ' 404[: ]' "$tmp/wget.log" && return 1
+		awk 'NF' "$tmp/wget.log" >&2
+		die "could not download $1"
 	fi
 }
 
@@ -173,14 +181,14 @@ main() {
 
 	if [ "$version" = latest ]; then
 		sums_url="$base/latest/download/SHASUMS256.txt"
-		download "$sums_url" "$tmp/SHASUMS256.txt"
+		download "$sums_url" "$tmp/SHASUMS256.txt" || die "there is no release at $base yet ($sums_url is not there)"
 		archive=$(archive_for_target "$tmp/SHASUMS256.txt" "$target")
 		[ -n "$archive" ] || die "the latest release has no build for $target ($sums_url lists none)"
 		version=${archive#gpulayer-}
 		version=${version%"-$target.tar.gz"}
 	else
 		sums_url="$base/download/v$version/SHASUMS256.txt"
-		download "$sums_url" "$tmp/SHASUMS256.txt"
+		download "$sums_url" "$tmp/SHASUMS256.txt" || die "there is no release $version ($sums_url is not there; the releases: $base)"
 		archive="gpulayer-$version-$target.tar.gz"
 	fi
 	case $version in '' | *[!0-9A-Za-z.-]*) die "unexpected archive name in $sums_url: $archive" ;; esac
@@ -190,7 +198,7 @@ main() {
 	url="$base/download/v$version/$archive"
 	say "downloading gpulayer $version for $target"
 	say "  from $url"
-	download "$url" "$tmp/$archive" progress
+	download "$url" "$tmp/$archive" progress || die "$url is not there, though SHASUMS256.txt lists it"
 
 	actual=$(sha256_of "$tmp/$archive")
 	if [ "$actual" != "$expected" ]; then

@@ -42,18 +42,23 @@ async function resolveCommand(cmd: CommandDef, args: string[], parent?: CommandD
 
 async function run(argv: string[]): Promise<number> {
   const beforeDashes = argv.includes("--") ? argv.slice(0, argv.indexOf("--")) : argv;
-  if (beforeDashes.includes("--help") || beforeDashes.includes("-h") || argv.length === 0) {
-    const [cmd, , path] = await resolveCommand(main, beforeDashes);
-    const [{ helpText }, { colorFor }] = await Promise.all([import("./commands/_help.ts"), import("./commands/_context.ts")]);
-    writeOut(await helpText(cmd, path, { color: colorFor(process.stdout) }));
-    return ExitCode.ok;
-  }
   if (argv.length === 1 && (argv[0] === "--version" || argv[0] === "-v")) {
     writeOut(`${versionInfo.version}\n`);
     return ExitCode.ok;
   }
   const verbose = beforeDashes.includes("--verbose");
   try {
+    // `gpulayer help env prepare` is `gpulayer env prepare --help`, as git and cargo have it.
+    const helpFor = beforeDashes[0] === "help" ? beforeDashes.slice(1) : undefined;
+    if (helpFor || beforeDashes.includes("--help") || beforeDashes.includes("-h") || argv.length === 0) {
+      const words = helpFor ?? beforeDashes;
+      const [cmd, , path] = await resolveCommand(main, words);
+      const named = words.filter((a) => !a.startsWith("-"));
+      if (helpFor && named.length > path.length) throw new UsageError(`unknown command ${named[path.length]} (see ${["gpulayer", ...path].join(" ")} --help)`);
+      const [{ helpText }, { colorFor }] = await Promise.all([import("./commands/_help.ts"), import("./commands/_context.ts")]);
+      writeOut(await helpText(cmd, path, { color: colorFor(process.stdout) }));
+      return ExitCode.ok;
+    }
     // Options and no command (`gpulayer -x`): citty would say only that no command was given.
     if (beforeDashes.length && beforeDashes.every((a) => a.startsWith("-"))) throw new UsageError(`no command given, only ${beforeDashes[0]} (see gpulayer --help)`);
     // The warm lane: a prepare whose env is ready answers without the command tree (it steps aside for anything else).

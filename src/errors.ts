@@ -88,8 +88,13 @@ export class PythonProblem extends UsageError {
   }
 }
 
-/** The exit code a job's end passes on (`job run`, `job logs --follow`, here or remote): its own, else 0 for a success and 1 for anything else. */
+/**
+ * The exit code a job's end passes on (`job run`, `job logs --follow`, here or remote): 130 for a cancelled job
+ * (its command's own is 143 after the cancel's SIGTERM; Ctrl-C on `job run` must read as an interrupt), else
+ * its own, else 0 for a success and 1 for anything else.
+ */
 export function jobEndCode(exitCode: number | null, state: string): number {
+  if (state === "cancelled") return ExitCode.cancelled;
   return exitCode ?? (state === "succeeded" ? ExitCode.ok : ExitCode.failed);
 }
 

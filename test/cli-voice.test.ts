@@ -78,6 +78,17 @@ describe("--help", () => {
     }
   });
 
+  test("gpulayer help [COMMAND...] prints what --help prints; a command that is not there is named", async () => {
+    for (const words of [[], ["job"], ["job", "run"], ["server", "token"]]) {
+      const help = await cli(["help", ...words], { env: box.env });
+      const flag = await cli([...words, "--help"], { env: box.env });
+      expect([words.join(" "), help.code, help.stdout]).toEqual([words.join(" "), 0, flag.stdout]);
+    }
+    expect((await cli(["--help"], { env: box.env })).stdout).toContain("  help ");
+    const unknown = await cli(["help", "env", "prepar"], { env: box.env });
+    expect([unknown.code, unknown.stdout, unknown.stderr]).toEqual([2, "", "error: unknown command prepar (see gpulayer env --help)\n"]);
+  });
+
   test("as a process: plain when piped, NO_COLOR plain, FORCE_COLOR in colour", async () => {
     const piped = await cli(["job", "run", "--help"], { env: box.env });
     expect(piped.stdout).toStartWith("Prepare the job's environment");
@@ -110,7 +121,10 @@ describe("one error style", () => {
     expect(r.stderr).toBe("error: unexpected argument python: put the command after -- (gpulayer job run -p tqdm -- python -c 1)\n");
     // A misspelled flag before the stray value is what is wrong, not where the command goes.
     const typo = await cli(["job", "run", "-p", "tqdm", "--pyhton", "python3", "--", "python", "-c", "1"], { env: box.env });
-    expect([typo.code, typo.stderr]).toEqual([2, "error: unknown option --pyhton (see --help)\n"]);
+    expect([typo.code, typo.stderr]).toEqual([2, "error: unknown option --pyhton (did you mean --python?)\n"]);
+    // Nothing near: where to look instead.
+    const far = await cli(["job", "run", "--frobnicate", "--", "true"], { env: box.env });
+    expect([far.code, far.stderr]).toEqual([2, "error: unknown option --frobnicate (see --help)\n"]);
     // job run's -r, brought to env prepare, where the file is the argument.
     for (const flag of ["-r", "--requirement"]) {
       const r2 = await cli(["env", "prepare", flag, "requirements.txt"], { env: box.env });

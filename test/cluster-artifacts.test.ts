@@ -163,7 +163,12 @@ describe("env artifacts", () => {
     const statuses = r.doc.workers.map((x: { status: string }) => x.status).sort();
     expect(statuses).toEqual(["built", "fetched", "fetched"]);
     expect(index.asked("zeta")).toBe(1);
-    expect(r.stderr).toMatch(/waiting for w\d, which is building env/);
+    // Each line one sentence: who builds and why, who waits for whom, who fetches what; no step word twice.
+    const lines = r.stderr.split("\n");
+    expect(lines.filter((l) => /^\[w\d\] building here: no worker of the fleet has built env [0-9a-f]{12} yet$/.test(l))).toHaveLength(1);
+    expect(lines.filter((l) => /^\[w\d\] waiting for w\d, which is building env [0-9a-f]{12} for this same path$/.test(l)).length).toBeGreaterThanOrEqual(1);
+    expect(lines.filter((l) => /^\[w\d\] fetching env [0-9a-f]{12} from w\d \(artifact [0-9a-f]{12}, [\d.]+ MiB\)$/.test(l))).toHaveLength(2);
+    expect(r.stderr).not.toMatch(/fetching (fetching|waiting|building)|from the fleet/);
   }, T);
 
   test("a worker with another base never receives the artifact: it builds its own", async () => {
@@ -198,11 +203,11 @@ describe("env artifacts", () => {
     const r2 = await gpl(["env", "prepare", "-p", "gamma==2.0", "--index-url", index.url, "--label", "box=w2", "--json"]);
     expect(r2.code).toBe(0);
     expect(JSON.parse(r2.stdout).workers[0].status).toBe("built");
-    expect(r2.stderr).toMatch(/\[w2\] fetching artifact [0-9a-f]{12} from w1 refused: its content does not match its sha256/);
+    expect(r2.stderr).toMatch(/\[w2\] refused artifact [0-9a-f]{12} from w1: its content does not match its sha256/);
     // Nothing half-unpacked is left beside the entry.
     expect(readdirSync(join(boxes.w2!.home, "envs-v1")).filter((n) => n.startsWith(".fetch-"))).toEqual([]);
     // The server checked what w2 reported, dropped it, and took w2's build in its place.
-    expect(r2.stderr).toContain(`the server dropped artifact ${sha.slice(0, 12)}; building here`);
+    expect(r2.stderr).toContain(`[w2] building here: the server dropped artifact ${sha.slice(0, 12)}, refused here\n`);
     const now = await waitFor("w2's artifact", async () => (await artifacts()).artifacts.find((a) => a.key === key && a.built_by === "w2") ?? null);
     expect((await artifacts()).artifacts.filter((a) => a.key === key)).toEqual([now]);
   }, T);
@@ -253,8 +258,8 @@ describe("env artifacts", () => {
     const { key, path } = r1.doc.workers[0];
     const outside = join(world, "outside-worker");
     const cases: [string, CraftedEntry[], RegExp][] = [
-      ["w2", escapes(outside, key, path)["a link named ./d, then d/x"]!, /refused: the artifact holds an entry that may not be unpacked: "d\/x" is under the symbolic link d/],
-      ["w3", [metaEntry("e".repeat(64), path), { name: "bin", type: "dir" }], /refused: it holds env eeeeeeeeeeee at /],
+      ["w2", escapes(outside, key, path)["a link named ./d, then d/x"]!, /refused artifact [0-9a-f]{12} from w\d: the artifact holds an entry that may not be unpacked: "d\/x" is under the symbolic link d/],
+      ["w3", [metaEntry("e".repeat(64), path), { name: "bin", type: "dir" }], /refused artifact [0-9a-f]{12} from w\d: it holds env eeeeeeeeeeee at /],
     ];
     for (const [worker, entries, why] of cases) {
       const was = await waitFor("the artifact", async () => (await artifacts()).artifacts.find((a) => a.key === key) ?? null);
@@ -264,7 +269,7 @@ describe("env artifacts", () => {
       const r = await prepare(["-p", "eta"], `box=${worker}`);
       expect({ worker, code: r.code, status: r.doc.workers[0].status }).toEqual({ worker, code: 0, status: "built" });
       expect(r.stderr).toMatch(why);
-      expect(r.stderr).toContain(`the server dropped artifact ${sha.slice(0, 12)}; building here`);
+      expect(r.stderr).toContain(`building here: the server dropped artifact ${sha.slice(0, 12)}, refused here`);
       expect(existsSync(outside)).toBe(false);
       await waitFor(`${worker}'s artifact in its place`, async () => ((await artifacts()).artifacts.filter((a) => a.key === key).map((a) => a.built_by).join() === worker ? true : null));
     }

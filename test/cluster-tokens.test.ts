@@ -82,6 +82,26 @@ afterAll(async () => {
   box.cleanup();
 }, 30_000);
 
+describe("a first start", () => {
+  test("the join line a new server prints uses a join token, made as it says, never the server's own", async () => {
+    const home = join(box.root, "first-start-home");
+    const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0"], { env: { ...box.env, GPULAYER_HOME: home } }), procs);
+    const text = await waitFor("the server's lines", () => (/^clients: /m.test(server.out()) ? server.out() : null));
+    const own = readFileSync(join(home, "server", "token"), "utf8").trim();
+    const lines = text.split("\n");
+    const at = lines.findIndex((l) => l.startsWith("workers: "));
+    const [create, joinLine] = [lines[at]!, lines[at + 1]!];
+    expect(create.includes(own) || joinLine.includes(own)).toBe(false);
+    expect(create).toStartWith("workers: gpulayer server token create --role join --name NAME > join.token");
+    const first = /"?(http:\/\/[^\s"]+)/.exec(text)![1]!;
+    expect(joinLine.trim()).toStartWith(`gpulayer join ${new URL(first).origin} --token-file join.token`);
+    // The command works as printed: a join token, which registers and does nothing else.
+    const made = await cli(["server", "token", "create", "--role", "join", "--name", "NAME", "--json"], { env: { ...box.env, GPULAYER_HOME: home } });
+    expect(made.code, made.stderr).toBe(0);
+    expect(json(made.stdout).role).toBe("join");
+  }, T);
+});
+
 describe("named tokens", () => {
   test("list shows names and roles, never a token; the database holds only hashes", async () => {
     const r = await onServer(["list", "--json"]);

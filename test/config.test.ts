@@ -47,7 +47,14 @@ describe("config.yaml", () => {
       writeFileSync(join(box.home, "config.yaml"), "pyhton: /usr/bin/python3\n");
       const unknown = await cli(["env", "list"], { env: box.env });
       expect(unknown.code).toBe(2);
-      expect(unknown.stderr).toContain("pyhton: unknown key");
+      expect(unknown.stderr).toContain("pyhton: unknown key (did you mean python?)");
+      // A misspelt key is answered as a misspelt flag is: with the name it was probably meant to be.
+      writeFileSync(join(box.home, "config.yaml"), "prepare_timout: 10m\n");
+      const typo = await cli(["env", "list"], { env: box.env });
+      expect([typo.code, typo.stderr]).toEqual([2, `error: ${join(box.home, "config.yaml")}: prepare_timout: unknown key (did you mean prepare_timeout?)\n`]);
+      // Nothing near: no guess.
+      writeFileSync(join(box.home, "config.yaml"), "colour_scheme: dark\n");
+      expect((await cli(["env", "list"], { env: box.env })).stderr).toEndWith("colour_scheme: unknown key\n");
     } finally {
       box.cleanup();
     }

@@ -195,10 +195,30 @@ describe.skipIf(!CHROMIUM)("in a browser", () => {
     await shoot("workers");
     await b.goto(`${url}/envs`);
     expect(await b.eval<string>(`document.querySelector("main").textContent`)).toContain("greet");
+    // Which interpreter each env was built for: a column of its own, version then path.
+    expect(await b.eval<string[]>(`[...document.querySelectorAll("main thead th")].map((th) => th.textContent)`)).toEqual(["Key", "Python", "Request", "Size", "Last used", "State"]);
+    expect(await b.eval<string>(`document.querySelector("main tbody td:nth-child(2)").textContent`)).toMatch(/^3\.\d+\.\d+ \S*venv/);
     await shoot("envs");
     // Filtering the jobs by state.
     await b.goto(`${url}/jobs?state=failed`);
     expect(await b.eval<string>(`document.querySelector("tbody").textContent`)).toContain("No jobs match");
+  }, T);
+
+  test("the hit rate counts the env prepares a worker ran (env prepare --server) as well as jobs' prepares", async () => {
+    const b = browser!;
+    const hitRate = async () => {
+      await b.goto(`${url}/workers`);
+      return b.eval<string>(`document.querySelector("tbody tr td:nth-child(9)").textContent`);
+    };
+    const before = /^(\d+)% of (\d+)$/.exec(await hitRate());
+    expect(before).not.toBeNull();
+    // greet's env is there already (the jobs above built it): a hit.
+    const r = await gpl(["env", "prepare", "-p", "greet", "--index-url", index.url, "--json"]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout).workers[0].status).toBe("reused");
+    const after = /^(\d+)% of (\d+)$/.exec(await hitRate())!;
+    expect(Number(after[2])).toBe(Number(before![2]) + 1);
+    expect(Number(after[1])).toBeGreaterThanOrEqual(Number(before![1]));
   }, T);
 });
 

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { cli, HAS_UV, makeWorkerVenv, readyKeys, run, sandbox, tempDir } from "./helpers.ts";
@@ -260,6 +260,40 @@ describe("env prepare", () => {
       expect(meta.venv_creator).toBe("venv");
       expect(existsSync(join(path, "bin", "pip"))).toBe(false);
       expect(await pyRun(join(path, "bin", "python"), "import tiny; print(tiny.__version__)")).toBe("1.0");
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  test("env list tells envs apart: the interpreter each was built for, and two projects' requirements.txt by folder, one file's versions by content", async () => {
+    const s = sandbox();
+    try {
+      const file = (project: string, text: string) => {
+        mkdirSync(join(s.root, project), { recursive: true });
+        writeFileSync(join(s.root, project, "requirements.txt"), text);
+        return join(project, "requirements.txt");
+      };
+      const built = async (args: string[]) => JSON.parse((await prepare(s, [...args, "--index-url", index.url, "--json"])).stdout) as { key: string; python: string };
+      const a = await built([file("proj-a", "tiny\n"), "--python", plainPy]);
+      const b = await built([file("proj-b", "tiny\n"), "--python", bPy]);
+      const version = (await pyRun(plainPy, "import platform; print(platform.python_version())")).trim();
+      const list = JSON.parse((await cli(["env", "list", "--json"], { env: s.env })).stdout) as { key: string; python: unknown; requirements_file: string; summary: string }[];
+      const byKey = (key: string) => list.find((e) => e.key === key)!;
+      expect(byKey(a.key)).toMatchObject({ summary: "requirements.txt", python: { version, path: plainPy }, requirements_file: join(s.root, "proj-a", "requirements.txt") });
+      expect(byKey(b.key)).toMatchObject({ summary: "requirements.txt", python: { version, path: bPy }, requirements_file: join(s.root, "proj-b", "requirements.txt") });
+      const row = (text: string, key: string) => text.split("\n").find((l) => l.startsWith(key.slice(0, 12)))!;
+      const human = (await cli(["env", "list"], { env: s.env })).stdout;
+      expect(human.split("\n")[0]).toMatch(/^KEY +STATE +SIZE +CREATED +LAST USED +PYTHON +REQUEST$/);
+      // A long path keeps its last folders: the venv's name says which interpreter.
+      expect(row(human, a.key)).toMatch(new RegExp(`${version.replaceAll(".", "\\.")} …/plain/bin/python +proj-a/requirements\\.txt$`));
+      expect(row(human, b.key)).toMatch(new RegExp(`${version.replaceAll(".", "\\.")} …/with-b/bin/python +proj-b/requirements\\.txt$`));
+      // proj-a's file changed: the same folder twice, told apart by content.
+      const a2 = await built([file("proj-a", "tiny\nmid\n"), "--python", plainPy]);
+      const again = (await cli(["env", "list"], { env: s.env })).stdout;
+      expect(row(again, a.key)).toMatch(/proj-a\/requirements\.txt \(sha256:[0-9a-f]{8}\)$/);
+      expect(row(again, a2.key)).toMatch(/proj-a\/requirements\.txt \(sha256:[0-9a-f]{8}\)$/);
+      expect(row(again, a.key).slice(-18)).not.toBe(row(again, a2.key).slice(-18));
+      expect(row(again, b.key)).toMatch(/ proj-b\/requirements\.txt$/);
     } finally {
       s.cleanup();
     }

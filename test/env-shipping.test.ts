@@ -38,7 +38,7 @@ describe("env shipping with the server away", () => {
     const steps: string[] = [];
     const base = { layout, client, share: true, log: () => {}, uploads: new Set<Promise<void>>() };
     const online = workerShipping({ ...base, offline: false }, "task-1")!;
-    const got = await online.acquire({ key: KEY, conditions, into: join(root, "into"), onStep: (d) => steps.push(d) });
+    const got = await online.acquire({ key: KEY, conditions, into: join(root, "into"), onStep: (step, detail) => steps.push(`${step} ${detail}`) });
     expect("build" in got).toBe(true);
     expect(steps).toEqual([expect.stringMatching(/^building here: the server could not be asked for an artifact \(cannot reach the gpulayer server at http:\/\/127\.0\.0\.1:\d+/)]);
     const offline = workerShipping({ ...base, offline: true }, "task-2")!;

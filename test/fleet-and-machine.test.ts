@@ -28,7 +28,7 @@ const fleet = (args: string[], cwd = boxes.client.root) => cli(args, { env: flee
 beforeAll(async () => {
   index.start();
   index.wheel({ name: "gl-base", version: "1.0" });
-  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--token", TOKEN, "--json"], { env: { ...boxes.server.env, ...FAST } }), procs);
+  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...boxes.server.env, ...FAST, GPULAYER_TOKEN: TOKEN } }), procs);
   url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
   const venv = await makeWorkerVenv(join(boxes.w1.root, "venv"), { env: boxes.w1.env });
   keepOutput(startCli(["join", url, "--name", "w1", "--python", venv], { env: { ...boxes.w1.env, ...FAST, GPULAYER_TOKEN: TOKEN } }), procs);

@@ -54,6 +54,7 @@ beforeAll(async () => {
     async fetch(req) {
       const url = new URL(req.url);
       requests.push(url.pathname);
+      if (url.pathname.startsWith("/broken/")) return new Response("forbidden", { status: 403 }); // not transient: curl does not retry it
       const m = /^\/(releases|tampered)(\/.*)$/.exec(decodeURIComponent(url.pathname));
       if (!m) return new Response("not found", { status: 404 });
       const path = join(releaseDir, normalize(m[2]!));
@@ -276,9 +277,19 @@ test("an unknown architecture or operating system gets a clear message before an
 // Skipped only where this machine is no release target (hostTarget() is null); CI is Linux x64, one, so there it runs.
 test.skipIf(!HOST)("a version that does not exist, and a machine with neither curl nor wget, fail clearly", async () => {
   const home = scratch("gpl-home-");
-  const missing = await installSh(installerEnv({ HOME: home, PATH: toolsDir({ fakes: NOT_ROOT }), GPULAYER_INSTALL_URL: `${base}/releases`, GPULAYER_VERSION: "9.9.9" }));
-  expect(missing.code).toBe(1);
-  expect(missing.stderr).toContain(`could not download ${base}/releases/download/v9.9.9/SHASUMS256.txt`);
+  // A 404 is a release that is not there, said as such, with curl and with wget; any other failure is a download that failed.
+  const fetchers = [...(HAS_CURL ? [["wget"]] : []), ...(HAS_WGET ? [["curl"]] : [])];
+  for (const without of fetchers) {
+    const tools = toolsDir({ without, fakes: NOT_ROOT });
+    const missing = await installSh(installerEnv({ HOME: home, PATH: tools, GPULAYER_INSTALL_URL: `${base}/releases`, GPULAYER_VERSION: "9.9.9" }));
+    expect([without, missing.code, missing.stderr]).toEqual([without, 1, `gpulayer-install: error: there is no release 9.9.9 (${base}/releases/download/v9.9.9/SHASUMS256.txt is not there; the releases: ${base}/releases)\n`]);
+    const none = await installSh(installerEnv({ HOME: home, PATH: tools, GPULAYER_INSTALL_URL: `${base}/empty` }));
+    expect([without, none.code, none.stderr]).toEqual([without, 1, `gpulayer-install: error: there is no release at ${base}/empty yet (${base}/empty/latest/download/SHASUMS256.txt is not there)\n`]);
+    const down = await installSh(installerEnv({ HOME: home, PATH: tools, GPULAYER_INSTALL_URL: `${base}/broken`, GPULAYER_VERSION: "9.9.9" }));
+    expect([without, down.code]).toEqual([without, 1]);
+    expect(down.stderr).toContain(`gpulayer-install: error: could not download ${base}/broken/download/v9.9.9/SHASUMS256.txt`);
+    expect(down.stderr).not.toContain("there is no release");
+  }
 
   const bad = await installSh(installerEnv({ HOME: home, PATH: toolsDir({ fakes: NOT_ROOT }), GPULAYER_VERSION: "1.0; rm -rf /" }));
   expect(bad.code).toBe(1);

@@ -125,16 +125,15 @@ describe("job run", () => {
     expect(s.events.some((e: any) => e.type === "job.cancelled")).toBe(true);
   });
 
-  test("Ctrl-C (SIGINT) on job run cancels the job", async () => {
+  test("Ctrl-C (SIGINT) on job run cancels the job and exits 130; the command's own code (143, the cancel's SIGTERM) is recorded", async () => {
     const proc = startCli(["job", "run", "-p", "greet", "--index-url", index.url, "--", "sh", "-c", "echo started; sleep 300"], { env: { ...env(), GPULAYER_CANCEL_GRACE: "1" }, cwd: work });
     const reader = proc.stdout.getReader();
     const { value } = await reader.read();
     expect(new TextDecoder().decode(value)).toContain("started");
     proc.kill("SIGINT");
-    const code = await proc.exited;
-    expect(code).not.toBe(0);
+    expect(await proc.exited).toBe(130);
     const s = json((await cli(["job", "status", (await lastJob()).id, "--json"], { env: env() })).stdout);
-    expect(s.state).toBe("cancelled");
+    expect([s.state, s.exit_code]).toEqual(["cancelled", 143]);
   });
 
   test("a reader that goes away (| head) cancels the job, never orphans it", async () => {

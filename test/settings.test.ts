@@ -112,7 +112,7 @@ describe("every setting: what wins", () => {
     expect(r.values["cache.max_size"]).toBe(5 * 1024 ** 3);
     expect(r.values["coordinator.heartbeat"]).toBe(3000);
     writeFileSync(file, "cache:\n  max_sise: 5G\n");
-    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow(`${file}: cache.max_sise: unknown key`);
+    await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow(`${file}: cache.max_sise: unknown key (did you mean cache.max_size?)`);
     writeFileSync(file, "home: /elsewhere\n");
     await expect(resolveSettings({ GPULAYER_HOME: box.home, GPULAYER_CONFIG: file })).rejects.toThrow("home: cannot be set in the config file (set GPULAYER_HOME)");
     writeFileSync(file, "cache: 5G\n");

@@ -47,7 +47,8 @@ export type WorkerState = "idle" | "busy" | "draining" | "lost" | "left";
 export interface WorkerCache {
   bytes: number;
   entries: number;
-  envs: { key: string; summary: string; bytes: number; last_used: string | null; state: string }[];
+  /** python and requirements_file: what tells two envs of one request apart (absent from workers older than them). */
+  envs: { key: string; summary: string; bytes: number; last_used: string | null; state: string; python?: { version: string; path: string } | null; requirements_file?: { path: string; digest: string } | null }[];
 }
 
 export interface WorkerView {

@@ -2,6 +2,7 @@ import type { ArgsDef } from "citty";
 import { isProblem } from "../config/kinds.ts";
 import { SETTING_NAMES, SETTINGS, type SettingDef } from "../config/table.ts";
 import { UsageError } from "../errors.ts";
+import { didYouMean } from "../core/suggest.ts";
 
 /**
  * `join --token T`, `server --token T`: refused. Any process on the machine, jobs included, reads
@@ -132,7 +133,7 @@ export function rejectUnknownFlags(rawArgs: string[], args: ArgsDef, hints: Reco
     }
     const eq = arg.indexOf("=");
     const flag = eq === -1 ? arg : arg.slice(0, eq);
-    if (!known.has(flag)) throw new UsageError(`unknown option ${flag}${hints[flag] ? `: ${hints[flag]}` : " (see --help)"}`);
+    if (!known.has(flag)) throw new UsageError(`unknown option ${flag}${hints[flag] ? `: ${hints[flag]}` : didYouMean(flag, [...known].filter((k) => k.startsWith("--"))) || " (see --help)"}`);
     if (eq === -1) awaiting = takesValue(flag) ? flag : "";
     else if (eq === arg.length - 1 && takesValue(flag)) refuseEmpty(flag);
   }

@@ -93,6 +93,8 @@ export const EnvListEnvEntry = v.strictObject({
   created: nullableStr,
   last_used: nullableStr,
   summary: str,
+  python: v.nullable(v.strictObject({ version: str, path: str })),
+  requirements_file: nullableStr,
 });
 
 export const EnvListImageEntry = v.strictObject({
@@ -341,7 +343,7 @@ export const GcServerDocument = v.strictObject({
 });
 
 /** A worker's env as it last reported it (its heartbeats carry its cache): in `env list` and `env show` of the fleet. */
-const FleetWorkerEnv = v.strictObject({ key: str, state: str, size_bytes: num, last_used: nullableStr, summary: str });
+const FleetWorkerEnv = v.strictObject({ key: str, state: str, size_bytes: num, last_used: nullableStr, summary: str, python: v.nullable(v.strictObject({ version: str, path: str })), requirements_file: nullableStr });
 /** An env artifact the server keeps. */
 const FleetArtifact = v.strictObject({ sha256: str, key: str, bytes: num, built_by: str, created: str, last_used: str });
 

@@ -49,7 +49,11 @@ export default defineCommand({
     const where = new URL(server.url);
     if (where.hostname === "0.0.0.0" || where.hostname === "[::]") where.hostname = hostname();
     const reachable = where.origin;
-    const joinHint = `GPULAYER_TOKEN=${token.generated ? token.token : "<token>"} gpulayer join ${reachable}   (or --token-file FILE; named join tokens: gpulayer server token create --role join --name NAME)`;
+    // A worker is given a join token (it registers, nothing else), never the server's own, which may do everything.
+    const joinHint = [
+      `workers: gpulayer server token create --role join --name NAME > join.token   (here: a token that registers workers and nothing else)`,
+      `         gpulayer join ${reachable} --token-file join.token   (on each worker, the file copied there; --token-file - reads it from standard input)`,
+    ];
     const doc: ServerDoc = { url: server.url, port: server.port, state: dir, token_file: token.file, replica: server.replica, database: server.database, files: settings.files ?? dir, ...(token.generated ? { token: token.token } : {}) };
     out.result(
       doc,
@@ -57,7 +61,7 @@ export default defineCommand({
         `gpulayer server listening on ${server.url} (state in ${settings.database ? server.database : dir})`,
         ...(settings.database ? [`replica ${server.replica} of the servers on ${server.database} (bundles and artifacts in ${settings.files ?? dir})`] : []),
         token.generated ? `the server's token, good for everything (shown once; kept in ${token.file}): ${token.token}` : `token: ${token.file ? `kept in ${token.file}` : "as given"}`,
-        `workers: ${joinHint}`,
+        ...joinHint,
         `clients: export GPULAYER_SERVER=${reachable} GPULAYER_TOKEN=…`,
       ],
       true,

@@ -2,6 +2,7 @@ import { lstatSync, readFileSync, readlinkSync, statSync } from "node:fs";
 import { userHome } from "../core/home.ts";
 import { dirname, join, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
+import { didYouMean } from "../core/suggest.ts";
 import { databaseUrl, hidePassword, isProblem } from "./kinds.ts";
 import { SETTING_NAMES, SETTINGS, type SettingDef, type SettingName, type SettingValues } from "./table.ts";
 
@@ -74,7 +75,7 @@ async function readConfigFile(file: string): Promise<Map<SettingName, Raw> | nul
         if (value === null || value === undefined) continue;
         if (typeof value !== "object" || Array.isArray(value)) throw new UsageError(`${file}: ${name}: expected a mapping of its keys (${SETTING_NAMES.filter((n) => n.startsWith(`${name}.`)).map((n) => n.slice(name.length + 1)).join(", ")}), not ${Array.isArray(value) ? "a list" : "a single value"}`);
         walk(value as Record<string, unknown>, name);
-      } else throw new UsageError(`${file}: ${name}: unknown key`);
+      } else throw new UsageError(`${file}: ${name}: unknown key${didYouMean(name, SETTING_NAMES.filter((n) => (SETTINGS as Record<string, SettingDef<unknown>>)[n]!.inFile !== false))}`);
     }
   };
   walk(data as Record<string, unknown>, "");

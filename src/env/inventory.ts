@@ -2,6 +2,7 @@ import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
 import { liveLeases } from "../core/lease.ts";
 import { isLocked, tryLock } from "../core/lock.ts";
+import type { EnvPython, EnvRequirementsFile } from "../ui/env-labels.ts";
 import { type EnvMeta, entryPaths, isReady, lastUsedMs, listKeys, readMeta, removeEntryDir, resolveKey } from "./store.ts";
 
 export interface EnvEntry {
@@ -12,7 +13,22 @@ export interface EnvEntry {
   created: string | null;
   lastUsed: string | null;
   summary: string;
+  /** The interpreter it was built for (null when its record is not there yet: building, or remains). */
+  python: EnvPython | null;
+  /** The requirements file it was asked with (REQ_FILE, -r), when one: where, and what it said by digest. */
+  requirementsFile: EnvRequirementsFile | null;
   meta: EnvMeta | null;
+}
+
+function pythonOf(meta: EnvMeta | null): EnvPython | null {
+  if (!meta?.request?.interpreter) return null;
+  // The path it was asked by (a venv's python, a shim), else the real binary (envs recorded before inputs were).
+  return { version: meta.request.interpreter.version, path: meta.inputs?.interpreter.path ?? meta.request.interpreter.executable };
+}
+
+function requirementsFileOf(meta: EnvMeta | null): EnvRequirementsFile | null {
+  const file = meta?.inputs?.files.find((f) => f.via === "REQ_FILE");
+  return file ? { path: file.path, digest: file.digest } : null;
 }
 
 export async function listEnvs(layout: HomeLayout): Promise<EnvEntry[]> {
@@ -31,6 +47,8 @@ export async function listEnvs(layout: HomeLayout): Promise<EnvEntry[]> {
       created: meta?.created ?? null,
       lastUsed: used ? new Date(used).toISOString() : null,
       summary: meta?.summary ?? "",
+      python: pythonOf(meta),
+      requirementsFile: requirementsFileOf(meta),
       meta: ready ? meta : null,
     });
   }

@@ -67,10 +67,9 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
 /** Before a build: the env from another worker of the fleet, unpacked and marked ready here; or a ticket to build it. */
 async function fromFleet(layout: HomeLayout, shipping: Shipping, resolved: ResolvedRequest, paths: EntryPaths, hooks: PrepareHooks, signal?: AbortSignal): Promise<{ fetched: FetchedEnv } | { build: BuildTicket }> {
   const into = fetchFolder(layout, resolved.key);
-  hooks.onStep?.("fetching", `env ${resolved.key.slice(0, 12)} from the fleet`);
   const t = performance.now();
   try {
-    const got = await shipping.acquire({ key: resolved.key, conditions: artifactConditions(paths.dir, resolved.interpreter, resolved.doc.base), into, signal, onStep: (detail) => hooks.onStep?.("fetching", detail) });
+    const got = await shipping.acquire({ key: resolved.key, conditions: artifactConditions(paths.dir, resolved.interpreter, resolved.doc.base), into, signal, onStep: hooks.onStep });
     if ("fetched" in got) {
       installFetched(layout, resolved.key, paths, into, got.fetched);
       hooks.onStepDone?.("fetching", (performance.now() - t) / 1000);

@@ -3,8 +3,13 @@ import { killTree } from "../core/process-tree.ts";
 import { redactUrl } from "./url-credentials.ts";
 import { type BuildUser, buildUserArgv } from "./build-user.ts";
 
-/** What a build tells whoever watches it: steps with their times, and the installers' own lines. */
-export type BuildStep = "fetching" | "creating" | "linking" | "installing" | "compiling" | "checking";
+/**
+ * What a build tells whoever watches it: steps with their times, and the installers' own lines. A step is shown
+ * as `<step> <detail>`, one sentence: `fetching env 3f2a… from w1 (…)`, `waiting for w3, which is building …`.
+ */
+export type BuildStep = ShippingStep | "creating" | "linking" | "installing" | "compiling" | "checking";
+/** The steps of asking the fleet before a build (env/shipping.ts). */
+export type ShippingStep = "fetching" | "refused" | "waiting" | "building";
 
 export interface BuildHooks {
   onStep?(step: BuildStep, detail: string): void;

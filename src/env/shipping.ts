@@ -2,6 +2,7 @@ import { readdirSync, readFileSync, renameSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
+import type { ShippingStep } from "./run-tool.ts";
 import { type EntryPaths, type EnvMeta, markReady, removeEntryDir } from "./store.ts";
 
 /**
@@ -34,8 +35,8 @@ export interface ShippingRequest {
   /** A fresh folder beside the entry to unpack into (made by the shipping). */
   into: string;
   signal?: AbortSignal;
-  /** What the fetch is doing, for the build's progress (a refused artifact says why here). */
-  onStep?(detail: string): void;
+  /** What the fetch is doing, for the build's progress, as `<step> <detail>` reads (a refused artifact says why here). */
+  onStep?(step: ShippingStep, detail: string): void;
 }
 
 export interface Shipping {

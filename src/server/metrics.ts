@@ -11,16 +11,18 @@ import type { ServerStore, WorkerRow } from "./store.ts";
 const JOB_STATES = ["queued", "preparing", "running", "succeeded", "failed", "cancelled", "skipped"];
 const WORKER_STATES = ["idle", "busy", "draining", "lost", "left"];
 
-/** What each worker's cache answered: hits and misses of the env prepares it ran. */
+/** What each worker's cache answered: hits and misses of the prepares it ran, for a job or for `env prepare --server`. */
 export async function cacheHits(store: ServerStore): Promise<Map<string, { hit: number; miss: number }>> {
   const byWorker = new Map<string, { hit: number; miss: number }>();
-  for (const e of await store.phaseEvents(["task.prepare.finished"])) {
-    if (!e.workerId) continue;
-    const c = byWorker.get(e.workerId) ?? { hit: 0, miss: 0 };
-    if (e.data.cache === "hit") c.hit++;
+  const count = (workerId: string, hit: boolean) => {
+    const c = byWorker.get(workerId) ?? { hit: 0, miss: 0 };
+    if (hit) c.hit++;
     else c.miss++;
-    byWorker.set(e.workerId, c);
-  }
+    byWorker.set(workerId, c);
+  };
+  for (const e of await store.phaseEvents(["task.prepare.finished"])) if (e.workerId) count(e.workerId, e.data.cache === "hit");
+  // Only a prepare that ended answers for the cache (a job's failed prepare has no task.prepare.finished either).
+  for (const r of await store.prepareTaskResults()) if (["reused", "built", "fetched", "pulled"].includes(r.status)) count(r.workerId, r.status === "reused");
   return byWorker;
 }
 

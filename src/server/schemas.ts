@@ -104,7 +104,20 @@ export const HeartbeatSchema = v.object({
     v.object({
       bytes: v.number(),
       entries: v.number(),
-      envs: v.pipe(v.array(v.object({ key: v.pipe(v.string(), v.maxLength(64)), summary: v.pipe(v.string(), v.maxLength(200)), bytes: v.number(), last_used: v.nullable(v.string()), state: v.pipe(v.string(), v.maxLength(20)) })), v.maxLength(1000)),
+      envs: v.pipe(
+        v.array(
+          v.object({
+            key: v.pipe(v.string(), v.maxLength(64)),
+            summary: v.pipe(v.string(), v.maxLength(200)),
+            bytes: v.number(),
+            last_used: v.nullable(v.string()),
+            state: v.pipe(v.string(), v.maxLength(20)),
+            python: v.optional(v.nullable(v.object({ version: v.pipe(v.string(), v.maxLength(40)), path: v.pipe(v.string(), v.maxLength(4096)) }))),
+            requirements_file: v.optional(v.nullable(v.object({ path: v.pipe(v.string(), v.maxLength(4096)), digest: v.pipe(v.string(), v.maxLength(64)) }))),
+          }),
+        ),
+        v.maxLength(1000),
+      ),
     }),
   ),
 });

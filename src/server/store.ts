@@ -352,6 +352,11 @@ export class ServerStore {
       await this.sql.all<{ job_id: string; ts: number; type: string; data: string; worker_id: string | null }>(`SELECT e.job_id, e.ts, e.type, e.data, j.worker_id FROM events e LEFT JOIN jobs j ON j.id = e.job_id WHERE e.type IN (${marks}) ORDER BY e.seq`, ...types)
     ).map((r) => ({ jobId: r.job_id, ts: Number(r.ts), type: r.type, data: JSON.parse(r.data), workerId: r.worker_id }));
   }
+  /** How each `env prepare --server` task ended, by the worker that ran it (the prepares a job made are its events). */
+  async prepareTaskResults(): Promise<{ workerId: string; status: PrepareTaskResult["status"] }[]> {
+    const rows = await this.sql.all<{ worker_id: string; result: string }>("SELECT worker_id, result FROM tasks WHERE kind = 'prepare' AND result IS NOT NULL ORDER BY created");
+    return rows.map((r) => ({ workerId: r.worker_id, status: json<PrepareTaskResult>(r.result).status }));
+  }
   /** How many jobs (and tasks of jobs) are in each state. */
   async jobStateCounts(): Promise<Map<string, number>> {
     return new Map((await this.sql.all<{ state: string; n: number }>("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")).map((r) => [r.state, Number(r.n)]));

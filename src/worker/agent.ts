@@ -169,7 +169,7 @@ export class Agent {
     const report: WorkerCache = {
       bytes: envs.reduce((n, e) => n + e.sizeBytes, 0),
       entries: envs.length,
-      envs: envs.slice(0, 1000).map((e) => ({ key: e.key, summary: e.summary.slice(0, 200), bytes: e.sizeBytes, last_used: e.lastUsed, state: e.state })),
+      envs: envs.slice(0, 1000).map((e) => ({ key: e.key, summary: e.summary.slice(0, 200), bytes: e.sizeBytes, last_used: e.lastUsed, state: e.state, python: e.python, requirements_file: e.requirementsFile })),
     };
     const text = JSON.stringify(report);
     if (text === this.cacheSent) return undefined;

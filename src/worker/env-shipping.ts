@@ -65,15 +65,18 @@ async function acquire(s: ShippingSettings, taskId: string, req: ShippingRequest
     if (req.signal?.aborted || error instanceof InstallError) throw error;
     const why = (error as Error).message;
     if (s.offline) throw new InstallError(`this worker is offline (worker.offline) and builds no env, and the server could not be asked for an artifact of env ${req.key.slice(0, 12)}: ${why}`, "");
-    req.onStep?.(`building here: the server could not be asked for an artifact (${why})`);
+    req.onStep?.("building", `here: the server could not be asked for an artifact (${why})`);
     return { build: noTicket() };
   }
 }
 
 async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequest): Promise<{ fetched: FetchedEnv } | { build: BuildTicket }> {
   const q = `key=${req.key}&path=${encodeURIComponent(req.conditions.env_path)}`;
-  let told = false;
+  /** The worker whose build this one waited for (said once). */
+  let waitedFor: string | null = null;
   let reported = false;
+  /** The server dropped what was refused here, and that line said this worker builds. */
+  let dropped = false;
   /** Artifacts that failed here (not those for elsewhere), by sha: reported to the server once. */
   const refused = new Map<string, string>();
   for (;;) {
@@ -93,7 +96,7 @@ async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequ
         if (req.signal?.aborted) throw error;
         refusals.push(`${a.sha256.slice(0, 12)} from ${a.built_by}: ${(error as Error).message}`);
         refused.set(a.sha256, (error as Error).message);
-        req.onStep?.(`artifact ${a.sha256.slice(0, 12)} from ${a.built_by} refused: ${(error as Error).message}`);
+        req.onStep?.("refused", `artifact ${a.sha256.slice(0, 12)} from ${a.built_by}: ${(error as Error).message}`);
       }
     }
     if (s.offline) {
@@ -103,15 +106,16 @@ async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequ
     }
     if (!sharing) return { build: noTicket() };
     if (refused.size) {
-      const dropped = reported ? [] : await report(s, refused, req);
+      const gone = reported ? [] : await report(s, refused, req);
       reported = true;
-      if (dropped.length < refused.size) {
+      if (gone.length < refused.size) {
         // One artifact per key and path is kept, and the server keeps one refused here: build here, share nothing.
-        req.onStep?.(`building here: ${refusals.join("; ")}`);
+        req.onStep?.("building", `here: ${refusals.join("; ")}`);
         return { build: noTicket() };
       }
       // The server dropped what was refused here: claim the build, and its artifact takes the place.
-      req.onStep?.(`the server dropped artifact ${dropped.map((d) => d.slice(0, 12)).join(", ")}; building here`);
+      req.onStep?.("building", `here: the server dropped artifact ${gone.map((d) => d.slice(0, 12)).join(", ")}, refused here`);
+      dropped = true;
       refused.clear();
       continue;
     }
@@ -119,12 +123,17 @@ async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequ
     if (claim.granted) {
       // The builder before us may have uploaded and let go between our listing and our claim: look once more.
       const again = await s.client.json<Listing>("GET", `/v1/artifacts?${q}`, undefined, { signal: req.signal });
-      if (!again.artifacts.some((a) => !conditionsDiffer(a.conditions, req.conditions))) return { build: ticket(s, taskId, req) };
+      if (!again.artifacts.some((a) => !conditionsDiffer(a.conditions, req.conditions))) {
+        // Why this worker builds, once (a drop said it already): no artifact of it, none for here, or the build waited for left none.
+        const why = waitedFor ? `${waitedFor} left no artifact of env ${req.key.slice(0, 12)}` : refusals.length ? `no artifact fits (${refusals.join("; ")})` : `no worker of the fleet has built env ${req.key.slice(0, 12)} yet`;
+        if (!dropped) req.onStep?.("building", `here: ${why}`);
+        return { build: ticket(s, taskId, req) };
+      }
       await s.client.json("POST", "/v1/artifacts/claim", { key: req.key, path: req.conditions.env_path, release: true }).catch(() => undefined);
       continue;
     }
-    if (!told) req.onStep?.(`waiting for ${claim.holder}, which is building env ${req.key.slice(0, 12)} for this same path`);
-    told = true;
+    if (!waitedFor) req.onStep?.("waiting", `for ${claim.holder}, which is building env ${req.key.slice(0, 12)} for this same path`);
+    waitedFor = claim.holder ?? "another worker";
     await sleep(POLL_MS);
   }
 }
@@ -189,7 +198,7 @@ async function share(s: ShippingSettings, taskId: string, req: ShippingRequest):
 /** Download into a file beside the fetch folder, checking the digest as it comes, then unpack into `req.into`. */
 async function download(s: ShippingSettings, a: ArtifactView, req: ShippingRequest): Promise<FetchedEnv> {
   const t = performance.now();
-  req.onStep?.(`fetching artifact ${a.sha256.slice(0, 12)} (${(a.bytes / 1024 ** 2).toFixed(1)} MiB) built by ${a.built_by}`);
+  req.onStep?.("fetching", `env ${req.key.slice(0, 12)} from ${a.built_by} (artifact ${a.sha256.slice(0, 12)}, ${(a.bytes / 1024 ** 2).toFixed(1)} MiB)`);
   mkdirSync(req.into, { recursive: true });
   const file = `${req.into}.tar.zst`;
   try {

@@ -5,6 +5,7 @@ import { UserError } from "../../errors.ts";
 import { printable } from "../../ui/escape.ts";
 import { formatAgo, formatBytes, type Output, shortKey, table } from "../../ui/output.ts";
 import type { EnvListFleetDoc, EnvShowFleetDoc } from "../_json.ts";
+import { pythonLabel, requestLabels } from "../../ui/env-labels.ts";
 
 /**
  * `env list` and `env show` of the fleet (a server configured, no --local):
@@ -25,7 +26,7 @@ export async function fleetEnvList(target: RemoteTarget, out: Output): Promise<v
   const { workers, artifacts } = await fleet(target);
   const doc: EnvListFleetDoc = {
     server: target.url,
-    workers: workers.map((w) => ({ worker: w.name, state: w.state, reported: w.cache !== null, envs: (w.cache?.envs ?? []).map((e) => ({ key: e.key, state: e.state, size_bytes: e.bytes, last_used: e.last_used, summary: e.summary })) })),
+    workers: workers.map((w) => ({ worker: w.name, state: w.state, reported: w.cache !== null, envs: (w.cache?.envs ?? []).map((e) => ({ key: e.key, state: e.state, size_bytes: e.bytes, last_used: e.last_used, summary: e.summary, python: e.python ?? null, requirements_file: e.requirements_file?.path ?? null })) })),
     artifacts: artifacts.artifacts.map(artifactJson),
   };
   out.result(doc, () => {
@@ -40,8 +41,9 @@ export async function fleetEnvList(target: RemoteTarget, out: Output): Promise<v
       }
       lines.push(`${head}: ${w.cache.entries} env(s), ${formatBytes(w.cache.bytes)}`);
       if (!w.cache.envs.length) continue;
-      const rows = [["  KEY", "STATE", "SIZE", "LAST USED", "REQUEST"]];
-      for (const e of w.cache.envs) rows.push([`  ${shortKey(e.key)}`, printable(e.state), formatBytes(e.bytes), ago(e.last_used), printable(e.summary)]);
+      const rows = [["  KEY", "STATE", "SIZE", "LAST USED", "PYTHON", "REQUEST"]];
+      const requests = requestLabels(w.cache.envs.map((e) => ({ summary: e.summary, requirementsFile: e.requirements_file })));
+      w.cache.envs.forEach((e, i) => rows.push([`  ${shortKey(e.key)}`, printable(e.state), formatBytes(e.bytes), ago(e.last_used), printable(pythonLabel(e.python)), printable(requests[i]!)]));
       lines.push(...table(rows));
     }
     lines.push(`server artifacts: ${artifacts.count} (${formatBytes(artifacts.bytes)} of ${formatBytes(artifacts.max_bytes)}${artifacts.share ? "" : "; sharing is off"})`);

@@ -8,12 +8,13 @@ import { remoteTarget } from "../../cluster/client.ts";
 import type { EnvEntry } from "../../env/inventory.ts";
 import type { ImageEntry } from "../../docker/inventory.ts";
 import type { EnvListEnvDoc, EnvListImageDoc } from "../_json.ts";
+import { pythonLabel, requestLabels } from "../../ui/env-labels.ts";
 
 const ago = (iso: string | null | undefined) => (iso ? formatAgo(Date.parse(iso)) : "-");
 
 /** `env list --json`: an environment. */
 function envJson(e: EnvEntry): EnvListEnvDoc {
-  return { kind: "env", key: e.key, path: e.path, state: e.state, size_bytes: e.sizeBytes, created: e.created, last_used: e.lastUsed, summary: e.summary };
+  return { kind: "env", key: e.key, path: e.path, state: e.state, size_bytes: e.sizeBytes, created: e.created, last_used: e.lastUsed, summary: e.summary, python: e.python, requirements_file: e.requirementsFile?.path ?? null };
 }
 
 /** `env list --json`: an image gpulayer recorded. */
@@ -56,8 +57,9 @@ export default defineCommand({
         if (!envs.length && !images.length) return "no environments yet (gpulayer env prepare REQ_FILE builds one)";
         const lines: string[] = [];
         if (envs.length) {
-          const rows = [["KEY", "STATE", "SIZE", "CREATED", "LAST USED", "REQUEST"]];
-          for (const e of envs) rows.push([shortKey(e.key), e.state, formatBytes(e.sizeBytes), ago(e.created), ago(e.lastUsed), e.summary]);
+          const rows = [["KEY", "STATE", "SIZE", "CREATED", "LAST USED", "PYTHON", "REQUEST"]];
+          const requests = requestLabels(envs);
+          envs.forEach((e, i) => rows.push([shortKey(e.key), e.state, formatBytes(e.sizeBytes), ago(e.created), ago(e.lastUsed), pythonLabel(e.python), requests[i]!]));
           lines.push(...table(rows));
         }
         if (images.length) {

@@ -1,6 +1,6 @@
 import { defineCommand } from "citty";
 import { commandContext, localGpus, localSlots, runnerSettings } from "../_context.ts";
-import { ExitError, UsageError, UserError } from "../../errors.ts";
+import { ExitError, jobEndCode, UsageError, UserError } from "../../errors.ts";
 import { gpuRefusal } from "../../jobs/resources.ts";
 import { spawnDetachedRunner } from "../../jobs/detach.ts";
 import { startJob } from "../../jobs/runner.ts";
@@ -139,6 +139,7 @@ export default defineCommand({
     if (spec.tasks) out.progress(tasksSummary(status));
     else if (outcome.runSeconds !== null) out.progress(`task.run exit ${outcome.exitCode} in ${formatSeconds(outcome.runSeconds)} (job ${job.id} ${outcome.state})`);
     if (a.json) out.result(status, () => "");
-    if (outcome.exitCode !== 0) throw new ExitError(outcome.exitCode);
+    const code = jobEndCode(outcome.exitCode, outcome.state);
+    if (code !== 0) throw new ExitError(code);
   },
 });

@@ -2,6 +2,7 @@ import type { RemoteJobStatus, WorkerCache, WorkerView } from "../../cluster/pro
 import type { Phase } from "../../jobs/model.ts";
 import { ago, bar, esc, formatBytes, Html, html, layout, seconds } from "./html.ts";
 import { STYLE } from "./assets.ts";
+import { pythonLabel, requestLabels } from "../../ui/env-labels.ts";
 
 /** The pages, rendered from what the API reads (the same documents `job status` and `workers` print). */
 
@@ -126,9 +127,15 @@ export function envsPage(workers: WorkerLine[]): string {
   const sections = workers.map((w) => {
     // Oldest use first: what gc takes first when it has to make room.
     const envs = [...(w.cache?.envs ?? [])].sort((a, b) => (a.last_used ?? "").localeCompare(b.last_used ?? ""));
+    const requests = requestLabels(envs.map((e) => ({ summary: e.summary, requirementsFile: e.requirements_file })));
     return html`<h2>${w.name} <span class="muted">${w.cache ? `${formatBytes(w.cache.bytes)} in ${w.cache.entries} env(s)` : "has not reported its cache yet"}</span></h2>
-<table><thead><tr><th>Key</th><th>Request</th><th>Size</th><th>Last used</th><th>State</th></tr></thead><tbody>${
-      envs.length ? envs.map((e) => html`<tr><td>${e.key.slice(0, 12)}</td><td class="wrap">${e.summary}</td><td>${formatBytes(e.bytes)}</td><td>${ago(e.last_used)}</td><td>${e.state}</td></tr>`) : html`<tr><td colspan="5" class="muted">No envs</td></tr>`
+<table><thead><tr><th>Key</th><th>Python</th><th>Request</th><th>Size</th><th>Last used</th><th>State</th></tr></thead><tbody>${
+      envs.length
+        ? envs.map(
+            (e, i) =>
+              html`<tr><td>${e.key.slice(0, 12)}</td><td class="wrap"${e.python ? html` title="${e.python.path}"` : ""}>${pythonLabel(e.python)}</td><td class="wrap"${e.requirements_file ? html` title="${e.requirements_file.path}"` : ""}>${requests[i]!}</td><td>${formatBytes(e.bytes)}</td><td>${ago(e.last_used)}</td><td>${e.state}</td></tr>`,
+          )
+        : html`<tr><td colspan="6" class="muted">No envs</td></tr>`
     }</tbody></table>`;
   });
   return layout("Environments", "envs", html`<h1>Environments</h1><p class="muted">Each worker's cached envs, least recently used first: the order <code>gpulayer gc</code> takes them in.</p>${sections}`, { data: { refresh: "10" } });
