@@ -223,14 +223,13 @@ describe("a failure under --json is the error document on stdout, and the same l
   });
 });
 
-describe("the README's JSON tables", () => {
-  const readme = readFileSync(join(ROOT, "README.md"), "utf8").split("\n");
-  const section = readme.slice(readme.indexOf("## JSON output"), readme.findIndex((l, i) => i > readme.indexOf("## JSON output") && l.startsWith("## ")));
+describe("the JSON reference's tables (docs/reference/json.md)", () => {
+  const section = readFileSync(join(ROOT, "docs", "reference", "json.md"), "utf8").split("\n");
 
-  /** The first column of the first table under `### \`heading\``. */
+  /** The first column of the first table under `## \`heading\``. */
   function tableKeys(heading: string): string[] {
-    const at = section.indexOf(`### \`${heading}\``);
-    if (at === -1) throw new Error(`README: no table for ${heading} (### \`${heading}\` under ## JSON output)`);
+    const at = section.indexOf(`## \`${heading}\``);
+    if (at === -1) throw new Error(`docs/reference/json.md: no table for ${heading} (## \`${heading}\`)`);
     const rest = section.slice(at + 1);
     const start = rest.findIndex((l) => l.startsWith("|"));
     const end = rest.findIndex((l, i) => i > start && !l.startsWith("|"));
@@ -246,7 +245,7 @@ describe("the README's JSON tables", () => {
   });
 
   test("have no table for a document that has no schema", () => {
-    const headings = section.filter((l) => l.startsWith("### ")).map((l) => /^### `([^`]+)`$/.exec(l)?.[1] ?? l);
+    const headings = section.filter((l) => l.startsWith("## ")).map((l) => /^## `([^`]+)`$/.exec(l)?.[1] ?? l);
     expect(headings).toEqual(Object.keys(README_TABLES));
   });
 

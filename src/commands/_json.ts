@@ -10,7 +10,7 @@ import { JOB_STATES, PHASE_NAMES } from "../jobs/model.ts";
  * Commands build their documents with one explicit mapping each, typed by the
  * types below (`import type`: valibot is not loaded on a command's way); the
  * schemas themselves are for the tests (test/json-documents.test.ts) and the
- * README's tables, which a test holds to the keys listed here.
+ * JSON reference (docs/reference/json.md), whose tables a test holds to the keys listed here.
  */
 
 const str = v.string();
@@ -399,7 +399,7 @@ export const DOCUMENTS = {
 } as const;
 
 /**
- * The README's field tables (section "JSON output"), by their headings: a
+ * The field tables of docs/reference/json.md, by their headings: a
  * document's own keys, or, for a list, one entry's; and the objects nested in
  * them that have a table of their own.
  */

@@ -40,7 +40,7 @@ export function settingsReport(settings: ResolvedSettings, saved: { python?: str
   });
 }
 
-/** The README's configuration table, made from the same table of settings (a test holds the README to it). */
+/** The settings reference's table (docs/reference/settings.md), made from the same table of settings by scripts/gen-reference.ts. */
 export function settingsMarkdown(): string {
   const rows = SETTING_NAMES.map((name) => {
     const def = SETTINGS[name] as SettingDef<unknown>;

@@ -5,7 +5,7 @@ import { age, anyText, boolean, choice, count, databaseUrl, duration, type Kind,
  * everywhere), its GPULAYER_* variable, the flag that sets it where a command
  * has one, its kind (one parser per kind) and its default. Resolved once, at
  * the top, flag > variable > file > default (src/config/resolve.ts); the
- * README's configuration table is checked against this one by a test.
+ * settings reference (docs/reference/settings.md) is generated from this one.
  */
 export interface SettingDef<T> {
   env: string;
