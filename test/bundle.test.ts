@@ -2,6 +2,7 @@ import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { chmodSync, existsSync, mkdirSync, readFileSync, statSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { inspectBundle, listWorkdir, packWorkdir, unpackBundle } from "../src/cluster/bundle.ts";
+import { carriedFiles } from "../src/cluster/bundle-carry.ts";
 import { BundleError } from "../src/errors.ts";
 import { run, tempDir } from "./helpers.ts";
 
@@ -118,6 +119,71 @@ describe("packing a workdir", () => {
     const big = tree(join(root, "big"), { "weights/model.bin": "x".repeat(200_000), "small.py": "pass\n" });
     const limits = { maxBytes: 1024 ** 3, maxUnpackedBytes: 100_000, maxEntries: 1000 };
     expect(() => packWorkdir(big, join(root, "big.tar.gz"), limits)).toThrow(/over the limit of .*GPULAYER_BUNDLE_MAX_UNPACKED.*weights/);
+  });
+});
+
+describe("a local project's installed files travel whatever .gitignore says", () => {
+  const dir = tree(join(root, "with-project"), {
+    "requirements.txt": "./localpkg\n",
+    ".gitignore": "*.so\nscratch/\n",
+    "scratch/notes.txt": "not sent\n",
+    "localpkg/pyproject.toml": "[project]\nname = 'localpkg'\n",
+    "localpkg/.gitignore": "data/\nweights/\n*.egg-info/\n",
+    "localpkg/weights/model.bin": "outside the package: not sent\n",
+    "localpkg/localpkg.egg-info/PKG-INFO": "a build's own: not sent\n",
+    "localpkg/localpkg/__init__.py": "",
+    "localpkg/localpkg/data/table.json": "{}\n",
+    "localpkg/localpkg/_kernels.so": "prebuilt\n",
+    "localpkg/localpkg/vendor.egg-info/notes.txt": "package data\n",
+    "localpkg/localpkg/node_modules/x.js": "package data\n",
+    "localpkg/localpkg/__pycache__/x.pyc": "",
+  });
+  const reading = { env: {}, digestCache: null };
+
+  test("inside the package: ignored data, a prebuilt library, an egg-info and node_modules folder; outside it .gitignore decides", () => {
+    const list = listWorkdir(dir, undefined, carriedFiles(dir, [{ requirementsFile: "requirements.txt", specs: [] }], { ...reading, cwd: dir }));
+    expect(list.entries).toEqual([
+      ".gitignore",
+      "localpkg",
+      "localpkg/.gitignore",
+      "localpkg/localpkg",
+      "localpkg/localpkg/__init__.py",
+      "localpkg/localpkg/_kernels.so",
+      "localpkg/localpkg/data",
+      "localpkg/localpkg/data/table.json",
+      "localpkg/localpkg/node_modules",
+      "localpkg/localpkg/node_modules/x.js",
+      "localpkg/localpkg/vendor.egg-info",
+      "localpkg/localpkg/vendor.egg-info/notes.txt",
+      "localpkg/pyproject.toml",
+      "requirements.txt",
+    ]);
+  });
+
+  test("a -p spec naming the project carries the same; a request without local projects carries nothing", () => {
+    const bySpec = listWorkdir(dir, undefined, carriedFiles(dir, [{ specs: ["./localpkg"] }], { ...reading, cwd: dir }));
+    expect(bySpec.entries).toContain("localpkg/localpkg/data/table.json");
+    const none = listWorkdir(dir, undefined, carriedFiles(dir, [{ specs: ["tqdm==4.66.5"] }], { ...reading, cwd: dir }));
+    expect(none.entries.filter((e) => e.startsWith("localpkg/localpkg/"))).toEqual(["localpkg/localpkg/__init__.py"]);
+  });
+
+  test("a .gpulayerignore still leaves one out: the bundle is the user's to trim", () => {
+    const trimmed = tree(join(root, "with-project-trimmed"), {
+      "requirements.txt": "./localpkg\n",
+      ".gpulayerignore": "localpkg/localpkg/data/\n",
+      "localpkg/pyproject.toml": "[project]\nname = 'localpkg'\n",
+      "localpkg/.gitignore": "data/\n*.so\n",
+      "localpkg/localpkg/__init__.py": "",
+      "localpkg/localpkg/data/table.json": "{}\n",
+      "localpkg/localpkg/_kernels.so": "prebuilt\n",
+    });
+    const list = listWorkdir(trimmed, undefined, carriedFiles(trimmed, [{ requirementsFile: "requirements.txt", specs: [] }], { ...reading, cwd: trimmed }));
+    expect(list.entries.filter((e) => e.startsWith("localpkg/localpkg/"))).toEqual(["localpkg/localpkg/__init__.py", "localpkg/localpkg/_kernels.so"]);
+  });
+
+  test("a request the worker will refuse (a project outside the folder) carries nothing and packs as before", () => {
+    const list = listWorkdir(dir, undefined, carriedFiles(dir, [{ specs: ["../elsewhere"] }], { ...reading, cwd: dir }));
+    expect(list.entries).not.toContain("localpkg/localpkg/data/table.json");
   });
 });
 

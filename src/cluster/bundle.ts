@@ -55,15 +55,38 @@ function ignored(rules: Rule[], rel: string, isDir: boolean): boolean {
 }
 
 /**
+ * What a fresh install of the request's local projects reads (env/tree-digest.ts installedFiles), by path relative to
+ * the bundle's root: sent whatever .gitignore and the default excludes say, as the key counts it, so a worker builds
+ * what this machine builds. A .gpulayerignore still leaves one out: the bundle is the user's to trim.
+ */
+export class Carried {
+  private readonly dirs = new Set<string>();
+  constructor(readonly files: ReadonlySet<string>) {
+    for (const f of files) for (let i = f.indexOf("/"); i > 0; i = f.indexOf("/", i + 1)) this.dirs.add(f.slice(0, i));
+  }
+  /** A file, or a folder (or a link standing for one) that holds one. */
+  has(rel: string): boolean {
+    return this.files.has(rel) || this.dirs.has(rel);
+  }
+  static readonly none = new Carried(new Set());
+}
+
+/** Left out: by the rules, unless carried and not by a .gpulayerignore. */
+function leftOut(rules: Rule[], rel: string, isDir: boolean, carried: Carried): boolean {
+  if (!ignored(rules, rel, isDir)) return false;
+  return !carried.has(rel) || ignored(rules.filter((r) => r.explicit), rel, isDir);
+}
+
+/**
  * What marks a gpulayer home (its token, identity, environments and job databases): never packed. A server started
  * with --token keeps no token file but its database; a worker that never registered has its outbox.
  */
 const HOME_MARKS: string[][] = [["envs-v1", "jobs"], ["server/token"], ["server/server.db"], ["cluster/identity"], ["cluster/outbox.db"]];
 
 /** The mark of a gpulayer home in `absDir` that the rules would send, or null. */
-function homeMark(absDir: string, relDir: string, rules: Rule[]): string | null {
+function homeMark(absDir: string, relDir: string, rules: Rule[], carried: Carried): string | null {
   for (const mark of HOME_MARKS) {
-    const present = mark.every((m) => existsSync(join(absDir, m)) && !ignored(rules, relDir ? `${relDir}/${m}` : m, statSync(join(absDir, m)).isDirectory()));
+    const present = mark.every((m) => existsSync(join(absDir, m)) && !leftOut(rules, relDir ? `${relDir}/${m}` : m, statSync(join(absDir, m)).isDirectory(), carried));
     if (present) return mark.join(" and ");
   }
   return null;
@@ -87,14 +110,14 @@ export interface FileList {
   sizes: { path: string; bytes: number }[];
 }
 
-/** What a bundle of `root` holds: .gitignore, .gpulayerignore and the default excludes honoured; links kept only when they stay inside. */
-export function listWorkdir(root: string, onProgress?: (p: PackProgress) => void): FileList {
+/** What a bundle of `root` holds: .gitignore, .gpulayerignore and the default excludes honoured (but for what `carried` names); links kept only when they stay inside. */
+export function listWorkdir(root: string, onProgress?: (p: PackProgress) => void, carried: Carried = Carried.none): FileList {
   const list: FileList = { entries: [], rawBytes: 0, skipped: [], ownerOnly: [], sizes: [] };
   const top = new Map<string, number>();
   let seen = 0;
   const walk = (absDir: string, relDir: string, rules: Rule[]) => {
     const here = [...rules, ...rulesIn(absDir, relDir)];
-    const mark = homeMark(absDir, relDir, here);
+    const mark = homeMark(absDir, relDir, here, carried);
     if (mark) throw new BundleError(`the workdir ${root} holds a gpulayer home at ${relDir || "."} (it has ${mark}): its token, identity and databases must not travel; leave it out with .gpulayerignore or give another --workdir`, ExitCode.usage);
     const names = readdirSync(absDir).sort();
     for (const name of names) {
@@ -104,18 +127,18 @@ export function listWorkdir(root: string, onProgress?: (p: PackProgress) => void
       const topName = rel.split("/")[0]!;
       if (onProgress && ++seen % PROGRESS_EVERY === 0) onProgress({ entries: seen, bytes: list.rawBytes });
       if (st.isSymbolicLink()) {
-        if (ignored(here, rel, false)) continue;
+        if (leftOut(here, rel, false, carried)) continue;
         const target = readlinkSync(abs);
         const inside = relative(root, resolve(absDir, target));
         if (isAbsolute(target) || inside.startsWith("..") || isAbsolute(inside)) list.skipped.push({ path: rel, reason: `link to ${target} points outside the workdir` });
         else list.entries.push(rel);
       } else if (st.isDirectory()) {
-        if (ignored(here, rel, true)) continue;
+        if (leftOut(here, rel, true, carried)) continue;
         list.entries.push(rel);
         walk(abs, rel, here);
       } else if (st.isFile()) {
         const v = verdict(here, rel, false);
-        if (v === "ignored") continue;
+        if (v === "ignored" && leftOut(here, rel, false, carried)) continue;
         if ((st.mode & 0o044) === 0 && v !== "included") {
           list.ownerOnly.push(rel);
           continue;
@@ -151,8 +174,8 @@ function tooBig(what: string, size: number, limit: number, setting: string, size
 }
 
 /** Pack `root` into `outFile` (tar.gz); its sha256 is the bundle's name. */
-export function packWorkdir(root: string, outFile: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void): PackResult {
-  const list = listWorkdir(root, onProgress);
+export function packWorkdir(root: string, outFile: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void, carried?: Carried): PackResult {
+  const list = listWorkdir(root, onProgress, carried);
   if (list.rawBytes > limits.maxUnpackedBytes) throw tooBig(`the workdir ${root}`, list.rawBytes, limits.maxUnpackedBytes, "GPULAYER_BUNDLE_MAX_UNPACKED", list.sizes);
   if (list.entries.length > limits.maxEntries) throw new BundleError(`the workdir ${root} has ${list.entries.length} entries, over the limit of ${limits.maxEntries}; leave some out with .gpulayerignore`);
   mkdirSync(dirname(outFile), { recursive: true });

@@ -9,6 +9,7 @@ import { connect, type RemoteTarget } from "./client.ts";
 import { ExitCode, HttpError, jobEndCode, UsageError, UserError } from "../errors.ts";
 import { isFinal } from "../jobs/model.ts";
 import { type RemoteJobStatus, type RemoteSpec, type SubmitRequest, type SubmitResponse, type WatchResponse } from "./protocol.ts";
+import { carriedFiles, type CarryContext } from "./bundle-carry.ts";
 import { inBundle, packTemp, postWithBundle, type UploadHooks, wireEnvironment } from "./upload.ts";
 
 /**
@@ -56,6 +57,13 @@ export interface SubmitOptions {
    * what would need a folder (-r, a local --find-links) is refused.
    */
   sendWorkdir: boolean;
+  /** How the client reads the request to find the local projects whose installed files travel whatever .gitignore says. */
+  reading: Omit<CarryContext, "cwd">;
+}
+
+/** The requests of a job and of each of its tasks. */
+function requestsOf(spec: JobSpec): JobSpec["environment"][] {
+  return [spec.environment, ...(spec.tasks ?? []).flatMap((t) => requestsOf(t.spec))];
 }
 
 /** Why a job cannot run without its folder, or null. */
@@ -72,7 +80,7 @@ function needsFolder(spec: JobSpec): string | null {
 }
 
 /** Pack the job's folder (or an empty one) and submit the job; the bundle is uploaded only when the server lacks it. */
-export async function submitJob(target: RemoteTarget, spec: JobSpec, labels: Record<string, string>, hooks: SubmitHooks = {}, opts: SubmitOptions = { sendWorkdir: true }): Promise<SubmitResponse> {
+export async function submitJob(target: RemoteTarget, spec: JobSpec, labels: Record<string, string>, hooks: SubmitHooks, opts: SubmitOptions): Promise<SubmitResponse> {
   let empty: string | null = null;
   if (!opts.sendWorkdir) {
     const why = needsFolder(spec);
@@ -81,7 +89,8 @@ export async function submitJob(target: RemoteTarget, spec: JobSpec, labels: Rec
   }
   try {
     const root = empty ?? spec.workdir;
-    const pack = packTemp(root, target.bundleLimits, hooks.onPacking);
+    const carried = !empty ? carriedFiles(root, requestsOf(spec), { ...opts.reading, cwd: root }) : undefined;
+    const pack = packTemp(root, target.bundleLimits, hooks.onPacking, carried);
     try {
       // A signal that came during packing is heard only once the loop turns: before anything is sent.
       await new Promise((turned) => setTimeout(turned, 0));

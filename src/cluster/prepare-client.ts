@@ -4,6 +4,7 @@ import { isUrl } from "../env/request.ts";
 import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
 import type { PrepareGroupView, PrepareRequestPayload, PrepareTaskResult } from "./protocol.ts";
+import { carriedFiles, type CarryContext } from "./bundle-carry.ts";
 import { packTemp, postWithBundle, wireEnvironment } from "./upload.ts";
 
 /**
@@ -27,6 +28,8 @@ export interface StartPrepareOptions {
   onPacking?(p: PackProgress): void;
   onSkipped?(s: { path: string; reason: string }): void;
   onOwnerOnly?(paths: string[]): void;
+  /** How the client reads the request to find the local projects whose installed files travel whatever .gitignore says. */
+  reading: Omit<CarryContext, "cwd">;
 }
 
 /**
@@ -40,7 +43,7 @@ export async function startPrepare(target: RemoteTarget, req: PrepareRequestPayl
   for (const s of req.specs) if (/^(\.{0,2}\/|~)/.test(s.trim())) throw new UsageError(`-p ${s}: a local path cannot travel to the workers; list it in a requirements file inside the folder to send`);
   const localLinks = req.findLinks.filter((f) => !isUrl(f));
   const root = req.requirementsFile ? dirname(resolve(cwd, req.requirementsFile)) : cwd;
-  const pack = req.requirementsFile || localLinks.length ? packTemp(root, target.bundleLimits, opts.onPacking) : null;
+  const pack = req.requirementsFile || localLinks.length ? packTemp(root, target.bundleLimits, opts.onPacking, carriedFiles(root, [req], { ...opts.reading, cwd })) : null;
   try {
     for (const s of pack?.skipped ?? []) opts.onSkipped?.(s);
     if (pack?.ownerOnly.length) opts.onOwnerOnly?.(pack.ownerOnly);

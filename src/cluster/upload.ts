@@ -2,18 +2,18 @@ import { readFileSync, rmSync } from "node:fs";
 import { namesOfDeadOwners } from "../core/dead-owners.ts";
 import { tmpdir } from "node:os";
 import { isAbsolute, join, relative, resolve, sep } from "node:path";
-import { type BundleLimits, type PackProgress, type PackResult, packWorkdir } from "./bundle.ts";
+import { type BundleLimits, type Carried, type PackProgress, type PackResult, packWorkdir } from "./bundle.ts";
 import type { ClusterClient } from "./client.ts";
 import { HttpError, UsageError } from "../errors.ts";
 import { type EnvironmentRequest, isUrl } from "../env/request.ts";
 import type { WireEnvironment } from "../env/request-schema.ts";
 
 /** A folder packed into a temporary bundle; remove it with `dispose`. */
-export function packTemp(root: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void): PackResult & { dispose(): void } {
+export function packTemp(root: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void, carried?: Carried): PackResult & { dispose(): void } {
   removeDeadPacks(tmpdir());
   const file = join(tmpdir(), `gpulayer-bundle-${process.pid}-${Date.now()}-${Math.random().toString(16).slice(2)}.tar.gz`);
   try {
-    return { ...packWorkdir(root, file, limits, onProgress), dispose: () => rmSync(file, { force: true }) };
+    return { ...packWorkdir(root, file, limits, onProgress, carried), dispose: () => rmSync(file, { force: true }) };
   } catch (error) {
     rmSync(file, { force: true });
     throw error;

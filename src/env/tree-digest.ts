@@ -71,6 +71,18 @@ export function treeDigest(root: string, opts: TreeOptions): TreeDigest {
   return result;
 }
 
+/**
+ * The files a fresh (not editable) install of the project at `root` reads, relative to it: what the key counts, by
+ * the same walk. A job's bundle carries them whatever .gitignore says, so a worker builds what this machine builds.
+ */
+export function installedFiles(root: string): string[] {
+  try {
+    return walkTree(root, false).items.filter((i) => i.kind === "file").map((i) => i.relPath);
+  } catch (error) {
+    throw unreadable(root, error);
+  }
+}
+
 /** A file or folder of the project that cannot be read (no permission, a /proc file): one line naming it, not an internal error. */
 function unreadable(root: string, error: unknown, path?: string): unknown {
   const e = error as NodeJS.ErrnoException;

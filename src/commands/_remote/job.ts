@@ -2,7 +2,7 @@ import { ExitCode, ExitError, UserError } from "../../errors.ts";
 import type { JobSpec } from "../../jobs/spec.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import type { RemoteTarget } from "../../cluster/client.ts";
-import { exitCodeOf, followJob, type JobUpdate, jobStatus, requestCancel, submitJob } from "../../cluster/jobs-client.ts";
+import { exitCodeOf, followJob, type JobUpdate, jobStatus, requestCancel, type SubmitOptions, submitJob } from "../../cluster/jobs-client.ts";
 import type { WatchResponse } from "../../cluster/protocol.ts";
 import { packLines } from "./pack-lines.ts";
 import { formatLabels, labelsFromArgs } from "../../cluster/protocol.ts";
@@ -37,7 +37,7 @@ export function printEvent(out: Output, u: Extract<JobUpdate, { kind: "event" }>
 }
 
 
-export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { rawArgs: string[]; detach: boolean; out: Output; /** --workdir or a job file was given: that folder travels. */ sendWorkdir: boolean }): Promise<void> {
+export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { rawArgs: string[]; detach: boolean; out: Output; /** --workdir or a job file was given: that folder travels. */ sendWorkdir: boolean; reading: SubmitOptions["reading"] }): Promise<void> {
   const { out } = opts;
   const labels = labelsFromArgs(opts.rawArgs);
   const what = opts.sendWorkdir ? spec.workdir : "an empty folder";
@@ -57,7 +57,7 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
       onUpload: (p) => out.progress(`uploading ${what} (${p.files} entries, ${formatBytes(p.bytes)} packed, bundle ${shortKey(p.hash)})`),
       onAlreadyThere: (p) => out.log.debug(`bundle ${shortKey(p.hash)} of ${what} is already on the server; not sent again`),
     },
-    { sendWorkdir: opts.sendWorkdir },
+    { sendWorkdir: opts.sendWorkdir, reading: opts.reading },
   ).finally(() => {
     process.off("SIGINT", beforeSubmit);
     process.off("SIGTERM", beforeSubmit);

@@ -3,7 +3,7 @@ import { ExitError } from "../../errors.ts";
 import { packLines } from "./pack-lines.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import type { RemoteTarget } from "../../cluster/client.ts";
-import { followPrepare, startPrepare, type WorkerPrepareResult } from "../../cluster/prepare-client.ts";
+import { followPrepare, startPrepare, type StartPrepareOptions, type WorkerPrepareResult } from "../../cluster/prepare-client.ts";
 import { formatLabels, labelsFromArgs, type PrepareRequestPayload, type PrepareTaskResult } from "../../cluster/protocol.ts";
 import { writeOut } from "../../ui/terminal.ts";
 
@@ -20,10 +20,10 @@ function line(worker: string, r: PrepareTaskResult | null): string {
   return `${worker}  ${r.status}  ${formatSeconds(r.seconds)}  ${what}`;
 }
 
-export async function prepareRemote(target: RemoteTarget, req: PrepareRequestPayload, rawArgs: string[], out: Output, cwd: string): Promise<void> {
+export async function prepareRemote(target: RemoteTarget, req: PrepareRequestPayload, rawArgs: string[], out: Output, cwd: string, reading: StartPrepareOptions["reading"]): Promise<void> {
   const labels = labelsFromArgs(rawArgs);
   const folder = req.requirementsFile ? dirname(resolve(cwd, req.requirementsFile)) : cwd;
-  const group = await startPrepare(target, req, { labels, cwd, ...packLines(out, folder), onUpload: (p, root) => out.progress(`uploading ${root} (${p.files} entries) for the workers`) });
+  const group = await startPrepare(target, req, { labels, cwd, reading, ...packLines(out, folder), onUpload: (p, root) => out.progress(`uploading ${root} (${p.files} entries) for the workers`) });
   out.progress(`preparing on ${group.workers.length} worker(s) of ${target.url}${Object.keys(labels).length ? ` [${formatLabels(labels)}]` : ""}: ${group.workers.join(", ")}`);
   let workers: WorkerPrepareResult[] = [];
   for await (const u of followPrepare(target, group.id)) {

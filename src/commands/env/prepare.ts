@@ -29,7 +29,7 @@ export default defineCommand({
     if (remote) {
       // A worker's default Python is its own: --python goes as the request's.
       const request = { ...askedByFlags(a, rawArgs), python: a.python, image: a.image, pull: a.pull };
-      return (await import("../_remote/prepare.ts")).prepareRemote(remote, request, rawArgs, out, ctx.cwd);
+      return (await import("../_remote/prepare.ts")).prepareRemote(remote, request, rawArgs, out, ctx.cwd, { env: ctx.childEnv, digestCache: ctx.layout.digests });
     }
     const settings = prepareSettings(ctx);
     if (a.image !== undefined || a.pull !== undefined) {

@@ -91,7 +91,7 @@ export default defineCommand({
       const plan: JobDryRunDoc = dryRunJob(layout, spec, runnerSettings(ctx));
       return out.result(plan, () => dryRunLines(plan));
     }
-    if (remote) return (await import("../_remote/job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out, sendWorkdir: Boolean(a.file || a.workdir) });
+    if (remote) return (await import("../_remote/job.ts")).runRemoteJob(remote, spec, { rawArgs, detach: Boolean(a.detach), out, sendWorkdir: Boolean(a.file || a.workdir), reading: { env: ctx.childEnv, digestCache: layout.digests } });
     // The one rule for resources (jobs/resources.ts), as a server applies it: refused before anything is recorded or built.
     const gpus = await localGpus(ctx, spec);
     const refusal = gpus && gpuRefusal(spec, [gpus.length]);
