@@ -57,8 +57,11 @@ export async function helpText(cmd: CommandDef, path: string[], opts: { color: b
       const subMeta = (await resolveValue(sub.meta)) ?? {};
       if (!subMeta.hidden) rows.push([name, subMeta.description ?? ""]);
     }
-    // Not a command of the tree: the entry point answers it (src/cli.ts).
-    if (!path.length) rows.push(["help", "Show a command's help: gpulayer help job run is gpulayer job run --help"]);
+    // Not in the tree citty runs: the entry point answers it before any command loads (src/cli.ts, commands/help.ts).
+    if (!path.length) {
+      const { default: help } = await import("./help.ts");
+      rows.push(["help", String((help.meta as { description: string }).description)]);
+    }
     lines.push("", bold("COMMANDS"), ...table(rows), "", `Run gpulayer ${[...path, "<COMMAND>"].join(" ")} --help for a command's options.`);
   }
   const examples = EXAMPLES[key];
