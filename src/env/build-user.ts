@@ -53,8 +53,7 @@ export function buildUserEnv(u: BuildAs): Record<string, string> {
 }
 
 /** `<home>/users/<uid>/cache`, the user's own and closed to others (0700), made or put right. */
-export function userCacheDir(homeRoot: string, u: BuildUser): string {
-  const users = join(homeRoot, "users");
+export function userCacheDir(users: string, u: BuildUser): string {
   mkdirSync(users, { recursive: true, mode: 0o711 });
   // Ours, and enterable by each user without listing the others.
   lchownSync(users, process.getuid?.() ?? 0, process.getgid?.() ?? 0);

@@ -91,7 +91,7 @@ function buildAs(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequ
   if (!req.buildAs) return null;
   const editable = resolved.inputs.locals.find((l) => l.kind === "editable");
   if (editable) throw new UsageError(`worker.run_as: an editable requirement (-e ${editable.path}) would link the env to the job's own copy of its folder, which goes with the job; install it without -e on a --run-as worker`);
-  const user = { ...req.buildAs, cacheDir: userCacheDir(layout.root, req.buildAs) };
+  const user = { ...req.buildAs, cacheDir: userCacheDir(layout.users, req.buildAs) };
   const { confineTo: from, buildSource: to } = req;
   return { user, moved: (path) => (from && to ? relocate(path, from, to) : path) };
 }

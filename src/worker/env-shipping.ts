@@ -169,7 +169,7 @@ function ticket(s: ShippingSettings, taskId: string, req: ShippingRequest): Buil
 
 async function share(s: ShippingSettings, taskId: string, req: ShippingRequest): Promise<void> {
   const paths = entryPaths(s.layout, req.key);
-  const dir = join(s.layout.root, "cluster", "artifacts");
+  const dir = s.layout.clusterArtifacts;
   mkdirSync(dir, { recursive: true });
   const file = join(dir, `${req.key}.${process.pid}.${crypto.randomUUID()}.tar.zst`);
   try {
