@@ -17,6 +17,12 @@ export function parseSize(value: string | number): number | null {
   return parsed === null || !Number.isFinite(parsed) ? null : parsed;
 }
 
+/** Sizes as parseSize reads them (powers of 1024: 50G = 50 GiB), the same unit in every command. */
+export function formatBytes(n: number): string {
+  const prettyBytes = (require("pretty-bytes") as typeof import("pretty-bytes")).default;
+  return prettyBytes(n, { binary: true });
+}
+
 export const SIZE_HINT = "a size such as 50G, 500MiB, 1.5T or a number of bytes";
 
 /** Durations: `10m`, `2h`, `1d`, `30s`, `0`; a bare number is seconds. Returns milliseconds. */
@@ -27,6 +33,14 @@ export function parseDuration(value: string): number | null {
   const m = DURATION.exec(value);
   if (!m) return null;
   return Math.round(Number(m[1]) * (UNIT_MS[(m[2] ?? "s").toLowerCase()] ?? 1000));
+}
+
+/** An elapsed time for people: `350 ms`, `2.41 s`, `3m12s`. */
+export function formatSeconds(seconds: number): string {
+  if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
+  if (seconds < 60) return `${seconds.toFixed(2)} s`;
+  const m = Math.floor(seconds / 60);
+  return `${m}m${Math.round(seconds - m * 60)}s`;
 }
 
 /** A duration as parseDuration reads it back: the largest unit that holds it whole (10m, 2h, 1d, 90s). */
