@@ -1,18 +1,18 @@
 import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
+import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./store/shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
-import { type BuildAs, relocate, userCacheDir } from "./build-user.ts";
-import type { BuildStep, KeepGroup } from "./run-tool.ts";
-import type { ResolvedRequest } from "./key.ts";
-import { acquireEntry } from "./cache-entry.ts";
-import { diskFull } from "./disk-full.ts";
-import { inputsReport } from "./inputs-report.ts";
-import { nearestEnv } from "./nearest.ts";
-import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedResult, readyEntry, resolveRequest } from "./lookup.ts";
-import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, removeEntryDir } from "./store.ts";
-import { unexpandVariables } from "./url-credentials.ts";
+import { type BuildAs, relocate, userCacheDir } from "./build/build-user.ts";
+import type { BuildStep, KeepGroup } from "./build/run-tool.ts";
+import type { ResolvedRequest } from "./request/key.ts";
+import { acquireEntry } from "./store/cache-entry.ts";
+import { diskFull } from "./build/disk-full.ts";
+import { inputsReport } from "./request/inputs-report.ts";
+import { nearestEnv } from "./request/nearest.ts";
+import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedResult, readyEntry, resolveRequest } from "./request/lookup.ts";
+import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, removeEntryDir } from "./store/store.ts";
+import { unexpandVariables } from "./request/url-credentials.ts";
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, the inputs the key covers, and for a build the nearest env built here and what differs from it. */
 export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest, hooks: Pick<PrepareHooks, "onHashing"> = {}) {
@@ -109,7 +109,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
     mkdirSync(paths.tmp, { recursive: true, mode: 0o700 });
     const as = buildAs(layout, resolved, req);
     // Loaded for a build only: the installers' code (and pep440's) costs the warm path milliseconds.
-    const { buildEnv } = await import("./build.ts");
+    const { buildEnv } = await import("./build/build.ts");
     const outcome = await buildEnv(
       {
         dir: paths.dir,

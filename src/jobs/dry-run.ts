@@ -1,6 +1,6 @@
 import type { HomeLayout } from "../config/paths.ts";
 import { dryRunPrepare } from "../env/prepare.ts";
-import { hostRequest } from "../env/request.ts";
+import { hostRequest } from "../env/request/request.ts";
 import type { RunnerSettings } from "./runner.ts";
 import type { JobSpec } from "./spec.ts";
 
