@@ -5,8 +5,8 @@ import { isAbsolute, join, relative, resolve, sep } from "node:path";
 import { type BundleLimits, type PackProgress, type PackResult, packWorkdir } from "./bundle.ts";
 import type { ClusterClient } from "./client.ts";
 import { HttpError, UsageError } from "../errors.ts";
-import { type EnvironmentRequest, isUrl } from "../env/request/request.ts";
-import type { WireEnvironment } from "../env/request/request-schema.ts";
+import { type EnvironmentRequest, isUrl } from "../env/index-light.ts";
+import type { WireEnvironment } from "../env/index-light.ts";
 
 /** A folder packed into a temporary bundle; remove it with `dispose`. */
 export function packTemp(root: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void): PackResult & { dispose(): void } {

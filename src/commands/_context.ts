@@ -9,7 +9,7 @@ import type { EngineHost } from "../docker/engine.ts";
 import { containerSettings } from "../docker/container-settings.ts";
 import type { RunnerSettings } from "../jobs/runner.ts";
 import type { PrepareSettings } from "../jobs/prepare.ts";
-import type { EnvSettings } from "../env/request/request.ts";
+import type { EnvSettings } from "../env/index-light.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { LocalGpu } from "../jobs/job-tasks.ts";
 import { asksForGpus } from "../jobs/resources.ts";

@@ -3,7 +3,7 @@ import { basename, join } from "node:path";
 import { type BundlePaths, bundlePaths, type HomeLayout } from "../config/paths.ts";
 import { isLocked, tryLock } from "../core/lock.ts";
 import { liveLeases } from "../core/lease.ts";
-import { diskUsage } from "../env/store/store.ts";
+import { diskUsage } from "../env/index-light.ts";
 import type { GcEntry, GcSource, RemoveOutcome, SkipReason } from "./types.ts";
 
 /**

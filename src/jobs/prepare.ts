@@ -1,11 +1,11 @@
 import type { EngineHost, EnsureHooks, EnsureResult } from "../docker/index.ts";
 import type { ImageEnvResult } from "../docker/image-env.ts";
 import type { HomeLayout } from "../config/paths.ts";
-import { condaActivation } from "../env/request/conda-activation.ts";
-import type { PrepareHooks, PrepareResult } from "../env/request/lookup.ts";
-import { prepareEnv } from "../env/prepare.ts";
-import { type EnvSettings, environmentRequest, hostRequest, type RequestAt, requestDir } from "../env/request/request.ts";
-import type { Shipping } from "../env/store/shipping.ts";
+import { condaActivation } from "../env/index-light.ts";
+import type { PrepareHooks, PrepareResult } from "../env/index-light.ts";
+import { prepareEnv } from "../env/index-light.ts";
+import { type EnvSettings, environmentRequest, hostRequest, type RequestAt, requestDir } from "../env/index-light.ts";
+import type { Shipping } from "../env/index-light.ts";
 
 /**
  * The one prepare: what a request needs before its command can run, on a host

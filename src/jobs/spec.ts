@@ -1,7 +1,7 @@
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
 import { type EnvironmentFile, type JobFile, loadJobFile, type TaskFile } from "../config/jobfile.ts";
-import { type EnvironmentRequest, environmentRequest } from "../env/request/request.ts";
+import { type EnvironmentRequest, environmentRequest } from "../env/index-light.ts";
 import { positiveDuration } from "../config/kinds.ts";
 import { join as shlexJoin } from "shlex";
 import { UsageError } from "../errors.ts";

@@ -1,6 +1,6 @@
 import { open } from "node:fs/promises";
 import * as v from "valibot";
-import { artifactFault } from "../env/store/artifact.ts";
+import { artifactFault } from "../env/index.ts";
 import type { WorkerRow } from "./store.ts";
 import type { ArtifactRow } from "./artifacts.ts";
 import type { Coordinator } from "./coordinator.ts";

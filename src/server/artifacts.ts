@@ -1,7 +1,7 @@
 import type { Sql } from "./db/sql.ts";
 import { readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
-import type { ArtifactConditions } from "../env/store/shipping.ts";
+import type { ArtifactConditions } from "../env/index-light.ts";
 import { lruOrder } from "../gc/policy.ts";
 
 /**

@@ -1,5 +1,5 @@
 import * as v from "valibot";
-import { WireEnvironmentSchema } from "../env/request/request-schema.ts";
+import { WireEnvironmentSchema } from "../env/index-light.ts";
 
 /** What the API accepts, checked before anything is stored: a malformed body is a 400 naming the field. */
 

@@ -4,9 +4,9 @@ import type { ClusterClient } from "../cluster/client.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { sleep } from "../core/sleep.ts";
 import { InstallError } from "../errors.ts";
-import { packEnv, unpackedMetaMismatch, unpackEnv } from "../env/store/artifact.ts";
-import { type ArtifactConditions, type BuildTicket, conditionsDiffer, type FetchedEnv, type Shipping, type ShippingRequest } from "../env/store/shipping.ts";
-import { entryPaths } from "../env/store/store.ts";
+import { packEnv, unpackedMetaMismatch, unpackEnv } from "../env/index.ts";
+import { type ArtifactConditions, type BuildTicket, conditionsDiffer, type FetchedEnv, type Shipping, type ShippingRequest } from "../env/index.ts";
+import { entryPaths } from "../env/index.ts";
 
 /**
  * A joined worker's side of env artifacts (env/store/shipping.ts): before a build,
