@@ -143,7 +143,7 @@ export function errorReport(error: unknown, opts: { verbose: boolean }): ErrorRe
   if (error instanceof ExitError) return { message: "", exitCode: error.exitCode };
   if (error instanceof UserError) return { message: error.message, exitCode: error.exitCode };
   // citty's own parse errors (unknown command, missing argument) are usage errors.
-  // A full disk met outside a build (which says more: env/disk-full.ts) is still the user's to fix, not a bug.
+  // A full disk met outside a build (which says more: env/build/disk-full.ts) is still the user's to fix, not a bug.
   const full = noSpaceCode(error);
   if (full) {
     const path = (error as NodeJS.ErrnoException).path;

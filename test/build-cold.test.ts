@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, statSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
-import { leftoverPlaceholders } from "../src/env/standins.ts";
+import { leftoverPlaceholders } from "../src/env/build/standins.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, HAS_UV, makeWorkerVenv, pipInstall, realUv, sandbox, tempDir } from "./helpers.ts";
 

@@ -226,7 +226,7 @@ describe.skipIf(Boolean(cannotMount))("a disk already full", () => {
 
 describe("an installer that says nothing", () => {
   test("is told of while it stays silent: its name (a module run with -m by the module) and how long it has been silent, growing", async () => {
-    const { runTool } = await import("../src/env/run-tool.ts");
+    const { runTool } = await import("../src/env/build/run-tool.ts");
     const told: [string, number][] = [];
     const script = "import sys, time; print('started', flush=True); time.sleep(1.3)";
     const r = await runTool([python, "-c", script], { env: process.env as Record<string, string>, cwd: "/", hooks: { onQuiet: (tool, s) => told.push([tool, s]) }, quietMs: 400 });

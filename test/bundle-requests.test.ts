@@ -3,7 +3,7 @@ import { mkdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
 import { dryRunPrepare } from "../src/env/prepare.ts";
-import { scanRequest } from "../src/env/requirements.ts";
+import { scanRequest } from "../src/env/request/requirements.ts";
 import { UsageError } from "../src/errors.ts";
 import { tempDir } from "./helpers.ts";
 

@@ -1,7 +1,7 @@
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
-import { compileBytecode, startCompiler } from "../src/env/bytecode.ts";
+import { compileBytecode, startCompiler } from "../src/env/build/bytecode.ts";
 import { run, tempDir } from "./helpers.ts";
 
 /**

@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { CONDA_DEFAULT_ROOTS, type CondaLookupContext, condaActivation, findCondaEnv, listCondaEnvs } from "../src/env/conda.ts";
+import { CONDA_DEFAULT_ROOTS, type CondaLookupContext, condaActivation, findCondaEnv, listCondaEnvs } from "../src/env/request/conda.ts";
 import { UsageError } from "../src/errors.ts";
 import { addCondaRecord, fakeConda, makeCondaEnv, makeCondaRoot, pyenvPython, writeEnvironmentsTxt } from "./fixtures/conda.ts";
 import { run, tempDir } from "./helpers.ts";

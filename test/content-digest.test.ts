@@ -1,8 +1,8 @@
 import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { folderDigest } from "../src/env/content-digest.ts";
-import { treeDigest } from "../src/env/tree-digest.ts";
+import { folderDigest } from "../src/env/request/content-digest.ts";
+import { treeDigest } from "../src/env/request/tree-digest.ts";
 import { fileContentHash } from "../src/core/hashing.ts";
 import { tempDir } from "./helpers.ts";
 import { UsageError } from "../src/errors.ts";

@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { installedSet } from "../src/env/interpreter.ts";
-import { eggInfoRequires } from "../src/env/worker-mirror.ts";
-import { leftoverPlaceholders } from "../src/env/standins.ts";
+import { installedSet } from "../src/env/request/interpreter.ts";
+import { eggInfoRequires } from "../src/env/build/worker-mirror.ts";
+import { leftoverPlaceholders } from "../src/env/build/standins.ts";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { cli, HAS_UV, makeWorkerVenv, pipInstall, run, sandbox, tempDir } from "./helpers.ts";
 

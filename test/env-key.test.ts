@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { homeLayout } from "../src/config/paths.ts";
-import { type PrepareRequest, resolveRequest } from "../src/env/lookup.ts";
+import { type PrepareRequest, resolveRequest } from "../src/env/request/lookup.ts";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, pipInstall, sandbox, tempDir } from "./helpers.ts";
 

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import * as tar from "tar";
 import zlib from "node:zlib";
 import { ClusterClient } from "../src/cluster/client.ts";
-import { artifactFault, packEnv, unpackEnv } from "../src/env/artifact.ts";
+import { artifactFault, packEnv, unpackEnv } from "../src/env/store/artifact.ts";
 import { homeLayout } from "../src/config/paths.ts";
 import { InstallError } from "../src/errors.ts";
 import { workerShipping } from "../src/worker/env-shipping.ts";

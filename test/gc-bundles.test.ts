@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, readdirSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { diskUsage } from "../src/env/store.ts";
+import { diskUsage } from "../src/env/store/store.ts";
 import { cli, ROOT, sandbox } from "./helpers.ts";
 
 /**

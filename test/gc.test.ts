@@ -5,7 +5,7 @@ import { homeLayout } from "../src/config/paths.ts";
 import { cacheTarget, lruOrder, protectedBy, watermarkExcess } from "../src/gc/policy.ts";
 import { runGc } from "../src/gc/run.ts";
 import type { GcEntry } from "../src/gc/types.ts";
-import { parseDuration, parseSize } from "../src/gc/units.ts";
+import { parseDuration, parseSize } from "../src/core/units.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, ROOT, run, sandbox, startCli } from "./helpers.ts";
 

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, utimesSync, writeFileSync } from "node:fs";
 import { basename, join } from "node:path";
-import { UV_VERSION } from "../src/env/uv-tool.ts";
+import { UV_VERSION } from "../src/env/build/uv-tool.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { bigWheel, slowProxy } from "./fixtures/slow-index.ts";
 import { importPythonImage, pythonRootfs } from "./fixtures/python-image.ts";

@@ -35,15 +35,38 @@ const files = [...new Bun.Glob("**/*.ts").scanSync(SRC)].map((f) => `src/${f}`).
 
 /** file -> the src files it imports; specifiers that name no file are kept apart. */
 const graph = new Map<string, string[]>();
+/** The same without `import()`: what loading a file loads at once. */
+const loadGraph = new Map<string, string[]>();
 const unresolved: string[] = [];
 for (const file of files) {
   const targets: string[] = [];
-  for (const spec of relativeImports(readFileSync(join(ROOT, file), "utf8"))) {
+  const code = readFileSync(join(ROOT, file), "utf8");
+  // Not loaded at once: `import()`, and imports of types alone (`import type`, or every name marked `type`), which are erased.
+  const typesOnly = (clause: string) => /^(?:import|export)\s+type\b/.test(clause) || /^(?:import|export)\s*\{(?:\s*type\s+[\w$]+(?:\s+as\s+[\w$]+)?\s*,?)+\s*\}/.test(clause);
+  const loadedSpecs = new Set([0, 1, 2].flatMap((i) => [...code.matchAll(IMPORT_PATTERNS[i]!)].filter((m) => !typesOnly(m[0])).map((m) => m[2]!)));
+  const loaded: string[] = [];
+  for (const spec of relativeImports(code)) {
     const target = resolve(ROOT, dirname(file), spec);
     if (!existsSync(target)) unresolved.push(`${file}: ${spec}`);
-    else if (target.startsWith(`${SRC}/`) && target.endsWith(".ts")) targets.push(relative(ROOT, target));
+    else if (target.startsWith(`${SRC}/`) && target.endsWith(".ts")) {
+      targets.push(relative(ROOT, target));
+      if (loadedSpecs.has(spec)) loaded.push(relative(ROOT, target));
+    }
   }
   graph.set(file, targets.sort());
+  loadGraph.set(file, loaded.sort());
+}
+
+/** Every file loading `from` loads at once (static imports, followed). */
+function loads(from: string): Set<string> {
+  const seen = new Set<string>();
+  const walk = (f: string) => {
+    if (seen.has(f)) return;
+    seen.add(f);
+    for (const next of loadGraph.get(f) ?? []) walk(next);
+  };
+  walk(from);
+  return seen;
 }
 
 /** Every elementary cycle, each once, starting at its least file: `a.ts -> b.ts -> a.ts`. */
@@ -101,6 +124,21 @@ describe("import structure of src/", () => {
     const outside = files.filter((f) => f.startsWith(CORE)).flatMap((f) => graph.get(f)!.filter((t) => !t.startsWith(CORE)).map((t) => `${f} -> ${t}`));
     expect(files.some((f) => f.startsWith(CORE))).toBe(true);
     expect(outside).toEqual([]);
+  });
+
+  test("the rest of src/ reaches src/env/ only through its entry points", () => {
+    const ENTRIES = ["src/env/index.ts", "src/env/index-light.ts"];
+    const inside = files.filter((f) => !f.startsWith("src/env/")).flatMap((f) => graph.get(f)!.filter((t) => t.startsWith("src/env/") && !ENTRIES.includes(t)).map((t) => `${f} -> ${t}`));
+    expect(inside).toEqual([]);
+  });
+
+  test("a warm prepare loads no build code: env/index-light.ts reaches the build only through import()", () => {
+    const BUILD = ["src/env/build/build.ts", "src/env/build/fast-path.ts", "src/env/build/pip-path.ts", "src/env/store/artifact.ts"];
+    for (const f of BUILD) expect(files).toContain(f);
+    expect([...loads("src/env/index-light.ts")].filter((f) => BUILD.includes(f))).toEqual([]);
+    expect([...loads("src/commands/env/_warm-lane.ts")].filter((f) => BUILD.includes(f))).toEqual([]);
+    // And the check sees static imports: the full entry point does load the build.
+    expect(loads("src/env/index.ts").has("src/env/build/build.ts")).toBe(true);
   });
 
   test("settings are built in one place: nothing else in src/ reads process.env", () => {

@@ -2,11 +2,11 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { dirname, join, relative } from "node:path";
 import { UsageError } from "../src/errors.ts";
-import { PIP_FILE_OPTIONS } from "../src/env/pip-lines.ts";
-import { envKey, keyDocument } from "../src/env/key.ts";
-import type { InterpreterInfo } from "../src/env/interpreter.ts";
-import { type RequestInputs, scanRequest } from "../src/env/requirements.ts";
-import { requestFiles } from "../src/env/pip-path.ts";
+import { PIP_FILE_OPTIONS } from "../src/env/request/pip-lines.ts";
+import { envKey, keyDocument } from "../src/env/request/key.ts";
+import type { InterpreterInfo } from "../src/env/request/interpreter.ts";
+import { type RequestInputs, scanRequest } from "../src/env/request/requirements.ts";
+import { requestFiles } from "../src/env/build/pip-path.ts";
 import { makeDist } from "./fixtures/index.ts";
 import { HAS_UV, realUv, ROOT, run, tempDir } from "./helpers.ts";
 

@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { contentHash } from "../src/core/hashing.ts";
-import { hideCredentials, hideCredentialsIn, redactDeep, redactUrl } from "../src/env/url-credentials.ts";
+import { hideCredentials, hideCredentialsIn, redactDeep, redactUrl } from "../src/env/request/url-credentials.ts";
 
 /**
  * Credentials in URLs are found in time linear in the text: the server

@@ -1,10 +1,10 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { basename, join } from "node:path";
-import type { InterpreterInfo } from "../src/env/interpreter.ts";
-import type { RequestInputs } from "../src/env/requirements.ts";
-import { resolveInterpreter } from "../src/env/shims.ts";
-import { findUv, pinnedUvPath, pinnedWheelFor, UV_VERSION, UV_WHEEL_SHA256 } from "../src/env/uv-tool.ts";
+import type { InterpreterInfo } from "../src/env/request/interpreter.ts";
+import type { RequestInputs } from "../src/env/request/requirements.ts";
+import { resolveInterpreter } from "../src/env/request/shims.ts";
+import { findUv, pinnedUvPath, pinnedWheelFor, UV_VERSION, UV_WHEEL_SHA256 } from "../src/env/build/uv-tool.ts";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { makeUvWheel } from "./fixtures/uv-wheel.ts";
 import { cli, makeWorkerVenv, realUv, run, sandbox, tempDir } from "./helpers.ts";

@@ -1,8 +1,7 @@
 import { realpathSync } from "node:fs";
 import { isAbsolute, relative, sep } from "node:path";
 import { UserError } from "../errors.ts";
-import { scanRequest } from "../env/requirements.ts";
-import { installedFiles } from "../env/tree-digest.ts";
+import { installedFiles, scanRequest } from "../env/index-light.ts";
 import { Carried } from "./bundle.ts";
 
 /**

@@ -2,7 +2,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { sleep } from "../core/sleep.ts";
-import { isUrl } from "../env/request.ts";
+import { isUrl } from "../env/index-light.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";

@@ -1,6 +1,6 @@
 import { dirname, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
-import { isUrl } from "../env/request.ts";
+import { isUrl } from "../env/index-light.ts";
 import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
 import type { PrepareGroupView, PrepareRequestPayload, PrepareTaskResult } from "./protocol.ts";

@@ -1,5 +1,5 @@
 import { UsageError } from "../errors.ts";
-import type { WireEnvironment } from "../env/request-schema.ts";
+import type { WireEnvironment } from "../env/index-light.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { JobStatus } from "../jobs/model.ts";
 

@@ -5,8 +5,8 @@ import { isAbsolute, join, relative, resolve, sep } from "node:path";
 import { type BundleLimits, type Carried, type PackProgress, type PackResult, packWorkdir } from "./bundle.ts";
 import type { ClusterClient } from "./client.ts";
 import { HttpError, UsageError } from "../errors.ts";
-import { type EnvironmentRequest, isUrl } from "../env/request.ts";
-import type { WireEnvironment } from "../env/request-schema.ts";
+import { type EnvironmentRequest, isUrl } from "../env/index-light.ts";
+import type { WireEnvironment } from "../env/index-light.ts";
 
 /** A folder packed into a temporary bundle; remove it with `dispose`. */
 export function packTemp(root: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void, carried?: Carried): PackResult & { dispose(): void } {
@@ -37,7 +37,7 @@ export function inBundle(root: string, abs: string, what: string, pack?: PackRes
 /**
  * A request as it travels to a worker (a job's, `env prepare --server`'s): its files made relative to the bundle's
  * root (and checked to be in it), relative ones read from `cwd`; where `python` was named and the local confinement
- * stay here. The one way onto the wire: a worker reads the same fields back (env/request-schema.ts).
+ * stay here. The one way onto the wire: a worker reads the same fields back (env/request/request-schema.ts).
  */
 export function wireEnvironment(e: EnvironmentRequest, root: string, cwd: string, pack?: PackResult): WireEnvironment {
   return {

@@ -1,5 +1,4 @@
 import { readdirSync, readFileSync } from "node:fs";
-import { join } from "node:path";
 import { homeLayout, type HomeLayout } from "../config/paths.ts";
 import { UsageError } from "../errors.ts";
 import { launchUmask } from "../core/owner-only.ts";
@@ -10,7 +9,7 @@ import type { EngineHost } from "../docker/engine.ts";
 import { containerSettings } from "../docker/container-settings.ts";
 import type { RunnerSettings } from "../jobs/runner.ts";
 import type { PrepareSettings } from "../jobs/prepare.ts";
-import type { EnvSettings } from "../env/request.ts";
+import type { EnvSettings } from "../env/index-light.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { LocalGpu } from "../jobs/job-tasks.ts";
 import { asksForGpus } from "../jobs/resources.ts";
@@ -61,14 +60,13 @@ export async function commandContext(flags: FlagValues = {}, opts: { configMayBe
 
 /** What worker.run_as must hold: the user reaches the envs and workdirs, and reads none of the worker's secrets. */
 export function runAsChecks(ctx: CommandContext) {
-  const root = ctx.layout.root;
   const tokenFile = ctx.values.token_file;
   return {
     env: ctx.childEnv,
-    home: root,
-    reachable: [ctx.layout.envs, join(root, "cluster", "work")],
-    closed: [join(root, "jobs"), join(root, "cluster", "identity"), join(root, "cluster", "bundles")],
-    secret: [join(root, "server"), ...(tokenFile && tokenFile !== "-" ? [tokenFile] : [])],
+    home: ctx.layout.root,
+    reachable: [ctx.layout.envs, ctx.layout.clusterWork],
+    closed: [ctx.layout.jobs, ctx.layout.identity, ctx.layout.clusterBundles],
+    secret: [ctx.layout.server, ...(tokenFile && tokenFile !== "-" ? [tokenFile] : [])],
   };
 }
 

@@ -66,7 +66,7 @@ export const InputsReport = v.strictObject({
   conda: v.optional(v.strictObject({ prefix: str, name: nullableStr, packages: num, meta_digest: str })),
 });
 
-/** The env built here nearest a request that would build, and what differs (env/nearest.ts). */
+/** The env built here nearest a request that would build, and what differs (env/request/nearest.ts). */
 export const NearestEnv = v.strictObject({ key: str, path: str, summary: str, created: nullableStr, differs: v.array(str) });
 
 export const EnvDryRunDocument = v.strictObject({ key: str, would: v.picklist(["reuse", "build"]), path: str, summary: str, inputs: InputsReport, nearest: v.nullable(NearestEnv) });
@@ -117,7 +117,7 @@ export const EnvListDocument = v.array(v.variant("kind", [EnvListEnvEntry, EnvLi
 
 const UrlOrDigest = v.strictObject({ url: v.optional(str), digest: v.optional(str) });
 
-/** The key document (src/env/key.ts): every input the installer reads, by content. */
+/** The key document (src/env/request/key.ts): every input the installer reads, by content. */
 export const KeyDocument = v.strictObject({
   schema: num,
   reading: v.strictObject({ requirements: strList, constraints: strList, lines: strList }),

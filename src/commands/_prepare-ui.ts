@@ -1,5 +1,5 @@
 import { InstallError, UserError } from "../errors.ts";
-import type { PrepareHooks } from "../env/lookup.ts";
+import type { PrepareHooks } from "../env/index-light.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../ui/output.ts";
 
 /**

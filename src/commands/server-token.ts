@@ -13,7 +13,7 @@ import type { ServerTokenCreateDoc, ServerTokenListDoc, ServerTokenRevokeDoc } f
 /** The server's token table, in its database (running server or not: it reads the table on every request). */
 async function tokens(database: string | undefined) {
   const ctx = await commandContext({ "coordinator.database": database });
-  const dir = join(ctx.layout.root, "server");
+  const dir = ctx.layout.server;
   // This home's server keeps its tokens in PostgreSQL: a token made in the SQLite file beside it would be good nowhere.
   const marker = join(dir, DATABASE_MARKER);
   if (!ctx.values["coordinator.database"] && existsSync(marker)) throw new UsageError(`the server of this home keeps its state in ${readFileSync(marker, "utf8").trim()}: give that database with --database (or GPULAYER_DATABASE)`);

@@ -1,6 +1,5 @@
 import { defineCommand } from "citty";
 import { hostname } from "node:os";
-import { join } from "node:path";
 import { commandContext } from "./_context.ts";
 import { forbidDumps } from "../core/no-dump.ts";
 import { serverSettings, serverToken, startServer } from "../server/server.ts";
@@ -31,7 +30,7 @@ export default defineCommand({
     useNormalJitPolicy();
     const out = new Output(a);
     const ctx = await commandContext({ "coordinator.listen": a.listen, token_file: a["token-file"], "coordinator.database": a.database, "coordinator.files": a.files });
-    const dir = join(ctx.layout.root, "server");
+    const dir = ctx.layout.server;
     const settings = serverSettings(ctx.values);
     const token = serverToken(dir, ctx.values.token);
     const server = await startServer(dir, token.token, settings, (m) => out.log.info(m));

@@ -1,4 +1,4 @@
-import { parseDuration, parseSize, SIZE_HINT } from "../gc/units.ts";
+import { parseDuration, parseSize, SIZE_HINT } from "../core/units.ts";
 
 /**
  * One parser per kind of value a setting can hold, whatever its source: a

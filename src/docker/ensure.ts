@@ -1,7 +1,7 @@
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
 import type { Lease } from "../core/lease.ts";
-import { acquireEntry } from "../env/cache-entry.ts";
+import { acquireEntry } from "../env/index-light.ts";
 import { isLocked } from "../core/lock.ts";
 import { candidateEngine, detectEngine, type Engine, engineAnswered, type EngineHost, forgetEngine, probeEngine } from "./engine.ts";
 import { type ImageInfo, type InspectOutcome, inspectImage, validateRef } from "./image.ts";

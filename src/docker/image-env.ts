@@ -4,15 +4,15 @@ import type { HomeLayout } from "../config/paths.ts";
 import { contentHash } from "../core/hashing.ts";
 import type { Lease } from "../core/lease.ts";
 import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
-import { acquireEntry } from "../env/cache-entry.ts";
-import { inputsReport } from "../env/inputs-report.ts";
-import { type InterpreterInfo, installedSet } from "../env/interpreter.ts";
-import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../env/key.ts";
-import { scanRequest } from "../env/requirements.ts";
-import type { EnvironmentRequest } from "../env/request-schema.ts";
-import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/store.ts";
-import { installFailure, runTool, ToolStopped } from "../env/run-tool.ts";
-import { pipConfigDigest } from "../env/installer-config.ts";
+import { acquireEntry } from "../env/index.ts";
+import { inputsReport } from "../env/index.ts";
+import { type InterpreterInfo, installedSet } from "../env/index.ts";
+import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../env/index.ts";
+import { scanRequest } from "../env/index.ts";
+import type { EnvironmentRequest } from "../env/index.ts";
+import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/index.ts";
+import { installFailure, runTool, ToolStopped } from "../env/index.ts";
+import { pipConfigDigest } from "../env/index.ts";
 import { type ContainerInstaller, hostInstallerSettings, uvForImage } from "./image-installer.ts";
 import { type Engine, type EngineEnv, engineExec } from "./engine.ts";
 import { type ImagePython, imagePython } from "./image-python.ts";
@@ -32,7 +32,7 @@ import { type ImagePython, imagePython } from "./image-python.ts";
 /** Where an image env is, inside every container that uses it. */
 export const IMAGE_ENV_MOUNT = "/opt/gpulayer/env";
 
-/** An image env's stage of the request (EnvironmentRequest, env/request-schema.ts): its requirements, and the machine's settings for the build. */
+/** An image env's stage of the request (EnvironmentRequest, env/request/request-schema.ts): its requirements, and the machine's settings for the build. */
 export interface ImageEnvRequest extends Pick<EnvironmentRequest, "requirementsFile" | "specs" | "indexUrl" | "extraIndexUrls" | "findLinks" | "confineTo"> {
   /** Where relative paths start; mounted (read-only) into the build, at the same path. */
   cwd: string;

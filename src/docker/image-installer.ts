@@ -2,14 +2,14 @@ import { existsSync, readFileSync } from "node:fs";
 import { resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { PythonProblem, UsageError } from "../errors.ts";
-import type { BuildPlan } from "../env/build-plan.ts";
-import { installerEnv } from "../env/build.ts";
-import { machinePipConfig } from "../env/fast-path.ts";
-import { pipConfigSourceDigest } from "../env/installer-config.ts";
-import { installedSet, type InterpreterInfo, runningInterpreter } from "../env/interpreter.ts";
-import { machinePipSettings, originsOf, type PipSettings, relocatingOptions, translateForUv } from "../env/pip-config.ts";
-import { redactUrl } from "../env/url-credentials.ts";
-import { findUv, pinnedUvPath, UV_VERSION } from "../env/uv-tool.ts";
+import type { BuildPlan } from "../env/index.ts";
+import { installerEnv } from "../env/index.ts";
+import { machinePipConfig } from "../env/index.ts";
+import { pipConfigSourceDigest } from "../env/index.ts";
+import { installedSet, type InterpreterInfo, runningInterpreter } from "../env/index.ts";
+import { machinePipSettings, originsOf, type PipSettings, relocatingOptions, translateForUv } from "../env/index.ts";
+import { redactUrl } from "../env/index.ts";
+import { findUv, pinnedUvPath, UV_VERSION } from "../env/index.ts";
 
 /**
  * What an image build gets of the host, as a host build would: the same uv

@@ -3,7 +3,7 @@ import { mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
-import { touchFile } from "../env/store.ts";
+import { touchFile } from "../env/index-light.ts";
 import type { EngineName } from "./engine.ts";
 
 /**

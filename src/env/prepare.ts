@@ -1,18 +1,18 @@
 import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./shipping.ts";
+import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./store/shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
-import { type BuildAs, relocate, userCacheDir } from "./build-user.ts";
-import type { BuildStep, KeepGroup } from "./run-tool.ts";
-import type { ResolvedRequest } from "./key.ts";
-import { acquireEntry } from "./cache-entry.ts";
-import { diskFull } from "./disk-full.ts";
-import { inputsReport } from "./inputs-report.ts";
-import { nearestEnv } from "./nearest.ts";
-import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedResult, readyEntry, resolveRequest } from "./lookup.ts";
-import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, removeEntryDir } from "./store.ts";
-import { unexpandVariables } from "./url-credentials.ts";
+import { type BuildAs, relocate, userCacheDir } from "./build/build-user.ts";
+import type { BuildStep, KeepGroup } from "./build/run-tool.ts";
+import type { ResolvedRequest } from "./request/key.ts";
+import { acquireEntry } from "./store/cache-entry.ts";
+import { diskFull } from "./build/disk-full.ts";
+import { inputsReport } from "./request/inputs-report.ts";
+import { nearestEnv } from "./request/nearest.ts";
+import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedResult, readyEntry, resolveRequest } from "./request/lookup.ts";
+import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, removeEntryDir } from "./store/store.ts";
+import { unexpandVariables } from "./request/url-credentials.ts";
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, the inputs the key covers, and for a build the nearest env built here and what differs from it. */
 export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest, hooks: Pick<PrepareHooks, "onHashing"> = {}) {
@@ -90,7 +90,7 @@ function buildAs(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequ
   if (!req.buildAs) return null;
   const editable = resolved.inputs.locals.find((l) => l.kind === "editable");
   if (editable) throw new UsageError(`worker.run_as: an editable requirement (-e ${editable.path}) would link the env to the job's own copy of its folder, which goes with the job; install it without -e on a --run-as worker`);
-  const user = { ...req.buildAs, cacheDir: userCacheDir(layout.root, req.buildAs) };
+  const user = { ...req.buildAs, cacheDir: userCacheDir(layout.users, req.buildAs) };
   const { confineTo: from, buildSource: to } = req;
   return { user, moved: (path) => (from && to ? relocate(path, from, to) : path) };
 }
@@ -108,7 +108,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
     mkdirSync(paths.tmp, { recursive: true, mode: 0o700 });
     const as = buildAs(layout, resolved, req);
     // Loaded for a build only: the installers' code (and pep440's) costs the warm path milliseconds.
-    const { buildEnv } = await import("./build.ts");
+    const { buildEnv } = await import("./build/build.ts");
     const outcome = await buildEnv(
       {
         dir: paths.dir,

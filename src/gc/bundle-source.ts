@@ -1,9 +1,9 @@
 import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
-import type { HomeLayout } from "../config/paths.ts";
+import { type BundlePaths, bundlePaths, type HomeLayout } from "../config/paths.ts";
 import { isLocked, tryLock } from "../core/lock.ts";
 import { liveLeases } from "../core/lease.ts";
-import { diskUsage } from "../env/store.ts";
+import { diskUsage } from "../env/index-light.ts";
 import type { GcEntry, GcSource, RemoveOutcome, SkipReason } from "./types.ts";
 
 /**
@@ -18,23 +18,6 @@ import type { GcEntry, GcSource, RemoveOutcome, SkipReason } from "./types.ts";
  * under that same lock, checking the leases before and after moving the
  * files out (as env-source.ts does), so no task ever finds half a copy.
  */
-export interface BundlePaths {
-  hash: string;
-  file: string;
-  dir: string;
-  lastUsed: string;
-  lock: string;
-}
-
-export function bundlesDir(layout: HomeLayout): string {
-  return join(layout.root, "cluster", "bundles");
-}
-
-export function bundlePaths(layout: HomeLayout, hash: string): BundlePaths {
-  const root = bundlesDir(layout);
-  return { hash, file: join(root, `${hash}.tar.gz`), dir: join(root, hash), lastUsed: join(root, `${hash}.last-used`), lock: join(layout.locks, `bundle-${hash}`) };
-}
-
 export function bundleSource(layout: HomeLayout): GcSource {
   return { kind: "bundle", list: async () => listBundleEntries(layout) };
 }
@@ -53,7 +36,7 @@ const lockedReason: SkipReason = { code: "locked", message: "locked by a task fe
 async function listBundleEntries(layout: HomeLayout): Promise<GcEntry[]> {
   let names: string[];
   try {
-    names = readdirSync(bundlesDir(layout));
+    names = readdirSync(layout.clusterBundles);
   } catch {
     return [];
   }

@@ -4,7 +4,7 @@ import type { HomeLayout } from "../config/paths.ts";
 import { liveLeases } from "../core/lease.ts";
 import { isLocked, tryLock } from "../core/lock.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
-import { diskUsage, type EntryPaths, type EnvMeta, entryPaths, isReady, listKeys, orphanTmpKeys } from "../env/store.ts";
+import { diskUsage, type EntryPaths, type EnvMeta, entryPaths, isReady, listKeys, orphanTmpKeys } from "../env/index-light.ts";
 import { isLink } from "./home-links.ts";
 import { changedSince } from "./sizes.ts";
 import type { GcEntry, GcSource, GcState, ListOptions, RemoveOutcome, SkipReason } from "./types.ts";

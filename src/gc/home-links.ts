@@ -1,5 +1,4 @@
 import { lstatSync, readlinkSync } from "node:fs";
-import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UserError } from "../errors.ts";
 
@@ -12,8 +11,7 @@ import { UserError } from "../errors.ts";
  * named it.
  */
 export function gcFolders(layout: HomeLayout): string[] {
-  const cluster = join(layout.root, "cluster");
-  return [layout.envs, layout.trash, layout.locks, layout.leases, layout.jobs, layout.images, cluster, join(cluster, "work"), join(cluster, "bundles")];
+  return [layout.envs, layout.trash, layout.locks, layout.leases, layout.jobs, layout.images, layout.cluster, layout.clusterWork, layout.clusterBundles];
 }
 
 /** Is `path` a symbolic link (not followed)? A missing path is not. */

@@ -1,6 +1,6 @@
 import { UsageError } from "../errors.ts";
 import type { Watermark } from "./policy.ts";
-import { parseDuration, parsePercent } from "./units.ts";
+import { parseDuration, parsePercent } from "../core/units.ts";
 
 /** gc's flags as typed, before validation (--max-size is a setting: cache.max_size). */
 export interface GcFlags {

@@ -1,7 +1,7 @@
 import { existsSync, statfsSync } from "node:fs";
 import { dirname } from "node:path";
 import type { GcEntry, SkipReason } from "./types.ts";
-import { formatDuration } from "./units.ts";
+import { formatDuration } from "../core/units.ts";
 
 /** The rules gc applies, as pure functions of what it measured. */
 

@@ -1,7 +1,7 @@
 import { readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { diskUsage } from "../env/store.ts";
+import { diskUsage } from "../env/index-light.ts";
 import { namesOfDeadOwners } from "../core/dead-owners.ts";
 import { leftWorkdirs } from "./workdirs.ts";
 

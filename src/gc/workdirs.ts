@@ -17,7 +17,7 @@ import { JobStore } from "../jobs/store.ts";
  * never touched.
  */
 export function leftWorkdirs(layout: HomeLayout): string[] {
-  const work = join(layout.root, "cluster", "work");
+  const work = layout.clusterWork;
   let names: string[];
   try {
     names = readdirSync(work);

@@ -1,6 +1,6 @@
 import type { HomeLayout } from "../config/paths.ts";
-import { dryRunPrepare } from "../env/prepare.ts";
-import { hostRequest } from "../env/request.ts";
+import { dryRunPrepare } from "../env/index-light.ts";
+import { hostRequest } from "../env/index-light.ts";
 import type { RunnerSettings } from "./runner.ts";
 import type { JobSpec } from "./spec.ts";
 

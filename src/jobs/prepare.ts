@@ -1,11 +1,11 @@
 import type { EngineHost, EnsureHooks, EnsureResult } from "../docker/index.ts";
 import type { ImageEnvResult } from "../docker/image-env.ts";
 import type { HomeLayout } from "../config/paths.ts";
-import { condaActivation } from "../env/conda-activation.ts";
-import type { PrepareHooks, PrepareResult } from "../env/lookup.ts";
-import { prepareEnv } from "../env/prepare.ts";
-import { type EnvSettings, environmentRequest, hostRequest, type RequestAt, requestDir } from "../env/request.ts";
-import type { Shipping } from "../env/shipping.ts";
+import { condaActivation } from "../env/index-light.ts";
+import type { PrepareHooks, PrepareResult } from "../env/index-light.ts";
+import { prepareEnv } from "../env/index-light.ts";
+import { type EnvSettings, environmentRequest, hostRequest, type RequestAt, requestDir } from "../env/index-light.ts";
+import type { Shipping } from "../env/index-light.ts";
 
 /**
  * The one prepare: what a request needs before its command can run, on a host
@@ -30,7 +30,7 @@ export interface PrepareTarget extends RequestAt {
   holder?: string;
   /** A cancel: the running installer's process group is killed and nothing half-built is kept. */
   signal?: AbortSignal;
-  /** A joined worker's env artifacts: fetched before a build, shared after one (env/shipping.ts). */
+  /** A joined worker's env artifacts: fetched before a build, shared after one (env/store/shipping.ts). */
   shipping?: Shipping;
   /** For a run: the variables the command inherits (a conda environment's activation among them). */
   forRun?: boolean;

@@ -7,7 +7,7 @@ import { UsageError } from "../errors.ts";
  * Jobs as another OS user (worker.run_as): the worker, as root, keeps its
  * token, credential and home to itself; each job runs through `setpriv`
  * (util-linux) as the user, and so does the build of its env
- * (env/build-user.ts); the user can read the envs but not write them, and
+ * (env/build/build-user.ts); the user can read the envs but not write them, and
  * cannot read the worker's secrets or its process's environment.
  * Everything is checked when the worker starts, as that user, by asking the
  * kernel (`test -r`, `test -x` run as the user), so a home under a closed
@@ -44,7 +44,7 @@ export function runAsEnv(r: RunAs): Record<string, string> {
   return { HOME: r.home, USER: r.user, LOGNAME: r.user };
 }
 
-/** A job's workdir is the user's: it writes there (and its env's build reads it: env/build-user.ts). Links are not followed. */
+/** A job's workdir is the user's: it writes there (and its env's build reads it: env/build/build-user.ts). Links are not followed. */
 export function giveTree(dir: string, r: RunAs): void {
   giveTreeTo(dir, r.uid, r.gid);
 }

@@ -6,9 +6,9 @@ import { processDriver } from "./drivers/process.ts";
 import { containerDriver } from "./drivers/container.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
-import type { PrepareHooks } from "../env/lookup.ts";
+import type { PrepareHooks } from "../env/index-light.ts";
 import { prepare, type Prepared, type PrepareSettings } from "./prepare.ts";
-import type { Shipping } from "../env/shipping.ts";
+import type { Shipping } from "../env/index-light.ts";
 import type { ContainerSettings, EnsureHooks } from "../docker/index.ts";
 import type { JobRecord, JobStore } from "./store.ts";
 import type { EventSink, JobEventData, JobEventName, JobState } from "./model.ts";
@@ -31,7 +31,7 @@ export interface RunnerIO {
   onPrepareFailed?(message: string): void;
   /** Every event as it is recorded (a cluster worker forwards them to the server). */
   onEvent?: EventSink;
-  /** A joined worker's env artifacts: fetched before a build, shared after one (env/shipping.ts). */
+  /** A joined worker's env artifacts: fetched before a build, shared after one (env/store/shipping.ts). */
   shipping?: Shipping;
 }
 

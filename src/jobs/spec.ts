@@ -1,7 +1,7 @@
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
 import { type EnvironmentFile, type JobFile, loadJobFile, type TaskFile } from "../config/jobfile.ts";
-import { type EnvironmentRequest, environmentRequest } from "../env/request.ts";
+import { type EnvironmentRequest, environmentRequest } from "../env/index-light.ts";
 import { positiveDuration } from "../config/kinds.ts";
 import { join as shlexJoin } from "shlex";
 import { UsageError } from "../errors.ts";
@@ -15,7 +15,7 @@ export interface JobSpec {
   commandText: string;
   workdir: string;
   env: Record<string, string>;
-  /** What it asks of its environment (env/request-schema.ts): the one shape from here to the wire and a worker's prepare. */
+  /** What it asks of its environment (env/request/request-schema.ts): the one shape from here to the wire and a worker's prepare. */
   environment: EnvironmentRequest;
   resources: { gpus: number; frameworks: Record<string, string> };
   /** A task's declared outputs (paths or globs relative to its workdir): found there when it succeeds, given to what needs it. */

@@ -4,7 +4,7 @@ import { ownerOnlyFolder } from "../core/owner-only.ts";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
-import { redactDeep, redactUrl } from "../env/url-credentials.ts";
+import { redactDeep, redactUrl } from "../env/index-light.ts";
 import type { JobSpec } from "./spec.ts";
 import type { JobEventData, JobEventName, JobState, RecordedEvent } from "./model.ts";
 

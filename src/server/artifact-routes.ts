@@ -1,13 +1,13 @@
 import { open } from "node:fs/promises";
 import * as v from "valibot";
-import { artifactFault } from "../env/artifact.ts";
+import { artifactFault } from "../env/index.ts";
 import type { WorkerRow } from "./store.ts";
 import type { ArtifactRow } from "./artifacts.ts";
 import type { Coordinator } from "./coordinator.ts";
 import { HttpFail } from "./http-fail.ts";
 
 /**
- * /v1/artifacts: env artifacts between workers of this server (env/artifact.ts,
+ * /v1/artifacts: env artifacts between workers of this server (env/store/artifact.ts,
  * server/artifacts.ts).
  *
  *   GET  /v1/artifacts?key=K&path=P   (worker) what there is for K, who builds it now, who could
@@ -22,7 +22,7 @@ import { HttpFail } from "./http-fail.ts";
  * artifact is taken only from the worker holding the live claim of its key
  * and path, for the task named in that claim: so only what a task of that
  * worker built, while it builds or uploads it. The server checks each
- * artifact as an unpacker does (env/artifact.ts artifactFault) before keeping
+ * artifact as an unpacker does (env/store/artifact.ts artifactFault) before keeping
  * it, and again when a worker reports it refused one: an unsound one is
  * dropped, and the next build's artifact takes its place. Once per key and
  * path otherwise, never past the size limit.

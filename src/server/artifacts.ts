@@ -1,11 +1,11 @@
 import type { Sql } from "./db/sql.ts";
 import { readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
-import type { ArtifactConditions } from "../env/shipping.ts";
+import type { ArtifactConditions } from "../env/index-light.ts";
 import { lruOrder } from "../gc/policy.ts";
 
 /**
- * Env artifacts workers uploaded (env/artifact.ts), by sha256: the bytes in
+ * Env artifacts workers uploaded (env/store/artifact.ts), by sha256: the bytes in
  * the server's home, a row each (the env key, the conditions it may be
  * unpacked under, who built it, size, first upload, last use). One artifact
  * per key and conditions (one found unsound is dropped, and the next build's

@@ -1,5 +1,5 @@
 import { createCipheriv, createDecipheriv, hkdfSync, randomBytes } from "node:crypto";
-import { holdsCredentials, lostCredentials } from "../env/url-credentials.ts";
+import { holdsCredentials, lostCredentials } from "../env/index-light.ts";
 import type { Sql } from "./db/sql.ts";
 
 /**

@@ -1,6 +1,6 @@
 import { satisfies } from "@renovatebot/pep440";
 import type { RemoteSpec } from "../cluster/protocol.ts";
-import { normalizeName } from "../env/canonical.ts";
+import { normalizeName } from "../env/index-light.ts";
 import type { WorkerRow } from "./store.ts";
 import { gpuRefusal, type ResourceAsk } from "../jobs/resources.ts";
 

@@ -1,5 +1,5 @@
 import type { TaskEventIn } from "../cluster/protocol.ts";
-import { formatBytes } from "../ui/output.ts";
+import { formatBytes } from "../core/units.ts";
 import { HttpFail } from "./http-fail.ts";
 
 /**

@@ -1,5 +1,5 @@
 import * as v from "valibot";
-import { WireEnvironmentSchema } from "../env/request-schema.ts";
+import { WireEnvironmentSchema } from "../env/index-light.ts";
 
 /** What the API accepts, checked before anything is stored: a malformed body is a 400 naming the field. */
 
@@ -14,7 +14,7 @@ const RelPath = v.pipe(
   v.check((p) => !p.startsWith("/") && !p.split("/").includes(".."), "must be a path inside the bundle"),
 );
 
-/** A job's environment section, as it travels (env/request-schema.ts), its requirements path relative to the bundle. */
+/** A job's environment section, as it travels (env/request/request-schema.ts), its requirements path relative to the bundle. */
 const Environment = v.strictObject({ ...WireEnvironmentSchema.entries, requirementsFile: v.optional(RelPath) });
 
 const SpecEntries = {

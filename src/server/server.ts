@@ -2,7 +2,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync }
 import { contentHash } from "../core/hashing.ts";
 import { join } from "node:path";
 import { printable } from "../ui/escape.ts";
-import { formatBytes } from "../ui/output.ts";
+import { formatBytes } from "../core/units.ts";
 import { type BundleLimits, bundleLimits } from "../cluster/bundle.ts";
 import type { SettingValues } from "../config/table.ts";
 import { UsageError, UserError } from "../errors.ts";

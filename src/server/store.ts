@@ -4,7 +4,7 @@ import { BundleStore } from "./bundles.ts";
 import { ArtifactStore } from "./artifacts.ts";
 import { TokenStore } from "./tokens.ts";
 import type { Sql, SqlValue } from "./db/sql.ts";
-import { redactDeep, redactUrl } from "../env/url-credentials.ts";
+import { redactDeep, redactUrl } from "../env/index-light.ts";
 import { neededTasks } from "../jobs/outputs.ts";
 import type { JobEventData, JobEventName, JobState, RecordedEvent } from "../jobs/model.ts";
 

@@ -1,6 +1,8 @@
 // consola's core: the logger without its reporters (ours writes the lines), its colour and terminal code, or node:util.
 import type { ConsolaInstance } from "consola/core";
 import { writeErr, writeOut } from "./terminal.ts";
+// The units live in core/ (a server or worker formats sizes too); commands keep importing them from here.
+export { formatBytes, formatSeconds } from "../core/units.ts";
 
 export interface OutputFlags {
   json?: boolean;
@@ -80,13 +82,6 @@ export class Output {
   }
 }
 
-export function formatSeconds(seconds: number): string {
-  if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
-  if (seconds < 60) return `${seconds.toFixed(2)} s`;
-  const m = Math.floor(seconds / 60);
-  return `${m}m${Math.round(seconds - m * 60)}s`;
-}
-
 export function shortKey(key: string): string {
   return key.slice(0, 12);
 }
@@ -108,8 +103,3 @@ export function table(rows: string[][]): string[] {
   return rows.map((row) => row.map((c, i) => (i === row.length - 1 ? c : c.padEnd(widths[i] ?? 0))).join("  ").trimEnd());
 }
 
-/** Sizes as gc reads them (powers of 1024: 50G = 50 GiB), the same unit in every command. */
-export function formatBytes(n: number): string {
-  const prettyBytes = (require("pretty-bytes") as typeof import("pretty-bytes")).default;
-  return prettyBytes(n, { binary: true });
-}

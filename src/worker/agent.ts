@@ -1,6 +1,6 @@
 import { ClusterClient, isUnavailable, Replicas } from "../cluster/client.ts";
 import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment, WorkerCache } from "../cluster/protocol.ts";
-import { listEnvs } from "../env/inventory.ts";
+import { listEnvs } from "../env/index-light.ts";
 import type { WorkerMetricsSource } from "./metrics.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { HttpError, UserError } from "../errors.ts";

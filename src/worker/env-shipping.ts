@@ -4,12 +4,12 @@ import type { ClusterClient } from "../cluster/client.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { sleep } from "../core/sleep.ts";
 import { InstallError } from "../errors.ts";
-import { packEnv, unpackedMetaMismatch, unpackEnv } from "../env/artifact.ts";
-import { type ArtifactConditions, type BuildTicket, conditionsDiffer, type FetchedEnv, type Shipping, type ShippingRequest } from "../env/shipping.ts";
-import { entryPaths } from "../env/store.ts";
+import { packEnv, unpackedMetaMismatch, unpackEnv } from "../env/index.ts";
+import { type ArtifactConditions, type BuildTicket, conditionsDiffer, type FetchedEnv, type Shipping, type ShippingRequest } from "../env/index.ts";
+import { entryPaths } from "../env/index.ts";
 
 /**
- * A joined worker's side of env artifacts (env/shipping.ts): before a build,
+ * A joined worker's side of env artifacts (env/store/shipping.ts): before a build,
  * ask the server for an artifact of the key whose conditions match here;
  * none, and another worker is building it for the same path: wait for its
  * artifact; none being built: claim the build for this task, build, then
@@ -178,7 +178,7 @@ function ticket(s: ShippingSettings, taskId: string, req: ShippingRequest): Buil
 
 async function share(s: ShippingSettings, taskId: string, req: ShippingRequest): Promise<void> {
   const paths = entryPaths(s.layout, req.key);
-  const dir = join(s.layout.root, "cluster", "artifacts");
+  const dir = s.layout.clusterArtifacts;
   mkdirSync(dir, { recursive: true });
   const file = join(dir, `${req.key}.${process.pid}.${crypto.randomUUID()}.tar.zst`);
   try {

@@ -22,7 +22,7 @@ export interface WorkerIdentity {
 const IdentitySchema = v.strictObject({ server: v.string(), name: v.string(), id: v.string(), credential: v.string() });
 
 function identityDir(layout: HomeLayout): string {
-  return join(layout.root, "cluster", "identity");
+  return layout.identity;
 }
 
 /** A server as an identity knows it: its URLs, sorted (their order says which replica is asked first, not which server it is). */

@@ -18,8 +18,8 @@ import { JobStore } from "../jobs/store.ts";
  */
 export async function endLeftovers(layout: HomeLayout, graceMs: number, keepWorkdirs = false): Promise<{ jobs: number; processes: number }> {
   const store = new JobStore(layout);
-  const work = join(layout.root, "cluster", "work");
-  const bundles = join(layout.root, "cluster", "bundles");
+  const work = layout.clusterWork;
+  const bundles = layout.clusterBundles;
   let jobs = 0;
   let processes = 0;
   try {

@@ -1,6 +1,5 @@
 import { Database } from "bun:sqlite";
 import { chmodSync, closeSync, existsSync, mkdirSync, openSync } from "node:fs";
-import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 
 /**
@@ -38,9 +37,8 @@ export class Outbox {
   private next = new Map<string, number>();
 
   constructor(layout: HomeLayout) {
-    const dir = join(layout.root, "cluster");
-    mkdirSync(dir, { recursive: true });
-    const file = join(dir, "outbox.db");
+    mkdirSync(layout.cluster, { recursive: true });
+    const file = layout.outbox;
     // Jobs' output and events: the worker's alone (a --run-as job user reaches cluster/work beside it). SQLite gives
     // its -wal and -shm files the database file's mode, so the file is made 0600 before SQLite opens it.
     closeSync(openSync(file, "a", 0o600));

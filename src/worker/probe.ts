@@ -4,8 +4,8 @@ import { join } from "node:path";
 import type { GpuInfo, MachineProbe } from "../cluster/protocol.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { detectEngine, type EngineHost } from "../docker/engine.ts";
-import { distributions, runningInterpreter } from "../env/interpreter.ts";
-import { listCondaEnvs } from "../env/conda.ts";
+import { distributions, runningInterpreter } from "../env/index-light.ts";
+import { listCondaEnvs } from "../env/index-light.ts";
 import { userHome } from "../core/home.ts";
 
 /**

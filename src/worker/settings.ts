@@ -1,5 +1,5 @@
 import { mkdirSync, readFileSync } from "node:fs";
-import { dirname, join, resolve } from "node:path";
+import { dirname, resolve } from "node:path";
 import * as v from "valibot";
 import type { HomeLayout } from "../config/paths.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
@@ -22,7 +22,7 @@ function workerSettingsSchema() {
 }
 
 export function workerSettingsFile(layout: HomeLayout): string {
-  return join(layout.root, "worker.json");
+  return layout.workerSettings;
 }
 
 export function loadWorkerSettings(layout: HomeLayout): WorkerSettings {

@@ -4,20 +4,19 @@ import { ownerOnlyFolder } from "../core/owner-only.ts";
 import { type BundleLimits, unpackBundle } from "../cluster/bundle.ts";
 import { type ClusterClient, isUnavailable } from "../cluster/client.ts";
 import type { GpuInfo, PrepareTaskResult, RemoteSpec, TaskAssignment } from "../cluster/protocol.ts";
-import type { HomeLayout } from "../config/paths.ts";
+import { bundlePaths, type HomeLayout } from "../config/paths.ts";
 import { BundleError, ExitCode, HttpError, InstallError, UserError } from "../errors.ts";
 import { prepare, type Prepared } from "../jobs/prepare.ts";
 import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.ts";
-import { environmentRequest } from "../env/request.ts";
+import { environmentRequest } from "../env/index-light.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import { giveTree } from "../jobs/run-as.ts";
 import { lockDown } from "../core/tree-owner.ts";
 import { JobStore } from "../jobs/store.ts";
-import { acquireEntry } from "../env/cache-entry.ts";
+import { acquireEntry } from "../env/index-light.ts";
 import { sleep } from "../core/sleep.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
-import { touchFile } from "../env/store.ts";
-import { bundlePaths } from "../gc/bundle-source.ts";
+import { touchFile } from "../env/index-light.ts";
 import { TaskChannel } from "./channel.ts";
 import { type ShippingSettings, workerShipping } from "./env-shipping.ts";
 import type { Outbox } from "./outbox.ts";
@@ -53,8 +52,9 @@ export interface TaskHandle {
   handBack(reason: string): Promise<void>;
 }
 
-function clusterDir(ctx: WorkerContext, ...parts: string[]): string {
-  return join(ctx.layout.root, "cluster", ...parts);
+/** A remote task's working folder (or a prepare's empty one), under the worker's cluster/work. */
+function workDir(ctx: WorkerContext, name: string): string {
+  return join(ctx.layout.clusterWork, name);
 }
 
 /**
@@ -78,11 +78,11 @@ async function downloadBundle(ctx: WorkerContext, hash: string, stopped: () => b
 
 /** The bundle's tar.gz, fetched once per worker and checked against its hash. */
 async function fetchBundle(ctx: WorkerContext, hash: string, stopped: () => boolean): Promise<string> {
-  const file = clusterDir(ctx, "bundles", `${hash}.tar.gz`);
+  const file = bundlePaths(ctx.layout, hash).file;
   if (existsSync(file)) return file;
   const data = await downloadBundle(ctx, hash, stopped);
   if (new Bun.CryptoHasher("sha256").update(data).digest("hex") !== hash) throw new BundleError(`bundle ${hash.slice(0, 12)} arrived damaged (hash mismatch)`);
-  ownerOnlyFolder(clusterDir(ctx, "bundles"));
+  ownerOnlyFolder(ctx.layout.clusterBundles);
   const tmp = `${file}.${process.pid}.${crypto.randomUUID()}.tmp`;
   writeFileSync(tmp, data);
   renameSync(tmp, file);
@@ -95,7 +95,7 @@ async function fetchBundle(ctx: WorkerContext, hash: string, stopped: () => bool
  * job of an unchanged folder.
  */
 async function sharedCopy(ctx: WorkerContext, hash: string, file: string): Promise<string> {
-  const dir = clusterDir(ctx, "bundles", hash);
+  const dir = bundlePaths(ctx.layout, hash).dir;
   if (existsSync(dir)) return dir;
   const tmp = `${dir}.${process.pid}.${crypto.randomUUID()}.tmp`;
   await unpackBundle(file, tmp, ctx.bundleLimits);
@@ -169,7 +169,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
     stopReason = "taken back by the server";
     running?.cancel(stopReason);
   }, ctx.log);
-  const workdir = clusterDir(ctx, "work", `${task.job_id}-${task.attempt}`);
+  const workdir = workDir(ctx, `${task.job_id}-${task.attempt}`);
   // The final state goes through the outbox like everything else, after it; the task is done once the server has it.
   const finish = (body: Record<string, unknown>) => {
     channel.finish(body);
@@ -212,7 +212,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       if (ran.state === "succeeded" && task.spec?.outputs?.length) {
         // The events so far first: the server records the outputs after the run's end.
         await channel.flush();
-        const sent = await sendOutputs(ctx.client, ctx.bundleLimits, task, workdir, clusterDir(ctx, "work"));
+        const sent = await sendOutputs(ctx.client, ctx.bundleLimits, task, workdir, ctx.layout.clusterWork);
         if ("failed" in sent) {
           channel.event(sent.missing ? "task.outputs.missing" : "task.outputs.failed", { message: sent.failed });
           outcome = { ...ran, state: "failed", exitCode: ExitCode.failed };
@@ -279,7 +279,7 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
     const started = performance.now();
     let body: { state: string; exit_code: number; error: string | null; result: PrepareTaskResult };
     let bundleLease: Lease | undefined;
-    const empty = clusterDir(ctx, "work", `prepare-${task.id}`);
+    const empty = workDir(ctx, `prepare-${task.id}`);
     try {
       let cwd = empty;
       const runAs = ctx.runner.runAs;

@@ -1,6 +1,6 @@
 import type { ParsedArgs } from "citty";
-import type { PrepareRequest, PrepareResult } from "../../env/lookup.ts";
-import { type EnvironmentRequest, hostRequest } from "../../env/request.ts";
+import type { PrepareRequest, PrepareResult } from "../../env/index-light.ts";
+import { type EnvironmentRequest, hostRequest } from "../../env/index-light.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import { repeated } from "../_args.ts";
 import { type CommandContext, envSettings } from "../_context.ts";

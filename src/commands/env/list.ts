@@ -1,11 +1,11 @@
 import { existsSync } from "node:fs";
 import { defineCommand } from "citty";
 import { commandContext } from "../_context.ts";
-import { listEnvs } from "../../env/inventory.ts";
+import { listEnvs } from "../../env/index-light.ts";
 import { formatBytes, formatAgo, Output, shortKey, table } from "../../ui/output.ts";
 import { outputArgs, placeArgs, rejectUnknownFlags } from "../_args.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-import type { EnvEntry } from "../../env/inventory.ts";
+import type { EnvEntry } from "../../env/index-light.ts";
 import type { ImageEntry } from "../../docker/inventory.ts";
 import type { EnvListEnvDoc, EnvListImageDoc } from "../_json.ts";
 import { pythonLabel, requestLabels } from "../../ui/env-labels.ts";

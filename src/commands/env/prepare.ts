@@ -1,9 +1,9 @@
 import { defineCommand } from "citty";
 import { UsageError } from "../../errors.ts";
-import { dryRunPrepare } from "../../env/prepare.ts";
+import { dryRunPrepare } from "../../env/index-light.ts";
 import { hasRequirements, prepare } from "../../jobs/prepare.ts";
-import { inputsLines } from "../../env/inputs-report.ts";
-import { nearestLines } from "../../env/nearest.ts";
+import { inputsLines } from "../../env/index-light.ts";
+import { nearestLines } from "../../env/index-light.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { commandContext, prepareSettings, stopOnSignals } from "../_context.ts";

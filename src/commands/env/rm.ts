@@ -1,7 +1,7 @@
 import { defineCommand } from "citty";
 import { commandContext, originText } from "../_context.ts";
 import { UsageError } from "../../errors.ts";
-import { findEnv, removeEnv } from "../../env/inventory.ts";
+import { findEnv, removeEnv } from "../../env/index-light.ts";
 import { Output, shortKey } from "../../ui/output.ts";
 import { outputArgs, rejectUnknownFlags } from "../_args.ts";
 import type { EnvRmDoc } from "../_json.ts";

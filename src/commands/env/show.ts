@@ -1,10 +1,10 @@
 import { defineCommand } from "citty";
 import { commandContext } from "../_context.ts";
 import { UserError } from "../../errors.ts";
-import { findEnv } from "../../env/inventory.ts";
-import { entryPaths, isReady, lastUsedMs, readMeta } from "../../env/store.ts";
+import { findEnv } from "../../env/index-light.ts";
+import { entryPaths, isReady, lastUsedMs, readMeta } from "../../env/index-light.ts";
 import { formatBytes, formatSeconds, Output } from "../../ui/output.ts";
-import { inputsLines } from "../../env/inputs-report.ts";
+import { inputsLines } from "../../env/index-light.ts";
 import { outputArgs, placeArgs, rejectUnknownFlags } from "../_args.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import type { EnvShowDoc } from "../_json.ts";

@@ -1,0 +1,119 @@
+import { closeSync, existsSync, openSync, readFileSync, readSync, realpathSync } from "node:fs";
+import { basename, dirname, join } from "node:path";
+import { PythonProblem } from "../../errors.ts";
+
+/**
+ * The interpreter that actually runs when a path is run. A pyenv shim (or any
+ * script in front of Python) picks its Python anew at every start, from the
+ * environment (PYENV_VERSION, .python-version files): its own file says
+ * nothing. So a shim is resolved before anything is keyed or probed, and what
+ * a shim answered is never cached as the interpreter's own answer (uv's rule).
+ */
+
+export interface ResolvedInterpreter {
+  /** What runs: a real interpreter binary (or a venv's link to one). */
+  path: string;
+  /** How it was found, for `--dry-run` and `env show`: `pyenv shim (PYENV_VERSION=3.12.1)`. */
+  via: string | null;
+}
+
+function firstBytes(path: string, n: number): Buffer {
+  const fd = openSync(path, "r");
+  try {
+    const buf = Buffer.alloc(n);
+    const got = readSync(fd, buf, 0, n, 0);
+    return buf.subarray(0, got);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** The versions pyenv would try, and what chose them (pyenv-version-name, pyenv-version-file). */
+function pyenvVersions(env: Record<string, string | undefined>, cwd: string, root: string): { versions: string[]; origin: string } {
+  if (env.PYENV_VERSION) return { versions: env.PYENV_VERSION.split(":").filter(Boolean), origin: `PYENV_VERSION=${env.PYENV_VERSION}` };
+  const read = (file: string) =>
+    readFileSync(file, "utf8")
+      .split(/\s+/)
+      .filter((w) => w && !w.startsWith("#"));
+  for (let dir = env.PYENV_DIR || cwd; ; dir = dirname(dir)) {
+    const file = join(dir, ".python-version");
+    if (existsSync(file)) return { versions: read(file), origin: file };
+    if (dirname(dir) === dir) break;
+  }
+  const global = join(root, "version");
+  if (existsSync(global)) return { versions: read(global), origin: global };
+  return { versions: ["system"], origin: "no version set" };
+}
+
+/**
+ * A pyenv shim resolved as pyenv would; `absent` (with what chose the versions) when every version pyenv
+ * would try lacks the program (the shim would say "command not found"); null where pyenv's choice is not
+ * certain from files alone.
+ */
+function resolvePyenvShim(path: string, text: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter | { absent: string } | null {
+  const root = /export PYENV_ROOT="([^"]+)"/.exec(text)?.[1] ?? env.PYENV_ROOT;
+  if (!root) return null;
+  const { versions, origin } = pyenvVersions(env, cwd, root);
+  const program = basename(path);
+  for (const v of versions) {
+    if (v === "system" || v.includes("/")) return null;
+    const candidate = join(root, "versions", v, "bin", program);
+    if (existsSync(candidate)) return { path: candidate, via: `pyenv shim ${path} (${origin})` };
+  }
+  return versions.length ? { absent: origin } : null;
+}
+
+/** Ask a wrapper which Python it runs: the answer is used for this run only. */
+function askWrapper(path: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter {
+  const clean: Record<string, string> = {};
+  for (const [k, v] of Object.entries(env)) if (v !== undefined) clean[k] = v;
+  const proc = Bun.spawnSync([path, "-c", "import sys; print(sys.executable)"], { env: clean, cwd, stdout: "pipe", stderr: "pipe" });
+  const out = (proc.stdout ?? "").toString().trim();
+  if (proc.exitCode !== 0 || !out.startsWith("/")) {
+    const msg = (proc.stderr ?? "").toString().trim().split("\n").pop() ?? "";
+    throw new PythonProblem(`${path} is not a working Python 3 (${msg || `exit ${proc.exitCode}`})`);
+  }
+  return { path: out, via: `wrapper ${path} (asked: sys.executable)` };
+}
+
+/**
+ * A tool behind a pyenv shim (uv installed with a pyenv Python's pip), resolved
+ * as pyenv would, for this run only: the shim's bash costs tens of
+ * milliseconds at every start. Anything else, or a shim whose choice is not
+ * certain from files alone, is returned as it is.
+ */
+export function resolveToolShim(path: string, env: Record<string, string | undefined>, cwd: string): string | { absent: string } {
+  try {
+    if (firstBytes(realpathSync(path), 2).toString("latin1") !== "#!") return path;
+    const text = readFileSync(path, "utf8").slice(0, 4096);
+    if (!/pyenv"? exec/.test(text)) return path;
+    const shim = resolvePyenvShim(path, text, env, cwd);
+    if (!shim) return path;
+    return "absent" in shim ? shim : shim.path;
+  } catch {
+    return path;
+  }
+}
+
+/** Resolve shims and wrappers; a binary (or a link to one) is returned as it is. */
+export function resolveInterpreter(path: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter {
+  let head: Buffer;
+  try {
+    head = firstBytes(realpathSync(path), 2);
+  } catch (error) {
+    throw new PythonProblem(`cannot read ${path}: ${(error as Error).message}`);
+  }
+  if (head.toString("latin1") !== "#!") return { path, via: null };
+  let text = "";
+  try {
+    text = readFileSync(path, "utf8").slice(0, 4096);
+  } catch {
+    // unreadable script: ask it
+  }
+  if (/pyenv"? exec/.test(text)) {
+    const shim = resolvePyenvShim(path, text, env, cwd);
+    if (shim && "absent" in shim) throw new PythonProblem(`${path} is a pyenv shim, and the Python version pyenv picks here (${shim.absent}) has no ${basename(path)}`);
+    if (shim) return shim;
+  }
+  return askWrapper(path, env, cwd);
+}

@@ -1,0 +1,96 @@
+import { readdirSync, readFileSync, renameSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import type { HomeLayout } from "../../config/paths.ts";
+import type { InterpreterInfo } from "../request/interpreter.ts";
+import type { ShippingStep } from "../build/run-tool.ts";
+import { type EntryPaths, type EnvMeta, markReady, removeEntryDir } from "./store.ts";
+
+/**
+ * Envs shared across a fleet (issue: build once, ship to identical workers).
+ * The env cache asks a `Shipping` (given by a worker joined to a server;
+ * none on a lone machine) before it builds, holding the entry's lock as a
+ * build does: the shipping either hands back an artifact unpacked into a
+ * fresh folder beside the entry (then it is moved in and marked ready here),
+ * or a ticket to build, on which it is told how the build ended.
+ */
+
+export interface FetchedEnv {
+  /** The artifact's sha256 and size, where it came from, and how long the fetch took. */
+  sha256: string;
+  bytes: number;
+  seconds: number;
+  builtBy: string;
+}
+
+export interface BuildTicket {
+  /** The env is built and ready at its path: share it (in the background; the caller does not wait). */
+  built(): void;
+  /** The build failed or was stopped. */
+  failed(): void;
+}
+
+export interface ShippingRequest {
+  key: string;
+  conditions: ArtifactConditions;
+  /** A fresh folder beside the entry to unpack into (made by the shipping). */
+  into: string;
+  signal?: AbortSignal;
+  /** What the fetch is doing, for the build's progress, as `<step> <detail>` reads (a refused artifact says why here). */
+  onStep?(step: ShippingStep, detail: string): void;
+}
+
+export interface Shipping {
+  /** An artifact unpacked into `into`, or a ticket to build it here; throws (a UserError) where it may not be built here either (offline). */
+  acquire(req: ShippingRequest): Promise<{ fetched: FetchedEnv } | { build: BuildTicket }>;
+}
+
+export interface ArtifactConditions {
+  /** Where the env was built (and the only place it may be unpacked). */
+  env_path: string;
+  platform: string;
+  /** The interpreter's real binary. */
+  interpreter: string;
+  python: string;
+  /** The worker's installed base (interpreter.ts baseFingerprint). */
+  base: string;
+}
+
+export function artifactConditions(envPath: string, interpreter: InterpreterInfo, base: string): ArtifactConditions {
+  return { env_path: envPath, platform: interpreter.platform, interpreter: interpreter.realExecutable, python: interpreter.version, base };
+}
+
+/** Why `have` may not be unpacked here, or null when it may. */
+export function conditionsDiffer(have: ArtifactConditions, want: ArtifactConditions): string | null {
+  for (const k of ["env_path", "platform", "interpreter", "python", "base"] as const) {
+    if (have[k] !== want[k]) return `its ${k.replace("_", " ")} is ${have[k]}, here ${want[k]}`;
+  }
+  return null;
+}
+
+const FETCHING = ".fetch-";
+
+/** Where a fetch of `key` unpacks: beside the entry, never a name the cache lists. Leftovers of a killed fetch of the same key go first (the caller holds the key's lock). */
+export function fetchFolder(layout: HomeLayout, key: string): string {
+  const prefix = `${FETCHING}${key}-`;
+  for (const n of safeList(layout.envs)) if (n.startsWith(prefix)) rmSync(join(layout.envs, n), { recursive: true, force: true });
+  return join(layout.envs, `${prefix}${crypto.randomUUID()}`);
+}
+
+function safeList(dir: string): string[] {
+  try {
+    return readdirSync(dir);
+  } catch {
+    return [];
+  }
+}
+
+/** Move a fetched env into its entry and mark it ready, as a build would; its meta says where it came from. */
+export function installFetched(layout: HomeLayout, key: string, paths: EntryPaths, from: string, fetched: FetchedEnv): EnvMeta {
+  const meta = JSON.parse(readFileSync(join(from, ".gpulayer", "meta.json"), "utf8")) as EnvMeta;
+  if (meta.key !== key || meta.path !== paths.dir) throw new Error(`the artifact holds env ${String(meta.key).slice(0, 12)} at ${meta.path}, not ${key.slice(0, 12)} at ${paths.dir}`);
+  removeEntryDir(layout, paths.dir);
+  renameSync(from, paths.dir);
+  const kept: EnvMeta = { ...meta, created: new Date().toISOString(), fetched: { sha256: fetched.sha256, bytes: fetched.bytes, seconds: fetched.seconds, built_by: fetched.builtBy } };
+  markReady(paths, kept);
+  return kept;
+}
