@@ -2,7 +2,7 @@ import type { ParsedArgs } from "citty";
 import type { PrepareRequest, PrepareResult } from "../../env/lookup.ts";
 import { type EnvironmentRequest, hostRequest } from "../../env/request.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
-import { repeated } from "../_args.ts";
+import { projectFlags, repeated } from "../_args.ts";
 import { type CommandContext, envSettings } from "../_context.ts";
 import type { EnvPrepareDoc } from "../_json.ts";
 import type { prepareArgs } from "./_prepare-args.ts";
@@ -10,8 +10,9 @@ import type { prepareArgs } from "./_prepare-args.ts";
 /** What `env prepare`'s flags ask of the environment (the image aside). */
 export function askedByFlags(a: ParsedArgs<typeof prepareArgs>, rawArgs: string[]): EnvironmentRequest {
   // --python without --conda is the default Python (the settings' python, named by the flag): not the request's own.
-  return { requirementsFile: a.requirements, specs: repeated(rawArgs, ["-p", "--package"]), conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]) };
+  return { requirementsFile: a.requirements, specs: repeated(rawArgs, ["-p", "--package"]), conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), ...projectFlags(a.project, rawArgs) };
 }
+
 
 /** A local `env prepare`'s host request, by the one assembly every prepare makes (hostRequest): its warm lane's look and --dry-run's. */
 export function localPrepareRequest(a: ParsedArgs<typeof prepareArgs>, rawArgs: string[], ctx: CommandContext): PrepareRequest {

@@ -1,0 +1,158 @@
+import { existsSync, readFileSync, rmSync, statSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { explain } from "@renovatebot/pep440";
+import { contentHash } from "../core/hashing.ts";
+import { UsageError } from "../errors.ts";
+import { normalizeName } from "./canonical.ts";
+import { type RequestInputs, type ScanContext, confineTo, scanRequest } from "./requirements.ts";
+import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
+import { placeholderDir, type WorkerDist } from "./worker-mirror.ts";
+
+/**
+ * A uv project (pyproject.toml + uv.lock) as a request's environment.
+ *
+ * The route: `uv sync --frozen --inexact` into gpulayer's own venv
+ * (UV_PROJECT_ENVIRONMENT), while the worker's stand-ins are in its
+ * site-packages as on the fast path (standins.ts). Not `uv export` into a
+ * requirements file: sync is what the issue promises by definition (the
+ * project installed as uv installs it, editable or not, the lock's hashes and
+ * sources, groups and extras as uv reads them), where an export would have
+ * gpulayer re-read uv's rules. --inexact keeps the stand-ins and the .pth
+ * that links the worker. A stand-in is kept only when it is exactly the
+ * locked version: uv's `==` ignores a local label (`2.1.0` holds for
+ * `2.1.0+cu124`), so a stand-in of another version is taken out first, and
+ * uv installs the locked one over the worker's (shadowed, and reported).
+ */
+
+export interface LockedProject {
+  /** The project's folder (absolute): pyproject.toml and uv.lock are in it. */
+  dir: string;
+  groups: string[];
+  extras: string[];
+}
+
+/** What the key holds of a project besides its local projects (which are scanned as any local project is). */
+export interface LockedProjectKey {
+  lock: string;
+  pyproject: string;
+  groups: string[];
+  extras: string[];
+}
+
+/** A worker package the lock brings its own version of. */
+export interface Shadowed {
+  name: string;
+  worker: string;
+  locked: string;
+}
+
+// The lock's local sources (the project itself among them): `source = { editable = "." }`; read by pattern, not parsed, on the warm path.
+const LOCAL_SOURCE = /^source = \{ (editable|directory|path) = "((?:[^"\\]|\\.)*)"/gm;
+
+/**
+ * The key's part of a project and the inputs its local projects make (their files, counted as today's local
+ * projects are: an editable one by its place too). No process is started: a warm prepare stays a hash.
+ */
+export function lockedProjectInputs(project: LockedProject, ctx: ScanContext): { key: LockedProjectKey; inputs: RequestInputs } {
+  const { dir } = project;
+  if (ctx.confine) confineTo(ctx.confine, dir, "--project", "the project");
+  const pyprojectPath = join(dir, "pyproject.toml");
+  const lockPath = join(dir, "uv.lock");
+  if (!statSync(dir, { throwIfNoEntry: false })?.isDirectory()) throw new UsageError(`--project ${dir}: no such folder`);
+  if (!existsSync(pyprojectPath)) throw new UsageError(`--project ${dir}: no pyproject.toml in it`);
+  if (!existsSync(lockPath)) throw new UsageError(`--project ${dir}: no uv.lock in it (run uv lock)`);
+  const lock = readFileSync(lockPath, "utf8");
+  const specs: string[] = [];
+  for (const m of lock.matchAll(LOCAL_SOURCE)) {
+    const path = resolve(dir, JSON.parse(`"${m[2]}"`) as string);
+    specs.push(m[1] === "editable" ? `-e ${path}` : path);
+  }
+  const inputs = scanRequest({ specs: [...new Set(specs)], specOrigin: "uv.lock" }, ctx);
+  const key = { lock: contentHash(lock), pyproject: contentHash(readFileSync(pyprojectPath)), groups: [...project.groups].sort(), extras: [...project.extras].sort() };
+  return { key, inputs };
+}
+
+/** Every package the lock pins: normalised name to its versions (one, unless the lock forks by marker). */
+export function lockedVersions(dir: string): Map<string, string[]> {
+  const doc = Bun.TOML.parse(readFileSync(join(dir, "uv.lock"), "utf8")) as { package?: { name: string; version?: string }[] };
+  const out = new Map<string, string[]>();
+  for (const p of doc.package ?? []) {
+    if (!p.version) continue;
+    const name = normalizeName(p.name);
+    out.set(name, [...(out.get(name) ?? []), p.version]);
+  }
+  return out;
+}
+
+/** Two versions the same, local label included (`2.1.0` is not `2.1.0+cu124`); trailing zeros of the release aside. */
+export function sameVersion(a: string, b: string): boolean {
+  const form = (v: string) => {
+    const e = explain(v);
+    if (!e) return v.trim().toLowerCase();
+    const release = [...e.release];
+    while (release.length > 1 && release.at(-1) === 0) release.pop();
+    return JSON.stringify({ ...e, release, public: undefined, base_version: undefined, is_prerelease: undefined, is_devrelease: undefined, is_postrelease: undefined });
+  };
+  return form(a) === form(b);
+}
+
+/**
+ * Take out of site-packages the stand-ins of worker packages the lock pins at another version, so that uv
+ * installs the locked one (uv would keep `2.1.0+cu124` for a lock's `2.1.0`). Returns them by name, with the locked version.
+ */
+export function dropMislockedStandins(site: string, dists: WorkerDist[], locked: Map<string, string[]>): Map<string, string> {
+  const taken = new Map<string, string>();
+  for (const d of dists) {
+    const versions = locked.get(normalizeName(d.name));
+    if (!versions || versions.some((v) => sameVersion(v, d.version))) continue;
+    rmSync(join(site, placeholderDir(d)), { recursive: true, force: true });
+    taken.set(normalizeName(d.name), versions.join(" | "));
+  }
+  return taken;
+}
+
+/** The worker packages the env now holds its own version of: taken out, and installed by uv. */
+export function shadowedBy(dists: WorkerDist[], taken: Map<string, string>, replaced: WorkerDist[], added: string[]): Shadowed[] {
+  const installed = new Set(added);
+  const gone = new Set(replaced.map((d) => normalizeName(d.name)));
+  return dists
+    .filter((d) => gone.has(normalizeName(d.name)) && installed.has(normalizeName(d.name)))
+    .map((d) => ({ name: normalizeName(d.name), worker: d.version, locked: taken.get(normalizeName(d.name)) ?? "?" }))
+    .sort((a, b) => (a.name < b.name ? -1 : 1));
+}
+
+export interface UvRun {
+  uv: string;
+  env: Record<string, string>;
+  cwd: string;
+  hooks: BuildHooks;
+  signal?: AbortSignal;
+  keep?: import("./run-tool.ts").KeepGroup;
+  as?: import("./build-user.ts").BuildAs;
+}
+
+/** uv's environment for a project: its own settings only from the project (in the key), never the machine's uv.toml or UV_ variables. */
+export function projectUvEnv(base: Record<string, string>, envDir: string): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const [k, v] of Object.entries(base)) if (!k.startsWith("UV_")) env[k] = v;
+  // UV_CACHE_DIR is gpulayer's own choice (uv-cache.ts), not the machine's.
+  if (base.UV_CACHE_DIR) env.UV_CACHE_DIR = base.UV_CACHE_DIR;
+  return { ...env, NO_COLOR: "1", UV_NO_PROGRESS: "1", UV_PYTHON_DOWNLOADS: "never", UV_LOCK_TIMEOUT: "86400", UV_PROJECT_ENVIRONMENT: envDir };
+}
+
+const selection = (p: LockedProject) => [...p.groups.flatMap((g) => ["--group", g]), ...p.extras.flatMap((e) => ["--extra", e])];
+
+/** `uv lock --check`: a lock that pyproject.toml has moved away from is refused in one line, as `uv sync --locked` refuses it. */
+export async function checkLock(project: LockedProject, python: string, run: UvRun): Promise<void> {
+  const { code, lines } = await runTool([run.uv, "lock", "--check", "--no-config", "--project", project.dir, "--python", python], { env: run.env, cwd: run.cwd, hooks: {}, signal: run.signal, keep: run.keep, as: run.as });
+  if (code === 0) return;
+  if (lines.some((l) => /needs to be updated/.test(l))) throw new UsageError(`${project.dir}/uv.lock: the lockfile needs to be updated: run uv lock`);
+  throw installFailure(`checking ${project.dir}/uv.lock with uv lock --check failed`, lines);
+}
+
+/** `uv sync --frozen --inexact` into the env: exactly the lock's selection, the stand-ins kept where they are the locked version. */
+export async function syncProject(project: LockedProject, envPython: string, run: UvRun): Promise<void> {
+  const argv = [run.uv, "sync", "--frozen", "--inexact", "--no-config", "--project", project.dir, "--python", envPython, ...selection(project)];
+  const { code, lines } = await runTool(argv, { env: run.env, cwd: run.cwd, hooks: run.hooks, signal: run.signal, keep: run.keep, as: run.as });
+  if (code !== 0) throw installFailure("installing the locked project with uv sync failed", lines);
+}
