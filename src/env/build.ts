@@ -149,9 +149,9 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const userEnv = user ? { ...env, ...buildUserEnv(user) } : env;
   let venvCreator: "uv" | "venv" = venvUv ? "uv" : "venv";
   const fastEnv = uv ? uvEnv(plan, userEnv) : null;
-  const project = plan.project && uv ? { ...plan.project, run: { uv, env: projectUvEnv(userEnv, plan.dir), cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: user } } : null;
+  const project = plan.project && uv ? { ...plan.project, run: { uv, env: projectUvEnv(userEnv, plan.dir, join(plan.dir, ".gpulayer-no-config")), cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: user } } : null;
   // A stale lock is refused before anything is built, in uv's own judgement.
-  if (project) await timed("checking", `${project.dir}/uv.lock is up to date (uv lock --check)`, () => checkLock(project, info.executable, { ...project.run, env: projectUvEnv(env, plan.dir) }));
+  if (project) await timed("checking", `${project.dir}/uv.lock is up to date (uv lock --check)`, () => checkLock(project, info.executable, { ...project.run, env: projectUvEnv(env, plan.dir, join(plan.dir, ".gpulayer-no-config")) }));
 
   // What pip in the env would find of the worker, and what the machine's pip configuration says: asked while the venv is made.
   // uv's venv for this interpreter, kept from an earlier build, is written out again (venv-template.ts): no process.

@@ -1,4 +1,6 @@
-import { existsSync, readFileSync, rmSync, statSync } from "node:fs";
+import { existsSync, readFileSync, realpathSync, rmSync, statSync } from "node:fs";
+import { fileDigest } from "./content-digest.ts";
+import { treeDigest } from "./tree-digest.ts";
 import { join, resolve } from "node:path";
 import { explain } from "@renovatebot/pep440";
 import { contentHash } from "../core/hashing.ts";
@@ -62,12 +64,23 @@ export function lockedProjectInputs(project: LockedProject, ctx: ScanContext): {
   if (!existsSync(pyprojectPath)) throw new UsageError(`--project ${dir}: no pyproject.toml in it`);
   if (!existsSync(lockPath)) throw new UsageError(`--project ${dir}: no uv.lock in it (run uv lock)`);
   const lock = readFileSync(lockPath, "utf8");
-  const specs: string[] = [];
+  const inputs = scanRequest({ specs: [] }, ctx);
+  // The local projects as a requirements list's are counted (requirements.ts): an editable one by its files and place, another by its files, a file by its bytes.
+  const seen = new Set<string>();
   for (const m of lock.matchAll(LOCAL_SOURCE)) {
     const path = resolve(dir, JSON.parse(`"${m[2]}"`) as string);
-    specs.push(m[1] === "editable" ? `-e ${path}` : path);
+    if (seen.has(path)) continue;
+    seen.add(path);
+    if (ctx.confine) confineTo(ctx.confine, path, "uv.lock", "the local project");
+    const origin = `${lockPath}: ${m[1]} = ${m[2]}`;
+    const st = statSync(path, { throwIfNoEntry: false });
+    if (!st) throw new UsageError(`${origin}: not found (looked for ${path})`);
+    if (st.isDirectory()) {
+      const editable = m[1] === "editable";
+      const tree = treeDigest(realpathSync(path), { editable, cacheDir: ctx.digestCache, onHashing: ctx.onHashing });
+      inputs.locals.push({ kind: editable ? "editable" : "project", path, digest: tree.digest, origin, files: tree.files });
+    } else inputs.locals.push({ kind: "archive", path, digest: fileDigest(path, ctx.digestCache, ctx.onHashing), origin });
   }
-  const inputs = scanRequest({ specs: [...new Set(specs)], specOrigin: "uv.lock" }, ctx);
   const key = { lock: contentHash(lock), pyproject: contentHash(readFileSync(pyprojectPath)), groups: [...project.groups].sort(), extras: [...project.extras].sort() };
   return { key, inputs };
 }
@@ -131,20 +144,24 @@ export interface UvRun {
   as?: import("./build-user.ts").BuildAs;
 }
 
-/** uv's environment for a project: its own settings only from the project (in the key), never the machine's uv.toml or UV_ variables. */
-export function projectUvEnv(base: Record<string, string>, envDir: string): Record<string, string> {
+/**
+ * uv's environment for a project: its settings only from the project (its pyproject.toml's [tool.uv], in the key),
+ * never the machine's UV_ variables or the user's uv.toml. Not --no-config: that would drop the project's own
+ * [[tool.uv.index]] too, and `uv lock --check` would judge the lock against PyPI.
+ */
+export function projectUvEnv(base: Record<string, string>, envDir: string, noConfigDir: string): Record<string, string> {
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries(base)) if (!k.startsWith("UV_")) env[k] = v;
   // UV_CACHE_DIR is gpulayer's own choice (uv-cache.ts), not the machine's.
   if (base.UV_CACHE_DIR) env.UV_CACHE_DIR = base.UV_CACHE_DIR;
-  return { ...env, NO_COLOR: "1", UV_NO_PROGRESS: "1", UV_PYTHON_DOWNLOADS: "never", UV_LOCK_TIMEOUT: "86400", UV_PROJECT_ENVIRONMENT: envDir };
+  return { ...env, NO_COLOR: "1", UV_NO_PROGRESS: "1", UV_PYTHON_DOWNLOADS: "never", UV_LOCK_TIMEOUT: "86400", UV_PROJECT_ENVIRONMENT: envDir, XDG_CONFIG_HOME: noConfigDir, XDG_CONFIG_DIRS: noConfigDir };
 }
 
 const selection = (p: LockedProject) => [...p.groups.flatMap((g) => ["--group", g]), ...p.extras.flatMap((e) => ["--extra", e])];
 
 /** `uv lock --check`: a lock that pyproject.toml has moved away from is refused in one line, as `uv sync --locked` refuses it. */
 export async function checkLock(project: LockedProject, python: string, run: UvRun): Promise<void> {
-  const { code, lines } = await runTool([run.uv, "lock", "--check", "--no-config", "--project", project.dir, "--python", python], { env: run.env, cwd: run.cwd, hooks: {}, signal: run.signal, keep: run.keep, as: run.as });
+  const { code, lines } = await runTool([run.uv, "lock", "--check", "--project", project.dir, "--python", python], { env: run.env, cwd: run.cwd, hooks: {}, signal: run.signal, keep: run.keep, as: run.as });
   if (code === 0) return;
   if (lines.some((l) => /needs to be updated/.test(l))) throw new UsageError(`${project.dir}/uv.lock: the lockfile needs to be updated: run uv lock`);
   throw installFailure(`checking ${project.dir}/uv.lock with uv lock --check failed`, lines);
@@ -152,7 +169,7 @@ export async function checkLock(project: LockedProject, python: string, run: UvR
 
 /** `uv sync --frozen --inexact` into the env: exactly the lock's selection, the stand-ins kept where they are the locked version. */
 export async function syncProject(project: LockedProject, envPython: string, run: UvRun): Promise<void> {
-  const argv = [run.uv, "sync", "--frozen", "--inexact", "--no-config", "--project", project.dir, "--python", envPython, ...selection(project)];
+  const argv = [run.uv, "sync", "--frozen", "--inexact", "--project", project.dir, "--python", envPython, ...selection(project)];
   const { code, lines } = await runTool(argv, { env: run.env, cwd: run.cwd, hooks: run.hooks, signal: run.signal, keep: run.keep, as: run.as });
   if (code !== 0) throw installFailure("installing the locked project with uv sync failed", lines);
 }
