@@ -107,6 +107,11 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
       { name: "d", worker: "2.0", locked: "1.0" },
       { name: "torchy", worker: "2.1.0+cu1", locked: "2.1.0" },
     ]);
+    const shown = await cli(["env", "show", got.key, "--json"], { env: s.env, cwd: world });
+    expect(JSON.parse(shown.stdout).shadowed).toEqual(got.shadowed);
+    const reused = await prepare([]);
+    expect(reused.status).toBe("reused");
+    expect(reused.shadowed).toEqual(got.shadowed);
     const imported = await run([join(got.path, "bin", "python"), "-c", "import d, torchy, a, app, libproj; print(d.__file__.startswith(r'" + got.path + "'), a.__file__.startswith(r'" + got.path + "'))"], { env: s.env });
     expect(imported.stdout.trim()).toBe("True False");
   });

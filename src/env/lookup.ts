@@ -65,6 +65,8 @@ export interface PrepareResult {
   fetched?: FetchedEnv;
   build?: BuildOutcome & { sizeBytes: number };
   check: string[];
+  /** A uv project's env: the worker packages the lock brings its own version of (name, the worker's, the locked). */
+  shadowed?: { name: string; worker: string; locked: string }[];
   /** Which installer built the env (`uv (fast path)` or `pip`); null for an env built before this was recorded. */
   installerPath: string | null;
   /** Why the fast path was not taken for it, when it was not. */
@@ -173,6 +175,7 @@ export function preparedResult(resolved: ResolvedRequest, paths: EntryPaths, sta
     build,
     ...(fetched ? { fetched } : {}),
     check: build?.check ?? meta?.check ?? [],
+    ...((build ? build.shadowed : meta?.shadowed) ? { shadowed: build ? build.shadowed : meta?.shadowed } : {}),
     installerPath: build?.installerPath ?? meta?.installerPath ?? null,
     installerFallback: build ? build.fallback : (meta?.installerFallback ?? null),
     conda: resolved.conda,

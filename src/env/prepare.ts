@@ -148,6 +148,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
       inputs: inputsReport(resolved),
       installed: outcome.installed,
       check: outcome.check,
+      ...(outcome.shadowed ? { shadowed: outcome.shadowed } : {}),
     }, { openToAll: !as });
     return { ...outcome, sizeBytes };
   } catch (error) {

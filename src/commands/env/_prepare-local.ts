@@ -24,6 +24,6 @@ export function reportPrepared(out: Output, result: PrepareResult): void {
   for (const finding of result.check) out.log.warn(`pip check: ${finding}`);
   const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${formatBytes(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
   out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);
-  const doc: EnvPrepareDoc = { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath };
+  const doc: EnvPrepareDoc = { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath, ...(result.shadowed ? { shadowed: result.shadowed } : {}) };
   out.result(doc, () => result.path, true);
 }
