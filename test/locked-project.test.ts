@@ -136,6 +136,17 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     }
   });
 
+  test("a job file's environment.project, with its groups and extras, runs the job in the locked env", async () => {
+    const jobDir = join(project, "..");
+    writeFileSync(join(jobDir, "job.yaml"), ["name: locked", "command: python -c 'import app, b, c, d; print(d.__file__)'", "environment:", "  project: app", "  groups: [tools]", "  extras: [fancy]", ""].join("\n"));
+    const r = await cli(["job", "run", "--python", worker, "-f", "job.yaml"], { env: s.env, cwd: jobDir });
+    expect(r.stderr).not.toContain("error");
+    expect(r.code).toBe(0);
+    const got = await prepare(["--group", "tools", "--extra", "fancy"]);
+    expect(got.status).toBe("reused");
+    expect(r.stdout.trim()).toStartWith(got.path);
+  });
+
   test("a stale lock is refused in one line, before anything is built", async () => {
     const py = join(project, "pyproject.toml");
     const before = readFileSync(py, "utf8");
