@@ -3,6 +3,7 @@ import { isProblem } from "../config/kinds.ts";
 import { SETTING_NAMES, SETTINGS, type SettingDef } from "../config/table.ts";
 import { UsageError } from "../errors.ts";
 import { didYouMean } from "../core/suggest.ts";
+import type { EnvironmentRequest } from "../env/index-light.ts";
 
 /**
  * `join --token T`, `server --token T`: refused. Any process on the machine, jobs included, reads
@@ -32,6 +33,9 @@ export const installerArgs = {
   "index-url": { type: "string", valueHint: "URL", description: "Base URL of the package index (pip's --index-url); shuts out pip's own config" },
   "extra-index-url": { type: "string", valueHint: "URL", description: "Another index to search (repeatable)" },
   "find-links": { type: "string", valueHint: "DIR|URL", description: "A folder or page of distributions to use (repeatable)" },
+  project: { type: "string", valueHint: "DIR", description: "A uv project (pyproject.toml + uv.lock): the env is what uv sync --frozen installs" },
+  group: { type: "string", valueHint: "NAME", description: "With --project: a dependency group to install as well (repeatable)" },
+  extra: { type: "string", valueHint: "NAME", description: "With --project: an extra of the project to install (repeatable)" },
   "prepare-timeout": { type: "string", valueHint: "DURATION", description: "Give up building the environment after this long (30s, 10m, 1h; default 30m, or GPULAYER_PREPARE_TIMEOUT)" },
 } as const satisfies ArgsDef;
 
@@ -152,4 +156,12 @@ function settingOfFlag(flag: string): SettingDef<unknown> | undefined {
 
 function aliasesOf(def: ArgsDef[string]): string[] {
   return "alias" in def && def.alias ? (Array.isArray(def.alias) ? def.alias : [def.alias]) : [];
+}
+
+/** --project with its --group and --extra flags (which say nothing without it). */
+export function projectFlags(project: string | undefined, rawArgs: string[]): Partial<Pick<EnvironmentRequest, "project" | "groups" | "extras">> {
+  const groups = repeated(rawArgs, ["--group"]);
+  const extras = repeated(rawArgs, ["--extra"]);
+  if (project === undefined && (groups.length || extras.length)) throw new UsageError(`${groups.length ? "--group" : "--extra"} selects from a uv project's lock: give --project DIR with it`);
+  return project === undefined ? {} : { project, groups, extras };
 }

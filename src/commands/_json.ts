@@ -50,6 +50,8 @@ export const EnvPrepareDocument = v.strictObject({
   seconds: num,
   check: strList,
   installer_path: nullableStr,
+  /** A uv project's env: the worker packages it shadows with the locked version. */
+  shadowed: v.optional(v.array(v.strictObject({ name: str, worker: str, locked: str }))),
 });
 
 /** The inputs a key covers, for people (env prepare --dry-run, env show). */
@@ -146,6 +148,7 @@ export const EnvShowDocument = v.strictObject({
   inputs: v.nullable(InputsReport),
   installed: strList,
   check: strList,
+  shadowed: v.optional(v.array(v.strictObject({ name: str, worker: str, locked: str }))),
   last_used: str,
 });
 

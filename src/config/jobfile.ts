@@ -20,6 +20,10 @@ const Environment = v.strictObject({
   extra_index_urls: v.optional(v.array(NonEmpty)),
   find_links: v.optional(v.array(NonEmpty)),
   image: v.optional(NonEmpty),
+  /** A uv project's folder (pyproject.toml + uv.lock), relative to the workdir: the lock is the environment. */
+  project: v.optional(NonEmpty),
+  groups: v.optional(v.array(NonEmpty)),
+  extras: v.optional(v.array(NonEmpty)),
   prepare_timeout: v.optional(v.pipe(v.union([v.string(), v.number()], "must be a duration such as 30m or a number of seconds"), v.check((d) => typeof positiveDuration.parse(d) === "number", "must be a duration of more than 0, such as 90s, 30m or 2h"))),
 });
 

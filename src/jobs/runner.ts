@@ -167,7 +167,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     const spec = job.spec;
     const prepared = host.env;
     store.update(job.id, { envKey: prepared.key });
-    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath, ...(prepared.fetched ? { fetched: { bytes: prepared.fetched.bytes, seconds: prepared.fetched.seconds, built_by: prepared.fetched.builtBy } } : {}) });
+    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath, ...(prepared.shadowed ? { shadowed: prepared.shadowed } : {}), ...(prepared.fetched ? { fetched: { bytes: prepared.fetched.bytes, seconds: prepared.fetched.seconds, built_by: prepared.fetched.builtBy } } : {}) });
     io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
     const env: Record<string, string> = { ...host.inherited, ...spec.env, ...host.vars, GPULAYER_JOB_ID: job.id };
     let jobLease: Lease | undefined;

@@ -70,6 +70,12 @@ function environmentFromFile(fe: EnvironmentFile, workdir: string, where: string
   if (fe.extra_index_urls !== undefined) out.extraIndexUrls = byFile.extraIndexUrls;
   if (fe.find_links !== undefined) out.findLinks = byFile.findLinks;
   if (fe.image !== undefined) out.image = fe.image;
+  if (fe.project !== undefined) {
+    const path = resolve(workdir, fe.project);
+    const rel = relative(workdir, path);
+    if (rel.startsWith("..") || isAbsolute(rel)) throw new UsageError(`${where}.project: must be a path inside workdir: ${fe.project}`);
+    Object.assign(out, { project: path, groups: fe.groups ?? [], extras: fe.extras ?? [] });
+  } else if (fe.groups !== undefined || fe.extras !== undefined) throw new UsageError(`${where}: ${fe.groups !== undefined ? "groups" : "extras"} select from a uv project's lock: give project with it`);
   if (fe.prepare_timeout !== undefined) out.prepareTimeoutMs = positiveDuration.parse(fe.prepare_timeout) as number;
   if (typeof fe.requirements === "string") {
     const path = resolve(workdir, fe.requirements);
@@ -133,6 +139,9 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
     image: flags.image ?? byFile.image,
     prepareTimeoutMs: flags.prepareTimeoutMs ?? byFile.prepareTimeoutMs,
   };
+  // A project (flag, else file) is the whole environment: requirements from either side are refused with it when the env is prepared.
+  const project = flags.project !== undefined ? { project: resolve(cwd, flags.project), groups: flags.groups ?? [], extras: flags.extras ?? [] } : byFile.project !== undefined && !(byFlags.requirementsFile || flags.specs.length) ? { project: byFile.project, groups: byFile.groups ?? [], extras: byFile.extras ?? [] } : null;
+  if (project) Object.assign(environment, project);
   if (byFlags.requirementsFile || flags.specs.length) {
     if (byFlags.requirementsFile) {
       requirementsFileOrRefusal(byFlags.requirementsFile, "-r", flags.requirementsFile!);

@@ -2,7 +2,7 @@ import type { ParsedArgs } from "citty";
 import type { PrepareRequest, PrepareResult } from "../../env/index-light.ts";
 import { type EnvironmentRequest, hostRequest } from "../../env/index-light.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
-import { repeated } from "../_args.ts";
+import { projectFlags, repeated } from "../_args.ts";
 import { type CommandContext, envSettings } from "../_context.ts";
 import type { EnvPrepareDoc } from "../_json.ts";
 import type { prepareArgs } from "./_prepare-args.ts";
@@ -10,8 +10,9 @@ import type { prepareArgs } from "./_prepare-args.ts";
 /** What `env prepare`'s flags ask of the environment (the image aside). */
 export function askedByFlags(a: ParsedArgs<typeof prepareArgs>, rawArgs: string[]): EnvironmentRequest {
   // --python without --conda is the default Python (the settings' python, named by the flag): not the request's own.
-  return { requirementsFile: a.requirements, specs: repeated(rawArgs, ["-p", "--package"]), conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]) };
+  return { requirementsFile: a.requirements, specs: repeated(rawArgs, ["-p", "--package"]), conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), ...projectFlags(a.project, rawArgs) };
 }
+
 
 /** A local `env prepare`'s host request, by the one assembly every prepare makes (hostRequest): its warm lane's look and --dry-run's. */
 export function localPrepareRequest(a: ParsedArgs<typeof prepareArgs>, rawArgs: string[], ctx: CommandContext): PrepareRequest {
@@ -23,6 +24,6 @@ export function reportPrepared(out: Output, result: PrepareResult): void {
   for (const finding of result.check) out.log.warn(`pip check: ${finding}`);
   const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${formatBytes(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
   out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);
-  const doc: EnvPrepareDoc = { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath };
+  const doc: EnvPrepareDoc = { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath, ...(result.shadowed ? { shadowed: result.shadowed } : {}) };
   out.result(doc, () => result.path, true);
 }

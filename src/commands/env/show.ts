@@ -42,6 +42,7 @@ export default defineCommand({
       inputs: meta.inputs ?? null,
       installed: meta.installed,
       check: meta.check,
+      ...(meta.shadowed ? { shadowed: meta.shadowed } : {}),
       last_used: lastUsed,
     };
     out.result(doc, () => [
@@ -52,6 +53,7 @@ export default defineCommand({
       `last used    ${lastUsed}`,
       `size         ${formatBytes(meta.sizeBytes)}`,
       `installed    ${meta.installed.join(", ") || "(nothing: the worker's packages satisfy it)"}`,
+      ...(meta.shadowed?.length ? [`shadows      ${meta.shadowed.map((s) => `${s.name} ${s.worker} (the worker's) by ${s.locked} (the lock's)`).join(", ")}`] : []),
       ...(meta.check.length ? [`pip check    ${meta.check.join("; ")}`] : []),
     ]);
   },

@@ -11,7 +11,7 @@ import { JobStore } from "../../jobs/store.ts";
 import { jobStatus } from "../../jobs/status.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, rejectUnknownFlags, repeated, placeArgs } from "../_args.ts";
+import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, projectFlags, rejectUnknownFlags, repeated, placeArgs } from "../_args.ts";
 import { imageHooks } from "../_image-ui.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
 import type { JobDryRunDoc, JobStateDoc, JobStatusDoc } from "../_json.ts";
@@ -77,6 +77,7 @@ export default defineCommand({
         indexUrl: a["index-url"],
         extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]),
         findLinks: repeated(rawArgs, ["--find-links"]),
+        ...projectFlags(a.project, rawArgs),
         command,
         name: a.name,
         gpus: a.gpus === undefined ? undefined : parseGpus(a.gpus),

@@ -3,6 +3,7 @@ import type { KeepGroup } from "./run-tool.ts";
 import type { FlagOptions } from "../request/key.ts";
 import type { RequestInputs } from "../request/requirements.ts";
 import type { BuildAs } from "./build-user.ts";
+import type { LockedProject } from "../request/locked-project.ts";
 
 /**
  * What a build is given. A module of its own: build.ts and the two installer
@@ -35,6 +36,8 @@ export interface BuildPlan {
   tmpDir?: string;
   /** worker.run_as: the installers, the compile and the checks run as this user (build-user.ts); the tree is handed over and taken back. */
   user?: BuildAs;
+  /** A uv project: `uv sync` of its lock installs the env (locked-project.ts), not the requirements. */
+  project?: LockedProject;
 }
 
 /** --find-links flags as the installer takes them: local folders by path, URLs as given. */

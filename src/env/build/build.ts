@@ -21,6 +21,8 @@ import { findUv } from "./uv-tool.ts";
 import { uvCacheOverride } from "./uv-cache.ts";
 import { keepVenvTemplate, venvFromTemplate } from "./venv-template.ts";
 import { writeFileNamed } from "../../core/atomic.ts";
+import { checkLock, dropMislockedStandins, lockedVersions, projectUvEnv, shadowedBy, syncProject } from "./locked-project.ts";
+import type { Shadowed } from "../request/locked-project.ts";
 
 export type { BuildHooks, BuildStep } from "./run-tool.ts";
 export { installerMessage } from "./run-tool.ts";
@@ -46,6 +48,8 @@ export interface BuildOutcome {
   installed: string[];
   check: string[];
   steps: { step: BuildStep; seconds: number }[];
+  /** A uv project's env: the worker packages it holds the locked version of, over the worker's. */
+  shadowed?: Shadowed[];
 }
 
 export function envSitePackages(dir: string, info: InterpreterInfo): string {
@@ -83,7 +87,9 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
   const { path: uv, reason: noUv } = await findUv(plan, installerEnv(plan));
   if (plan.venvCreator === "uv" && !uv) throw new UsageError("GPULAYER_VENV_CREATOR=uv but uv is not on PATH");
   if (!(plan.venvCreator !== "venv" && uv) && !plan.interpreter.hasVenvModule) throw new UsageError(`--python: ${plan.interpreter.path} has no venv module (on Debian: apt-get install python3-venv), and uv is not on PATH`);
-  const refusal = setting === "pip" ? null : (noUv ?? requestRefusal(plan, uv));
+  // A uv project is uv's alone to install (its lock is uv's format): no pip to fall back to.
+  if (plan.project && (setting === "pip" || !uv)) throw new UsageError(`a uv project (--project ${plan.project.dir}) is installed by uv, ${setting === "pip" ? "but GPULAYER_INSTALLER=pip" : `and ${noUv ?? "uv is not available"}`}`);
+  const refusal = plan.project ? null : setting === "pip" ? null : (noUv ?? requestRefusal(plan, uv));
   if (setting === "uv" && refusal) throw new UsageError(`GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${refusal}`);
 
   // The indexes are looked at while the build runs (index-watch.ts): one that does not answer stops it, and is named.
@@ -98,6 +104,7 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
       return await attempt(watched, hooks, steps, uv, null, indexes);
     } catch (error) {
       if (!(error instanceof UvFailed)) throw error;
+      if (plan.project) throw error.failure;
       // A full disk is as full for pip: said at once, not after a second build.
       if (setting === "uv" || saysNoSpace([error.failure.message, error.failure.detail])) throw error.failure;
       // What uv tried is gone; pip builds the env from the start, and says why.
@@ -143,6 +150,9 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const userEnv = user ? { ...env, ...buildUserEnv(user) } : env;
   let venvCreator: "uv" | "venv" = venvUv ? "uv" : "venv";
   const fastEnv = uv ? uvEnv(plan, userEnv) : null;
+  const project = plan.project && uv ? { ...plan.project, run: { uv, env: projectUvEnv(userEnv, plan.dir, join(plan.dir, ".gpulayer-no-config")), cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: user } } : null;
+  // A stale lock is refused before anything is built, in uv's own judgement.
+  if (project) await timed("checking", `${project.dir}/uv.lock is up to date (uv lock --check)`, () => checkLock(project, info.executable, { ...project.run, env: projectUvEnv(env, plan.dir, join(plan.dir, ".gpulayer-no-config")) }));
 
   // What pip in the env would find of the worker, and what the machine's pip configuration says: asked while the venv is made.
   // uv's venv for this interpreter, kept from an earlier build, is written out again (venv-template.ts): no process.
@@ -172,9 +182,10 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   if (machine && "fatal" in machine) throw new UsageError(machine.fatal);
   if (uv && machine && "refusal" in machine) fallback = machine.refusal;
   const translation = machine && "translation" in machine ? machine.translation : null;
-  const refusal = dists ? workerRefusal(plan.inputs.requirements, dists) : null;
+  const refusal = dists && !project ? workerRefusal(plan.inputs.requirements, dists) : null;
   if (refusal) fallback = refusal;
   const fast = Boolean(uv && dists && !refusal && !(machine && "refusal" in machine));
+  if (project && !fast) throw new UsageError(`a uv project (--project ${project.dir}) is installed by uv with the worker's packages shown to it, which cannot be done here: ${fallback}`);
   if (plan.installer === "uv" && !fast) throw new UsageError(`GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${fallback}`);
 
   const site = envSitePackages(plan.dir, info);
@@ -193,7 +204,10 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const { requirements } = plan.inputs;
   const version = fast ? await uvVersion(uv!, plan.dir) : "";
   // What the installer reads, written while the env is the worker's alone; then env and TMPDIR are the user's (build-user.ts).
-  const files = requirements.length ? requestFiles(plan.dir, plan.inputs, fast) : null;
+  const files = requirements.length && !project ? requestFiles(plan.dir, plan.inputs, fast) : null;
+  // The worker's packages the lock pins at another version: their stand-ins out, uv installs the locked ones.
+  const mislocked = project && fast ? dropMislockedStandins(site, dists!, lockedVersions(project.dir)) : new Map<string, string>();
+  let shadowed: Shadowed[] | undefined;
   if (user) {
     giveTree(plan.dir, user.uid, user.gid);
     // The folder only: what root's processes left in it stays theirs (a second attempt finds it the user's already).
@@ -222,8 +236,10 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     let compiled: Promise<unknown> | null = null;
     let compiler: Compiler | null = null;
     try {
-      if (requirements.length) {
-        const installing = timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, userEnv, translation), hooks, translation, request));
+      if (requirements.length || project) {
+        const installing = project
+          ? timed("installing", `the lock of ${project.dir} with uv sync --frozen`, () => syncProject(project, envPython, project.run))
+          : timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, userEnv, translation), hooks, translation, request));
         // The compiler's interpreters start while uv installs (bytecode.ts); uv first, it is the longer road.
         compiler = startCompiler(envPython, compileOptions);
         await installing;
@@ -232,7 +248,8 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
         compiled.catch(() => undefined); // told below, after the placeholders are back
       }
       after = afterInstall(site, standins);
-      const pre = plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site, after.kept);
+      if (project) shadowed = shadowedBy(dists!, mislocked, after.replaced, after.added);
+      const pre = project || plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site, after.kept);
       if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
       const held = plan.inputs.optionsSeen.has("--no-deps") ? null : baseCheckHolds(base, after, standins);
       if (held) check = held; // the worker's findings hold for this env (standins.ts)
@@ -269,7 +286,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   // A `${VAR}` value the installer wrote into a direct_url.json goes back to its name before the env is ready (or shipped); after the take-back, so no link the build left is followed.
   unexpandDirectUrls(site, plan.inputs.requirements);
   files?.done();
-  return { venvCreator, installer, installerPath: fast ? FAST_PATH : "pip", fallback: fast ? null : fallback, installed: installedSet([site]), check, steps };
+  return { venvCreator, installer, installerPath: fast ? FAST_PATH : "pip", fallback: fast ? null : fallback, installed: installedSet([site]), check, steps, ...(shadowed ? { shadowed } : {}) };
 }
 
 /**

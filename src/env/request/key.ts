@@ -3,6 +3,7 @@ import { hideCredentials } from "./url-credentials.ts";
 import type { InterpreterInfo } from "./interpreter.ts";
 import type { CondaEnv } from "./conda.ts";
 import { type RequestInputs, variableDigests } from "./requirements.ts";
+import type { LockedProject, LockedProjectKey } from "./locked-project.ts";
 
 /** Bumped whenever the key document or the build changes meaning; old entries are then never reused. */
 export const KEY_SCHEMA = 3;
@@ -24,6 +25,8 @@ export interface KeyInput {
   installerConfig: string | null;
   /** The conda environment the interpreter is from: its prefix and what conda installed in it (conda-meta). */
   conda?: { prefix: string; meta: string };
+  /** A uv project: its lock, pyproject.toml and selection (its local projects are in inputs.locals). */
+  project?: LockedProjectKey;
 }
 
 /**
@@ -60,6 +63,7 @@ export function keyDocument(input: KeyInput) {
     base: input.base,
     // Only when there is one: the keys of every other request stay what they were.
     ...(input.conda ? { conda: input.conda } : {}),
+    ...(input.project ? { project: input.project } : {}),
   };
 }
 
@@ -78,6 +82,8 @@ export interface ResolvedRequest {
   isolated: boolean;
   /** The conda environment the base interpreter is from, when the request named one. */
   conda: CondaEnv | null;
+  /** The uv project the env is synced from, when the request names one. */
+  project?: LockedProject;
   /** What of the machine's pip configuration counts (variable names, files, the files they name); null when shut out. */
   machineConfig: string[] | null;
   /** Local find-links folders the machine's pip configuration names, by content (in the key through its digest). */

@@ -10,6 +10,7 @@ import { baseFingerprint, runningInterpreter } from "./interpreter.ts";
 import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedRequest } from "./key.ts";
 import type { Lease } from "../../core/lease.ts";
 import { confineTo, scanRequest } from "./requirements.ts";
+import { lockedProjectInputs } from "./locked-project.ts";
 import type { InstallerSetting } from "../build/build-plan.ts";
 import type { BuildUser } from "../build/build-user.ts";
 import type { EnvironmentRequest } from "./request-schema.ts";
@@ -64,6 +65,8 @@ export interface PrepareResult {
   fetched?: FetchedEnv;
   build?: BuildOutcome & { sizeBytes: number };
   check: string[];
+  /** A uv project's env: the worker packages the lock brings its own version of (name, the worker's, the locked). */
+  shadowed?: { name: string; worker: string; locked: string }[];
   /** Which installer built the env (`uv (fast path)` or `pip`); null for an env built before this was recorded. */
   installerPath: string | null;
   /** Why the fast path was not taken for it, when it was not. */
@@ -101,7 +104,10 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
   const conda = req.conda === undefined ? null : findCondaEnv(req.conda, { env: req.env, home: userHome(req.env), cwd: req.cwd });
   const { info: interpreter, resolved } = namedBy(req, () => runningInterpreter(conda?.python ?? req.python, req.env, req.cwd, layout.interpreters));
   const ctx = { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo, onHashing: hooks.onHashing };
-  const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
+  if (req.project !== undefined && (req.requirementsFile !== undefined || req.specs.length)) throw new UsageError(`--project ${req.project}: the lock is the whole environment; give no requirements with it`);
+  const project = req.project === undefined ? undefined : { dir: req.project, groups: req.groups ?? [], extras: req.extras ?? [] };
+  const locked = project ? lockedProjectInputs(project, ctx) : null;
+  const inputs = locked?.inputs ?? scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
   for (const u of [req.indexUrl, ...req.extraIndexUrls]) {
     if (u && !/^(https?:\/\/[^\s/]|file:\/\/)/i.test(u)) throw new UsageError(`invalid index URL: ${redactUrl(u)} (expected http://, https:// or file://)`);
   }
@@ -119,7 +125,8 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     }
   }
   const fileIndexOptions = ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o));
-  const isolated = Boolean(req.indexUrl || req.extraIndexUrls.length || req.findLinks.length || fileIndexOptions);
+  // A project's indexes are its own (pyproject.toml, uv.lock): the machine's pip configuration is not read.
+  const isolated = Boolean(project || req.indexUrl || req.extraIndexUrls.length || req.findLinks.length || fileIndexOptions);
   const machine = isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests, onHashing: hooks.onHashing });
   const doc = keyDocument({
     inputs,
@@ -128,8 +135,10 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     base: baseFingerprint(interpreter.siteDirs),
     installerConfig: machine?.digest ?? null,
     ...(conda ? { conda: { prefix: conda.prefix, meta: conda.metaDigest } } : {}),
+    ...(locked ? { project: locked.key } : {}),
   });
-  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
+  const summary = project ? `uv project ${project.dir.split("/").pop()} (uv.lock${[...project.groups.map((g) => ` --group ${g}`), ...project.extras.map((e) => ` --extra ${e}`)].join("")})` : requestSummary(inputs);
+  return { key: envKey(doc), doc, summary, inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, ...(project ? { project } : {}), machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
 }
 
 /**
@@ -166,6 +175,7 @@ export function preparedResult(resolved: ResolvedRequest, paths: EntryPaths, sta
     build,
     ...(fetched ? { fetched } : {}),
     check: build?.check ?? meta?.check ?? [],
+    ...((build ? build.shadowed : meta?.shadowed) ? { shadowed: build ? build.shadowed : meta?.shadowed } : {}),
     installerPath: build?.installerPath ?? meta?.installerPath ?? null,
     installerFallback: build ? build.fallback : (meta?.installerFallback ?? null),
     conda: resolved.conda,

@@ -21,6 +21,11 @@ export const WireEnvironmentSchema = v.strictObject({
   extraIndexUrls: StrList,
   findLinks: StrList,
   image: v.optional(Str),
+  /** A uv project's folder (pyproject.toml + uv.lock): the lock is the environment (env/locked-project.ts). */
+  project: v.optional(Str),
+  /** With project: the dependency groups and extras, as `uv sync --group/--extra` takes them. */
+  groups: v.optional(StrList),
+  extras: v.optional(StrList),
   /** environment.prepare_timeout or --prepare-timeout, in ms; else the machine's own prepare_timeout. */
   prepareTimeoutMs: v.optional(v.pipe(v.number(), v.integer(), v.minValue(1))),
 });

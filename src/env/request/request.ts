@@ -40,6 +40,7 @@ export function environmentRequest(asked: EnvironmentRequest, base: string, defa
     extraIndexUrls: asked.extraIndexUrls,
     findLinks: asked.findLinks.map((f) => (isUrl(f) ? f : path(f))),
     ...(asked.image === undefined ? {} : { image: asked.image }),
+    ...(asked.project === undefined ? {} : { project: path(asked.project), groups: asked.groups ?? [], extras: asked.extras ?? [] }),
     ...(asked.prepareTimeoutMs === undefined ? {} : { prepareTimeoutMs: asked.prepareTimeoutMs }),
   };
 }

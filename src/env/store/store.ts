@@ -27,6 +27,8 @@ export interface EnvMeta {
   inputs?: InputsReport;
   installed: string[];
   check: string[];
+  /** A uv project's env: the worker packages it holds the locked version of (env/build/locked-project.ts). */
+  shadowed?: { name: string; worker: string; locked: string }[];
   /** Unpacked from another worker's artifact rather than built here (env/store/shipping.ts). */
   fetched?: { sha256: string; bytes: number; seconds: number; built_by: string };
 }

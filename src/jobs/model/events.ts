@@ -81,6 +81,8 @@ export type PrepareFinished = {
   image_seconds?: number;
   env_status?: string;
   env_seconds?: number;
+  /** A uv project's env: the worker packages the lock brings its own version of. */
+  shadowed?: { name: string; worker: string; locked: string }[];
 };
 
 export type JobEventName = keyof JobEventData;

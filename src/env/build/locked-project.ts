@@ -1,0 +1,99 @@
+import { readFileSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { explain } from "@renovatebot/pep440";
+import { UsageError } from "../../errors.ts";
+import { normalizeName } from "../request/canonical.ts";
+import type { LockedProject, Shadowed } from "../request/locked-project.ts";
+import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
+import { placeholderDir, type WorkerDist } from "./worker-mirror.ts";
+
+/** A uv project's build (the route: request/locked-project.ts): the lock checked, uv sync into the env, what it shadows. */
+
+/** Every package the lock pins: normalised name to its versions (one, unless the lock forks by marker). */
+export function lockedVersions(dir: string): Map<string, string[]> {
+  const doc = Bun.TOML.parse(readFileSync(join(dir, "uv.lock"), "utf8")) as { package?: { name: string; version?: string }[] };
+  const out = new Map<string, string[]>();
+  for (const p of doc.package ?? []) {
+    if (!p.version) continue;
+    const name = normalizeName(p.name);
+    out.set(name, [...(out.get(name) ?? []), p.version]);
+  }
+  return out;
+}
+
+/** Two versions the same, local label included (`2.1.0` is not `2.1.0+cu124`); trailing zeros of the release aside. */
+export function sameVersion(a: string, b: string): boolean {
+  const form = (v: string) => {
+    const e = explain(v);
+    if (!e) return v.trim().toLowerCase();
+    const release = [...e.release];
+    while (release.length > 1 && release.at(-1) === 0) release.pop();
+    return JSON.stringify({ ...e, release, public: undefined, base_version: undefined, is_prerelease: undefined, is_devrelease: undefined, is_postrelease: undefined });
+  };
+  return form(a) === form(b);
+}
+
+/**
+ * Take out of site-packages the stand-ins of worker packages the lock pins at another version, so that uv
+ * installs the locked one (uv would keep `2.1.0+cu124` for a lock's `2.1.0`). Returns them by name, with the locked version.
+ */
+export function dropMislockedStandins(site: string, dists: WorkerDist[], locked: Map<string, string[]>): Map<string, string> {
+  const taken = new Map<string, string>();
+  for (const d of dists) {
+    const versions = locked.get(normalizeName(d.name));
+    if (!versions || versions.some((v) => sameVersion(v, d.version))) continue;
+    rmSync(join(site, placeholderDir(d)), { recursive: true, force: true });
+    taken.set(normalizeName(d.name), versions.join(" | "));
+  }
+  return taken;
+}
+
+/** The worker packages the env now holds its own version of: taken out, and installed by uv. */
+export function shadowedBy(dists: WorkerDist[], taken: Map<string, string>, replaced: WorkerDist[], added: string[]): Shadowed[] {
+  const installed = new Set(added);
+  const gone = new Set(replaced.map((d) => normalizeName(d.name)));
+  return dists
+    .filter((d) => gone.has(normalizeName(d.name)) && installed.has(normalizeName(d.name)))
+    .map((d) => ({ name: normalizeName(d.name), worker: d.version, locked: taken.get(normalizeName(d.name)) ?? "?" }))
+    .sort((a, b) => (a.name < b.name ? -1 : 1));
+}
+
+export interface UvRun {
+  uv: string;
+  env: Record<string, string>;
+  cwd: string;
+  hooks: BuildHooks;
+  signal?: AbortSignal;
+  keep?: import("./run-tool.ts").KeepGroup;
+  as?: import("./build-user.ts").BuildAs;
+}
+
+/**
+ * uv's environment for a project: its settings only from the project (its pyproject.toml's [tool.uv], in the key),
+ * never the machine's UV_ variables or the user's uv.toml. Not --no-config: that would drop the project's own
+ * [[tool.uv.index]] too, and `uv lock --check` would judge the lock against PyPI.
+ */
+export function projectUvEnv(base: Record<string, string>, envDir: string, noConfigDir: string): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const [k, v] of Object.entries(base)) if (!k.startsWith("UV_")) env[k] = v;
+  // UV_CACHE_DIR is gpulayer's own choice (uv-cache.ts), not the machine's.
+  if (base.UV_CACHE_DIR) env.UV_CACHE_DIR = base.UV_CACHE_DIR;
+  return { ...env, NO_COLOR: "1", UV_NO_PROGRESS: "1", UV_PYTHON_DOWNLOADS: "never", UV_LOCK_TIMEOUT: "86400", UV_PROJECT_ENVIRONMENT: envDir, XDG_CONFIG_HOME: noConfigDir, XDG_CONFIG_DIRS: noConfigDir };
+}
+
+const selection = (p: LockedProject) => [...p.groups.flatMap((g) => ["--group", g]), ...p.extras.flatMap((e) => ["--extra", e])];
+
+/** `uv lock --check`: a lock that pyproject.toml has moved away from is refused in one line, as `uv sync --locked` refuses it. */
+export async function checkLock(project: LockedProject, python: string, run: UvRun): Promise<void> {
+  const { code, lines } = await runTool([run.uv, "lock", "--check", "--project", project.dir, "--python", python], { env: run.env, cwd: run.cwd, hooks: {}, signal: run.signal, keep: run.keep, as: run.as });
+  if (code === 0) return;
+  if (lines.some((l) => /needs to be updated/.test(l))) throw new UsageError(`${project.dir}/uv.lock: the lockfile needs to be updated: run uv lock`);
+  throw installFailure(`checking ${project.dir}/uv.lock with uv lock --check failed`, lines);
+}
+
+/** `uv sync --frozen --inexact` into the env: exactly the lock's selection, the stand-ins kept where they are the locked version. */
+export async function syncProject(project: LockedProject, envPython: string, run: UvRun): Promise<void> {
+  const argv = [run.uv, "sync", "--frozen", "--inexact", "--project", project.dir, "--python", envPython, ...selection(project)];
+  const { code, lines } = await runTool(argv, { env: run.env, cwd: run.cwd, hooks: run.hooks, signal: run.signal, keep: run.keep, as: run.as });
+  if (code !== 0) throw installFailure("installing the locked project with uv sync failed", lines);
+}

@@ -1,0 +1,85 @@
+import { existsSync, readFileSync, realpathSync, statSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { contentHash } from "../../core/hashing.ts";
+import { UsageError } from "../../errors.ts";
+import { fileDigest } from "./content-digest.ts";
+import { type RequestInputs, type ScanContext, confineTo, scanRequest } from "./requirements.ts";
+import { treeDigest } from "./tree-digest.ts";
+
+/**
+ * A uv project (pyproject.toml + uv.lock) as a request's environment: what
+ * the key holds of it (here, read on the warm path: no process, no TOML
+ * parser); its build is build/locked-project.ts.
+ *
+ * The route: `uv sync --frozen --inexact` into gpulayer's own venv
+ * (UV_PROJECT_ENVIRONMENT), while the worker's stand-ins are in its
+ * site-packages as on the fast path (standins.ts). Not `uv export` into a
+ * requirements file: sync is what the issue promises by definition (the
+ * project installed as uv installs it, editable or not, the lock's hashes and
+ * sources, groups and extras as uv reads them), where an export would have
+ * gpulayer re-read uv's rules. --inexact keeps the stand-ins and the .pth
+ * that links the worker. A stand-in is kept only when it is exactly the
+ * locked version: uv's `==` ignores a local label (`2.1.0` holds for
+ * `2.1.0+cu124`), so a stand-in of another version is taken out first, and
+ * uv installs the locked one over the worker's (shadowed, and reported).
+ */
+
+export interface LockedProject {
+  /** The project's folder (absolute): pyproject.toml and uv.lock are in it. */
+  dir: string;
+  groups: string[];
+  extras: string[];
+}
+
+/** What the key holds of a project besides its local projects (which are scanned as any local project is). */
+export interface LockedProjectKey {
+  lock: string;
+  pyproject: string;
+  groups: string[];
+  extras: string[];
+}
+
+/** A worker package the lock brings its own version of. */
+export interface Shadowed {
+  name: string;
+  worker: string;
+  locked: string;
+}
+
+// The lock's local sources (the project itself among them): `source = { editable = "." }`; read by pattern, not parsed, on the warm path.
+const LOCAL_SOURCE = /^source = \{ (editable|directory|path) = "((?:[^"\\]|\\.)*)"/gm;
+
+/**
+ * The key's part of a project and the inputs its local projects make (their files, counted as today's local
+ * projects are: an editable one by its place too). No process is started: a warm prepare stays a hash.
+ */
+export function lockedProjectInputs(project: LockedProject, ctx: ScanContext): { key: LockedProjectKey; inputs: RequestInputs } {
+  const { dir } = project;
+  if (ctx.confine) confineTo(ctx.confine, dir, "--project", "the project");
+  const pyprojectPath = join(dir, "pyproject.toml");
+  const lockPath = join(dir, "uv.lock");
+  if (!statSync(dir, { throwIfNoEntry: false })?.isDirectory()) throw new UsageError(`--project ${dir}: no such folder`);
+  if (!existsSync(pyprojectPath)) throw new UsageError(`--project ${dir}: no pyproject.toml in it`);
+  if (!existsSync(lockPath)) throw new UsageError(`--project ${dir}: no uv.lock in it (run uv lock)`);
+  const lock = readFileSync(lockPath, "utf8");
+  const inputs = scanRequest({ specs: [] }, ctx);
+  // The local projects as a requirements list's are counted (requirements.ts): an editable one by its files and place, another by its files, a file by its bytes.
+  const seen = new Set<string>();
+  for (const m of lock.matchAll(LOCAL_SOURCE)) {
+    const path = resolve(dir, JSON.parse(`"${m[2]}"`) as string);
+    if (seen.has(path)) continue;
+    seen.add(path);
+    if (ctx.confine) confineTo(ctx.confine, path, "uv.lock", "the local project");
+    const origin = `${lockPath}: ${m[1]} = ${m[2]}`;
+    const st = statSync(path, { throwIfNoEntry: false });
+    if (!st) throw new UsageError(`${origin}: not found (looked for ${path})`);
+    if (st.isDirectory()) {
+      const editable = m[1] === "editable";
+      const tree = treeDigest(realpathSync(path), { editable, cacheDir: ctx.digestCache, onHashing: ctx.onHashing });
+      inputs.locals.push({ kind: editable ? "editable" : "project", path, digest: tree.digest, origin, files: tree.files });
+    } else inputs.locals.push({ kind: "archive", path, digest: fileDigest(path, ctx.digestCache, ctx.onHashing), origin });
+  }
+  const key = { lock: contentHash(lock), pyproject: contentHash(readFileSync(pyprojectPath)), groups: [...project.groups].sort(), extras: [...project.extras].sort() };
+  return { key, inputs };
+}
+

@@ -1,0 +1,166 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { appendFileSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { installedSet } from "../src/env/request/interpreter.ts";
+import { makeDist, PackageIndex } from "./fixtures/index.ts";
+import { cli, HAS_UV, makeWorkerVenv, readyKeys, run, sandbox, tempDir } from "./helpers.ts";
+
+/**
+ * A uv project (pyproject.toml + uv.lock, made by a real `uv lock` against a
+ * local index) as a job's environment: what gpulayer's env holds, with the
+ * worker's packages it reuses, is what `uv sync --frozen` installs in a fresh
+ * venv of the same interpreter; the lock is the key; a stale lock is refused.
+ */
+
+setDefaultTimeout(180_000);
+
+const world = tempDir("gpl-lock-");
+const index = new PackageIndex(join(world, "index"));
+const s = sandbox();
+let worker: string; // python of a worker venv with a 1.0 (as locked), d 2.0 and torchy 2.1.0+cu1 (the lock pins d 1.0, torchy 2.1.0)
+let project: string;
+
+const site = (venv: string) => join(venv, "lib", "python3.11", "site-packages");
+const uv = (args: string[], cwd: string, env: Record<string, string> = s.env) => run(["uv", ...args], { cwd, env });
+
+/** A folder uv takes as a project: make_dist's in-tree backend, with the [project] table uv reads. */
+function uvProject(dir: string, name: string, table: string, requires: string[] = []): string {
+  const path = makeDist("project", dir, { name, version: "0.1", requires });
+  appendFileSync(join(path, "pyproject.toml"), `\n[project]\nname = "${name}"\nversion = "0.1"\nrequires-python = ">=3.8"\n${table}`);
+  return path;
+}
+
+async function lock(dir: string): Promise<void> {
+  const r = await uv(["lock"], dir);
+  if (r.code !== 0) throw new Error(r.stderr);
+}
+
+/** `name==version` of every distribution a job in the env sees: the env's own, and the worker's it does not shadow. */
+function seenByJob(envDir: string): string[] {
+  const own = installedSet([site(envDir)]);
+  const names = new Set(own.map((d) => d.split("==")[0]));
+  return [...own, ...installedSet([site(join(worker, "..", ".."))]).filter((d) => !names.has(d.split("==")[0]))].sort();
+}
+
+/** What `uv sync --frozen` installs for the selection in a fresh venv of the worker's interpreter. */
+async function freshSync(selection: string[]): Promise<string[]> {
+  const venv = join(tempDir("gpl-lock-fresh-"), "venv");
+  expect((await uv(["venv", "--no-config", "--quiet", "--python", "python3", venv], world)).code).toBe(0);
+  const r = await uv(["sync", "--frozen", "--project", project, ...selection], world, { ...s.env, UV_PROJECT_ENVIRONMENT: venv });
+  if (r.code !== 0) throw new Error(r.stderr);
+  return installedSet([site(venv)]);
+}
+
+async function prepare(args: string[]) {
+  const r = await cli(["env", "prepare", "--python", worker, "--project", project, "--json", ...args], { env: s.env, cwd: world });
+  if (r.code !== 0) throw new Error(`env prepare exited ${r.code}: ${r.stderr}`);
+  return JSON.parse(r.stdout) as { key: string; path: string; status: string; shadowed?: { name: string; worker: string; locked: string }[] };
+}
+
+beforeAll(async () => {
+  index.start();
+  for (const [name, version] of [["a", "1.0"], ["a", "2.0"], ["b", "1.0"], ["c", "1.0"], ["d", "1.0"], ["d", "2.0"], ["torchy", "2.1.0"]] as const) index.wheel({ name, version });
+  // The worker's torchy is a local build (as a CUDA wheel is): not on the index, so the lock pins the plain 2.1.0.
+  const own = join(world, "worker-wheels");
+  for (const [name, version] of [["a", "1.0"], ["d", "2.0"], ["torchy", "2.1.0+cu1"]] as const) makeDist("wheel", own, { name, version });
+  worker = await makeWorkerVenv(join(world, "worker"), { env: s.env, packages: ["a==1.0", "d==2.0", "torchy==2.1.0+cu1"], findLinks: own });
+  // A local project dependency, and the project itself (editable, as uv installs it).
+  uvProject(join(world, "libs"), "libproj", "dependencies = []\n");
+  const deps = ["a==1.0", "d==1.0", "torchy==2.1.0", "libproj"];
+  project = uvProject(
+    join(world, "app"),
+    "app",
+    [
+      `dependencies = ${JSON.stringify(deps)}`,
+      `[project.optional-dependencies]\nfancy = ["b"]`,
+      `[dependency-groups]\ntools = ["c"]`,
+      `[tool.uv.sources]\nlibproj = { path = "../../libs/libproj" }`,
+      `[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true`,
+      "",
+    ].join("\n"),
+    deps,
+  );
+  await lock(project);
+});
+
+afterAll(() => {
+  index.stop();
+  s.cleanup();
+});
+
+describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
+  test("the env plus the worker's reused packages is what uv sync --frozen installs, for each selection", async () => {
+    for (const selection of [[], ["--group", "tools", "--extra", "fancy"]]) {
+      const got = await prepare(selection);
+      expect(got.status).toBe("built");
+      expect(seenByJob(got.path)).toEqual(await freshSync(selection));
+    }
+  });
+
+  test("a worker package is reused only at exactly the locked version; the others are shadowed and reported", async () => {
+    const got = await prepare([]);
+    const own = installedSet([site(got.path)]);
+    expect(own).not.toContain("a==1.0"); // the worker's, reused
+    expect(own).toContain("d==1.0");
+    expect(own).toContain("torchy==2.1.0"); // a local label is another version
+    expect(got.shadowed).toEqual([
+      { name: "d", worker: "2.0", locked: "1.0" },
+      { name: "torchy", worker: "2.1.0+cu1", locked: "2.1.0" },
+    ]);
+    const shown = await cli(["env", "show", got.key, "--json"], { env: s.env, cwd: world });
+    expect(JSON.parse(shown.stdout).shadowed).toEqual(got.shadowed);
+    const reused = await prepare([]);
+    expect(reused.status).toBe("reused");
+    expect(reused.shadowed).toEqual(got.shadowed);
+    const imported = await run([join(got.path, "bin", "python"), "-c", "import d, torchy, a, app, libproj; print(d.__file__.startswith(r'" + got.path + "'), a.__file__.startswith(r'" + got.path + "'))"], { env: s.env });
+    expect(imported.stdout.trim()).toBe("True False");
+  });
+
+  test("an unchanged lock reuses the env; a changed lock builds another", async () => {
+    const first = await prepare([]);
+    const again = await prepare([]);
+    expect(again.status).toBe("reused");
+    expect(again.key).toBe(first.key);
+    const py = join(project, "pyproject.toml");
+    const before = readFileSync(py, "utf8");
+    try {
+      writeFileSync(py, before.replace('"a==1.0"', '"a==2.0"'));
+      await lock(project);
+      const changed = await prepare([]);
+      expect(changed.status).toBe("built");
+      expect(changed.key).not.toBe(first.key);
+      expect(installedSet([site(changed.path)])).toContain("a==2.0");
+    } finally {
+      writeFileSync(py, before);
+      await lock(project);
+    }
+  });
+
+  test("a job file's environment.project, with its groups and extras, runs the job in the locked env", async () => {
+    const jobDir = join(project, "..");
+    writeFileSync(join(jobDir, "job.yaml"), ["name: locked", "command: python -c 'import app, b, c, d; print(d.__file__)'", "environment:", "  project: app", "  groups: [tools]", "  extras: [fancy]", ""].join("\n"));
+    const r = await cli(["job", "run", "--python", worker, "-f", "job.yaml"], { env: s.env, cwd: jobDir });
+    expect(r.stderr).not.toContain("error");
+    expect(r.code).toBe(0);
+    const got = await prepare(["--group", "tools", "--extra", "fancy"]);
+    expect(got.status).toBe("reused");
+    expect(r.stdout.trim()).toStartWith(got.path);
+  });
+
+  test("a stale lock is refused in one line, before anything is built", async () => {
+    const py = join(project, "pyproject.toml");
+    const before = readFileSync(py, "utf8");
+    const keys = readyKeys(s.home).length;
+    try {
+      writeFileSync(py, before.replace('"a==1.0"', '"a==1.0", "c"'));
+      const r = await cli(["env", "prepare", "--python", worker, "--project", project], { env: s.env, cwd: world });
+      expect(r.code).not.toBe(0);
+      expect(r.stderr).toContain("uv.lock: the lockfile needs to be updated: run uv lock");
+      expect(r.stderr.trim().split("\n").filter((l) => /error/i.test(l))).toHaveLength(1);
+      expect(r.stderr).not.toContain("creating");
+      expect(readyKeys(s.home)).toHaveLength(keys);
+    } finally {
+      writeFileSync(py, before);
+    }
+  });
+});
