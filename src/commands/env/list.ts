@@ -1,10 +1,9 @@
 import { existsSync } from "node:fs";
 import { defineCommand } from "citty";
-import { commandContext } from "../_context.ts";
+import { placeContext } from "../_place.ts";
 import { listEnvs } from "../../env/index-light.ts";
-import { formatBytes, formatAgo, Output, shortKey, table } from "../../ui/output.ts";
-import { outputArgs, placeArgs, rejectUnknownFlags } from "../_args.ts";
-import { remoteTarget } from "../../cluster/client.ts";
+import { formatBytes, formatAgo, shortKey, table } from "../../ui/output.ts";
+import { outputArgs, placeArgs } from "../_args.ts";
 import type { EnvEntry } from "../../env/index-light.ts";
 import type { ImageEntry } from "../../docker/inventory.ts";
 import type { EnvListEnvDoc, EnvListImageDoc } from "../_json.ts";
@@ -42,10 +41,7 @@ export default defineCommand({
   meta: { name: "list", description: "List cached environments and the images gpulayer recorded, most recently used first; with a server configured, each worker's envs and the server's artifacts (--local: this machine's)" },
   args,
   async run({ args: a, rawArgs }) {
-    rejectUnknownFlags(rawArgs, args);
-    const out = new Output(a);
-    const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
-    const remote = remoteTarget(ctx.settings, [], { local: a.local });
+    const { out, ctx, remote } = await placeContext(a, rawArgs, args);
     if (remote) return (await import("../_remote/fleet-envs.ts")).fleetEnvList(remote, out);
     const { layout } = ctx;
     const envs = await listEnvs(layout);

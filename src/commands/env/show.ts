@@ -1,12 +1,11 @@
 import { defineCommand } from "citty";
-import { commandContext } from "../_context.ts";
+import { placeContext } from "../_place.ts";
 import { UserError } from "../../errors.ts";
 import { findEnv } from "../../env/index-light.ts";
 import { entryPaths, isReady, lastUsedMs, readMeta } from "../../env/index-light.ts";
-import { formatBytes, formatSeconds, Output } from "../../ui/output.ts";
+import { formatBytes, formatSeconds } from "../../ui/output.ts";
 import { inputsLines } from "../../env/index-light.ts";
-import { outputArgs, placeArgs, rejectUnknownFlags } from "../_args.ts";
-import { remoteTarget } from "../../cluster/client.ts";
+import { outputArgs, placeArgs } from "../_args.ts";
 import type { EnvShowDoc } from "../_json.ts";
 
 const args = { key: { type: "positional", required: true, valueHint: "KEY", description: "Environment key or a unique prefix of it" }, ...placeArgs, ...outputArgs } as const;
@@ -15,10 +14,7 @@ export default defineCommand({
   meta: { name: "show", description: "Show one environment: its request, interpreter, installed packages, size, last use; with a server configured, which workers hold it and its artifact (--local: this machine's)" },
   args,
   async run({ args: a, rawArgs }) {
-    rejectUnknownFlags(rawArgs, args);
-    const out = new Output(a);
-    const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
-    const remote = remoteTarget(ctx.settings, [], { local: a.local });
+    const { out, ctx, remote } = await placeContext(a, rawArgs, args);
     if (remote) return (await import("../_remote/fleet-envs.ts")).fleetEnvShow(remote, a.key, out);
     const { layout } = ctx;
     const key = findEnv(layout, a.key);
