@@ -92,15 +92,15 @@ const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 
   afterAll(async () => {
     if (head) {
-      try {
-        process.kill(-head.pid, "SIGTERM");
-      } catch {}
-      const ended = await Promise.race([head.exited.then(() => true), Bun.sleep(30_000).then(() => false)]);
-      if (!ended) {
+      // Ray's processes share the head's process group; SIGTERM lets them tidy up, then SIGKILL ends any that linger (gcs_server does).
+      const group = (signal: NodeJS.Signals) => {
         try {
-          process.kill(-head.pid, "SIGKILL");
+          process.kill(-head!.pid, signal);
         } catch {}
-      }
+      };
+      group("SIGTERM");
+      await Promise.race([head.exited, Bun.sleep(5_000)]);
+      group("SIGKILL");
     }
     index?.stop();
   }, 60_000);
