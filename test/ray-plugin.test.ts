@@ -38,7 +38,7 @@ const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
   let box: ReturnType<typeof sandbox>;
   let index: PackageIndex;
   let env: Record<string, string>;
-  let head: ReturnType<typeof Bun.spawn> | undefined;
+  let head: { pid: number; exited: Promise<number> } | undefined;
   let address = "";
   let first: { task: [string, string]; actor: [string, string]; six: [string, string][]; bad: string | null };
 
@@ -71,22 +71,23 @@ const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
     const gcs = freePort();
     address = `127.0.0.1:${gcs}`;
     // --block: the cluster lives as long as this process; its group is ended in afterAll.
-    head = Bun.spawn(
+    const proc = Bun.spawn(
       [join(RAY_PYTHON, "..", "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", `--port=${gcs}`, "--num-cpus=1", "--num-gpus=0", "--include-dashboard=false",
         `--dashboard-agent-listen-port=${freePort()}`, `--temp-dir=${join(box.root, "ray")}`, "--disable-usage-stats"],
       { env, stdout: "pipe", stderr: "pipe", detached: true },
     );
+    head = proc;
     let said = "";
-    const reader = head.stdout.getReader();
+    const reader = proc.stdout.getReader();
     while (!said.includes("Ray runtime started")) {
       const { value, done } = await reader.read();
-      if (done) throw new Error(`ray start --head ended: ${said}${await new Response(head.stderr).text()}`);
+      if (done) throw new Error(`ray start --head ended: ${said}${await new Response(proc.stderr).text()}`);
       said += new TextDecoder().decode(value);
     }
     void (async () => {
       while (!(await reader.read()).done); // keep draining: a full pipe would stall Ray's head
     })();
-    void new Response(head.stderr).text();
+    void new Response(proc.stderr).text();
     first = await driver("first");
   }, 240_000);
 
