@@ -13,6 +13,7 @@ import type { EnvSettings } from "../env/index-light.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { LocalGpu } from "../jobs/job-tasks.ts";
 import { asksForGpus } from "../jobs/resources.ts";
+import { allocatedGpus } from "../jobs/allocation.ts";
 
 /**
  * What every command starts from, built once at its top: the settings
@@ -142,7 +143,8 @@ export async function localGpus(ctx: CommandContext, spec: JobSpec): Promise<Loc
   if (!asksForGpus(spec)) return null;
   // Loaded only here: the worker's probe is no part of any other command's start.
   const { probeGpus } = await import("../worker/probe.ts");
-  return (await probeGpus(ctx.childEnv)).map((g) => ({ index: g.index, uuid: g.uuid }));
+  // Inside a Slurm allocation, only the GPUs it gave (jobs/allocation.ts).
+  return allocatedGpus((await probeGpus(ctx.childEnv)).map((g) => ({ index: g.index, uuid: g.uuid })), ctx.childEnv);
 }
 
 /** What the settings say about building an env: every prepare's, `env prepare`'s warm lane's too (nothing here starts a process). */
