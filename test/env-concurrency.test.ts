@@ -199,7 +199,7 @@ describe("locks", () => {
     const contender = join(import.meta.dir, "fixtures", "lock-contender.ts");
     for (let round = 0; round < 12; round++) {
       const path = join(dir, `heirs-${round}`);
-      const procs = Array.from({ length: 6 }, () => Bun.spawn([process.execPath, contender, path, "120"], { stdout: "pipe", stderr: "pipe" }));
+      const procs = Array.from({ length: 6 }, () => Bun.spawn([process.execPath, contender, path, "300"], { stdout: "pipe", stderr: "pipe" }));
       const holding = new Set<number>();
       for (const p of procs) void (async () => {
         for await (const _ of p.stdout) holding.add(p.pid);
@@ -212,11 +212,14 @@ describe("locks", () => {
         victim.kill("SIGKILL");
         await victim.exited;
       }
-      const codes = await Promise.all(procs.map((p) => p.exited));
+      await Promise.all(procs.map((p) => p.exited));
       const stderr = await Promise.all(procs.map((p) => new Response(p.stderr).text()));
       expect(existsSync(`${path}.overlaps`) ? readFileSync(`${path}.overlaps`, "utf8") : "").toBe("");
-      // Every contender but the two killed held the lock once and exited cleanly; nothing of the lock is left.
-      expect(codes.filter((c) => c === 0)).toHaveLength(4);
+      // Every contender held the lock once and exited cleanly, or was killed holding it (a slow machine may let a victim
+      // finish first: the kill then finds it gone); at least one was, so a dead holder's lock was taken over. Nothing of the lock is left.
+      const killed = procs.filter((p) => p.signalCode === "SIGKILL").length;
+      expect(procs.filter((p) => p.exitCode === 0).length + killed).toBe(6);
+      expect(killed).toBeGreaterThanOrEqual(1);
       expect(stderr.join("")).toBe("");
       expect(existsSync(`${path}.lock`)).toBe(false);
     }
