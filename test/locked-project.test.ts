@@ -203,3 +203,13 @@ describe.skipIf(!HAS_UV)("a pylock.toml as the environment", () => {
     }
   });
 });
+
+describe.skipIf(!HAS_UV)("--dry-run of a lock", () => {
+  test("says the lock is the input: the project's uv.lock with its selection, its local projects", async () => {
+    const r = await cli(["env", "prepare", "--python", worker, "--project", project, "--group", "tools", "--dry-run", "--json"], { env: s.env, cwd: world });
+    expect(r.code, r.stderr).toBe(0);
+    const got = JSON.parse(r.stdout) as { inputs: { lock?: { kind: string; path: string; groups: string[] }; locals: { path: string }[] } };
+    expect(got.inputs.lock).toMatchObject({ kind: "uv.lock", path: join(project, "uv.lock"), groups: ["tools"] });
+    expect(got.inputs.locals.map((l) => l.path.split("/").pop()).sort()).toEqual(["app", "libproj"]);
+  });
+});
