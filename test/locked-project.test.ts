@@ -164,3 +164,52 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     }
   });
 });
+
+describe.skipIf(!HAS_UV)("a pylock.toml as the environment", () => {
+  let lockFile: string;
+  beforeAll(async () => {
+    lockFile = join(project, "pylock.toml");
+    const r = await uv(["export", "--format", "pylock.toml", "--frozen", "--group", "tools", "--extra", "fancy", "-o", lockFile], project);
+    if (r.code !== 0) throw new Error(r.stderr);
+  });
+
+  test("env prepare pylock.toml installs exactly the file's packages, the worker's reused only at the locked version", async () => {
+    const r = await cli(["env", "prepare", "pylock.toml", "--python", worker, "--json"], { env: s.env, cwd: project });
+    if (r.code !== 0) throw new Error(`env prepare exited ${r.code}: ${r.stderr}`);
+    const got = JSON.parse(r.stdout) as { key: string; path: string; status: string; summary: string; shadowed?: unknown };
+    expect(got.status).toBe("built");
+    expect(seenByJob(got.path)).toEqual(await freshSync(["--group", "tools", "--extra", "fancy"]));
+    expect(got.shadowed).toEqual([
+      { name: "d", worker: "2.0", locked: "1.0" },
+      { name: "torchy", worker: "2.1.0+cu1", locked: "2.1.0" },
+    ]);
+    const again = await cli(["env", "prepare", "pylock.toml", "--python", worker, "--json"], { env: s.env, cwd: project });
+    expect(JSON.parse(again.stdout)).toMatchObject({ key: got.key, status: "reused" });
+  });
+
+  test("a job file's environment.requirements: pylock.toml runs the job in that env; another content is another key", async () => {
+    writeFileSync(join(project, "job.yaml"), ["name: pylocked", "command: python -c 'import app, b, c, d; print(d.__file__)'", "environment:", "  requirements: pylock.toml", ""].join("\n"));
+    const r = await cli(["job", "run", "--python", worker, "-f", "job.yaml"], { env: s.env, cwd: project });
+    expect(r.code).toBe(0);
+    const first = JSON.parse((await cli(["env", "prepare", "pylock.toml", "--python", worker, "--json"], { env: s.env, cwd: project })).stdout);
+    expect(r.stdout.trim()).toStartWith(first.path);
+    const before = readFileSync(lockFile, "utf8");
+    try {
+      writeFileSync(lockFile, `${before}\n# another content\n`);
+      const other = JSON.parse((await cli(["env", "prepare", "pylock.toml", "--python", worker, "--json"], { env: s.env, cwd: project })).stdout);
+      expect(other.key).not.toBe(first.key);
+    } finally {
+      writeFileSync(lockFile, before);
+    }
+  });
+});
+
+describe.skipIf(!HAS_UV)("--dry-run of a lock", () => {
+  test("says the lock is the input: the project's uv.lock with its selection, its local projects", async () => {
+    const r = await cli(["env", "prepare", "--python", worker, "--project", project, "--group", "tools", "--dry-run", "--json"], { env: s.env, cwd: world });
+    expect(r.code, r.stderr).toBe(0);
+    const got = JSON.parse(r.stdout) as { inputs: { lock?: { kind: string; path: string; groups: string[] }; locals: { path: string }[] } };
+    expect(got.inputs.lock).toMatchObject({ kind: "uv.lock", path: join(project, "uv.lock"), groups: ["tools"] });
+    expect(got.inputs.locals.map((l) => l.path.split("/").pop()).sort()).toEqual(["app", "libproj"]);
+  });
+});

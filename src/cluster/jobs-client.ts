@@ -73,6 +73,7 @@ function needsFolder(spec: JobSpec): string | null {
     if (why) return `task ${t.name}: ${why}`;
   }
   const e = spec.environment;
+  if (e.project) return "--project needs its folder sent: give --workdir (the folder that holds the project, e.g. --workdir .)";
   if (e.requirementsFile) return "-r needs its folder sent: give --workdir (the folder that holds the requirements file, e.g. --workdir .)";
   const local = e.findLinks.find((f) => !isUrl(f));
   if (local) return `--find-links ${local} needs its folder sent: give --workdir (the folder that holds it, e.g. --workdir .)`;

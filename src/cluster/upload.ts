@@ -1,4 +1,4 @@
-import { readFileSync, rmSync } from "node:fs";
+import { existsSync, readFileSync, rmSync } from "node:fs";
 import { namesOfDeadOwners } from "../core/dead-owners.ts";
 import { tmpdir } from "node:os";
 import { isAbsolute, join, relative, resolve, sep } from "node:path";
@@ -49,8 +49,16 @@ export function wireEnvironment(e: EnvironmentRequest, root: string, cwd: string
     extraIndexUrls: e.extraIndexUrls,
     findLinks: e.findLinks.map((f) => (isUrl(f) ? f : inBundle(root, resolve(cwd, f), "--find-links", pack))),
     ...(e.image ? { image: e.image } : {}),
+    // A uv project travels with its lock: both must be in the bundle (the worker syncs from them).
+    ...(e.project ? { project: projectInBundle(root, resolve(cwd, e.project), pack), groups: e.groups ?? [], extras: e.extras ?? [] } : {}),
     ...(e.prepareTimeoutMs ? { prepareTimeoutMs: e.prepareTimeoutMs } : {}),
   };
+}
+
+/** A uv project's folder relative to the bundle's root, its pyproject.toml and uv.lock checked to travel with it. */
+function projectInBundle(root: string, dir: string, pack?: PackResult): string {
+  for (const f of ["pyproject.toml", "uv.lock"]) if (existsSync(join(dir, f))) inBundle(root, join(dir, f), `the project's ${f}`, pack);
+  return inBundle(root, dir, "the project", pack);
 }
 
 export interface UploadHooks {

@@ -117,6 +117,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         flags: as ? { ...resolved.flags, findLinks: resolved.flags.findLinks.map((f) => (f.path ? { ...f, path: as.moved(f.path) } : f)) } : resolved.flags,
         isolated: resolved.isolated,
         ...(resolved.project ? { project: as ? { ...resolved.project, dir: as.moved(resolved.project.dir) } : resolved.project } : {}),
+        ...(resolved.pylock ? { pylock: as ? as.moved(resolved.pylock) : resolved.pylock } : {}),
         env: req.env,
         toolsDir: layout.tools,
         cwd: as ? as.moved(req.cwd) : req.cwd,

@@ -38,6 +38,8 @@ export interface BuildPlan {
   user?: BuildAs;
   /** A uv project: `uv sync` of its lock installs the env (locked-project.ts), not the requirements. */
   project?: LockedProject;
+  /** A pylock.toml (absolute): `uv pip install -r` of it installs the env, exactly its packages. */
+  pylock?: string;
 }
 
 /** --find-links flags as the installer takes them: local folders by path, URLs as given. */

@@ -21,7 +21,7 @@ import { findUv } from "./uv-tool.ts";
 import { uvCacheOverride } from "./uv-cache.ts";
 import { keepVenvTemplate, venvFromTemplate } from "./venv-template.ts";
 import { writeFileNamed } from "../../core/atomic.ts";
-import { checkLock, dropMislockedStandins, lockedVersions, projectUvEnv, shadowedBy, syncProject } from "./locked-project.ts";
+import { checkLock, dropMislockedStandins, installPylock, lockedVersions, projectUvEnv, pylockVersions, shadowedBy, syncProject } from "./locked-project.ts";
 import type { Shadowed } from "../request/locked-project.ts";
 
 export type { BuildHooks, BuildStep } from "./run-tool.ts";
@@ -88,8 +88,9 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
   if (plan.venvCreator === "uv" && !uv) throw new UsageError("GPULAYER_VENV_CREATOR=uv but uv is not on PATH");
   if (!(plan.venvCreator !== "venv" && uv) && !plan.interpreter.hasVenvModule) throw new UsageError(`--python: ${plan.interpreter.path} has no venv module (on Debian: apt-get install python3-venv), and uv is not on PATH`);
   // A uv project is uv's alone to install (its lock is uv's format): no pip to fall back to.
-  if (plan.project && (setting === "pip" || !uv)) throw new UsageError(`a uv project (--project ${plan.project.dir}) is installed by uv, ${setting === "pip" ? "but GPULAYER_INSTALLER=pip" : `and ${noUv ?? "uv is not available"}`}`);
-  const refusal = plan.project ? null : setting === "pip" ? null : (noUv ?? requestRefusal(plan, uv));
+  const lock = plan.project ? `a uv project (--project ${plan.project.dir})` : plan.pylock ? `a pylock.toml (${plan.pylock})` : null;
+  if (lock && (setting === "pip" || !uv)) throw new UsageError(`${lock} is installed by uv, ${setting === "pip" ? "but GPULAYER_INSTALLER=pip" : `and ${noUv ?? "uv is not available"}`}`);
+  const refusal = lock ? null : setting === "pip" ? null : (noUv ?? requestRefusal(plan, uv));
   if (setting === "uv" && refusal) throw new UsageError(`GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${refusal}`);
 
   // The indexes are looked at while the build runs (index-watch.ts): one that does not answer stops it, and is named.
@@ -104,7 +105,7 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
       return await attempt(watched, hooks, steps, uv, null, indexes);
     } catch (error) {
       if (!(error instanceof UvFailed)) throw error;
-      if (plan.project) throw error.failure;
+      if (plan.project || plan.pylock) throw error.failure;
       // A full disk is as full for pip: said at once, not after a second build.
       if (setting === "uv" || saysNoSpace([error.failure.message, error.failure.detail])) throw error.failure;
       // What uv tried is gone; pip builds the env from the start, and says why.
@@ -182,10 +183,11 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   if (machine && "fatal" in machine) throw new UsageError(machine.fatal);
   if (uv && machine && "refusal" in machine) fallback = machine.refusal;
   const translation = machine && "translation" in machine ? machine.translation : null;
-  const refusal = dists && !project ? workerRefusal(plan.inputs.requirements, dists) : null;
+  const locked = Boolean(project || plan.pylock);
+  const refusal = dists && !locked ? workerRefusal(plan.inputs.requirements, dists) : null;
   if (refusal) fallback = refusal;
   const fast = Boolean(uv && dists && !refusal && !(machine && "refusal" in machine));
-  if (project && !fast) throw new UsageError(`a uv project (--project ${project.dir}) is installed by uv with the worker's packages shown to it, which cannot be done here: ${fallback}`);
+  if (locked && !fast) throw new UsageError(`${project ? `a uv project (--project ${project.dir})` : `a pylock.toml (${plan.pylock})`} is installed by uv with the worker's packages shown to it, which cannot be done here: ${fallback}`);
   if (plan.installer === "uv" && !fast) throw new UsageError(`GPULAYER_INSTALLER=uv, but the fast path cannot build this request: ${fallback}`);
 
   const site = envSitePackages(plan.dir, info);
@@ -206,7 +208,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   // What the installer reads, written while the env is the worker's alone; then env and TMPDIR are the user's (build-user.ts).
   const files = requirements.length && !project ? requestFiles(plan.dir, plan.inputs, fast) : null;
   // The worker's packages the lock pins at another version: their stand-ins out, uv installs the locked ones.
-  const mislocked = project && fast ? dropMislockedStandins(site, dists!, lockedVersions(project.dir)) : new Map<string, string>();
+  const mislocked = locked && fast ? dropMislockedStandins(site, dists!, project ? lockedVersions(project.dir) : pylockVersions(plan.pylock!)) : new Map<string, string>();
   let shadowed: Shadowed[] | undefined;
   if (user) {
     giveTree(plan.dir, user.uid, user.gid);
@@ -236,10 +238,12 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     let compiled: Promise<unknown> | null = null;
     let compiler: Compiler | null = null;
     try {
-      if (requirements.length || project) {
+      if (requirements.length || locked) {
         const installing = project
           ? timed("installing", `the lock of ${project.dir} with uv sync --frozen`, () => syncProject(project, envPython, project.run))
-          : timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, userEnv, translation), hooks, translation, request));
+          : plan.pylock
+            ? timed("installing", `${plan.pylock} with ${installer}`, () => installPylock(plan.pylock!, envPython, { uv: uv!, env: uvEnv(plan, userEnv), cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: user, refresh: plan.inputs.locals.some((l) => l.kind !== "archive") }))
+            : timed("installing", `${requirements.length} requirement(s) with ${installer}`, () => uvInstall(plan, uv!, envPython, uvEnv(plan, userEnv, translation), hooks, translation, request));
         // The compiler's interpreters start while uv installs (bytecode.ts); uv first, it is the longer road.
         compiler = startCompiler(envPython, compileOptions);
         await installing;
@@ -248,8 +252,8 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
         compiled.catch(() => undefined); // told below, after the placeholders are back
       }
       after = afterInstall(site, standins);
-      if (project) shadowed = shadowedBy(dists!, mislocked, after.replaced, after.added);
-      const pre = project || plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site, after.kept);
+      if (locked) shadowed = shadowedBy(dists!, mislocked, after.replaced, after.added);
+      const pre = locked || plan.installer === "uv" || plan.inputs.optionsSeen.has("--pre") || translation?.args.includes("--prerelease") ? [] : prereleasesInstalled(site, after.kept);
       if (pre.length) throw new UvFailed(new InstallError(`uv chose pre-releases: ${pre.join(", ")}`, ""), `uv chose a pre-release (${pre.join(", ")}) without --pre; pip decides when one counts`);
       const held = plan.inputs.optionsSeen.has("--no-deps") ? null : baseCheckHolds(base, after, standins);
       if (held) check = held; // the worker's findings hold for this env (standins.ts)

@@ -97,3 +97,26 @@ export async function syncProject(project: LockedProject, envPython: string, run
   const { code, lines } = await runTool(argv, { env: run.env, cwd: run.cwd, hooks: run.hooks, signal: run.signal, keep: run.keep, as: run.as });
   if (code !== 0) throw installFailure("installing the locked project with uv sync failed", lines);
 }
+
+/** Every package a pylock.toml pins: normalised name to its versions (a local package may have none). */
+export function pylockVersions(file: string): Map<string, string[]> {
+  const doc = Bun.TOML.parse(readFileSync(file, "utf8")) as { packages?: { name: string; version?: string }[] };
+  const out = new Map<string, string[]>();
+  for (const p of doc.packages ?? []) {
+    if (!p.version) continue;
+    const name = normalizeName(p.name);
+    out.set(name, [...(out.get(name) ?? []), p.version]);
+  }
+  return out;
+}
+
+/**
+ * `uv pip install -r pylock.toml` into the env: the file's packages, exactly (the lock is the resolution; uv
+ * fetches what it names, by its URLs and hashes). The stand-ins the lock pins at another version are already out.
+ */
+export async function installPylock(file: string, envPython: string, run: UvRun & { refresh: boolean }): Promise<void> {
+  // --refresh: a local package in the lock is built afresh (the key has seen its files), not taken from uv's cache.
+  const argv = [run.uv, "pip", "install", "--python", envPython, "--no-config", "-r", file, ...(run.refresh ? ["--refresh"] : [])];
+  const { code, lines } = await runTool(argv, { env: run.env, cwd: run.cwd, hooks: run.hooks, signal: run.signal, keep: run.keep, as: run.as });
+  if (code !== 0) throw installFailure(`installing ${file} with uv pip install failed`, lines);
+}

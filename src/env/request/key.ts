@@ -27,6 +27,8 @@ export interface KeyInput {
   conda?: { prefix: string; meta: string };
   /** A uv project: its lock, pyproject.toml and selection (its local projects are in inputs.locals). */
   project?: LockedProjectKey;
+  /** A pylock.toml: its content's digest (its local packages are in inputs.locals). */
+  pylock?: string;
 }
 
 /**
@@ -64,6 +66,7 @@ export function keyDocument(input: KeyInput) {
     // Only when there is one: the keys of every other request stay what they were.
     ...(input.conda ? { conda: input.conda } : {}),
     ...(input.project ? { project: input.project } : {}),
+    ...(input.pylock ? { pylock: input.pylock } : {}),
   };
 }
 
@@ -84,6 +87,8 @@ export interface ResolvedRequest {
   conda: CondaEnv | null;
   /** The uv project the env is synced from, when the request names one. */
   project?: LockedProject;
+  /** The pylock.toml (absolute) the env is installed from, when the request's requirements file is one. */
+  pylock?: string;
   /** What of the machine's pip configuration counts (variable names, files, the files they name); null when shut out. */
   machineConfig: string[] | null;
   /** Local find-links folders the machine's pip configuration names, by content (in the key through its digest). */

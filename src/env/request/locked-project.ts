@@ -64,22 +64,26 @@ export function lockedProjectInputs(project: LockedProject, ctx: ScanContext): {
   const lock = readFileSync(lockPath, "utf8");
   const inputs = scanRequest({ specs: [] }, ctx);
   // The local projects as a requirements list's are counted (requirements.ts): an editable one by its files and place, another by its files, a file by its bytes.
-  const seen = new Set<string>();
-  for (const m of lock.matchAll(LOCAL_SOURCE)) {
-    const path = resolve(dir, JSON.parse(`"${m[2]}"`) as string);
-    if (seen.has(path)) continue;
-    seen.add(path);
-    if (ctx.confine) confineTo(ctx.confine, path, "uv.lock", "the local project");
-    const origin = `${lockPath}: ${m[1]} = ${m[2]}`;
-    const st = statSync(path, { throwIfNoEntry: false });
-    if (!st) throw new UsageError(`${origin}: not found (looked for ${path})`);
-    if (st.isDirectory()) {
-      const editable = m[1] === "editable";
-      const tree = treeDigest(realpathSync(path), { editable, cacheDir: ctx.digestCache, onHashing: ctx.onHashing });
-      inputs.locals.push({ kind: editable ? "editable" : "project", path, digest: tree.digest, origin, files: tree.files });
-    } else inputs.locals.push({ kind: "archive", path, digest: fileDigest(path, ctx.digestCache, ctx.onHashing), origin });
-  }
+  const sources = [...lock.matchAll(LOCAL_SOURCE)].map((m) => ({ kind: m[1] === "editable" ? ("editable" as const) : ("project" as const), path: resolve(dir, JSON.parse(`"${m[2]}"`) as string), origin: `${lockPath}: ${m[1]} = ${m[2]}` }));
+  countLocalSources(inputs, sources, "uv.lock", ctx);
   const key = { lock: contentHash(lock), pyproject: contentHash(readFileSync(pyprojectPath)), groups: [...project.groups].sort(), extras: [...project.extras].sort() };
   return { key, inputs };
 }
 
+
+/** A lock's local sources counted into the inputs as a requirements list's local projects are: an editable one by its files and place, another by its files, a file by its bytes. */
+export function countLocalSources(inputs: RequestInputs, sources: { kind: "editable" | "project"; path: string; origin: string }[], lockName: string, ctx: ScanContext): void {
+  const seen = new Set<string>();
+  for (const { kind, path, origin } of sources) {
+    if (seen.has(path)) continue;
+    seen.add(path);
+    if (ctx.confine) confineTo(ctx.confine, path, lockName, "the local project");
+    const st = statSync(path, { throwIfNoEntry: false });
+    if (!st) throw new UsageError(`${origin}: not found (looked for ${path})`);
+    if (st.isDirectory()) {
+      const editable = kind === "editable";
+      const tree = treeDigest(realpathSync(path), { editable, cacheDir: ctx.digestCache, onHashing: ctx.onHashing });
+      inputs.locals.push({ kind: editable ? "editable" : "project", path, digest: tree.digest, origin, files: tree.files });
+    } else inputs.locals.push({ kind: "archive", path, digest: fileDigest(path, ctx.digestCache, ctx.onHashing), origin });
+  }
+}

@@ -11,6 +11,7 @@ import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedReq
 import type { Lease } from "../../core/lease.ts";
 import { confineTo, scanRequest } from "./requirements.ts";
 import { lockedProjectInputs } from "./locked-project.ts";
+import { isPylockFile, pylockInputs } from "./pylock.ts";
 import type { InstallerSetting } from "../build/build-plan.ts";
 import type { BuildUser } from "../build/build-user.ts";
 import type { EnvironmentRequest } from "./request-schema.ts";
@@ -107,7 +108,10 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
   if (req.project !== undefined && (req.requirementsFile !== undefined || req.specs.length)) throw new UsageError(`--project ${req.project}: the lock is the whole environment; give no requirements with it`);
   const project = req.project === undefined ? undefined : { dir: req.project, groups: req.groups ?? [], extras: req.extras ?? [] };
   const locked = project ? lockedProjectInputs(project, ctx) : null;
-  const inputs = locked?.inputs ?? scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
+  const pylockFile = !project && req.requirementsFile !== undefined && isPylockFile(req.requirementsFile) ? resolve(req.cwd, req.requirementsFile) : undefined;
+  if (pylockFile && req.specs.length) throw new UsageError(`${req.requirementsFile}: the lock is the whole environment; give no requirements with it`);
+  const pylock = pylockFile ? pylockInputs(pylockFile, ctx) : null;
+  const inputs = locked?.inputs ?? pylock?.inputs ?? scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
   for (const u of [req.indexUrl, ...req.extraIndexUrls]) {
     if (u && !/^(https?:\/\/[^\s/]|file:\/\/)/i.test(u)) throw new UsageError(`invalid index URL: ${redactUrl(u)} (expected http://, https:// or file://)`);
   }
@@ -125,8 +129,8 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     }
   }
   const fileIndexOptions = ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o));
-  // A project's indexes are its own (pyproject.toml, uv.lock): the machine's pip configuration is not read.
-  const isolated = Boolean(project || req.indexUrl || req.extraIndexUrls.length || req.findLinks.length || fileIndexOptions);
+  // A lock's indexes are its own (pyproject.toml, uv.lock; a pylock's URLs): the machine's pip configuration is not read.
+  const isolated = Boolean(project || pylock || req.indexUrl || req.extraIndexUrls.length || req.findLinks.length || fileIndexOptions);
   const machine = isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests, onHashing: hooks.onHashing });
   const doc = keyDocument({
     inputs,
@@ -136,9 +140,10 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     installerConfig: machine?.digest ?? null,
     ...(conda ? { conda: { prefix: conda.prefix, meta: conda.metaDigest } } : {}),
     ...(locked ? { project: locked.key } : {}),
+    ...(pylock ? { pylock: pylock.key } : {}),
   });
   const summary = project ? `uv project ${project.dir.split("/").pop()} (uv.lock${[...project.groups.map((g) => ` --group ${g}`), ...project.extras.map((e) => ` --extra ${e}`)].join("")})` : requestSummary(inputs);
-  return { key: envKey(doc), doc, summary, inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, ...(project ? { project } : {}), machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
+  return { key: envKey(doc), doc, summary, inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, ...(project ? { project } : {}), ...(pylockFile ? { pylock: pylockFile } : {}), machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
 }
 
 /**

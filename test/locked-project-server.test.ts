@@ -1,0 +1,54 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { appendFileSync, mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { makeDist, PackageIndex } from "./fixtures/index.ts";
+import { cli, HAS_UV, makeWorkerVenv, run, sandbox, startCli } from "./helpers.ts";
+import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+
+/**
+ * A uv project through a server (real processes on 127.0.0.1): the project and
+ * its uv.lock travel in the job's bundle and the worker builds the locked env
+ * from them: the job sees the locked version, not the newer one on the index.
+ */
+
+const TOKEN = "locked-project-server-token-0123";
+const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.5", GPULAYER_WORKER_LOST_SECONDS: "5", GPULAYER_WORKER_ENGINE: "none", GPULAYER_CANCEL_GRACE: "1", GPULAYER_WORKER_DRAIN_SECONDS: "1", GPULAYER_WORKER_SLOTS: "1" };
+const T = 180_000;
+const boxes = { server: sandbox(), worker: sandbox(), client: sandbox() };
+const index = new PackageIndex(join(boxes.client.root, "index"));
+const procs: { proc: ReturnType<typeof startCli>; out: () => string }[] = [];
+let url = "";
+const fleet = (args: string[], cwd: string) => cli(args, { env: { ...boxes.client.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN }, cwd });
+
+beforeAll(async () => {
+  if (!HAS_UV) return;
+  index.start();
+  for (const version of ["1.0", "2.0"]) index.wheel({ name: "pinned", version, files: { "pinned/__init__.py": `__version__ = "${version}"\n` } });
+  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...boxes.server.env, ...FAST } }), procs);
+  url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
+  const venv = await makeWorkerVenv(join(boxes.worker.root, "venv"), { env: boxes.worker.env });
+  keepOutput(startCli(["join", url, "--name", "w1", "--python", venv], { env: { ...boxes.worker.env, ...FAST, GPULAYER_TOKEN: TOKEN } }), procs);
+  await waitFor("the worker", async () => (JSON.parse((await fleet(["workers", "--json"], boxes.client.root)).stdout) as unknown[]).length === 1);
+}, T);
+
+afterAll(async () => {
+  await stopAll(procs);
+  index.stop();
+  for (const b of Object.values(boxes)) b.cleanup();
+}, 30_000);
+
+describe.skipIf(!HAS_UV)("a uv project through a server", () => {
+  test("the project and its lock travel in the bundle; the worker's env holds the locked version", async () => {
+    const dir = join(boxes.client.root, "job");
+    mkdirSync(dir, { recursive: true });
+    // A project locked at pinned 1.0 (the index also offers 2.0); the worker's base has no pinned at all.
+    const app = makeDist("project", dir, { name: "app", version: "0.1", requires: ["pinned<2"] });
+    appendFileSync(join(app, "pyproject.toml"), `\n[project]\nname = "app"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["pinned<2"]\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`);
+    const locked = await run(["uv", "lock"], { cwd: app, env: boxes.client.env });
+    expect(locked.code, locked.stderr).toBe(0);
+    writeFileSync(join(dir, "job.yaml"), ["name: locked-remote", "command: python -c 'import pinned, app; print(\"pinned\", pinned.__version__)'", "environment:", "  project: app", ""].join("\n"));
+    const r = await fleet(["job", "run", "-f", "job.yaml", "--json"], dir);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr + r.stdout).toContain("pinned 1.0");
+  }, T);
+});
