@@ -1,4 +1,5 @@
 import { connect, type RemoteTarget } from "./client.ts";
+import { HttpError, UserError } from "../errors.ts";
 import type { WorkerView } from "./protocol.ts";
 
 /** The coordinator's workers: those connected, or (all) also those that left or were lost. */
@@ -31,4 +32,28 @@ export interface ArtifactTrimView {
 /** Trim the coordinator's artifacts, least recently used first, to `maxBytes` (its own limit when not given). */
 export function trimArtifacts(target: RemoteTarget, opts: { maxBytes?: number; dryRun: boolean }): Promise<ArtifactTrimView> {
   return connect(target).json<ArtifactTrimView>("POST", "/v1/artifacts/gc", { ...(opts.maxBytes !== undefined ? { max_bytes: opts.maxBytes } : {}), dry_run: opts.dryRun });
+}
+
+/**
+ * Wait until at least `count` workers are connected, asking again every half
+ * second; a server that does not answer yet (just started) is waited for too.
+ * A refused token is no reason to wait: it fails at once. Past `timeoutMs`,
+ * one line saying what was there.
+ */
+export async function waitForWorkers(target: RemoteTarget, count: number, timeoutMs: number): Promise<WorkerView[]> {
+  const deadline = Date.now() + timeoutMs;
+  let last = "";
+  for (;;) {
+    try {
+      const workers = await listWorkers(target);
+      if (workers.length >= count) return workers;
+      last = `${workers.length} of ${count} worker(s) connected`;
+    } catch (error) {
+      if (error instanceof HttpError) throw error;
+      if (!(error instanceof UserError)) throw error;
+      last = error.message;
+    }
+    if (Date.now() >= deadline) throw new UserError(`gave up waiting for ${count} worker(s) after ${Math.round(timeoutMs / 1000)} s: ${last}`);
+    await Bun.sleep(500);
+  }
 }

@@ -1,6 +1,6 @@
 import { defineCommand } from "citty";
 import { remoteTarget } from "../cluster/client.ts";
-import { listArtifacts, listWorkers } from "../cluster/workers-client.ts";
+import { listArtifacts, listWorkers, waitForWorkers } from "../cluster/workers-client.ts";
 import { formatLabels } from "../cluster/protocol.ts";
 import { printable } from "../ui/escape.ts";
 import { UsageError } from "../errors.ts";
@@ -11,9 +11,18 @@ import { workersJson } from "./_probe-json.ts";
 
 const args = {
   all: { type: "boolean", alias: "a", description: "Also workers that left or were lost" },
+  wait: { type: "string", valueHint: "COUNT", description: "First wait until at least COUNT workers are connected (a server still starting is waited for too), then list them" },
+  timeout: { type: "string", valueHint: "SECONDS", description: "With --wait: give up after SECONDS (default 120), exit 1" },
   ...serverArgs,
   ...outputArgs,
 } as const;
+
+/** A whole number of at least 1, or one line naming the flag. */
+function count(flag: string, value: string): number {
+  const n = Number(value);
+  if (!/^\d+$/.test(value.trim()) || n < 1) throw new UsageError(`${flag} takes a whole number of at least 1, not ${JSON.stringify(value)}`);
+  return n;
+}
 
 export default defineCommand({
   meta: { name: "workers", description: "List the server's workers: GPUs, torch/CUDA, state, last seen, labels" },
@@ -23,6 +32,9 @@ export default defineCommand({
     const out = new Output(a);
     const remote = remoteTarget((await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] })).settings);
     if (!remote) throw new UsageError("gpulayer workers asks a server: --server URL or GPULAYER_SERVER (and --token or GPULAYER_TOKEN)");
+    const wait = a.wait === undefined ? null : count("--wait", a.wait);
+    if (a.timeout !== undefined && wait === null) throw new UsageError("--timeout goes with --wait COUNT");
+    if (wait !== null) await waitForWorkers(remote, wait, (a.timeout === undefined ? 120 : count("--timeout", a.timeout)) * 1000);
     const [workers, artifacts] = await Promise.all([listWorkers(remote, { all: Boolean(a.all) }), out.json ? null : listArtifacts(remote)]);
     out.result(workersJson(workers), () => {
       if (!workers.length) return `no workers${a.all ? "" : " connected"} (on a GPU box: gpulayer join ${remote.url} --token-file FILE)`;
