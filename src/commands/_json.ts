@@ -64,6 +64,10 @@ export const InputsReport = v.strictObject({
   index: v.strictObject({ index_url: nullableStr, extra_index_urls: strList, in_files: v.optional(strList), machine_pip_config: bool, machine_pip_config_sources: v.optional(strList) }),
   interpreter: v.strictObject({ path: str, via: nullableStr, executable: str, version: str, platform: str }),
   base: str,
+  /** With a lock (a uv project, a pylock.toml), the whole input; its local projects are in locals. */
+  lock: v.optional(
+    v.strictObject({ kind: v.picklist(["uv.lock", "pylock.toml"]), path: str, digest: str, pyproject_digest: v.optional(str), groups: v.optional(strList), extras: v.optional(strList) }),
+  ),
   /** The conda environment the interpreter is from, when the request named one. */
   conda: v.optional(v.strictObject({ prefix: str, name: nullableStr, packages: num, meta_digest: str })),
 });

@@ -30,8 +30,8 @@ export function inputsReport(r: ResolvedRequest) {
     interpreter: { path: interpreter.path, via: r.interpreterVia, executable: interpreter.realExecutable, version: interpreter.version, platform: interpreter.platform },
     base: r.doc.base,
     // A lock is the whole input (its local packages are in locals): uv.lock with its pyproject.toml and selection, or a pylock.toml.
-    ...(r.project && r.doc.project ? { lock: { kind: "uv.lock", path: `${r.project.dir}/uv.lock`, digest: r.doc.project.lock, pyproject_digest: r.doc.project.pyproject, groups: r.doc.project.groups, extras: r.doc.project.extras } } : {}),
-    ...(r.pylock && r.doc.pylock ? { lock: { kind: "pylock.toml", path: r.pylock, digest: r.doc.pylock } } : {}),
+    ...(r.project && r.doc.project ? { lock: { kind: "uv.lock" as const, path: `${r.project.dir}/uv.lock`, digest: r.doc.project.lock, pyproject_digest: r.doc.project.pyproject, groups: r.doc.project.groups, extras: r.doc.project.extras } } : {}),
+    ...(r.pylock && r.doc.pylock ? { lock: { kind: "pylock.toml" as const, path: r.pylock, digest: r.doc.pylock } } : {}),
     ...(r.conda ? { conda: { prefix: r.conda.prefix, name: r.conda.name, packages: r.conda.packages.length, meta_digest: r.conda.metaDigest } } : {}),
   };
 }
