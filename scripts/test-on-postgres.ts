@@ -7,11 +7,12 @@ import { readdirSync, readFileSync } from "node:fs";
 import { startPostgres } from "../test/fixtures/postgres.ts";
 
 const given = process.argv.slice(2);
-// Every test file that starts `gpulayer server`, but the replicas' own (it brings its PostgreSQL) and the container images' (no server logic of its own, and slow).
+// Every test file that starts `gpulayer server`, but those that bring their own PostgreSQL (the replicas', the durability kill loop) and the container images' (no server logic of its own, and slow).
+const OWN = new Set(["cluster-replicas.test.ts", "cluster-durability.test.ts", "image-env.test.ts"]);
 const files = given.length
   ? given
   : readdirSync("test")
-      .filter((f) => f.endsWith(".test.ts") && f !== "cluster-replicas.test.ts" && f !== "image-env.test.ts")
+      .filter((f) => f.endsWith(".test.ts") && !OWN.has(f))
       .filter((f) => /"server", "--listen"|\["server"/.test(readFileSync(`test/${f}`, "utf8")))
       .map((f) => `test/${f}`);
 const pg = await startPostgres();
