@@ -49,6 +49,7 @@ export function wireEnvironment(e: EnvironmentRequest, root: string, cwd: string
     extraIndexUrls: e.extraIndexUrls,
     findLinks: e.findLinks.map((f) => (isUrl(f) ? f : inBundle(root, resolve(cwd, f), "--find-links", pack))),
     ...(e.image ? { image: e.image } : {}),
+    ...(e.noBuildIsolation?.length ? { noBuildIsolation: e.noBuildIsolation } : {}),
     ...(e.prepareTimeoutMs ? { prepareTimeoutMs: e.prepareTimeoutMs } : {}),
   };
 }

@@ -42,6 +42,9 @@ export const ConfigDocument = v.strictObject({ config_file: str, config_file_exi
 
 // ---- env prepare, env list, env show, env rm ----
 
+/** A requirement built without isolation (env/build/wheelhouse.ts): compiled by this build, or its wheel taken from the wheelhouse. */
+export const WheelBuilt = v.strictObject({ name: str, wheel: str, from: v.picklist(["compiled", "wheelhouse"]), seconds: num, built_against: strList });
+
 export const EnvPrepareDocument = v.strictObject({
   key: str,
   path: str,
@@ -52,6 +55,8 @@ export const EnvPrepareDocument = v.strictObject({
   installer_path: nullableStr,
   /** A uv project's env: the worker packages it shadows with the locked version. */
   shadowed: v.optional(v.array(v.strictObject({ name: str, worker: str, locked: str }))),
+  /** Built: the requirements built without isolation, compiled or from the wheelhouse. */
+  wheels: v.optional(v.array(WheelBuilt)),
 });
 
 /** The inputs a key covers, for people (env prepare --dry-run, env show). */
@@ -130,6 +135,7 @@ export const KeyDocument = v.strictObject({
   installer_config: nullableStr,
   interpreter: v.strictObject({ executable: str, prefix: str, version: str, implementation: str, platform: str, soabi: str }),
   base: str,
+  no_build_isolation: v.optional(strList),
 });
 
 export const EnvShowDocument = v.strictObject({
@@ -149,6 +155,7 @@ export const EnvShowDocument = v.strictObject({
   installed: strList,
   check: strList,
   shadowed: v.optional(v.array(v.strictObject({ name: str, worker: str, locked: str }))),
+  wheels: v.optional(v.array(WheelBuilt)),
   last_used: str,
 });
 
@@ -379,6 +386,7 @@ export const DOCUMENTS = {
   "env prepare --image": EnvImageDocument,
   "env list": EnvListDocument,
   "env show": EnvShowDocument,
+  "env show: wheels[]": WheelBuilt,
   "env rm": EnvRmDocument,
   gc: GcDocument,
   "gc --server": GcServerDocument,
@@ -419,6 +427,7 @@ export const README_TABLES = {
   "env list: an env": EnvListEnvEntry,
   "env list: an image": EnvListImageEntry,
   "env show": EnvShowDocument,
+  "env show: wheels[]": WheelBuilt,
   "env rm": EnvRmDocument,
   gc: GcDocument,
   "gc: limit": GcLimit,

@@ -4,6 +4,7 @@ import type { FlagOptions } from "../request/key.ts";
 import type { RequestInputs } from "../request/requirements.ts";
 import type { BuildAs } from "./build-user.ts";
 import type { LockedProject } from "../request/locked-project.ts";
+import type { DeferredBuild } from "../request/no-isolation.ts";
 
 /**
  * What a build is given. A module of its own: build.ts and the two installer
@@ -38,6 +39,10 @@ export interface BuildPlan {
   user?: BuildAs;
   /** A uv project: `uv sync` of its lock installs the env (locked-project.ts), not the requirements. */
   project?: LockedProject;
+  /** Requirements built last, without build isolation (wheelhouse.ts). */
+  deferred?: DeferredBuild[];
+  /** The home's wheelhouse (config/paths.ts): wheels those builds made, by what they were built against. */
+  wheelhouse?: string;
 }
 
 /** --find-links flags as the installer takes them: local folders by path, URLs as given. */

@@ -4,6 +4,7 @@ import type { InterpreterInfo } from "./interpreter.ts";
 import type { CondaEnv } from "./conda.ts";
 import { type RequestInputs, variableDigests } from "./requirements.ts";
 import type { LockedProject, LockedProjectKey } from "./locked-project.ts";
+import type { DeferredBuild } from "./no-isolation.ts";
 
 /** Bumped whenever the key document or the build changes meaning; old entries are then never reused. */
 export const KEY_SCHEMA = 3;
@@ -27,6 +28,8 @@ export interface KeyInput {
   conda?: { prefix: string; meta: string };
   /** A uv project: its lock, pyproject.toml and selection (its local projects are in inputs.locals). */
   project?: LockedProjectKey;
+  /** Built last, against the env and the worker (no-isolation.ts): PEP 503 names. */
+  noBuildIsolation?: string[];
 }
 
 /**
@@ -64,6 +67,7 @@ export function keyDocument(input: KeyInput) {
     // Only when there is one: the keys of every other request stay what they were.
     ...(input.conda ? { conda: input.conda } : {}),
     ...(input.project ? { project: input.project } : {}),
+    ...(input.noBuildIsolation?.length ? { no_build_isolation: [...input.noBuildIsolation].sort() } : {}),
   };
 }
 
@@ -84,6 +88,8 @@ export interface ResolvedRequest {
   conda: CondaEnv | null;
   /** The uv project the env is synced from, when the request names one. */
   project?: LockedProject;
+  /** Requirements built last, without build isolation (no-isolation.ts). */
+  deferred?: DeferredBuild[];
   /** What of the machine's pip configuration counts (variable names, files, the files they name); null when shut out. */
   machineConfig: string[] | null;
   /** Local find-links folders the machine's pip configuration names, by content (in the key through its digest). */
