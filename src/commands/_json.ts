@@ -136,6 +136,7 @@ export const KeyDocument = v.strictObject({
   interpreter: v.strictObject({ executable: str, prefix: str, version: str, implementation: str, platform: str, soabi: str }),
   base: str,
   no_build_isolation: v.optional(strList),
+  build_variables: v.optional(v.record(v.string(), nullableStr)),
 });
 
 export const EnvShowDocument = v.strictObject({

@@ -3,7 +3,7 @@ import { basename, join } from "node:path";
 import { contentHash, fileContentHash } from "../../core/hashing.ts";
 import { writeFileNamed } from "../../core/atomic.ts";
 import { InstallError } from "../../errors.ts";
-import type { DeferredBuild } from "../request/no-isolation.ts";
+import { buildVariables, type DeferredBuild } from "../request/no-isolation.ts";
 import type { BuildPlan } from "./build-plan.ts";
 import { type BuildInputs, inputsHold, readBuildInputs, recordingHook } from "./build-inputs.ts";
 import { pipCommand } from "./pip-path.ts";
@@ -18,9 +18,6 @@ import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
  * path. pip's wheel cache is never asked: it keys a built wheel by its sdist
  * alone, so it would hand one compiled against another torch back.
  */
-
-/** The variables that change what a CUDA extension's build makes (MAX_JOBS changes only how fast). */
-export const BUILD_VARIABLES = ["TORCH_CUDA_ARCH_LIST", "CUDA_HOME"] as const;
 
 export interface WheelReport {
   name: string;
@@ -44,7 +41,7 @@ interface WheelEntry {
 /** The wheelhouse's folder for one sdist under one interpreter and one set of build variables. */
 function conditionsDir(wheelhouse: string, plan: BuildPlan, sdistDigest: string): string {
   const info = plan.interpreter;
-  const variables = Object.fromEntries(BUILD_VARIABLES.map((v) => [v, plan.env[v] ?? null]));
+  const variables = buildVariables(plan.env);
   const conditions = contentHash(JSON.stringify({ python: [info.implementation, info.version, info.platform, info.soabi], variables }));
   return join(wheelhouse, sdistDigest, conditions);
 }

@@ -28,8 +28,8 @@ export interface KeyInput {
   conda?: { prefix: string; meta: string };
   /** A uv project: its lock, pyproject.toml and selection (its local projects are in inputs.locals). */
   project?: LockedProjectKey;
-  /** Built last, against the env and the worker (no-isolation.ts): PEP 503 names. */
-  noBuildIsolation?: string[];
+  /** Built last, against the env and the worker (no-isolation.ts): PEP 503 names, and the variables that change such a build. */
+  noBuildIsolation?: { names: string[]; variables: Record<string, string | null> };
 }
 
 /**
@@ -67,7 +67,7 @@ export function keyDocument(input: KeyInput) {
     // Only when there is one: the keys of every other request stay what they were.
     ...(input.conda ? { conda: input.conda } : {}),
     ...(input.project ? { project: input.project } : {}),
-    ...(input.noBuildIsolation?.length ? { no_build_isolation: [...input.noBuildIsolation].sort() } : {}),
+    ...(input.noBuildIsolation ? { no_build_isolation: [...input.noBuildIsolation.names].sort(), build_variables: input.noBuildIsolation.variables } : {}),
   };
 }
 

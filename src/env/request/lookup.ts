@@ -11,7 +11,7 @@ import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedReq
 import type { Lease } from "../../core/lease.ts";
 import { confineTo, scanRequest } from "./requirements.ts";
 import { lockedProjectInputs } from "./locked-project.ts";
-import { deferredBuilds } from "./no-isolation.ts";
+import { buildVariables, deferredBuilds } from "./no-isolation.ts";
 import type { InstallerSetting } from "../build/build-plan.ts";
 import type { BuildUser } from "../build/build-user.ts";
 import type { EnvironmentRequest } from "./request-schema.ts";
@@ -140,7 +140,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     installerConfig: machine?.digest ?? null,
     ...(conda ? { conda: { prefix: conda.prefix, meta: conda.metaDigest } } : {}),
     ...(locked ? { project: locked.key } : {}),
-    ...(deferred.length ? { noBuildIsolation: deferred.map((d) => d.name) } : {}),
+    ...(deferred.length ? { noBuildIsolation: { names: deferred.map((d) => d.name), variables: buildVariables(req.env) } } : {}),
   });
   const summary = project ? `uv project ${project.dir.split("/").pop()} (uv.lock${[...project.groups.map((g) => ` --group ${g}`), ...project.extras.map((e) => ` --extra ${e}`)].join("")})` : requestSummary(inputs);
   return { key: envKey(doc), doc, summary, inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, ...(project ? { project } : {}), ...(deferred.length ? { deferred } : {}), machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };

@@ -17,6 +17,14 @@ export interface DeferredBuild {
   install: string;
 }
 
+/** The variables that change what a CUDA extension's build makes (MAX_JOBS changes only how fast): in the env's key and the wheelhouse's. */
+export const BUILD_VARIABLES = ["TORCH_CUDA_ARCH_LIST", "CUDA_HOME"] as const;
+
+/** Their values as the build sees them, unset ones as null. */
+export function buildVariables(env: NodeJS.ProcessEnv): Record<string, string | null> {
+  return Object.fromEntries(BUILD_VARIABLES.map((v) => [v, env[v] ?? null]));
+}
+
 /** Each name the request builds last, found among its specs; one line for a name that is not one of them. */
 export function deferredBuilds(names: string[], inputs: RequestInputs, specOrigin: string, project: boolean): DeferredBuild[] {
   if (!names.length) return [];
