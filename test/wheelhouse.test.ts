@@ -101,12 +101,15 @@ describe("a requirement built without isolation", () => {
   });
 
   test("a job file's environment.no_build_isolation: the job runs with the wheel built against its worker's torch", async () => {
-    const before = builds().length;
     const job = join(s.root, "job.yaml");
     writeFileSync(job, `command: python -c "import kernels; print('built with', kernels.BUILT_WITH)"\nenvironment:\n  requirements: [kernels, beta]\n  no_build_isolation: [kernels]\n  python: ${torch22}\n  index_url: ${index.url}\n`);
     const r = await cli(["job", "run", "-f", job], { env: s.env, cwd: s.root });
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toContain("built with 2.2.0");
-    expect(builds()).toHaveLength(before); // the wheelhouse had it from the test above
+    // task.prepare.finished says where the wheel came from and what it was built against.
+    const id = JSON.parse((await cli(["job", "list", "--json"], { env: s.env })).stdout)[0].id;
+    const status = JSON.parse((await cli(["job", "status", id, "--json"], { env: s.env })).stdout);
+    const finished = status.events.find((e: { type: string }) => e.type === "task.prepare.finished");
+    expect(finished.data.wheels).toEqual([expect.objectContaining({ name: "kernels", from: expect.stringMatching(/^(compiled|wheelhouse)$/), built_against: expect.arrayContaining(["torch==2.2.0"]) })]);
   });
 });
