@@ -112,4 +112,25 @@ describe("a requirement built without isolation", () => {
     const finished = status.events.find((e: { type: string }) => e.type === "task.prepare.finished");
     expect(finished.data.wheels).toEqual([expect.objectContaining({ name: "kernels", from: expect.stringMatching(/^(compiled|wheelhouse)$/), built_against: expect.arrayContaining(["torch==2.2.0"]) })]);
   });
+
+  test("gc counts the wheelhouse and removes its wheels by the cache's rules; the next env compiles again", async () => {
+    const first = await prepare(torch21, "kernels", "alpha");
+    expect(first.code, first.stderr).toBe(0);
+    const dry = JSON.parse((await cli(["gc", "--max-size", "0", "--min-age", "0", "--dry-run", "--json"], { env: s.env })).stdout);
+    const wheels = dry.removed.filter((e: { kind: string }) => e.kind === "wheel");
+    expect(wheels.length).toBeGreaterThan(0);
+    expect(wheels.some((e: { summary: string }) => /kernels-1\.0-py3-none-any\.whl built against .*torch==2\.1\.0\+cu121/.test(e.summary))).toBe(true);
+    expect(wheels.every((e: { size_bytes: number }) => e.size_bytes > 0)).toBe(true);
+    // --min-age protects them as it protects envs.
+    const young = JSON.parse((await cli(["gc", "--max-size", "0", "--dry-run", "--json"], { env: s.env })).stdout);
+    expect(young.removed.filter((e: { kind: string }) => e.kind === "wheel")).toEqual([]);
+
+    const real = JSON.parse((await cli(["gc", "--max-size", "0", "--min-age", "0", "--json"], { env: s.env })).stdout);
+    expect(real.removed.filter((e: { kind: string }) => e.kind === "wheel").length).toBe(wheels.length);
+    const before = builds().length;
+    const again = await prepare(torch21, "kernels", "alpha");
+    expect(again.code, again.stderr).toBe(0);
+    expect(builds()).toHaveLength(before + 1);
+    expect(JSON.parse(again.stdout).wheels[0].from).toBe("compiled");
+  });
 });

@@ -165,7 +165,7 @@ export const EnvRmDocument = v.strictObject({ key: str, removed: v.literal(true)
 // ---- gc ----
 
 const gcItemEntries = {
-  kind: v.picklist(["env", "image", "bundle"]),
+  kind: v.picklist(["env", "image", "bundle", "wheel"]),
   id: str,
   state: v.picklist(["ready", "incomplete", "building"]),
   size_bytes: num,

@@ -2,6 +2,7 @@ import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameS
 import { basename, join } from "node:path";
 import { contentHash, fileContentHash } from "../../core/hashing.ts";
 import { writeFileNamed } from "../../core/atomic.ts";
+import { touchFile } from "../store/store.ts";
 import { InstallError } from "../../errors.ts";
 import { buildVariables, type DeferredBuild } from "../request/no-isolation.ts";
 import type { BuildPlan } from "./build-plan.ts";
@@ -67,6 +68,23 @@ function lookUp(dir: string, siteDirs: string[]): { path: string; entry: WheelEn
   return null;
 }
 
+/**
+ * The kept wheel copied into the build's own folder, its use recorded: gc may take the entry away at any time
+ * (gc/wheel-source.ts), so a copy that fails is a miss, and the build compiles.
+ */
+function takeOut(found: { path: string; entry: WheelEntry } | null, into: string): { path: string; entry: WheelEntry } | null {
+  if (!found) return null;
+  const copy = join(into, "kept", found.entry.wheel);
+  try {
+    mkdirSync(join(into, "kept"), { recursive: true });
+    copyFileSync(found.path, copy);
+    touchFile(join(found.path, "..", "last-used"));
+  } catch {
+    return null;
+  }
+  return { path: copy, entry: found.entry };
+}
+
 /** The new entry, written whole beside its final name and renamed in. */
 function keep(dir: string, wheel: string, entry: WheelEntry): string {
   const name = `${Date.now()}-${contentHash(JSON.stringify(entry.inputs)).slice(0, 16)}`;
@@ -74,6 +92,7 @@ function keep(dir: string, wheel: string, entry: WheelEntry): string {
   mkdirSync(tmp, { recursive: true });
   copyFileSync(wheel, join(tmp, entry.wheel));
   writeFileNamed(join(tmp, "entry.json"), JSON.stringify(entry, null, 2));
+  touchFile(join(tmp, "last-used"));
   rmSync(join(dir, name), { recursive: true, force: true });
   renameSync(tmp, join(dir, name));
   return join(dir, name, entry.wheel);
@@ -101,7 +120,7 @@ export async function buildDeferred(plan: BuildPlan, deferred: DeferredBuild[], 
       const sdist = readdirSync(downloaded).map((f) => join(downloaded, f))[0];
       if (!sdist) throw new InstallError(`fetching the source of ${d.name} gave no file`, "");
       const dir = conditionsDir(plan.wheelhouse!, plan, fileContentHash(sdist));
-      let found = lookUp(dir, siteDirs);
+      let found = takeOut(lookUp(dir, siteDirs), into);
       if (found) {
         hooks.onStep?.("installing", `${d.name}: ${found.entry.wheel} from the wheelhouse (built against ${shown(found.entry.inputs)})`);
         reports.push({ name: d.name, wheel: found.entry.wheel, from: "wheelhouse", seconds: found.entry.seconds, builtAgainst: found.entry.inputs.imported });
