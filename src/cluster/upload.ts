@@ -51,6 +51,7 @@ export function wireEnvironment(e: EnvironmentRequest, root: string, cwd: string
     ...(e.image ? { image: e.image } : {}),
     // A uv project travels with its lock: both must be in the bundle (the worker syncs from them).
     ...(e.project ? { project: projectInBundle(root, resolve(cwd, e.project), pack), groups: e.groups ?? [], extras: e.extras ?? [] } : {}),
+    ...(e.noBuildIsolation?.length ? { noBuildIsolation: e.noBuildIsolation } : {}),
     ...(e.prepareTimeoutMs ? { prepareTimeoutMs: e.prepareTimeoutMs } : {}),
   };
 }

@@ -33,6 +33,7 @@ export const installerArgs = {
   "index-url": { type: "string", valueHint: "URL", description: "Base URL of the package index (pip's --index-url); shuts out pip's own config" },
   "extra-index-url": { type: "string", valueHint: "URL", description: "Another index to search (repeatable)" },
   "find-links": { type: "string", valueHint: "DIR|URL", description: "A folder or page of distributions to use (repeatable)" },
+  "no-build-isolation-package": { type: "string", valueHint: "NAME", description: "Build this requirement after the rest of the env, with its packages and the worker's importable (torch extensions; repeatable)" },
   project: { type: "string", valueHint: "DIR", description: "A uv project (pyproject.toml + uv.lock): the env is what uv sync --frozen installs" },
   group: { type: "string", valueHint: "NAME", description: "With --project: a dependency group to install as well (repeatable)" },
   extra: { type: "string", valueHint: "NAME", description: "With --project: an extra of the project to install (repeatable)" },

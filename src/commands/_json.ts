@@ -42,6 +42,9 @@ export const ConfigDocument = v.strictObject({ config_file: str, config_file_exi
 
 // ---- env prepare, env list, env show, env rm ----
 
+/** A requirement built without isolation (env/build/wheelhouse.ts): compiled by this build, or its wheel taken from the wheelhouse. */
+export const WheelBuilt = v.strictObject({ name: str, wheel: str, from: v.picklist(["compiled", "wheelhouse"]), seconds: num, built_against: strList });
+
 export const EnvPrepareDocument = v.strictObject({
   key: str,
   path: str,
@@ -52,6 +55,8 @@ export const EnvPrepareDocument = v.strictObject({
   installer_path: nullableStr,
   /** A uv project's env: the worker packages it shadows with the locked version. */
   shadowed: v.optional(v.array(v.strictObject({ name: str, worker: str, locked: str }))),
+  /** Built: the requirements built without isolation, compiled or from the wheelhouse. */
+  wheels: v.optional(v.array(WheelBuilt)),
 });
 
 /** The inputs a key covers, for people (env prepare --dry-run, env show). */
@@ -134,6 +139,8 @@ export const KeyDocument = v.strictObject({
   installer_config: nullableStr,
   interpreter: v.strictObject({ executable: str, prefix: str, version: str, implementation: str, platform: str, soabi: str }),
   base: str,
+  no_build_isolation: v.optional(strList),
+  build_variables: v.optional(v.record(v.string(), nullableStr)),
 });
 
 export const EnvShowDocument = v.strictObject({
@@ -153,6 +160,7 @@ export const EnvShowDocument = v.strictObject({
   installed: strList,
   check: strList,
   shadowed: v.optional(v.array(v.strictObject({ name: str, worker: str, locked: str }))),
+  wheels: v.optional(v.array(WheelBuilt)),
   last_used: str,
 });
 
@@ -161,7 +169,7 @@ export const EnvRmDocument = v.strictObject({ key: str, removed: v.literal(true)
 // ---- gc ----
 
 const gcItemEntries = {
-  kind: v.picklist(["env", "image", "bundle"]),
+  kind: v.picklist(["env", "image", "bundle", "wheel"]),
   id: str,
   state: v.picklist(["ready", "incomplete", "building"]),
   size_bytes: num,
@@ -383,6 +391,7 @@ export const DOCUMENTS = {
   "env prepare --image": EnvImageDocument,
   "env list": EnvListDocument,
   "env show": EnvShowDocument,
+  "env show: wheels[]": WheelBuilt,
   "env rm": EnvRmDocument,
   gc: GcDocument,
   "gc --server": GcServerDocument,
@@ -423,6 +432,7 @@ export const README_TABLES = {
   "env list: an env": EnvListEnvEntry,
   "env list: an image": EnvListImageEntry,
   "env show": EnvShowDocument,
+  "env show: wheels[]": WheelBuilt,
   "env rm": EnvRmDocument,
   gc: GcDocument,
   "gc: limit": GcLimit,

@@ -24,6 +24,8 @@ const Environment = v.strictObject({
   project: v.optional(NonEmpty),
   groups: v.optional(v.array(NonEmpty)),
   extras: v.optional(v.array(NonEmpty)),
+  /** Packages built after the rest of the env, with its packages and the worker's importable (torch extensions). */
+  no_build_isolation: v.optional(v.array(NonEmpty)),
   prepare_timeout: v.optional(v.pipe(v.union([v.string(), v.number()], "must be a duration such as 30m or a number of seconds"), v.check((d) => typeof positiveDuration.parse(d) === "number", "must be a duration of more than 0, such as 90s, 30m or 2h"))),
 });
 

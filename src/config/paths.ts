@@ -17,6 +17,8 @@ export interface HomeLayout {
   tools: string;
   jobs: string;
   images: string;
+  /** Wheels compiled without build isolation, by sdist and what their build saw (env/build/wheelhouse.ts). */
+  wheelhouse: string;
   /** Per build user (worker.run_as) caches, `<users>/<uid>/cache`. */
   users: string;
   /** A worker's (`gpulayer join`) own state: the folders and files below. */
@@ -52,6 +54,7 @@ export function homeLayout(root: string, configFile: string = join(root, "config
     tools: join(root, "tools"),
     jobs: join(root, "jobs"),
     images: join(root, "images-v1"),
+    wheelhouse: join(root, "wheelhouse-v1"),
     users: join(root, "users"),
     cluster,
     clusterWork: join(cluster, "work"),

@@ -20,5 +20,5 @@ export { holdsCredentials, lostCredentials, redactDeep, redactUrl } from "./requ
 export { acquireEntry } from "./store/cache-entry.ts";
 export { findEnv, listEnvs, removeEnv, type EnvEntry } from "./store/inventory.ts";
 export { conditionsDiffer, type ArtifactConditions, type BuildTicket, type FetchedEnv, type Shipping, type ShippingRequest } from "./store/shipping.ts";
-export { diskUsage, entryPaths, isReady, lastUsedMs, listKeys, markReady, orphanTmpKeys, readMeta, removeEntryDir, touchFile, touchLastUsed, type EntryPaths, type EnvMeta } from "./store/store.ts";
+export { diskUsage, entryPaths, isReady, lastUsedMs, listKeys, markReady, orphanTmpKeys, readMeta, removeEntryDir, touchFile, touchLastUsed, wheelDocs, wheelLines, type EntryPaths, type EnvMeta } from "./store/store.ts";
 export { environmentRequest, hostRequest, isUrl, requestDir, type EnvSettings, type RequestAt } from "./request/request.ts";

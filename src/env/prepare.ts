@@ -116,6 +116,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         inputs: as ? { ...resolved.inputs, topFile: resolved.inputs.topFile && as.moved(resolved.inputs.topFile) } : resolved.inputs,
         flags: as ? { ...resolved.flags, findLinks: resolved.flags.findLinks.map((f) => (f.path ? { ...f, path: as.moved(f.path) } : f)) } : resolved.flags,
         isolated: resolved.isolated,
+        ...(resolved.deferred ? { deferred: resolved.deferred, wheelhouse: layout.wheelhouse } : {}),
         ...(resolved.project ? { project: as ? { ...resolved.project, dir: as.moved(resolved.project.dir) } : resolved.project } : {}),
         ...(resolved.pylock ? { pylock: as ? as.moved(resolved.pylock) : resolved.pylock } : {}),
         env: req.env,
@@ -150,6 +151,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
       installed: outcome.installed,
       check: outcome.check,
       ...(outcome.shadowed ? { shadowed: outcome.shadowed } : {}),
+      ...(outcome.wheels ? { wheels: outcome.wheels } : {}),
     }, { openToAll: !as });
     return { ...outcome, sizeBytes };
   } catch (error) {

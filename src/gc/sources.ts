@@ -4,12 +4,14 @@ import { bundleSource } from "./bundle-source.ts";
 import { envSource } from "./env-source.ts";
 import { imageSource } from "./image-source.ts";
 import type { GcSource } from "./types.ts";
+import { wheelSource } from "./wheel-source.ts";
 
 /**
  * Everything gc looks after, one source per kind: environments, the
- * images gpulayer pulled and a worker's copies of remote jobs' bundles,
+ * images gpulayer pulled and a worker's copies of remote jobs' bundles and the wheels
+ * compiled without build isolation (the wheelhouse),
  * weighed against one limit, by last use.
  */
 export function gcSources(layout: HomeLayout, engineEnv: EngineEnv): GcSource[] {
-  return [envSource(layout), imageSource(layout, engineEnv), bundleSource(layout)];
+  return [envSource(layout), imageSource(layout, engineEnv), bundleSource(layout), wheelSource(layout)];
 }

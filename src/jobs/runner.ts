@@ -6,7 +6,7 @@ import { processDriver } from "./drivers/process.ts";
 import { containerDriver } from "./drivers/container.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UserError } from "../errors.ts";
-import type { PrepareHooks } from "../env/index-light.ts";
+import { type PrepareHooks, wheelDocs } from "../env/index-light.ts";
 import { prepare, type Prepared, type PrepareSettings } from "./prepare.ts";
 import type { Shipping } from "../env/index-light.ts";
 import type { ContainerSettings, EnsureHooks } from "../docker/index.ts";
@@ -167,7 +167,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     const spec = job.spec;
     const prepared = host.env;
     store.update(job.id, { envKey: prepared.key });
-    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath, ...(prepared.shadowed ? { shadowed: prepared.shadowed } : {}), ...(prepared.fetched ? { fetched: { bytes: prepared.fetched.bytes, seconds: prepared.fetched.seconds, built_by: prepared.fetched.builtBy } } : {}) });
+    emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath, ...(prepared.shadowed ? { shadowed: prepared.shadowed } : {}), ...wheelDocs(prepared.wheels), ...(prepared.fetched ? { fetched: { bytes: prepared.fetched.bytes, seconds: prepared.fetched.seconds, built_by: prepared.fetched.builtBy } } : {}) });
     io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
     const env: Record<string, string> = { ...host.inherited, ...spec.env, ...host.vars, GPULAYER_JOB_ID: job.id };
     let jobLease: Lease | undefined;

@@ -76,6 +76,7 @@ function environmentFromFile(fe: EnvironmentFile, workdir: string, where: string
     if (rel.startsWith("..") || isAbsolute(rel)) throw new UsageError(`${where}.project: must be a path inside workdir: ${fe.project}`);
     Object.assign(out, { project: path, groups: fe.groups ?? [], extras: fe.extras ?? [] });
   } else if (fe.groups !== undefined || fe.extras !== undefined) throw new UsageError(`${where}: ${fe.groups !== undefined ? "groups" : "extras"} select from a uv project's lock: give project with it`);
+  if (fe.no_build_isolation !== undefined) out.noBuildIsolation = fe.no_build_isolation;
   if (fe.prepare_timeout !== undefined) out.prepareTimeoutMs = positiveDuration.parse(fe.prepare_timeout) as number;
   if (typeof fe.requirements === "string") {
     const path = resolve(workdir, fe.requirements);
@@ -139,6 +140,8 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
     image: flags.image ?? byFile.image,
     prepareTimeoutMs: flags.prepareTimeoutMs ?? byFile.prepareTimeoutMs,
   };
+  const noBuildIsolation = flags.noBuildIsolation?.length ? flags.noBuildIsolation : byFile.noBuildIsolation;
+  if (noBuildIsolation?.length) environment.noBuildIsolation = noBuildIsolation;
   // A project (flag, else file) is the whole environment: requirements from either side are refused with it when the env is prepared.
   const project = flags.project !== undefined ? { project: resolve(cwd, flags.project), groups: flags.groups ?? [], extras: flags.extras ?? [] } : byFile.project !== undefined && !(byFlags.requirementsFile || flags.specs.length) ? { project: byFile.project, groups: byFile.groups ?? [], extras: byFile.extras ?? [] } : null;
   if (project) Object.assign(environment, project);

@@ -1,6 +1,6 @@
 import type { ParsedArgs } from "citty";
 import type { PrepareRequest, PrepareResult } from "../../env/index-light.ts";
-import { type EnvironmentRequest, hostRequest } from "../../env/index-light.ts";
+import { type EnvironmentRequest, hostRequest, wheelDocs, wheelLines } from "../../env/index-light.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import { projectFlags, repeated } from "../_args.ts";
 import { type CommandContext, envSettings } from "../_context.ts";
@@ -10,7 +10,7 @@ import type { prepareArgs } from "./_prepare-args.ts";
 /** What `env prepare`'s flags ask of the environment (the image aside). */
 export function askedByFlags(a: ParsedArgs<typeof prepareArgs>, rawArgs: string[]): EnvironmentRequest {
   // --python without --conda is the default Python (the settings' python, named by the flag): not the request's own.
-  return { requirementsFile: a.requirements, specs: repeated(rawArgs, ["-p", "--package"]), conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), ...projectFlags(a.project, rawArgs) };
+  return { requirementsFile: a.requirements, specs: repeated(rawArgs, ["-p", "--package"]), conda: a.conda, python: a.conda === undefined ? undefined : a.python, indexUrl: a["index-url"], extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]), findLinks: repeated(rawArgs, ["--find-links"]), noBuildIsolation: repeated(rawArgs, ["--no-build-isolation-package"]), ...projectFlags(a.project, rawArgs) };
 }
 
 
@@ -23,7 +23,8 @@ export function localPrepareRequest(a: ParsedArgs<typeof prepareArgs>, rawArgs: 
 export function reportPrepared(out: Output, result: PrepareResult): void {
   for (const finding of result.check) out.log.warn(`pip check: ${finding}`);
   const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${formatBytes(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
+  for (const line of wheelLines(result.wheels)) out.progress(`wheel ${line}`);
   out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);
-  const doc: EnvPrepareDoc = { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath, ...(result.shadowed ? { shadowed: result.shadowed } : {}) };
+  const doc: EnvPrepareDoc = { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath, ...(result.shadowed ? { shadowed: result.shadowed } : {}), ...wheelDocs(result.wheels) };
   out.result(doc, () => result.path, true);
 }

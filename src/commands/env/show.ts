@@ -2,7 +2,7 @@ import { defineCommand } from "citty";
 import { placeContext } from "../_place.ts";
 import { UserError } from "../../errors.ts";
 import { findEnv } from "../../env/index-light.ts";
-import { entryPaths, isReady, lastUsedMs, readMeta } from "../../env/index-light.ts";
+import { entryPaths, isReady, lastUsedMs, readMeta, wheelDocs, wheelLines } from "../../env/index-light.ts";
 import { formatBytes, formatSeconds } from "../../ui/output.ts";
 import { inputsLines } from "../../env/index-light.ts";
 import { outputArgs, placeArgs } from "../_args.ts";
@@ -39,6 +39,7 @@ export default defineCommand({
       installed: meta.installed,
       check: meta.check,
       ...(meta.shadowed ? { shadowed: meta.shadowed } : {}),
+      ...wheelDocs(meta.wheels),
       last_used: lastUsed,
     };
     out.result(doc, () => [
@@ -50,6 +51,7 @@ export default defineCommand({
       `size         ${formatBytes(meta.sizeBytes)}`,
       `installed    ${meta.installed.join(", ") || "(nothing: the worker's packages satisfy it)"}`,
       ...(meta.shadowed?.length ? [`shadows      ${meta.shadowed.map((s) => `${s.name} ${s.worker} (the worker's) by ${s.locked} (the lock's)`).join(", ")}`] : []),
+      ...wheelLines(meta.wheels).map((l) => `wheel        ${l}`),
       ...(meta.check.length ? [`pip check    ${meta.check.join("; ")}`] : []),
     ]);
   },

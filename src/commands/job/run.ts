@@ -77,6 +77,7 @@ export default defineCommand({
         indexUrl: a["index-url"],
         extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]),
         findLinks: repeated(rawArgs, ["--find-links"]),
+        noBuildIsolation: repeated(rawArgs, ["--no-build-isolation-package"]),
         ...projectFlags(a.project, rawArgs),
         command,
         name: a.name,

@@ -4,6 +4,7 @@ import type { FlagOptions } from "../request/key.ts";
 import type { RequestInputs } from "../request/requirements.ts";
 import type { BuildAs } from "./build-user.ts";
 import type { LockedProject } from "../request/locked-project.ts";
+import type { DeferredBuild } from "../request/no-isolation.ts";
 
 /**
  * What a build is given. A module of its own: build.ts and the two installer
@@ -40,6 +41,10 @@ export interface BuildPlan {
   project?: LockedProject;
   /** A pylock.toml (absolute): `uv pip install -r` of it installs the env, exactly its packages. */
   pylock?: string;
+  /** Requirements built last, without build isolation (wheelhouse.ts). */
+  deferred?: DeferredBuild[];
+  /** The home's wheelhouse (config/paths.ts): wheels those builds made, by what they were built against. */
+  wheelhouse?: string;
 }
 
 /** --find-links flags as the installer takes them: local folders by path, URLs as given. */

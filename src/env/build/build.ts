@@ -23,6 +23,8 @@ import { keepVenvTemplate, venvFromTemplate } from "./venv-template.ts";
 import { writeFileNamed } from "../../core/atomic.ts";
 import { checkLock, dropMislockedStandins, installPylock, lockedVersions, projectUvEnv, pylockVersions, shadowedBy, syncProject } from "./locked-project.ts";
 import type { Shadowed } from "../request/locked-project.ts";
+import { withoutDeferred } from "../request/no-isolation.ts";
+import { buildDeferred, type WheelReport } from "./wheelhouse.ts";
 
 export type { BuildHooks, BuildStep } from "./run-tool.ts";
 export { installerMessage } from "./run-tool.ts";
@@ -50,6 +52,8 @@ export interface BuildOutcome {
   steps: { step: BuildStep; seconds: number }[];
   /** A uv project's env: the worker packages it holds the locked version of, over the worker's. */
   shadowed?: Shadowed[];
+  /** The requirements built without isolation: compiled here or taken from the wheelhouse (wheelhouse.ts). */
+  wheels?: WheelReport[];
 }
 
 export function envSitePackages(dir: string, info: InterpreterInfo): string {
@@ -83,6 +87,21 @@ export function installerEnv(plan: BuildPlan): Record<string, string> {
 }
 
 export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise<BuildOutcome> {
+  const deferred = plan.deferred ?? [];
+  if (!deferred.length) return await installEnv(plan, hooks);
+  if (plan.user) throw new UsageError(`--no-build-isolation-package ${deferred[0]!.name}: not yet on a worker with run_as (the build would run as the job's user against the worker's own wheelhouse)`);
+  // The rest of the env first: what the deferred builds import is installed by then.
+  const outcome = await installEnv({ ...plan, inputs: withoutDeferred(plan.inputs, deferred) }, hooks);
+  const site = envSitePackages(plan.dir, plan.interpreter);
+  const started = performance.now();
+  const wheels = await buildDeferred(plan, deferred, installerEnv(plan), hooks, site);
+  const seconds = (performance.now() - started) / 1000;
+  outcome.steps.push({ step: "installing", seconds });
+  hooks.onStepDone?.("installing", seconds);
+  return { ...outcome, installed: installedSet([site]), wheels };
+}
+
+async function installEnv(plan: BuildPlan, hooks: BuildHooks): Promise<BuildOutcome> {
   const setting = plan.installer ?? "auto";
   const { path: uv, reason: noUv } = await findUv(plan, installerEnv(plan));
   if (plan.venvCreator === "uv" && !uv) throw new UsageError("GPULAYER_VENV_CREATOR=uv but uv is not on PATH");

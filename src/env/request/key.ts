@@ -4,6 +4,7 @@ import type { InterpreterInfo } from "./interpreter.ts";
 import type { CondaEnv } from "./conda.ts";
 import { type RequestInputs, variableDigests } from "./requirements.ts";
 import type { LockedProject, LockedProjectKey } from "./locked-project.ts";
+import type { DeferredBuild } from "./no-isolation.ts";
 
 /** Bumped whenever the key document or the build changes meaning; old entries are then never reused. */
 export const KEY_SCHEMA = 3;
@@ -29,6 +30,8 @@ export interface KeyInput {
   project?: LockedProjectKey;
   /** A pylock.toml: its content's digest (its local packages are in inputs.locals). */
   pylock?: string;
+  /** Built last, against the env and the worker (no-isolation.ts): PEP 503 names, and the variables that change such a build. */
+  noBuildIsolation?: { names: string[]; variables: Record<string, string | null> };
 }
 
 /**
@@ -67,6 +70,7 @@ export function keyDocument(input: KeyInput) {
     ...(input.conda ? { conda: input.conda } : {}),
     ...(input.project ? { project: input.project } : {}),
     ...(input.pylock ? { pylock: input.pylock } : {}),
+    ...(input.noBuildIsolation ? { no_build_isolation: [...input.noBuildIsolation.names].sort(), build_variables: input.noBuildIsolation.variables } : {}),
   };
 }
 
@@ -89,6 +93,8 @@ export interface ResolvedRequest {
   project?: LockedProject;
   /** The pylock.toml (absolute) the env is installed from, when the request's requirements file is one. */
   pylock?: string;
+  /** Requirements built last, without build isolation (no-isolation.ts). */
+  deferred?: DeferredBuild[];
   /** What of the machine's pip configuration counts (variable names, files, the files they name); null when shut out. */
   machineConfig: string[] | null;
   /** Local find-links folders the machine's pip configuration names, by content (in the key through its digest). */

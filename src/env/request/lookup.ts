@@ -12,6 +12,7 @@ import type { Lease } from "../../core/lease.ts";
 import { confineTo, scanRequest } from "./requirements.ts";
 import { lockedProjectInputs } from "./locked-project.ts";
 import { isPylockFile, pylockInputs } from "./pylock.ts";
+import { buildVariables, deferredBuilds } from "./no-isolation.ts";
 import type { InstallerSetting } from "../build/build-plan.ts";
 import type { BuildUser } from "../build/build-user.ts";
 import type { EnvironmentRequest } from "./request-schema.ts";
@@ -72,6 +73,8 @@ export interface PrepareResult {
   installerPath: string | null;
   /** Why the fast path was not taken for it, when it was not. */
   installerFallback: string | null;
+  /** Built: the requirements built without isolation, compiled now or taken from the wheelhouse. */
+  wheels?: NonNullable<BuildOutcome["wheels"]>;
   /** Held when asked for (a job): released by the caller when it is done with the env. */
   lease?: Lease;
   /** The conda environment under the env, when the request named one: a job runs with its activation. */
@@ -121,6 +124,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     if (req.confineTo) confineTo(req.confineTo, path, "--find-links", "the find-links location");
     return { path, digest: findLinksDigest(path, layout.digests, hooks.onHashing) };
   });
+  const deferred = deferredBuilds(req.noBuildIsolation ?? [], inputs, req.specOrigin ?? "-p", Boolean(project));
   const flags: FlagOptions = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: flagLinks };
   // A file:// index is a folder read like a find-links one: in a remote request, inside the bundle too.
   if (req.confineTo) {
@@ -141,9 +145,10 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     ...(conda ? { conda: { prefix: conda.prefix, meta: conda.metaDigest } } : {}),
     ...(locked ? { project: locked.key } : {}),
     ...(pylock ? { pylock: pylock.key } : {}),
+    ...(deferred.length ? { noBuildIsolation: { names: deferred.map((d) => d.name), variables: buildVariables(req.env) } } : {}),
   });
   const summary = project ? `uv project ${project.dir.split("/").pop()} (uv.lock${[...project.groups.map((g) => ` --group ${g}`), ...project.extras.map((e) => ` --extra ${e}`)].join("")})` : requestSummary(inputs);
-  return { key: envKey(doc), doc, summary, inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, ...(project ? { project } : {}), ...(pylockFile ? { pylock: pylockFile } : {}), machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
+  return { key: envKey(doc), doc, summary, inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, ...(project ? { project } : {}), ...(pylockFile ? { pylock: pylockFile } : {}), ...(deferred.length ? { deferred } : {}), machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
 }
 
 /**
@@ -181,6 +186,7 @@ export function preparedResult(resolved: ResolvedRequest, paths: EntryPaths, sta
     ...(fetched ? { fetched } : {}),
     check: build?.check ?? meta?.check ?? [],
     ...((build ? build.shadowed : meta?.shadowed) ? { shadowed: build ? build.shadowed : meta?.shadowed } : {}),
+    ...(build?.wheels ? { wheels: build.wheels } : {}),
     installerPath: build?.installerPath ?? meta?.installerPath ?? null,
     installerFallback: build ? build.fallback : (meta?.installerFallback ?? null),
     conda: resolved.conda,

@@ -26,6 +26,8 @@ export const WireEnvironmentSchema = v.strictObject({
   /** With project: the dependency groups and extras, as `uv sync --group/--extra` takes them. */
   groups: v.optional(StrList),
   extras: v.optional(StrList),
+  /** environment.no_build_isolation or --no-build-isolation-package: built after the rest of the env, against it and the worker (env/build/wheelhouse.ts). */
+  noBuildIsolation: v.optional(StrList),
   /** environment.prepare_timeout or --prepare-timeout, in ms; else the machine's own prepare_timeout. */
   prepareTimeoutMs: v.optional(v.pipe(v.number(), v.integer(), v.minValue(1))),
 });

@@ -41,6 +41,7 @@ export function environmentRequest(asked: EnvironmentRequest, base: string, defa
     findLinks: asked.findLinks.map((f) => (isUrl(f) ? f : path(f))),
     ...(asked.image === undefined ? {} : { image: asked.image }),
     ...(asked.project === undefined ? {} : { project: path(asked.project), groups: asked.groups ?? [], extras: asked.extras ?? [] }),
+    ...(asked.noBuildIsolation?.length ? { noBuildIsolation: asked.noBuildIsolation } : {}),
     ...(asked.prepareTimeoutMs === undefined ? {} : { prepareTimeoutMs: asked.prepareTimeoutMs }),
   };
 }

@@ -83,7 +83,17 @@ export type PrepareFinished = {
   env_seconds?: number;
   /** A uv project's env: the worker packages the lock brings its own version of. */
   shadowed?: { name: string; worker: string; locked: string }[];
+  /** Built: the requirements built without isolation, compiled (and its seconds) or taken from the wheelhouse. */
+  wheels?: WheelDoc[];
 };
+
+export interface WheelDoc {
+  name: string;
+  wheel: string;
+  from: "compiled" | "wheelhouse";
+  seconds: number;
+  built_against: string[];
+}
 
 export type JobEventName = keyof JobEventData;
 

@@ -1,0 +1,150 @@
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync } from "node:fs";
+import { basename, join } from "node:path";
+import { contentHash, fileContentHash } from "../../core/hashing.ts";
+import { writeFileNamed } from "../../core/atomic.ts";
+import { touchFile } from "../store/store.ts";
+import { InstallError } from "../../errors.ts";
+import { buildVariables, type DeferredBuild } from "../request/no-isolation.ts";
+import type { BuildPlan } from "./build-plan.ts";
+import { type BuildInputs, inputsHold, readBuildInputs, recordingHook } from "./build-inputs.ts";
+import { pipCommand } from "./pip-path.ts";
+import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
+
+/**
+ * The requirements built without build isolation, once the rest of the env
+ * is installed: each sdist is fetched (pip download), its wheel taken from
+ * the wheelhouse when one there was built against what this env and worker
+ * hold (build-inputs.ts), else compiled here by pip with the env's and the
+ * worker's packages importable and kept in the wheelhouse; then installed by
+ * path. pip's wheel cache is never asked: it keys a built wheel by its sdist
+ * alone, so it would hand one compiled against another torch back.
+ */
+
+export interface WheelReport {
+  name: string;
+  /** The wheel's file name. */
+  wheel: string;
+  from: "compiled" | "wheelhouse";
+  /** The compile's seconds (from the wheelhouse: the seconds it took where it was compiled). */
+  seconds: number;
+  /** The distributions the build imported, `name==version`: what the wheel was built against. */
+  builtAgainst: string[];
+}
+
+interface WheelEntry {
+  name: string;
+  wheel: string;
+  seconds: number;
+  built: string;
+  inputs: BuildInputs;
+}
+
+/** The wheelhouse's folder for one sdist under one interpreter and one set of build variables. */
+function conditionsDir(wheelhouse: string, plan: BuildPlan, sdistDigest: string): string {
+  const info = plan.interpreter;
+  const variables = buildVariables(plan.env);
+  const conditions = contentHash(JSON.stringify({ python: [info.implementation, info.version, info.platform, info.soabi], variables }));
+  return join(wheelhouse, sdistDigest, conditions);
+}
+
+/** A kept wheel whose build's inputs hold here, if any. */
+function lookUp(dir: string, siteDirs: string[]): { path: string; entry: WheelEntry } | null {
+  let names: string[];
+  try {
+    names = readdirSync(dir).filter((n) => !n.endsWith(".tmp"));
+  } catch {
+    return null;
+  }
+  for (const n of names.sort().reverse()) {
+    let entry: WheelEntry;
+    try {
+      entry = JSON.parse(readFileSync(join(dir, n, "entry.json"), "utf8")) as WheelEntry;
+    } catch {
+      continue; // half-written by a build that died: never used
+    }
+    const path = join(dir, n, entry.wheel);
+    if (existsSync(path) && inputsHold(entry.inputs, siteDirs)) return { path, entry };
+  }
+  return null;
+}
+
+/**
+ * The kept wheel copied into the build's own folder, its use recorded: gc may take the entry away at any time
+ * (gc/wheel-source.ts), so a copy that fails is a miss, and the build compiles.
+ */
+function takeOut(found: { path: string; entry: WheelEntry } | null, into: string): { path: string; entry: WheelEntry } | null {
+  if (!found) return null;
+  const copy = join(into, "kept", found.entry.wheel);
+  try {
+    mkdirSync(join(into, "kept"), { recursive: true });
+    copyFileSync(found.path, copy);
+    touchFile(join(found.path, "..", "last-used"));
+  } catch {
+    return null;
+  }
+  return { path: copy, entry: found.entry };
+}
+
+/** The new entry, written whole beside its final name and renamed in. */
+function keep(dir: string, wheel: string, entry: WheelEntry): string {
+  const name = `${Date.now()}-${contentHash(JSON.stringify(entry.inputs)).slice(0, 16)}`;
+  const tmp = join(dir, `${name}.${process.pid}.tmp`);
+  mkdirSync(tmp, { recursive: true });
+  copyFileSync(wheel, join(tmp, entry.wheel));
+  writeFileNamed(join(tmp, "entry.json"), JSON.stringify(entry, null, 2));
+  touchFile(join(tmp, "last-used"));
+  rmSync(join(dir, name), { recursive: true, force: true });
+  renameSync(tmp, join(dir, name));
+  return join(dir, name, entry.wheel);
+}
+
+export async function buildDeferred(plan: BuildPlan, deferred: DeferredBuild[], env: Record<string, string>, hooks: BuildHooks, site: string): Promise<WheelReport[]> {
+  const envPython = join(plan.dir, "bin", "python");
+  const work = join(plan.tmpDir ?? join(plan.dir, ".gpulayer"), "no-isolation");
+  mkdirSync(work, { recursive: true });
+  // pip unpacks and builds in its TMPDIR: inside `work`, whose files are the sdist's own, not inputs.
+  const pipEnv = { ...env, TMPDIR: work, TEMP: work, TMP: work };
+  const pip = await pipCommand(plan, envPython, pipEnv, hooks);
+  const siteDirs = [site, ...plan.interpreter.siteDirs];
+  const tool = async (argv: string[], failed: string, extra: Record<string, string> = {}) => {
+    const { code, lines } = await runTool([...pip.argv, ...argv], { env: { ...pipEnv, ...extra }, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
+    if (code !== 0) throw installFailure(failed, lines);
+  };
+  const reports: WheelReport[] = [];
+  try {
+    for (const d of deferred) {
+      const into = join(work, d.name);
+      const downloaded = join(into, "sdist");
+      hooks.onStep?.("installing", `${d.name}: fetching its source (no build isolation)`);
+      await tool(["download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", "--progress-bar", "off", "-d", downloaded, d.install], `fetching the source of ${d.name} failed`);
+      const sdist = readdirSync(downloaded).map((f) => join(downloaded, f))[0];
+      if (!sdist) throw new InstallError(`fetching the source of ${d.name} gave no file`, "");
+      const dir = conditionsDir(plan.wheelhouse!, plan, fileContentHash(sdist));
+      let found = takeOut(lookUp(dir, siteDirs), into);
+      if (found) {
+        hooks.onStep?.("installing", `${d.name}: ${found.entry.wheel} from the wheelhouse (built against ${shown(found.entry.inputs)})`);
+        reports.push({ name: d.name, wheel: found.entry.wheel, from: "wheelhouse", seconds: found.entry.seconds, builtAgainst: found.entry.inputs.imported });
+      } else {
+        hooks.onStep?.("installing", `${d.name}: compiling ${basename(sdist)} with the env's and the worker's packages importable`);
+        const hook = recordingHook(join(into, "record"));
+        const out = join(into, "wheel");
+        const started = performance.now();
+        await tool(["wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "--progress-bar", "off", "-w", out, sdist], `building ${d.name} without build isolation failed`, { PYTHONPATH: hook.pythonPath, GPULAYER_BUILD_RECORD: hook.records });
+        const seconds = (performance.now() - started) / 1000;
+        const wheel = readdirSync(out).find((f) => f.endsWith(".whl"));
+        if (!wheel) throw new InstallError(`building ${d.name} gave no wheel`, "");
+        const inputs = readBuildInputs(hook.records, siteDirs, work);
+        mkdirSync(dir, { recursive: true });
+        found = { path: keep(dir, join(out, wheel), { name: d.name, wheel, seconds, built: new Date().toISOString(), inputs }), entry: { name: d.name, wheel, seconds, built: "", inputs } };
+        reports.push({ name: d.name, wheel, from: "compiled", seconds, builtAgainst: inputs.imported });
+      }
+      // By path: no installer's cache has a say in which wheel this env gets.
+      await tool(["install", "--no-cache-dir", "--no-warn-script-location", "--progress-bar", "off", found.path], `installing ${d.name} failed`);
+    }
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+  return reports;
+}
+
+const shown = (inputs: BuildInputs) => inputs.imported.filter((d) => !d.startsWith("pip==")).join(", ") || "the standard library alone";

@@ -1,0 +1,80 @@
+import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
+import { join } from "node:path";
+import type { HomeLayout } from "../config/paths.ts";
+import { contentHash } from "../core/hashing.ts";
+import { diskUsage } from "../env/index-light.ts";
+import type { GcEntry, GcSource, RemoveOutcome } from "./types.ts";
+
+/**
+ * The wheelhouse (env/build/wheelhouse.ts): `<sdist digest>/<conditions>/<entry>/`,
+ * each entry a wheel, its entry.json and `last-used` (touched when a build
+ * takes it). An entry is removed by one rename into the trash; a build that
+ * takes a wheel copies it out first and compiles when the copy fails, so a
+ * removal under it costs a compile, never a broken env. Folders left half
+ * written (`.tmp`) by a build that died are incomplete.
+ */
+export function wheelSource(layout: HomeLayout): GcSource {
+  return { kind: "wheel", list: async () => listWheelEntries(layout) };
+}
+
+const dirs = (path: string): string[] => {
+  try {
+    return readdirSync(path, { withFileTypes: true }).filter((d) => d.isDirectory()).map((d) => d.name);
+  } catch {
+    return [];
+  }
+};
+
+const statMs = (path: string): number | null => statSync(path, { throwIfNoEntry: false })?.mtimeMs ?? null;
+
+function listWheelEntries(layout: HomeLayout): GcEntry[] {
+  const entries: GcEntry[] = [];
+  for (const sdist of dirs(layout.wheelhouse)) {
+    for (const conditions of dirs(join(layout.wheelhouse, sdist))) {
+      for (const name of dirs(join(layout.wheelhouse, sdist, conditions))) {
+        const dir = join(layout.wheelhouse, sdist, conditions, name);
+        const createdMs = statMs(dir);
+        if (createdMs === null) continue; // removed under us
+        let wheel = "(unreadable entry)";
+        let against: string[] = [];
+        try {
+          const entry = JSON.parse(readFileSync(join(dir, "entry.json"), "utf8")) as { wheel: string; inputs: { imported: string[] } };
+          wheel = entry.wheel;
+          against = entry.inputs.imported;
+        } catch {
+          // half written: incomplete below
+        }
+        // A folder a build is writing right now is young: left to its build (min-age also holds it).
+        const incomplete = name.endsWith(".tmp") && Date.now() - createdMs > 60 * 60 * 1000;
+        if (name.endsWith(".tmp") && !incomplete) continue;
+        entries.push({
+          kind: "wheel",
+          id: contentHash(`${sdist}/${conditions}/${name}`),
+          state: incomplete ? "incomplete" : "ready",
+          sizeBytes: diskUsage(dir),
+          lastUsedMs: statMs(join(dir, "last-used")) ?? createdMs,
+          createdMs,
+          summary: `wheel ${wheel}${against.length ? ` built against ${against.join(", ")}` : ""}`,
+          names: [wheel],
+          inUse: async () => [],
+          remove: async () => removeWheel(layout, dir),
+        });
+      }
+    }
+  }
+  return entries;
+}
+
+function removeWheel(layout: HomeLayout, dir: string): RemoveOutcome {
+  const sizeBytes = diskUsage(dir);
+  const doomed = join(layout.trash, `wheel-${contentHash(dir).slice(0, 16)}.${process.pid}.${Date.now()}`);
+  try {
+    mkdirSync(layout.trash, { recursive: true });
+    renameSync(dir, doomed);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return { removed: false, reason: { code: "changed", message: "already removed by another process" } };
+    return { removed: false, reason: { code: "failed", message: `could not move it out: ${(error as Error).message}` } };
+  }
+  rmSync(doomed, { recursive: true, force: true });
+  return { removed: true, freedBytes: sizeBytes };
+}
