@@ -169,7 +169,7 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
 async function lockedCase(worker: string, deps: string[], runs: number, warmRuns: number): Promise<{ cold: [string, Stats][]; warm: Stats }> {
   const proj = join(work, "locked-project");
   mkdirSync(proj, { recursive: true });
-  writeFileSync(join(proj, "pyproject.toml"), `[project]\nname = "bench-locked"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = [${deps.map((d) => JSON.stringify(d)).join(", ")}]\n\n[tool.uv]\npackage = false\n\n[[tool.uv.index]]\nurl = "${INDEX}"\ndefault = true\n`);
+  writeFileSync(join(proj, "pyproject.toml"), `[project]\nname = "bench-locked"\nversion = "0.1"\nrequires-python = ">=3.11"\ndependencies = [${deps.map((d) => JSON.stringify(d)).join(", ")}]\n\n[tool.uv]\npackage = false\n\n[[tool.uv.index]]\nurl = "${INDEX}"\ndefault = true\n`);
   await must(["uv", "lock", "--project", proj, "--quiet"], { ...base, UV_CACHE_DIR: join(work, "uv-lock") });
   const prepare = ["env", "prepare", "--project", proj, "--python", worker];
   const gpulayer = async () => {
