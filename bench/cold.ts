@@ -162,6 +162,58 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
   return rows;
 }
 
+/**
+ * A uv project locked against the bench's index (`uv lock`, its [[tool.uv.index]] the index): `gpulayer env prepare
+ * --project` against raw `uv venv` + `uv sync --frozen`, fresh homes and caches, alternated. Then the warm reuse.
+ */
+async function lockedCase(worker: string, deps: string[], runs: number, warmRuns: number): Promise<{ cold: [string, Stats][]; warm: Stats }> {
+  const proj = join(work, "locked-project");
+  mkdirSync(proj, { recursive: true });
+  writeFileSync(join(proj, "pyproject.toml"), `[project]\nname = "bench-locked"\nversion = "0.1"\nrequires-python = ">=3.11"\ndependencies = [${deps.map((d) => JSON.stringify(d)).join(", ")}]\n\n[tool.uv]\npackage = false\n\n[[tool.uv.index]]\nurl = "${INDEX}"\ndefault = true\n`);
+  await must(["uv", "lock", "--project", proj, "--quiet"], { ...base, UV_CACHE_DIR: join(work, "uv-lock") });
+  const prepare = ["env", "prepare", "--project", proj, "--python", worker];
+  const gpulayer = async () => {
+    const { env } = fresh();
+    const t = performance.now();
+    await must([bin, ...prepare], env);
+    return performance.now() - t;
+  };
+  const rawSync = async () => {
+    const { dir, env } = fresh();
+    const venv = join(dir, "venv");
+    const t = performance.now();
+    await must(["uv", "venv", "--no-config", "--quiet", "--python", worker, venv], env);
+    await must(["uv", "sync", "--frozen", "--quiet", "--project", proj], { ...env, UV_PROJECT_ENVIRONMENT: venv });
+    return performance.now() - t;
+  };
+  const cold = await sideBySide([["`gpulayer env prepare --project` (uv.lock)", gpulayer], [RAW_SYNC, rawSync]], runs);
+  const warmEnv = { ...base, GPULAYER_HOME: join(work, "home-locked"), UV_CACHE_DIR: join(work, "uv-locked") };
+  await must([bin, ...prepare], warmEnv);
+  const samples: number[] = [];
+  for (let i = 0; i < warmRuns + 3; i++) {
+    const t = performance.now();
+    await must([bin, ...prepare, "--quiet"], warmEnv);
+    if (i >= 3) samples.push(performance.now() - t);
+  }
+  for (const d of readdirSync(work)) if (d.startsWith("cold-")) rmSync(join(work, d), { recursive: true, force: true });
+  return { cold, warm: stats(samples) };
+}
+const RAW_SYNC = "`uv venv` + `uv sync --frozen` (raw)";
+const LOCKED_DEPS = (process.env.BENCH_LOCKED_DEPS ?? "requests,tqdm").split(",");
+
+if (process.env.BENCH_ONLY === "locked") {
+  // This case alone, printed, the report untouched: BENCH_ONLY=locked bun run bench/cold.ts
+  try {
+    const runs = Number(process.env.BENCH_COLD_RUNS ?? 5);
+    await lockedCase(smallPy, LOCKED_DEPS, 1, 1);
+    const { cold, warm } = await lockedCase(smallPy, LOCKED_DEPS, runs, Number(process.env.BENCH_WARM_RUNS ?? 30));
+    console.log([`## a uv project locked on ${LOCKED_DEPS.join(", ")} (${runs} runs each)`, "", ...table(cold, RAW_SYNC, "s"), "", `warm reuse: median ${warm.median.toFixed(1)} ms, p90 ${warm.p90.toFixed(1)} ms`].join("\n"));
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+  process.exit(0);
+}
+
 try {
   const runs = Number(process.env.BENCH_COLD_RUNS ?? 5);
   const torchRuns = Number(process.env.BENCH_TORCH_RUNS ?? 3);
@@ -209,6 +261,8 @@ try {
     env: { PIP_CONFIG_FILE: join(conf, "pip.conf"), HOME: join(conf, "home"), XDG_CONFIG_DIRS: join(conf, "home") },
     rawUvArgs: ["--index-url", INDEX, "--find-links", join(conf, "links"), "-c", join(conf, "constraints.txt")],
   });
+
+  const locked = await lockedCase(smallPy, LOCKED_DEPS, runs, warmRuns);
 
   // Warm: the tqdm env built once (fast path), then whole processes that find it.
   const warmEnv = { ...base, GPULAYER_HOME: join(work, "home-warm"), PIP_CACHE_DIR: join(work, "pip-warm"), UV_CACHE_DIR: join(work, "uv-warm") };
@@ -275,6 +329,12 @@ try {
     `## \`tqdm\` under the machine's pip configuration (${runs} runs each; aim: within 1.3x of raw uv given the same options as flags)`,
     "",
     ...table(machineRows, RAW_UV, "s"),
+    "",
+    `## A uv project locked on ${LOCKED_DEPS.join(", ")} (${runs} runs each; aim: within 1.15x of raw \`uv sync --frozen\`, warm within 1.2x of the plain warm prepare)`,
+    "",
+    ...table(locked.cold, RAW_SYNC, "s"),
+    "",
+    `Warm reuse of the locked project: median ${locked.warm.median.toFixed(1)} ms, p90 ${locked.warm.p90.toFixed(1)} ms.`,
     "",
     `## Warm: the \`tqdm\` env is there (${warmRuns} runs each, after 3 warm-up runs)`,
     "",

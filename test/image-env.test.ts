@@ -392,6 +392,29 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
     }
   });
+
+  it("a uv project on an image is refused in one line before anything is pulled or built", async () => {
+    const ref = await imageWithGreetb(name);
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    try {
+      // A real lock of greetb 2.0; the image has 1.0: run with the image alone, the job would see the wrong one.
+      const proj = join(box.root, "wd", "proj");
+      mkdirSync(proj, { recursive: true });
+      writeFileSync(join(proj, "pyproject.toml"), `[project]\nname = "proj"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["greetb==2.0"]\n\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`);
+      const locked = await run(["uv", "lock"], { cwd: proj, env: box.env });
+      expect(locked.stderr && locked.code).toBe(0);
+      writeFileSync(join(box.root, "wd", "job.yaml"), `command: python3 -c 'import greetb; print("greetb", greetb.__version__)'\nenvironment:\n  project: proj\n`);
+      const r = await cli(["job", "run", "-f", "job.yaml", "--image", ref], { env: box.env, cwd: join(box.root, "wd") });
+      expect(r.code).toBe(2);
+      expect(r.stdout).not.toContain("greetb");
+      expect(r.stderr.trim()).toBe(`error: a uv project (--project ${proj}) does not go with an image (${ref}) yet: run it without --image, or build the image with uv sync`);
+      expect(envDirs(box.home)).toEqual([]);
+    } finally {
+      box.cleanup();
+      await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
+    }
+  });
 });
 
 describe("an image and requirements, through a server", () => {

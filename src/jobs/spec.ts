@@ -6,6 +6,7 @@ import { positiveDuration } from "../config/kinds.ts";
 import { join as shlexJoin } from "shlex";
 import { UsageError } from "../errors.ts";
 import { taskGraphProblem } from "./task-graph.ts";
+import { refuseProjectOnImage } from "./prepare.ts";
 
 /** A job with every path resolved and flags merged over its file: what a runner needs, nothing else. */
 export interface JobSpec {
@@ -145,6 +146,7 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   // A project (flag, else file) is the whole environment: requirements from either side are refused with it when the env is prepared.
   const project = flags.project !== undefined ? { project: resolve(cwd, flags.project), groups: flags.groups ?? [], extras: flags.extras ?? [] } : byFile.project !== undefined && !(byFlags.requirementsFile || flags.specs.length) ? { project: byFile.project, groups: byFile.groups ?? [], extras: byFile.extras ?? [] } : null;
   if (project) Object.assign(environment, project);
+  refuseProjectOnImage(environment);
   if (byFlags.requirementsFile || flags.specs.length) {
     if (byFlags.requirementsFile) {
       requirementsFileOrRefusal(byFlags.requirementsFile, "-r", flags.requirementsFile!);
@@ -187,6 +189,7 @@ function taskSpec(job: JobSpec, name: string, task: TaskFile, fileDir: string, s
     environment = { ...job.environment, ...own, ...base };
   }
   const resources = { gpus: task.resources?.gpus ?? job.resources.gpus, frameworks: task.resources?.frameworks ?? job.resources.frameworks };
+  refuseProjectOnImage(environment);
   return { name, ...commandOf(task.command), workdir, env, environment, resources, ...(task.outputs?.length ? { outputs: task.outputs } : {}) };
 }
 
