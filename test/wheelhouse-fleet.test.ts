@@ -84,7 +84,7 @@ describe("a wheel compiled without isolation, shared with the fleet", () => {
   test("a wheel whose bytes changed on the server is refused by its digest: the worker compiles instead", async () => {
     const [file] = serverWheels();
     const bytes = readFileSync(file!);
-    bytes[bytes.length - 1] ^= 0xff;
+    bytes[bytes.length - 1] = bytes[bytes.length - 1]! ^ 0xff;
     writeFileSync(file!, bytes);
     const r = await jobOn("w3", "gamma");
     expect(r.stdout).toContain("built with 2.1.0+cu121");
@@ -93,6 +93,8 @@ describe("a wheel compiled without isolation, shared with the fleet", () => {
     expect(r.steps).toContainEqual(expect.stringMatching(/^refused wheel kernels-1\.0-py3-none-any\.whl from w1 .*does not match its sha256/));
     // The server found the same and dropped it; the new compile's wheel took its place, unchanged.
     await waitFor("the new wheel on the server", async () => (serverWheels().length === 1 && serverWheels()[0] !== file ? true : null));
+    // gpulayer workers counts the shared wheels.
+    expect((await gpl(["workers"])).stdout).toMatch(/^wheels +1 \(/m);
     expect(await run(["sha256sum", serverWheels()[0]!]).then((x) => x.stdout.split(" ")[0])).toBe(serverWheels()[0]!.match(/([0-9a-f]{64})\.whl$/)![1]);
   });
 });
