@@ -15,6 +15,8 @@ export interface ArtifactsView {
   count: number;
   bytes: number;
   artifacts: { sha256: string; key: string; bytes: number; built_by: string; created: string; last_used: string }[];
+  /** Wheels compiled without build isolation the fleet shares (absent from an older server). */
+  wheels?: { count: number; bytes: number };
 }
 
 export function listArtifacts(target: RemoteTarget): Promise<ArtifactsView> {

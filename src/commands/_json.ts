@@ -43,7 +43,7 @@ export const ConfigDocument = v.strictObject({ config_file: str, config_file_exi
 // ---- env prepare, env list, env show, env rm ----
 
 /** A requirement built without isolation (env/build/wheelhouse.ts): compiled by this build, or its wheel taken from the wheelhouse. */
-export const WheelBuilt = v.strictObject({ name: str, wheel: str, from: v.picklist(["compiled", "wheelhouse"]), seconds: num, built_against: strList });
+export const WheelBuilt = v.strictObject({ name: str, wheel: str, from: v.picklist(["compiled", "wheelhouse", "fleet"]), seconds: num, built_against: strList, built_by: v.optional(str) });
 
 export const EnvPrepareDocument = v.strictObject({
   key: str,

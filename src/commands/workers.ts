@@ -50,7 +50,7 @@ export default defineCommand({
       const built = new Map<string, number>();
       for (const x of artifacts?.artifacts ?? []) built.set(x.built_by, (built.get(x.built_by) ?? 0) + 1);
       const shared = artifacts
-        ? [`artifacts  ${artifacts.count} (${formatBytes(artifacts.bytes)} of ${formatBytes(artifacts.max_bytes)}${artifacts.share ? "" : "; sharing is off"})${built.size ? `, built by ${[...built].map(([n, c]) => `${n} (${c})`).join(", ")}` : ""}`]
+        ? [`artifacts  ${artifacts.count} (${formatBytes(artifacts.bytes)} of ${formatBytes(artifacts.max_bytes)}${artifacts.share ? "" : "; sharing is off"})${built.size ? `, built by ${[...built].map(([n, c]) => `${n} (${c})`).join(", ")}` : ""}`, ...(artifacts.wheels ? [`wheels     ${artifacts.wheels.count} (${formatBytes(artifacts.wheels.bytes)}), compiled without build isolation`] : [])]
         : [];
       return [...table(rows), ...shared];
     });

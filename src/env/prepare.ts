@@ -1,6 +1,6 @@
 import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping } from "./store/shipping.ts";
+import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping, type WheelSharing } from "./store/shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
 import { type BuildAs, relocate, userCacheDir } from "./build/build-user.ts";
@@ -46,7 +46,7 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
       const ticket = opts.shipping ? await fromFleet(layout, opts.shipping, resolved, paths, watched, stop) : null;
       if (ticket && "fetched" in ticket) return done("fetched", undefined, ticket.fetched);
       try {
-        const built = await buildUnderLock(layout, resolved, { ...req, venvCreator, installer, signal: stop }, paths, watched, lock.keep);
+        const built = await buildUnderLock(layout, resolved, { ...req, venvCreator, installer, signal: stop }, paths, watched, lock.keep, opts.shipping?.wheels);
         ticket?.build.built();
         return done("built", built);
       } catch (error) {
@@ -97,7 +97,7 @@ function buildAs(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequ
 
 const formatLimit = (ms: number) => (ms % 1000 === 0 ? `${ms / 1000} s` : `${(ms / 1000).toFixed(1)} s`);
 
-async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: EntryPaths, hooks: PrepareHooks, keep: KeepGroup): Promise<PrepareResult["build"]> {
+async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: EntryPaths, hooks: PrepareHooks, keep: KeepGroup, wheelSharing?: WheelSharing): Promise<PrepareResult["build"]> {
   const started = performance.now();
   // A `${VAR}` value pip prints (a URL it fetched, an error) goes on by its name: what is shown, sent or stored never holds it.
   const { hide, hooks: shownHooks } = hidingVariables(resolved, hooks);
@@ -116,7 +116,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         inputs: as ? { ...resolved.inputs, topFile: resolved.inputs.topFile && as.moved(resolved.inputs.topFile) } : resolved.inputs,
         flags: as ? { ...resolved.flags, findLinks: resolved.flags.findLinks.map((f) => (f.path ? { ...f, path: as.moved(f.path) } : f)) } : resolved.flags,
         isolated: resolved.isolated,
-        ...(resolved.deferred ? { deferred: resolved.deferred, wheelhouse: layout.wheelhouse } : {}),
+        ...(resolved.deferred ? { deferred: resolved.deferred, wheelhouse: layout.wheelhouse, ...(wheelSharing ? { wheelSharing } : {}) } : {}),
         ...(resolved.project ? { project: as ? { ...resolved.project, dir: as.moved(resolved.project.dir) } : resolved.project } : {}),
         ...(resolved.pylock ? { pylock: as ? as.moved(resolved.pylock) : resolved.pylock } : {}),
         env: req.env,

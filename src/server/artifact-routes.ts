@@ -74,7 +74,7 @@ export async function artifactRoute(req: Request, url: URL, sub: string | undefi
     }
     user();
     const t = await store.totals();
-    return reply({ share: settings.share, max_bytes: settings.maxBytes, count: t.count, bytes: t.bytes, artifacts: (await store.list()).map(view) });
+    return reply({ share: settings.share, max_bytes: settings.maxBytes, count: t.count, bytes: t.bytes, artifacts: (await store.list()).map(view), wheels: await coord.store.wheels.totals() });
   }
   if (sub === "claim" && method === "POST") {
     const w = worker();

@@ -12,6 +12,7 @@ import { DatabaseDown } from "./db/sql.ts";
 import type { JobsApi } from "./jobs-api.ts";
 import * as S from "./schemas.ts";
 import { artifactRoute, type ArtifactSettings } from "./artifact-routes.ts";
+import { wheelRoute } from "./wheel-routes.ts";
 import type { WorkerRow } from "./store.ts";
 import { workerView } from "./worker-view.ts";
 import { serverMetrics } from "./metrics.ts";
@@ -242,6 +243,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
     if (method === "PUT") return needUser(), await putBundle(req, ctx, id);
   }
   if (kind === "artifacts") return artifactRoute(req, url, id, caller, coord, ctx.artifacts, (schema) => jsonBody(req, ctx, schema));
+  if (kind === "wheels") return wheelRoute(req, url, id, caller, coord, ctx.artifacts, (schema) => jsonBody(req, ctx, schema));
   if (kind === "jobs") {
     needUser();
     if (!id && method === "POST") return reply(await jobs.submit(await submitBody(req, ctx)), 201);

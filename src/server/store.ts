@@ -2,6 +2,7 @@ import type { MachineProbe, PrepareRequestPayload, PrepareTaskResult, RemoteSpec
 import { mkdirSync } from "node:fs";
 import { BundleStore } from "./bundles.ts";
 import { ArtifactStore } from "./artifacts.ts";
+import { WheelStore } from "./wheels.ts";
 import { TokenStore } from "./tokens.ts";
 import type { Sql, SqlValue } from "./db/sql.ts";
 import { redactDeep, redactUrl } from "../env/index-light.ts";
@@ -164,6 +165,7 @@ interface ProcessState {
 export class ServerStore {
   readonly bundles: BundleStore;
   readonly artifacts: ArtifactStore;
+  readonly wheels: WheelStore;
   readonly tokens: TokenStore;
 
   private readonly local: ProcessState;
@@ -179,8 +181,9 @@ export class ServerStore {
     this.local = state;
     this.bundles = new BundleStore(sql, files, state.bundles);
     this.artifacts = new ArtifactStore(sql, files, state.artifacts);
+    this.wheels = new WheelStore(sql, files);
     this.tokens = new TokenStore(sql, state.tokens);
-    if (!local) for (const dir of [this.bundles.dir, this.artifacts.dir]) mkdirSync(dir, { recursive: true });
+    if (!local) for (const dir of [this.bundles.dir, this.artifacts.dir, this.wheels.dir]) mkdirSync(dir, { recursive: true });
   }
 
   /** `fn` with a store on one transaction holding the writer lock (db/sql.ts): the changes land together, one writer at a time. */

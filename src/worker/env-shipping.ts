@@ -7,6 +7,7 @@ import { InstallError } from "../errors.ts";
 import { packEnv, unpackedMetaMismatch, unpackEnv } from "../env/index.ts";
 import { type ArtifactConditions, type BuildTicket, conditionsDiffer, type FetchedEnv, type Shipping, type ShippingRequest } from "../env/index.ts";
 import { entryPaths } from "../env/index.ts";
+import { wheelSharing } from "./wheel-shipping.ts";
 
 /**
  * A joined worker's side of env artifacts (env/store/shipping.ts): before a build,
@@ -52,8 +53,10 @@ const RENEW_MS = 20_000;
 
 export function workerShipping(s: ShippingSettings, taskId: string): Shipping | undefined {
   if (!s.share && !s.offline) return undefined;
+  const wheels = wheelSharing(s, taskId);
   return {
     acquire: (req) => acquire(s, taskId, req),
+    ...(wheels ? { wheels } : {}),
   };
 }
 

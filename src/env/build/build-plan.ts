@@ -1,3 +1,4 @@
+import type { WheelSharing } from "../store/shipping.ts";
 import type { InterpreterInfo } from "../request/interpreter.ts";
 import type { KeepGroup } from "./run-tool.ts";
 import type { FlagOptions } from "../request/key.ts";
@@ -45,6 +46,8 @@ export interface BuildPlan {
   deferred?: DeferredBuild[];
   /** The home's wheelhouse (config/paths.ts): wheels those builds made, by what they were built against. */
   wheelhouse?: string;
+  /** The fleet's wheels (a joined worker that shares): looked up on a miss here, and given what is compiled here. */
+  wheelSharing?: WheelSharing;
 }
 
 /** --find-links flags as the installer takes them: local folders by path, URLs as given. */

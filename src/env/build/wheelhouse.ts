@@ -6,6 +6,7 @@ import { touchFile } from "../store/store.ts";
 import { InstallError } from "../../errors.ts";
 import { buildVariables, type DeferredBuild } from "../request/no-isolation.ts";
 import type { BuildPlan } from "./build-plan.ts";
+import type { SharedWheel } from "../store/shipping.ts";
 import { type BuildInputs, inputsHold, readBuildInputs, recordingHook } from "./build-inputs.ts";
 import { pipCommand } from "./pip-path.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
@@ -24,7 +25,9 @@ export interface WheelReport {
   name: string;
   /** The wheel's file name. */
   wheel: string;
-  from: "compiled" | "wheelhouse";
+  from: "compiled" | "wheelhouse" | "fleet";
+  /** From the fleet: the worker that compiled it. */
+  builtBy?: string;
   /** The compile's seconds (from the wheelhouse: the seconds it took where it was compiled). */
   seconds: number;
   /** The distributions the build imported, `name==version`: what the wheel was built against. */
@@ -39,12 +42,11 @@ interface WheelEntry {
   inputs: BuildInputs;
 }
 
-/** The wheelhouse's folder for one sdist under one interpreter and one set of build variables. */
-function conditionsDir(wheelhouse: string, plan: BuildPlan, sdistDigest: string): string {
+/** The hash of one interpreter and one set of build variables: the wheelhouse's folder name under an sdist's, and what the fleet's wheels are listed by. */
+function conditionsHash(plan: BuildPlan): string {
   const info = plan.interpreter;
   const variables = buildVariables(plan.env);
-  const conditions = contentHash(JSON.stringify({ python: [info.implementation, info.version, info.platform, info.soabi], variables }));
-  return join(wheelhouse, sdistDigest, conditions);
+  return contentHash(JSON.stringify({ python: [info.implementation, info.version, info.platform, info.soabi], variables }));
 }
 
 /** A kept wheel whose build's inputs hold here, if any. */
@@ -119,9 +121,15 @@ export async function buildDeferred(plan: BuildPlan, deferred: DeferredBuild[], 
       await tool(["download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", "--progress-bar", "off", "-d", downloaded, d.install], `fetching the source of ${d.name} failed`);
       const sdist = readdirSync(downloaded).map((f) => join(downloaded, f))[0];
       if (!sdist) throw new InstallError(`fetching the source of ${d.name} gave no file`, "");
-      const dir = conditionsDir(plan.wheelhouse!, plan, fileContentHash(sdist));
+      const sdistDigest = fileContentHash(sdist);
+      const conditions = conditionsHash(plan);
+      const dir = join(plan.wheelhouse!, sdistDigest, conditions);
       let found = takeOut(lookUp(dir, siteDirs), into);
-      if (found) {
+      const fetched = found ? null : await fromFleet(plan, sdistDigest, conditions, dir, siteDirs, into, hooks);
+      if (fetched) {
+        found = fetched.found;
+        reports.push({ name: d.name, wheel: found.entry.wheel, from: "fleet", builtBy: fetched.builtBy, seconds: found.entry.seconds, builtAgainst: found.entry.inputs.imported });
+      } else if (found) {
         hooks.onStep?.("installing", `${d.name}: ${found.entry.wheel} from the wheelhouse (built against ${shown(found.entry.inputs)})`);
         reports.push({ name: d.name, wheel: found.entry.wheel, from: "wheelhouse", seconds: found.entry.seconds, builtAgainst: found.entry.inputs.imported });
       } else {
@@ -136,6 +144,7 @@ export async function buildDeferred(plan: BuildPlan, deferred: DeferredBuild[], 
         const inputs = readBuildInputs(hook.records, siteDirs, work);
         mkdirSync(dir, { recursive: true });
         found = { path: keep(dir, join(out, wheel), { name: d.name, wheel, seconds, built: new Date().toISOString(), inputs }), entry: { name: d.name, wheel, seconds, built: "", inputs } };
+        plan.wheelSharing?.share(sdistDigest, conditions, found.path, { name: d.name, wheel, seconds, inputs });
         reports.push({ name: d.name, wheel, from: "compiled", seconds, builtAgainst: inputs.imported });
       }
       // By path: no installer's cache has a say in which wheel this env gets.
@@ -145,6 +154,51 @@ export async function buildDeferred(plan: BuildPlan, deferred: DeferredBuild[], 
     rmSync(work, { recursive: true, force: true });
   }
   return reports;
+}
+
+/**
+ * On a miss here: a wheel of the same sdist, interpreter and build variables another worker compiled, whose
+ * build's inputs hold here too (checked before the fetch, from what the server lists), its digest checked as it
+ * comes, then kept in this wheelhouse. Any failure is a miss, its reason in the build's steps: the build compiles.
+ */
+async function fromFleet(plan: BuildPlan, sdist: string, conditions: string, dir: string, siteDirs: string[], into: string, hooks: BuildHooks): Promise<{ found: { path: string; entry: WheelEntry }; builtBy: string } | null> {
+  const sharing = plan.wheelSharing;
+  if (!sharing) return null;
+  let listed: SharedWheel[];
+  try {
+    listed = await sharing.list(sdist, conditions, plan.signal);
+  } catch (error) {
+    plan.signal?.throwIfAborted();
+    hooks.onStep?.("installing", `the fleet's wheels could not be listed (${(error as Error).message}): compiling here`);
+    return null;
+  }
+  for (const w of listed) {
+    if (!/^[A-Za-z0-9_.+!-]+\.whl$/.test(w.wheel) || !holdsHere(w.inputs, siteDirs)) continue;
+    const file = join(into, "fleet", w.wheel);
+    try {
+      mkdirSync(join(into, "fleet"), { recursive: true });
+      await sharing.fetch(w, file, plan.signal);
+    } catch (error) {
+      plan.signal?.throwIfAborted();
+      hooks.onStep?.("refused", `wheel ${w.wheel} from ${w.built_by} (${w.sha256.slice(0, 12)}): ${(error as Error).message}`);
+      continue;
+    }
+    hooks.onStep?.("fetching", `${w.name}: ${w.wheel} from ${w.built_by} (built against ${shown(w.inputs)})`);
+    const entry: WheelEntry = { name: w.name, wheel: w.wheel, seconds: w.seconds, built: new Date().toISOString(), inputs: w.inputs };
+    mkdirSync(dir, { recursive: true });
+    keep(dir, file, entry);
+    return { found: { path: file, entry }, builtBy: w.built_by };
+  }
+  return null;
+}
+
+/** What the server listed, checked here: a malformed listing fits nothing. */
+function holdsHere(inputs: BuildInputs, siteDirs: string[]): boolean {
+  try {
+    return inputsHold(inputs, siteDirs);
+  } catch {
+    return false;
+  }
 }
 
 const shown = (inputs: BuildInputs) => inputs.imported.filter((d) => !d.startsWith("pip==")).join(", ") || "the standard library alone";

@@ -3,6 +3,7 @@ import { join } from "node:path";
 import type { HomeLayout } from "../../config/paths.ts";
 import type { InterpreterInfo } from "../request/interpreter.ts";
 import type { ShippingStep } from "../build/run-tool.ts";
+import type { BuildInputs } from "../build/build-inputs.ts";
 import { type EntryPaths, type EnvMeta, markReady, removeEntryDir } from "./store.ts";
 
 /**
@@ -42,6 +43,31 @@ export interface ShippingRequest {
 export interface Shipping {
   /** An artifact unpacked into `into`, or a ticket to build it here; throws (a UserError) where it may not be built here either (offline). */
   acquire(req: ShippingRequest): Promise<{ fetched: FetchedEnv } | { build: BuildTicket }>;
+  /** Wheels compiled without build isolation, shared with the fleet (env/build/wheelhouse.ts); none where sharing is off. */
+  wheels?: WheelSharing;
+}
+
+/** A wheel another worker compiled, as the server lists it: what it was built against, to be checked here before it is fetched. */
+export interface SharedWheel {
+  sha256: string;
+  name: string;
+  wheel: string;
+  bytes: number;
+  seconds: number;
+  inputs: BuildInputs;
+  built_by: string;
+}
+
+/**
+ * The wheelhouse's side of a fleet: `sdist` is the sdist's sha256, `conditions` the hash of the interpreter
+ * and the build variables (the wheelhouse's folder names). A failure to list or fetch is a miss: the build compiles.
+ */
+export interface WheelSharing {
+  list(sdist: string, conditions: string, signal?: AbortSignal): Promise<SharedWheel[]>;
+  /** The wheel's bytes into `file`, its sha256 checked as they come; throws (and leaves no file) when it does not match. */
+  fetch(wheel: SharedWheel, file: string, signal?: AbortSignal): Promise<void>;
+  /** A wheel compiled here, uploaded in the background (the build goes on). */
+  share(sdist: string, conditions: string, file: string, entry: Omit<SharedWheel, "sha256" | "bytes" | "built_by">): void;
 }
 
 export interface ArtifactConditions {

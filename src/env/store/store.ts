@@ -30,20 +30,20 @@ export interface EnvMeta {
   /** A uv project's env: the worker packages it holds the locked version of (env/build/locked-project.ts). */
   shadowed?: { name: string; worker: string; locked: string }[];
   /** Requirements built without isolation: compiled here, or taken from the wheelhouse (env/build/wheelhouse.ts). */
-  wheels?: { name: string; wheel: string; from: "compiled" | "wheelhouse"; seconds: number; builtAgainst: string[] }[];
+  wheels?: { name: string; wheel: string; from: "compiled" | "wheelhouse" | "fleet"; seconds: number; builtAgainst: string[]; builtBy?: string }[];
   /** Unpacked from another worker's artifact rather than built here (env/store/shipping.ts). */
   fetched?: { sha256: string; bytes: number; seconds: number; built_by: string };
 }
 
 /** The wheels' report as documents and events spell it (snake_case); none: nothing to add. */
-export function wheelDocs(wheels: EnvMeta["wheels"]): { wheels: { name: string; wheel: string; from: "compiled" | "wheelhouse"; seconds: number; built_against: string[] }[] } | Record<string, never> {
+export function wheelDocs(wheels: EnvMeta["wheels"]): { wheels: { name: string; wheel: string; from: "compiled" | "wheelhouse" | "fleet"; seconds: number; built_against: string[]; built_by?: string }[] } | Record<string, never> {
   if (!wheels?.length) return {};
-  return { wheels: wheels.map((w) => ({ name: w.name, wheel: w.wheel, from: w.from, seconds: Number(w.seconds.toFixed(3)), built_against: w.builtAgainst })) };
+  return { wheels: wheels.map((w) => ({ name: w.name, wheel: w.wheel, from: w.from, seconds: Number(w.seconds.toFixed(3)), built_against: w.builtAgainst, ...(w.builtBy ? { built_by: w.builtBy } : {}) })) };
 }
 
 /** The wheels' report for people: `kernels compiled in 4.1 s against torch==2.1.0+cu121`. */
 export function wheelLines(wheels: EnvMeta["wheels"]): string[] {
-  return (wheels ?? []).map((w) => `${w.name} ${w.from === "compiled" ? `compiled in ${w.seconds.toFixed(1)} s` : "from the wheelhouse"} (${w.wheel}), built against ${w.builtAgainst.join(", ") || "nothing of the env or the worker"}`);
+  return (wheels ?? []).map((w) => `${w.name} ${w.from === "compiled" ? `compiled in ${w.seconds.toFixed(1)} s` : w.from === "fleet" ? `fetched from ${w.builtBy ?? "the fleet"}` : "from the wheelhouse"} (${w.wheel}), built against ${w.builtAgainst.join(", ") || "nothing of the env or the worker"}`);
 }
 
 export interface EntryPaths {

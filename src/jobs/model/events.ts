@@ -90,7 +90,9 @@ export type PrepareFinished = {
 export interface WheelDoc {
   name: string;
   wheel: string;
-  from: "compiled" | "wheelhouse";
+  from: "compiled" | "wheelhouse" | "fleet";
+  /** From the fleet: the worker that compiled it. */
+  built_by?: string;
   seconds: number;
   built_against: string[];
 }

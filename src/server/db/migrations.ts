@@ -73,7 +73,16 @@ function schemaV6(): string[] {
   return ["ALTER TABLE jobs ADD COLUMN outputs_bundle TEXT"];
 }
 
-const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6];
+/** Version 7: wheels workers compiled without build isolation, shared with the fleet (server/wheels.ts). */
+function schemaV7({ real, big }: Types): string[] {
+  return [
+    `CREATE TABLE IF NOT EXISTS wheels (sha TEXT PRIMARY KEY, sdist TEXT NOT NULL, conditions TEXT NOT NULL, inputs_hash TEXT NOT NULL, name TEXT NOT NULL, wheel TEXT NOT NULL,
+      entry TEXT NOT NULL, bytes ${big} NOT NULL, built_by TEXT NOT NULL, created ${real} NOT NULL, last_used ${real} NOT NULL)`,
+    "CREATE INDEX IF NOT EXISTS wheels_sdist ON wheels(sdist, conditions)",
+  ];
+}
+
+const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7];
 export const SCHEMA_VERSION = MIGRATIONS.length;
 
 async function lateColumns(tx: Sql): Promise<void> {

@@ -1,0 +1,120 @@
+import { renameSync, rmSync } from "node:fs";
+import { open } from "node:fs/promises";
+import * as v from "valibot";
+import { contentHash } from "../core/hashing.ts";
+import type { WorkerRow } from "./store.ts";
+import type { WheelRow } from "./wheels.ts";
+import type { Coordinator } from "./coordinator.ts";
+import type { ArtifactSettings } from "./artifact-routes.ts";
+import { HttpFail } from "./http-fail.ts";
+
+/**
+ * /v1/wheels: wheels workers compiled without build isolation, between workers of this server
+ * (env/build/wheelhouse.ts, server/wheels.ts). The switches and the size limit are the env artifacts'.
+ *
+ *   GET  /v1/wheels?sdist=S&conditions=C       (worker) the wheels of sdist S under conditions C, with what each was built against
+ *   PUT  /v1/wheels/SHA?task=T&sdist=S&conditions=C  (worker) a wheel compiled for task T, running on it now; its name and inputs in x-gpulayer-wheel
+ *   GET  /v1/wheels/SHA                         (worker) the bytes
+ *   POST /v1/wheels/report                      (worker) {sha}: it refused this wheel; dropped when its bytes no longer match its sha256
+ *
+ * No build claim: two workers compiling the same wheel at once is only a duplicate compile, and the second
+ * upload is answered 409. The server checks the digest as the bytes come; the fetching worker checks it again.
+ */
+
+type Caller = { role: "admin" | "user" | "join" } | { role: "worker"; worker: WorkerRow };
+
+const SHA = /^[0-9a-f]{64}$/;
+const Inputs = v.strictObject({ imported: v.array(v.pipe(v.string(), v.maxLength(400))), files: v.array(v.pipe(v.string(), v.maxLength(4200))), missing: v.array(v.pipe(v.string(), v.maxLength(400))) });
+const Entry = v.strictObject({ name: v.pipe(v.string(), v.regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/)), wheel: v.pipe(v.string(), v.regex(/^[A-Za-z0-9_.+!-]+\.whl$/), v.maxLength(300)), seconds: v.pipe(v.number(), v.minValue(0)), inputs: Inputs });
+const ReportBody = v.strictObject({ sha: v.pipe(v.string(), v.regex(SHA)) });
+
+const reply = (data: unknown, status = 200) => Response.json(data, { status });
+
+function view(w: WheelRow) {
+  const entry = JSON.parse(w.entry) as { seconds: number; inputs: unknown };
+  return { sha256: w.sha, name: w.name, wheel: w.wheel, bytes: w.bytes, seconds: entry.seconds, inputs: entry.inputs, built_by: w.builtBy };
+}
+
+export async function wheelRoute(req: Request, url: URL, sub: string | undefined, caller: Caller, coord: Coordinator, settings: ArtifactSettings, body: <S extends v.GenericSchema>(schema: S) => Promise<v.InferOutput<S>>): Promise<Response> {
+  const store = coord.store.wheels;
+  if (caller.role !== "worker") throw new HttpFail(403, "only a worker of this server may do this");
+  const w = caller.worker;
+  const method = req.method;
+  if (!sub && method === "GET") {
+    const sdist = url.searchParams.get("sdist") ?? "";
+    const conditions = url.searchParams.get("conditions") ?? "";
+    if (!SHA.test(sdist) || !SHA.test(conditions)) throw new HttpFail(400, "sdist, conditions: sha256 digests");
+    return reply({ share: settings.share, wheels: settings.share ? (await store.forSdist(sdist, conditions)).map(view) : [] });
+  }
+  if (sub === "report" && method === "POST") {
+    const { sha } = await body(ReportBody);
+    if (!(await coord.store.activeTasks(w.id)).length) throw new HttpFail(403, "a wheel is reported only by a worker running a task");
+    const row = await store.get(sha);
+    if (!row) return reply({ dropped: false, reason: "no such wheel" });
+    // The worker's word alone drops nothing: the server hashes the bytes it keeps.
+    const got = await fileSha(store.path(sha));
+    if (got !== sha) await store.drop(sha);
+    return reply(got !== sha ? { dropped: true, reason: "its bytes do not match its sha256" } : { dropped: false, reason: "the server finds it sound" });
+  }
+  if (sub && SHA.test(sub) && method === "GET") {
+    const row = await store.get(sub);
+    if (!row) return reply({ error: "no such wheel" }, 404);
+    await store.touch(sub);
+    return new Response(Bun.file(store.path(sub)), { headers: { "content-type": "application/zip", "x-gpulayer-built-by": row.builtBy } });
+  }
+  if (sub && SHA.test(sub) && method === "PUT") return upload(req, url, sub, w, coord, settings);
+  throw new HttpFail(404, `no route ${method} ${url.pathname}`);
+}
+
+async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: Coordinator, settings: ArtifactSettings): Promise<Response> {
+  const store = coord.store.wheels;
+  if (!settings.share) throw new HttpFail(403, "this server does not share envs or wheels (coordinator.share_envs is false)");
+  const sdist = url.searchParams.get("sdist") ?? "";
+  const conditions = url.searchParams.get("conditions") ?? "";
+  const taskId = url.searchParams.get("task") ?? "";
+  if (!SHA.test(sdist) || !SHA.test(conditions)) throw new HttpFail(400, "sdist, conditions: sha256 digests");
+  // Only from a build a task of this worker runs now: a worker cannot plant wheels outside its own work.
+  const task = taskId ? await coord.store.task(taskId) : null;
+  if (!task || task.workerId !== w.id || (task.state !== "assigned" && task.state !== "running")) throw new HttpFail(403, `a wheel is taken only from a task this worker is running now${taskId ? ` (task ${taskId} is not)` : " (the upload names none)"}`);
+  let entry: v.InferOutput<typeof Entry>;
+  try {
+    entry = v.parse(Entry, JSON.parse(Buffer.from(req.headers.get("x-gpulayer-wheel") ?? "", "base64").toString("utf8")));
+  } catch {
+    throw new HttpFail(400, "x-gpulayer-wheel: not the wheel's name and build inputs");
+  }
+  const inputsHash = contentHash(JSON.stringify(entry.inputs));
+  const there = await store.existing(sdist, conditions, inputsHash);
+  if (there) return reply({ sha256: there.sha, stored: false, reason: `a wheel of this build is there already (compiled by ${there.builtBy})` }, 409);
+  if (await store.get(sha)) return reply({ sha256: sha, stored: false, reason: "this wheel is there already" }, 409);
+  const tooBig = () => new HttpFail(413, `the wheel is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
+  if (Number(req.headers.get("content-length") ?? "0") > settings.maxBytes) throw tooBig();
+  const tmp = `${store.path(sha)}.${process.pid}.${crypto.randomUUID()}.tmp`;
+  try {
+    const hasher = new Bun.CryptoHasher("sha256");
+    const handle = await open(tmp, "wx", 0o600);
+    let total = 0;
+    try {
+      for await (const chunk of (req.body ?? []) as AsyncIterable<Uint8Array>) {
+        total += chunk.length;
+        if (total > settings.maxBytes) throw tooBig();
+        hasher.update(chunk);
+        await handle.write(chunk);
+      }
+    } finally {
+      await handle.close();
+    }
+    if (hasher.digest("hex") !== sha) throw new HttpFail(400, "wheel refused: its content does not match its sha256");
+    renameSync(tmp, store.path(sha));
+    await store.add({ sha, sdist, conditions, inputsHash, name: entry.name, wheel: entry.wheel, entry: JSON.stringify({ seconds: entry.seconds, inputs: entry.inputs }), bytes: total, builtBy: w.name });
+  } finally {
+    rmSync(tmp, { force: true });
+  }
+  const trimmed = await store.trim(settings.maxBytes);
+  return reply({ sha256: sha, stored: true, trimmed }, 201);
+}
+
+async function fileSha(path: string): Promise<string> {
+  const hasher = new Bun.CryptoHasher("sha256");
+  for await (const chunk of Bun.file(path).stream() as unknown as AsyncIterable<Uint8Array>) hasher.update(chunk);
+  return hasher.digest("hex");
+}

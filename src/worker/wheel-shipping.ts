@@ -1,0 +1,72 @@
+import { createWriteStream, rmSync } from "node:fs";
+import type { SharedWheel, WheelSharing } from "../env/index.ts";
+import type { ClusterClient } from "../cluster/client.ts";
+
+/** What of the env shipping's settings (env-shipping.ts ShippingSettings) the wheels use. */
+interface ShippingSettings {
+  client: ClusterClient;
+  /** worker.share_envs */
+  share: boolean;
+  log(message: string): void;
+  uploads: Set<Promise<void>>;
+}
+
+/**
+ * A joined worker's side of the fleet's wheels (env/build/wheelhouse.ts, server/wheel-routes.ts): list the
+ * wheels of an sdist under this interpreter and build variables, fetch one (its sha256 checked as it comes; a
+ * mismatch is reported, and the server drops it once it finds the same), and upload each wheel compiled here
+ * for this task in the background. Under the env artifacts' switch (worker.share_envs).
+ */
+
+export function wheelSharing(s: ShippingSettings, taskId: string): WheelSharing | undefined {
+  if (!s.share) return undefined;
+  return {
+    list: async (sdist, conditions, signal) => {
+      const got = await s.client.json<{ share: boolean; wheels: SharedWheel[] }>("GET", `/v1/wheels?sdist=${sdist}&conditions=${conditions}`, undefined, { signal });
+      return got.share ? got.wheels : [];
+    },
+    fetch: (wheel, file, signal) => fetchWheel(s, wheel, file, signal),
+    share: (sdist, conditions, file, entry) => {
+      const upload = shareWheel(s, taskId, sdist, conditions, file, entry)
+        .catch((error) => s.log(`wheel ${entry.wheel}: not shared (${(error as Error).message})`))
+        .finally(() => s.uploads.delete(upload));
+      s.uploads.add(upload);
+    },
+  };
+}
+
+async function fetchWheel(s: ShippingSettings, wheel: SharedWheel, file: string, signal?: AbortSignal): Promise<void> {
+  try {
+    const res = await s.client.request("GET", `/v1/wheels/${wheel.sha256}`, undefined, { signal });
+    const hasher = new Bun.CryptoHasher("sha256");
+    const out = createWriteStream(file, { mode: 0o600 });
+    try {
+      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+        hasher.update(chunk);
+        if (!out.write(chunk)) await new Promise((r) => out.once("drain", r));
+      }
+    } finally {
+      await new Promise<void>((resolve, reject) => out.end((e?: Error | null) => (e ? reject(e) : resolve())));
+    }
+    const got = hasher.digest("hex");
+    if (got !== wheel.sha256) {
+      // The server hashes its copy too, and drops it when it finds the same: a compile here then takes its place.
+      await s.client.json("POST", "/v1/wheels/report", { sha: wheel.sha256 }, { signal }).catch(() => undefined);
+      throw new Error(`its content does not match its sha256 (got ${got.slice(0, 12)})`);
+    }
+  } catch (error) {
+    rmSync(file, { force: true });
+    throw error;
+  }
+}
+
+async function shareWheel(s: ShippingSettings, taskId: string, sdist: string, conditions: string, file: string, entry: Omit<SharedWheel, "sha256" | "bytes" | "built_by">): Promise<void> {
+  const bytes = await Bun.file(file).bytes();
+  const sha = new Bun.CryptoHasher("sha256").update(bytes).digest("hex");
+  const header = Buffer.from(JSON.stringify(entry)).toString("base64");
+  const res = await s.client.request("PUT", `/v1/wheels/${sha}?task=${encodeURIComponent(taskId)}&sdist=${sdist}&conditions=${conditions}`, new Blob([bytes]), { headers: { "x-gpulayer-wheel": header } }).catch((error) => {
+    if ((error as { status?: number }).status === 409) return null; // another worker's wheel of the same build is there: fine
+    throw error;
+  });
+  if (res) s.log(`wheel ${entry.wheel}: shared as ${sha.slice(0, 12)} (${(bytes.length / 1024).toFixed(0)} KiB)`);
+}
