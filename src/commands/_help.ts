@@ -12,10 +12,20 @@ const USAGE_TAIL: Record<string, string> = {
   "job run": "[-- COMMAND ...]",
 };
 
-type Resolvable<T> = T | Promise<T> | (() => T | Promise<T>);
-const resolveValue = async <T>(v: Resolvable<T> | undefined): Promise<T | undefined> => (typeof v === "function" ? await (v as () => T | Promise<T>)() : await v);
+export type Resolvable<T> = T | Promise<T> | (() => T | Promise<T>);
+export const resolveValue = async <T>(v: Resolvable<T> | undefined): Promise<T | undefined> => (typeof v === "function" ? await (v as () => T | Promise<T>)() : await v);
 
-function optionName(name: string, def: ArgDef): string {
+/** A command's definition as its help and its reference page read it: meta, subcommands, and its shown args split into positionals and options. */
+export async function commandShape(cmd: CommandDef) {
+  const meta = (await resolveValue(cmd.meta)) ?? {};
+  const args = ((await resolveValue(cmd.args)) ?? {}) as Record<string, ArgDef>;
+  const subs = (await resolveValue(cmd.subCommands)) as Record<string, Resolvable<CommandDef>> | undefined;
+  const entries = Object.entries(args).filter(([, d]) => !("hidden" in d && d.hidden));
+  return { meta, subs, positionals: entries.filter(([, d]) => d.type === "positional"), options: entries.filter(([, d]) => d.type !== "positional") };
+}
+
+/** An option as help and the reference write it: `-p, --spec SPEC`. */
+export function optionName(name: string, def: ArgDef): string {
   const aliases = "alias" in def && def.alias ? (Array.isArray(def.alias) ? def.alias : [def.alias]) : [];
   const short = aliases.filter((a) => a.length === 1).map((a) => `-${a}`);
   const value = def.type === "boolean" ? "" : ` ${("valueHint" in def && def.valueHint) || name.toUpperCase()}`;
@@ -24,12 +34,7 @@ function optionName(name: string, def: ArgDef): string {
 
 export async function helpText(cmd: CommandDef, path: string[], opts: { color: boolean }): Promise<string> {
   const bold = (s: string) => (opts.color ? `\u001b[1m${s}\u001b[22m` : s);
-  const meta = (await resolveValue(cmd.meta)) ?? {};
-  const args = ((await resolveValue(cmd.args)) ?? {}) as Record<string, ArgDef>;
-  const subs = (await resolveValue(cmd.subCommands)) as Record<string, Resolvable<CommandDef>> | undefined;
-  const entries = Object.entries(args).filter(([, d]) => !("hidden" in d && d.hidden));
-  const positionals = entries.filter(([, d]) => d.type === "positional");
-  const options = entries.filter(([, d]) => d.type !== "positional");
+  const { meta, subs, positionals, options } = await commandShape(cmd);
   const key = path.join(" ");
   const shape = [
     "gpulayer",
