@@ -11,11 +11,11 @@
  *   bun scripts/gen-reference.ts          # rewrite the pages
  *   bun scripts/gen-reference.ts --check  # exit 1 when a page is out of date
  */
-import type { ArgDef, CommandDef } from "citty";
+import type { CommandDef } from "citty";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { EXAMPLES } from "../src/commands/_examples.ts";
-import { commandShape, optionName, type Resolvable, resolveValue } from "../src/commands/_help.ts";
+import { commandShape, optionName, resolveValue } from "../src/commands/_help.ts";
 import { settingsMarkdown } from "../src/config/report.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
