@@ -3,6 +3,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, statSync } from "node
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+import { homeLayout } from "../src/config/paths.ts";
 
 /**
  * Workers that die or leave: a server and workers as separate processes on
@@ -216,7 +217,7 @@ describe("a worker started again", () => {
 
   test("an identity the server does not know (its state was wiped) joins as a new worker", async () => {
     const { saveIdentity } = await import("../src/worker/identity.ts");
-    const layout = { root: homeOf("wn") } as Parameters<typeof saveIdentity>[0];
+    const layout = homeLayout(homeOf("wn"));
     const file = saveIdentity(layout, { server: url, name: "wn", id: "0123456789ab", credential: "gplw_not-a-credential-this-server-gave" });
     await startWorker("wn");
     expect(workers.get("wn")!.out()).not.toContain("again");

@@ -10,6 +10,7 @@ import { Outbox } from "../src/worker/outbox.ts";
 import { deadUrl, Replica } from "./fixtures/replica.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 import { cli, sandbox, startCli } from "./helpers.ts";
+import { homeLayout } from "../src/config/paths.ts";
 
 // Real processes and real builds take seconds; a file that sets none gets 5 s, whatever another file set.
 setDefaultTimeout(120_000);
@@ -191,7 +192,7 @@ describe("a task's reports", () => {
   test("502/503/504 from every replica is waited out, as network trouble is: the items stay on disk and go once one answers", async () => {
     const [a, b] = [replica("a"), replica("b")];
     a.unavailable = b.unavailable = true;
-    const outbox = new Outbox({ root: join(box.root, "outbox-home") } as ConstructorParameters<typeof Outbox>[0]);
+    const outbox = new Outbox(homeLayout(join(box.root, "outbox-home")));
     const logs: string[] = [];
     const channel = new TaskChannel(new ClusterClient([a.url, b.url], TOKEN), "t1", outbox, (m) => logs.push(`revoked: ${m}`), (m) => logs.push(m));
     channel.event("task.prepare.step", { step: "resolve", detail: "1" });
@@ -302,7 +303,7 @@ describe("a worker joined with several replicas", () => {
   });
 
   test("an identity saved under one URL of the list is found, and kept up to date", async () => {
-    const layout = { root: homeOf("fs") } as Parameters<typeof saveIdentity>[0];
+    const layout = homeLayout(homeOf("fs"));
     const single = saveIdentity(layout, { server: b.url, name: "fs", id: "wsingle", credential: "gplw_single" });
     const w = join_("fs", `${dead},${b.url}`);
     await waitFor("joined", () => w.out().includes(`joined ${b.url} (one of 2 replicas) as fs again`));

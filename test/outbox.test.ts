@@ -4,6 +4,7 @@ import { statSync } from "node:fs";
 import { join } from "node:path";
 import { Outbox } from "../src/worker/outbox.ts";
 import { tempDir } from "./helpers.ts";
+import { homeLayout } from "../src/config/paths.ts";
 
 /** A worker's outbox gives back the disk its acknowledged items took: a job's big output must not stay a big file. */
 
@@ -18,7 +19,7 @@ const chunk = new Uint8Array(256 * 1024).fill(7);
 
 test("40 MB of output, sent and acknowledged: the file is back to a few MB, and what is still owed stays", () => {
   const home = join(root, "new");
-  const outbox = new Outbox({ root: home } as ConstructorParameters<typeof Outbox>[0]);
+  const outbox = new Outbox(homeLayout(home));
   let last = 0;
   for (let i = 0; i < 160; i++) last = outbox.append("t1", "output", chunk, "stdout");
   outbox.append("t2", "event", "{}");
@@ -28,14 +29,14 @@ test("40 MB of output, sent and acknowledged: the file is back to a few MB, and 
   outbox.ack("t1", last);
   outbox.close();
   expect(sizeOf(home)).toBeLessThan(16 * 1024 * 1024);
-  const again = new Outbox({ root: home } as ConstructorParameters<typeof Outbox>[0]);
+  const again = new Outbox(homeLayout(home));
   expect(again.pendingTasks()).toEqual(["t2"]);
   again.close();
 });
 
 test("a file an older gpulayer made (no auto_vacuum), opened empty, is converted and shrinks", () => {
   const home = join(root, "old");
-  const outbox = new Outbox({ root: home } as ConstructorParameters<typeof Outbox>[0]);
+  const outbox = new Outbox(homeLayout(home));
   outbox.close();
   // As before this change: a file without auto_vacuum, its freed pages kept.
   const file = join(home, "cluster", "outbox.db");
@@ -47,6 +48,6 @@ test("a file an older gpulayer made (no auto_vacuum), opened empty, is converted
   db.exec("DELETE FROM items; PRAGMA wal_checkpoint(TRUNCATE);");
   db.close();
   expect(sizeOf(home)).toBeGreaterThan(20 * 1024 * 1024);
-  new Outbox({ root: home } as ConstructorParameters<typeof Outbox>[0]).close();
+  new Outbox(homeLayout(home)).close();
   expect(sizeOf(home)).toBeLessThan(4 * 1024 * 1024);
 });
