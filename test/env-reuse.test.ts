@@ -321,7 +321,7 @@ describe("the interpreter behind a shim", () => {
       const shim = PYENV_SHIM;
       // What gpulayer kept before shims were resolved: the shim probed as if it were Python, under its own path.
       const interpreters = join(s.home, "interpreters-v1");
-      const probe = `const { probeInterpreter } = await import(${JSON.stringify(join(import.meta.dir, "..", "src", "env", "interpreter.ts"))}); console.log(probeInterpreter(${JSON.stringify(shim)}, ${JSON.stringify(interpreters)}).version);`;
+      const probe = `const { probeInterpreter } = await import(${JSON.stringify(join(import.meta.dir, "..", "src", "env", "request", "interpreter.ts"))}); console.log(probeInterpreter(${JSON.stringify(shim)}, ${JSON.stringify(interpreters)}).version);`;
       const probed = Bun.spawnSync([process.execPath, "-e", probe], { env: { ...s.env, PYENV_ROOT, PYENV_VERSION: a }, stdout: "pipe", stderr: "pipe" });
       expect(probed.stdout.toString().trim()).toBe(a);
       const [entry] = readdirSync(interpreters);

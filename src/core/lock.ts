@@ -158,6 +158,15 @@ async function endKept(dir: string, dead: Owner): Promise<boolean> {
   return true;
 }
 
+/** Our own temporary record gone, if it can be: a folder we may not write keeps nothing of ours anyway. */
+function removeQuietly(tmp: string): void {
+  try {
+    rmSync(tmp, { recursive: true, force: true });
+  } catch {
+    // EACCES: the folder refused the mkdir too; the error that matters is that one
+  }
+}
+
 /** Take the lock now, or return null when a live process holds it. */
 export async function tryLock(path: string): Promise<Release | null> {
   const dir = `${path}.lock`;
@@ -169,8 +178,8 @@ export async function tryLock(path: string): Promise<Release | null> {
       mkdirSync(tmp, { recursive: true });
       writeFileNamed(join(tmp, "owner"), JSON.stringify(me));
     } catch (error) {
-      // A full disk, say: no half-made lock is left behind.
-      rmSync(tmp, { recursive: true, force: true });
+      // A full disk, say: no half-made lock is left behind (and the error said is the one that stopped it).
+      removeQuietly(tmp);
       throw error;
     }
     try {
@@ -179,7 +188,7 @@ export async function tryLock(path: string): Promise<Release | null> {
     } catch (error) {
       const code = (error as NodeJS.ErrnoException).code;
       if (code !== "ENOTEMPTY" && code !== "EEXIST") {
-        rmSync(tmp, { recursive: true, force: true });
+        removeQuietly(tmp);
         throw error;
       }
     }
@@ -193,7 +202,7 @@ export async function tryLock(path: string): Promise<Release | null> {
       if (readOwner(dir)?.owner.token !== held.owner.token) continue; // an heir took it, or it was released: look again
       return null;
     } finally {
-      rmSync(tmp, { recursive: true, force: true });
+      removeQuietly(tmp);
     }
   }
   return null;
