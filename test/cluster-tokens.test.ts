@@ -85,7 +85,9 @@ afterAll(async () => {
 describe("a first start", () => {
   test("the join line a new server prints uses a join token, made as it says, never the server's own", async () => {
     const home = join(box.root, "first-start-home");
-    const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0"], { env: { ...box.env, GPULAYER_HOME: home } }), procs);
+    // A new server of its own (its own store too: the suite's PostgreSQL database already holds another server's state).
+    const { GPULAYER_DATABASE: _shared, ...fresh } = box.env;
+    const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0"], { env: { ...fresh, GPULAYER_HOME: home } }), procs);
     const text = await waitFor("the server's lines", () => (/^clients: /m.test(server.out()) ? server.out() : null));
     const own = readFileSync(join(home, "server", "token"), "utf8").trim();
     const lines = text.split("\n");
