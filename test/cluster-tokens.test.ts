@@ -98,7 +98,7 @@ describe("a first start", () => {
     const first = /"?(http:\/\/[^\s"]+)/.exec(text)![1]!;
     expect(joinLine.trim()).toStartWith(`gpulayer join ${new URL(first).origin} --token-file join.token`);
     // The command works as printed: a join token, which registers and does nothing else.
-    const made = await cli(["server", "token", "create", "--role", "join", "--name", "NAME", "--json"], { env: { ...box.env, GPULAYER_HOME: home } });
+    const made = await cli(["server", "token", "create", "--role", "join", "--name", "NAME", "--json"], { env: { ...fresh, GPULAYER_HOME: home } });
     expect(made.code, made.stderr).toBe(0);
     expect(json(made.stdout).role).toBe("join");
   }, T);
