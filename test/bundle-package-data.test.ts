@@ -59,6 +59,7 @@ const PYPROJECT = `[build-system]\nrequires = ["setuptools>=70.1"]\nbuild-backen
 const SHOW = `import importlib.resources as r\nfiles = r.files("localpkg")\nprint(files.joinpath("data/table.json").read_text().strip(), files.joinpath("_kernels.so").read_text().strip())\n`;
 
 describe("a local project's package data, ignored by .gitignore", () => {
+  // Skipped only without GPULAYER_TEST_SETUPTOOLS_WHEEL (a real setuptools builds the project, offline); CI downloads it (.ci/run).
   test.skipIf(!SETUPTOOLS)(`reaches the job the same way here and through a server and worker${skipped}`, async () => {
     const dir = writeTree(join(boxes.client.root, "job"), {
       "requirements.txt": "./localpkg\n",

@@ -78,6 +78,7 @@ describe("every file a fresh install reads is in the key", () => {
     expect({ status: again.status, holds: await inEnv(again.path, check) }).toEqual({ status: "built", holds: after });
   }
 
+  // Skipped only without GPULAYER_TEST_SETUPTOOLS_WHEEL (a real setuptools builds these projects, offline); CI downloads it (.ci/run).
   test.skipIf(!SETUPTOOLS)(`package data in a folder .gitignore names (data/ ignored, package-data data/*.json)${skipped}`, async () => {
     const proj = writeProject(join(s.root, "data-ignored"), {
       "pyproject.toml": PYPROJECT('"data/*.json"'),
@@ -88,6 +89,7 @@ describe("every file a fresh install reads is in the key", () => {
     await rebuiltOn(["-p", `./${basename(proj)}`], installed("data/table.json"), '{"v": 1}', () => writeFileSync(join(proj, "localpkg", "data", "table.json"), '{"v": 2}\n'), '{"v": 2}');
   });
 
+  // Skipped only without GPULAYER_TEST_SETUPTOOLS_WHEEL (a real setuptools builds these projects, offline); CI downloads it (.ci/run).
   test.skipIf(!SETUPTOOLS)(`a prebuilt library in a package (*.so ignored, listed as package data), rebuilt${skipped}`, async () => {
     const proj = writeProject(join(s.root, "kernels"), {
       "pyproject.toml": PYPROJECT('"_kernels.so"'),
@@ -98,6 +100,7 @@ describe("every file a fresh install reads is in the key", () => {
     await rebuiltOn(["-p", `./${basename(proj)}`], installed("_kernels.so"), "kernels built on Monday", () => writeFileSync(join(proj, "localpkg", "_kernels.so"), "kernels built on Tuesday\n"), "kernels built on Tuesday");
   });
 
+  // Skipped only without GPULAYER_TEST_SETUPTOOLS_WHEEL (a real setuptools builds these projects, offline); CI downloads it (.ci/run).
   test.skipIf(!SETUPTOOLS)(`package data in a folder named *.egg-info inside a package${skipped}`, async () => {
     const proj = writeProject(join(s.root, "egg-info-data"), {
       "pyproject.toml": PYPROJECT('"vendor.egg-info/*.txt"'),
@@ -107,6 +110,7 @@ describe("every file a fresh install reads is in the key", () => {
     await rebuiltOn(["-p", `./${basename(proj)}`], installed("vendor.egg-info/notes.txt"), "one", () => writeFileSync(join(proj, "localpkg", "vendor.egg-info", "notes.txt"), "two\n"), "two");
   });
 
+  // Skipped only without GPULAYER_TEST_SETUPTOOLS_WHEEL (a real setuptools builds these projects, offline); CI downloads it (.ci/run).
   test.skipIf(!SETUPTOOLS)(`an editable project whose setup.py reads its version through os.path.join("localpkg", "meta.py"): 0.1 → 0.2${skipped}`, async () => {
     const proj = writeProject(join(s.root, "editable-meta"), {
       "pyproject.toml": '[build-system]\nrequires = ["setuptools>=70.1"]\nbuild-backend = "setuptools.build_meta"\n',

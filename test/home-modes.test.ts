@@ -106,6 +106,7 @@ describe.skipIf(!IS_ROOT)("another local user", () => {
     expect(readableBy(OTHER, files)).toEqual([]);
   }, T);
 
+  // Not on PostgreSQL: what is read here is the server's SQLite database and WAL under its home; on PostgreSQL they are the database server's.
   test.skipIf(serversOnPostgres)("reads nothing under a server's home (its database and WAL) nor a worker's, after a remote job", async () => {
     const w = keepOutput(startCli(["join", url, "--name", "w1", "--python", "python3", "--label", "who=w1"], { env: { ...box.env, ...FAST, GPULAYER_TOKEN: TOKEN, GPULAYER_HOME: homeOf("w1") } }), procs);
     await waitFor("w1 to join", () => w.out().includes("as w1"));

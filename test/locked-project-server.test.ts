@@ -37,6 +37,7 @@ afterAll(async () => {
   for (const b of Object.values(boxes)) b.cleanup();
 }, 30_000);
 
+// Skipped only without uv: a uv project is built by uv alone. CI installs uv (.ci/run), so there it runs.
 describe.skipIf(!HAS_UV)("a uv project through a server", () => {
   test("the project and its lock travel in the bundle; the worker's env holds the locked version", async () => {
     const dir = join(boxes.client.root, "job");

@@ -88,6 +88,7 @@ afterAll(() => {
   s.cleanup();
 });
 
+// Skipped only without uv: a uv project and a pylock.toml are built by uv alone. CI installs uv (.ci/run), so there it runs.
 describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
   test("the env plus the worker's reused packages is what uv sync --frozen installs, for each selection", async () => {
     for (const selection of [[], ["--group", "tools", "--extra", "fancy"]]) {
@@ -165,6 +166,7 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
   });
 });
 
+// Skipped only without uv: a uv project and a pylock.toml are built by uv alone. CI installs uv (.ci/run), so there it runs.
 describe.skipIf(!HAS_UV)("a pylock.toml as the environment", () => {
   let lockFile: string;
   beforeAll(async () => {
@@ -204,6 +206,7 @@ describe.skipIf(!HAS_UV)("a pylock.toml as the environment", () => {
   });
 });
 
+// Skipped only without uv: a uv project and a pylock.toml are built by uv alone. CI installs uv (.ci/run), so there it runs.
 describe.skipIf(!HAS_UV)("--dry-run of a lock", () => {
   test("says the lock is the input: the project's uv.lock with its selection, its local projects", async () => {
     const r = await cli(["env", "prepare", "--python", worker, "--project", project, "--group", "tools", "--dry-run", "--json"], { env: s.env, cwd: world });

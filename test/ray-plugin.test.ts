@@ -34,6 +34,7 @@ function freePort(): number {
 
 const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 
+// Skipped only without a Ray venv (GPULAYER_TEST_RAY_PYTHON); CI makes one and sets GPULAYER_TEST_REQUIRE_RAY, under which a missing Ray fails instead.
 (HAS_RAY ? describe : describe.skip)("Ray runtime_env plugin", () => {
   let box: ReturnType<typeof sandbox>;
   let index: PackageIndex;
