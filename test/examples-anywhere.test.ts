@@ -6,6 +6,8 @@ import { importPythonImage, pythonRootfs } from "./fixtures/python-image.ts";
 import { engineStatus, removeLocal } from "./fixtures/registry.ts";
 import { cli, type CliResult, makeWorkerVenv, ROOT, sandbox, startCli } from "./helpers.ts";
 import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+// The documents `job status --json` prints, as the one job model types them (a server answers the same shape).
+import type { JobStatus as StatusDoc, Phase } from "../src/jobs/model.ts";
 
 /**
  * One job, the same on one machine and on a fleet: every example in
@@ -72,43 +74,6 @@ afterAll(async () => {
   if (imageReady) await removeLocal(ENGINE!, IMAGE);
   for (const b of Object.values(boxes)) b.cleanup();
 }, 60_000);
-
-interface Phase {
-  name: string;
-  seconds: number | null;
-  state: string;
-  cache?: string;
-  status?: string;
-  env_key?: string;
-  image?: string;
-  digest?: string;
-  exit_code?: number;
-  message?: string;
-}
-interface TaskDoc {
-  name: string;
-  state: string;
-  needs: string[];
-  exit_code: number | null;
-  env_key: string | null;
-  error: string | null;
-  command: string;
-  phases: Phase[];
-  worker?: string | null;
-  outputs: { path: string; bytes: number }[];
-}
-interface StatusDoc {
-  id: string;
-  name: string;
-  state: string;
-  exit_code: number | null;
-  command: string;
-  env_key: string | null;
-  error: string | null;
-  phases: Phase[];
-  tasks?: TaskDoc[];
-  events: { type: string }[];
-}
 
 /** Every home and folder of this run's machines, longest first: what a path names a place by. */
 const PLACES = Object.values(boxes)

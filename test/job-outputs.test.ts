@@ -78,16 +78,22 @@ interface TaskDoc {
 
 const ROWS_JSON_BYTES = JSON.stringify([...Array(200).keys()]).replace(/,/g, ", ").length;
 
+/** The pipeline example run in `dir`: every task succeeded, prepare's output listed with its size, each report's line said. */
+async function runPipeline(gpl: typeof here, dir: string): Promise<{ id: string; state: string; tasks: TaskDoc[] }> {
+  const r = await gpl(["job", "run", "-f", "job.yaml", "--index-url", index.url, "--json"], dir);
+  expect(r.code, r.stderr).toBe(0);
+  const status = json<{ id: string; state: string; tasks: TaskDoc[] }>(r.stdout);
+  expect(status.tasks.map((t) => [t.name, t.state])).toEqual([["prepare", "succeeded"], ["report-old", "succeeded"], ["report-new", "succeeded"]]);
+  expect(status.tasks[0]!.outputs).toEqual([{ path: "rows.json", bytes: ROWS_JSON_BYTES }]);
+  expect(r.stderr).toContain("[report-old] tqdm 4.66.5: sum of 200 rows = 19900");
+  expect(r.stderr).toContain("[report-new] tqdm 4.67.1: sum of 100 rows = 4950");
+  return status;
+}
+
 describe("examples/pipeline, which passes rows.json from prepare to both reports", () => {
   test("succeeds here; job status lists the output with its size; job outputs fetches it", async () => {
     const dir = pipelineCopy(boxes.local.root);
-    const r = await here(["job", "run", "-f", "job.yaml", "--index-url", index.url, "--json"], dir);
-    expect(r.code, r.stderr).toBe(0);
-    const status = json<{ id: string; state: string; tasks: TaskDoc[] }>(r.stdout);
-    expect(status.tasks.map((t) => [t.name, t.state])).toEqual([["prepare", "succeeded"], ["report-old", "succeeded"], ["report-new", "succeeded"]]);
-    expect(status.tasks[0]!.outputs).toEqual([{ path: "rows.json", bytes: ROWS_JSON_BYTES }]);
-    expect(r.stderr).toContain("[report-old] tqdm 4.66.5: sum of 200 rows = 19900");
-    expect(r.stderr).toContain("[report-new] tqdm 4.67.1: sum of 100 rows = 4950");
+    const status = await runPipeline(here, dir);
     const shown = await here(["job", "status", status.id], dir);
     expect(shown.stdout).toContain("outputs rows.json (");
 
@@ -105,13 +111,7 @@ describe("examples/pipeline, which passes rows.json from prepare to both reports
 
   test("succeeds through a server with two workers, each task in its own folder; job outputs fetches from the server", async () => {
     const dir = pipelineCopy(boxes.client.root);
-    const r = await fleet(["job", "run", "-f", "job.yaml", "--index-url", index.url, "--json"], dir);
-    expect(r.code, r.stderr).toBe(0);
-    const status = json<{ id: string; state: string; tasks: TaskDoc[] }>(r.stdout);
-    expect(status.tasks.map((t) => [t.name, t.state])).toEqual([["prepare", "succeeded"], ["report-old", "succeeded"], ["report-new", "succeeded"]]);
-    expect(status.tasks[0]!.outputs).toEqual([{ path: "rows.json", bytes: ROWS_JSON_BYTES }]);
-    expect(r.stderr).toContain("[report-old] tqdm 4.66.5: sum of 200 rows = 19900");
-    expect(r.stderr).toContain("[report-new] tqdm 4.67.1: sum of 100 rows = 4950");
+    const status = await runPipeline(fleet, dir);
     // Nothing was written in the client's folder: the file went through the server.
     expect(existsSync(join(dir, "rows.json"))).toBe(false);
 
