@@ -248,3 +248,23 @@ test("a database newer than this gpulayer is refused, not written", async () => 
   await expect(migrate(db)).rejects.toThrow(`has schema version ${SCHEMA_VERSION + 5}, newer than this gpulayer's ${SCHEMA_VERSION}`);
   await db.close();
 });
+
+describe("SQLite: a write from outside a transaction", () => {
+  test("is never taken into a transaction that opens meanwhile, so that one's rollback does not take it", async () => {
+    const db = new SqliteDatabase(join(tempDir("gpl-sqlite-"), "server", "db.sqlite"));
+    try {
+      await db.run("CREATE TABLE t (x INTEGER)");
+      // Past a slice, so the write first gives the event loop a turn: the moment a transaction can open.
+      await Bun.sleep(20);
+      const write = db.run("INSERT INTO t VALUES (1)");
+      const rolledBack = db.exclusive(async () => {
+        await Bun.sleep(20);
+        throw new Error("this transaction fails");
+      });
+      await Promise.all([write, rolledBack.catch(() => {})]);
+      expect(await db.all("SELECT x FROM t")).toEqual([{ x: 1 }]);
+    } finally {
+      await db.close();
+    }
+  });
+});

@@ -68,8 +68,12 @@ export class SqliteDatabase implements Database {
     return (this.reader.query(query).get(...params) as T | null) ?? null;
   }
   async run(query: string, ...params: SqlValue[]): Promise<number> {
-    await this.settled();
-    return this.inside.run(query, ...params);
+    // Looked at and written in one synchronous step: nothing may open a transaction between the look and the write, or the write would be that transaction's (and go with its rollback).
+    for (;;) {
+      await this.turn();
+      if (!this.open) return this.db.query(query).run(...params).changes;
+      await this.open.catch(() => {});
+    }
   }
 
   exclusive<T>(fn: (tx: Sql) => Promise<T>): Promise<T> {
