@@ -159,3 +159,37 @@ describe("a job of tasks across a server restart", () => {
     expect((await gpl(["job", "logs", id])).stdout).toBe("[first] first-up\n[first] first-done\n[second] second-ran\n");
   }, T);
 });
+
+describe("a task's outputs while the server is down", () => {
+  test("are sent once it is back: the task that made them succeeds, and the task that needs them reads them", async () => {
+    const dir = join(box.root, "outputs-job");
+    mkdirSync(dir, { recursive: true });
+    const release = join(box.root, "release-outputs");
+    writeFileSync(
+      join(dir, "job.yaml"),
+      [
+        "name: outputs-outage",
+        "tasks:",
+        `  make: {command: "echo made; while [ ! -e ${release} ]; do sleep 0.1; done; echo kept > out.txt", outputs: [out.txt]}`,
+        "  use: {command: cat out.txt, needs: [make]}",
+        "",
+      ].join("\n"),
+    );
+    const id = (await cli(["job", "run", "-d", "-f", "job.yaml"], { env: env(), cwd: dir })).stdout.trim();
+    await waitFor("the first task to run", async () => json((await gpl(["job", "status", id, "--json"])).stdout).tasks?.[0]?.state === "running");
+    await stopServer();
+    // The task ends while no server answers: what it owes (its events, then its outputs) goes once one is back.
+    writeFileSync(release, "");
+    await Bun.sleep(3000);
+    await startServer();
+    const status = await waitFor("the job to end", async () => {
+      const doc = json((await gpl(["job", "status", id, "--json"])).stdout);
+      return doc.state === "succeeded" || doc.state === "failed" ? doc : null;
+    }, 60_000);
+    expect(status.tasks.map((t: any) => [t.name, t.state, t.outputs])).toEqual([
+      ["make", "succeeded", [{ path: "out.txt", bytes: 5 }]],
+      ["use", "succeeded", []],
+    ]);
+    expect((await gpl(["job", "logs", status.tasks[1].id])).stdout).toBe("kept\n");
+  }, T);
+});

@@ -51,6 +51,25 @@ type RequestOpts = { signal?: AbortSignal; raw?: boolean; headers?: Record<strin
 export const isUnavailable = (status: number): boolean => status === 502 || status === 503 || status === 504;
 
 /**
+ * `fn` asked again while no replica can be reached or serve now (502/503/504:
+ * one without its database), backing off up to 5 s, until it answers or
+ * `stopped()`: an outage of the coordinator fails nothing a worker was
+ * already given. Any other answer is the caller's.
+ */
+export async function untilServed<T>(fn: () => Promise<T>, stopped: () => boolean): Promise<T> {
+  for (let delay = 200; ; delay = Math.min(delay * 2, 5000)) {
+    try {
+      return await fn();
+    } catch (error) {
+      // The client throws an HttpError for an answer, anything else when no replica could be reached.
+      const outage = !(error instanceof HttpError) || isUnavailable(error.status);
+      if (!outage || stopped()) throw error;
+      await new Promise((resolve) => setTimeout(resolve, delay));
+    }
+  }
+}
+
+/**
  * The replicas of one server and which of them answered last: shared by the
  * clients of one target (and a worker's clients), so that after a failover
  * every request goes to the replica that answers.

@@ -1,4 +1,4 @@
-import { connect, type RemoteTarget } from "./client.ts";
+import { connect, isUnavailable, type RemoteTarget } from "./client.ts";
 import { HttpError, UserError } from "../errors.ts";
 import type { WorkerView } from "./protocol.ts";
 
@@ -51,7 +51,8 @@ export async function waitForWorkers(target: RemoteTarget, count: number, timeou
       if (workers.length >= count) return workers;
       last = `${workers.length} of ${count} worker(s) connected`;
     } catch (error) {
-      if (error instanceof HttpError) throw error;
+      // A replica that cannot serve yet (502/503/504: its database not there yet) is waited for as one not answering.
+      if (error instanceof HttpError && !isUnavailable(error.status)) throw error;
       if (!(error instanceof UserError)) throw error;
       last = error.message;
     }

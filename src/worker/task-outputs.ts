@@ -1,7 +1,7 @@
-import { rmSync } from "node:fs";
+import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { type BundleLimits, packFiles } from "../cluster/bundle.ts";
-import type { ClusterClient } from "../cluster/client.ts";
+import { type ClusterClient, untilServed } from "../cluster/client.ts";
 import type { TaskAssignment } from "../cluster/protocol.ts";
 import type { Lease } from "../core/lease.ts";
 import { collectOutputs, copyOutputs, keptFiles, missingOutputLine, type OutputFile } from "../jobs/outputs.ts";
@@ -33,15 +33,18 @@ export async function placeInputs(task: TaskAssignment, workdir: string, copyOf:
  * the globs matched nothing); or the line that fails it, when a declared path
  * is not there.
  */
-export async function sendOutputs(client: ClusterClient, limits: BundleLimits, task: TaskAssignment, workdir: string, scratch: string): Promise<{ failed: string; missing: boolean } | { files: OutputFile[] }> {
+export async function sendOutputs(client: ClusterClient, limits: BundleLimits, task: TaskAssignment, workdir: string, scratch: string, stopped: () => boolean): Promise<{ failed: string; missing: boolean } | { files: OutputFile[] }> {
   const name = task.spec?.name ?? task.id;
   const { files, missing } = collectOutputs(workdir, task.spec?.outputs ?? []);
   if (missing.length) return { failed: missingOutputLine(name, missing), missing: true };
   if (!files.length) return { files };
-  const file = join(scratch, `outputs-${task.id}.tar.gz`);
+  // Named as a download in progress (NAME.PID.UUID.tmp): a killed worker's is swept when it starts again (worker/leftovers.ts).
+  mkdirSync(scratch, { recursive: true, mode: 0o700 });
+  const file = join(scratch, `outputs-${task.id}.tar.gz.${process.pid}.${crypto.randomUUID()}.tmp`);
   try {
     const pack = packFiles(workdir, files, file, limits, `the outputs of task ${name}`);
-    await client.request("PUT", `/v1/tasks/${task.id}/outputs/${pack.hash}`, Bun.file(file));
+    // Asked again through an outage of the coordinator: a task that succeeded is not failed by it.
+    await untilServed(() => client.request("PUT", `/v1/tasks/${task.id}/outputs/${pack.hash}`, Bun.file(file)), stopped);
     return { files };
   } catch (error) {
     return { failed: `task ${name}: its outputs could not be sent to the server: ${(error as Error).message}`, missing: false };

@@ -2,10 +2,10 @@ import { existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from "node:f
 import { join } from "node:path";
 import { ownerOnlyFolder } from "../core/owner-only.ts";
 import { type BundleLimits, unpackBundle } from "../cluster/bundle.ts";
-import { type ClusterClient, isUnavailable } from "../cluster/client.ts";
+import { type ClusterClient, untilServed } from "../cluster/client.ts";
 import type { GpuInfo, PrepareTaskResult, RemoteSpec, TaskAssignment } from "../cluster/protocol.ts";
 import { bundlePaths, type HomeLayout } from "../config/paths.ts";
-import { BundleError, ExitCode, HttpError, InstallError, UserError } from "../errors.ts";
+import { BundleError, ExitCode, InstallError, UserError } from "../errors.ts";
 import { prepare, type Prepared } from "../jobs/prepare.ts";
 import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.ts";
 import { environmentRequest } from "../env/index-light.ts";
@@ -14,7 +14,6 @@ import { giveTree } from "../jobs/run-as.ts";
 import { lockDown } from "../core/tree-owner.ts";
 import { JobStore } from "../jobs/store.ts";
 import { acquireEntry } from "../env/index-light.ts";
-import { sleep } from "../core/sleep.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
 import { touchFile } from "../env/index-light.ts";
 import { TaskChannel } from "./channel.ts";
@@ -57,30 +56,12 @@ function workDir(ctx: WorkerContext, name: string): string {
   return join(ctx.layout.clusterWork, name);
 }
 
-/**
- * The bundle's bytes. A server that cannot be reached, or cannot serve now
- * (503: a replica without its database), is asked again, as a task's reports
- * are, until it answers or the task is stopped: an outage of the coordinator
- * fails no job that was already given out.
- */
-async function downloadBundle(ctx: WorkerContext, hash: string, stopped: () => boolean): Promise<Uint8Array> {
-  for (let delay = 200; ; delay = Math.min(delay * 2, 5000)) {
-    try {
-      return (await ctx.client.bytes(`/v1/bundles/${hash}`)).data;
-    } catch (error) {
-      // The client throws an HttpError for an answer, anything else when no replica could be reached.
-      const outage = !(error instanceof HttpError) || isUnavailable(error.status);
-      if (!outage || stopped()) throw error;
-      await sleep(delay);
-    }
-  }
-}
-
 /** The bundle's tar.gz, fetched once per worker and checked against its hash. */
 async function fetchBundle(ctx: WorkerContext, hash: string, stopped: () => boolean): Promise<string> {
   const file = bundlePaths(ctx.layout, hash).file;
   if (existsSync(file)) return file;
-  const data = await downloadBundle(ctx, hash, stopped);
+  // Asked again through an outage of the coordinator, as a task's reports are: it fails no job already given out.
+  const data = (await untilServed(() => ctx.client.bytes(`/v1/bundles/${hash}`), stopped)).data;
   if (new Bun.CryptoHasher("sha256").update(data).digest("hex") !== hash) throw new BundleError(`bundle ${hash.slice(0, 12)} arrived damaged (hash mismatch)`);
   ownerOnlyFolder(ctx.layout.clusterBundles);
   const tmp = `${file}.${process.pid}.${crypto.randomUUID()}.tmp`;
@@ -212,7 +193,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       if (ran.state === "succeeded" && task.spec?.outputs?.length) {
         // The events so far first: the server records the outputs after the run's end.
         await channel.flush();
-        const sent = await sendOutputs(ctx.client, ctx.bundleLimits, task, workdir, ctx.layout.clusterWork);
+        const sent = await sendOutputs(ctx.client, ctx.bundleLimits, task, workdir, ctx.layout.clusterBundles, () => stopReason !== null);
         if ("failed" in sent) {
           channel.event(sent.missing ? "task.outputs.missing" : "task.outputs.failed", { message: sent.failed });
           outcome = { ...ran, state: "failed", exitCode: ExitCode.failed };
