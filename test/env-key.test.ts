@@ -1,3 +1,4 @@
+import { keyDifferences } from "../src/env/request/nearest.ts";
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -240,5 +241,15 @@ describe("why a rebuild: env prepare --dry-run names the nearest env built and w
     } finally {
       s.cleanup();
     }
+  });
+});
+
+describe("why a rebuild: every part of the key that differs is named", () => {
+  test("a lock, a build without isolation and its variables, and a field the list does not know", () => {
+    const doc = { schema: 3, reading: { requirements: [], constraints: [], lines: [] }, variables: {}, locals: [], find_links: [], flags: { index_url: null, extra_index_urls: [], find_links: [] }, installer_config: null, interpreter: { version: "3.11.7", implementation: "cpython", platform: "linux", soabi: "x" }, base: "b" };
+    const ours = { ...doc, project: { lock: "l2", pyproject: "p", groups: [], extras: [] }, no_build_isolation: ["kernels"], build_variables: { TORCH_CUDA_ARCH_LIST: "9.0", CUDA_HOME: null }, later: 1 };
+    const theirs = { ...doc, project: { lock: "l1", pyproject: "p", groups: [], extras: [] }, no_build_isolation: ["kernels"], build_variables: { TORCH_CUDA_ARCH_LIST: "8.0", CUDA_HOME: null } };
+    const differs = keyDifferences(theirs as never, { doc: ours, inputs: { locals: [] } } as never);
+    expect(differs).toEqual(["the uv project: its uv.lock, its pyproject.toml, or the groups and extras chosen", "the variables a build without isolation reads (TORCH_CUDA_ARCH_LIST, CUDA_HOME)", "the key's later"]);
   });
 });

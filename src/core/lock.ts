@@ -121,8 +121,11 @@ function inherit(dir: string, dead: Owner, me: Owner, record: string): boolean {
   const claim = join(dir, `heir-${dead.token}`);
   try {
     linkSync(record, claim);
-  } catch {
-    return false; // another waiter is the heir, or the lock is gone
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    // Another waiter is the heir (EEXIST), or the lock is gone (ENOENT). Anything else (a filesystem without hard links) is said, never taken for a live heir: that would wait forever.
+    if (code === "EEXIST" || code === "ENOENT") return false;
+    throw error;
   }
   if (readOwner(dir)?.owner.token !== me.token) {
     // The lock we read as dead was released and taken anew before our claim: this claim is in a live lock. Take it back.

@@ -88,6 +88,15 @@ export function keyDifferences(theirs: Partial<KeyDocument>, resolved: ResolvedR
   }
   if (theirs.base !== ours.base) out.push("the base: the interpreter's own installed packages");
   if (!same(theirs.conda, ours.conda)) out.push("the conda environment: its prefix or what conda installed in it");
+  if (!same(theirs.project, ours.project)) out.push("the uv project: its uv.lock, its pyproject.toml, or the groups and extras chosen");
+  if (!same(theirs.pylock, ours.pylock)) out.push("the pylock.toml: its content");
+  if (!same(theirs.no_build_isolation, ours.no_build_isolation)) out.push(`the packages built without isolation: ${setChange(theirs.no_build_isolation, ours.no_build_isolation)}`);
+  if (!same(theirs.build_variables, ours.build_variables)) out.push("the variables a build without isolation reads (TORCH_CUDA_ARCH_LIST, CUDA_HOME)");
+  // Whatever else the key holds that differs (a field this list does not know yet): named, never left out.
+  const named = new Set(["schema", "reading", "variables", "locals", "find_links", "flags", "installer_config", "interpreter", "base", "conda", "project", "pylock", "no_build_isolation", "build_variables"]);
+  for (const key of new Set([...Object.keys(theirs), ...Object.keys(ours)])) {
+    if (!named.has(key) && !same((theirs as Record<string, unknown>)[key], (ours as Record<string, unknown>)[key])) out.push(`the key's ${key}`);
+  }
   return out;
 }
 
