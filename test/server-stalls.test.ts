@@ -246,3 +246,13 @@ describe("limits on what one request may hold: a clear 413 or 400 naming the lim
     expect((await finish(task.id, "succeeded")).status).toBe(200);
   }, T);
 });
+
+describe("the job limit and the body limit", () => {
+  test("a job limit past the body limit is refused at start, naming both (it would never be the one that refuses)", async () => {
+    const r = await cli(["server", "--listen", "127.0.0.1:0"], { env: { ...box.env, GPULAYER_HOME: join(box.root, "limits-home"), GPULAYER_TOKEN: ADMIN, GPULAYER_MAX_JOB_BYTES: "16M" } });
+    expect({ code: r.code, stderr: r.stderr.trim() }).toEqual({
+      code: 2,
+      stderr: "error: coordinator.max_job (GPULAYER_MAX_JOB_BYTES) must not be more than coordinator.max_body (GPULAYER_MAX_BODY_BYTES): a job's request is a JSON body",
+    });
+  });
+});

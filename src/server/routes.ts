@@ -96,7 +96,8 @@ async function readBody(req: Request, limit: number, tooLarge: (declared: number
 
 /** A JSON body checked against its schema; a job's or prepare's request against coordinator.max_job too (request-limits.ts). */
 async function jsonBody<Sch extends v.GenericSchema>(req: Request, ctx: RouteContext, schema: Sch, job = false): Promise<v.InferOutput<Sch>> {
-  const limit = job ? Math.min(ctx.maxJobBytes, ctx.maxBodyBytes) : ctx.maxBodyBytes;
+  // max_job is never past max_body (server.ts refuses it at start).
+  const limit = job ? ctx.maxJobBytes : ctx.maxBodyBytes;
   const raw = await readBody(req, limit, job ? (declared) => jobTooLarge(limit, declared) : undefined);
   if (nestsDeeper(raw)) throw new HttpFail(400, `the body nests deeper than ${MAX_JSON_DEPTH} levels`);
   let data: unknown;

@@ -58,6 +58,8 @@ function lease(values: SettingValues): number {
 }
 
 export function serverSettings(values: SettingValues): ServerSettings {
+  // A job's request is a JSON body: a job limit past the body limit would never be the one that refuses.
+  if (values["coordinator.max_job"] > values["coordinator.max_body"]) throw new UsageError(`coordinator.max_job (GPULAYER_MAX_JOB_BYTES) must not be more than coordinator.max_body (GPULAYER_MAX_BODY_BYTES): a job's request is a JSON body`);
   const positive = (name: "coordinator.heartbeat" | "coordinator.worker_lost" | "coordinator.worker_lease" | "coordinator.max_body" | "coordinator.max_job") => {
     if (values[name] <= 0) throw new UsageError(`${name} must be more than 0`);
     return values[name];
