@@ -63,28 +63,32 @@ export class JobsApi {
     return rows[0];
   }
 
-  async status(job: JobRow, withEvents = true): Promise<RemoteJobStatus> {
+  /** A job's (or task's) events, the phases of its latest attempt (a lost attempt stays in the events, not in the phases), and the worker it is on: read once. */
+  private async attempt(job: JobRow) {
     const events = (await this.store.events(job.id)).map(({ seq: _s, ...e }) => e);
-    // Phases of the latest attempt only: a lost attempt stays in the events, not in the phases.
     const lastAssigned = events.findLastIndex((e) => e.type === "job.assigned" || e.type === "job.requeued" || e.type === "job.lost");
     const worker = job.workerId ? await this.store.worker(job.workerId) : null;
-    const phases = phasesOf(lastAssigned >= 0 ? events.slice(lastAssigned) : events);
+    return { events, phases: phasesOf(lastAssigned >= 0 ? events.slice(lastAssigned) : events), worker: worker?.name ?? null };
+  }
+
+  async status(job: JobRow, withEvents = true): Promise<RemoteJobStatus> {
+    const { events, phases, worker } = await this.attempt(job);
     const facts = { ...job, command: job.spec.commandText };
     return {
       ...statusDocument(facts, phases, withEvents ? events : [], job.spec.tasks ? { tasks: await this.taskStatuses(job) } : {}),
-      worker: worker?.name ?? null,
+      worker,
       attempts: job.attempts,
       waiting: job.waiting,
       labels: job.labels,
     };
   }
 
-  /** Each task of a job: its own row's state and phases (of its latest attempt), and the worker it ran on. */
+  /** Each task of a job: its own row's state and phases (of its latest attempt), its outputs, and the worker it ran on. */
   private async taskStatuses(job: JobRow): Promise<NonNullable<RemoteJobStatus["tasks"]>> {
     const out: NonNullable<RemoteJobStatus["tasks"]> = [];
     for (const t of await this.store.tasksOf(job.id)) {
-      const s = await this.status(t, false);
-      out.push(taskStatus({ ...t, task: t.task!, command: t.spec.commandText }, s.phases, outputsOfEvents(await this.store.events(t.id)), s.worker));
+      const { events, phases, worker } = await this.attempt(t);
+      out.push(taskStatus({ ...t, task: t.task!, command: t.spec.commandText }, phases, outputsOfEvents(events), worker));
     }
     return out;
   }
