@@ -11,7 +11,7 @@ import { UserError } from "../errors.ts";
  * named it.
  */
 export function gcFolders(layout: HomeLayout): string[] {
-  return [layout.envs, layout.trash, layout.locks, layout.leases, layout.jobs, layout.images, layout.cluster, layout.clusterWork, layout.clusterBundles];
+  return [layout.envs, layout.trash, layout.locks, layout.leases, layout.jobs, layout.images, layout.wheelhouse, layout.cluster, layout.clusterWork, layout.clusterBundles];
 }
 
 /** Is `path` a symbolic link (not followed)? A missing path is not. */

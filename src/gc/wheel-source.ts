@@ -2,6 +2,7 @@ import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync } fr
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { contentHash } from "../core/hashing.ts";
+import { namesOfDeadOwners } from "../core/dead-owners.ts";
 import { diskUsage } from "../env/index-light.ts";
 import type { GcEntry, GcSource, RemoveOutcome } from "./types.ts";
 
@@ -31,6 +32,8 @@ function listWheelEntries(layout: HomeLayout): GcEntry[] {
   const entries: GcEntry[] = [];
   for (const sdist of dirs(layout.wheelhouse)) {
     for (const conditions of dirs(join(layout.wheelhouse, sdist))) {
+      // A build writes `<name>.<pid>.tmp`: one whose process is gone died half-way; one whose process runs is its own.
+      const abandoned = new Set(namesOfDeadOwners(join(layout.wheelhouse, sdist, conditions), /\.(\d+)\.tmp$/));
       for (const name of dirs(join(layout.wheelhouse, sdist, conditions))) {
         const dir = join(layout.wheelhouse, sdist, conditions, name);
         const createdMs = statMs(dir);
@@ -44,8 +47,7 @@ function listWheelEntries(layout: HomeLayout): GcEntry[] {
         } catch {
           // half written: incomplete below
         }
-        // A folder a build is writing right now is young: left to its build (min-age also holds it).
-        const incomplete = name.endsWith(".tmp") && Date.now() - createdMs > 60 * 60 * 1000;
+        const incomplete = abandoned.has(name);
         if (name.endsWith(".tmp") && !incomplete) continue;
         entries.push({
           kind: "wheel",
