@@ -98,7 +98,16 @@ export async function buildEnv(plan: BuildPlan, hooks: BuildHooks = {}): Promise
   const seconds = (performance.now() - started) / 1000;
   outcome.steps.push({ step: "installing", seconds });
   hooks.onStepDone?.("installing", seconds);
-  return { ...outcome, installed: installedSet([site]), wheels };
+  // The check of the whole env, the builds without isolation and what they brought included: the first install's said nothing of them.
+  const envPython = join(plan.dir, "bin", "python");
+  const pip = await pipCommand(plan, envPython, installerEnv(plan), hooks);
+  hooks.onStep?.("checking", "pip check, after the builds without isolation");
+  const checkStart = performance.now();
+  const check = await pipCheck(plan, pip, installerEnv(plan), hooks);
+  const checkSeconds = (performance.now() - checkStart) / 1000;
+  outcome.steps.push({ step: "checking", seconds: checkSeconds });
+  hooks.onStepDone?.("checking", checkSeconds);
+  return { ...outcome, installed: installedSet([site]), wheels, check };
 }
 
 async function installEnv(plan: BuildPlan, hooks: BuildHooks): Promise<BuildOutcome> {
