@@ -177,6 +177,30 @@ describe("outputs through a server", () => {
     }
   }, T);
 
+  test("a path through a link in the task's folder is never an output, here and through a server: the file it leads to stays where it is", async () => {
+    const secret = tempDir("gpl-out-secret-");
+    writeFileSync(join(secret, "credential"), "s3cret");
+    const yaml = [
+      "tasks:",
+      `  one: {command: "ln -s ${secret} d", outputs: [d/credential]}`,
+      `  all: {command: "ln -s ${secret} e", outputs: ["e/*"]}`,
+    ];
+    for (const [where, run] of [[boxes.local.root, here], [boxes.client.root, fleet]] as const) {
+      const dir = jobDir(where, "linked", yaml);
+      const r = await run(["job", "run", "-f", "job.yaml", "--json"], dir);
+      expect(r.code).toBe(1);
+      const status = json<{ id: string; tasks: TaskDoc[] }>(r.stdout);
+      expect(status.tasks.map((t) => [t.name, t.state, t.error, t.outputs])).toEqual([
+        ["one", "failed", "task one: declared output d/credential is missing", []],
+        ["all", "succeeded", null, []],
+      ]);
+      const out = join(where, "linked-fetched");
+      expect((await run(["job", "outputs", status.id, "-o", out], dir)).code).toBe(0);
+      expect(existsSync(join(out, "one", "d"))).toBe(false);
+      expect(existsSync(join(out, "all", "e"))).toBe(false);
+    }
+  }, T);
+
   test("an outputs archive that would leave its folder is refused by the server, and another worker's task is not its to fill", async () => {
     const gate = join(meeting, "gate");
     const dir = jobDir(boxes.client.root, "hostile", ["tasks:", `  hold: {command: "while [ ! -e ${gate} ]; do sleep 0.1; done; echo ok > ok.txt", outputs: [ok.txt]}`]);

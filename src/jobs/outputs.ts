@@ -17,6 +17,20 @@ export type { OutputFile };
 
 const GLOB = /[*?[\]{}]/;
 
+/**
+ * Whether each folder on the way from `root` to `rel` is a folder and no
+ * link: a link anywhere on the path (`d -> /elsewhere`, `d/secret`) would
+ * make a file outside the task's folder one of its outputs.
+ */
+function inside(root: string, rel: string): boolean {
+  let at = root;
+  for (const part of rel.split("/").slice(0, -1)) {
+    at = join(at, part);
+    if (!lstatSync(at, { throwIfNoEntry: false })?.isDirectory()) return false;
+  }
+  return true;
+}
+
 /** Every file under `dir` (links and other non-files left out), relative, sorted. */
 function filesUnder(root: string, rel: string): OutputFile[] {
   const out: OutputFile[] = [];
@@ -32,7 +46,8 @@ function filesUnder(root: string, rel: string): OutputFile[] {
 /**
  * The files the declared outputs name in `dir`: a plain path is a file (or
  * every file of a folder) and must be there; a glob may match nothing. Links
- * are never outputs (a link could name a file outside the folder).
+ * are never outputs, nor is anything reached through one (a link could name a
+ * file outside the folder): such a path counts as missing.
  */
 export function collectOutputs(dir: string, declared: string[]): { files: OutputFile[]; missing: string[] } {
   const found = new Map<string, number>();
@@ -41,12 +56,13 @@ export function collectOutputs(dir: string, declared: string[]): { files: Output
     const p = posix.normalize(raw).replace(/\/$/, "");
     if (GLOB.test(p)) {
       for (const match of new Bun.Glob(p).scanSync({ cwd: dir, onlyFiles: true, dot: true, followSymlinks: false })) {
-        const st = lstatSync(join(dir, match), { throwIfNoEntry: false });
-        if (st?.isFile()) found.set(match.split("\\").join("/"), st.size);
+        const rel = match.split("\\").join("/");
+        const st = inside(dir, rel) ? lstatSync(join(dir, rel), { throwIfNoEntry: false }) : undefined;
+        if (st?.isFile()) found.set(rel, st.size);
       }
       continue;
     }
-    const st = lstatSync(join(dir, p), { throwIfNoEntry: false });
+    const st = inside(dir, p) ? lstatSync(join(dir, p), { throwIfNoEntry: false }) : undefined;
     if (st?.isFile()) found.set(p, st.size);
     else if (st?.isDirectory()) for (const f of filesUnder(dir, p)) found.set(f.path, f.bytes);
     else missing.push(raw);
