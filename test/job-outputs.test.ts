@@ -133,6 +133,23 @@ describe("the job file's outputs:", () => {
   });
 });
 
+describe("outputs kept here", () => {
+  test("outputs that cannot be kept in the job store fail their task with one line here, and the job ends", async () => {
+    // A file where the store keeps outputs: copying there fails (ENOTDIR), even as root.
+    const home = join(boxes.local.root, "home-store-full");
+    mkdirSync(join(home, "jobs"), { recursive: true });
+    writeFileSync(join(home, "jobs", "outputs"), "");
+    const dir = jobDir(boxes.local.root, "unkept", ["tasks:", "  make: {command: 'echo made > made.txt', outputs: [made.txt]}", "  use: {command: cat made.txt, needs: [make]}"]);
+    const r = await cli(["job", "run", "-f", "job.yaml", "--json"], { env: { ...boxes.local.env, GPULAYER_HOME: home, GPULAYER_PYTHON: localPython }, cwd: dir });
+    expect(r.code, r.stderr).toBe(1);
+    const status = json<{ state: string; tasks: TaskDoc[] }>(r.stdout);
+    expect(status.state).toBe("failed");
+    expect(status.tasks.map((t) => [t.name, t.state, t.exit_code])).toEqual([["make", "failed", 1], ["use", "skipped", null]]);
+    expect(status.tasks[0]!.error).toStartWith("task make: its outputs could not be kept: ENOTDIR");
+    expect(status.tasks[0]!.error).not.toContain("\n");
+  }, T);
+});
+
 describe("outputs through a server", () => {
   test("a task finds what a task it needs (through another) left, on another worker", async () => {
     // make -> shape -> a and b, which meet (one slot each: one per worker); so one of them runs where make did not.
