@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { Database } from "bun:sqlite";
-import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync, truncateSync, linkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, ROOT, sandbox, serversOnPostgres, startCli, tempDir } from "./helpers.ts";
@@ -147,6 +147,33 @@ describe("outputs kept here", () => {
     expect(status.tasks.map((t) => [t.name, t.state, t.exit_code])).toEqual([["make", "failed", 1], ["use", "skipped", null]]);
     expect(status.tasks[0]!.error).toStartWith("task make: its outputs could not be kept: ENOTDIR");
     expect(status.tasks[0]!.error).not.toContain("\n");
+  }, T);
+
+  test("job outputs into a folder that holds the same files already: compared without reading them whole, so an output larger than memory is fine", async () => {
+    const dir = jobDir(boxes.local.root, "large", ["tasks:", "  make: {command: 'echo x > big.bin && head -c 200000 /dev/urandom > small.bin', outputs: [big.bin, small.bin]}"]);
+    const r = await here(["job", "run", "-f", "job.yaml", "--json"], dir);
+    expect(r.code, r.stderr).toBe(0);
+    const status = json<{ id: string; tasks: TaskDoc[] }>(r.stdout);
+    // The kept copy made 4.5 GiB (sparse: no disk used) and linked at the destination (the same file): read whole, it does not fit.
+    const kept = join(boxes.local.home, "jobs", "outputs", status.tasks[0]!.id);
+    const out = join(boxes.local.root, "large-fetched");
+    mkdirSync(out);
+    const size = 4.5 * 2 ** 30;
+    writeFileSync(join(kept, "big.bin"), "");
+    truncateSync(join(kept, "big.bin"), size);
+    linkSync(join(kept, "big.bin"), join(out, "big.bin"));
+    // Another file with the same bytes (compared chunk by chunk): left as it is.
+    cpSync(join(kept, "small.bin"), join(out, "small.bin"));
+    const fetched = await here(["job", "outputs", status.id, "--task", "make", "-o", out], dir);
+    expect([fetched.code, fetched.stderr]).toEqual([0, ""]);
+    expect(statSync(join(out, "big.bin")).size).toBe(size);
+    // Its last byte changed: refused, with the line that names it.
+    const bytes = readFileSync(join(kept, "small.bin"));
+    bytes[bytes.length - 1] ^= 1;
+    writeFileSync(join(out, "small.bin"), bytes);
+    const refused = await here(["job", "outputs", status.id, "--task", "make", "-o", out], dir);
+    expect(refused.code).not.toBe(0);
+    expect(refused.stderr).toBe(`error: ${join(out, "small.bin")} exists already and holds something else: give -o an empty folder\n`);
   }, T);
 });
 

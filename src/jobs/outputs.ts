@@ -1,4 +1,4 @@
-import { constants, copyFileSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync } from "node:fs";
+import { closeSync, constants, copyFileSync, lstatSync, mkdirSync, openSync, readdirSync, readSync, renameSync, rmSync } from "node:fs";
 import { dirname, join, posix } from "node:path";
 
 /**
@@ -76,11 +76,42 @@ export function missingOutputLine(task: string, missing: string[]): string {
   return `task ${task}: declared output${missing.length > 1 ? "s" : ""} ${missing.join(", ")} ${missing.length > 1 ? "are" : "is"} missing`;
 }
 
-/** Whether `to` holds exactly the bytes of `from` already. */
-function sameFile(from: string, to: string): boolean {
-  const st = lstatSync(to, { throwIfNoEntry: false });
-  if (!st?.isFile() || st.size !== lstatSync(from).size) return false;
-  return readFileSync(from).equals(readFileSync(to));
+const CHUNK = 64 * 1024;
+
+/**
+ * Whether `to` is a file that holds exactly the bytes of `from`: the same
+ * file (device and inode), else the same size and bytes, read a chunk at a
+ * time (outputs may be larger than memory).
+ */
+export function sameFile(from: string, to: string): boolean {
+  const b = lstatSync(to, { throwIfNoEntry: false });
+  const a = lstatSync(from, { throwIfNoEntry: false });
+  if (!a?.isFile() || !b?.isFile()) return false;
+  if (a.dev === b.dev && a.ino === b.ino) return true;
+  if (a.size !== b.size) return false;
+  const fa = openSync(from, "r");
+  try {
+    const fb = openSync(to, "r");
+    try {
+      const ba = Buffer.allocUnsafe(CHUNK);
+      const bb = Buffer.allocUnsafe(CHUNK);
+      for (;;) {
+        const n = readSync(fa, ba, 0, CHUNK, null);
+        if (n === 0) return readSync(fb, bb, 0, 1, null) === 0;
+        let m = 0;
+        while (m < n) {
+          const r = readSync(fb, bb, m, n - m, null);
+          if (r === 0) return false;
+          m += r;
+        }
+        if (!ba.subarray(0, n).equals(bb.subarray(0, n))) return false;
+      }
+    } finally {
+      closeSync(fb);
+    }
+  } finally {
+    closeSync(fa);
+  }
 }
 
 /**
