@@ -169,7 +169,7 @@ describe("outputs kept here", () => {
     expect(statSync(join(out, "big.bin")).size).toBe(size);
     // Its last byte changed: refused, with the line that names it.
     const bytes = readFileSync(join(kept, "small.bin"));
-    bytes[bytes.length - 1] ^= 1;
+    bytes[bytes.length - 1]! ^= 1;
     writeFileSync(join(out, "small.bin"), bytes);
     const refused = await here(["job", "outputs", status.id, "--task", "make", "-o", out], dir);
     expect(refused.code).not.toBe(0);
