@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { Database } from "bun:sqlite";
-import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync, truncateSync, linkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, ROOT, sandbox, serversOnPostgres, startCli, tempDir } from "./helpers.ts";
@@ -133,6 +133,50 @@ describe("the job file's outputs:", () => {
   });
 });
 
+describe("outputs kept here", () => {
+  test("outputs that cannot be kept in the job store fail their task with one line here, and the job ends", async () => {
+    // A file where the store keeps outputs: copying there fails (ENOTDIR), even as root.
+    const home = join(boxes.local.root, "home-store-full");
+    mkdirSync(join(home, "jobs"), { recursive: true });
+    writeFileSync(join(home, "jobs", "outputs"), "");
+    const dir = jobDir(boxes.local.root, "unkept", ["tasks:", "  make: {command: 'echo made > made.txt', outputs: [made.txt]}", "  use: {command: cat made.txt, needs: [make]}"]);
+    const r = await cli(["job", "run", "-f", "job.yaml", "--json"], { env: { ...boxes.local.env, GPULAYER_HOME: home, GPULAYER_PYTHON: localPython }, cwd: dir });
+    expect(r.code, r.stderr).toBe(1);
+    const status = json<{ state: string; tasks: TaskDoc[] }>(r.stdout);
+    expect(status.state).toBe("failed");
+    expect(status.tasks.map((t) => [t.name, t.state, t.exit_code])).toEqual([["make", "failed", 1], ["use", "skipped", null]]);
+    expect(status.tasks[0]!.error).toStartWith("task make: its outputs could not be kept: ENOTDIR");
+    expect(status.tasks[0]!.error).not.toContain("\n");
+  }, T);
+
+  test("job outputs into a folder that holds the same files already: compared without reading them whole, so an output larger than memory is fine", async () => {
+    const dir = jobDir(boxes.local.root, "large", ["tasks:", "  make: {command: 'echo x > big.bin && head -c 200000 /dev/urandom > small.bin', outputs: [big.bin, small.bin]}"]);
+    const r = await here(["job", "run", "-f", "job.yaml", "--json"], dir);
+    expect(r.code, r.stderr).toBe(0);
+    const status = json<{ id: string; tasks: TaskDoc[] }>(r.stdout);
+    // The kept copy made 4.5 GiB (sparse: no disk used) and linked at the destination (the same file): read whole, it does not fit.
+    const kept = join(boxes.local.home, "jobs", "outputs", status.tasks[0]!.id);
+    const out = join(boxes.local.root, "large-fetched");
+    mkdirSync(out);
+    const size = 4.5 * 2 ** 30;
+    writeFileSync(join(kept, "big.bin"), "");
+    truncateSync(join(kept, "big.bin"), size);
+    linkSync(join(kept, "big.bin"), join(out, "big.bin"));
+    // Another file with the same bytes (compared chunk by chunk): left as it is.
+    cpSync(join(kept, "small.bin"), join(out, "small.bin"));
+    const fetched = await here(["job", "outputs", status.id, "--task", "make", "-o", out], dir);
+    expect([fetched.code, fetched.stderr]).toEqual([0, ""]);
+    expect(statSync(join(out, "big.bin")).size).toBe(size);
+    // Its last byte changed: refused, with the line that names it.
+    const bytes = readFileSync(join(kept, "small.bin"));
+    bytes[bytes.length - 1]! ^= 1;
+    writeFileSync(join(out, "small.bin"), bytes);
+    const refused = await here(["job", "outputs", status.id, "--task", "make", "-o", out], dir);
+    expect(refused.code).not.toBe(0);
+    expect(refused.stderr).toBe(`error: ${join(out, "small.bin")} exists already and holds something else: give -o an empty folder\n`);
+  }, T);
+});
+
 describe("outputs through a server", () => {
   test("a task finds what a task it needs (through another) left, on another worker", async () => {
     // make -> shape -> a and b, which meet (one slot each: one per worker); so one of them runs where make did not.
@@ -174,6 +218,30 @@ describe("outputs through a server", () => {
       ]);
       const shown = await run(["job", "status", json<{ id: string }>(r.stdout).id], dir);
       expect(shown.stdout).toContain("task make: declared output rows.json is missing\n");
+    }
+  }, T);
+
+  test("a path through a link in the task's folder is never an output, here and through a server: the file it leads to stays where it is", async () => {
+    const secret = tempDir("gpl-out-secret-");
+    writeFileSync(join(secret, "credential"), "s3cret");
+    const yaml = [
+      "tasks:",
+      `  one: {command: "ln -s ${secret} d", outputs: [d/credential]}`,
+      `  all: {command: "ln -s ${secret} e", outputs: ["e/*"]}`,
+    ];
+    for (const [where, run] of [[boxes.local.root, here], [boxes.client.root, fleet]] as const) {
+      const dir = jobDir(where, "linked", yaml);
+      const r = await run(["job", "run", "-f", "job.yaml", "--json"], dir);
+      expect(r.code).toBe(1);
+      const status = json<{ id: string; tasks: TaskDoc[] }>(r.stdout);
+      expect(status.tasks.map((t) => [t.name, t.state, t.error, t.outputs])).toEqual([
+        ["one", "failed", "task one: declared output d/credential is missing", []],
+        ["all", "succeeded", null, []],
+      ]);
+      const out = join(where, "linked-fetched");
+      expect((await run(["job", "outputs", status.id, "-o", out], dir)).code).toBe(0);
+      expect(existsSync(join(out, "one", "d"))).toBe(false);
+      expect(existsSync(join(out, "all", "e"))).toBe(false);
     }
   }, T);
 

@@ -1,7 +1,7 @@
-import { lstatSync, readFileSync } from "node:fs";
+import { lstatSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { UsageError, UserError } from "../errors.ts";
-import { copyOutputs, type OutputFile } from "./outputs.ts";
+import { copyOutputs, type OutputFile, sameFile } from "./outputs.ts";
 
 /**
  * `job outputs`: what a job's tasks left, copied into a folder. One task's
@@ -37,9 +37,7 @@ export function checkDestination(dir: string, tasks: { name: string; files: Outp
   for (const t of tasks) {
     for (const f of t.files) {
       const to = join(taskFolder(dir, t.name, one), f.path);
-      const st = lstatSync(to, { throwIfNoEntry: false });
-      if (!st) continue;
-      if (!st.isFile() || !readFileSync(to).equals(readFileSync(t.from(f)))) throw new UserError(`${to} exists already and holds something else: give -o an empty folder`);
+      if (lstatSync(to, { throwIfNoEntry: false }) && !sameFile(t.from(f), to)) throw new UserError(`${to} exists already and holds something else: give -o an empty folder`);
     }
   }
 }

@@ -15,7 +15,7 @@ import { outputsOfEvents } from "./status.ts";
 /** The files a task's `task.outputs` event lists (none when it has none). */
 export const outputsOf = (store: JobStore, id: string): OutputFile[] => outputsOfEvents(store.events(id));
 
-/** At a task's success: its outputs copied into the store; or the task failed, with the line that says which is missing. */
+/** At a task's success: its outputs copied into the store; or the task failed, with the line that says which is missing or why they could not be kept. */
 export function keepTaskOutputs(store: JobStore, record: JobRecord): { failed: string } | null {
   const declared = record.spec.outputs ?? [];
   if (!declared.length) return null;
@@ -27,8 +27,21 @@ export function keepTaskOutputs(store: JobStore, record: JobRecord): { failed: s
     return { failed: line };
   }
   const dir = store.outputsDir(record.id);
-  rmSync(dir, { recursive: true, force: true });
-  copyOutputs(record.spec.workdir, files, dir);
+  try {
+    rmSync(dir, { recursive: true, force: true });
+    copyOutputs(record.spec.workdir, files, dir);
+  } catch (error) {
+    // A full disk, a file it may not read: the task failed, with the reason, never a job left running.
+    const line = `task ${record.task ?? record.name}: its outputs could not be kept: ${(error as Error).message}`;
+    try {
+      rmSync(dir, { recursive: true, force: true });
+    } catch {
+      // What was copied is listed nowhere (no task.outputs event), so never read; the failure to tell is the one above.
+    }
+    store.update(record.id, { state: "failed", exitCode: ExitCode.failed, error: line });
+    store.event(record.id, "task.outputs.failed", { message: line });
+    return { failed: line };
+  }
   store.event(record.id, "task.outputs", { files });
   return null;
 }

@@ -1,4 +1,4 @@
-import { constants, copyFileSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync } from "node:fs";
+import { closeSync, constants, copyFileSync, lstatSync, mkdirSync, openSync, readdirSync, readSync, renameSync, rmSync } from "node:fs";
 import { dirname, join, posix } from "node:path";
 
 /**
@@ -17,6 +17,20 @@ export type { OutputFile };
 
 const GLOB = /[*?[\]{}]/;
 
+/**
+ * Whether each folder on the way from `root` to `rel` is a folder and no
+ * link: a link anywhere on the path (`d -> /elsewhere`, `d/secret`) would
+ * make a file outside the task's folder one of its outputs.
+ */
+function inside(root: string, rel: string): boolean {
+  let at = root;
+  for (const part of rel.split("/").slice(0, -1)) {
+    at = join(at, part);
+    if (!lstatSync(at, { throwIfNoEntry: false })?.isDirectory()) return false;
+  }
+  return true;
+}
+
 /** Every file under `dir` (links and other non-files left out), relative, sorted. */
 function filesUnder(root: string, rel: string): OutputFile[] {
   const out: OutputFile[] = [];
@@ -32,7 +46,8 @@ function filesUnder(root: string, rel: string): OutputFile[] {
 /**
  * The files the declared outputs name in `dir`: a plain path is a file (or
  * every file of a folder) and must be there; a glob may match nothing. Links
- * are never outputs (a link could name a file outside the folder).
+ * are never outputs, nor is anything reached through one (a link could name a
+ * file outside the folder): such a path counts as missing.
  */
 export function collectOutputs(dir: string, declared: string[]): { files: OutputFile[]; missing: string[] } {
   const found = new Map<string, number>();
@@ -41,12 +56,13 @@ export function collectOutputs(dir: string, declared: string[]): { files: Output
     const p = posix.normalize(raw).replace(/\/$/, "");
     if (GLOB.test(p)) {
       for (const match of new Bun.Glob(p).scanSync({ cwd: dir, onlyFiles: true, dot: true, followSymlinks: false })) {
-        const st = lstatSync(join(dir, match), { throwIfNoEntry: false });
-        if (st?.isFile()) found.set(match.split("\\").join("/"), st.size);
+        const rel = match.split("\\").join("/");
+        const st = inside(dir, rel) ? lstatSync(join(dir, rel), { throwIfNoEntry: false }) : undefined;
+        if (st?.isFile()) found.set(rel, st.size);
       }
       continue;
     }
-    const st = lstatSync(join(dir, p), { throwIfNoEntry: false });
+    const st = inside(dir, p) ? lstatSync(join(dir, p), { throwIfNoEntry: false }) : undefined;
     if (st?.isFile()) found.set(p, st.size);
     else if (st?.isDirectory()) for (const f of filesUnder(dir, p)) found.set(f.path, f.bytes);
     else missing.push(raw);
@@ -60,11 +76,42 @@ export function missingOutputLine(task: string, missing: string[]): string {
   return `task ${task}: declared output${missing.length > 1 ? "s" : ""} ${missing.join(", ")} ${missing.length > 1 ? "are" : "is"} missing`;
 }
 
-/** Whether `to` holds exactly the bytes of `from` already. */
-function sameFile(from: string, to: string): boolean {
-  const st = lstatSync(to, { throwIfNoEntry: false });
-  if (!st?.isFile() || st.size !== lstatSync(from).size) return false;
-  return readFileSync(from).equals(readFileSync(to));
+const CHUNK = 64 * 1024;
+
+/**
+ * Whether `to` is a file that holds exactly the bytes of `from`: the same
+ * file (device and inode), else the same size and bytes, read a chunk at a
+ * time (outputs may be larger than memory).
+ */
+export function sameFile(from: string, to: string): boolean {
+  const b = lstatSync(to, { throwIfNoEntry: false });
+  const a = lstatSync(from, { throwIfNoEntry: false });
+  if (!a?.isFile() || !b?.isFile()) return false;
+  if (a.dev === b.dev && a.ino === b.ino) return true;
+  if (a.size !== b.size) return false;
+  const fa = openSync(from, "r");
+  try {
+    const fb = openSync(to, "r");
+    try {
+      const ba = Buffer.allocUnsafe(CHUNK);
+      const bb = Buffer.allocUnsafe(CHUNK);
+      for (;;) {
+        const n = readSync(fa, ba, 0, CHUNK, null);
+        if (n === 0) return readSync(fb, bb, 0, 1, null) === 0;
+        let m = 0;
+        while (m < n) {
+          const r = readSync(fb, bb, m, n - m, null);
+          if (r === 0) return false;
+          m += r;
+        }
+        if (!ba.subarray(0, n).equals(bb.subarray(0, n))) return false;
+      }
+    } finally {
+      closeSync(fb);
+    }
+  } finally {
+    closeSync(fa);
+  }
 }
 
 /**

@@ -11,7 +11,7 @@ import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.t
 import { environmentRequest } from "../env/index-light.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import { giveTree } from "../jobs/run-as.ts";
-import { lockDown } from "../core/tree-owner.ts";
+import { lockDown, reclaimTree } from "../core/tree-owner.ts";
 import { JobStore } from "../jobs/store.ts";
 import { acquireEntry } from "../env/index-light.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
@@ -193,6 +193,8 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
       if (ran.state === "succeeded" && task.spec?.outputs?.length) {
         // The events so far first: the server records the outputs after the run's end.
         await channel.flush();
+        // worker.run_as: the folder taken back (ours, closed to the user) before we read it as root, so nothing the job left running can swap a path for a link meanwhile.
+        if (ctx.runner.runAs) reclaimTree(workdir, ctx.runner.runAs.uid, ctx.runner.runAs.gid);
         const sent = await sendOutputs(ctx.client, ctx.bundleLimits, task, workdir, ctx.layout.clusterBundles, () => stopReason !== null);
         if ("failed" in sent) {
           channel.event(sent.missing ? "task.outputs.missing" : "task.outputs.failed", { message: sent.failed });
