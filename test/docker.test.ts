@@ -246,7 +246,7 @@ describe("without an engine", () => {
       // The env is built for the image's own Python: another one is a contradiction.
       const r = await cli(["env", "prepare", "--image", "busybox:1", "-p", "tqdm", "--python", "python3"], { env: box.env });
       expect(r.code).toBe(2);
-      expect(r.stderr.trim()).toBe("error: --python does not go with --image: the env is built for the image's own Python");
+      expect(r.stderr.trim()).toBe("error: --python python3 does not go with an image (busybox:1): the env is built for the image's own Python");
       const alone = await cli(["env", "prepare", "--image", "busybox:1", "--index-url", "http://127.0.0.1:9/simple"], { env: box.env });
       expect(alone.code).toBe(2);
       expect(alone.stderr).toContain("--index-url applies to requirements, not to --image alone");

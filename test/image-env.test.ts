@@ -393,24 +393,54 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
     }
   });
 
-  it("a uv project on an image is refused in one line before anything is pulled or built", async () => {
+  it("what an image cannot honour (a uv project, conda, a Python of its own, no build isolation, a pylock.toml) is refused in one line before anything is pulled or built", async () => {
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    // An image no engine has: a refusal comes before any pull, so it is never looked for.
+    const ref = `gpl-test/never-pulled-${process.pid}:1`;
+    const wd = join(box.root, "wd");
+    try {
+      mkdirSync(join(wd, "proj"), { recursive: true });
+      writeFileSync(join(wd, "proj", "pyproject.toml"), `[project]\nname = "proj"\nversion = "0.1"\ndependencies = ["greetb==2.0"]\n`);
+      writeFileSync(join(wd, "pylock.toml"), `lock-version = "1.0"\ncreated-by = "test"\n`);
+      writeFileSync(join(wd, "job.yaml"), `command: python3 -c 'import greetb'\nenvironment:\n  python: python3\n`);
+      const on = `does not go with an image (${ref})`;
+      const cases: [string[], string][] = [
+        [["job", "run", "--image", ref, "--project", "proj", "--", "true"], `a uv project (--project ${join(wd, "proj")}) ${on} yet: run it without --image, or build the image with uv sync`],
+        [["job", "run", "--image", ref, "--conda", "base", "-p", "greetb", "--", "true"], `a conda environment (base) ${on}: the env is built for the image's own Python`],
+        [["job", "run", "--image", ref, "--python", "python3", "-p", "greetb", "--", "true"], `--python python3 ${on}: the env is built for the image's own Python`],
+        [["job", "run", "-f", "job.yaml", "--image", ref], `job.yaml: environment.python (python3) ${on}: the env is built for the image's own Python`],
+        [["job", "run", "--image", ref, "-p", "greetb", "--no-build-isolation-package", "greetb", "--", "true"], `no build isolation (greetb) ${on} yet: build those packages into the image, or run it without --image`],
+        [["job", "run", "--image", ref, "-r", "pylock.toml", "--", "true"], `a pylock.toml (${join(wd, "pylock.toml")}) ${on} yet: give its packages as requirements, or run it without --image`],
+        [["env", "prepare", "--image", ref, "--python", "python3", "-p", "greetb"], `--python python3 ${on}: the env is built for the image's own Python`],
+      ];
+      for (const [args, line] of cases) {
+        const r = await cli(args, { env: box.env, cwd: wd });
+        expect([r.code, r.stderr], args.join(" ")).toEqual([2, `error: ${line}\n`]);
+        expect(r.stdout).toBe("");
+      }
+      expect(envDirs(box.home)).toEqual([]);
+      expect((await run([name, "image", "inspect", ref])).code).not.toBe(0);
+    } finally {
+      box.cleanup();
+    }
+  });
+
+  it("prepare_timeout holds for the env inside an image: one line says so, the build container is ended, nothing is kept", async () => {
     const ref = await imageWithGreetb(name);
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;
+    // trickle's download crawls until told otherwise: the limit comes while the image's installer is at it.
+    const slow = slowProxy(index);
     try {
-      // A real lock of greetb 2.0; the image has 1.0: run with the image alone, the job would see the wrong one.
-      const proj = join(box.root, "wd", "proj");
-      mkdirSync(proj, { recursive: true });
-      writeFileSync(join(proj, "pyproject.toml"), `[project]\nname = "proj"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["greetb==2.0"]\n\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`);
-      const locked = await run(["uv", "lock"], { cwd: proj, env: box.env });
-      expect(locked.stderr && locked.code).toBe(0);
-      writeFileSync(join(box.root, "wd", "job.yaml"), `command: python3 -c 'import greetb; print("greetb", greetb.__version__)'\nenvironment:\n  project: proj\n`);
-      const r = await cli(["job", "run", "-f", "job.yaml", "--image", ref], { env: box.env, cwd: join(box.root, "wd") });
-      expect(r.code).toBe(2);
-      expect(r.stdout).not.toContain("greetb");
-      expect(r.stderr.trim()).toBe(`error: a uv project (--project ${proj}) does not go with an image (${ref}) yet: run it without --image, or build the image with uv sync`);
+      const r = await cli(["env", "prepare", "--image", ref, "-p", "trickle", "--index-url", slow.url, "--prepare-timeout", "8s"], { env: box.env, cwd: box.root });
+      expect(r.code).toBe(1);
+      expect(r.stderr.trim().split("\n").at(-1)).toBe(`error: timed out after 8 s while building the env inside ${ref} (prepare_timeout; nothing was kept)`);
+      expect(slow.state.downloads).toBeGreaterThan(0); // the build did start
+      await waitFor("the build container to go", async () => (await run([name, "ps", "-aq", "--filter", "name=gpulayer-envbuild-"])).stdout.trim() === "", 30_000);
       expect(envDirs(box.home)).toEqual([]);
     } finally {
+      slow.stop();
       box.cleanup();
       await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
     }

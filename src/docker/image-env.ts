@@ -13,6 +13,7 @@ import type { EnvironmentRequest } from "../env/index.ts";
 import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/index.ts";
 import { installFailure, runTool, ToolStopped } from "../env/index.ts";
 import { pipConfigDigest } from "../env/index.ts";
+import { prepareLimit } from "../env/index.ts";
 import { type ContainerInstaller, hostInstallerSettings, uvForImage } from "./image-installer.ts";
 import { type Engine, type EngineEnv, engineExec } from "./engine.ts";
 import { type ImagePython, imagePython } from "./image-python.ts";
@@ -141,9 +142,13 @@ export async function ensureImageEnv(
   layout: HomeLayout,
   image: { ref: string; imageId: string; engine: Engine },
   req: ImageEnvRequest,
-  opts: { engineEnv: EngineEnv; hooks?: ImageEnvHooks; leaseHolder?: string; signal?: AbortSignal },
+  opts: { engineEnv: EngineEnv; hooks?: ImageEnvHooks; leaseHolder?: string; signal?: AbortSignal; timeoutMs?: number },
 ): Promise<ImageEnvResult> {
   const started = performance.now();
+  // prepare_timeout and a cancel, as for a host build: one signal, and the same line for each (env/prepare-limit.ts).
+  const limit = prepareLimit(opts.timeoutMs, opts.signal);
+  const signal = limit.signal;
+  let step = "waiting for another build of it";
   const hooks = opts.hooks ?? {};
   const py = await imagePython(layout, image.engine, image.imageId, image.ref, opts.engineEnv);
   const resolved = resolveImageRequest(layout, image.imageId, py, req);
@@ -158,9 +163,10 @@ export async function ensureImageEnv(
       return done("reused");
     },
     build: async () => {
+      step = `building the env inside ${image.ref}`;
       try {
         // What a host build of this request would be given: its uv, its installer settings (image-installer.ts).
-        const host = { layout, python: req.python, plan: { inputs: resolved.inputs, flags: resolved.flags, isolated: resolved.isolated, env: req.env, cwd: req.cwd, uv: req.uv, signal: opts.signal } };
+        const host = { layout, python: req.python, plan: { inputs: resolved.inputs, flags: resolved.flags, isolated: resolved.isolated, env: req.env, cwd: req.cwd, uv: req.uv, signal } };
         const found = await uvForImage(host, resolved.interpreter);
         const uv = found.path;
         if (!py.hasPip && !uv) throw new InstallError(`image ${image.ref}: its Python (${py.executable}) has no pip to install the requirements with, and there is no uv to mount in: ${found.reason}`, "");
@@ -191,16 +197,16 @@ export async function ensureImageEnv(
         const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, ...mounts, ...(variables.length ? ["--env-file", envFile] : []), "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req, Boolean(uv), settings)];
         // Stopped (a cancel, a time limit): the engine's CLI is killed, and the container with it, by its name.
         const stop = () => void engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
-        opts.signal?.addEventListener("abort", stop, { once: true });
+        signal?.addEventListener("abort", stop, { once: true });
         let ran: { code: number; lines: string[] };
         try {
           const cliEnv = Object.fromEntries(Object.entries(opts.engineEnv).filter((e): e is [string, string] => e[1] !== undefined));
-          ran = await runTool([image.engine.bin, ...args], { env: cliEnv, cwd: req.cwd, hooks: { onOutput: hooks.onLine }, signal: opts.signal });
+          ran = await runTool([image.engine.bin, ...args], { env: cliEnv, cwd: req.cwd, hooks: { onOutput: hooks.onLine }, signal });
         } catch (error) {
-          if (error instanceof ToolStopped) throw new UserError(`stopped while building the env inside ${image.ref} (nothing was kept)`, ExitCode.cancelled);
+          if (error instanceof ToolStopped) throw limit.stopped(step) ?? new UserError(`stopped while ${step} (nothing was kept)`, ExitCode.cancelled);
           throw error;
         } finally {
-          opts.signal?.removeEventListener("abort", stop);
+          signal?.removeEventListener("abort", stop);
           rmSync(paths.tmp, { recursive: true, force: true });
         }
         const installerUsed = ran.lines.includes("gpulayer-installer: uv") ? "uv" : "pip";
@@ -230,7 +236,9 @@ export async function ensureImageEnv(
         throw error;
       }
     },
-    signal: opts.signal,
+    signal,
+  }).catch((error) => {
+    throw limit.stopped(step) ?? error;
   });
   return { ...entry, lease };
 }

@@ -4,6 +4,7 @@
  * a folder that needs the build code itself imports ./index.ts.
  */
 export { dryRunPrepare, prepareEnv } from "./prepare.ts";
+export { prepareLimit, type PrepareLimit } from "./prepare-limit.ts";
 export { normalizeName } from "./request/canonical.ts";
 export { condaActivation } from "./request/conda-activation.ts";
 export { listCondaEnvs } from "./request/conda.ts";
@@ -21,4 +22,4 @@ export { acquireEntry } from "./store/cache-entry.ts";
 export { findEnv, listEnvs, removeEnv, type EnvEntry } from "./store/inventory.ts";
 export { conditionsDiffer, type ArtifactConditions, type BuildTicket, type FetchedEnv, type Shipping, type ShippingRequest, type SharedWheel, type WheelSharing } from "./store/shipping.ts";
 export { diskUsage, entryPaths, isReady, lastUsedMs, listKeys, markReady, orphanTmpKeys, readMeta, removeEntryDir, touchFile, touchLastUsed, wheelDocs, wheelLines, type EntryPaths, type EnvMeta } from "./store/store.ts";
-export { environmentRequest, hostRequest, isUrl, requestDir, type EnvSettings, type RequestAt } from "./request/request.ts";
+export { environmentRequest, hostRequest, isUrl, refuseOnImage, requestDir, type EnvSettings, type RequestAt } from "./request/request.ts";

@@ -2,13 +2,14 @@ import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping, type WheelSharing } from "./store/shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
-import { ExitCode, InstallError, UsageError, UserError } from "../errors.ts";
+import { InstallError, UsageError } from "../errors.ts";
 import { type BuildAs, relocate, userCacheDir } from "./build/build-user.ts";
 import type { BuildStep, KeepGroup } from "./build/run-tool.ts";
 import type { ResolvedRequest } from "./request/key.ts";
 import { acquireEntry } from "./store/cache-entry.ts";
 import { diskFull } from "./build/disk-full.ts";
 import { inputsReport } from "./request/inputs-report.ts";
+import { prepareLimit } from "./prepare-limit.ts";
 import { nearestEnv } from "./request/nearest.ts";
 import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedResult, readyEntry, resolveRequest } from "./request/lookup.ts";
 import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, removeEntryDir } from "./store/store.ts";
@@ -31,9 +32,8 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
   hooks.onResolved?.(resolved);
   const paths = entryPaths(layout, resolved.key);
   // One signal for the time limit and a cancel; `step` says what was running when it came.
-  const limit = req.timeoutMs ? AbortSignal.timeout(req.timeoutMs) : undefined;
-  const signal = [limit, req.signal].filter((s): s is AbortSignal => Boolean(s));
-  const stop = signal.length ? AbortSignal.any(signal) : undefined;
+  const limit = prepareLimit(req.timeoutMs, req.signal);
+  const stop = limit.signal;
   let step = "waiting for another build of it";
   const watched: PrepareHooks = { ...hooks, onStep: (s, detail) => ((step = `${s} ${detail}`), hooks.onStep?.(s, detail)) };
   const done = (status: PrepareResult["status"], build?: PrepareResult["build"], fetched?: FetchedEnv) => preparedResult(resolved, paths, started, status, build, fetched);
@@ -57,9 +57,7 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
     onWait: () => hooks.onWait?.(`another process is building ${resolved.key.slice(0, 12)}; waiting for it`),
     signal: stop,
   }).catch((error) => {
-    if (!stop?.aborted) throw diskFull(error, { home: layout.root, envDir: paths.dir, step }) ?? error;
-    if (limit?.aborted) throw new InstallError(`timed out after ${formatLimit(req.timeoutMs!)} while ${step} (prepare_timeout; nothing was kept)`, "");
-    throw new UserError(`stopped while ${step} (nothing was kept)`, ExitCode.cancelled);
+    throw limit.stopped(step) ?? diskFull(error, { home: layout.root, envDir: paths.dir, step }) ?? error;
   });
   return { ...entry, lease };
 }
@@ -94,8 +92,6 @@ function buildAs(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequ
   const { confineTo: from, buildSource: to } = req;
   return { user, moved: (path) => (from && to ? relocate(path, from, to) : path) };
 }
-
-const formatLimit = (ms: number) => (ms % 1000 === 0 ? `${ms / 1000} s` : `${(ms / 1000).toFixed(1)} s`);
 
 async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: EntryPaths, hooks: PrepareHooks, keep: KeepGroup, wheelSharing?: WheelSharing): Promise<PrepareResult["build"]> {
   const started = performance.now();

@@ -2,7 +2,6 @@ import type { HomeLayout } from "../config/paths.ts";
 import { dryRunPrepare } from "../env/index-light.ts";
 import { hostRequest } from "../env/index-light.ts";
 import type { RunnerSettings } from "./runner.ts";
-import { refuseProjectOnImage } from "./prepare.ts";
 import type { JobSpec } from "./spec.ts";
 
 /** One task as it would run: what `job run --dry-run` prints, resolved exactly as the runner would take it. */
@@ -30,7 +29,6 @@ export function dryRunJob(layout: HomeLayout, spec: JobSpec, settings: RunnerSet
     name: spec.name,
     tasks: tasks.map(({ name, needs, spec: t }) => {
       const e = t.environment;
-      refuseProjectOnImage(e);
       const keyed = e.image ? null : dryRunPrepare(layout, hostRequest(settings, { request: e, workdir: t.workdir }));
       return {
         name,

@@ -1,8 +1,7 @@
 import type { EngineHost, EnsureHooks, EnsureResult } from "../docker/index.ts";
 import type { ImageEnvResult } from "../docker/image-env.ts";
 import type { HomeLayout } from "../config/paths.ts";
-import { UsageError } from "../errors.ts";
-import { condaActivation } from "../env/index-light.ts";
+import { condaActivation, refuseOnImage } from "../env/index-light.ts";
 import type { PrepareHooks, PrepareResult } from "../env/index-light.ts";
 import { prepareEnv } from "../env/index-light.ts";
 import { type EnvSettings, environmentRequest, hostRequest, type RequestAt, requestDir } from "../env/index-light.ts";
@@ -73,16 +72,9 @@ export type Prepared =
 /** True when the request asks for packages: an image alone is run as it is. */
 export const hasRequirements = (request: RequestAt["request"]): boolean => Boolean(request.requirementsFile || request.specs.length);
 
-/**
- * A uv project on an image is refused before anything is pulled or built: its env would need uv sync inside the
- * container and the project mounted in (not done yet); without this the image would run with none of the lock.
- */
-export function refuseProjectOnImage(request: RequestAt["request"]): void {
-  if (request.project !== undefined && request.image !== undefined) throw new UsageError(`a uv project (--project ${request.project}) does not go with an image (${request.image}) yet: run it without --image, or build the image with uv sync`);
-}
-
 export async function prepare(layout: HomeLayout, settings: PrepareSettings, target: PrepareTarget): Promise<Prepared> {
-  refuseProjectOnImage(target.request);
+  // A request from a server was refused by no job spec here: the same refusal, before anything is pulled.
+  refuseOnImage(target.request);
   return target.request.image === undefined ? prepareHost(layout, settings, target) : prepareImage(layout, settings, target, target.request.image);
 }
 
@@ -137,6 +129,7 @@ async function imageEnv(layout: HomeLayout, settings: PrepareSettings, target: P
     { ref: image.image, imageId: image.imageId, engine: image.engine },
     // The image's own Python runs the env; the host's (the default) fetches the pinned uv and reads the pip configuration.
     { ...r, cwd: dir, confineTo: target.request.confineTo, env: settings.env, network: settings.container.network, uv: settings.uv, python: settings.defaultPython },
-    { engineEnv: settings.engine.env, hooks: { onStep: target.hooks?.env?.onStep }, leaseHolder: target.holder, signal: target.signal },
+    // prepare_timeout (the request's, else the machine's) holds for the image's env as for a host's.
+    { engineEnv: settings.engine.env, hooks: { onStep: target.hooks?.env?.onStep }, leaseHolder: target.holder, signal: target.signal, timeoutMs: r.prepareTimeoutMs ?? settings.prepareTimeoutMs },
   );
 }

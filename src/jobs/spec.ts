@@ -1,12 +1,11 @@
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
 import { type EnvironmentFile, type JobFile, loadJobFile, type TaskFile } from "../config/jobfile.ts";
-import { type EnvironmentRequest, environmentRequest } from "../env/index-light.ts";
+import { type EnvironmentRequest, environmentRequest, refuseOnImage } from "../env/index-light.ts";
 import { positiveDuration } from "../config/kinds.ts";
 import { join as shlexJoin } from "shlex";
 import { UsageError } from "../errors.ts";
 import { taskGraphProblem } from "./task-graph.ts";
-import { refuseProjectOnImage } from "./prepare.ts";
 
 /** A job with every path resolved and flags merged over its file: what a runner needs, nothing else. */
 export interface JobSpec {
@@ -146,7 +145,6 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   // A project (flag, else file) is the whole environment: requirements from either side are refused with it when the env is prepared.
   const project = flags.project !== undefined ? { project: resolve(cwd, flags.project), groups: flags.groups ?? [], extras: flags.extras ?? [] } : byFile.project !== undefined && !(byFlags.requirementsFile || flags.specs.length) ? { project: byFile.project, groups: byFile.groups ?? [], extras: byFile.extras ?? [] } : null;
   if (project) Object.assign(environment, project);
-  refuseProjectOnImage(environment);
   if (byFlags.requirementsFile || flags.specs.length) {
     if (byFlags.requirementsFile) {
       requirementsFileOrRefusal(byFlags.requirementsFile, "-r", flags.requirementsFile!);
@@ -161,9 +159,14 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   const name = flags.name ?? file.name ?? (flags.file ? basename(flags.file).replace(/\.(ya?ml|json)$/, "") : basename(argv[argv[0] === "/bin/sh" ? 2 : 0]?.split(" ")[0] ?? "job"));
   const resources = { gpus: flags.gpus ?? file.resources?.gpus ?? 0, frameworks: file.resources?.frameworks ?? {} };
   const job: JobSpec = { name, argv, commandText, workdir, env, environment, resources };
-  if (!file.tasks) return job;
+  if (!file.tasks) {
+    refuseOnImage(environment);
+    return job;
+  }
   const tasks = Object.entries(file.tasks).map(([taskName, task]) => ({ name: taskName, needs: task.needs ?? [], spec: taskSpec(job, taskName, task, fileDir, source) }));
   checkNeeds(tasks, source);
+  // What runs is each task's request (the job's is only their default): each is refused here as prepare() would.
+  for (const t of tasks) refuseOnImage(t.spec.environment);
   return { ...job, commandText: `tasks: ${tasks.map((t) => t.name).join(", ")}`, tasks };
 }
 
@@ -189,7 +192,6 @@ function taskSpec(job: JobSpec, name: string, task: TaskFile, fileDir: string, s
     environment = { ...job.environment, ...own, ...base };
   }
   const resources = { gpus: task.resources?.gpus ?? job.resources.gpus, frameworks: task.resources?.frameworks ?? job.resources.frameworks };
-  refuseProjectOnImage(environment);
   return { name, ...commandOf(task.command), workdir, env, environment, resources, ...(task.outputs?.length ? { outputs: task.outputs } : {}) };
 }
 

@@ -36,9 +36,9 @@ export default defineCommand({
       // Loaded only for images: the container code (and the YAML parser it brings) costs a warm prepare ~2 ms.
       const { imageHooks, imageJson, imageSummary } = await import("../_image-ui.ts");
       if (a.image === undefined) throw new UsageError("--pull goes with --image");
-      const request = { ...askedByFlags(a, rawArgs), image: a.image };
+      // --python goes as the request's own, so prepare() refuses it with the image, in the words it refuses a job's.
+      const request = { ...askedByFlags(a, rawArgs), python: a.python, image: a.image };
       const withRequirements = hasRequirements(request);
-      if (a.python !== undefined) throw new UsageError("--python does not go with --image: the env is built for the image's own Python");
       const other = (["index-url", "extra-index-url", "find-links"] as const).find((f) => a[f] !== undefined);
       if (other && !withRequirements) throw new UsageError(`--${other} applies to requirements, not to --image alone`);
       // Ctrl-C stops the env's build; a pull stops as any command does (the handlers come once the image is here).

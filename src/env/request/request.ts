@@ -1,7 +1,9 @@
 import { isAbsolute, resolve } from "node:path";
 import type { BuildUser } from "../build/build-user.ts";
 import type { InstallerSetting } from "../build/build-plan.ts";
+import { UsageError } from "../../errors.ts";
 import type { PrepareRequest } from "./lookup.ts";
+import { isPylockFile } from "./pylock.ts";
 import type { EnvironmentRequest } from "./request-schema.ts";
 
 export type { EnvironmentRequest } from "./request-schema.ts";
@@ -44,6 +46,26 @@ export function environmentRequest(asked: EnvironmentRequest, base: string, defa
     ...(asked.noBuildIsolation?.length ? { noBuildIsolation: asked.noBuildIsolation } : {}),
     ...(asked.prepareTimeoutMs === undefined ? {} : { prepareTimeoutMs: asked.prepareTimeoutMs }),
   };
+}
+
+/**
+ * A request an image cannot honour is refused, in one line, before anything is pulled or built: its env is built
+ * by the image's own Python from requirements alone, so a project's lock, a conda environment, a Python of its own,
+ * packages built without isolation or a pylock.toml would otherwise be dropped or misread without a word. Called
+ * where a job's spec is made and again in prepare(), for a request that came from a server.
+ */
+export function refuseOnImage(request: EnvironmentRequest): void {
+  const image = request.image;
+  if (image === undefined) return;
+  const on = `does not go with an image (${image})`;
+  if (request.project !== undefined) throw new UsageError(`a uv project (--project ${request.project}) ${on} yet: run it without --image, or build the image with uv sync`);
+  if (request.conda !== undefined) throw new UsageError(`a conda environment (${request.conda}) ${on}: the env is built for the image's own Python`);
+  if (request.python !== undefined) {
+    const origin = request.pythonOrigin ?? "--python";
+    throw new UsageError(`${origin === "--python" ? `--python ${request.python}` : `${origin} (${request.python})`} ${on}: the env is built for the image's own Python`);
+  }
+  if (request.noBuildIsolation?.length) throw new UsageError(`no build isolation (${request.noBuildIsolation.join(", ")}) ${on} yet: build those packages into the image, or run it without --image`);
+  if (request.requirementsFile !== undefined && isPylockFile(request.requirementsFile)) throw new UsageError(`a pylock.toml (${request.requirementsFile}) ${on} yet: give its packages as requirements, or run it without --image`);
 }
 
 /** What a machine's settings say about building an env, resolved once at the top (the runner's, a worker's, `env prepare`'s). */
