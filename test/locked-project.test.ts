@@ -148,6 +148,19 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     expect(r.stdout.trim()).toStartWith(got.path);
   });
 
+  test("what to install is one choice: a flag's project replaces a file's requirements, a flag's requirements a file's project", async () => {
+    const jobDir = join(project, "..");
+    writeFileSync(join(jobDir, "reqs.yaml"), ["command: python -c pass", "environment:", "  requirements: [b]", ""].join("\n"));
+    writeFileSync(join(jobDir, "proj.yaml"), ["command: python -c pass", "environment:", "  project: app", ""].join("\n"));
+    const summary = async (args: string[]) => {
+      const r = await cli(["job", "run", "--python", worker, "--dry-run", "--json", ...args], { env: s.env, cwd: jobDir });
+      expect(r.code, r.stderr).toBe(0);
+      return (JSON.parse(r.stdout) as { tasks: { environment: { summary: string } }[] }).tasks[0]!.environment.summary;
+    };
+    expect(await summary(["-f", "reqs.yaml", "--project", "app"])).toStartWith("uv project app");
+    expect(await summary(["-f", "proj.yaml", "-p", "c"])).toBe("c");
+  });
+
   test("a stale lock is refused in one line, before anything is built", async () => {
     const py = join(project, "pyproject.toml");
     const before = readFileSync(py, "utf8");

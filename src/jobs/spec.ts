@@ -142,16 +142,19 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   };
   const noBuildIsolation = flags.noBuildIsolation?.length ? flags.noBuildIsolation : byFile.noBuildIsolation;
   if (noBuildIsolation?.length) environment.noBuildIsolation = noBuildIsolation;
-  // A project (flag, else file) is the whole environment: requirements from either side are refused with it when the env is prepared.
-  const project = flags.project !== undefined ? { project: resolve(cwd, flags.project), groups: flags.groups ?? [], extras: flags.extras ?? [] } : byFile.project !== undefined && !(byFlags.requirementsFile || flags.specs.length) ? { project: byFile.project, groups: byFile.groups ?? [], extras: byFile.extras ?? [] } : null;
-  if (project) Object.assign(environment, project);
-  if (byFlags.requirementsFile || flags.specs.length) {
+  // What to install is one choice: a project, a requirements file, specs. Made by a flag, it replaces the file's whole (a file's
+  // requirements never join a flag's project, nor a file's project a flag's requirements); a project given with requirements on
+  // one side is refused when the env is prepared.
+  const byFlagsChoice = flags.project !== undefined || Boolean(byFlags.requirementsFile) || flags.specs.length > 0;
+  if (byFlagsChoice) {
+    if (flags.project !== undefined) Object.assign(environment, { project: resolve(cwd, flags.project), groups: flags.groups ?? [], extras: flags.extras ?? [] });
     if (byFlags.requirementsFile) {
       requirementsFileOrRefusal(byFlags.requirementsFile, "-r", flags.requirementsFile!);
       environment.requirementsFile = byFlags.requirementsFile;
     }
     environment.specs = flags.specs;
   } else {
+    if (byFile.project !== undefined) Object.assign(environment, { project: byFile.project, groups: byFile.groups ?? [], extras: byFile.extras ?? [] });
     environment.requirementsFile = byFile.requirementsFile;
     environment.specs = byFile.specs ?? [];
   }
