@@ -127,7 +127,7 @@ describe("import structure of src/", () => {
   });
 
   test("the rest of src/ reaches src/env/ only through its entry points", () => {
-    const ENTRIES = ["src/env/index.ts", "src/env/index-light.ts"];
+    const ENTRIES = ["src/env/index.ts", "src/env/index-light.ts", "src/env/index-warm.ts"];
     const inside = files.filter((f) => !f.startsWith("src/env/")).flatMap((f) => graph.get(f)!.filter((t) => t.startsWith("src/env/") && !ENTRIES.includes(t)).map((t) => `${f} -> ${t}`));
     expect(inside).toEqual([]);
   });
@@ -137,6 +137,10 @@ describe("import structure of src/", () => {
     for (const f of BUILD) expect(files).toContain(f);
     expect([...loads("src/env/index-light.ts")].filter((f) => BUILD.includes(f))).toEqual([]);
     expect([...loads("src/commands/env/_warm-lane.ts")].filter((f) => BUILD.includes(f))).toEqual([]);
+    // Nor what a build under a lock, or a fetch from the fleet, needs: the lane only looks.
+    const NOT_WARM = ["src/env/prepare.ts", "src/env/store/cache-entry.ts", "src/env/store/shipping.ts", "src/env/request/nearest.ts"];
+    for (const f of NOT_WARM) expect(files).toContain(f);
+    expect([...loads("src/commands/env/_warm-lane.ts")].filter((f) => NOT_WARM.includes(f))).toEqual([]);
     // And the check sees static imports: the full entry point does load the build.
     expect(loads("src/env/index.ts").has("src/env/build/build.ts")).toBe(true);
   });

@@ -1,6 +1,5 @@
 import type { ParsedArgs } from "citty";
-import type { PrepareRequest, PrepareResult } from "../../env/index-light.ts";
-import { type EnvironmentRequest, hostRequest, wheelDocs, wheelLines } from "../../env/index-light.ts";
+import { type EnvironmentRequest, hostRequest, type PrepareRequest, type PrepareResult, wheelDocs, wheelLines } from "../../env/index-warm.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import { projectFlags, repeated } from "../_args.ts";
 import { type CommandContext, envSettings } from "../_context.ts";

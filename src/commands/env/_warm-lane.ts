@@ -1,5 +1,5 @@
 import type { ParsedArgs } from "citty";
-import { findPrepared, type PrepareResult } from "../../env/index-light.ts";
+import { findPrepared, type PrepareResult } from "../../env/index-warm.ts";
 import { Output } from "../../ui/output.ts";
 import { plainArgs } from "../_plain-args.ts";
 import { commandContext } from "../_context.ts";
