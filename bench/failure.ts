@@ -3,7 +3,7 @@
  * one run: `gpulayer env prepare` (auto: the uv fast path) against raw
  * `uv venv` + `uv pip install` of the same request from the same index (a
  * local PEP 503 index on 127.0.0.1, served by the test fixture). Every run has
- * a fresh GPULAYER_HOME, venv and uv cache. Both must fail; gpulayer's failure
+ * a fresh GPULAYER_HOME, venv and a uv cache for each contender; the order alternates. Both must fail; gpulayer's failure
  * must be one line with uv's explanation, and pip must not run a second
  * resolution. Goal (issue 39): within 1.5x of raw uv's own failure.
  *
@@ -47,21 +47,33 @@ const RAW = "`uv venv` + `uv pip install` (raw)";
 const GPL = "gpulayer env prepare (auto)";
 const samples: Record<string, number[]> = { [RAW]: [], [GPL]: [] };
 let gplSaid = "";
-for (let i = 0; i < RUNS + 1; i++) {
-  const dir = join(work, `run-${n++}`);
-  const cache = { UV_CACHE_DIR: join(dir, "uv-cache") };
+/** Raw uv's failure: a venv, then the install that fails; its own fresh uv cache. */
+async function rawRun(dir: string): Promise<number> {
+  const cache = { UV_CACHE_DIR: join(dir, "uv-cache-raw") };
   const venv = join(dir, "venv");
   const t = performance.now();
   const made = Bun.spawn([uv, "venv", "--quiet", "--python", python, venv], { env: { ...base, ...cache }, stdout: "ignore", stderr: "ignore" });
   if ((await made.exited) !== 0) throw new Error("uv venv failed");
   const raw = await failing([uv, "pip", "install", "--python", join(venv, "bin", "python"), "--index-url", index.url, "tiny==9"], { ...base, ...cache });
-  const rawMs = performance.now() - t;
-  const gpl = await failing([bin, "env", "prepare", "-p", "tiny==9", "--index-url", index.url, "--python", python], { ...base, ...cache, GPULAYER_HOME: join(dir, "home") });
-  if (i === 0) continue; // warm-up: the page cache, the binary
-  samples[RAW]!.push(rawMs);
-  samples[GPL]!.push(gpl.ms);
-  gplSaid = gpl.said;
   if (!/No solution found/.test(raw.said)) throw new Error(`raw uv failed otherwise: ${raw.said}`);
+  return performance.now() - t;
+}
+
+/** gpulayer's failure: a fresh home and a uv cache of its own (never the one raw uv just filled). */
+async function gplRun(dir: string): Promise<number> {
+  const gpl = await failing([bin, "env", "prepare", "-p", "tiny==9", "--index-url", index.url, "--python", python], { ...base, UV_CACHE_DIR: join(dir, "uv-cache-gpl"), GPULAYER_HOME: join(dir, "home") });
+  gplSaid = gpl.said;
+  return gpl.ms;
+}
+
+for (let i = 0; i < RUNS + 1; i++) {
+  const dir = join(work, `run-${n++}`);
+  // Alternated: which goes first changes each run, so neither always finds the machine warmed by the other.
+  const order = i % 2 ? ([[GPL, gplRun], [RAW, rawRun]] as const) : ([[RAW, rawRun], [GPL, gplRun]] as const);
+  for (const [name, run] of order) {
+    const ms = await run(dir);
+    if (i > 0) samples[name]!.push(ms); // the first round warms the page cache and the binary
+  }
 }
 index.stop();
 rmSync(work, { recursive: true, force: true });
