@@ -7,6 +7,7 @@ import { gpuDeviceIds, type LocalGpu } from "./allocation.ts";
 
 export type { LocalGpu };
 import { keepTaskOutputs, placeTaskInputs } from "./kept-outputs.ts";
+import { inputsUnplacedLine } from "./outputs.ts";
 import { type JobState, jobEnd, readiness, unstartedEnds } from "./model.ts";
 import type { JobRecord, JobStore } from "./store.ts";
 
@@ -85,7 +86,7 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
         placeTaskInputs(store, records, tasks, name);
         return null;
       } catch (error) {
-        return `task ${name}: the outputs of the tasks it needs could not be put in its folder: ${(error as Error).message}`;
+        return inputsUnplacedLine(name, (error as Error).message);
       }
     })();
     const run = placed ? unstartable(record, placed) : startJob(store, layout, record, settings, io.forTask(name), n ? gpuDeviceIds(gpus!, held.get(name)!) : undefined);

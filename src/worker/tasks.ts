@@ -170,7 +170,16 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
         await unpackBundle(copy.file, workdir, ctx.bundleLimits);
       } else mkdirSync(workdir, { recursive: true });
       // What the tasks it needs left, fetched (the bundles' entry checks) and put at their paths.
-      await placeInputs(task, workdir, (hash) => useBundle(ctx, hash, `task ${task.id} (job ${task.job_id}): inputs`, () => stopReason !== null));
+      const unplaced = await placeInputs(task, workdir, (hash) => useBundle(ctx, hash, `task ${task.id} (job ${task.job_id}): inputs`, () => stopReason !== null));
+      // Failed in task.prepare with the line a task run here fails with (jobs/outputs.ts); a stop meanwhile is the stop's.
+      if (unplaced && !stopReason) {
+        ctx.log(`task ${task.id} (job ${task.job_id}) failed on this worker: ${unplaced}`);
+        if (!handedBack && !channel.muted) {
+          channel.event("task.prepare.failed", { seconds: 0, message: unplaced });
+          await finish({ state: "failed", exit_code: ExitCode.failed, error: unplaced });
+        }
+        return;
+      }
       if (ctx.runner.runAs) giveTree(workdir, ctx.runner.runAs);
       if (stopReason) {
         if (handedBack) return;
