@@ -102,6 +102,11 @@ describe("commands that say where they act", () => {
     expect((await fleet(["env", "show", key.slice(0, 10)])).stdout).toContain("on worker    w1: ready");
     const notHere = await fleet(["env", "show", key.slice(0, 10), "--local"]);
     expect([notHere.code, notHere.stderr]).toEqual([1, expect.stringMatching(/^error: no environment/)]);
+    // A prefix is checked as this machine checks it: not hex (or empty) is a usage error, never "no environment", nor every env.
+    for (const args of [["env", "show", "zz"], ["env", "show", "zz", "--local"], ["env", "show", ""]]) {
+      const bad = await fleet(args);
+      expect([bad.code, bad.stderr]).toEqual([2, `error: not an environment key: ${args[2]}\n`]);
+    }
 
     // gc: the fleet's view, removing nothing; trimming needs the place said.
     const dry = await fleet(["gc", "--dry-run"]);

@@ -221,6 +221,23 @@ describe("outputs through a server", () => {
     }
   }, T);
 
+  test("outputs that cannot be put in the folder of a task that needs them fail it in task.prepare with one line, through a server as here", async () => {
+    // The job's folder holds a folder where the file `make` leaves goes: a worker's fresh copy of it for `use` cannot take the file.
+    const dir = jobDir(boxes.client.root, "unplaceable", ["tasks:", "  make: {command: 'rm -r rows.json && echo x > rows.json', outputs: [rows.json]}", "  use: {command: 'echo never', needs: [make]}"]);
+    mkdirSync(join(dir, "rows.json"));
+    writeFileSync(join(dir, "rows.json", "keep"), "a folder, not a file");
+    const r = await fleet(["job", "run", "-f", "job.yaml", "--json"], dir);
+    const tasks = json<{ tasks: TaskDoc[] }>(r.stdout).tasks;
+    expect(tasks.map((t) => [t.name, t.state])).toEqual([
+      ["make", "succeeded"],
+      ["use", "failed"],
+    ]);
+    expect(tasks[1]!.error).toStartWith("task use: the outputs of the tasks it needs could not be put in its folder: ");
+    const events = json<{ events: { type: string; data: { message?: string } }[] }>((await fleet(["job", "status", tasks[1]!.id, "--json"])).stdout).events;
+    expect(events.find((e) => e.type === "task.prepare.failed")?.data.message).toBe(tasks[1]!.error!);
+    expect(events.some((e) => e.type === "task.bundle.failed")).toBe(false);
+  }, T);
+
   test("a path through a link in the task's folder is never an output, here and through a server: the file it leads to stays where it is", async () => {
     const secret = tempDir("gpl-out-secret-");
     writeFileSync(join(secret, "credential"), "s3cret");

@@ -257,6 +257,44 @@ describe("a job of tasks, here", () => {
     }
   });
 
+  test("with the machine's GPUs, a task in a container gets the GPUs it was given (by id), not the engine's first ones", async () => {
+    const s = sandbox();
+    try {
+      // Two GPUs (nvidia-smi) and docker, both stand-ins: docker answers what gpulayer asks and, for `run`, writes down the GPU options it got.
+      const bin = join(s.root, "bin");
+      mkdirSync(bin);
+      writeFileSync(join(bin, "nvidia-smi"), "#!/bin/sh\necho '0, GPU-aaaa-0000, Fake H100, 81559, 550.54'\necho '1, GPU-bbbb-1111, Fake H100, 81559, 550.54'\n");
+      const image = `{"Id": "sha256:${"1".repeat(64)}", "RepoDigests": ["busybox@sha256:${"2".repeat(64)}"], "Size": 1}`;
+      writeFileSync(
+        join(bin, "docker"),
+        [
+          "#!/bin/sh",
+          `case "$1 $3" in`,
+          `  "info {{.ServerVersion}}") echo 27.0.0 ;;`,
+          `  "info {{json .Runtimes}}") echo '{"nvidia": {}}' ;;`,
+          `  "image "*) echo '[${image}]' ;;`,
+          `  "run "*) while [ $# -gt 0 ]; do case "$1" in --gpus) printf '%s %s\\n' "$1" "$2" >> "${s.root}/docker-runs"; shift ;; esac; shift; done ;;`,
+          "esac",
+          "",
+        ].join("\n"),
+      );
+      for (const f of ["nvidia-smi", "docker"]) chmodSync(join(bin, f), 0o755);
+      // one and two start at once (two slots), each with a GPU of its own; both, after them, has the two.
+      writeFileSync(
+        join(s.root, "job.yaml"),
+        ["environment: {image: 'busybox:1'}", "resources: {gpus: 1}", "tasks:", "  one: {command: 'true'}", "  two: {command: 'true'}", "  both: {command: 'true', needs: [one, two], resources: {gpus: 2}}", ""].join("\n"),
+      );
+      // DOCKER_HOST: the stand-in is asked, never a real daemon's socket.
+      const env = { ...s.env, PATH: `${bin}:${s.env.PATH}`, GPULAYER_CONTAINER_ENGINE: "docker", DOCKER_HOST: "tcp://127.0.0.1:9", GPULAYER_WORKER_SLOTS: "4" };
+      const r = await cli(["job", "run", "-f", "job.yaml"], { env, cwd: s.root });
+      expect(r.code, r.stderr).toBe(0);
+      const runs = readFileSync(join(s.root, "docker-runs"), "utf8").split("\n").filter((l) => l.startsWith("--gpus "));
+      expect(runs.sort()).toEqual(['--gpus "device=GPU-aaaa-0000"', '--gpus "device=GPU-aaaa-0000,GPU-bbbb-1111"', '--gpus "device=GPU-bbbb-1111"']);
+    } finally {
+      s.cleanup();
+    }
+  });
+
   test("job logs --follow of a job of tasks prints every task's lines with its name as they come, and ends with the job", async () => {
     const s = sandbox();
     try {

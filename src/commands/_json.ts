@@ -1,5 +1,5 @@
 import * as v from "valibot";
-import { JOB_STATES, PHASE_NAMES } from "../jobs/model.ts";
+import { JOB_STATES, PHASE_NAMES, PHASE_STATES } from "../jobs/model.ts";
 
 /**
  * Every `--json` document a command prints, written down once. Keys are
@@ -218,7 +218,7 @@ const JobState = v.picklist(JOB_STATES);
 export const JobPhase = v.strictObject({
   name: v.picklist(PHASE_NAMES),
   seconds: v.nullable(num),
-  state: v.picklist(["running", "finished", "failed"]),
+  state: v.picklist(PHASE_STATES),
   cache: v.optional(v.picklist(["hit", "miss"])),
   status: v.optional(str),
   env_key: v.optional(str),

@@ -1,4 +1,8 @@
-import type { LocalGpu } from "./job-tasks.ts";
+/** The machine's GPUs, by index (and UUID, which CUDA_VISIBLE_DEVICES takes when there is one). */
+export interface LocalGpu {
+  index: number;
+  uuid: string | null;
+}
 
 /**
  * The GPUs of this machine a job started here may use: inside a Slurm
@@ -26,4 +30,14 @@ export function allocatedGpus<G extends LocalGpu>(gpus: G[], env: Record<string,
 function listed(value: string): string[] {
   const names = value.split(",").map((s) => s.trim()).filter(Boolean);
   return names.some((n) => n === "-1" || n === "NoDevFiles") ? [] : names;
+}
+
+/** The names the given GPUs go by, for CUDA_VISIBLE_DEVICES and a container engine alike: the UUID when known (the same inside any allocation or container), else the index. */
+export function gpuDeviceIds(gpus: LocalGpu[], indexes: number[]): string[] {
+  return indexes.map((i) => gpus.find((g) => g.index === i)?.uuid ?? String(i));
+}
+
+/** A job without tasks run here: the first `count` of the GPUs here (of the allocation), by id; undefined when it asks for none. */
+export function firstGpuIds(gpus: LocalGpu[] | null, count: number): string[] | undefined {
+  return gpus && count ? gpuDeviceIds(gpus, gpus.slice(0, count).map((g) => g.index)) : undefined;
 }

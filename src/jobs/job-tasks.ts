@@ -3,7 +3,11 @@ import type { HomeLayout } from "../config/paths.ts";
 import { bootId, processStartTime } from "../core/process-identity.ts";
 import { type JobOutcome, type RunnerIO, type RunnerSettings, type RunningJob, startJob } from "./runner.ts";
 import { gpuRefusal } from "./resources.ts";
+import { gpuDeviceIds, type LocalGpu } from "./allocation.ts";
+
+export type { LocalGpu };
 import { keepTaskOutputs, placeTaskInputs } from "./kept-outputs.ts";
+import { inputsUnplacedLine } from "./outputs.ts";
 import { type JobState, jobEnd, readiness, unstartedEnds } from "./model.ts";
 import type { JobRecord, JobStore } from "./store.ts";
 
@@ -18,12 +22,6 @@ import type { JobRecord, JobStore } from "./store.ts";
  * a task that needs N of them starts once N are free and sees only those
  * (CUDA_VISIBLE_DEVICES), as a worker's tasks do.
  */
-
-/** The machine's GPUs, by index (and UUID, which CUDA_VISIBLE_DEVICES takes when there is one). */
-export interface LocalGpu {
-  index: number;
-  uuid: string | null;
-}
 
 export interface TasksIO {
   /** What one task's runner reports to (its output, prepare progress, events). */
@@ -78,8 +76,7 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
       const mine = [...freeGpus].sort((a, b) => a - b).slice(0, n);
       for (const g of mine) freeGpus.delete(g);
       held.set(name, mine);
-      const visible = mine.map((i) => gpus!.find((g) => g.index === i)?.uuid ?? String(i)).join(",");
-      record = { ...record, spec: { ...record.spec, env: { ...record.spec.env, CUDA_VISIBLE_DEVICES: visible } } };
+      record = { ...record, spec: { ...record.spec, env: { ...record.spec.env, CUDA_VISIBLE_DEVICES: gpuDeviceIds(gpus!, mine).join(",") } } };
     }
     store.event(job.id, "task.started", { task: name, id: record.id, ...(n ? { gpus: held.get(name) } : {}) });
     io.onTask?.(name, "started", null);
@@ -89,10 +86,10 @@ export function startJobTasks(store: JobStore, layout: HomeLayout, job: JobRecor
         placeTaskInputs(store, records, tasks, name);
         return null;
       } catch (error) {
-        return `task ${name}: the outputs of the tasks it needs could not be put in its folder: ${(error as Error).message}`;
+        return inputsUnplacedLine(name, (error as Error).message);
       }
     })();
-    const run = placed ? unstartable(record, placed) : startJob(store, layout, record, settings, io.forTask(name));
+    const run = placed ? unstartable(record, placed) : startJob(store, layout, record, settings, io.forTask(name), n ? gpuDeviceIds(gpus!, held.get(name)!) : undefined);
     running.set(name, run);
     void run.done
       .catch((error: unknown): JobOutcome => {

@@ -3,7 +3,7 @@ import { ExitCode } from "../errors.ts";
 import { collectOutputs, copyOutputs, missingOutputLine, neededTasks, type OutputFile } from "./outputs.ts";
 import type { JobRecord, JobStore } from "./store.ts";
 import type { TaskSpec } from "./spec.ts";
-import { outputsOfEvents } from "./status.ts";
+import { outputsOfEvents } from "./model.ts";
 
 /**
  * A local job's task outputs (jobs/outputs.ts), kept in the job store: taken

@@ -76,6 +76,11 @@ export function missingOutputLine(task: string, missing: string[]): string {
   return `task ${task}: declared output${missing.length > 1 ? "s" : ""} ${missing.join(", ")} ${missing.length > 1 ? "are" : "is"} missing`;
 }
 
+/** The one line a task fails with (in task.prepare) when what the tasks it needs left cannot be put in its folder, here or on a worker. */
+export function inputsUnplacedLine(task: string, message: string): string {
+  return `task ${task}: the outputs of the tasks it needs could not be put in its folder: ${message}`;
+}
+
 const CHUNK = 64 * 1024;
 
 /**

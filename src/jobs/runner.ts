@@ -71,7 +71,11 @@ interface Launch {
   release(): void;
 }
 
-export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, settings: RunnerSettings, io: RunnerIO = {}): RunningJob {
+/**
+ * `gpus`: the GPUs this task was given (ids or UUIDs, as its CUDA_VISIBLE_DEVICES names them); a
+ * container gets exactly these. Without them, a container that asks for N gets the engine's first N.
+ */
+export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, settings: RunnerSettings, io: RunnerIO = {}, gpus?: string[]): RunningJob {
   let cancelReason: string | null = null;
   let running: StartedTask | null = null;
   const emit = <N extends JobEventName>(type: N, data: JobEventData[N]) => {
@@ -148,11 +152,12 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
         image: image.imageId,
         workdir: spec.workdir,
         // The env first on the image's own PATH, as a venv's activation would put it.
-        env: { ...spec.env, GPULAYER_JOB_ID: job.id, ...prepared.vars },
+        env: { ...containerEnv(spec.env, gpus), GPULAYER_JOB_ID: job.id, ...prepared.vars },
         mounts: prepared.mounts,
         command: spec.argv,
         name: `gpulayer-${job.id}`.replace(/[^a-zA-Z0-9_.-]/g, "-"),
-        gpus: spec.resources.gpus || undefined,
+        // The GPUs it was given, by id: a count would be the node's first N, whichever this task holds.
+        gpus: gpus ?? (spec.resources.gpus || undefined),
         network: settings.container.network,
         extraOptions: settings.container.extraOptions,
         engineEnv: settings.engine.env,
@@ -246,4 +251,11 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
   })();
 
   return { done, cancel };
+}
+
+/** The engine shows a container only its given GPUs, renumbered from 0: an index naming them on the host would hide them. */
+function containerEnv(env: Record<string, string>, gpus: string[] | undefined): Record<string, string> {
+  if (!gpus) return env;
+  const { CUDA_VISIBLE_DEVICES: _hostNames, ...rest } = env;
+  return rest;
 }

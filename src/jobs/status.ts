@@ -5,9 +5,6 @@ import type { JobRecord, JobStore } from "./store.ts";
 
 // The status document (model/status.ts) from this machine's job store, and whether a job's runner still lives.
 
-// What readers of a task's outputs import from here (kept-outputs, the job outputs command).
-export { outputsOfEvents };
-
 /** A lost job's phases: one its runner left running ended when the record last changed, and failed (it did not finish). */
 function endedPhases(events: RecordedEvent[], lastKnown: number): Phase[] {
   return phasesOf(events, lastKnown).map((p) => (p.state === "running" ? { ...p, state: "failed" as const } : p));

@@ -4,7 +4,7 @@ import { type BundleLimits, packFiles } from "../cluster/bundle.ts";
 import { type ClusterClient, untilServed } from "../cluster/client.ts";
 import type { TaskAssignment } from "../cluster/protocol.ts";
 import type { Lease } from "../core/lease.ts";
-import { collectOutputs, copyOutputs, keptFiles, missingOutputLine, type OutputFile } from "../jobs/outputs.ts";
+import { collectOutputs, copyOutputs, inputsUnplacedLine, keptFiles, missingOutputLine, type OutputFile } from "../jobs/outputs.ts";
 
 /**
  * Files between tasks on a fleet (jobs/outputs.ts): a task's declared
@@ -16,15 +16,20 @@ import { collectOutputs, copyOutputs, keptFiles, missingOutputLine, type OutputF
 /** The worker's kept copy of an archive (unpacked once, after its entry checks: worker/tasks.ts useBundle), leased while read. */
 export type KeptCopy = (hash: string) => Promise<{ dir: string; lease: Lease }>;
 
-/** Before the task's command: the outputs of the tasks it needs, at their paths in its folder, in the job's order. */
-export async function placeInputs(task: TaskAssignment, workdir: string, copyOf: KeptCopy): Promise<void> {
-  for (const input of task.inputs ?? []) {
-    const copy = await copyOf(input.bundle);
-    try {
-      copyOutputs(copy.dir, keptFiles(copy.dir), workdir);
-    } finally {
-      copy.lease.release();
+/** Before the task's command: the outputs of the tasks it needs, at their paths in its folder, in the job's order; null, or the line that fails it. */
+export async function placeInputs(task: TaskAssignment, workdir: string, copyOf: KeptCopy): Promise<string | null> {
+  try {
+    for (const input of task.inputs ?? []) {
+      const copy = await copyOf(input.bundle);
+      try {
+        copyOutputs(copy.dir, keptFiles(copy.dir), workdir);
+      } finally {
+        copy.lease.release();
+      }
     }
+    return null;
+  } catch (error) {
+    return inputsUnplacedLine(task.spec?.name ?? task.id, (error as Error).message);
   }
 }
 

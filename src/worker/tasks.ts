@@ -11,6 +11,7 @@ import { type RunnerSettings, type RunningJob, startJob } from "../jobs/runner.t
 import { environmentRequest } from "../env/index-light.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import { giveTree } from "../jobs/run-as.ts";
+import { gpuDeviceIds } from "../jobs/allocation.ts";
 import { lockDown, reclaimTree } from "../core/tree-owner.ts";
 import { JobStore } from "../jobs/store.ts";
 import { acquireEntry } from "../env/index-light.ts";
@@ -119,7 +120,7 @@ async function useBundle(ctx: WorkerContext, hash: string, holder: string, stopp
 function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: WorkerContext, gpus: number[]): JobSpec {
   const env = { ...spec.env };
   // The GPUs the server gave this job, and no others (none when it asked for none).
-  if (ctx.gpus.length) env.CUDA_VISIBLE_DEVICES = gpus.map((i) => ctx.gpus.find((g) => g.index === i)?.uuid ?? String(i)).join(",");
+  if (ctx.gpus.length) env.CUDA_VISIBLE_DEVICES = gpuDeviceIds(ctx.gpus, gpus).join(",");
   return {
     name: spec.name,
     argv: spec.argv,
@@ -169,7 +170,16 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
         await unpackBundle(copy.file, workdir, ctx.bundleLimits);
       } else mkdirSync(workdir, { recursive: true });
       // What the tasks it needs left, fetched (the bundles' entry checks) and put at their paths.
-      await placeInputs(task, workdir, (hash) => useBundle(ctx, hash, `task ${task.id} (job ${task.job_id}): inputs`, () => stopReason !== null));
+      const unplaced = await placeInputs(task, workdir, (hash) => useBundle(ctx, hash, `task ${task.id} (job ${task.job_id}): inputs`, () => stopReason !== null));
+      // Failed in task.prepare with the line a task run here fails with (jobs/outputs.ts); a stop meanwhile is the stop's.
+      if (unplaced && !stopReason) {
+        ctx.log(`task ${task.id} (job ${task.job_id}) failed on this worker: ${unplaced}`);
+        if (!handedBack && !channel.muted) {
+          channel.event("task.prepare.failed", { seconds: 0, message: unplaced });
+          await finish({ state: "failed", exit_code: ExitCode.failed, error: unplaced });
+        }
+        return;
+      }
       if (ctx.runner.runAs) giveTree(workdir, ctx.runner.runAs);
       if (stopReason) {
         if (handedBack) return;
@@ -185,7 +195,8 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
         onEvent: (type, data) => channel.event(type, { ...data, local_job: job.id }),
         onStdout: (c) => channel.output(c, "stdout"),
         onStderr: (c) => channel.output(c, "stderr"),
-      });
+        // The GPUs the server gave it, by id, as its CUDA_VISIBLE_DEVICES names them (none: no GPU here).
+      }, ctx.gpus.length ? gpuDeviceIds(ctx.gpus, task.gpus) : undefined);
       if (stopReason) running.cancel(stopReason);
       const ran = await running.done;
       let error = store.get(job.id)?.error ?? null;

@@ -1,6 +1,7 @@
 import type { RemoteTarget } from "../../cluster/client.ts";
 import type { WorkerView } from "../../cluster/protocol.ts";
 import { type ArtifactsView, listArtifacts, listWorkers } from "../../cluster/workers-client.ts";
+import { keyByPrefix } from "../../env/index-light.ts";
 import { UserError } from "../../errors.ts";
 import { printable } from "../../ui/escape.ts";
 import { formatAgo, formatBytes, type Output, shortKey, table } from "../../ui/output.ts";
@@ -58,10 +59,9 @@ export async function fleetEnvList(target: RemoteTarget, out: Output): Promise<v
 
 export async function fleetEnvShow(target: RemoteTarget, prefix: string, out: Output): Promise<void> {
   const { workers, artifacts } = await fleet(target);
-  const keys = new Set([...workers.flatMap((w) => (w.cache?.envs ?? []).map((e) => e.key)), ...artifacts.artifacts.map((a) => a.key)].filter((k) => k.startsWith(prefix)));
-  if (!keys.size) throw new UserError(`no environment ${prefix} on the fleet of ${target.url} (gpulayer env list shows it; this machine's: gpulayer env show ${prefix} --local)`);
-  if (keys.size > 1) throw new UserError(`environment prefix ${prefix} matches several envs on the fleet (${[...keys].map(shortKey).join(", ")}); give more of it`);
-  const key = [...keys][0]!;
+  // The prefix checked as this machine's `env show` checks it (env/store/inventory.ts).
+  const key = keyByPrefix(prefix, [...workers.flatMap((w) => (w.cache?.envs ?? []).map((e) => e.key)), ...artifacts.artifacts.map((a) => a.key)]);
+  if (!key) throw new UserError(`no environment ${prefix} on the fleet of ${target.url} (gpulayer env list shows it; this machine's: gpulayer env show ${prefix} --local)`);
   const held = workers.flatMap((w) => (w.cache?.envs ?? []).filter((e) => e.key === key).map((e) => ({ w, e })));
   const kept = artifacts.artifacts.filter((a) => a.key === key);
   const doc: EnvShowFleetDoc = {

@@ -2,6 +2,7 @@ import { defineCommand } from "citty";
 import { commandContext, localGpus, localSlots, runnerSettings } from "../_context.ts";
 import { UserError } from "../../errors.ts";
 import { startJob } from "../../jobs/runner.ts";
+import { firstGpuIds } from "../../jobs/allocation.ts";
 import { startJobTasks } from "../../jobs/job-tasks.ts";
 import { JobStore } from "../../jobs/store.ts";
 
@@ -19,7 +20,7 @@ export default defineCommand({
     const piped = await Bun.stdin.text().catch(() => "");
     const record = piped ? { ...job, spec: JSON.parse(piped) } : job;
     // A job of tasks: each task's output goes to its own log (job logs JOB --task NAME).
-    const running = record.spec.tasks ? startJobTasks(store, layout, record, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus: await localGpus(ctx, record.spec) }, { forTask: () => ({}) }) : startJob(store, layout, record, runnerSettings(ctx));
+    const running = record.spec.tasks ? startJobTasks(store, layout, record, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus: await localGpus(ctx, record.spec) }, { forTask: () => ({}) }) : startJob(store, layout, record, runnerSettings(ctx), {}, firstGpuIds(await localGpus(ctx, record.spec), record.spec.resources.gpus));
     process.on("SIGTERM", () => running.cancel("job cancel"));
     process.on("SIGINT", () => running.cancel("SIGINT"));
     await running.done;

@@ -4,6 +4,7 @@ import { ExitError, jobEndCode, UsageError, UserError } from "../../errors.ts";
 import { gpuRefusal } from "../../jobs/resources.ts";
 import { spawnDetachedRunner } from "../../jobs/detach.ts";
 import { startJob } from "../../jobs/runner.ts";
+import { firstGpuIds } from "../../jobs/allocation.ts";
 import { startJobTasks } from "../../jobs/job-tasks.ts";
 import { jobStdout, tasksIO, tasksSummary } from "../_tasks-ui.ts";
 import { buildJobSpec } from "../../jobs/spec.ts";
@@ -119,7 +120,7 @@ export default defineCommand({
           imageHooks: imageHooks(out),
           onPrepared: (p) => out.progress(`task.prepare ${p.status} ${p.kind} ${p.kind === "env" ? shortKey(p.key) : p.key.slice(0, 19)} in ${formatSeconds(p.seconds)}`),
           onPrepareFailed: (m) => out.log.error(`task.prepare failed: ${m}`),
-        });
+        }, firstGpuIds(gpus, spec.resources.gpus));
     // The reader of our stdout went away: the job is cancelled (as SIGPIPE ends a plain command), never orphaned.
     onBrokenPipe.handler = () => {
       stdoutGone = true;

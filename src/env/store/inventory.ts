@@ -3,7 +3,7 @@ import { UsageError, UserError } from "../../errors.ts";
 import { liveLeases } from "../../core/lease.ts";
 import { isLocked, tryLock } from "../../core/lock.ts";
 import type { EnvPython, EnvRequirementsFile } from "../../ui/env-labels.ts";
-import { type EnvMeta, entryPaths, isReady, lastUsedMs, listKeys, readMeta, removeEntryDir, resolveKey } from "./store.ts";
+import { type EnvMeta, entryPaths, isReady, lastUsedMs, listKeys, readMeta, removeEntryDir } from "./store.ts";
 
 export interface EnvEntry {
   key: string;
@@ -55,10 +55,19 @@ export async function listEnvs(layout: HomeLayout): Promise<EnvEntry[]> {
   return entries.sort((a, b) => (b.lastUsed ?? "").localeCompare(a.lastUsed ?? ""));
 }
 
-export function findEnv(layout: HomeLayout, keyPrefix: string): string {
+/**
+ * The one of `keys` a key prefix names, on this machine or a fleet: null when
+ * none (the caller says where it looked); not hex, or more than one: UsageError.
+ */
+export function keyByPrefix(keyPrefix: string, keys: Iterable<string>): string | null {
   if (!/^[0-9a-f]{1,64}$/i.test(keyPrefix)) throw new UsageError(`not an environment key: ${keyPrefix}`);
-  const key = resolveKey(layout, keyPrefix);
-  if (key === "ambiguous") throw new UsageError(`key prefix ${keyPrefix} matches several environments; give more of it`);
+  const matches = [...new Set(keys)].filter((k) => k.startsWith(keyPrefix.toLowerCase()));
+  if (matches.length > 1) throw new UsageError(`key prefix ${keyPrefix} matches several environments (${matches.map((k) => k.slice(0, 12)).join(", ")}); give more of it`);
+  return matches[0] ?? null;
+}
+
+export function findEnv(layout: HomeLayout, keyPrefix: string): string {
+  const key = keyByPrefix(keyPrefix, listKeys(layout));
   if (!key) throw new UserError(`no environment with key ${keyPrefix} (see gpulayer env list)`);
   return key;
 }

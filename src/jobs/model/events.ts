@@ -12,6 +12,8 @@
 /** A task's phases, as events time them and status documents show them. */
 export const PHASE_NAMES = ["task.prepare", "task.run"] as const;
 export type PhaseName = (typeof PHASE_NAMES)[number];
+/** Where a phase stands: under way, ended well, or ended in failure. */
+export const PHASE_STATES = ["running", "finished", "failed"] as const;
 
 /** What a job's worker on the fleet adds to an event it relays: the local record that ran it there. */
 export type RelayMark = { local_job?: string };
@@ -99,7 +101,7 @@ export interface WheelDoc {
 
 export type JobEventName = keyof JobEventData;
 
-/** Every name, for readers that list them (metrics, tests). */
+/** Every name: isJobEventName checks a type against it, and tests list them. */
 export const JOB_EVENT_NAMES = [
   "job.submitted",
   "job.waiting",

@@ -1,4 +1,4 @@
-import { eventIs, type OutputFile, type PhaseName, type RecordedEvent } from "./events.ts";
+import { eventIs, type OutputFile, type PHASE_STATES, type PhaseName, type RecordedEvent } from "./events.ts";
 import type { JobState } from "./states.ts";
 
 /**
@@ -10,7 +10,7 @@ import type { JobState } from "./states.ts";
 export interface Phase {
   name: PhaseName;
   seconds: number | null;
-  state: "running" | "finished" | "failed";
+  state: (typeof PHASE_STATES)[number];
   cache?: "hit" | "miss";
   status?: string;
   env_key?: string;
