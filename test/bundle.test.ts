@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { chmodSync, existsSync, mkdirSync, readFileSync, statSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { inspectBundle, listWorkdir, packWorkdir, unpackBundle } from "../src/cluster/bundle.ts";
+import { inspectBundle, listWorkdir, packFiles, packWorkdir, unpackBundle } from "../src/cluster/bundle.ts";
 import { carriedFiles } from "../src/cluster/bundle-carry.ts";
 import { BundleError } from "../src/errors.ts";
 import { run, tempDir } from "./helpers.ts";
@@ -119,6 +119,26 @@ describe("packing a workdir", () => {
     const big = tree(join(root, "big"), { "weights/model.bin": "x".repeat(200_000), "small.py": "pass\n" });
     const limits = { maxBytes: 1024 ** 3, maxUnpackedBytes: 100_000, maxEntries: 1000 };
     expect(() => packWorkdir(big, join(root, "big.tar.gz"), limits)).toThrow(/over the limit of .*GPULAYER_BUNDLE_MAX_UNPACKED.*weights/);
+  });
+
+  test("a task's outputs over the limits are refused with a hint at its outputs:, which .gpulayerignore does not narrow", () => {
+    const dir = tree(join(root, "outs"), { "weights/model.bin": "x".repeat(200_000), "a.txt": "a", "b.txt": "b" });
+    const files = [{ path: "a.txt", bytes: 1 }, { path: "b.txt", bytes: 1 }, { path: "weights/model.bin", bytes: 200_000 }];
+    const refused = (limits: typeof LIMITS) => {
+      try {
+        packFiles(dir, files, join(root, "outs.tar.gz"), limits, "the outputs of task train");
+      } catch (error) {
+        return (error as Error).message;
+      }
+      return "packed";
+    };
+    const raw = refused({ maxBytes: 1024 ** 3, maxUnpackedBytes: 100_000, maxEntries: 1000 });
+    expect(raw).toMatch(/^the outputs of task train is .*over the limit of .*GPULAYER_BUNDLE_MAX_UNPACKED.*weights\/model\.bin.*; name fewer or smaller files in the task's outputs:$/);
+    const packed = refused({ maxBytes: 100, maxUnpackedBytes: 1024 ** 3, maxEntries: 1000 });
+    expect(packed).toMatch(/^the outputs of task train, packed, is .*GPULAYER_BUNDLE_MAX\).*; name fewer or smaller files in the task's outputs:$/);
+    const many = refused({ maxBytes: 1024 ** 3, maxUnpackedBytes: 1024 ** 3, maxEntries: 2 });
+    expect(many).toBe("the outputs of task train: 3 entries, over the limit of 2; name fewer or smaller files in the task's outputs:");
+    for (const line of [raw, packed, many]) expect(line).not.toContain(".gpulayerignore");
   });
 });
 

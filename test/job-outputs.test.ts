@@ -116,10 +116,17 @@ describe("examples/pipeline, which passes rows.json from prepare to both reports
     expect(existsSync(join(dir, "rows.json"))).toBe(false);
 
     const out = join(boxes.client.root, "fetched");
-    const fetched = await fleet(["job", "outputs", status.id, "--task", "prepare", "-o", out, "--json"]);
+    // Its scratch is under the system's temporary folder, never the home; what a killed client left there goes.
+    const tmp = join(boxes.client.root, "tmp");
+    const left = join(tmp, "gpulayer-outputs-999999999-0123abcd");
+    mkdirSync(join(left, "prepare"), { recursive: true });
+    const homeBefore = readdirSync(boxes.client.home).sort();
+    const fetched = await cli(["job", "outputs", status.id, "--task", "prepare", "-o", out, "--json"], { env: { ...boxes.client.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN, TMPDIR: tmp }, cwd: boxes.client.root });
     expect(fetched.code, fetched.stderr).toBe(0);
     expect(json(fetched.stdout)).toEqual({ id: status.id, dir: out, tasks: [{ name: "prepare", files: [{ path: "rows.json", bytes: ROWS_JSON_BYTES }] }] });
     expect(JSON.parse(readFileSync(join(out, "rows.json"), "utf8"))).toHaveLength(200);
+    expect(readdirSync(tmp)).toEqual([]);
+    expect(readdirSync(boxes.client.home).sort()).toEqual(homeBefore);
   }, T);
 });
 

@@ -165,30 +165,39 @@ export interface PackResult {
   ownerOnly: string[];
 }
 
-function tooBig(what: string, size: number, limit: number, setting: string, sizes: FileList["sizes"]): BundleError {
+/**
+ * `paths` (relative to `root`) packed into `outFile` as every bundle is (tar.gz, sorted, no owners, no times: its
+ * sha256 names its content), under the limits; `what` names it (unpacked, and packed) and `hint` says how to make
+ * it smaller, the one thing that differs between a workdir and a task's outputs.
+ */
+function packPaths(root: string, paths: string[], rawBytes: number, sizes: FileList["sizes"], outFile: string, limits: BundleLimits, what: { raw: string; packed: string }, hint: string): { hash: string; bytes: number } {
+  if (rawBytes > limits.maxUnpackedBytes) throw tooBig(what.raw, rawBytes, limits.maxUnpackedBytes, "GPULAYER_BUNDLE_MAX_UNPACKED", sizes, hint);
+  if (paths.length > limits.maxEntries) throw new BundleError(`${what.raw}: ${paths.length} entries, over the limit of ${limits.maxEntries}; ${hint}`);
+  mkdirSync(dirname(outFile), { recursive: true });
+  tar.c({ gzip: { level: 6 }, cwd: root, portable: true, mtime: new Date(0), sync: true, file: outFile, noDirRecurse: true, follow: false }, paths);
+  const data = readFileSync(outFile);
+  if (data.length > limits.maxBytes) {
+    rmSync(outFile, { force: true });
+    throw tooBig(what.packed, data.length, limits.maxBytes, "GPULAYER_BUNDLE_MAX", sizes, hint);
+  }
+  return { hash: new Bun.CryptoHasher("sha256").update(data).digest("hex"), bytes: data.length };
+}
+
+function tooBig(what: string, size: number, limit: number, setting: string, sizes: FileList["sizes"], hint: string): BundleError {
   const biggest = sizes
     .slice(0, 3)
     .map((s) => `${s.path} ${bytes.format(s.bytes)}`)
     .join(", ");
-  return new BundleError(`${what} is ${bytes.format(size)}, over the limit of ${bytes.format(limit)} (${setting})${biggest ? `; biggest: ${biggest}` : ""}; leave out what the job does not need with .gpulayerignore`);
+  return new BundleError(`${what} is ${bytes.format(size)}, over the limit of ${bytes.format(limit)} (${setting})${biggest ? `; biggest: ${biggest}` : ""}; ${hint}`);
 }
 
 /** Pack `root` into `outFile` (tar.gz); its sha256 is the bundle's name. */
 export function packWorkdir(root: string, outFile: string, limits: BundleLimits, onProgress?: (p: PackProgress) => void, carried?: Carried): PackResult {
   const list = listWorkdir(root, onProgress, carried);
-  if (list.rawBytes > limits.maxUnpackedBytes) throw tooBig(`the workdir ${root}`, list.rawBytes, limits.maxUnpackedBytes, "GPULAYER_BUNDLE_MAX_UNPACKED", list.sizes);
-  if (list.entries.length > limits.maxEntries) throw new BundleError(`the workdir ${root} has ${list.entries.length} entries, over the limit of ${limits.maxEntries}; leave some out with .gpulayerignore`);
-  mkdirSync(dirname(outFile), { recursive: true });
   // An empty folder still makes a valid archive: its root entry alone.
   const paths = list.entries.length ? list.entries : ["."];
-  tar.c({ gzip: { level: 6 }, cwd: root, portable: true, mtime: new Date(0), sync: true, file: outFile, noDirRecurse: true, follow: false }, paths);
-  const data = readFileSync(outFile);
-  if (data.length > limits.maxBytes) {
-    rmSync(outFile, { force: true });
-    throw tooBig(`the packed workdir ${root}`, data.length, limits.maxBytes, "GPULAYER_BUNDLE_MAX", list.sizes);
-  }
-  const hash = new Bun.CryptoHasher("sha256").update(data).digest("hex");
-  return { file: outFile, hash, bytes: data.length, files: list.entries.length, entries: list.entries, rawBytes: list.rawBytes, skipped: list.skipped, ownerOnly: list.ownerOnly };
+  const packed = packPaths(root, paths, list.rawBytes, list.sizes, outFile, limits, { raw: `the workdir ${root}`, packed: `the packed workdir ${root}` }, "leave out what the job does not need with .gpulayerignore");
+  return { file: outFile, ...packed, files: list.entries.length, entries: list.entries, rawBytes: list.rawBytes, skipped: list.skipped, ownerOnly: list.ownerOnly };
 }
 
 export function isBundleHash(s: string): boolean {
@@ -218,25 +227,17 @@ export async function unpackBundle(file: string, dest: string, limits: BundleLim
 }
 
 /**
- * A task's outputs as an archive, packed as bundles are (sorted, no owners,
- * no times: its sha256 names its content) and under the same limits: only
- * the files named, each at its path relative to `root`.
+ * A task's outputs as an archive, packed as bundles are and under the same
+ * limits: only the files named, each at its path relative to `root`.
+ * `.gpulayerignore` does nothing here: what is too big is narrowed in the
+ * task's `outputs:`.
  */
 export function packFiles(root: string, files: { path: string; bytes: number }[], outFile: string, limits: BundleLimits, what: string): PackResult {
   const rawBytes = files.reduce((n, f) => n + f.bytes, 0);
   const sizes = files.map((f) => ({ path: f.path, bytes: f.bytes })).sort((a, b) => b.bytes - a.bytes);
-  if (rawBytes > limits.maxUnpackedBytes) throw tooBig(what, rawBytes, limits.maxUnpackedBytes, "GPULAYER_BUNDLE_MAX_UNPACKED", sizes);
-  if (files.length > limits.maxEntries) throw new BundleError(`${what}: ${files.length} files, over the limit of ${limits.maxEntries}`);
-  mkdirSync(dirname(outFile), { recursive: true });
   const paths = files.map((f) => f.path).sort();
-  tar.c({ gzip: { level: 6 }, cwd: root, portable: true, mtime: new Date(0), sync: true, file: outFile, noDirRecurse: true, follow: false }, paths);
-  const data = readFileSync(outFile);
-  if (data.length > limits.maxBytes) {
-    rmSync(outFile, { force: true });
-    throw tooBig(`${what}, packed,`, data.length, limits.maxBytes, "GPULAYER_BUNDLE_MAX", sizes);
-  }
-  const hash = new Bun.CryptoHasher("sha256").update(data).digest("hex");
-  return { file: outFile, hash, bytes: data.length, files: paths.length, entries: paths, rawBytes, skipped: [], ownerOnly: [] };
+  const packed = packPaths(root, paths, rawBytes, sizes, outFile, limits, { raw: what, packed: `${what}, packed,` }, "name fewer or smaller files in the task's outputs:");
+  return { file: outFile, ...packed, files: paths.length, entries: paths, rawBytes, skipped: [], ownerOnly: [] };
 }
 
 /** The plain files an archive holds, with their sizes (read after its entry checks passed). */

@@ -41,7 +41,8 @@ export interface MachineProbe {
   conda?: { name: string | null; prefix: string; frameworks: Record<string, string> }[];
 }
 
-export type WorkerState = "idle" | "busy" | "draining" | "lost" | "left";
+export const WORKER_STATES = ["idle", "busy", "draining", "lost", "left"] as const;
+export type WorkerState = (typeof WORKER_STATES)[number];
 
 /** What a worker's env cache holds, as it reports it (with its heartbeats, when it changed): for the dashboard and /metrics. */
 export interface WorkerCache {

@@ -1,10 +1,10 @@
-import { open } from "node:fs/promises";
 import * as v from "valibot";
 import { artifactFault } from "../env/index.ts";
 import type { WorkerRow } from "./store.ts";
 import type { ArtifactRow } from "./artifacts.ts";
 import type { Coordinator } from "./coordinator.ts";
 import { HttpFail } from "./http-fail.ts";
+import { receiveTo } from "./receive.ts";
 
 /**
  * /v1/artifacts: env artifacts between workers of this server (env/store/artifact.ts,
@@ -138,30 +138,16 @@ async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: 
   const there = await store.existing(key, conditions.env_path);
   if (there) return reply({ sha256: there.sha, stored: false, reason: `an artifact of this env is there already (built by ${there.builtBy});` }, 409);
   if (await store.get(sha)) return reply({ sha256: sha, stored: false, reason: "this artifact is there already" }, 409);
-  const declared = Number(req.headers.get("content-length") ?? "0");
-  if (declared > settings.maxBytes) throw new HttpFail(413, `the artifact is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
   const tmp = store.receiving();
   try {
-    const hasher = new Bun.CryptoHasher("sha256");
-    const handle = await open(tmp.path, "wx", 0o600);
-    let total = 0;
-    try {
-      for await (const chunk of (req.body ?? []) as AsyncIterable<Uint8Array>) {
-        total += chunk.length;
-        if (total > settings.maxBytes) throw new HttpFail(413, `the artifact is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
-        hasher.update(chunk);
-        await handle.write(chunk);
-      }
-    } finally {
-      await handle.close();
-    }
-    if (hasher.digest("hex") !== sha) throw new HttpFail(400, "artifact refused: its content does not match its sha256");
+    const received = await receiveTo(req, settings.maxBytes, tmp.path, `the artifact is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
+    if (received.hash !== sha) throw new HttpFail(400, "artifact refused: its content does not match its sha256");
     const fault = await artifactFault(tmp.path, sha, key, conditions.env_path);
     if (fault) throw new HttpFail(400, `artifact refused: ${fault}`);
     // Checked again now the bytes are in: the claim may have lapsed, another upload of the same env may have finished meanwhile.
     await holdsClaim(store, w, key, conditions.env_path, taskId);
     if (await store.existing(key, conditions.env_path)) return reply({ sha256: sha, stored: false, reason: "an artifact of this env arrived first" }, 409);
-    await tmp.keep({ sha, key, conditions, bytes: total, builtBy: w.name, taskId });
+    await tmp.keep({ sha, key, conditions, bytes: received.bytes, builtBy: w.name, taskId });
   } finally {
     tmp.drop();
   }

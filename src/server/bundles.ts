@@ -1,6 +1,10 @@
 import type { Sql } from "./db/sql.ts";
 import { readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
+import { FINAL_STATES } from "../jobs/model.ts";
+
+/** The ended states as an SQL list, from the one list of them: a bundle of an ended job is no longer referenced. */
+const ENDED = `(${FINAL_STATES.map((s) => `'${s}'`).join(", ")})`;
 
 /**
  * The uploaded bundles: their bytes in the server's home, named by hash, and
@@ -113,9 +117,9 @@ export class BundleStore {
   /** Bundles a job that has not ended, or a task held by a worker, still needs; and the outputs of the tasks of a job that has not ended. */
   async referenced(): Promise<Set<string>> {
     const rows = await this.db.all<{ bundle: string }>(
-      `SELECT bundle FROM jobs WHERE bundle IS NOT NULL AND state NOT IN ('succeeded', 'failed', 'cancelled', 'skipped')
+      `SELECT bundle FROM jobs WHERE bundle IS NOT NULL AND state NOT IN ${ENDED}
        UNION SELECT bundle FROM tasks WHERE bundle IS NOT NULL AND state IN ('assigned', 'running')
-       UNION SELECT c.outputs_bundle AS bundle FROM jobs c JOIN jobs p ON p.id = c.parent_id WHERE c.outputs_bundle IS NOT NULL AND p.state NOT IN ('succeeded', 'failed', 'cancelled', 'skipped')`,
+       UNION SELECT c.outputs_bundle AS bundle FROM jobs c JOIN jobs p ON p.id = c.parent_id WHERE c.outputs_bundle IS NOT NULL AND p.state NOT IN ${ENDED}`,
     );
     return new Set(rows.map((r) => r.bundle));
   }

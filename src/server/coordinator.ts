@@ -9,7 +9,6 @@ import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
 import { blockedTasks, endUnstarted, settleJob } from "./job-tasks.ts";
-import { neededTasks } from "../jobs/outputs.ts";
 
 /**
  * The coordinator's rules: workers come, beat and go (or are lost), queued
@@ -192,16 +191,8 @@ export class Coordinator {
     const spec = job ? await this.heldSpecs.resolve(ch.store.sql, job.id, job.spec) : undefined;
     const prepare = t.prepare ? await this.heldPrepares.resolve(ch.store.sql, t.groupId!, t.prepare) : undefined;
     if (spec === null || prepare === null) return null;
-    const inputs = job ? await this.inputsOf(ch, job) : [];
+    const inputs = job ? await ch.store.inputsOf(job) : [];
     return { id: t.id, kind: t.kind, attempt: t.attempt, job_id: t.jobId, bundle: job?.bundle ?? t.bundle, gpus: t.gpus, ...(spec ? { spec } : {}), ...(prepare ? { prepare } : {}), ...(inputs.length ? { inputs } : {}) };
-  }
-
-  /** A task's inputs: the outputs archives of the tasks it needs, directly or through others (jobs/outputs.ts). */
-  private async inputsOf(ch: Change, job: JobRow): Promise<{ task: string; bundle: string }[]> {
-    if (!job.parentId || !job.needs.length) return [];
-    const siblings = await ch.store.tasksOf(job.parentId);
-    const needed = neededTasks(siblings.map((s) => ({ name: s.task!, needs: s.needs })), job.task!);
-    return siblings.filter((s) => needed.includes(s.task!) && s.outputsBundle).map((s) => ({ task: s.task!, bundle: s.outputsBundle! }));
   }
 
   /** A task whose request lost its credentials: it ends here, failed, with the reason; the worker never sees it. */

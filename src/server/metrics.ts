@@ -1,5 +1,7 @@
 import { exposition, Family, type Groups, observe } from "../core/prometheus.ts";
 import type { ServerStore, WorkerRow } from "./store.ts";
+import { WORKER_STATES } from "../cluster/protocol.ts";
+import { FINAL_STATES, JOB_STATES } from "../jobs/model.ts";
 
 /**
  * The server's Prometheus metrics, in the text exposition format, computed
@@ -7,9 +9,6 @@ import type { ServerStore, WorkerRow } from "./store.ts";
  * records `job status` and the dashboard read; nothing is counted twice or
  * lost at a restart). A scrape reads the jobs table and the phase events.
  */
-
-const JOB_STATES = ["queued", "preparing", "running", "succeeded", "failed", "cancelled", "skipped"];
-const WORKER_STATES = ["idle", "busy", "draining", "lost", "left"];
 
 /** What each worker's cache answered: hits and misses of the prepares it ran, for a job or for `env prepare --server`. */
 export async function cacheHits(store: ServerStore): Promise<Map<string, { hit: number; miss: number }>> {
@@ -38,7 +37,7 @@ export async function serverMetrics(store: ServerStore, workers: (WorkerRow & { 
   const jobs = family("gpulayer_jobs", "gauge", "Jobs (and tasks of jobs) on the server, by state.");
   for (const s of JOB_STATES) jobs.sample(states.get(s) ?? 0, { state: s });
   const finished = family("gpulayer_jobs_finished_total", "counter", "Jobs that have ended, by how.");
-  for (const s of ["succeeded", "failed", "cancelled", "skipped"]) finished.sample(states.get(s) ?? 0, { state: s });
+  for (const s of FINAL_STATES) finished.sample(states.get(s) ?? 0, { state: s });
 
   const events = await store.phaseEvents(["job.submitted", "job.assigned", "task.prepare.started", "task.prepare.finished", "task.run.finished"]);
   const prepare: Groups = new Map();

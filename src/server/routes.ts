@@ -1,4 +1,3 @@
-import { open } from "node:fs/promises";
 import type { SubmitRequest } from "../cluster/protocol.ts";
 import { timingSafeEqual } from "node:crypto";
 import type * as v from "valibot";
@@ -7,6 +6,7 @@ import { BundleError } from "../errors.ts";
 import { contentHash as sha256 } from "../core/hashing.ts";
 import type { Coordinator } from "./coordinator.ts";
 import { HttpFail } from "./http-fail.ts";
+import { receiveTo } from "./receive.ts";
 import { boundEvents, jobTooLarge, MAX_JSON_DEPTH, nestsDeeper } from "./request-limits.ts";
 import { DatabaseDown } from "./db/sql.ts";
 import type { JobsApi } from "./jobs-api.ts";
@@ -164,27 +164,6 @@ async function putOutputs(req: Request, ctx: RouteContext, w: WorkerRow, taskId:
   await ctx.coord.taskOutputs(w, taskId, hash, files);
   return reply({ hash, files }, 201);
 }
-
-/** The body into `file`, refused (413) past the limit as it arrives; its sha256 and size. */
-async function receiveTo(req: Request, limit: number, file: string): Promise<{ hash: string; bytes: number }> {
-  const declared = Number(req.headers.get("content-length") ?? "0");
-  if (declared > limit) throw new HttpFail(413, `request body too large (limit ${limit} bytes)`);
-  const hasher = new Bun.CryptoHasher("sha256");
-  const handle = await open(file, "wx", 0o600);
-  let total = 0;
-  try {
-    for await (const chunk of (req.body ?? []) as AsyncIterable<Uint8Array>) {
-      total += chunk.length;
-      if (total > limit) throw new HttpFail(413, `request body too large (limit ${limit} bytes)`);
-      hasher.update(chunk);
-      await handle.write(chunk);
-    }
-  } finally {
-    await handle.close();
-  }
-  return { hash: hasher.digest("hex"), bytes: total };
-}
-
 
 const waitMs = (url: URL, fallback = 25) => Math.min(MAX_WAIT_MS, Math.max(0, Number(url.searchParams.get("wait") ?? fallback) * 1000 || 0));
 const intParam = (url: URL, name: string) => Math.max(0, Math.floor(Number(url.searchParams.get(name) ?? "0")) || 0);

@@ -306,19 +306,19 @@ export class ServerStore {
     return Boolean(r);
   }
   /**
-   * Whether the worker holds a task now whose job's tasks it needs (directly
-   * or not) left this archive as their outputs: the only outputs its credential fetches.
+   * A task's inputs: the outputs archives of the tasks it needs, directly or through others (jobs/outputs.ts). What
+   * a worker is handed with the task, and the only outputs its credential fetches (workerNeedsOutputs).
    */
+  async inputsOf(job: JobRow): Promise<{ task: string; bundle: string }[]> {
+    if (!job.parentId || !job.needs.length) return [];
+    const siblings = await this.tasksOf(job.parentId);
+    const needed = neededTasks(siblings.map((s) => ({ name: s.task!, needs: s.needs })), job.task!);
+    return siblings.filter((s) => needed.includes(s.task!) && s.outputsBundle).map((s) => ({ task: s.task!, bundle: s.outputsBundle! }));
+  }
+  /** Whether the worker holds a task now among whose inputs (inputsOf) is this archive. */
   async workerNeedsOutputs(workerId: string, hash: string): Promise<boolean> {
-    const producers = (await this.sql.all("SELECT * FROM jobs WHERE outputs_bundle = ? AND parent_id IS NOT NULL", hash)).map(toJob);
-    if (!producers.length) return false;
     const held = (await this.sql.all("SELECT jobs.* FROM tasks JOIN jobs ON jobs.id = tasks.job_id WHERE tasks.worker_id = ? AND tasks.state IN ('assigned', 'running') AND jobs.parent_id IS NOT NULL", workerId)).map(toJob);
-    for (const h of held) {
-      const mine = producers.filter((p) => p.parentId === h.parentId);
-      if (!mine.length) continue;
-      const needed = neededTasks((await this.tasksOf(h.parentId!)).map((t) => ({ name: t.task!, needs: t.needs })), h.task!);
-      if (mine.some((p) => needed.includes(p.task!))) return true;
-    }
+    for (const h of held) if ((await this.inputsOf(h)).some((i) => i.bundle === hash)) return true;
     return false;
   }
   async activeTaskOfJob(jobId: string): Promise<TaskRow | null> {

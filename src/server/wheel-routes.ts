@@ -1,12 +1,13 @@
 import { renameSync, rmSync } from "node:fs";
-import { open } from "node:fs/promises";
 import * as v from "valibot";
 import { contentHash } from "../core/hashing.ts";
+import { fileSha256 } from "../env/index.ts";
 import type { WorkerRow } from "./store.ts";
 import type { WheelRow } from "./wheels.ts";
 import type { Coordinator } from "./coordinator.ts";
 import type { ArtifactSettings } from "./artifact-routes.ts";
 import { HttpFail } from "./http-fail.ts";
+import { receiveTo } from "./receive.ts";
 
 /**
  * /v1/wheels: wheels workers compiled without build isolation, between workers of this server
@@ -52,7 +53,7 @@ export async function wheelRoute(req: Request, url: URL, sub: string | undefined
     const row = await store.get(sha);
     if (!row) return reply({ dropped: false, reason: "no such wheel" });
     // The worker's word alone drops nothing: the server hashes the bytes it keeps.
-    const got = await fileSha(store.path(sha));
+    const got = await fileSha256(store.path(sha));
     if (got !== sha) await store.drop(sha);
     return reply(got !== sha ? { dropped: true, reason: "its bytes do not match its sha256" } : { dropped: false, reason: "the server finds it sound" });
   }
@@ -86,35 +87,15 @@ async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: 
   const there = await store.existing(sdist, conditions, inputsHash);
   if (there) return reply({ sha256: there.sha, stored: false, reason: `a wheel of this build is there already (compiled by ${there.builtBy})` }, 409);
   if (await store.get(sha)) return reply({ sha256: sha, stored: false, reason: "this wheel is there already" }, 409);
-  const tooBig = () => new HttpFail(413, `the wheel is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
-  if (Number(req.headers.get("content-length") ?? "0") > settings.maxBytes) throw tooBig();
   const tmp = `${store.path(sha)}.${process.pid}.${crypto.randomUUID()}.tmp`;
   try {
-    const hasher = new Bun.CryptoHasher("sha256");
-    const handle = await open(tmp, "wx", 0o600);
-    let total = 0;
-    try {
-      for await (const chunk of (req.body ?? []) as AsyncIterable<Uint8Array>) {
-        total += chunk.length;
-        if (total > settings.maxBytes) throw tooBig();
-        hasher.update(chunk);
-        await handle.write(chunk);
-      }
-    } finally {
-      await handle.close();
-    }
-    if (hasher.digest("hex") !== sha) throw new HttpFail(400, "wheel refused: its content does not match its sha256");
+    const received = await receiveTo(req, settings.maxBytes, tmp, `the wheel is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
+    if (received.hash !== sha) throw new HttpFail(400, "wheel refused: its content does not match its sha256");
     renameSync(tmp, store.path(sha));
-    await store.add({ sha, sdist, conditions, inputsHash, name: entry.name, wheel: entry.wheel, entry: JSON.stringify({ seconds: entry.seconds, inputs: entry.inputs }), bytes: total, builtBy: w.name });
+    await store.add({ sha, sdist, conditions, inputsHash, name: entry.name, wheel: entry.wheel, entry: JSON.stringify({ seconds: entry.seconds, inputs: entry.inputs }), bytes: received.bytes, builtBy: w.name });
   } finally {
     rmSync(tmp, { force: true });
   }
   const trimmed = await store.trim(settings.maxBytes);
   return reply({ sha256: sha, stored: true, trimmed }, 201);
-}
-
-async function fileSha(path: string): Promise<string> {
-  const hasher = new Bun.CryptoHasher("sha256");
-  for await (const chunk of Bun.file(path).stream() as unknown as AsyncIterable<Uint8Array>) hasher.update(chunk);
-  return hasher.digest("hex");
 }

@@ -1,12 +1,11 @@
-import { createWriteStream, mkdirSync, rmSync } from "node:fs";
+import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import type { ClusterClient } from "../cluster/client.ts";
-import type { HomeLayout } from "../config/paths.ts";
 import { sleep } from "../core/sleep.ts";
 import { InstallError } from "../errors.ts";
 import { packEnv, unpackedMetaMismatch, unpackEnv } from "../env/index.ts";
 import { type ArtifactConditions, type BuildTicket, conditionsDiffer, type FetchedEnv, type Shipping, type ShippingRequest } from "../env/index.ts";
 import { entryPaths } from "../env/index.ts";
+import { downloadChecked, putShared, type ShippingSettings } from "./shipping-transfer.ts";
 import { wheelSharing } from "./wheel-shipping.ts";
 
 /**
@@ -21,17 +20,7 @@ import { wheelSharing } from "./wheel-shipping.ts";
  * build's artifact takes its place.
  */
 
-export interface ShippingSettings {
-  layout: HomeLayout;
-  client: ClusterClient;
-  /** worker.offline */
-  offline: boolean;
-  /** worker.share_envs */
-  share: boolean;
-  log(message: string): void;
-  /** Uploads still running (awaited when the worker stops). */
-  uploads: Set<Promise<void>>;
-}
+export type { ShippingSettings };
 
 interface ArtifactView {
   sha256: string;
@@ -188,10 +177,8 @@ async function share(s: ShippingSettings, taskId: string, req: ShippingRequest):
     const t = performance.now();
     const packed = await packEnv(paths.dir, file);
     const conditions = Buffer.from(JSON.stringify(req.conditions)).toString("base64");
-    const res = await s.client.request("PUT", `/v1/artifacts/${packed.sha256}?task=${encodeURIComponent(taskId)}&key=${req.key}`, Bun.file(file), { headers: { "x-gpulayer-conditions": conditions } }).catch((error) => {
-      if ((error as { status?: number }).status === 409) return null; // another worker's artifact of it is there: fine
-      throw error;
-    });
+    // null: another worker's artifact of it is there, which is fine.
+    const res = await putShared(s.client, `/v1/artifacts/${packed.sha256}?task=${encodeURIComponent(taskId)}&key=${req.key}`, Bun.file(file), { "x-gpulayer-conditions": conditions });
     if (res) s.log(`env ${req.key.slice(0, 12)}: shared as artifact ${packed.sha256.slice(0, 12)} (${(packed.bytes / 1024 ** 2).toFixed(1)} MiB, ${((performance.now() - t) / 1000).toFixed(1)} s)`);
   } finally {
     rmSync(file, { force: true });
@@ -205,21 +192,7 @@ async function download(s: ShippingSettings, a: ArtifactView, req: ShippingReque
   mkdirSync(req.into, { recursive: true });
   const file = `${req.into}.tar.zst`;
   try {
-    const res = await s.client.request("GET", `/v1/artifacts/${a.sha256}`, undefined, { signal: req.signal });
-    const hasher = new Bun.CryptoHasher("sha256");
-    const out = createWriteStream(file, { mode: 0o600 });
-    let bytes = 0;
-    try {
-      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-        hasher.update(chunk);
-        bytes += chunk.length;
-        if (!out.write(chunk)) await new Promise((r) => out.once("drain", r));
-      }
-    } finally {
-      await new Promise<void>((resolve, reject) => out.end((e?: Error | null) => (e ? reject(e) : resolve())));
-    }
-    const got = hasher.digest("hex");
-    if (got !== a.sha256) throw new Error(`its content does not match its sha256 (got ${got.slice(0, 12)}, ${bytes} bytes)`);
+    const bytes = await downloadChecked(s.client, `/v1/artifacts/${a.sha256}`, file, a.sha256, req.signal);
     await unpackEnv(file, req.into);
     const mismatch = unpackedMetaMismatch(req.into, req.key, req.conditions.env_path);
     if (mismatch) throw new Error(mismatch);

@@ -1,15 +1,9 @@
-import { createWriteStream, rmSync } from "node:fs";
+import { rmSync } from "node:fs";
 import type { SharedWheel, WheelSharing } from "../env/index.ts";
-import type { ClusterClient } from "../cluster/client.ts";
+import { DigestMismatch, downloadChecked, putShared, type ShippingSettings as AllSettings } from "./shipping-transfer.ts";
 
-/** What of the env shipping's settings (env-shipping.ts ShippingSettings) the wheels use. */
-interface ShippingSettings {
-  client: ClusterClient;
-  /** worker.share_envs */
-  share: boolean;
-  log(message: string): void;
-  uploads: Set<Promise<void>>;
-}
+/** What of the env shipping's settings the wheels use. */
+type ShippingSettings = Pick<AllSettings, "client" | "share" | "log" | "uploads">;
 
 /**
  * A joined worker's side of the fleet's wheels (env/build/wheelhouse.ts, server/wheel-routes.ts): list the
@@ -37,25 +31,11 @@ export function wheelSharing(s: ShippingSettings, taskId: string): WheelSharing 
 
 async function fetchWheel(s: ShippingSettings, wheel: SharedWheel, file: string, signal?: AbortSignal): Promise<void> {
   try {
-    const res = await s.client.request("GET", `/v1/wheels/${wheel.sha256}`, undefined, { signal });
-    const hasher = new Bun.CryptoHasher("sha256");
-    const out = createWriteStream(file, { mode: 0o600 });
-    try {
-      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-        hasher.update(chunk);
-        if (!out.write(chunk)) await new Promise((r) => out.once("drain", r));
-      }
-    } finally {
-      await new Promise<void>((resolve, reject) => out.end((e?: Error | null) => (e ? reject(e) : resolve())));
-    }
-    const got = hasher.digest("hex");
-    if (got !== wheel.sha256) {
-      // The server hashes its copy too, and drops it when it finds the same: a compile here then takes its place.
-      await s.client.json("POST", "/v1/wheels/report", { sha: wheel.sha256 }, { signal }).catch(() => undefined);
-      throw new Error(`its content does not match its sha256 (got ${got.slice(0, 12)})`);
-    }
+    await downloadChecked(s.client, `/v1/wheels/${wheel.sha256}`, file, wheel.sha256, signal);
   } catch (error) {
     rmSync(file, { force: true });
+    // The server hashes its copy too, and drops it when it finds the same: a compile here then takes its place.
+    if (error instanceof DigestMismatch) await s.client.json("POST", "/v1/wheels/report", { sha: wheel.sha256 }, { signal }).catch(() => undefined);
     throw error;
   }
 }
@@ -64,9 +44,7 @@ async function shareWheel(s: ShippingSettings, taskId: string, sdist: string, co
   const bytes = await Bun.file(file).bytes();
   const sha = new Bun.CryptoHasher("sha256").update(bytes).digest("hex");
   const header = Buffer.from(JSON.stringify(entry)).toString("base64");
-  const res = await s.client.request("PUT", `/v1/wheels/${sha}?task=${encodeURIComponent(taskId)}&sdist=${sdist}&conditions=${conditions}`, new Blob([bytes]), { headers: { "x-gpulayer-wheel": header } }).catch((error) => {
-    if ((error as { status?: number }).status === 409) return null; // another worker's wheel of the same build is there: fine
-    throw error;
-  });
+  // null: another worker's wheel of the same build is there, which is fine.
+  const res = await putShared(s.client, `/v1/wheels/${sha}?task=${encodeURIComponent(taskId)}&sdist=${sdist}&conditions=${conditions}`, new Blob([bytes]), { "x-gpulayer-wheel": header });
   if (res) s.log(`wheel ${entry.wheel}: shared as ${sha.slice(0, 12)} (${(bytes.length / 1024).toFixed(0)} KiB)`);
 }

@@ -26,7 +26,7 @@ export default defineCommand({
     const dir = a.output ?? ".";
     const remote = remoteTarget(ctx.settings, [], { local: a.local });
     const result = remote
-      ? await (await import("../../cluster/outputs-client.ts")).fetchRemoteOutputs(remote, a.id, a.task, dir, ctx.layout.root)
+      ? await (await import("../../cluster/outputs-client.ts")).fetchRemoteOutputs(remote, a.id, a.task, dir)
       : (() => {
           const store = new JobStore(ctx.layout, { readOnly: true });
           const job = store.find(a.id);

@@ -1,0 +1,50 @@
+import { createWriteStream } from "node:fs";
+import type { ClusterClient } from "../cluster/client.ts";
+import type { HomeLayout } from "../config/paths.ts";
+
+/** What a worker ships envs (env-shipping.ts) and wheels (wheel-shipping.ts) with. */
+export interface ShippingSettings {
+  layout: HomeLayout;
+  client: ClusterClient;
+  /** worker.offline */
+  offline: boolean;
+  /** worker.share_envs */
+  share: boolean;
+  log(message: string): void;
+  /** Uploads still running (awaited when the worker stops). */
+  uploads: Set<Promise<void>>;
+}
+
+/** What was downloaded is not what its sha256 names (the server's copy is damaged, or it lies). */
+export class DigestMismatch extends Error {}
+
+/**
+ * GET `path` into `file`, its sha256 checked against `sha` as the bytes come (written with back-pressure, never held
+ * whole); the bytes received. A mismatch throws, leaving the file to the caller.
+ */
+export async function downloadChecked(client: ClusterClient, path: string, file: string, sha: string, signal?: AbortSignal): Promise<number> {
+  const res = await client.request("GET", path, undefined, { signal });
+  const hasher = new Bun.CryptoHasher("sha256");
+  const out = createWriteStream(file, { mode: 0o600 });
+  let bytes = 0;
+  try {
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+      hasher.update(chunk);
+      bytes += chunk.length;
+      if (!out.write(chunk)) await new Promise((r) => out.once("drain", r));
+    }
+  } finally {
+    await new Promise<void>((resolve, reject) => out.end((e?: Error | null) => (e ? reject(e) : resolve())));
+  }
+  const got = hasher.digest("hex");
+  if (got !== sha) throw new DigestMismatch(`its content does not match its sha256 (got ${got.slice(0, 12)}, ${bytes} bytes)`);
+  return bytes;
+}
+
+/** PUT an upload; null when the server has one of the same already (409: another worker's, which is fine). */
+export async function putShared(client: ClusterClient, path: string, body: Blob, headers: Record<string, string>): Promise<Response | null> {
+  return client.request("PUT", path, body, { headers }).catch((error) => {
+    if ((error as { status?: number }).status === 409) return null;
+    throw error;
+  });
+}
