@@ -1,4 +1,4 @@
-import { existsSync, lchownSync, lstatSync, rmSync } from "node:fs";
+import { existsSync, lchownSync, lstatSync } from "node:fs";
 import { join } from "node:path";
 import { InstallError, UsageError } from "../../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
@@ -13,7 +13,7 @@ import type { InterpreterInfo } from "../request/interpreter.ts";
 import { installedSet } from "../request/interpreter.ts";
 import { pipCheck, pipCommand, pipInstall, requestFiles } from "./pip-path.ts";
 import { type BuildUser, buildUserEnv } from "./build-user.ts";
-import { giveTree, lockDown, reclaimTree } from "../../core/tree-owner.ts";
+import { giveTree, reclaimTree, removeTree } from "../../core/tree-owner.ts";
 import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-tool.ts";
 import { scanWorker } from "./worker-mirror.ts";
 import { type AfterInstall, afterInstall, baseCheckHolds, dropStandins, placeStandins, readBaseCheck, returnStandins, saveBaseCheck, type StandinLease } from "./standins.ts";
@@ -137,8 +137,7 @@ async function installEnv(plan: BuildPlan, hooks: BuildHooks): Promise<BuildOutc
       // A full disk is as full for pip: said at once, not after a second build.
       if (setting === "uv" || saysNoSpace([error.failure.message, error.failure.detail])) throw error.failure;
       // What uv tried is gone; pip builds the env from the start, and says why.
-      lockDown(plan.dir); // the build's user's, when it has one: closed before it is removed
-      rmSync(plan.dir, { recursive: true, force: true });
+      removeTree(plan.dir); // the build's user's, when it has one: closed before it is removed
       return await attempt(watched, hooks, steps, null, error.reason, indexes);
     }
   } catch (error) {
@@ -197,7 +196,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     const venvArgv = [info.executable, "-m", "venv", "--without-pip", plan.dir];
     if (code !== 0 && venvUv && plan.venvCreator !== "uv" && info.hasVenvModule) {
       // A uv that cannot make the venv (a broken binary, say): the interpreter's own venv module makes it, as pip's path would.
-      rmSync(plan.dir, { recursive: true, force: true });
+      removeTree(plan.dir); // the build's user's, when it has one
       hooks.onStep?.("creating", `virtual environment with venv (${venvUv} venv exited ${code}${lines.length ? `: ${lines.at(-1)}` : ""})`);
       const again = await runTool(venvArgv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
       if (again.code !== 0) throw installFailure(`creating the virtual environment failed: ${info.executable} -m venv exited ${again.code}, after ${venvUv} venv exited ${code}`, again.lines);
