@@ -344,24 +344,41 @@ async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>
   if (plan.isolated) return null;
   const sources = machinePipConfig(plan.env);
   if (!sources.length) return null;
-  const info = plan.interpreter;
-  const hasPip = installedSet(info.siteDirs).some((p) => p.startsWith("pip=="));
-  const bundled = info.ensurepipWheel && existsSync(info.ensurepipWheel) ? info.ensurepipWheel : undefined;
-  if (!hasPip && !bundled) return { refusal: `the machine's pip configuration applies (${sources.join(", ")}) and ${info.path} has no pip to read it` };
-  let settings: PipSettings;
-  try {
-    settings = await machinePipSettings(info.path, { env, pythonPath: hasPip ? undefined : bundled, cacheDir: plan.toolsDir, configDigest: pipConfigSourceDigest(plan.env) });
-  } catch (error) {
-    return { refusal: `the machine's pip configuration could not be read through pip (${(error as Error).message})` };
-  }
+  const read = await readMachinePipSettings(plan, env, sources);
+  if ("noPip" in read) return { refusal: `the machine's pip configuration applies (${sources.join(", ")}) and ${plan.interpreter.path} has no pip to read it` };
+  if ("failed" in read) return { refusal: `the machine's pip configuration could not be read through pip (${read.failed})` };
+  const { settings, outside } = read;
   // An index the configuration names that does not answer stops the build with one line, as a flag's does.
   const noIndex = plan.inputs.noIndex || Boolean(settings.options.no_index?.value);
   const indexUrls = noIndex ? [] : [settings.options.index_url?.value, ...((settings.options.extra_index_urls?.value as string[] | undefined) ?? [])].filter((u): u is string => typeof u === "string" && u !== "");
   indexes.watch(indexUrls, ` (set by the machine's pip configuration: ${originsOf(settings, ["--index-url", "--extra-index-url"], sources).join(", ")})`, proxied(plan.env) || Boolean(settings.options.proxy?.value));
-  const relocating = relocatingOptions(settings);
-  if (relocating.length) return { fatal: `the machine's pip configuration sets ${relocating.join(", ")} (from ${originsOf(settings, relocating, sources).join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)` };
+  if (outside) return { fatal: outside };
   const translation = translateForUv(settings);
   if (!translation.untranslatable.length) return { translation };
   const what = translation.untranslatable.join(", ");
   return { refusal: `the machine's pip configuration sets ${what} (from ${originsOf(settings, translation.untranslatable, sources).join(", ")}), which uv cannot honour the same way; for the fast path, remove ${translation.untranslatable.length > 1 ? "them" : "it"} or give --index-url (which shuts the machine's pip configuration out)` };
+}
+
+/**
+ * The machine's pip configuration (from `sources`) as pip itself reads it,
+ * through the interpreter's pip or the one it bundles: a host build's and an
+ * image build's alike. `outside`: the line refusing options that make pip
+ * install outside the env, when it sets any.
+ */
+export async function readMachinePipSettings(plan: BuildPlan, env: Record<string, string>, sources: string[]): Promise<{ settings: PipSettings; outside: string | null } | { noPip: true } | { failed: string }> {
+  const info = plan.interpreter;
+  const hasPip = installedSet(info.siteDirs).some((p) => p.startsWith("pip=="));
+  const bundled = info.ensurepipWheel && existsSync(info.ensurepipWheel) ? info.ensurepipWheel : undefined;
+  if (!hasPip && !bundled) return { noPip: true };
+  let settings: PipSettings;
+  try {
+    settings = await machinePipSettings(info.path, { env, pythonPath: hasPip ? undefined : bundled, cacheDir: plan.toolsDir, configDigest: pipConfigSourceDigest(plan.env) });
+  } catch (error) {
+    return { failed: (error as Error).message };
+  }
+  const relocating = relocatingOptions(settings);
+  const outside = relocating.length
+    ? `the machine's pip configuration sets ${relocating.join(", ")} (from ${originsOf(settings, relocating, sources).join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)`
+    : null;
+  return { settings, outside };
 }
