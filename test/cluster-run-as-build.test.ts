@@ -144,6 +144,20 @@ describe.skipIf(!IS_ROOT)("worker.run_as: the build of a job's requirements runs
     }, T);
   }
 
+  test("fast path: a requirements file that a constraints file includes is read from the user's copy too, not the worker's (which the user cannot read)", async () => {
+    const dir = projectFor("uv", "under-constraints");
+    // pip reads inner.txt as requirements; uv is handed it as such (-r by path), which must be the user's copy, not the worker's.
+    writeFileSync(join(dir, "requirements.txt"), "--no-index\n-c c.txt\n./probe-src\n");
+    writeFileSync(join(dir, "c.txt"), "-r inner.txt\n");
+    writeFileSync(join(dir, "inner.txt"), "runasprobe\n");
+    const before = new Set(readyKeys(homes.uv));
+    const r = await cli(["job", "run", "--label", "via=uv", "--workdir", ".", "-r", "requirements.txt", "--", "python", "-c", "import runasprobe"], { env: { ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: ADMIN }, cwd: dir });
+    expect(r.code, r.stderr + r.stdout).toBe(0);
+    const [key] = readyKeys(homes.uv).filter((k) => !before.has(k));
+    const meta = JSON.parse(readFileSync(join(homes.uv, "envs-v1", key!, ".gpulayer", "meta.json"), "utf8"));
+    expect([meta.installerPath, meta.installerFallback ?? null]).toEqual(["uv (fast path)", null]);
+  }, T);
+
   test("a prepare task (env prepare to the fleet) builds as the user too, from its own copy of the folder", async () => {
     const dir = projectFor("pip", "prepare-pip");
     const r = await cli(["env", "prepare", "requirements.txt", "--label", "via=pip", "--json"], { env: { ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: ADMIN }, cwd: dir });

@@ -1,4 +1,4 @@
-import { chmodSync, type Dirent, lchownSync, lstatSync, readdirSync } from "node:fs";
+import { chmodSync, type Dirent, lchownSync, lstatSync, readdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 
 /**
@@ -57,6 +57,16 @@ export function lockDown(dir: string): void {
     return; // gone: nothing to remove
   }
   for (const e of entries) if (e.isDirectory()) lockDown(join(dir, e.name));
+}
+
+/**
+ * Remove a tree that another user may have written (a worker.run_as build
+ * or job): locked down first, then removed, so no link it left leads `rm`
+ * elsewhere. Gone already is fine.
+ */
+export function removeTree(dir: string): void {
+  lockDown(dir);
+  rmSync(dir, { recursive: true, force: true });
 }
 
 function lockFolder(dir: string): void {

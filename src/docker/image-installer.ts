@@ -3,11 +3,10 @@ import { resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { PythonProblem, UsageError } from "../errors.ts";
 import type { BuildPlan } from "../env/index.ts";
-import { installerEnv } from "../env/index.ts";
+import { installerEnv, readMachinePipSettings } from "../env/index.ts";
 import { machinePipConfig } from "../env/index.ts";
-import { pipConfigSourceDigest } from "../env/index.ts";
-import { installedSet, type InterpreterInfo, runningInterpreter } from "../env/index.ts";
-import { machinePipSettings, originsOf, type PipSettings, relocatingOptions, translateForUv } from "../env/index.ts";
+import { type InterpreterInfo, runningInterpreter } from "../env/index.ts";
+import { isUrl, type PipSettings, translateForUv } from "../env/index.ts";
 import { redactUrl } from "../env/index.ts";
 import { findUv, pinnedUvPath, UV_VERSION } from "../env/index.ts";
 
@@ -102,7 +101,6 @@ export interface ContainerInstaller {
 }
 
 const list = (v: unknown): string[] => (Array.isArray(v) ? v.map(String) : typeof v === "string" ? v.split(/\s+/).filter(Boolean) : []);
-const isUrl = (s: string) => /^[a-z][a-z0-9+.-]*:\/\//i.test(s);
 
 /**
  * The host's installer settings for the build container: always the proxy
@@ -132,8 +130,6 @@ export async function hostInstallerSettings(host: HostSide): Promise<ContainerIn
   if (!sources.length) return out;
   const settings = await readMachineSettings(host, sources);
   const from = `the host's pip configuration (${sources.join(", ")})`;
-  const relocating = relocatingOptions(settings);
-  if (relocating.length) throw new UsageError(`the machine's pip configuration sets ${relocating.join(", ")} (from ${originsOf(settings, relocating, sources).join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)`);
   const uv = translateForUv(settings);
   Object.assign(out.env, uv.env);
   out.uvArgs.push(...uv.args);
@@ -202,18 +198,15 @@ export async function hostInstallerSettings(host: HostSide): Promise<ContainerIn
   return out;
 }
 
-/** The machine's pip configuration as pip reads it, asked of the host's Python (its own pip, or the bundled one). */
+/** The machine's pip configuration as pip reads it, asked of the host's Python (build.ts readMachinePipSettings): refused when it installs outside the env. */
 async function readMachineSettings(host: HostSide, sources: string[]): Promise<PipSettings> {
   const info = hostInterpreter(host);
   const cannot = (why: string) => new UsageError(`the machine's pip configuration applies (${sources.join(", ")}) and ${why} to read it for the build inside the image; give --index-url (which shuts it out), or PIP_CONFIG_FILE=/dev/null`);
   if (typeof info === "string") throw cannot(`there is no Python here (${info})`);
-  const hasPip = installedSet(info.siteDirs).some((p) => p.startsWith("pip=="));
-  const bundled = info.ensurepipWheel && existsSync(info.ensurepipWheel) ? info.ensurepipWheel : undefined;
-  if (!hasPip && !bundled) throw cannot(`${info.path} has no pip`);
   const plan: BuildPlan = { ...host.plan, dir: "", toolsDir: host.layout.tools, interpreter: info };
-  try {
-    return await machinePipSettings(info.path, { env: installerEnv(plan), pythonPath: hasPip ? undefined : bundled, cacheDir: host.layout.tools, configDigest: pipConfigSourceDigest(host.plan.env) });
-  } catch (error) {
-    throw cannot(`pip could not be asked (${(error as Error).message})`);
-  }
+  const read = await readMachinePipSettings(plan, installerEnv(plan), sources);
+  if ("noPip" in read) throw cannot(`${info.path} has no pip`);
+  if ("failed" in read) throw cannot(`pip could not be asked (${read.failed})`);
+  if (read.outside) throw new UsageError(read.outside);
+  return read.settings;
 }

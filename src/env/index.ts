@@ -5,7 +5,7 @@
  */
 export * from "./index-light.ts";
 export { type BuildPlan } from "./build/build-plan.ts";
-export { installerEnv } from "./build/build.ts";
+export { installerEnv, readMachinePipSettings } from "./build/build.ts";
 export { machinePipConfig } from "./build/fast-path.ts";
 export { ToolStopped, installFailure, runTool } from "./build/run-tool.ts";
 export { UV_VERSION, findUv, pinnedUvPath } from "./build/uv-tool.ts";

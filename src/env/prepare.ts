@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping, type WheelSharing } from "./store/shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { InstallError, UsageError } from "../errors.ts";
-import { type BuildAs, relocate, userCacheDir } from "./build/build-user.ts";
+import { type BuildAs, relocate, relocateInputs, userCacheDir } from "./build/build-user.ts";
 import type { BuildStep, KeepGroup } from "./build/run-tool.ts";
 import type { ResolvedRequest } from "./request/key.ts";
 import { acquireEntry } from "./store/cache-entry.ts";
@@ -109,7 +109,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
       {
         dir: paths.dir,
         interpreter: resolved.interpreter,
-        inputs: as ? { ...resolved.inputs, topFile: resolved.inputs.topFile && as.moved(resolved.inputs.topFile) } : resolved.inputs,
+        inputs: as ? relocateInputs(resolved.inputs, as.moved) : resolved.inputs,
         flags: as ? { ...resolved.flags, findLinks: resolved.flags.findLinks.map((f) => (f.path ? { ...f, path: as.moved(f.path) } : f)) } : resolved.flags,
         isolated: resolved.isolated,
         ...(resolved.deferred ? { deferred: resolved.deferred, wheelhouse: layout.wheelhouse, ...(wheelSharing ? { wheelSharing } : {}) } : {}),

@@ -1,9 +1,10 @@
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, renameSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { liveLeases } from "../core/lease.ts";
 import { isLocked, tryLock } from "../core/lock.ts";
 import { writeFileAtomic } from "../core/atomic.ts";
+import { removeTree } from "../core/tree-owner.ts";
 import { diskUsage, type EntryPaths, type EnvMeta, entryPaths, isReady, listKeys, orphanTmpKeys } from "../env/index-light.ts";
 import { isLink } from "./home-links.ts";
 import { changedSince } from "./sizes.ts";
@@ -174,8 +175,9 @@ async function removeEnvEntry(layout: HomeLayout, paths: EntryPaths, key: string
     }
   } finally {
     await release();
-    if (doomedTmp) rmSync(doomedTmp, { recursive: true, force: true });
+    // A worker.run_as build's trees are its user's: closed before rm walks them (core/tree-owner.ts).
+    if (doomedTmp) removeTree(doomedTmp);
   }
-  rmSync(doomed, { recursive: true, force: true });
+  removeTree(doomed);
   return { removed: true, freedBytes: facts.sizeBytes };
 }

@@ -12,7 +12,7 @@ import { environmentRequest } from "../env/index-light.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import { giveTree } from "../jobs/run-as.ts";
 import { gpuDeviceIds } from "../jobs/allocation.ts";
-import { lockDown, reclaimTree } from "../core/tree-owner.ts";
+import { reclaimTree, removeTree } from "../core/tree-owner.ts";
 import { JobStore } from "../jobs/store.ts";
 import { acquireEntry } from "../env/index-light.ts";
 import { type Lease, takeLease } from "../core/lease.ts";
@@ -132,12 +132,6 @@ function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: Worke
     resources: spec.resources,
     ...(spec.outputs?.length ? { outputs: spec.outputs } : {}),
   };
-}
-
-/** A folder the job's user held (worker.run_as): closed first (core/tree-owner.ts), so no link it left leads rm elsewhere. */
-function removeTree(dir: string): void {
-  lockDown(dir);
-  rmSync(dir, { recursive: true, force: true });
 }
 
 const messageOf = (error: unknown) => (error instanceof InstallError && error.detail ? `${error.message}: ${error.detail}` : error instanceof Error ? error.message : String(error));

@@ -1,6 +1,7 @@
 import { chmodSync, lchownSync, lstatSync, mkdirSync } from "node:fs";
 import { join, relative } from "node:path";
 import { InstallError } from "../../errors.ts";
+import type { RequestInputs } from "../request/requirements.ts";
 
 /**
  * A build as another OS user (worker.run_as): every process that runs code
@@ -73,4 +74,20 @@ export function userCacheDir(users: string, u: BuildUser): string {
 export function relocate(path: string, from: string, to: string): string {
   const rel = relative(from, path);
   return rel === "" ? to : rel.startsWith("..") || rel.startsWith("/") ? path : join(to, rel);
+}
+
+/**
+ * The request's inputs with every path they hold at its place in the user's
+ * copy (`moved`): the installers run as the user, who cannot read the
+ * worker's copy the key was read from.
+ */
+export function relocateInputs(inputs: RequestInputs, moved: (path: string) => string): RequestInputs {
+  return {
+    ...inputs,
+    ...(inputs.topFile ? { topFile: moved(inputs.topFile) } : {}),
+    files: inputs.files.map((f) => ({ ...f, path: moved(f.path) })),
+    locals: inputs.locals.map((l) => ({ ...l, path: moved(l.path) })),
+    findLinks: inputs.findLinks.map((f) => (f.path ? { ...f, path: moved(f.path) } : f)),
+    requirementsUnderConstraints: inputs.requirementsUnderConstraints.map(moved),
+  };
 }

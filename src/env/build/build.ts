@@ -1,4 +1,4 @@
-import { existsSync, lchownSync, lstatSync, rmSync } from "node:fs";
+import { existsSync, lchownSync, lstatSync } from "node:fs";
 import { join } from "node:path";
 import { InstallError, UsageError } from "../../errors.ts";
 import { type BuildPlan, flagFindLinks } from "./build-plan.ts";
@@ -13,7 +13,7 @@ import type { InterpreterInfo } from "../request/interpreter.ts";
 import { installedSet } from "../request/interpreter.ts";
 import { pipCheck, pipCommand, pipInstall, requestFiles } from "./pip-path.ts";
 import { type BuildUser, buildUserEnv } from "./build-user.ts";
-import { giveTree, lockDown, reclaimTree } from "../../core/tree-owner.ts";
+import { giveTree, reclaimTree, removeTree } from "../../core/tree-owner.ts";
 import { type BuildHooks, type BuildStep, installFailure, runTool } from "./run-tool.ts";
 import { scanWorker } from "./worker-mirror.ts";
 import { type AfterInstall, afterInstall, baseCheckHolds, dropStandins, placeStandins, readBaseCheck, returnStandins, saveBaseCheck, type StandinLease } from "./standins.ts";
@@ -137,8 +137,7 @@ async function installEnv(plan: BuildPlan, hooks: BuildHooks): Promise<BuildOutc
       // A full disk is as full for pip: said at once, not after a second build.
       if (setting === "uv" || saysNoSpace([error.failure.message, error.failure.detail])) throw error.failure;
       // What uv tried is gone; pip builds the env from the start, and says why.
-      lockDown(plan.dir); // the build's user's, when it has one: closed before it is removed
-      rmSync(plan.dir, { recursive: true, force: true });
+      removeTree(plan.dir); // the build's user's, when it has one: closed before it is removed
       return await attempt(watched, hooks, steps, null, error.reason, indexes);
     }
   } catch (error) {
@@ -197,7 +196,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     const venvArgv = [info.executable, "-m", "venv", "--without-pip", plan.dir];
     if (code !== 0 && venvUv && plan.venvCreator !== "uv" && info.hasVenvModule) {
       // A uv that cannot make the venv (a broken binary, say): the interpreter's own venv module makes it, as pip's path would.
-      rmSync(plan.dir, { recursive: true, force: true });
+      removeTree(plan.dir); // the build's user's, when it has one
       hooks.onStep?.("creating", `virtual environment with venv (${venvUv} venv exited ${code}${lines.length ? `: ${lines.at(-1)}` : ""})`);
       const again = await runTool(venvArgv, { env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep });
       if (again.code !== 0) throw installFailure(`creating the virtual environment failed: ${info.executable} -m venv exited ${again.code}, after ${venvUv} venv exited ${code}`, again.lines);
@@ -345,24 +344,41 @@ async function machineSettingsForUv(plan: BuildPlan, env: Record<string, string>
   if (plan.isolated) return null;
   const sources = machinePipConfig(plan.env);
   if (!sources.length) return null;
-  const info = plan.interpreter;
-  const hasPip = installedSet(info.siteDirs).some((p) => p.startsWith("pip=="));
-  const bundled = info.ensurepipWheel && existsSync(info.ensurepipWheel) ? info.ensurepipWheel : undefined;
-  if (!hasPip && !bundled) return { refusal: `the machine's pip configuration applies (${sources.join(", ")}) and ${info.path} has no pip to read it` };
-  let settings: PipSettings;
-  try {
-    settings = await machinePipSettings(info.path, { env, pythonPath: hasPip ? undefined : bundled, cacheDir: plan.toolsDir, configDigest: pipConfigSourceDigest(plan.env) });
-  } catch (error) {
-    return { refusal: `the machine's pip configuration could not be read through pip (${(error as Error).message})` };
-  }
+  const read = await readMachinePipSettings(plan, env, sources);
+  if ("noPip" in read) return { refusal: `the machine's pip configuration applies (${sources.join(", ")}) and ${plan.interpreter.path} has no pip to read it` };
+  if ("failed" in read) return { refusal: `the machine's pip configuration could not be read through pip (${read.failed})` };
+  const { settings, outside } = read;
   // An index the configuration names that does not answer stops the build with one line, as a flag's does.
   const noIndex = plan.inputs.noIndex || Boolean(settings.options.no_index?.value);
   const indexUrls = noIndex ? [] : [settings.options.index_url?.value, ...((settings.options.extra_index_urls?.value as string[] | undefined) ?? [])].filter((u): u is string => typeof u === "string" && u !== "");
   indexes.watch(indexUrls, ` (set by the machine's pip configuration: ${originsOf(settings, ["--index-url", "--extra-index-url"], sources).join(", ")})`, proxied(plan.env) || Boolean(settings.options.proxy?.value));
-  const relocating = relocatingOptions(settings);
-  if (relocating.length) return { fatal: `the machine's pip configuration sets ${relocating.join(", ")} (from ${originsOf(settings, relocating, sources).join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)` };
+  if (outside) return { fatal: outside };
   const translation = translateForUv(settings);
   if (!translation.untranslatable.length) return { translation };
   const what = translation.untranslatable.join(", ");
   return { refusal: `the machine's pip configuration sets ${what} (from ${originsOf(settings, translation.untranslatable, sources).join(", ")}), which uv cannot honour the same way; for the fast path, remove ${translation.untranslatable.length > 1 ? "them" : "it"} or give --index-url (which shuts the machine's pip configuration out)` };
+}
+
+/**
+ * The machine's pip configuration (from `sources`) as pip itself reads it,
+ * through the interpreter's pip or the one it bundles: a host build's and an
+ * image build's alike. `outside`: the line refusing options that make pip
+ * install outside the env, when it sets any.
+ */
+export async function readMachinePipSettings(plan: BuildPlan, env: Record<string, string>, sources: string[]): Promise<{ settings: PipSettings; outside: string | null } | { noPip: true } | { failed: string }> {
+  const info = plan.interpreter;
+  const hasPip = installedSet(info.siteDirs).some((p) => p.startsWith("pip=="));
+  const bundled = info.ensurepipWheel && existsSync(info.ensurepipWheel) ? info.ensurepipWheel : undefined;
+  if (!hasPip && !bundled) return { noPip: true };
+  let settings: PipSettings;
+  try {
+    settings = await machinePipSettings(info.path, { env, pythonPath: hasPip ? undefined : bundled, cacheDir: plan.toolsDir, configDigest: pipConfigSourceDigest(plan.env) });
+  } catch (error) {
+    return { failed: (error as Error).message };
+  }
+  const relocating = relocatingOptions(settings);
+  const outside = relocating.length
+    ? `the machine's pip configuration sets ${relocating.join(", ")} (from ${originsOf(settings, relocating, sources).join(", ")}), which makes pip install outside the env; unset ${relocating.length > 1 ? "them" : "it"} for gpulayer, or give --index-url (which shuts the machine's pip configuration out)`
+    : null;
+  return { settings, outside };
 }

@@ -1,9 +1,9 @@
-import { closeSync, existsSync, fsyncSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, fsyncSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../../config/paths.ts";
 import { writeFileAtomic } from "../../core/atomic.ts";
 import { openToReaders } from "../../core/owner-only.ts";
-import { lockDown } from "../../core/tree-owner.ts";
+import { removeTree } from "../../core/tree-owner.ts";
 import type { InputsReport } from "../request/inputs-report.ts";
 import type { KeyDocument } from "../request/key.ts";
 
@@ -139,13 +139,6 @@ export function orphanTmpKeys(layout: HomeLayout): string[] {
   return [...names].flatMap((n) => (/^[0-9a-f]{64}\.tmp$/.test(n) && !names.has(n.slice(0, 64)) ? [n.slice(0, 64)] : []));
 }
 
-/** Find a key by a unique prefix. */
-export function resolveKey(layout: HomeLayout, prefix: string): string | "ambiguous" | null {
-  const matches = listKeys(layout).filter((k) => k.startsWith(prefix.toLowerCase()));
-  if (matches.length > 1) return "ambiguous";
-  return matches[0] ?? null;
-}
-
 /**
  * Take an entry out of the cache: rename it into trash first (atomic, so no
  * reader ever sees a half-deleted env that looks ready), then delete.
@@ -155,15 +148,13 @@ export function removeEntryDir(layout: HomeLayout, dir: string): void {
   mkdirSync(layout.trash, { recursive: true });
   const doomed = join(layout.trash, `${dir.split("/").pop()}.${process.pid}.${Date.now()}`);
   renameSync(dir, doomed);
-  // A build's user's tree (worker.run_as): ours and closed before rm walks it, so no link it left leads rm elsewhere.
-  lockDown(doomed);
-  rmSync(doomed, { recursive: true, force: true });
+  removeTree(doomed); // a build's user's tree (worker.run_as): closed before rm walks it
 }
 
 /** Finish deletions a crash interrupted. */
 export function emptyTrash(layout: HomeLayout): void {
   if (!existsSync(layout.trash)) return;
-  for (const name of readdirSync(layout.trash)) rmSync(join(layout.trash, name), { recursive: true, force: true });
+  for (const name of readdirSync(layout.trash)) removeTree(join(layout.trash, name));
 }
 
 /** Bytes on disk, each inode once: what deleting the folder frees. */
