@@ -167,9 +167,10 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       expect(JSON.parse(again.stdout).phases.find((p: any) => p.name === "task.prepare").cache).toBe("hit");
       expect(envDirs(box.home).length).toBe(2);
 
-      // Warmed ahead by env prepare: the job after it builds nothing.
+      // Warmed ahead by env prepare: the job after it builds nothing. The machine's default Python (GPULAYER_PYTHON)
+      // is for host envs: an image brings its own, so it is not a contradiction as --python is.
       index.wheel({ name: "greetc", version: "3.0" });
-      const warm = await cli(["env", "prepare", "--image", ref, "-p", "greetc", "--index-url", index.url, "--json"], { env: box.env, cwd: wd });
+      const warm = await cli(["env", "prepare", "--image", ref, "-p", "greetc", "--index-url", index.url, "--json"], { env: { ...box.env, GPULAYER_PYTHON: "python3" }, cwd: wd });
       expect(warm.code, warm.stderr).toBe(0);
       expect(JSON.parse(warm.stdout).env).toMatchObject({ status: "built" });
       const warmAgain = await cli(["env", "prepare", "--image", ref, "-p", "greetc", "--index-url", index.url, "--json"], { env: box.env, cwd: wd });

@@ -28,10 +28,10 @@ export function pythonOriginOf(asked: { python?: string; pythonOrigin?: string }
  */
 export function environmentRequest(asked: EnvironmentRequest, base: string, defaultPython?: string, defaultOrigin?: string): EnvironmentRequest {
   const path = (p: string) => (isAbsolute(p) ? p : resolve(base, p));
-  const python = asked.python ?? defaultPython;
-  const pythonOrigin = pythonOriginOf(asked, defaultPython !== undefined ? defaultOrigin : undefined);
-  // A conda environment names the base interpreter itself: the default Python does not apply to it.
-  const basePython = asked.conda === undefined ? python : asked.python;
+  // A conda environment names the base interpreter itself, and an image brings its own: the default Python applies to neither.
+  const ownPython = asked.conda !== undefined || asked.image !== undefined;
+  const basePython = ownPython ? asked.python : (asked.python ?? defaultPython);
+  const pythonOrigin = pythonOriginOf(asked, defaultPython !== undefined && !ownPython ? defaultOrigin : undefined);
   return {
     requirementsFile: asked.requirementsFile === undefined ? undefined : path(asked.requirementsFile),
     specs: asked.specs,
