@@ -10,10 +10,10 @@
  * CI, where the Slurm tests run as root, requires it (GPULAYER_TEST_REQUIRE_SLURM).
  */
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
-import { CLI_ARGV, readyKeys, run, sandbox, tempDir } from "./helpers.ts";
+import { CLI_ARGV, cli, readyKeys, run, sandbox, tempDir } from "./helpers.ts";
 
 setDefaultTimeout(120_000);
 
@@ -87,5 +87,37 @@ if (missing && process.env.GPULAYER_TEST_REQUIRE_SLURM === "1") {
 
   test("mount and pid namespaces (unshare -p -f -m --mount-proc): the builder's pid means nothing to the other, and still one build", async () => {
     checkOneBuild(await twoNodes("nspid", ["-p", "-f", "-m", "--mount-proc"]));
+  });
+});
+
+describe("a lease taken on another machine sharing the cache", () => {
+  test("gc here keeps the env while the lease's heartbeat goes on, and removes it once that stops", async () => {
+    const box = sandbox();
+    const index = new PackageIndex(join(box.root, "index")).start();
+    try {
+      index.wheel({ name: "leased-elsewhere", version: "1.0" });
+      const prepared = await cli(["env", "prepare", "-p", "leased-elsewhere", "--index-url", index.url, "--json"], { env: box.env });
+      expect(prepared.code).toBe(0);
+      const { key } = JSON.parse(prepared.stdout) as { key: string };
+      // A job on another node runs in it: its lease names a pid, start and boot of that machine (as takeLease writes it there).
+      const leases = join(box.home, "leases", "env", key);
+      mkdirSync(leases, { recursive: true });
+      const lease = join(leases, "4242-abcdef");
+      writeFileSync(lease, JSON.stringify({ pid: 4242, start: 123, boot: "b00710d0-0000-4000-8000-000000000000", where: "node2|b00710d0-0000-4000-8000-000000000000|pid:[4026531836]", holder: "job 0123456789abcdef", since: new Date().toISOString(), job: "0123456789abcdef" }));
+      const gc = () => cli(["gc", "--local", "--max-size", "0", "--min-age", "0"], { env: box.env });
+      const kept = await gc();
+      expect(kept.stdout + kept.stderr).toContain("in use by job 0123456789abcdef");
+      expect(readyKeys(box.home)).toEqual([key]);
+      // Its heartbeat stopped two minutes ago (the node died): the lease is swept, the env removed.
+      const past = new Date(Date.now() - 120_000);
+      utimesSync(lease, past, past);
+      const removed = await gc();
+      expect(removed.code).toBe(0);
+      expect(readyKeys(box.home)).toEqual([]);
+      expect(existsSync(lease)).toBe(false);
+    } finally {
+      index.stop();
+      box.cleanup();
+    }
   });
 });
