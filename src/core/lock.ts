@@ -36,8 +36,10 @@ import { writeFileNamed } from "./atomic.ts";
  * and waits for them to be gone before breaking the lock: until then, the
  * lock holds.
  */
-const HEARTBEAT_MS = 10_000;
-const FOREIGN_STALE_MS = 60_000;
+/** How often a holder on another machine shows it lives (a lock's owner file, a lease's file: their mtime). */
+export const HEARTBEAT_MS = 10_000;
+/** Silence after which a holder elsewhere counts as gone. */
+export const FOREIGN_STALE_MS = 60_000;
 
 export interface Release {
   (): Promise<void>;
