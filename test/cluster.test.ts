@@ -211,6 +211,8 @@ describe("matching", () => {
     const local = await cli(["job", "run", "--gpus", "1", "--json", "-f", file], { env: { ...boxes.client.env, PATH: `${join(boxes.w3.root, "bin")}:${boxes.client.env.PATH}` } });
     const store = new JobStore(homeLayout(boxes.client.home));
     expect(store.get(json(local.stdout).id)!.spec.resources.gpus).toBe(1);
+    // And it sees that one GPU, as it would on a worker: not every GPU of the machine.
+    expect(local.stderr).toContain("visible=GPU-aaaa-1111\n");
     store.close();
   }, T);
 });

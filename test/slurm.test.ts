@@ -87,7 +87,7 @@ const script = (lines: string[]) => `#!/bin/bash\n${lines.join("\n")}\n`;
         `${shown} | sed 's/^/batch /'`,
         `srun --ntasks-per-node=1 bash -c ${sh(`${shown} | sed 's/^/step /'`)}`,
         "srun --ntasks-per-node=1 gpulayer env prepare requirements.txt --quiet",
-        "srun --ntasks-per-node=1 gpulayer job run -r requirements.txt --gpus 2 -- python train.py",
+        "srun --ntasks-per-node=1 gpulayer job run -r requirements.txt --gpus 1 -- python train.py",
         'srun --ntasks-per-node=1 gpulayer job run -r requirements.txt --gpus 3 -- python train.py || echo "exit $?"',
         "srun --ntasks-per-node=1 gpulayer job run -f tasks.yaml",
       ]),
@@ -103,8 +103,9 @@ const script = (lines: string[]) => `#!/bin/bash\n${lines.join("\n")}\n`;
     expect(out).toContain("batch CUDA_VISIBLE_DEVICES=1,2\nbatch SLURM_JOB_GPUS=1,2\n");
     expect(out).toContain("step CUDA_VISIBLE_DEVICES=1,2\n");
     expect(out).toMatch(/^step SLURM_STEP_GPUS=1,2$/m);
-    // The job imports from the env and sees Slurm's GPUs; gpulayer counted two: a job asking for three is refused.
-    expect(out).toContain("train 1.0 1,2\n");
+    // The job imports from the env and sees the one GPU it asked for, the first of Slurm's (not the node's GPU 0);
+    // gpulayer counted two: a job asking for three is refused.
+    expect(out).toContain("train 1.0 GPU-1111-aaaa\n");
     expect(out).toMatch(/^exit 1$/m);
     expect(err).toContain("error: job refused: it needs 3 GPUs; no machine it can run on has more than 2\n");
     // The tasks' GPUs are those two, not the node's first two (nvidia-smi lists all four).

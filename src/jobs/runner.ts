@@ -175,6 +175,8 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     emit("task.prepare.finished", { seconds: prepareSeconds, status: prepared.status, cache: prepared.status === "reused" ? "hit" : "miss", env_key: prepared.key, path: prepared.path, installer_path: prepared.installerPath, ...(prepared.shadowed ? { shadowed: prepared.shadowed } : {}), ...wheelDocs(prepared.wheels), ...(prepared.fetched ? { fetched: { bytes: prepared.fetched.bytes, seconds: prepared.fetched.seconds, built_by: prepared.fetched.builtBy } } : {}) });
     io.onPrepared?.({ status: prepared.status, seconds: prepareSeconds, key: prepared.key, kind: "env" });
     const env: Record<string, string> = { ...host.inherited, ...spec.env, ...host.vars, GPULAYER_JOB_ID: job.id };
+    // The GPUs it was given and no others, as a worker's task gets them: a count alone would leave every GPU here (or the whole allocation) visible.
+    if (gpus) env.CUDA_VISIBLE_DEVICES = gpus.join(",");
     let jobLease: Lease | undefined;
     return {
       driver: processDriver({ jobId: job.id, argv: spec.argv, workdir: spec.workdir, env, graceMs: settings.cancelGraceMs, setpriv: settings.setpriv, runAs: settings.runAs, umask: settings.jobUmask, watchdogPath: settings.env.PATH ?? "/usr/bin:/bin" }),
