@@ -100,6 +100,16 @@ describe("a requirement built without isolation", () => {
     expect(r.stderr.trim().split("\n")).toHaveLength(1);
   });
 
+  test("a requirements file cannot ask for it (pip reads no such option there): the line is refused in one line naming the option", async () => {
+    for (const line of ["--no-build-isolation", "kernels --no-build-isolation-package kernels", "--no-build-isolation-package=kernels"]) {
+      writeFileSync(join(s.root, "isolation.txt"), `${line}\nkernels\n`);
+      const r = await cli(["env", "prepare", "isolation.txt", "--index-url", index.url, "--python", torch21], { env: s.env, cwd: s.root });
+      expect(r.code).toBe(2);
+      const option = line.match(/(--no-build-isolation(-package)?)/)![1];
+      expect(r.stderr.trim()).toBe(`error: isolation.txt:1: pip does not accept ${option} in a requirements file; name the package with --no-build-isolation-package NAME beside -p NAME, or in a job file's environment.no_build_isolation`);
+    }
+  });
+
   test("a job file's environment.no_build_isolation: the job runs with the wheel built against its worker's torch", async () => {
     const job = join(s.root, "job.yaml");
     writeFileSync(job, `command: python -c "import kernels; print('built with', kernels.BUILT_WITH)"\nenvironment:\n  requirements: [kernels, beta]\n  no_build_isolation: [kernels]\n  python: ${torch22}\n  index_url: ${index.url}\n`);

@@ -23,7 +23,7 @@ const args = {
   "token-file": { type: "string", valueHint: "FILE", description: "Read the join token from FILE (- : standard input; else GPULAYER_TOKEN_FILE, else GPULAYER_TOKEN). Never on the command line: every process here could read it" },
   token: { type: "string", valueHint: "TOKEN", description: "Refused: a token on the command line is readable by every process on the machine; use --token-file" },
   "run-as": { type: "string", valueHint: "USER", description: "Run jobs as this OS user (the worker runs as root; else GPULAYER_WORKER_RUN_AS)" },
-  offline: { type: "boolean", description: "This worker has no package index: it never builds an env, only fetches those other workers built (else GPULAYER_OFFLINE)" },
+  offline: { type: "boolean", description: "This worker has no package index: it fetches the envs other workers built, and builds only an env that needs compiled wheels, from theirs (else GPULAYER_OFFLINE)" },
   python: { type: "string", valueHint: "PATH", description: "The worker's default Python (its torch/CUDA); jobs' envs link to it" },
   name: { type: "string", description: "This worker's name (default: the host name)" },
   label: { type: "string", valueHint: "K=V", description: "A label jobs can ask for with --label (repeatable)" },

@@ -56,7 +56,7 @@ export const SETTINGS = {
   "worker.engine": { env: "GPULAYER_WORKER_ENGINE", kind: choice("auto", "none"), default: "auto", help: "none: the worker offers no container engine" },
   "worker.run_as": { env: "GPULAYER_WORKER_RUN_AS", flag: "--run-as", kind: word, defaultText: "none: jobs run as the worker's own user", help: "a worker running as root runs every job's command, and the build of its env, as this OS user, so neither can read the worker's token, credential or home" },
   "worker.share_envs": { env: "GPULAYER_SHARE_ENVS", kind: boolean, default: true, help: "false: this worker neither uploads the envs it builds nor fetches other workers' (it trusts no other worker's build)" },
-  "worker.offline": { env: "GPULAYER_OFFLINE", flag: "--offline", kind: boolean, default: false, help: "a worker without a package index: it never builds an env, only fetches the artifacts other workers built" },
+  "worker.offline": { env: "GPULAYER_OFFLINE", flag: "--offline", kind: boolean, default: false, help: "a worker without a package index: it fetches the env artifacts other workers built, and builds only an env that needs compiled wheels, from theirs" },
   "worker.metrics_listen": { env: "GPULAYER_WORKER_METRICS_LISTEN", flag: "--metrics-listen", kind: word, defaultText: "none: no metrics served", help: "where a joined worker serves its own Prometheus metrics (HOST:PORT; no token: bind it to loopback or a private interface)" },
   "worker.keep_workdirs": { env: "GPULAYER_KEEP_WORKDIRS", kind: boolean, default: false, help: "keep remote jobs' unpacked workdirs (for debugging)" },
 } satisfies Record<string, SettingDef<any>>;

@@ -46,7 +46,7 @@ export async function prepareEnv(layout: HomeLayout, req: PrepareRequest, opts: 
       const ticket = opts.shipping ? await fromFleet(layout, opts.shipping, resolved, paths, watched, stop) : null;
       if (ticket && "fetched" in ticket) return done("fetched", undefined, ticket.fetched);
       try {
-        const built = await buildUnderLock(layout, resolved, { ...req, venvCreator, installer, signal: stop }, paths, watched, lock.keep, opts.shipping?.wheels);
+        const built = await buildUnderLock(layout, resolved, { ...req, venvCreator, installer, signal: stop }, paths, watched, lock.keep, opts.shipping?.wheels, Boolean(ticket?.build.offline));
         ticket?.build.built();
         return done("built", built);
       } catch (error) {
@@ -67,7 +67,8 @@ async function fromFleet(layout: HomeLayout, shipping: Shipping, resolved: Resol
   const into = fetchFolder(layout, resolved.key);
   const t = performance.now();
   try {
-    const got = await shipping.acquire({ key: resolved.key, conditions: artifactConditions(paths.dir, resolved.interpreter, resolved.doc.base), into, signal, onStep: hooks.onStep });
+    const deferred = resolved.deferred?.map((d) => d.name);
+    const got = await shipping.acquire({ key: resolved.key, conditions: artifactConditions(paths.dir, resolved.interpreter, resolved.doc.base), into, signal, onStep: hooks.onStep, ...(deferred ? { deferred } : {}) });
     if ("fetched" in got) {
       installFetched(layout, resolved.key, paths, into, got.fetched);
       hooks.onStepDone?.("fetching", (performance.now() - t) / 1000);
@@ -93,7 +94,7 @@ function buildAs(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequ
   return { user, moved: (path) => (from && to ? relocate(path, from, to) : path) };
 }
 
-async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: EntryPaths, hooks: PrepareHooks, keep: KeepGroup, wheelSharing?: WheelSharing): Promise<PrepareResult["build"]> {
+async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, paths: EntryPaths, hooks: PrepareHooks, keep: KeepGroup, wheelSharing?: WheelSharing, offline = false): Promise<PrepareResult["build"]> {
   const started = performance.now();
   // A `${VAR}` value pip prints (a URL it fetched, an error) goes on by its name: what is shown, sent or stored never holds it.
   const { hide, hooks: shownHooks } = hidingVariables(resolved, hooks);
@@ -125,6 +126,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         signal: req.signal,
         keep,
         tmpDir: paths.tmp,
+        ...(offline ? { offline } : {}),
       },
       shownHooks,
     );

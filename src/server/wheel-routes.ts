@@ -14,6 +14,7 @@ import { receiveTo } from "./receive.ts";
  * (env/build/wheelhouse.ts, server/wheels.ts). The switches and the size limit are the env artifacts'.
  *
  *   GET  /v1/wheels?sdist=S&conditions=C       (worker) the wheels of sdist S under conditions C, with what each was built against
+ *   GET  /v1/wheels?name=N&conditions=C        (worker) the wheels of project N under conditions C, any sdist (an offline worker has none)
  *   PUT  /v1/wheels/SHA?task=T&sdist=S&conditions=C  (worker) a wheel compiled for task T, running on it now; its name and inputs in x-gpulayer-wheel
  *   GET  /v1/wheels/SHA                         (worker) the bytes
  *   POST /v1/wheels/report                      (worker) {sha}: it refused this wheel; dropped when its bytes no longer match its sha256
@@ -25,15 +26,16 @@ import { receiveTo } from "./receive.ts";
 type Caller = { role: "admin" | "user" | "join" } | { role: "worker"; worker: WorkerRow };
 
 const SHA = /^[0-9a-f]{64}$/;
+const NAME = /^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/;
 const Inputs = v.strictObject({ imported: v.array(v.pipe(v.string(), v.maxLength(400))), files: v.array(v.pipe(v.string(), v.maxLength(4200))), missing: v.array(v.pipe(v.string(), v.maxLength(400))) });
-const Entry = v.strictObject({ name: v.pipe(v.string(), v.regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/)), wheel: v.pipe(v.string(), v.regex(/^[A-Za-z0-9_.+!-]+\.whl$/), v.maxLength(300)), seconds: v.pipe(v.number(), v.minValue(0)), inputs: Inputs });
+const Entry = v.strictObject({ name: v.pipe(v.string(), v.regex(NAME)), wheel: v.pipe(v.string(), v.regex(/^[A-Za-z0-9_.+!-]+\.whl$/), v.maxLength(300)), seconds: v.pipe(v.number(), v.minValue(0)), inputs: Inputs });
 const ReportBody = v.strictObject({ sha: v.pipe(v.string(), v.regex(SHA)) });
 
 const reply = (data: unknown, status = 200) => Response.json(data, { status });
 
 function view(w: WheelRow) {
   const entry = JSON.parse(w.entry) as { seconds: number; inputs: unknown };
-  return { sha256: w.sha, name: w.name, wheel: w.wheel, bytes: w.bytes, seconds: entry.seconds, inputs: entry.inputs, built_by: w.builtBy };
+  return { sha256: w.sha, name: w.name, wheel: w.wheel, bytes: w.bytes, seconds: entry.seconds, inputs: entry.inputs, built_by: w.builtBy, sdist: w.sdist };
 }
 
 export async function wheelRoute(req: Request, url: URL, sub: string | undefined, caller: Caller, coord: Coordinator, settings: ArtifactSettings, body: <S extends v.GenericSchema>(schema: S) => Promise<v.InferOutput<S>>): Promise<Response> {
@@ -42,10 +44,16 @@ export async function wheelRoute(req: Request, url: URL, sub: string | undefined
   const w = caller.worker;
   const method = req.method;
   if (!sub && method === "GET") {
-    const sdist = url.searchParams.get("sdist") ?? "";
+    const sdist = url.searchParams.get("sdist");
+    const name = url.searchParams.get("name");
     const conditions = url.searchParams.get("conditions") ?? "";
-    if (!SHA.test(sdist) || !SHA.test(conditions)) throw new HttpFail(400, "sdist, conditions: sha256 digests");
-    return reply({ share: settings.share, wheels: settings.share ? (await store.forSdist(sdist, conditions)).map(view) : [] });
+    if (!SHA.test(conditions)) throw new HttpFail(400, "conditions: a sha256 digest");
+    if (name !== null && sdist === null) {
+      if (!NAME.test(name)) throw new HttpFail(400, "name: a project name, PEP 503 form");
+      return reply({ share: settings.share, wheels: settings.share ? (await store.forName(name, conditions)).map(view) : [] });
+    }
+    if (!SHA.test(sdist ?? "")) throw new HttpFail(400, "sdist, conditions: sha256 digests");
+    return reply({ share: settings.share, wheels: settings.share ? (await store.forSdist(sdist!, conditions)).map(view) : [] });
   }
   if (sub === "report" && method === "POST") {
     const { sha } = await body(ReportBody);

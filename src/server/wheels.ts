@@ -46,7 +46,16 @@ export class WheelStore {
 
   /** The wheels of one sdist under one set of conditions, newest first; a row whose file went missing is dropped. */
   async forSdist(sdist: string, conditions: string): Promise<WheelRow[]> {
-    const rows = (await this.db.all("SELECT * FROM wheels WHERE sdist = ? AND conditions = ? ORDER BY created DESC", sdist, conditions)).map((r) => this.row(r));
+    return this.present(await this.db.all("SELECT * FROM wheels WHERE sdist = ? AND conditions = ? ORDER BY created DESC", sdist, conditions));
+  }
+
+  /** The wheels of one project under one set of conditions, any sdist, newest first (for an offline worker, which fetches no sdist). */
+  async forName(name: string, conditions: string): Promise<WheelRow[]> {
+    return this.present(await this.db.all("SELECT * FROM wheels WHERE name = ? AND conditions = ? ORDER BY created DESC", name, conditions));
+  }
+
+  private async present(found: Record<string, unknown>[]): Promise<WheelRow[]> {
+    const rows = found.map((r) => this.row(r));
     const there: WheelRow[] = [];
     for (const w of rows) if (this.hasFile(w.sha)) there.push(w);
       else await this.drop(w.sha);

@@ -14,7 +14,8 @@ import { wheelSharing } from "./wheel-shipping.ts";
  * none, and another worker is building it for the same path: wait for its
  * artifact; none being built: claim the build for this task, build, then
  * pack and upload in the background (the job goes on), holding the claim
- * until the upload ends. An offline worker never builds. Every failure to
+ * until the upload ends. An offline worker builds only an env with builds
+ * without isolation, with no index, from the fleet's wheels. Every failure to
  * fetch falls back to a build, its reason in the build's steps; an artifact
  * refused is reported, and when the server drops it (it checks it too) this
  * build's artifact takes its place.
@@ -90,6 +91,11 @@ async function fromServer(s: ShippingSettings, taskId: string, req: ShippingRequ
         refused.set(a.sha256, (error as Error).message);
         req.onStep?.("refused", `artifact ${a.sha256.slice(0, 12)} from ${a.built_by}: ${(error as Error).message}`);
       }
+    }
+    if (s.offline && sharing && req.deferred?.length && !refused.size) {
+      // What such an env needs beyond what the worker has is mostly compiled: the fleet's wheels, with no index for the rest.
+      req.onStep?.("building", `here, with no index (worker.offline): ${refusals.length ? `no artifact fits (${refusals.join("; ")})` : `no worker of the fleet has built env ${req.key.slice(0, 12)} yet`}; ${req.deferred.join(", ")} from the fleet's wheels`);
+      return { build: { ...noTicket(), offline: true } };
     }
     if (s.offline) {
       const can = list.builders;

@@ -19,6 +19,10 @@ export function wheelSharing(s: ShippingSettings, taskId: string): WheelSharing 
       const got = await s.client.json<{ share: boolean; wheels: SharedWheel[] }>("GET", `/v1/wheels?sdist=${sdist}&conditions=${conditions}`, undefined, { signal });
       return got.share ? got.wheels : [];
     },
+    listByName: async (name, conditions, signal) => {
+      const got = await s.client.json<{ share: boolean; wheels: SharedWheel[] }>("GET", `/v1/wheels?name=${encodeURIComponent(name)}&conditions=${conditions}`, undefined, { signal });
+      return got.share ? got.wheels : [];
+    },
     fetch: (wheel, file, signal) => fetchWheel(s, wheel, file, signal),
     share: (sdist, conditions, file, entry) => {
       const upload = shareWheel(s, taskId, sdist, conditions, file, entry)
@@ -40,7 +44,7 @@ async function fetchWheel(s: ShippingSettings, wheel: SharedWheel, file: string,
   }
 }
 
-async function shareWheel(s: ShippingSettings, taskId: string, sdist: string, conditions: string, file: string, entry: Omit<SharedWheel, "sha256" | "bytes" | "built_by">): Promise<void> {
+async function shareWheel(s: ShippingSettings, taskId: string, sdist: string, conditions: string, file: string, entry: Omit<SharedWheel, "sha256" | "bytes" | "built_by" | "sdist">): Promise<void> {
   const bytes = await Bun.file(file).bytes();
   const sha = new Bun.CryptoHasher("sha256").update(bytes).digest("hex");
   const header = Buffer.from(JSON.stringify(entry)).toString("base64");

@@ -48,6 +48,8 @@ export interface BuildPlan {
   wheelhouse?: string;
   /** The fleet's wheels (a joined worker that shares): looked up on a miss here, and given what is compiled here. */
   wheelSharing?: WheelSharing;
+  /** worker.offline: no index is asked (pip --no-index, uv --offline); the builds without isolation take the fleet's wheels only. */
+  offline?: boolean;
 }
 
 /** --find-links flags as the installer takes them: local folders by path, URLs as given. */

@@ -83,6 +83,8 @@ export function installerEnv(plan: BuildPlan): Record<string, string> {
     const links = flagFindLinks(plan);
     if (links.length) env.PIP_FIND_LINKS = links.join(" ");
   }
+  // worker.offline: what is not here already (the worker's packages, local files, uv's cache) fails, never waits on an index.
+  if (plan.offline) Object.assign(env, { PIP_NO_INDEX: "1", UV_OFFLINE: "1" });
   return env;
 }
 
@@ -124,7 +126,7 @@ async function installEnv(plan: BuildPlan, hooks: BuildHooks): Promise<BuildOutc
   // The indexes are looked at while the build runs (index-watch.ts): one that does not answer stops it, and is named.
   const indexes = new IndexWatch();
   const o = plan.flags;
-  if (!plan.inputs.noIndex) indexes.watch([o.indexUrl, ...o.extraIndexUrls, ...plan.inputs.indexUrls].filter((u): u is string => Boolean(u)), "", proxied(plan.env));
+  if (!plan.inputs.noIndex && !plan.offline) indexes.watch([o.indexUrl, ...o.extraIndexUrls, ...plan.inputs.indexUrls].filter((u): u is string => Boolean(u)), "", proxied(plan.env));
   const watched: BuildPlan = { ...plan, signal: plan.signal ? AbortSignal.any([plan.signal, indexes.signal]) : indexes.signal };
   const steps: BuildOutcome["steps"] = [];
   try {

@@ -109,6 +109,7 @@ export function uvEnv(plan: BuildPlan, base: Record<string, string>, machine: Uv
   // uv splits this variable at commas; a path with one goes on the command line instead (uvInstall).
   const links = flagFindLinks(plan);
   if (links.length && !links.some((f) => f.includes(","))) env.UV_FIND_LINKS = links.join(",");
+  if (plan.offline) env.UV_OFFLINE = "1";
   return env;
 }
 

@@ -5,6 +5,7 @@ import { writeFileNamed } from "../../core/atomic.ts";
 import { touchFile } from "../store/store.ts";
 import { InstallError } from "../../errors.ts";
 import { buildVariables, type DeferredBuild } from "../request/no-isolation.ts";
+import { normalizeName } from "../request/canonical.ts";
 import type { BuildPlan } from "./build-plan.ts";
 import type { SharedWheel } from "../store/shipping.ts";
 import { type BuildInputs, inputsHold, readBuildInputs, recordingHook } from "./build-inputs.ts";
@@ -116,6 +117,12 @@ export async function buildDeferred(plan: BuildPlan, deferred: DeferredBuild[], 
   try {
     for (const d of deferred) {
       const into = join(work, d.name);
+      if (plan.offline) {
+        const took = await offlineWheel(plan, d, siteDirs, into, tool, hooks);
+        reports.push({ name: d.name, wheel: took.entry.wheel, from: "fleet", builtBy: took.builtBy, seconds: took.entry.seconds, builtAgainst: took.entry.inputs.imported });
+        await tool(["install", "--no-cache-dir", "--no-warn-script-location", "--progress-bar", "off", took.path], `installing ${d.name} failed`);
+        continue;
+      }
       const downloaded = join(into, "sdist");
       hooks.onStep?.("installing", `${d.name}: fetching its source (no build isolation)`);
       await tool(["download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", "--progress-bar", "off", "-d", downloaded, d.install], `fetching the source of ${d.name} failed`);
@@ -199,6 +206,61 @@ function holdsHere(inputs: BuildInputs, siteDirs: string[]): boolean {
   } catch {
     return false;
   }
+}
+
+/**
+ * worker.offline: no sdist to fetch, so nothing to compile nor to key by. The fleet's wheels of the project under
+ * this interpreter and these build variables whose build's inputs hold here are fetched (digest checked), and pip,
+ * with no index, picks among them the one the requirement takes (its version specifier, as an index would be asked);
+ * kept in this wheelhouse under the sdist it was compiled from. None: one line, and the build fails.
+ */
+async function offlineWheel(plan: BuildPlan, d: DeferredBuild, siteDirs: string[], into: string, tool: (argv: string[], failed: string) => Promise<void>, hooks: BuildHooks): Promise<{ path: string; entry: WheelEntry; builtBy: string }> {
+  const refuse = (why: string) => new InstallError(`this worker is offline (worker.offline) and compiles nothing; ${d.name} is built without build isolation, and ${why}`, "");
+  const sharing = plan.wheelSharing;
+  if (!sharing) throw refuse("this worker takes no wheel from the fleet (worker.share_envs is false)");
+  const conditions = conditionsHash(plan);
+  let listed: SharedWheel[];
+  try {
+    listed = await sharing.listByName(d.name, conditions, plan.signal);
+  } catch (error) {
+    plan.signal?.throwIfAborted();
+    throw refuse(`the fleet's wheels could not be listed (${(error as Error).message})`);
+  }
+  const named = listed.filter((w) => /^[A-Za-z0-9_.+!-]+\.whl$/.test(w.wheel) && normalizeName(w.name) === d.name);
+  const fits = named.filter((w) => holdsHere(w.inputs, siteDirs));
+  const offered = join(into, "fleet");
+  mkdirSync(offered, { recursive: true });
+  const fetched: SharedWheel[] = [];
+  for (const w of fits) {
+    if (fetched.some((f) => f.wheel === w.wheel)) continue; // one file per name for pip to choose among
+    try {
+      await sharing.fetch(w, join(offered, w.wheel), plan.signal);
+      fetched.push(w);
+    } catch (error) {
+      plan.signal?.throwIfAborted();
+      hooks.onStep?.("refused", `wheel ${w.wheel} from ${w.built_by} (${w.sha256.slice(0, 12)}): ${(error as Error).message}`);
+    }
+  }
+  if (!fetched.length) {
+    const why = !named.length ? "the fleet shares no wheel of it for this Python and these build variables (a worker with a package index compiles it)" : `no wheel of it the fleet shares fits here (${named.length} built against what is not installed here${fits.length ? ", or refused" : ""}: ${named.map((w) => `${w.wheel} from ${w.built_by}, against ${shown(w.inputs)}`).join("; ")})`;
+    throw refuse(why);
+  }
+  const chosen = join(into, "chosen");
+  try {
+    await tool(["download", "--no-index", "--no-deps", "--only-binary", ":all:", "--find-links", offered, "--progress-bar", "off", "-d", chosen, d.install], "");
+  } catch {
+    throw refuse(`none of the fleet's wheels of it is the one its requirement (${d.origin}) takes: ${fetched.map((w) => w.wheel).join(", ")}`);
+  }
+  const file = readdirSync(chosen).find((f) => f.endsWith(".whl"));
+  const w = fetched.find((f) => f.wheel === file)!;
+  hooks.onStep?.("fetching", `${d.name}: ${w.wheel} from ${w.built_by} (built against ${shown(w.inputs)}), with no index (worker.offline)`);
+  const entry: WheelEntry = { name: d.name, wheel: w.wheel, seconds: w.seconds, built: new Date().toISOString(), inputs: w.inputs };
+  if (/^[0-9a-f]{64}$/.test(w.sdist ?? "")) {
+    const dir = join(plan.wheelhouse!, w.sdist, conditions);
+    mkdirSync(dir, { recursive: true });
+    keep(dir, join(chosen, w.wheel), entry);
+  }
+  return { path: join(chosen, w.wheel), entry, builtBy: w.built_by };
 }
 
 const shown = (inputs: BuildInputs) => inputs.imported.filter((d) => !d.startsWith("pip==")).join(", ") || "the standard library alone";

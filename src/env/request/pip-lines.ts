@@ -134,7 +134,9 @@ function parseOptions(tokens: string[], where: string): FileOption[] {
       if (!spec) {
         const full = [...BY_LONG.keys()].filter((k) => k.startsWith(name));
         if (full.length === 1) throw new LineRefused(`${where}: ${name} is an abbreviation of ${full[0]}; write ${full[0]} in full`);
-        throw new LineRefused(`${where}: pip does not accept ${name} in a requirements file`);
+        // pip 23-25 read neither in a requirements file (req_file.py SUPPORTED_OPTIONS): gpulayer's own spelling is said instead.
+        const isolation = name === "--no-build-isolation" || name === "--no-build-isolation-package" ? "; name the package with --no-build-isolation-package NAME beside -p NAME, or in a job file's environment.no_build_isolation" : "";
+        throw new LineRefused(`${where}: pip does not accept ${name} in a requirements file${isolation}`);
       }
       if (!spec.takesValue) {
         if (eq !== -1) throw new LineRefused(`${where}: ${name} takes no value`);

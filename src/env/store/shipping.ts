@@ -28,6 +28,8 @@ export interface BuildTicket {
   built(): void;
   /** The build failed or was stopped. */
   failed(): void;
+  /** An offline worker (worker.offline) builds with no index: its builds without isolation take the fleet's wheels, never compile. */
+  offline?: boolean;
 }
 
 export interface ShippingRequest {
@@ -36,6 +38,8 @@ export interface ShippingRequest {
   /** A fresh folder beside the entry to unpack into (made by the shipping). */
   into: string;
   signal?: AbortSignal;
+  /** The requirements built without isolation (PEP 503 names): an offline worker builds such an env itself, from the fleet's wheels. */
+  deferred?: string[];
   /** What the fetch is doing, for the build's progress, as `<step> <detail>` reads (a refused artifact says why here). */
   onStep?(step: ShippingStep, detail: string): void;
 }
@@ -56,6 +60,8 @@ export interface SharedWheel {
   seconds: number;
   inputs: BuildInputs;
   built_by: string;
+  /** The sdist's sha256 it was compiled from (the wheelhouse's folder name). */
+  sdist: string;
 }
 
 /**
@@ -64,10 +70,12 @@ export interface SharedWheel {
  */
 export interface WheelSharing {
   list(sdist: string, conditions: string, signal?: AbortSignal): Promise<SharedWheel[]>;
+  /** The wheels of a project by name under these conditions, whatever sdist: what an offline worker, which fetches no sdist, chooses among. */
+  listByName(name: string, conditions: string, signal?: AbortSignal): Promise<SharedWheel[]>;
   /** The wheel's bytes into `file`, its sha256 checked as they come; throws (and leaves no file) when it does not match. */
   fetch(wheel: SharedWheel, file: string, signal?: AbortSignal): Promise<void>;
   /** A wheel compiled here, uploaded in the background (the build goes on). */
-  share(sdist: string, conditions: string, file: string, entry: Omit<SharedWheel, "sha256" | "bytes" | "built_by">): void;
+  share(sdist: string, conditions: string, file: string, entry: Omit<SharedWheel, "sha256" | "bytes" | "built_by" | "sdist">): void;
 }
 
 export interface ArtifactConditions {
