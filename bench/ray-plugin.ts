@@ -94,8 +94,9 @@ export async function rayPluginBench(): Promise<string> {
   let head: RayNode | undefined;
   try {
     head = await startRayNode(join(venv, "bin", "ray"), ["--head", `--port=${address.split(":")[1]}`, "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", "--include-dashboard=false", `--dashboard-agent-listen-port=${freePort()}`, `--temp-dir=${rt}`], env);
-    const job = async (runtimeEnv: object | null, actors = 0) => {
-      const out = await must([py, join(ROOT, "bench", "ray_plugin_job.py"), JSON.stringify({ address, runtime_env: runtimeEnv, module: runtimeEnv ? "tqdm" : null, actors })], env, 600_000);
+    // module: what the task imports (tqdm, where the runtime_env installs it).
+    const job = async (runtimeEnv: object | null, actors = 0, module: string | null = "tqdm") => {
+      const out = await must([py, join(ROOT, "bench", "ray_plugin_job.py"), JSON.stringify({ address, runtime_env: runtimeEnv, module, actors })], env, 600_000);
       const r = JSON.parse(out.trim().split("\n").at(-1)!) as { seconds: number; prefixes: string[] };
       return { ms: r.seconds * 1000, prefixes: r.prefixes };
     };
@@ -109,11 +110,11 @@ export async function rayPluginBench(): Promise<string> {
     const rows = ["none", "newWorker", "gplCached", "gplCold", "pipCached", "pipCold", "uvCached", "uvCold"] as const;
     const s = Object.fromEntries(rows.map((r) => [r, [] as number[]])) as Record<(typeof rows)[number], number[]>;
     const where: Record<string, string> = {};
-    await job(null); // warm-up: the page cache, the first job of the cluster
+    await job(null, 0, null); // warm-up: the page cache, the first job of the cluster
     for (let i = 0; i < runs; i++) {
-      s.none.push((await job(null)).ms);
+      s.none.push((await job(null, 0, null)).ms);
       // A runtime_env with env_vars alone: Ray starts a worker process of its own for it, with nothing to install.
-      s.newWorker.push((await job({ env_vars: { BENCH_SAMPLE: fresh() } })).ms);
+      s.newWorker.push((await job({ env_vars: { BENCH_SAMPLE: fresh() } }, 0, null)).ms);
       emptyCaches();
       const cold = await job(gpl);
       s.gplCold.push(cold.ms);
