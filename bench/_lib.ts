@@ -98,10 +98,10 @@ export function redactBenchPaths(text: string): string {
   return out.replace(/\/tmp\/gpl-bench-[A-Za-z0-9-]+/g, "<tmp>").replace(/\/root\/\.pyenv\/versions\/[^/\s]+/g, "<pyenv>");
 }
 
-/** Rewrite only the part of a report between its markers: notes kept around them survive a new run. */
-export function writeReport(name: string, doc: string): void {
+/** Rewrite only the part of a report between its markers (`part`: one report may hold several): notes kept around them survive a new run. */
+export function writeReport(name: string, doc: string, part = "bench"): void {
   const file = join(ROOT, "docs", name);
-  const [begin, end] = ["<!-- bench:begin -->", "<!-- bench:end -->"];
+  const [begin, end] = [`<!-- ${part}:begin -->`, `<!-- ${part}:end -->`];
   const old = existsSync(file) ? readFileSync(file, "utf8") : "";
   const kept = old.includes(begin) && old.includes(end) ? [old.slice(0, old.indexOf(begin)), old.slice(old.indexOf(end) + end.length)] : ["", "\n"];
   mkdirSync(join(ROOT, "docs"), { recursive: true });

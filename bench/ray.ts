@@ -18,12 +18,15 @@
  * Second request: torchmetrics on a worker venv that has torch 2.13.0 (+ ray), kept at
  * $TMPDIR/gpulayer-bench-ray/ray-torch-venv: what Ray's env holds (it clones the whole venv) against gpulayer's.
  *
+ * Last, bench/ray-plugin.ts: gpulayer's Ray plugin against Ray's `pip` and `uv` and no runtime_env, on one cluster.
+ *
  * Run: bun run bench/ray.ts   (BENCH_RAY_RUNS=3, BENCH_RAY_TORCH_RUNS=2, BENCH_COLD_RUNS=5, BENCH_WARM_RUNS=10, BENCH_REBUILD=1)
  */
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
 import { benchIndex, ensureBinary, realUv, ROOT, stats, writeReport } from "./_lib.ts";
+import { rayPluginBench } from "./ray-plugin.ts";
 
 type Stats = ReturnType<typeof stats>;
 type Env = Record<string, string>;
@@ -421,6 +424,10 @@ try {
   ].join("\n");
   console.log(doc);
   writeReport("bench-ray.md", doc);
+  // The plugin against Ray's pip and uv on one long-running cluster: its own part of the report.
+  const plugin = await rayPluginBench();
+  console.log(plugin);
+  writeReport("bench-ray.md", plugin, "bench-plugin");
 } finally {
   rmSync(work, { recursive: true, force: true });
 }

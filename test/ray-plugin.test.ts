@@ -1,20 +1,22 @@
 /**
- * The Ray runtime_env plugin (integrations/ray) with a real Ray: `ray start --head` on
- * 127.0.0.1 with the plugin registered (RAY_RUNTIME_ENV_PLUGINS), drivers whose tasks
- * and actors ask for `runtime_env={"gpulayer": {...}}` from the test's own index.
+ * The Ray runtime_env plugin (integrations/ray) with a real Ray: a head (`ray start --head`, dashboard on, for
+ * `ray job submit`) and a second node on the same machine (its own GPULAYER_HOME, told apart by a custom
+ * resource), both on 127.0.0.1 with the plugin registered (RAY_RUNTIME_ENV_PLUGINS); drivers whose tasks and
+ * actors ask for `runtime_env={"gpulayer": {...}}` from the test's own index.
  *
- * Ray comes from a venv .ci/run makes once and caches (GPULAYER_TEST_RAY_PYTHON); a
- * machine without it skips this file, CI requires it (GPULAYER_TEST_REQUIRE_RAY=1).
- * One Ray cluster for the whole file, one CPU: Ray is heavy.
+ * Ray comes from a venv .ci/run makes once and caches (GPULAYER_TEST_RAY_PYTHON); the nodes run a Python of the
+ * test's own over it (fixtures/ray-cluster.ts) that also holds a torch stand-in. A machine without the venv skips
+ * this file, CI requires it (GPULAYER_TEST_REQUIRE_RAY=1). One Ray cluster for the whole file, one CPU a node: Ray is heavy.
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
-import { PackageIndex } from "./fixtures/index.ts";
+import { makeDist, PackageIndex } from "./fixtures/index.ts";
+import { freePort, makeNodePython, type RayNode, startRayNode, stopRayNode } from "./fixtures/ray-cluster.ts";
 import { CLI_ARGV, cli, readyKeys, ROOT, run, sandbox, tempDir } from "./helpers.ts";
 
-const RAY_PYTHON = process.env.GPULAYER_TEST_RAY_PYTHON ?? join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "gpulayer-ci", "ray-venv", "bin", "python");
+const RAY_PYTHON = process.env.GPULAYER_TEST_RAY_PYTHON ?? join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "gpulayer-ci", "ray-default-venv", "bin", "python");
 const HAS_RAY = existsSync(RAY_PYTHON);
 const REQUIRED = process.env.GPULAYER_TEST_REQUIRE_RAY === "1";
 const DRIVER = join(ROOT, "test", "fixtures", "ray_driver.py");
@@ -25,13 +27,6 @@ if (!HAS_RAY && REQUIRED) {
   });
 }
 
-function freePort(): number {
-  const socket = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const port = socket.port;
-  socket.stop(true);
-  return port;
-}
-
 const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 
 // Skipped only without a Ray venv (GPULAYER_TEST_RAY_PYTHON); CI makes one and sets GPULAYER_TEST_REQUIRE_RAY, under which a missing Ray fails instead.
@@ -39,14 +34,30 @@ const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
   let box: ReturnType<typeof sandbox>;
   let index: PackageIndex;
   let env: Record<string, string>;
-  let head: { pid: number; exited: Promise<number> } | undefined;
+  let node: Awaited<ReturnType<typeof makeNodePython>>;
+  const nodes: RayNode[] = [];
   let address = "";
-  let first: { task: [string, string]; actor: [string, string]; six: [string, string][]; bad: string | null };
+  let dashboard = "";
+  let secondHome = "";
+  let first: {
+    task: [string, string];
+    actor: [string, string];
+    six: [string, string][];
+    bad: string | null;
+    second: [string, string];
+    second_node: string[];
+    torch: [string, string, string];
+  };
 
   const driver = async (mode: "first" | "again") => {
-    const r = await run([RAY_PYTHON, DRIVER, address, mode, index.url], { env });
+    const r = await run([node.python, DRIVER, address, mode, index.url], { env });
     if (r.code !== 0) throw new Error(`driver ${mode} exited ${r.code}: ${r.stderr.slice(-3000)}`);
     return JSON.parse(r.stdout.trim().split("\n").at(-1)!);
+  };
+  /** What `gpulayer env prepare --json` says for a request on the head's Python. */
+  const prepare = async (specs: string[]) => {
+    const r = await cli(["env", "prepare", "--json", "--local", ...specs.flatMap((s) => ["-p", s]), "--index-url", index.url, "--python", node.python], { env });
+    return { code: r.code, report: JSON.parse(r.stdout) };
   };
 
   beforeAll(async () => {
@@ -54,7 +65,9 @@ const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
     index = new PackageIndex(join(box.root, "index")).start();
     index.wheel({ name: "raytest-one", version: "1.0" });
     index.wheel({ name: "raytest-six", version: "6.0" });
+    index.wheel({ name: "torch", version: "9.0" }); // newer than the node's: installed only if the node's were not used
     index.sdist({ name: "raytest-extra", version: "1.0", counter: join(box.root, "extra-builds"), sleep: 1 }); // each build of it counts itself
+    node = await makeNodePython(join(box.root, "node-python"), RAY_PYTHON, [makeDist("wheel", tempDir("gpl-ray-torch-"), { name: "torch", version: "2.4.0" })], box.env);
     // The plugin as pip installs it from its folder (offline: its own in-tree backend), on the node's PYTHONPATH.
     const plugin = tempDir("gpl-ray-plugin-");
     const pip = await run([RAY_PYTHON, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--disable-pip-version-check", "--target", plugin, join(ROOT, "integrations", "ray")], { env: box.env });
@@ -71,46 +84,25 @@ const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
     };
     const gcs = freePort();
     address = `127.0.0.1:${gcs}`;
-    // --block: the cluster lives as long as this process; its group is ended in afterAll.
-    const proc = Bun.spawn(
-      [join(RAY_PYTHON, "..", "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", `--port=${gcs}`, "--num-cpus=1", "--num-gpus=0", "--include-dashboard=false",
-        `--dashboard-agent-listen-port=${freePort()}`, `--temp-dir=${join(box.root, "ray")}`, "--disable-usage-stats"],
-      { env, stdout: "pipe", stderr: "pipe", detached: true },
+    dashboard = `http://127.0.0.1:${freePort()}`;
+    const common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--num-gpus=0", `--temp-dir=${join(box.root, "ray")}`];
+    nodes.push(
+      await startRayNode(node.ray, ["--head", `--port=${gcs}`, ...common, `--resources=${JSON.stringify({ head: 100 })}`, "--include-dashboard=true", "--dashboard-host=127.0.0.1", `--dashboard-port=${dashboard.split(":").at(-1)}`, `--dashboard-agent-listen-port=${freePort()}`], env),
     );
-    head = proc;
-    let said = "";
-    const reader = proc.stdout.getReader();
-    while (!said.includes("Ray runtime started")) {
-      const { value, done } = await reader.read();
-      if (done) throw new Error(`ray start --head ended: ${said}${await new Response(proc.stderr).text()}`);
-      said += new TextDecoder().decode(value);
-    }
-    void (async () => {
-      while (!(await reader.read()).done); // keep draining: a full pipe would stall Ray's head
-    })();
-    void new Response(proc.stderr).text();
+    // The second node, as another machine would be: its own gpulayer home.
+    secondHome = join(box.root, "second-home");
+    nodes.push(await startRayNode(node.ray, [`--address=${address}`, ...common, `--resources=${JSON.stringify({ second: 1 })}`, `--dashboard-agent-listen-port=${freePort()}`], { ...env, GPULAYER_HOME: secondHome }));
     first = await driver("first");
-  }, 240_000);
+  }, 300_000);
 
   afterAll(async () => {
-    if (head) {
-      // Ray's processes share the head's process group; SIGTERM lets them tidy up, then SIGKILL ends any that linger (gcs_server does).
-      const group = (signal: NodeJS.Signals) => {
-        try {
-          process.kill(-head!.pid, signal);
-        } catch {}
-      };
-      group("SIGTERM");
-      await Promise.race([head.exited, Bun.sleep(5_000)]);
-      group("SIGKILL");
-    }
+    for (const n of nodes.reverse()) await stopRayNode(n);
     index?.stop();
   }, 60_000);
 
   test("a task runs in the env `gpulayer env prepare` reports for the same request, with the node's Python linked", async () => {
-    const prepared = await cli(["env", "prepare", "--json", "--local", "-p", "raytest-one", "--index-url", index.url, "--python", RAY_PYTHON], { env });
-    expect(prepared.code).toBe(0);
-    const report = JSON.parse(prepared.stdout);
+    const { code, report } = await prepare(["raytest-one"]);
+    expect(code).toBe(0);
     expect(report.status).toBe("reused");
     expect(first.task).toEqual([report.path, "1.0"]);
   });
@@ -127,9 +119,38 @@ const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
     expect(readFileSync(join(box.root, "extra-builds"), "utf8").trim().split("\n").length).toBe(1);
   });
 
-  test("a bad requirement fails the task with gpulayer's line, as Ray's runtime_env setup error", () => {
+  test("a bad requirement fails the task with gpulayer's own line, as Ray's runtime_env setup error", async () => {
+    const { code, report } = await prepare(["raytest-missing==1"]);
+    expect(code).not.toBe(0);
+    expect(report.error.message).toContain("raytest-missing");
     expect(first.bad).toContain("RuntimeEnvSetupError");
-    expect(first.bad).toMatch(/gpulayer: .*raytest-missing/);
+    expect(first.bad).toContain(`gpulayer: ${report.error.message}`);
+  });
+
+  test("a task pinned to a second node runs in the env that node's gpulayer prepared", () => {
+    const [prefix, nodeId] = first.second;
+    expect(first.second_node).toEqual([nodeId]);
+    expect(readyKeys(secondHome).map((k) => join(secondHome, "envs-v1", k))).toContain(prefix);
+    expect(prefix).not.toBe(first.task[0]);
+  });
+
+  test("`ray job submit` with the gpulayer runtime_env: the entrypoint's python is the env's", async () => {
+    const runtimeEnv = JSON.stringify({ gpulayer: { pip: ["raytest-one"], index_url: index.url } });
+    const submitted = await run(
+      [node.ray, "job", "submit", `--address=${dashboard}`, `--runtime-env-json=${runtimeEnv}`, "--", "python", "-c", "import sys, raytest_one; print('PREFIX=' + sys.prefix)"],
+      { env },
+    );
+    expect(submitted.code).toBe(0);
+    const { report } = await prepare(["raytest-one"]);
+    expect(`${submitted.stdout}${submitted.stderr}`).toContain(`PREFIX=${report.path}\n`);
+  }, 120_000);
+
+  test("torch asked for is the node's: imported from the node's site-packages, not installed into the env", () => {
+    const [prefix, torchFile, version] = first.torch;
+    expect(version).toBe("2.4.0");
+    expect(torchFile.startsWith(`${node.sitePackages}/`)).toBe(true);
+    expect(readyKeys(box.home).map((k) => join(box.home, "envs-v1", k))).toContain(prefix);
+    expect(existsSync(join(prefix, "lib", node.sitePackages.split("/").at(-2)!, "site-packages", "torch"))).toBe(false);
   });
 
   test("a second Ray job reuses the env: nothing fetched or built again", async () => {

@@ -139,3 +139,6 @@ class GpulayerPlugin(RuntimeEnvPlugin):
             raise RuntimeError("gpulayer: the env was not prepared before the worker started")
         # Ray execs the worker through `bash -c`: the path is quoted for it.
         context.py_executable = shlex.quote(python)
+        # A job's entrypoint (`ray job submit -- python x.py`) is a shell command its supervisor runs with
+        # the worker's environment: `python` there must be the env's too. Ray expands ${PATH} at the worker's start.
+        context.env_vars["PATH"] = os.path.dirname(python) + ":" + context.env_vars.get("PATH", "${PATH}")
