@@ -190,8 +190,12 @@ for (const [name, dialect] of dialects) {
       expect(await store.artifacts.claimOf(key, "/envs/x")).toEqual({ worker: "w1", workerId: "w1", taskId: "t1" });
       await store.artifacts.release(key, "/envs/x", "w2");
       expect(await store.artifacts.builder(key, "/envs/x")).toBe("w1");
-      await store.artifacts.dropClaimsOf("w1");
+      // A wheel's compile claim (its sdist and conditions) is one of its own, dropped with the worker's others.
+      expect(await store.wheels.claim(key, key, { id: "w1", name: "w1" }, "t1", 60_000)).toEqual({ granted: true });
+      expect(await store.wheels.claim(key, key, { id: "w2", name: "w2" }, "t2", 60_000)).toEqual({ granted: false, holder: "w1" });
+      await store.claims.dropAllOf("w1");
       expect(await store.artifacts.builder(key, "/envs/x")).toBeNull();
+      expect(await store.wheels.claimOf(key, key)).toBeNull();
       expect(await store.artifacts.claim(key, "/envs/x", { id: "w3", name: "w3" }, "t3", 60_000, Date.now() - 120_000)).toEqual({ granted: true });
       expect(await store.artifacts.claim(key, "/envs/x", { id: "w2", name: "w2" }, "t2", 60_000)).toEqual({ granted: true });
       await db.close();

@@ -20,6 +20,6 @@ export { installedFiles } from "./request/tree-digest.ts";
 export { holdsCredentials, lostCredentials, redactDeep, redactUrl } from "./request/url-credentials.ts";
 export { acquireEntry } from "./store/cache-entry.ts";
 export { findEnv, keyByPrefix, listEnvs, removeEnv, type EnvEntry } from "./store/inventory.ts";
-export { conditionsDiffer, type ArtifactConditions, type BuildTicket, type FetchedEnv, type Shipping, type ShippingRequest, type SharedWheel, type WheelSharing } from "./store/shipping.ts";
+export { conditionsDiffer, type ArtifactConditions, type BuildTicket, type FetchedEnv, type Shipping, type ShippingRequest, type SharedWheel, type WheelClaim, type WheelSharing } from "./store/shipping.ts";
 export { diskUsage, entryPaths, isReady, lastUsedMs, listKeys, markReady, orphanTmpKeys, readMeta, removeEntryDir, touchFile, touchLastUsed, wheelDocs, wheelLines, type EntryPaths, type EnvMeta } from "./store/store.ts";
 export { environmentRequest, hostRequest, isUrl, refuseOnImage, requestDir, type EnvSettings, type RequestAt } from "./request/request.ts";

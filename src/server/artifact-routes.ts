@@ -3,6 +3,7 @@ import { artifactFault } from "../env/index.ts";
 import type { WorkerRow } from "./store.ts";
 import type { ArtifactRow } from "./artifacts.ts";
 import type { Coordinator } from "./coordinator.ts";
+import { CLAIM_MS } from "./build-claims.ts";
 import { HttpFail } from "./http-fail.ts";
 import { receiveTo } from "./receive.ts";
 
@@ -39,7 +40,6 @@ export interface ArtifactSettings {
 type Caller = { role: "admin" | "user" | "join" } | { role: "worker"; worker: WorkerRow };
 
 const SHA = /^[0-9a-f]{64}$/;
-const CLAIM_MS = 60_000;
 
 const Conditions = v.strictObject({ env_path: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), platform: v.pipe(v.string(), v.maxLength(200)), interpreter: v.pipe(v.string(), v.maxLength(4096)), python: v.pipe(v.string(), v.maxLength(50)), base: v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/)) });
 const GcBody = v.strictObject({ max_bytes: v.optional(v.pipe(v.number(), v.minValue(0))), dry_run: v.optional(v.boolean()) });

@@ -3,6 +3,7 @@ import { readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { ArtifactConditions } from "../env/index-light.ts";
 import { lruOrder } from "../gc/policy.ts";
+import type { BuildClaims, Granted } from "./build-claims.ts";
 
 /**
  * Env artifacts workers uploaded (env/store/artifact.ts), by sha256: the bytes in
@@ -11,7 +12,7 @@ import { lruOrder } from "../gc/policy.ts";
  * per key and conditions (one found unsound is dropped, and the next build's
  * replaces it); kept under a size limit least
  * recently used first (gc/policy.ts lruOrder, as the local cache), never one
- * a download is reading. Claims (a table: every replica sees them) say which worker is building
+ * a download is reading. Build claims (build-claims.ts) say which worker is building
  * a key for a path now, so the others wait for its artifact instead of building too.
  */
 
@@ -49,6 +50,7 @@ export class ArtifactStore {
     private readonly db: Sql,
     root: string,
     readonly local: Local,
+    private readonly claims: BuildClaims,
   ) {
     this.dir = join(root, "artifacts");
   }
@@ -175,29 +177,14 @@ export class ArtifactStore {
     return { count: rows.length, bytes: rows.reduce((n, a) => n + a.bytes, 0) };
   }
 
-  /**
-   * Claim the build of `key` at `envPath` for a worker's task, for `ttlMs`
-   * (renewed by claiming again): granted when no other live claim holds it;
-   * else the holder's name. `release` gives it up. Under the writer lock, so
-   * two replicas never grant one build twice.
-   */
-  claim(key: string, envPath: string, worker: { id: string; name: string }, taskId: string, ttlMs: number, now = Date.now()): Promise<{ granted: true } | { granted: false; holder: string }> {
-    const id = `${key}:${envPath}`;
-    return this.db.exclusive(async (tx) => {
-      const held = await tx.get<{ worker: string; worker_id: string; until: number }>("SELECT worker, worker_id, until FROM artifact_claims WHERE id = ?", id);
-      if (held && Number(held.until) > now && held.worker_id !== worker.id) return { granted: false as const, holder: held.worker };
-      await tx.run(
-        "INSERT INTO artifact_claims (id, worker, worker_id, task_id, until) VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET worker = excluded.worker, worker_id = excluded.worker_id, task_id = excluded.task_id, until = excluded.until",
-        id, worker.name, worker.id, taskId, now + ttlMs,
-      );
-      return { granted: true as const };
-    });
+  /** Claim the build of `key` at `envPath` for a worker's task (server/build-claims.ts). */
+  claim(key: string, envPath: string, worker: { id: string; name: string }, taskId: string, ttlMs: number, now = Date.now()): Promise<Granted> {
+    return this.claims.claim(`${key}:${envPath}`, worker, taskId, ttlMs, now);
   }
 
   /** The live claim on `key` at `envPath`, if any: who holds it, for which task. */
-  async claimOf(key: string, envPath: string, now = Date.now()): Promise<{ worker: string; workerId: string; taskId: string } | null> {
-    const held = await this.db.get<{ worker: string; worker_id: string; task_id: string | null; until: number }>("SELECT worker, worker_id, task_id, until FROM artifact_claims WHERE id = ?", `${key}:${envPath}`);
-    return held && Number(held.until) > now ? { worker: held.worker, workerId: held.worker_id, taskId: held.task_id ?? "" } : null;
+  claimOf(key: string, envPath: string, now = Date.now()): Promise<{ worker: string; workerId: string; taskId: string } | null> {
+    return this.claims.of(`${key}:${envPath}`, now);
   }
 
   /** Remove an artifact found unsound (artifactFault): the next worker that needs its key builds it and its artifact is taken. */
@@ -207,17 +194,11 @@ export class ArtifactStore {
   }
 
   async release(key: string, envPath: string, workerId: string): Promise<void> {
-    await this.db.run("DELETE FROM artifact_claims WHERE id = ? AND worker_id = ?", `${key}:${envPath}`, workerId);
+    await this.claims.release(`${key}:${envPath}`, workerId);
   }
 
   /** Who is building it now, if anyone. */
   async builder(key: string, envPath: string, now = Date.now()): Promise<string | null> {
-    const held = await this.db.get<{ worker: string; until: number }>("SELECT worker, until FROM artifact_claims WHERE id = ?", `${key}:${envPath}`);
-    return held && Number(held.until) > now ? held.worker : null;
-  }
-
-  /** A worker that left or was lost holds no claim. */
-  async dropClaimsOf(workerId: string): Promise<void> {
-    await this.db.run("DELETE FROM artifact_claims WHERE worker_id = ?", workerId);
+    return (await this.claimOf(key, envPath, now))?.worker ?? null;
   }
 }

@@ -219,7 +219,7 @@ export class Coordinator {
         return;
       }
       for (const t of await ch.store.activeTasks(w.id)) await this.releaseTask(ch, t, `worker ${w.name} left`, false);
-      await ch.store.artifacts.dropClaimsOf(w.id);
+      await ch.store.claims.dropAllOf(w.id);
       await ch.store.updateWorker(w.id, { state: "left" });
       ch.log(`worker ${w.name} left`);
       await this.dispatch(ch);
@@ -280,8 +280,8 @@ export class Coordinator {
     const { store } = ch;
     // From the state this change read, or not at all: declared lost once, whichever replica sweeps.
     if (!(await store.moveWorker(w.id, w.state, "lost"))) return;
-    // Workers waiting for its env build stop waiting: one of them builds instead.
-    await store.artifacts.dropClaimsOf(w.id);
+    // Workers waiting for its env build or wheel compile stop waiting: one of them builds instead.
+    await store.claims.dropAllOf(w.id);
     ch.log(reason);
     for (const t of await store.activeTasks(w.id)) {
       if (release) await this.releaseTask(ch, t, reason, true);

@@ -3,6 +3,7 @@ import { mkdirSync } from "node:fs";
 import { BundleStore } from "./bundles.ts";
 import { ArtifactStore } from "./artifacts.ts";
 import { WheelStore } from "./wheels.ts";
+import { BuildClaims } from "./build-claims.ts";
 import { TokenStore } from "./tokens.ts";
 import type { Sql, SqlValue } from "./db/sql.ts";
 import { redactDeep, redactUrl } from "../env/index-light.ts";
@@ -166,6 +167,8 @@ export class ServerStore {
   readonly bundles: BundleStore;
   readonly artifacts: ArtifactStore;
   readonly wheels: WheelStore;
+  /** Who builds an env artifact or compiles a wheel now (build-claims.ts). */
+  readonly claims: BuildClaims;
   readonly tokens: TokenStore;
 
   private readonly local: ProcessState;
@@ -180,8 +183,9 @@ export class ServerStore {
     const state = local ?? { bundles: BundleStore.local(), artifacts: ArtifactStore.local(), tokens: TokenStore.local() };
     this.local = state;
     this.bundles = new BundleStore(sql, files, state.bundles);
-    this.artifacts = new ArtifactStore(sql, files, state.artifacts);
-    this.wheels = new WheelStore(sql, files);
+    this.claims = new BuildClaims(sql);
+    this.artifacts = new ArtifactStore(sql, files, state.artifacts, this.claims);
+    this.wheels = new WheelStore(sql, files, this.claims);
     this.tokens = new TokenStore(sql, state.tokens);
     if (!local) for (const dir of [this.bundles.dir, this.artifacts.dir, this.wheels.dir]) mkdirSync(dir, { recursive: true });
   }

@@ -6,6 +6,7 @@ import type { WorkerRow } from "./store.ts";
 import type { WheelRow } from "./wheels.ts";
 import type { Coordinator } from "./coordinator.ts";
 import type { ArtifactSettings } from "./artifact-routes.ts";
+import { CLAIM_MS } from "./build-claims.ts";
 import { HttpFail } from "./http-fail.ts";
 import { receiveTo } from "./receive.ts";
 
@@ -17,10 +18,13 @@ import { receiveTo } from "./receive.ts";
  *   GET  /v1/wheels?name=N&conditions=C        (worker) the wheels of project N under conditions C, any sdist (an offline worker has none)
  *   PUT  /v1/wheels/SHA?task=T&sdist=S&conditions=C  (worker) a wheel compiled for task T, running on it now; its name and inputs in x-gpulayer-wheel
  *   GET  /v1/wheels/SHA                         (worker) the bytes
+ *   POST /v1/wheels/claim                       (worker) {sdist, conditions, task, release?}: compile it here for task T, or wait for the holder
  *   POST /v1/wheels/report                      (worker) {sha}: it refused this wheel; dropped when its bytes no longer match its sha256
  *
- * No build claim: two workers compiling the same wheel at once is only a duplicate compile, and the second
- * upload is answered 409. The server checks the digest as the bytes come; the fetching worker checks it again.
+ * As env artifacts (artifact-routes.ts): a compile claim is taken only for a task the worker runs now, and a wheel
+ * is taken only from the worker holding the live claim of its sdist and conditions, for the task named in it; the
+ * others wait for its wheel, or claim once its holder lets go or is lost. A duplicate upload is answered 409. The
+ * server checks the digest as the bytes come; the fetching worker checks it again.
  */
 
 type Caller = { role: "admin" | "user" | "join" } | { role: "worker"; worker: WorkerRow };
@@ -30,6 +34,7 @@ const NAME = /^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/;
 const Inputs = v.strictObject({ imported: v.array(v.pipe(v.string(), v.maxLength(400))), files: v.array(v.pipe(v.string(), v.maxLength(4200))), missing: v.array(v.pipe(v.string(), v.maxLength(400))) });
 const Entry = v.strictObject({ name: v.pipe(v.string(), v.regex(NAME)), wheel: v.pipe(v.string(), v.regex(/^[A-Za-z0-9_.+!-]+\.whl$/), v.maxLength(300)), seconds: v.pipe(v.number(), v.minValue(0)), inputs: Inputs });
 const ReportBody = v.strictObject({ sha: v.pipe(v.string(), v.regex(SHA)) });
+const ClaimBody = v.strictObject({ sdist: v.pipe(v.string(), v.regex(SHA)), conditions: v.pipe(v.string(), v.regex(SHA)), task: v.optional(v.pipe(v.string(), v.maxLength(200))), release: v.optional(v.boolean()) });
 
 const reply = (data: unknown, status = 200) => Response.json(data, { status });
 
@@ -54,6 +59,19 @@ export async function wheelRoute(req: Request, url: URL, sub: string | undefined
     }
     if (!SHA.test(sdist ?? "")) throw new HttpFail(400, "sdist, conditions: sha256 digests");
     return reply({ share: settings.share, wheels: settings.share ? (await store.forSdist(sdist!, conditions)).map(view) : [] });
+  }
+  if (sub === "claim" && method === "POST") {
+    const claim = await body(ClaimBody);
+    if (claim.release) return await store.release(claim.sdist, claim.conditions, w.id), reply({ released: true });
+    if (!settings.share) return reply({ granted: true });
+    const taskId = claim.task ?? "";
+    const held = await store.claimOf(claim.sdist, claim.conditions);
+    // A renewal of the worker's own claim for the same task goes on while its wheel uploads; a new claim needs a task running now.
+    if (!(held?.workerId === w.id && held.taskId === taskId)) {
+      const task = taskId ? await coord.store.task(taskId) : null;
+      if (!task || task.workerId !== w.id || (task.state !== "assigned" && task.state !== "running")) throw new HttpFail(403, `a compile claim is taken only for a task this worker is running now${taskId ? ` (task ${taskId} is not)` : " (the claim names none)"}`);
+    }
+    return reply(await store.claim(claim.sdist, claim.conditions, { id: w.id, name: w.name }, taskId, CLAIM_MS));
   }
   if (sub === "report" && method === "POST") {
     const { sha } = await body(ReportBody);
@@ -82,9 +100,8 @@ async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: 
   const conditions = url.searchParams.get("conditions") ?? "";
   const taskId = url.searchParams.get("task") ?? "";
   if (!SHA.test(sdist) || !SHA.test(conditions)) throw new HttpFail(400, "sdist, conditions: sha256 digests");
-  // Only from a build a task of this worker runs now: a worker cannot plant wheels outside its own work.
-  const task = taskId ? await coord.store.task(taskId) : null;
-  if (!task || task.workerId !== w.id || (task.state !== "assigned" && task.state !== "running")) throw new HttpFail(403, `a wheel is taken only from a task this worker is running now${taskId ? ` (task ${taskId} is not)` : " (the upload names none)"}`);
+  // Only from a compile a task of this worker claimed (for a task it ran then): a worker cannot plant wheels outside its own work.
+  await holdsClaim(coord, w, sdist, conditions, taskId);
   let entry: v.InferOutput<typeof Entry>;
   try {
     entry = v.parse(Entry, JSON.parse(Buffer.from(req.headers.get("x-gpulayer-wheel") ?? "", "base64").toString("utf8")));
@@ -99,11 +116,23 @@ async function upload(req: Request, url: URL, sha: string, w: WorkerRow, coord: 
   try {
     const received = await receiveTo(req, settings.maxBytes, tmp, `the wheel is larger than coordinator.artifacts_max_size (${settings.maxBytes} bytes)`);
     if (received.hash !== sha) throw new HttpFail(400, "wheel refused: its content does not match its sha256");
+    // Checked again now the bytes are in: the claim may have lapsed, another upload of the same build may have finished meanwhile.
+    await holdsClaim(coord, w, sdist, conditions, taskId);
+    if (await store.existing(sdist, conditions, inputsHash)) return reply({ sha256: sha, stored: false, reason: "a wheel of this build arrived first" }, 409);
     renameSync(tmp, store.path(sha));
     await store.add({ sha, sdist, conditions, inputsHash, name: entry.name, wheel: entry.wheel, entry: JSON.stringify({ seconds: entry.seconds, inputs: entry.inputs }), bytes: received.bytes, builtBy: w.name });
   } finally {
     rmSync(tmp, { force: true });
   }
+  await store.release(sdist, conditions, w.id);
   const trimmed = await store.trim(settings.maxBytes);
   return reply({ sha256: sha, stored: true, trimmed }, 201);
+}
+
+/** Refused (403) unless `w` holds the live compile claim of `sdist` under `conditions`, taken for `taskId`. */
+async function holdsClaim(coord: Coordinator, w: WorkerRow, sdist: string, conditions: string, taskId: string): Promise<void> {
+  const held = await coord.store.wheels.claimOf(sdist, conditions);
+  if (held?.workerId === w.id && held.taskId === taskId && taskId) return;
+  const why = !held ? "no compile claim of it is held" : held.workerId !== w.id ? `${held.worker} holds its compile claim` : "this worker's claim of it is for another task";
+  throw new HttpFail(403, `wheel refused: sdist ${sdist.slice(0, 12)} is taken only from the compile a task of this worker claimed, while it holds the claim; ${why}`);
 }

@@ -2,13 +2,15 @@ import type { Sql } from "./db/sql.ts";
 import { rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { lruOrder } from "../gc/policy.ts";
+import type { BuildClaims, Granted } from "./build-claims.ts";
 
 /**
  * Wheels workers compiled without build isolation (env/build/wheelhouse.ts), by sha256: the bytes in the
  * server's home beside the env artifacts, a row each (the sdist's digest, the conditions hash of the
  * interpreter and build variables, what the build imported, who compiled it). One per sdist, conditions and
  * inputs (a duplicate compile on two workers is answered 409); kept under the artifacts' size limit, least
- * recently used first, as env artifacts are (server/artifacts.ts).
+ * recently used first, as env artifacts are (server/artifacts.ts). A build claim on an sdist under one set of
+ * conditions (build-claims.ts) says which worker compiles it now: the others wait for its wheel.
  */
 
 export interface WheelRow {
@@ -32,6 +34,7 @@ export class WheelStore {
   constructor(
     private readonly db: Sql,
     root: string,
+    private readonly claims: BuildClaims,
   ) {
     this.dir = join(root, "wheels");
   }
@@ -112,4 +115,20 @@ export class WheelStore {
     }
     return removed;
   }
+
+  /** Claim the compile of `sdist` under `conditions` for a worker's task (build-claims.ts). */
+  claim(sdist: string, conditions: string, worker: { id: string; name: string }, taskId: string, ttlMs: number): Promise<Granted> {
+    return this.claims.claim(claimId(sdist, conditions), worker, taskId, ttlMs);
+  }
+
+  claimOf(sdist: string, conditions: string): Promise<{ worker: string; workerId: string; taskId: string } | null> {
+    return this.claims.of(claimId(sdist, conditions));
+  }
+
+  release(sdist: string, conditions: string, workerId: string): Promise<void> {
+    return this.claims.release(claimId(sdist, conditions), workerId);
+  }
 }
+
+/** Beside env artifacts' `KEY:PATH` claims in one table, never one of theirs. */
+const claimId = (sdist: string, conditions: string) => `wheel:${sdist}:${conditions}`;

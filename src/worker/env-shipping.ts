@@ -5,7 +5,7 @@ import { InstallError } from "../errors.ts";
 import { packEnv, unpackedMetaMismatch, unpackEnv } from "../env/index.ts";
 import { type ArtifactConditions, type BuildTicket, conditionsDiffer, type FetchedEnv, type Shipping, type ShippingRequest } from "../env/index.ts";
 import { entryPaths } from "../env/index.ts";
-import { downloadChecked, putShared, type ShippingSettings } from "./shipping-transfer.ts";
+import { downloadChecked, putShared, RENEW_MS, type ShippingSettings } from "./shipping-transfer.ts";
 import { wheelSharing } from "./wheel-shipping.ts";
 
 /**
@@ -37,9 +37,8 @@ interface Listing {
   builders: string[];
 }
 
-/** How long a wait for another worker's build looks again, and how often a claim is renewed. */
+/** How long a wait for another worker's build looks again. */
 const POLL_MS = 1000;
-const RENEW_MS = 20_000;
 
 export function workerShipping(s: ShippingSettings, taskId: string): Shipping | undefined {
   if (!s.share && !s.offline) return undefined;

@@ -15,6 +15,9 @@ export interface ShippingSettings {
   uploads: Set<Promise<void>>;
 }
 
+/** How often a build claim (an env's, a wheel's) is renewed while its build runs and uploads: well inside the server's 60 s (server/build-claims.ts). */
+export const RENEW_MS = 20_000;
+
 /** What was downloaded is not what its sha256 names (the server's copy is damaged, or it lies). */
 export class DigestMismatch extends Error {}
 

@@ -1,6 +1,6 @@
 import { rmSync } from "node:fs";
-import type { SharedWheel, WheelSharing } from "../env/index.ts";
-import { DigestMismatch, downloadChecked, putShared, type ShippingSettings as AllSettings } from "./shipping-transfer.ts";
+import type { SharedWheel, WheelClaim, WheelSharing } from "../env/index.ts";
+import { DigestMismatch, downloadChecked, putShared, RENEW_MS, type ShippingSettings as AllSettings } from "./shipping-transfer.ts";
 
 /** What of the env shipping's settings the wheels use. */
 type ShippingSettings = Pick<AllSettings, "client" | "share" | "log" | "uploads">;
@@ -8,8 +8,8 @@ type ShippingSettings = Pick<AllSettings, "client" | "share" | "log" | "uploads"
 /**
  * A joined worker's side of the fleet's wheels (env/build/wheelhouse.ts, server/wheel-routes.ts): list the
  * wheels of an sdist under this interpreter and build variables, fetch one (its sha256 checked as it comes; a
- * mismatch is reported, and the server drops it once it finds the same), and upload each wheel compiled here
- * for this task in the background. Under the env artifacts' switch (worker.share_envs).
+ * mismatch is reported, and the server drops it once it finds the same), claim a compile for this task (the
+ * others wait for its wheel), and upload each wheel compiled here under its claim in the background. Under the env artifacts' switch (worker.share_envs).
  */
 
 export function wheelSharing(s: ShippingSettings, taskId: string): WheelSharing | undefined {
@@ -24,12 +24,35 @@ export function wheelSharing(s: ShippingSettings, taskId: string): WheelSharing 
       return got.share ? got.wheels : [];
     },
     fetch: (wheel, file, signal) => fetchWheel(s, wheel, file, signal),
-    share: (sdist, conditions, file, entry) => {
+    claim: async (sdist, conditions, signal) => {
+      const got = await s.client.json<{ granted: boolean; holder?: string }>("POST", "/v1/wheels/claim", { sdist, conditions, task: taskId }, { signal });
+      return got.granted ? { claim: claimed(s, taskId, sdist, conditions) } : { holder: got.holder ?? "another worker" };
+    },
+  };
+}
+
+/** The compile is ours: renew the claim while it runs and while its wheel uploads (the server takes it only under the claim), then let the claim go. */
+function claimed(s: ShippingSettings, taskId: string, sdist: string, conditions: string): WheelClaim {
+  const renew = setInterval(() => void s.client.json("POST", "/v1/wheels/claim", { sdist, conditions, task: taskId }).catch(() => undefined), RENEW_MS);
+  renew.unref();
+  let released = false;
+  const release = () => {
+    if (released) return;
+    released = true;
+    clearInterval(renew);
+    void s.client.json("POST", "/v1/wheels/claim", { sdist, conditions, release: true }).catch(() => undefined);
+  };
+  return {
+    share: (file, entry) => {
       const upload = shareWheel(s, taskId, sdist, conditions, file, entry)
         .catch((error) => s.log(`wheel ${entry.wheel}: not shared (${(error as Error).message})`))
-        .finally(() => s.uploads.delete(upload));
+        .finally(() => {
+          release();
+          s.uploads.delete(upload);
+        });
       s.uploads.add(upload);
     },
+    release,
   };
 }
 

@@ -7,7 +7,8 @@ import { InstallError } from "../../errors.ts";
 import { buildVariables, type DeferredBuild } from "../request/no-isolation.ts";
 import { normalizeName } from "../request/canonical.ts";
 import type { BuildPlan } from "./build-plan.ts";
-import type { SharedWheel } from "../store/shipping.ts";
+import type { SharedWheel, WheelClaim, WheelSharing } from "../store/shipping.ts";
+import { sleep } from "../../core/sleep.ts";
 import { type BuildInputs, inputsHold, readBuildInputs, recordingHook } from "./build-inputs.ts";
 import { pipCommand } from "./pip-path.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
@@ -132,7 +133,7 @@ export async function buildDeferred(plan: BuildPlan, deferred: DeferredBuild[], 
       const conditions = conditionsHash(plan);
       const dir = join(plan.wheelhouse!, sdistDigest, conditions);
       let found = takeOut(lookUp(dir, siteDirs), into);
-      const fetched = found ? null : await fromFleet(plan, sdistDigest, conditions, dir, siteDirs, into, hooks);
+      const { fetched, claim } = found ? { fetched: null, claim: null } : await fleetOrClaim(plan, d.name, sdistDigest, conditions, dir, siteDirs, into, hooks);
       if (fetched) {
         found = fetched.found;
         reports.push({ name: d.name, wheel: found.entry.wheel, from: "fleet", builtBy: fetched.builtBy, seconds: found.entry.seconds, builtAgainst: found.entry.inputs.imported });
@@ -144,14 +145,20 @@ export async function buildDeferred(plan: BuildPlan, deferred: DeferredBuild[], 
         const hook = recordingHook(join(into, "record"));
         const out = join(into, "wheel");
         const started = performance.now();
-        await tool(["wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "--progress-bar", "off", "-w", out, sdist], `building ${d.name} without build isolation failed`, { PYTHONPATH: hook.pythonPath, GPULAYER_BUILD_RECORD: hook.records });
+        let wheel: string | undefined;
+        try {
+          await tool(["wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "--progress-bar", "off", "-w", out, sdist], `building ${d.name} without build isolation failed`, { PYTHONPATH: hook.pythonPath, GPULAYER_BUILD_RECORD: hook.records });
+          wheel = readdirSync(out).find((f) => f.endsWith(".whl"));
+          if (!wheel) throw new InstallError(`building ${d.name} gave no wheel`, "");
+        } catch (error) {
+          claim?.release();
+          throw error;
+        }
         const seconds = (performance.now() - started) / 1000;
-        const wheel = readdirSync(out).find((f) => f.endsWith(".whl"));
-        if (!wheel) throw new InstallError(`building ${d.name} gave no wheel`, "");
         const inputs = readBuildInputs(hook.records, siteDirs, work);
         mkdirSync(dir, { recursive: true });
         found = { path: keep(dir, join(out, wheel), { name: d.name, wheel, seconds, built: new Date().toISOString(), inputs }), entry: { name: d.name, wheel, seconds, built: "", inputs } };
-        plan.wheelSharing?.share(sdistDigest, conditions, found.path, { name: d.name, wheel, seconds, inputs });
+        claim?.share(found.path, { name: d.name, wheel, seconds, inputs });
         reports.push({ name: d.name, wheel, from: "compiled", seconds, builtAgainst: inputs.imported });
       }
       // By path: no installer's cache has a say in which wheel this env gets.
@@ -163,12 +170,55 @@ export async function buildDeferred(plan: BuildPlan, deferred: DeferredBuild[], 
   return reports;
 }
 
+/** How often a wait for another worker's compile looks for its wheel again. */
+const WAIT_POLL_MS = 1000;
+
+/**
+ * On a miss here: the fleet's wheel, else the compile claimed for this task (null: compiled unclaimed, as where
+ * nothing is shared or the server could not be asked). While another worker holds the claim, its wheel is waited
+ * for, looked for again each second, until it is there or its claim goes (its compile failed, or its worker was
+ * lost: the server drops a lost worker's claims, and a claim not renewed lapses): then this worker claims and compiles.
+ */
+async function fleetOrClaim(plan: BuildPlan, name: string, sdist: string, conditions: string, dir: string, siteDirs: string[], into: string, hooks: BuildHooks): Promise<{ fetched: Awaited<ReturnType<typeof fromFleet>>; claim: WheelClaim | null }> {
+  const sharing = plan.wheelSharing;
+  if (!sharing) return { fetched: null, claim: null };
+  /** Wheels fetched and refused here: not tried again. */
+  const tried = new Set<string>();
+  let waitedFor: string | null = null;
+  for (;;) {
+    const fetched = await fromFleet(plan, sdist, conditions, dir, siteDirs, into, hooks, tried);
+    if (fetched) return { fetched, claim: null };
+    let got: Awaited<ReturnType<WheelSharing["claim"]>>;
+    try {
+      got = await sharing.claim(sdist, conditions, plan.signal);
+    } catch (error) {
+      plan.signal?.throwIfAborted();
+      hooks.onStep?.("building", `here: the compile of ${name} could not be claimed (${(error as Error).message})`);
+      return { fetched: null, claim: null };
+    }
+    if ("claim" in got) {
+      // The compiler before us may have uploaded and let go between our listing and our claim: look once more.
+      const again = await fromFleet(plan, sdist, conditions, dir, siteDirs, into, hooks, tried);
+      if (again) {
+        got.claim.release();
+        return { fetched: again, claim: null };
+      }
+      if (waitedFor) hooks.onStep?.("building", `here: ${waitedFor} left no wheel of ${name} that fits here`);
+      return { fetched: null, claim: got.claim };
+    }
+    if (!waitedFor) hooks.onStep?.("waiting", `for ${got.holder}, which is compiling ${name} from the same sdist for this Python and these build variables`);
+    waitedFor = got.holder;
+    await sleep(WAIT_POLL_MS);
+    plan.signal?.throwIfAborted();
+  }
+}
+
 /**
  * On a miss here: a wheel of the same sdist, interpreter and build variables another worker compiled, whose
  * build's inputs hold here too (checked before the fetch, from what the server lists), its digest checked as it
  * comes, then kept in this wheelhouse. Any failure is a miss, its reason in the build's steps: the build compiles.
  */
-async function fromFleet(plan: BuildPlan, sdist: string, conditions: string, dir: string, siteDirs: string[], into: string, hooks: BuildHooks): Promise<{ found: { path: string; entry: WheelEntry }; builtBy: string } | null> {
+async function fromFleet(plan: BuildPlan, sdist: string, conditions: string, dir: string, siteDirs: string[], into: string, hooks: BuildHooks, tried: Set<string>): Promise<{ found: { path: string; entry: WheelEntry }; builtBy: string } | null> {
   const sharing = plan.wheelSharing;
   if (!sharing) return null;
   let listed: SharedWheel[];
@@ -180,7 +230,8 @@ async function fromFleet(plan: BuildPlan, sdist: string, conditions: string, dir
     return null;
   }
   for (const w of listed) {
-    if (!/^[A-Za-z0-9_.+!-]+\.whl$/.test(w.wheel) || !holdsHere(w.inputs, siteDirs)) continue;
+    if (tried.has(w.sha256) || !/^[A-Za-z0-9_.+!-]+\.whl$/.test(w.wheel) || !holdsHere(w.inputs, siteDirs)) continue;
+    tried.add(w.sha256);
     const file = join(into, "fleet", w.wheel);
     try {
       mkdirSync(join(into, "fleet"), { recursive: true });

@@ -74,8 +74,20 @@ export interface WheelSharing {
   listByName(name: string, conditions: string, signal?: AbortSignal): Promise<SharedWheel[]>;
   /** The wheel's bytes into `file`, its sha256 checked as they come; throws (and leaves no file) when it does not match. */
   fetch(wheel: SharedWheel, file: string, signal?: AbortSignal): Promise<void>;
-  /** A wheel compiled here, uploaded in the background (the build goes on). */
-  share(sdist: string, conditions: string, file: string, entry: Omit<SharedWheel, "sha256" | "bytes" | "built_by" | "sdist">): void;
+  /**
+   * Claim the compile of `sdist` under `conditions` for this task, so workers needing it at the same moment
+   * compile it once: the claim (renewed while it compiles and its wheel uploads), or who holds it now (wait for its
+   * wheel). Throws when the server cannot be asked.
+   */
+  claim(sdist: string, conditions: string, signal?: AbortSignal): Promise<{ claim: WheelClaim } | { holder: string }>;
+}
+
+/** A compile claimed for this worker's task. */
+export interface WheelClaim {
+  /** The wheel compiled here: uploaded in the background (the build goes on), the claim let go once it is in. */
+  share(file: string, entry: Omit<SharedWheel, "sha256" | "bytes" | "built_by" | "sdist">): void;
+  /** The compile failed: let the claim go (a waiting worker compiles). */
+  release(): void;
 }
 
 export interface ArtifactConditions {
