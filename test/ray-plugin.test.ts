@@ -49,7 +49,7 @@ const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
     torch: [string, string, string];
   };
 
-  const driver = async (mode: "first" | "again") => {
+  const driver = async (mode: "first" | "again" | "held") => {
     const r = await run([node.python, DRIVER, address, mode, index.url], { env });
     if (r.code !== 0) throw new Error(`driver ${mode} exited ${r.code}: ${r.stderr.slice(-3000)}`);
     return JSON.parse(r.stdout.trim().split("\n").at(-1)!);
@@ -65,6 +65,7 @@ const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
     index = new PackageIndex(join(box.root, "index")).start();
     index.wheel({ name: "raytest-one", version: "1.0" });
     index.wheel({ name: "raytest-six", version: "6.0" });
+    index.wheel({ name: "raytest-held", version: "3.0" });
     index.wheel({ name: "torch", version: "9.0" }); // newer than the node's: installed only if the node's were not used
     index.sdist({ name: "raytest-extra", version: "1.0", counter: join(box.root, "extra-builds"), sleep: 1 }); // each build of it counts itself
     node = await makeNodePython(join(box.root, "node-python"), RAY_PYTHON, [makeDist("wheel", tempDir("gpl-ray-torch-"), { name: "torch", version: "2.4.0" })], box.env);
@@ -161,4 +162,17 @@ const sh = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
     expect(readyKeys(box.home).length).toBe(envs);
     expect(index.requests.length).toBe(fetched);
   }, 120_000);
+
+  // Last: its gc empties the head's cache of everything no worker uses.
+  test("gc keeps an env while a Ray worker runs in it (the worker's lease), and removes it once the worker has ended", async () => {
+    const held = await driver("held");
+    expect(held.there).toBe(true);
+    expect(held.use).toBe("3.0");
+    const key = held.prefix.split("/").at(-1);
+    const skipped = held.during.skipped.find((s: { id?: string }) => s.id === key);
+    expect(JSON.stringify(skipped?.reasons)).toContain("ray worker");
+    expect(held.during.removed.some((r: { id?: string }) => r.id === key)).toBe(false);
+    expect(held.gone).toBe(true);
+    expect(held.after.removed.some((r: { id?: string }) => r.id === key)).toBe(true);
+  }, 180_000);
 });

@@ -15,6 +15,10 @@ import { identify, mayBeRunning, recordedStart } from "./process-identity.ts";
  * namespace, as locks do), its holder refreshes the file's mtime every
  * HEARTBEAT_MS, and elsewhere it counts as live until that stops for
  * FOREIGN_STALE_MS.
+ *
+ * A contract with integrations/ray: its Ray workers write `<pid>-ray` here
+ * from a shell, `{"pid": N, "holder": "..."}` and nothing else; such a lease
+ * holds while that pid runs on this machine.
  */
 /** Where leases live: `$GPULAYER_HOME/leases` (a HomeLayout is one). */
 export interface LeaseHome {

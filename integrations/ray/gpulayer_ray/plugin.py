@@ -95,6 +95,19 @@ def _failure(stdout: bytes, stderr: bytes, code: int) -> str:
         return "gpulayer: " + (lines[-1] if lines else f"env prepare exited with code {code}")
 
 
+def leased_python(python: str, env_path: str, key: str) -> str:
+    """The worker's command: the env's python, after a lease on the env in the worker's own pid.
+
+    Ray execs the worker through `bash -c "exec <py_executable> ARGS"`. This puts a shell first that
+    writes a lease file (gpulayer's src/core/lease.ts: `<home>/leases/env/<key>/<pid>-<name>`, JSON with
+    the pid and a holder) naming its own pid, then execs the python in that same pid. While the worker
+    lives, `gpulayer gc` keeps the env; once it ends, gc sweeps the lease (its pid is not running).
+    """
+    leases = os.path.join(os.path.dirname(os.path.dirname(env_path)), "leases", "env", key)
+    script = 'umask 077; mkdir -p "$1" 2>/dev/null && printf \'{"pid":%d,"holder":"ray worker %d"}\' $$ $$ >"$1/$$-ray" 2>/dev/null; shift; exec "$@"'
+    return " ".join(shlex.quote(a) for a in ["/bin/sh", "-c", script, "gpulayer-lease", leases, python])
+
+
 class GpulayerPlugin(RuntimeEnvPlugin):
     name = "gpulayer"
 
@@ -130,15 +143,15 @@ class GpulayerPlugin(RuntimeEnvPlugin):
             raise RuntimeError(_failure(stdout, stderr, proc.returncode))
         report = json.loads(stdout)
         logger.info("gpulayer: env %s %s in %ss", report["path"], report["status"], report["seconds"])
-        self._pythons[self._key(runtime_env)] = report["python"]
+        self._pythons[self._key(runtime_env)] = (report["python"], report["path"], report["key"])
         return 0  # the env's disk is gpulayer's to account for (gpulayer gc), not Ray's URI cache
 
     def modify_context(self, uris: List[str], runtime_env, context, logger: logging.Logger) -> None:
-        python = self._pythons.get(self._key(runtime_env))
-        if python is None:
+        prepared = self._pythons.get(self._key(runtime_env))
+        if prepared is None:
             raise RuntimeError("gpulayer: the env was not prepared before the worker started")
-        # Ray execs the worker through `bash -c`: the path is quoted for it.
-        context.py_executable = shlex.quote(python)
+        python, path, key = prepared
+        context.py_executable = leased_python(python, path, key)
         # A job's entrypoint (`ray job submit -- python x.py`) is a shell command its supervisor runs with
         # the worker's environment: `python` there must be the env's too. Ray expands ${PATH} at the worker's start.
         context.env_vars["PATH"] = os.path.dirname(python) + ":" + context.env_vars.get("PATH", "${PATH}")
