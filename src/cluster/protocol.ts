@@ -45,9 +45,24 @@ export const WORKER_STATES = ["idle", "busy", "draining", "lost", "left"] as con
 export type WorkerState = (typeof WORKER_STATES)[number];
 
 /** What a worker's env cache holds, as it reports it (with its heartbeats, when it changed): for the dashboard and /metrics. */
+/** What a worker fetched on joining (worker.prefetch_envs): `wanted` the most it fetches, `planned` those the server listed for it. */
+export interface WorkerPrefetch {
+  state: "prefetching" | "done" | "off" | "failed";
+  wanted: number;
+  planned: number;
+  /** Fetched now, or already here (ready, or made by a job meanwhile). */
+  fetched: number;
+  present: number;
+  bytes: number;
+  keys: string[];
+  /** Why it is off or failed. */
+  reason?: string;
+}
+
 export interface WorkerCache {
   bytes: number;
   entries: number;
+  prefetch?: WorkerPrefetch;
   /** python and requirements_file: what tells two envs of one request apart (absent from workers older than them). */
   envs: { key: string; summary: string; bytes: number; last_used: string | null; state: string; python?: { version: string; path: string } | null; requirements_file?: { path: string; digest: string } | null }[];
 }

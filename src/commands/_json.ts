@@ -338,6 +338,19 @@ export const WorkerEntry = v.strictObject({
   running: num,
   free_gpus: v.array(num),
   probe: ProbeDocument,
+  /** What it fetched on joining (worker.prefetch_envs); null when it prefetches nothing or has not reported yet. */
+  prefetch: v.nullable(
+    v.strictObject({
+      state: v.picklist(["prefetching", "done", "off", "failed"]),
+      wanted: num,
+      planned: num,
+      fetched: num,
+      present: num,
+      bytes: num,
+      keys: v.array(str),
+      reason: v.optional(str),
+    }),
+  ),
 });
 
 export const WorkersDocument = v.array(WorkerEntry);

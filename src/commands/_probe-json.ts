@@ -34,5 +34,6 @@ export function workersJson(workers: WorkerView[]): WorkersDoc {
     running: w.running,
     free_gpus: w.free_gpus,
     probe: probeJson(w.probe),
+    prefetch: w.cache?.prefetch ?? null,
   }));
 }

@@ -24,6 +24,7 @@ const args = {
   token: { type: "string", valueHint: "TOKEN", description: "Refused: a token on the command line is readable by every process on the machine; use --token-file" },
   "run-as": { type: "string", valueHint: "USER", description: "Run jobs as this OS user (the worker runs as root; else GPULAYER_WORKER_RUN_AS)" },
   offline: { type: "boolean", description: "This worker has no package index: it fetches the envs other workers built, and builds only an env that needs compiled wheels, from theirs (else GPULAYER_OFFLINE)" },
+  "prefetch-envs": { type: "string", valueHint: "N", description: "On joining, fetch the fleet's N most used envs this worker can use, in the background, before a job needs them (else GPULAYER_PREFETCH_ENVS; default 0)" },
   python: { type: "string", valueHint: "PATH", description: "The worker's default Python (its torch/CUDA); jobs' envs link to it" },
   name: { type: "string", description: "This worker's name (default: the host name)" },
   label: { type: "string", valueHint: "K=V", description: "A label jobs can ask for with --label (repeatable)" },
@@ -61,7 +62,7 @@ export default defineCommand({
     // Before anything else: a job of the same user may not read this process's environment or memory.
     forbidDumps();
     useNormalJitPolicy();
-    const ctx = await commandContext({ python: a.python, token_file: a["token-file"], "worker.run_as": a["run-as"], "worker.metrics_listen": a["metrics-listen"], ...(a.offline ? { "worker.offline": "true" } : {}) });
+    const ctx = await commandContext({ python: a.python, token_file: a["token-file"], "worker.run_as": a["run-as"], "worker.metrics_listen": a["metrics-listen"], "worker.prefetch_envs": a["prefetch-envs"], ...(a.offline ? { "worker.offline": "true" } : {}) });
     const { layout, values } = ctx;
     const saved = loadWorkerSettings(layout);
     const settings = mergeWorkerSettings(saved, { python: values.python, name: a.name, labels: parseLabels(repeated(rawArgs, ["--label"])) });
@@ -106,6 +107,7 @@ export default defineCommand({
       keepWorkdirs: values["worker.keep_workdirs"],
       shareEnvs: values["worker.share_envs"],
       offline: values["worker.offline"],
+      prefetch: { count: values["worker.prefetch_envs"], python: probe.python?.path ?? null, env: ctx.childEnv, cwd: ctx.cwd },
       heartbeatMs: ctx.settings.origins["coordinator.heartbeat"].source === "default" ? undefined : values["coordinator.heartbeat"],
       drainSeconds: values["worker.drain"] / 1000,
       onLog: (m) => out.log.info(m),

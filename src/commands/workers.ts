@@ -1,7 +1,7 @@
 import { defineCommand } from "citty";
 import { remoteTarget } from "../cluster/client.ts";
 import { listArtifacts, listWorkers, waitForWorkers } from "../cluster/workers-client.ts";
-import { formatLabels } from "../cluster/protocol.ts";
+import { formatLabels, type WorkerPrefetch } from "../cluster/protocol.ts";
 import { printable } from "../ui/escape.ts";
 import { UsageError } from "../errors.ts";
 import { formatAgo, formatBytes, Output, table } from "../ui/output.ts";
@@ -22,6 +22,13 @@ function count(flag: string, value: string): number {
   const n = Number(value);
   if (!/^\d+$/.test(value.trim()) || n < 1) throw new UsageError(`${flag} takes a whole number of at least 1, not ${JSON.stringify(value)}`);
   return n;
+}
+
+function prefetchLine(p: WorkerPrefetch): string {
+  const got = `${p.fetched} fetched (${formatBytes(p.bytes)})${p.present ? `, ${p.present} here already` : ""}`;
+  if (p.state === "prefetching") return `prefetching ${p.fetched + p.present}/${p.planned || p.wanted}`;
+  if (p.state === "done") return `${got} of ${p.wanted} wanted${p.planned < p.wanted ? ` (the fleet has ${p.planned} that fit)` : ""}`;
+  return `${p.state}${p.reason ? `: ${printable(p.reason)}` : ""}${p.fetched ? `; ${got}` : ""}`;
 }
 
 export default defineCommand({
@@ -52,7 +59,9 @@ export default defineCommand({
       const shared = artifacts
         ? [`artifacts  ${artifacts.count} (${formatBytes(artifacts.bytes)} of ${formatBytes(artifacts.max_bytes)}${artifacts.share ? "" : "; sharing is off"})${built.size ? `, built by ${[...built].map(([n, c]) => `${n} (${c})`).join(", ")}` : ""}`, ...(artifacts.wheels ? [`wheels     ${artifacts.wheels.count} (${formatBytes(artifacts.wheels.bytes)}), compiled without build isolation`] : [])]
         : [];
-      return [...table(rows), ...shared];
+      // What each worker fetched on joining (worker.prefetch_envs), where it prefetches at all.
+      const prefetched = workers.flatMap((w) => (w.cache?.prefetch ? [`prefetch   ${w.name}: ${prefetchLine(w.cache.prefetch)}`] : []));
+      return [...table(rows), ...shared, ...prefetched];
     });
   },
 });

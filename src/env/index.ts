@@ -11,3 +11,4 @@ export { ToolStopped, installFailure, runTool } from "./build/run-tool.ts";
 export { UV_VERSION, findUv, pinnedUvPath } from "./build/uv-tool.ts";
 export { machinePipSettings, originsOf, relocatingOptions, translateForUv, type PipSettings } from "./request/pip-config.ts";
 export { artifactFault, fileSha256, packEnv, unpackEnv, unpackedMetaMismatch } from "./store/artifact.ts";
+export { entryConditions, hostConditions, prefetchEnv, type HostConditions } from "./store/prefetch.ts";

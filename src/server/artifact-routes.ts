@@ -12,6 +12,8 @@ import { receiveTo } from "./receive.ts";
  * server/artifacts.ts).
  *
  *   GET  /v1/artifacts?key=K&path=P   (worker) what there is for K, who builds it now, who could
+ *   GET  /v1/artifacts/popular?limit=N&envs=D&platform=..&interpreter=..&python=..&base=..
+ *                                     (worker) the N most used artifacts it may unpack (worker.prefetch_envs)
  *   POST /v1/artifacts/claim          (worker) {key, path, task, release?}: build it here for task T, or wait for the holder
  *   PUT  /v1/artifacts/SHA?task=T&key=K  (worker) the artifact of a build for task T, its conditions in x-gpulayer-conditions
  *   POST /v1/artifacts/report         (worker) {sha, reason}: it refused this artifact; dropped when the server finds it unsound too
@@ -42,6 +44,9 @@ type Caller = { role: "admin" | "user" | "join" } | { role: "worker"; worker: Wo
 const SHA = /^[0-9a-f]{64}$/;
 
 const Conditions = v.strictObject({ env_path: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), platform: v.pipe(v.string(), v.maxLength(200)), interpreter: v.pipe(v.string(), v.maxLength(4096)), python: v.pipe(v.string(), v.maxLength(50)), base: v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/)) });
+const PopularQuery = v.strictObject({ limit: v.pipe(v.string(), v.regex(/^\d{1,4}$/), v.transform(Number), v.minValue(1)), envs: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), platform: v.pipe(v.string(), v.maxLength(200)), interpreter: v.pipe(v.string(), v.maxLength(4096)), python: v.pipe(v.string(), v.maxLength(50)), base: v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/)) });
+/** How far back jobs count towards an env's use (what a joining worker prefetches). */
+const POPULAR_WINDOW_MS = 7 * 86_400_000;
 const GcBody = v.strictObject({ max_bytes: v.optional(v.pipe(v.number(), v.minValue(0))), dry_run: v.optional(v.boolean()) });
 const ClaimBody = v.strictObject({ key: v.pipe(v.string(), v.regex(SHA)), path: v.pipe(v.string(), v.startsWith("/"), v.maxLength(4096)), task: v.optional(v.pipe(v.string(), v.maxLength(200))), release: v.optional(v.boolean()) });
 const ReportBody = v.strictObject({ sha: v.pipe(v.string(), v.regex(SHA)), reason: v.pipe(v.string(), v.maxLength(2000)) });
@@ -75,6 +80,15 @@ export async function artifactRoute(req: Request, url: URL, sub: string | undefi
     user();
     const t = await store.totals();
     return reply({ share: settings.share, max_bytes: settings.maxBytes, count: t.count, bytes: t.bytes, artifacts: (await store.list()).map(view), wheels: await coord.store.wheels.totals() });
+  }
+  if (sub === "popular" && method === "GET") {
+    worker();
+    if (!settings.share) return reply({ share: false, artifacts: [] });
+    const q = v.safeParse(PopularQuery, Object.fromEntries(url.searchParams));
+    if (!q.success) throw new HttpFail(400, `${v.getDotPath(q.issues[0]) ?? "query"}: ${q.issues[0].message}`);
+    const { limit, ...want } = q.output;
+    const found = await store.popular(want, limit, Date.now() - POPULAR_WINDOW_MS);
+    return reply({ share: true, artifacts: found.map((a) => ({ ...view(a), uses: a.uses })) });
   }
   if (sub === "claim" && method === "POST") {
     const w = worker();

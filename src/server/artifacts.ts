@@ -79,6 +79,25 @@ export class ArtifactStore {
     return (await this.db.all("SELECT * FROM artifacts ORDER BY last_used")).map((r) => this.row(r));
   }
 
+  /**
+   * What a joining worker prefetches (worker.prefetch_envs): the artifacts it may unpack (its conditions, each at
+   * `envs/<key>`), most used first. Used: the jobs created since `since` whose env was that key (jobs.env_key, from
+   * their task.prepare.finished), a job of tasks counting each task; a tie (an env prepared but not yet run) goes to
+   * the most recently fetched.
+   */
+  async popular(want: Omit<ArtifactConditions, "env_path"> & { envs: string }, limit: number, since: number): Promise<(ArtifactRow & { uses: number })[]> {
+    const uses = new Map((await this.db.all("SELECT env_key, COUNT(*) AS n FROM jobs WHERE env_key IS NOT NULL AND created >= ? GROUP BY env_key", since)).map((r) => [String(r.env_key), Number(r.n)]));
+    const envs = want.envs.replace(/\/+$/, "");
+    const fits = (await this.list()).filter((a) => a.conditions.env_path === `${envs}/${a.key}` && a.conditions.platform === want.platform && a.conditions.interpreter === want.interpreter && a.conditions.python === want.python && a.conditions.base === want.base);
+    const ranked = fits.map((a) => ({ ...a, uses: uses.get(a.key) ?? 0 })).sort((x, y) => y.uses - x.uses || y.lastUsed - x.lastUsed);
+    const there: (ArtifactRow & { uses: number })[] = [];
+    for (const a of ranked) {
+      if (there.length >= limit) break;
+      if (await this.hasFile(a.sha)) there.push(a);
+    }
+    return there;
+  }
+
   /** A row whose file went missing is dropped: the key is built again. */
   private async hasFile(sha: string): Promise<boolean> {
     try {

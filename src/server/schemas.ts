@@ -104,6 +104,18 @@ export const HeartbeatSchema = v.object({
     v.object({
       bytes: v.number(),
       entries: v.number(),
+      prefetch: v.optional(
+        v.object({
+          state: v.picklist(["prefetching", "done", "off", "failed"]),
+          wanted: v.number(),
+          planned: v.number(),
+          fetched: v.number(),
+          present: v.number(),
+          bytes: v.number(),
+          keys: v.pipe(v.array(v.pipe(v.string(), v.maxLength(64))), v.maxLength(1000)),
+          reason: v.optional(v.pipe(v.string(), v.maxLength(2000))),
+        }),
+      ),
       envs: v.pipe(
         v.array(
           v.object({

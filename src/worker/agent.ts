@@ -1,5 +1,5 @@
 import { ClusterClient, isUnavailable, Replicas } from "../cluster/client.ts";
-import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment, WorkerCache } from "../cluster/protocol.ts";
+import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment, WorkerCache, WorkerPrefetch } from "../cluster/protocol.ts";
 import { listEnvs } from "../env/index-light.ts";
 import type { WorkerMetricsSource } from "./metrics.ts";
 import type { HomeLayout } from "../config/paths.ts";
@@ -13,6 +13,7 @@ import { TaskChannel } from "./channel.ts";
 import { Outbox } from "./outbox.ts";
 import { startJobTask, startPrepareTask, type TaskHandle, type WorkerContext } from "./tasks.ts";
 import { printable } from "../ui/escape.ts";
+import { prefetchEnvs, type PrefetchSettings } from "./prefetch.ts";
 
 /**
  * The worker's loop (`gpulayer join URL`): register with the probe (as the
@@ -41,6 +42,8 @@ export interface AgentOptions {
   /** worker.share_envs and worker.offline (worker/env-shipping.ts). */
   shareEnvs: boolean;
   offline: boolean;
+  /** worker.prefetch_envs (worker/prefetch.ts): count 0, none. */
+  prefetch: PrefetchSettings;
   /** coordinator.heartbeat when set on this machine: it wins over what the server asks. */
   heartbeatMs?: number;
   drainSeconds: number;
@@ -73,6 +76,9 @@ export class Agent {
   private leaseMs = Number.POSITIVE_INFINITY;
   private lastContact = Date.now();
   private fenced = false;
+  /** What the prefetch on joining did so far (worker/prefetch.ts), reported with the cache; stopped when the worker stops. */
+  private prefetched: WorkerPrefetch | null = null;
+  private readonly prefetchAbort = new AbortController();
 
   /** The server's replicas, shared by every client of this worker: after a failover all of them talk to the one that answers. */
   private readonly replicas: Replicas;
@@ -95,6 +101,7 @@ export class Agent {
     } else this.log(`${signal}: taking no more work${this.tasks.size ? `; letting ${this.tasks.size} task(s) finish (up to ${this.opts.drainSeconds} s, ${signal} again to hand them back now)` : ""}`);
     this.stopping = true;
     this.pollAbort.abort();
+    this.prefetchAbort.abort();
     this.wake?.();
   }
 
@@ -135,8 +142,24 @@ export class Agent {
     }
   }
 
+  private shipping() {
+    return { layout: this.opts.layout, client: this.client!, offline: this.opts.offline, share: this.opts.shareEnvs, log: (m: string) => this.log(m), uploads: this.uploads };
+  }
+
+  /** In the background, beside the poll for work: each change goes with the next heartbeat. */
+  private async prefetch(): Promise<void> {
+    // After the first poll for work is on its way: probing the Python for the conditions is synchronous.
+    await new Promise((r) => setImmediate(r));
+    const done = await prefetchEnvs(this.shipping(), this.opts.prefetch, (state) => {
+      this.prefetched = state;
+      this.cacheReadAt = 0;
+    }, this.prefetchAbort.signal);
+    if (done.state !== "done" && !this.stopping) this.log(`prefetching envs: ${done.state}${done.reason ? ` (${done.reason})` : ""}`);
+    else if (done.state === "done") this.log(`prefetching envs: done, ${done.fetched} fetched, ${done.present} here already, of ${done.wanted} wanted`);
+  }
+
   private context(): WorkerContext {
-    const shipping = { layout: this.opts.layout, client: this.client!, offline: this.opts.offline, share: this.opts.shareEnvs, log: (m: string) => this.log(m), uploads: this.uploads };
+    const shipping = this.shipping();
     return { layout: this.opts.layout, client: this.client!, gpus: this.opts.probe.gpus, runner: this.opts.runner, bundleLimits: this.opts.bundleLimits, outbox: this.outbox, keepWorkdirs: this.opts.keepWorkdirs, shipping, log: (m) => this.log(m) };
   }
 
@@ -169,6 +192,7 @@ export class Agent {
     const report: WorkerCache = {
       bytes: envs.reduce((n, e) => n + e.sizeBytes, 0),
       entries: envs.length,
+      ...(this.prefetched ? { prefetch: this.prefetched } : {}),
       envs: envs.slice(0, 1000).map((e) => ({ key: e.key, summary: e.summary.slice(0, 200), bytes: e.sizeBytes, last_used: e.lastUsed, state: e.state, python: e.python, requirements_file: e.requirementsFile })),
     };
     const text = JSON.stringify(report);
@@ -261,6 +285,7 @@ export class Agent {
     await this.deliverLeftOver();
     await this.register();
     const beats = this.heartbeats();
+    const prefetching = this.opts.prefetch.count > 0 ? this.prefetch() : null;
     // One line per outage, not one a second: the heartbeat says when the server answers again.
     let failedWith: string | null = null;
     try {
@@ -293,6 +318,7 @@ export class Agent {
       this.beatWake?.();
     }
     await beats.catch(() => {});
+    await prefetching;
   }
 
   private contact(): void {

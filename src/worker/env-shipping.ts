@@ -23,7 +23,7 @@ import { wheelSharing } from "./wheel-shipping.ts";
 
 export type { ShippingSettings };
 
-interface ArtifactView {
+export interface ArtifactView {
   sha256: string;
   bytes: number;
   built_by: string;
@@ -191,7 +191,7 @@ async function share(s: ShippingSettings, taskId: string, req: ShippingRequest):
 }
 
 /** Download into a file beside the fetch folder, checking the digest as it comes, then unpack into `req.into`. */
-async function download(s: ShippingSettings, a: ArtifactView, req: ShippingRequest): Promise<FetchedEnv> {
+export async function download(s: ShippingSettings, a: ArtifactView, req: ShippingRequest): Promise<FetchedEnv> {
   const t = performance.now();
   req.onStep?.("fetching", `env ${req.key.slice(0, 12)} from ${a.built_by} (artifact ${a.sha256.slice(0, 12)}, ${(a.bytes / 1024 ** 2).toFixed(1)} MiB)`);
   mkdirSync(req.into, { recursive: true });
