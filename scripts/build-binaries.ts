@@ -8,6 +8,7 @@
  *
  *     release/<version>/gpulayer-<version>-<target>.tar.gz   (each holds the single file `gpulayer`)
  *     release/<version>/install.sh                          (the installer, a release asset too)
+ *     release/<version>/gpulayer_ray-<v>-py3-none-any.whl   (the Ray plugin, integrations/ray; needs python3 here)
  *     release/<version>/SHASUMS256.txt                      (`sha256sum -c SHASUMS256.txt` checks them all)
  *     release/download/v<version> -> ../<version>           these two symlinks make release/ a mirror
  *     release/latest/download     -> ../<version>           with GitHub Releases' URL scheme (see install.sh)
@@ -228,6 +229,21 @@ async function buildLocal(outDir: string, info: BuildInfo): Promise<number> {
   return 0;
 }
 
+/**
+ * integrations/ray as a wheel, a release asset beside the binaries: built by its own in-tree
+ * backend (offline, byte for byte the same from the same sources) with this machine's python3.
+ */
+function rayPluginWheel(versionDir: string): string | { why: string } {
+  const code = "import sys; sys.path.insert(0, sys.argv[1]); import _build; print(_build.build_wheel(sys.argv[2]))";
+  try {
+    const r = Bun.spawnSync(["python3", "-c", code, join(ROOT, "integrations", "ray"), versionDir], { stdout: "pipe", stderr: "pipe" });
+    if (r.exitCode !== 0) return { why: r.stderr.toString().trim().split("\n").at(-1) ?? `python3 exited ${r.exitCode}` };
+    return r.stdout.toString().trim();
+  } catch {
+    return { why: "no python3 here" };
+  }
+}
+
 async function buildRelease(outDir: string, targets: Target[], info: BuildInfo, strict: boolean): Promise<number> {
   const host = hostTarget();
   const versionDir = join(outDir, info.version);
@@ -240,6 +256,7 @@ async function buildRelease(outDir: string, targets: Target[], info: BuildInfo, 
 
   const built: { target: Target; archive: string }[] = [];
   const failed: { target: Target; reason: string }[] = [];
+  let pluginMissing = false;
   const packing: Promise<void>[] = [];
   try {
     // Compile one at a time (each is short), and compress the previous ones meanwhile (gzip -9 takes seconds).
@@ -284,7 +301,12 @@ async function buildRelease(outDir: string, targets: Target[], info: BuildInfo, 
   if (built.length) {
     // The installer is a release asset too: <releases>/latest/download/install.sh is the one-liner's URL.
     copyFileSync(join(ROOT, "install.sh"), join(versionDir, "install.sh"));
-    const names = [...built.map((b) => b.archive), "install.sh"].sort();
+    const plugin = rayPluginWheel(versionDir);
+    if (typeof plugin !== "string") {
+      pluginMissing = true;
+      console.error(`not built: the Ray plugin's wheel (${plugin.why})`);
+    }
+    const names = [...built.map((b) => b.archive), "install.sh", ...(typeof plugin === "string" ? [plugin] : [])].sort();
     const lines: string[] = [];
     for (const name of names) lines.push(`${await sha256File(join(versionDir, name))}  ${name}`);
     writeFileSync(join(versionDir, "SHASUMS256.txt"), `${lines.join("\n")}\n`);
@@ -295,7 +317,7 @@ async function buildRelease(outDir: string, targets: Target[], info: BuildInfo, 
   if (failed.length) console.error(`not built: ${failed.map((f) => f.target).join(", ")}`);
 
   const hostFailed = failed.some((f) => f.target === host);
-  if (!built.length || hostFailed || (strict && failed.length)) return 1;
+  if (!built.length || hostFailed || (strict && (failed.length || pluginMissing))) return 1;
   return 0;
 }
 

@@ -116,13 +116,18 @@ test.skipIf(!HOST)("build-binaries: the host archive, SHASUMS256.txt, no build p
   expect(build.stderr).toContain(`Cross-compiling needs Bun's ${CROSS} runtime`);
 
   const versionDir = join(releaseDir, VERSION);
-  expect(readdirSync(versionDir).sort()).toEqual([ARCHIVE, "SHASUMS256.txt", "install.sh"].sort());
+  // The Ray plugin's wheel (integrations/ray) is a release asset too, with its digest, and holds the plugin.
+  const wheel = readdirSync(versionDir).find((n) => /^gpulayer_ray-[\w.]+-py3-none-any\.whl$/.test(n));
+  expect(readdirSync(versionDir).sort()).toEqual([ARCHIVE, "SHASUMS256.txt", "install.sh", wheel!].sort());
+  const listed = await run(["python3", "-c", "import sys, zipfile; print(*zipfile.ZipFile(sys.argv[1]).namelist())", join(versionDir, wheel!)]);
+  expect(listed.stdout.split(/\s+/)).toContain("gpulayer_ray/plugin.py");
   const sums = readFileSync(join(versionDir, "SHASUMS256.txt"), "utf8");
   expect(sums).toMatch(new RegExp(`^[0-9a-f]{64}  ${ARCHIVE.replaceAll(".", "\\.")}$`, "m"));
   expect(sums).not.toContain(CROSS);
   if (Bun.which("sha256sum")) {
     const check = await run(["sha256sum", "-c", "SHASUMS256.txt"], { cwd: versionDir });
     expect(check.stdout).toContain(`${ARCHIVE}: OK`);
+    expect(check.stdout).toContain(`${wheel}: OK`);
     expect(check.code).toBe(0);
   }
 

@@ -45,10 +45,14 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     info = f"{DIST}-{VERSION}.dist-info"
     entries = list(_files()) + [(f"{info}/METADATA", METADATA.encode()), (f"{info}/WHEEL", WHEEL.encode())]
     record = [_record_line(p, d) for p, d in entries] + [f"{info}/RECORD,,"]
+    # A fixed date on every entry: the same sources give the same wheel, byte for byte (a release asset's digest).
+    def entry(path):
+        return zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0))
+
     with zipfile.ZipFile(os.path.join(wheel_directory, filename), "w", zipfile.ZIP_DEFLATED) as whl:
         for path, data in entries:
-            whl.writestr(path, data)
-        whl.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+            whl.writestr(entry(path), data, zipfile.ZIP_DEFLATED)
+        whl.writestr(entry(f"{info}/RECORD"), "\n".join(record) + "\n", zipfile.ZIP_DEFLATED)
     return filename
 
 
