@@ -132,12 +132,20 @@ try {
 
   // The window: jobs submitted at the rate, open loop (a slow answer delays no later submit).
   const cpu0 = servers.map((s) => cpuSeconds(s.pid));
+  const sims = children.slice(o.replicas);
+  const simCpu0 = sims.reduce((n, p) => n + cpuSeconds(p.pid), 0);
   const submitted = new Map<string, number>();
   const submitMs: number[] = [];
   const submitErrors: Record<string, number> = {};
   let peakRss = servers.map(() => 0);
   let peakConnections = 0;
   const sampleDb = pg ? new Bun.SQL(database!, { max: 1 }) : null;
+  // PostgreSQL's backends serving this database (the servers' pools and their LISTEN): their CPU over the window.
+  const backendCpu = async () => {
+    const rows = sampleDb ? ((await sampleDb.unsafe("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")) as { pid: number }[]) : [];
+    return new Map(rows.map((r) => [r.pid, (() => { try { return cpuSeconds(r.pid); } catch { return 0; } })()]));
+  };
+  const pgCpu0 = await backendCpu();
   const t0 = now();
   const sampler = setInterval(() => {
     peakRss = servers.map((s, i) => Math.max(peakRss[i]!, memoryBytes(s.pid, "VmRSS")));
@@ -164,6 +172,10 @@ try {
   await Bun.sleep(Math.max(0, t0 + o.seconds * 1000 - now()));
   const t1 = now();
   const cpu1 = servers.map((s) => cpuSeconds(s.pid));
+  const pgCpu1 = await backendCpu();
+  const pgCpu = [...pgCpu1].reduce((n, [pid, c]) => n + c - (pgCpu0.get(pid) ?? 0), 0);
+  const simCpu = sims.reduce((n, p) => n + cpuSeconds(p.pid), 0) - simCpu0;
+  const load = readFileSync("/proc/loadavg", "utf8").split(" ")[0]!;
   const endedInWindow = [...ends.values()].filter((at) => at >= t0 && at <= t1).length;
   const backlogAtEnd = [...submitted.values()].filter((at) => at <= t1).length - [...submitted.keys()].filter((id) => (ends.get(id) ?? Infinity) <= t1).length;
   await Promise.all(inFlight);
@@ -172,11 +184,15 @@ try {
   while (now() < drainUntil && [...submitted.keys()].some((id) => !ends.has(id))) await Bun.sleep(100);
   clearInterval(sampler);
   // What the server says of them (its newest 1,000): succeeded, as a real worker's short job would be.
-  const listed = (await (await fetch(`${servers[0]!.url}/v1/jobs?limit=1000`, { headers: { authorization: `Bearer ${userToken}` } })).json()) as { id: string; state: string }[];
   const states: Record<string, number> = {};
-  for (const j of listed.filter((j) => submitted.has(j.id))) states[j.state] = (states[j.state] ?? 0) + 1;
+  try {
+    const listed = (await (await fetch(`${servers[0]!.url}/v1/jobs?limit=1000`, { headers: { authorization: `Bearer ${userToken}` } })).json()) as { id: string; state: string }[];
+    for (const j of listed.filter((j) => submitted.has(j.id))) states[j.state] = (states[j.state] ?? 0) + 1;
+  } catch (error) {
+    states[`not listed (${(error as Error).message.slice(0, 60)})`] = 1;
+  }
   await sampleDb?.close();
-  for (const sim of children.slice(o.replicas)) (sim.stdin as import("bun").FileSink).write("stop\n"), (sim.stdin as import("bun").FileSink).end();
+  for (const sim of sims) (sim.stdin as import("bun").FileSink).write("stop\n"), (sim.stdin as import("bun").FileSink).end();
   await Promise.all(done);
 
   const latency = [...submitted].filter(([id]) => starts.has(id)).map(([id, at]) => starts.get(id)! - at).sort((a, b) => a - b);
@@ -208,7 +224,13 @@ try {
     server_cpu_percent: cpu1.map((c, i) => ((c - cpu0[i]!) / o.seconds) * 100),
     server_peak_rss_mb: servers.map((s, i) => Math.max(peakRss[i]!, memoryBytes(s.pid, "VmHWM")) / 1024 ** 2),
     pg_connections_peak: pg ? peakConnections : null,
+    pg_backends_cpu_percent: pg ? (pgCpu / o.seconds) * 100 : null,
+    /** The simulated workers' own CPU, and the machine's load: on a shared machine, what else competed for the cores. */
+    simulator_cpu_percent: (simCpu / o.seconds) * 100,
+    load_average: Number(load),
     errors,
+    /** A server that ended during the run (its exit code): the run's figures are then of what was left. */
+    servers_exited: children.slice(0, o.replicas).map((c) => c.exitCode).filter((c) => c !== null),
   };
   if (o.json) console.log(JSON.stringify(result, null, 2));
   else {
@@ -217,7 +239,9 @@ try {
     console.log(`dispatch (submit to task start): p50 ${f(result.dispatch_ms.p50)} ms, p99 ${f(result.dispatch_ms.p99)} ms; submit answered p50 ${f(result.submit_ms.p50)} ms, p99 ${f(result.submit_ms.p99)} ms`);
     console.log(`jobs ended: ${result.jobs_per_second.toFixed(1)}/s held (backlog at the end ${backlogAtEnd}); ${result.ended}/${result.submitted} ended after draining; the server lists ${Object.entries(states).map(([k, v]) => `${v} ${k}`).join(", ")} (its newest 1,000)`);
     console.log(`beats: ${result.beats_per_second.toFixed(0)}/s answered, p50 ${f(result.beat_ms.p50)} ms, p99 ${f(result.beat_ms.p99)} ms`);
-    console.log(`server CPU: ${result.server_cpu_percent.map((p) => `${p.toFixed(0)}%`).join(", ")} of a core; peak RSS ${result.server_peak_rss_mb.map((m) => `${m.toFixed(0)} MB`).join(", ")}${pg ? `; PostgreSQL connections (peak) ${peakConnections}` : ""}`);
+    console.log(`server CPU: ${result.server_cpu_percent.map((p) => `${p.toFixed(0)}%`).join(", ")} of a core; peak RSS ${result.server_peak_rss_mb.map((m) => `${m.toFixed(0)} MB`).join(", ")}${pg ? `; PostgreSQL connections (peak) ${peakConnections}, their backends' CPU ${result.pg_backends_cpu_percent!.toFixed(0)}%` : ""}`);
+    console.log(`simulated workers' CPU: ${result.simulator_cpu_percent.toFixed(0)}% of a core; load average ${load}`);
+    if (result.servers_exited.length) console.log(`servers that ended during the run: ${result.servers_exited.length} (exit codes ${result.servers_exited.join(", ")})`);
     console.log(`errors: ${Object.keys(errors).length ? Object.entries(errors).map(([k, v]) => `${k} ×${v}`).join("; ") : "none"}`);
   }
 } finally {
