@@ -177,7 +177,8 @@ try {
   const simCpu = sims.reduce((n, p) => n + cpuSeconds(p.pid), 0) - simCpu0;
   const load = readFileSync("/proc/loadavg", "utf8").split(" ")[0]!;
   const endedInWindow = [...ends.values()].filter((at) => at >= t0 && at <= t1).length;
-  const backlogAtEnd = [...submitted.values()].filter((at) => at <= t1).length - [...submitted.keys()].filter((id) => (ends.get(id) ?? Infinity) <= t1).length;
+  // Every job here is this run's: sent by the window's end, less those ended by then (answered or not yet).
+  const backlogAtEnd = total - [...ends.values()].filter((at) => at <= t1).length;
   await Promise.all(inFlight);
   // Whatever was submitted ends, or 20 s pass.
   const drainUntil = now() + 20_000;
