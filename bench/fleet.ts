@@ -12,7 +12,8 @@
  *
  * Run: bun run bench:fleet --workers 100 --rate 20 --seconds 25 --store postgres --replicas 3
  *   --beat S: the servers' coordinator.heartbeat (default: theirs, 2 s); --job-ms MS: how long a job "runs" (0);
- *   --outputs: each task uploads a small outputs archive; --json: one JSON document on stdout.
+ *   --outputs: each task uploads a small outputs archive; --admin-join: workers register with the server's own
+ *   token rather than a named join token (the server then checks no join token per worker); --json: one JSON document on stdout.
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -26,14 +27,14 @@ const PER_PROCESS = 250;
 
 function options() {
   const { values } = parseArgs({
-    options: { workers: { type: "string", default: "10" }, rate: { type: "string", default: "10" }, seconds: { type: "string", default: "20" }, store: { type: "string", default: "sqlite" }, replicas: { type: "string", default: "1" }, beat: { type: "string" }, "job-ms": { type: "string", default: "0" }, outputs: { type: "boolean", default: false }, json: { type: "boolean", default: false } },
+    options: { workers: { type: "string", default: "10" }, rate: { type: "string", default: "10" }, seconds: { type: "string", default: "20" }, store: { type: "string", default: "sqlite" }, replicas: { type: "string", default: "1" }, beat: { type: "string" }, "job-ms": { type: "string", default: "0" }, outputs: { type: "boolean", default: false }, "admin-join": { type: "boolean", default: false }, json: { type: "boolean", default: false } },
   });
   const count = (name: string, min: number, max: number) => {
     const n = Number(values[name as keyof typeof values]);
     if (!Number.isFinite(n) || n < min || n > max) fail(`--${name} ${values[name as keyof typeof values]}: a number from ${min} to ${max}`);
     return n;
   };
-  const o = { workers: Math.floor(count("workers", 1, 5000)), rate: count("rate", 0.1, 10_000), seconds: count("seconds", 1, 3600), replicas: Math.floor(count("replicas", 1, 10)), jobMs: count("job-ms", 0, 600_000), beat: values.beat === undefined ? null : count("beat", 0.1, 600), store: values.store!, outputs: values.outputs!, json: values.json! };
+  const o = { workers: Math.floor(count("workers", 1, 5000)), rate: count("rate", 0.1, 10_000), seconds: count("seconds", 1, 3600), replicas: Math.floor(count("replicas", 1, 10)), jobMs: count("job-ms", 0, 600_000), beat: values.beat === undefined ? null : count("beat", 0.1, 600), store: values.store!, outputs: values.outputs!, adminJoin: values["admin-join"]!, json: values.json! };
   if (o.store !== "sqlite" && o.store !== "postgres") fail(`--store ${o.store}: sqlite or postgres`);
   if (o.store === "sqlite" && o.replicas > 1) fail("--replicas: replicas share one PostgreSQL; with --store sqlite there is one server");
   return o;
@@ -101,7 +102,7 @@ try {
   const ready: Promise<void>[] = [];
   const done: Promise<void>[] = [];
   for (let first = 0; first < o.workers; first += PER_PROCESS) {
-    const cfg: SimConfig = { urls: servers.map((s) => s.url), token: joinToken, first, count: Math.min(PER_PROCESS, o.workers - first), beatMs: null, jobMs: o.jobMs, outputs: o.outputs };
+    const cfg: SimConfig = { urls: servers.map((s) => s.url), token: o.adminJoin ? admin : joinToken, first, count: Math.min(PER_PROCESS, o.workers - first), beatMs: null, jobMs: o.jobMs, outputs: o.outputs };
     const sim = Bun.spawn([process.execPath, join(ROOT, "bench", "fleet-worker.ts"), JSON.stringify(cfg)], { env: { ...process.env, BUN_CONFIG_MAX_HTTP_REQUESTS: "4096" }, stdin: "pipe", stdout: "pipe", stderr: "inherit" });
     children.push(sim);
     let isReady: () => void = () => {};
@@ -210,6 +211,7 @@ try {
     rate: o.rate,
     seconds: o.seconds,
     heartbeat_seconds: o.beat ?? 2,
+    joined_with: o.adminJoin ? "the server's token" : "a join token",
     joined_seconds: joinedMs / 1000,
     submitted: submitted.size,
     started: latency.length,
