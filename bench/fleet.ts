@@ -187,9 +187,15 @@ try {
   clearInterval(sampler);
   // What the server says of them (its newest 1,000): succeeded, as a real worker's short job would be.
   const states: Record<string, number> = {};
+  const failedBecause: string[] = [];
   try {
     const listed = (await (await fetch(`${servers[0]!.url}/v1/jobs?limit=1000`, { headers: { authorization: `Bearer ${userToken}` } })).json()) as { id: string; state: string }[];
     for (const j of listed.filter((j) => submitted.has(j.id))) states[j.state] = (states[j.state] ?? 0) + 1;
+    // Why a few of them failed, in the server's words.
+    for (const j of listed.filter((j) => submitted.has(j.id) && j.state === "failed").slice(0, 3)) {
+      const status = (await (await fetch(`${servers[0]!.url}/v1/jobs/${j.id}`, { headers: { authorization: `Bearer ${userToken}` } })).json()) as { error: string | null };
+      failedBecause.push(status.error ?? "(no error recorded)");
+    }
   } catch (error) {
     states[`not listed (${(error as Error).message.slice(0, 60)})`] = 1;
   }
@@ -217,6 +223,7 @@ try {
     started: latency.length,
     ended: [...submitted.keys()].filter((id) => ends.has(id)).length,
     server_states: states,
+    failed_because: failedBecause,
     dispatch_ms: { p50: quantile(latency, 0.5), p99: quantile(latency, 0.99), max: latency.at(-1) ?? Number.NaN },
     submit_ms: { p50: quantile(sortedSubmit, 0.5), p99: quantile(sortedSubmit, 0.99) },
     jobs_per_second: endedInWindow / o.seconds,
@@ -241,6 +248,7 @@ try {
     console.log(`\n${o.workers} workers, ${o.store}${o.store === "postgres" ? `, ${o.replicas} replica(s)` : ""}; ${o.rate} jobs/s for ${o.seconds} s (${result.machine})`);
     console.log(`dispatch (submit to task start): p50 ${f(result.dispatch_ms.p50)} ms, p99 ${f(result.dispatch_ms.p99)} ms; submit answered p50 ${f(result.submit_ms.p50)} ms, p99 ${f(result.submit_ms.p99)} ms`);
     console.log(`jobs ended: ${result.jobs_per_second.toFixed(1)}/s held (backlog at the end ${backlogAtEnd}); ${result.ended}/${result.submitted} ended after draining; the server lists ${Object.entries(states).map(([k, v]) => `${v} ${k}`).join(", ")} (its newest 1,000)`);
+    for (const why of failedBecause) console.log(`a job failed: ${why}`);
     console.log(`beats: ${result.beats_per_second.toFixed(0)}/s answered, p50 ${f(result.beat_ms.p50)} ms, p99 ${f(result.beat_ms.p99)} ms`);
     console.log(`server CPU: ${result.server_cpu_percent.map((p) => `${p.toFixed(0)}%`).join(", ")} of a core; peak RSS ${result.server_peak_rss_mb.map((m) => `${m.toFixed(0)} MB`).join(", ")}${pg ? `; PostgreSQL connections (peak) ${peakConnections}, their backends' CPU ${result.pg_backends_cpu_percent!.toFixed(0)}%` : ""}`);
     console.log(`simulated workers' CPU: ${result.simulator_cpu_percent.toFixed(0)}% of a core; load average ${load}`);
