@@ -25,10 +25,15 @@ import type { SimConfig } from "./fleet-worker.ts";
 
 const PER_PROCESS = 250;
 
+const FLAGS = { workers: { type: "string", default: "10" }, rate: { type: "string", default: "10" }, seconds: { type: "string", default: "20" }, store: { type: "string", default: "sqlite" }, replicas: { type: "string", default: "1" }, beat: { type: "string" }, "job-ms": { type: "string", default: "0" }, outputs: { type: "boolean", default: false }, "admin-join": { type: "boolean", default: false }, json: { type: "boolean", default: false } } as const;
+
 function options() {
-  const { values } = parseArgs({
-    options: { workers: { type: "string", default: "10" }, rate: { type: "string", default: "10" }, seconds: { type: "string", default: "20" }, store: { type: "string", default: "sqlite" }, replicas: { type: "string", default: "1" }, beat: { type: "string" }, "job-ms": { type: "string", default: "0" }, outputs: { type: "boolean", default: false }, "admin-join": { type: "boolean", default: false }, json: { type: "boolean", default: false } },
-  });
+  let values: ReturnType<typeof parseArgs<{ options: typeof FLAGS }>>["values"];
+  try {
+    values = parseArgs({ options: FLAGS }).values;
+  } catch (error) {
+    fail((error as Error).message.split("\n")[0]!);
+  }
   const count = (name: string, min: number, max: number) => {
     const n = Number(values[name as keyof typeof values]);
     if (!Number.isFinite(n) || n < min || n > max) fail(`--${name} ${values[name as keyof typeof values]}: a number from ${min} to ${max}`);
