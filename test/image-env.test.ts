@@ -394,7 +394,48 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
     }
   });
 
-  it("what an image cannot honour (a uv project, conda, a Python of its own, no build isolation, a pylock.toml) is refused in one line before anything is pulled or built", async () => {
+  // The lock is read by uv here (uv export): skipped only without uv (CI installs it).
+  (realUv() ? it : test.skip)("a uv project on the image: exactly the lock's packages, for the image's Python; the image's own kept at the locked version; a stale lock refused in one line", async () => {
+    const ref = await imageWithGreetb(name);
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    box.env.GPULAYER_UV = realUv()!;
+    index.wheel({ name: "greetd", version: "1.0", requires: ["greetb"] });
+    index.wheel({ name: "greetd", version: "2.0" });
+    try {
+      const wd = join(box.root, "wd");
+      const app = join(wd, "app");
+      mkdirSync(app, { recursive: true });
+      // greetb as the image has it; greetd 1.0 (not the index's newest) in a group; the project itself is not a package.
+      const pyproject = `[project]\nname = "app"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["greetb==1.0"]\n\n[dependency-groups]\nextra = ["greetd<2"]\n\n[tool.uv]\npackage = false\n\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`;
+      writeFileSync(join(app, "pyproject.toml"), pyproject);
+      const locked = await run(["uv", "lock", "--project", app], { env: box.env, cwd: wd });
+      expect(locked.code, locked.stderr).toBe(0);
+      const job = await cli(["job", "run", "--json", "--image", ref, "--project", "app", "--group", "extra", "--", "python", "-c", "import greetb, greetd; print(greetb.__version__, greetd.__version__)"], { env: box.env, cwd: wd });
+      expect(job.code, job.stderr).toBe(0);
+      expect(job.stderr).toContain("1.0 1.0");
+      const [key] = envDirs(box.home);
+      const shown = JSON.parse((await cli(["env", "show", key!, "--json"], { env: box.env })).stdout);
+      // greetd from the lock, into the env; greetb 1.0 is the image's, as locked: not installed again.
+      expect(shown.installed).toEqual(["greetd==1.0"]);
+      expect(shown.summary).toBe(`uv project app (uv.lock --group extra) on ${ref}`);
+      const again = await cli(["env", "prepare", "--image", ref, "--project", "app", "--group", "extra", "--json"], { env: box.env, cwd: wd });
+      expect(again.code, again.stderr).toBe(0);
+      expect(JSON.parse(again.stdout).env).toMatchObject({ status: "reused", key });
+
+      // pyproject.toml asks for what the lock does not hold: refused in uv's words, nothing kept.
+      writeFileSync(join(app, "pyproject.toml"), pyproject.replace('["greetb==1.0"]', '["greetb==1.0", "greetd"]'));
+      const stale = await cli(["env", "prepare", "--image", ref, "--project", "app"], { env: box.env, cwd: wd });
+      expect(stale.code, stale.stderr).toBe(2);
+      expect(stale.stderr.trim().split("\n").at(-1)).toBe(`error: ${app}/uv.lock: the lockfile needs to be updated: run uv lock`);
+      expect(envDirs(box.home)).toEqual([key!]);
+    } finally {
+      box.cleanup();
+      await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
+    }
+  });
+
+  it("what an image cannot honour (conda, a Python of its own, no build isolation, a pylock.toml) is refused in one line before anything is pulled or built", async () => {
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;
     // An image no engine has: a refusal comes before any pull, so it is never looked for.
@@ -407,7 +448,6 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       writeFileSync(join(wd, "job.yaml"), `command: python3 -c 'import greetb'\nenvironment:\n  python: python3\n`);
       const on = `does not go with an image (${ref})`;
       const cases: [string[], string][] = [
-        [["job", "run", "--image", ref, "--project", "proj", "--", "true"], `a uv project (--project ${join(wd, "proj")}) ${on} yet: run it without --image, or build the image with uv sync`],
         [["job", "run", "--image", ref, "--conda", "base", "-p", "greetb", "--", "true"], `a conda environment (base) ${on}: the env is built for the image's own Python`],
         [["job", "run", "--image", ref, "--python", "python3", "-p", "greetb", "--", "true"], `--python python3 ${on}: the env is built for the image's own Python`],
         [["job", "run", "-f", "job.yaml", "--image", ref], `job.yaml: environment.python (python3) ${on}: the env is built for the image's own Python`],

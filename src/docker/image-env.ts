@@ -9,6 +9,7 @@ import { inputsReport } from "../env/index.ts";
 import { type InterpreterInfo, installedSet } from "../env/index.ts";
 import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../env/index.ts";
 import { scanRequest } from "../env/index.ts";
+import { exportLock, lockedProjectInputs, lockRegistries, projectSummary, projectUvEnv } from "../env/index.ts";
 import type { EnvironmentRequest } from "../env/index.ts";
 import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/index.ts";
 import { installFailure, runTool, ToolStopped } from "../env/index.ts";
@@ -34,7 +35,7 @@ import { type ImagePython, imagePython } from "./image-python.ts";
 export const IMAGE_ENV_MOUNT = "/opt/gpulayer/env";
 
 /** An image env's stage of the request (EnvironmentRequest, env/request/request-schema.ts): its requirements, and the machine's settings for the build. */
-export interface ImageEnvRequest extends Pick<EnvironmentRequest, "requirementsFile" | "specs" | "indexUrl" | "extraIndexUrls" | "findLinks" | "confineTo"> {
+export interface ImageEnvRequest extends Pick<EnvironmentRequest, "requirementsFile" | "specs" | "indexUrl" | "extraIndexUrls" | "findLinks" | "confineTo" | "project" | "groups" | "extras"> {
   /** Where relative paths start; mounted (read-only) into the build, at the same path. */
   cwd: string;
   env: NodeJS.ProcessEnv;
@@ -68,23 +69,32 @@ function asInterpreter(py: ImagePython): InterpreterInfo {
 
 function resolveImageRequest(layout: HomeLayout, imageId: string, py: ImagePython, req: ImageEnvRequest): ResolvedRequest {
   if (req.findLinks.some((f) => !/^https?:\/\//i.test(f))) throw new UsageError("a local --find-links folder does not go with an image yet: give an index (--index-url) the container can reach");
-  const inputs = scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs }, { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo });
+  const ctx = { env: req.env, cwd: req.cwd, digestCache: layout.digests, confine: req.confineTo };
+  // A uv project: its lock is the request (the key's part as on the host); the image's Python installs its export.
+  const project = req.project === undefined ? undefined : { dir: req.project, groups: req.groups ?? [], extras: req.extras ?? [] };
+  if (project && (req.requirementsFile !== undefined || req.specs.length)) throw new UsageError(`--project ${project.dir}: the lock is the whole environment; give no requirements with it`);
+  const locked = project ? lockedProjectInputs(project, ctx) : null;
+  const inputs = locked?.inputs ?? scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs }, ctx);
+  if (project && inputs.locals.length) throw new UsageError(`a uv project whose lock installs local packages (${inputs.locals.map((l) => l.path).join(", ")}) does not go with an image yet: set [tool.uv] package = false for the project itself, publish the others to an index, or build the image with them`);
   if (inputs.locals.length) throw new UsageError("local projects do not go with an image yet: publish them to an index, or build the image with them");
   const flags = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: req.findLinks.map((url) => ({ url })) };
   // Isolated as a host build is: an index named by a flag or a file shuts the machine's pip configuration out.
-  const isolated = Boolean(req.indexUrl || req.extraIndexUrls.length || req.findLinks.length || ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o)));
+  const isolated = Boolean(project || req.indexUrl || req.extraIndexUrls.length || req.findLinks.length || ["--index-url", "--extra-index-url", "--find-links", "--no-index"].some((o) => inputs.optionsSeen.has(o)));
   // Otherwise the build gets the host's configuration (image-installer.ts), so the key covers it as a host key does;
   // none at all keeps the key it had. The image's own pip configuration is part of the image, so of its id.
   const machine = isolated ? null : pipConfigDigest(req.env, { cwd: req.cwd, digestCache: layout.digests });
   const interpreter = asInterpreter(py);
-  const doc = { ...keyDocument({ inputs, flags, interpreter, base: contentHash(py.distributions.join("\n")), installerConfig: machine?.sources.length ? machine.digest : null }), image: imageId };
-  return { key: envKey(doc), doc, summary: requestSummary(inputs), inputs, flags, interpreter, interpreterVia: "image", isolated, conda: null, machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
+  const doc = { ...keyDocument({ inputs, flags, interpreter, base: contentHash(py.distributions.join("\n")), installerConfig: machine?.sources.length ? machine.digest : null, ...(locked ? { project: locked.key } : {}) }), image: imageId };
+  const summary = project ? projectSummary(project) : requestSummary(inputs);
+  return { key: envKey(doc), doc, summary, inputs, flags, interpreter, interpreterVia: "image", isolated, conda: null, ...(project ? { project } : {}), machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
 }
 
 /** Where the host's uv and its cache are, inside a build container. */
 const UV_MOUNT = "/opt/gpulayer/uv";
 const UV_CACHE_MOUNT = "/opt/gpulayer/uv-cache";
 const MARK = "gpulayer-image-standin";
+/** Where a uv project's exported lock is, inside its build container. */
+const LOCK_MOUNT = "/opt/gpulayer/lock";
 
 /**
  * The image's packages shown to uv as installed: a stand-in dist-info (their
@@ -121,10 +131,12 @@ for n in os.listdir(site):
 `;
 
 /** The shell (its -c, script and arguments) that builds the env inside the container: uv when it runs there, else the image's pip. */
-function buildScript(py: ImagePython, req: ImageEnvRequest, withUv: boolean, host: ContainerInstaller): string[] {
+function buildScript(py: ImagePython, req: ImageEnvRequest, withUv: boolean, host: ContainerInstaller, lock: { registries: string[] } | null): string[] {
   const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
-  const index = [...(req.indexUrl ? ["--index-url", req.indexUrl] : []), ...req.extraIndexUrls.flatMap((u) => ["--extra-index-url", u]), ...req.findLinks.flatMap((u) => ["--find-links", u])];
-  const what = [...(req.requirementsFile ? ["-r", resolve(req.cwd, req.requirementsFile)] : []), ...req.specs];
+  // A lock's packages come from its own indexes, exactly the pinned files (their hashes), nothing resolved again.
+  const lockIndex = (lock?.registries ?? []).flatMap((r, i) => [i ? "--extra-index-url" : "--index-url", r.startsWith("/") ? `file://${r}` : r]);
+  const index = lock ? lockIndex : [...(req.indexUrl ? ["--index-url", req.indexUrl] : []), ...req.extraIndexUrls.flatMap((u) => ["--extra-index-url", u]), ...req.findLinks.flatMap((u) => ["--find-links", u])];
+  const what = lock ? ["--no-deps", "--require-hashes", "-r", `${LOCK_MOUNT}/requirements.txt`] : [...(req.requirementsFile ? ["-r", resolve(req.cwd, req.requirementsFile)] : []), ...req.specs];
   const site = `${IMAGE_ENV_MOUNT}/lib/python${py.pyVersion}/site-packages`;
   // The host's settings reach pip as its PIP_* variables (the env file), and uv as its own variables and, first, these arguments.
   const pip = [`${IMAGE_ENV_MOUNT}/bin/python`, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-warn-script-location", ...index, ...what].map(q).join(" ");
@@ -174,18 +186,31 @@ export async function ensureImageEnv(
         hooks.onStep?.("building", `the env inside ${image.ref} with its Python ${py.version}`);
         hooks.onStep?.("building", found.path ? `with ${found.said}, mounted in read-only${py.hasPip ? " (the image's pip where it does not run there)" : ""}` : `with the image's pip (no uv to mount in: ${found.reason})`);
         for (const said of settings.said) hooks.onStep?.("building", `with ${said}`);
+        const project = resolved.project;
+        if (project && !uv) throw new UsageError(`a uv project (--project ${project.dir}) on an image has its lock read by uv here, and there is none: ${found.reason}`);
         const buildStart = performance.now();
         // One name per key: holding the lock, a container of that name is a dead builder's, still writing here; it goes first.
         const name = `gpulayer-envbuild-${resolved.key.slice(0, 16)}`;
         await engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
         removeEntryDir(layout, paths.dir);
         mkdirSync(paths.dir, { recursive: true });
+        // A project's lock, exported here by uv (a stale one refused in uv's words): mounted read-only, with the folders its file:// indexes are.
+        let lock: { registries: string[]; mounts: string[] } | null = null;
+        if (project && uv) {
+          const lockDir = join(paths.tmp, "lock");
+          mkdirSync(lockDir, { recursive: true, mode: 0o700 });
+          hooks.onStep?.("building", `from the lock of ${project.dir}: uv export --locked (exact pins, with their hashes)`);
+          const hostEnv = Object.fromEntries(Object.entries(req.env).filter((e): e is [string, string] => e[1] !== undefined));
+          await exportLock(project, join(lockDir, "requirements.txt"), { uv, env: projectUvEnv(hostEnv, join(lockDir, "no-env"), join(lockDir, "no-config")), cwd: req.cwd, hooks: { onOutput: hooks.onLine }, signal });
+          const registries = lockRegistries(project.dir);
+          lock = { registries, mounts: [`${lockDir}:${LOCK_MOUNT}:ro`, ...registries.filter((r) => r.startsWith("/")).map((r) => `${r}:${r}:ro`)] };
+        }
         const uvCache = uv ? (req.env.UV_CACHE_DIR ?? join(layout.tools, "uv-cache")) : null;
         if (uvCache) mkdirSync(uvCache, { recursive: true });
         // The settings' files and folders, read-only, each once; what is mounted already (the request's folder) is not again.
         const own = new Set([IMAGE_ENV_MOUNT, req.cwd, UV_MOUNT, UV_CACHE_MOUNT]);
         const extra = [...new Map(settings.mounts.map((m) => [m.split(":")[1]!, m])).entries()].filter(([at]) => !own.has(at)).flatMap(([, m]) => ["--volume", m]);
-        const mounts = ["--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, ...(uv ? ["--volume", `${uv}:${UV_MOUNT}:ro`, "--volume", `${uvCache}:${UV_CACHE_MOUNT}`] : []), ...extra];
+        const mounts = ["--volume", `${paths.dir}:${IMAGE_ENV_MOUNT}`, "--volume", `${req.cwd}:${req.cwd}:ro`, ...(uv ? ["--volume", `${uv}:${UV_MOUNT}:ro`, "--volume", `${uvCache}:${UV_CACHE_MOUNT}`] : []), ...extra, ...(lock?.mounts.flatMap((m) => ["--volume", m]) ?? [])];
         // The settings' values by a file of the owner's alone, not in argv: an index URL may hold credentials.
         const envFile = join(paths.tmp, "build.env");
         const variables = Object.entries(settings.env);
@@ -194,7 +219,7 @@ export async function ensureImageEnv(
           writeFileSync(envFile, variables.map(([k, v]) => `${k}=${v.replace(/[\r\n]/g, "")}\n`).join(""), { mode: 0o600 });
           chmodSync(envFile, 0o600);
         }
-        const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, ...mounts, ...(variables.length ? ["--env-file", envFile] : []), "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req, Boolean(uv), settings)];
+        const args = ["run", "--rm", "--name", name, "--pull", "never", "--label", "gpulayer.managed=true", "--network", req.network, ...mounts, ...(variables.length ? ["--env-file", envFile] : []), "--workdir", req.cwd, "--entrypoint", "/bin/sh", image.imageId, ...buildScript(py, req, Boolean(uv), settings, lock)];
         // Stopped (a cancel, a time limit): the engine's CLI is killed, and the container with it, by its name.
         const stop = () => void engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
         signal?.addEventListener("abort", stop, { once: true });
@@ -231,8 +256,9 @@ export async function ensureImageEnv(
         });
         return done("built");
       } catch (error) {
-        // A failure is never reused: nothing of it stays in the cache.
+        // A failure is never reused: nothing of it stays in the cache (an exported lock's folder neither).
         removeEntryDir(layout, paths.dir);
+        rmSync(paths.tmp, { recursive: true, force: true });
         throw error;
       }
     },

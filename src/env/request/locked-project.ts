@@ -87,3 +87,8 @@ export function countLocalSources(inputs: RequestInputs, sources: { kind: "edita
     } else inputs.locals.push({ kind: "archive", path, digest: fileDigest(path, ctx.digestCache, ctx.onHashing), origin });
   }
 }
+
+/** How a project's env is named in reports: `uv project app (uv.lock --group tools --extra fancy)`. */
+export function projectSummary(project: LockedProject): string {
+  return `uv project ${project.dir.split("/").pop()} (uv.lock${[...project.groups.map((g) => ` --group ${g}`), ...project.extras.map((e) => ` --extra ${e}`)].join("")})`;
+}
