@@ -395,7 +395,7 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
   });
 
   // The lock is read by uv here (uv export): skipped only without uv (CI installs it).
-  (realUv() ? it : test.skip)("a uv project on the image: exactly the lock's packages, for the image's Python; the image's own kept at the locked version; a stale lock refused in one line", async () => {
+  (realUv() ? it : test.skip)("a uv project on the image: exactly the lock's packages, for the image's Python; the image's own kept at the locked version, another version shadowed and reported; a stale lock refused in one line", async () => {
     const ref = await imageWithGreetb(name);
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;
@@ -429,6 +429,15 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       expect(stale.code, stale.stderr).toBe(2);
       expect(stale.stderr.trim().split("\n").at(-1)).toBe(`error: ${app}/uv.lock: the lockfile needs to be updated: run uv lock`);
       expect(envDirs(box.home)).toEqual([key!]);
+
+      // A lock that pins another greetb than the image's: the lock's goes into the env, and is reported as shadowing the image's.
+      writeFileSync(join(app, "pyproject.toml"), pyproject.replace('["greetb==1.0"]', '["greetb==2.0"]'));
+      expect((await run(["uv", "lock", "--project", app], { env: box.env, cwd: wd })).code).toBe(0);
+      const newer = await cli(["job", "run", "--json", "--image", ref, "--project", "app", "--", "python", "-c", "import greetb; print(greetb.__version__)"], { env: box.env, cwd: wd });
+      expect(newer.code, newer.stderr).toBe(0);
+      expect(newer.stderr).toContain("2.0");
+      const third = envDirs(box.home).find((k) => k !== key)!;
+      expect(JSON.parse((await cli(["env", "show", third, "--json"], { env: box.env })).stdout)).toMatchObject({ installed: ["greetb==2.0"], shadowed: [{ name: "greetb", worker: "1.0", locked: "2.0" }] });
     } finally {
       box.cleanup();
       await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);

@@ -1,4 +1,4 @@
-import { chmodSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { contentHash } from "../core/hashing.ts";
@@ -17,6 +17,7 @@ import { pipConfigDigest } from "../env/index.ts";
 import { prepareLimit } from "../env/index.ts";
 import { type ContainerInstaller, hostInstallerSettings, uvForImage } from "./image-installer.ts";
 import { type Engine, type EngineEnv, engineExec } from "./engine.ts";
+import { normalizeName, sameVersion } from "../env/index.ts";
 import { type ImagePython, imagePython } from "./image-python.ts";
 
 /**
@@ -30,6 +31,26 @@ import { type ImagePython, imagePython } from "./image-python.ts";
  * mounted at one fixed path, at build and at run time alike, so its scripts
  * and links stay right; read-only into jobs.
  */
+
+/** An image package the lock pins at another version (a local label counts): name (normalised), the image's, the locked. */
+interface Shadowed {
+  name: string;
+  worker: string;
+  locked: string;
+}
+
+/** The image's packages an exported lock (`name==version` lines) pins at another version. */
+function shadowedInImage(py: ImagePython, exported: string): Shadowed[] {
+  const pins = new Map<string, string>();
+  for (const m of exported.matchAll(/^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)/gm)) pins.set(normalizeName(m[1]!), m[2]!);
+  const out: Shadowed[] = [];
+  for (const dist of py.distributions) {
+    const [name, version] = dist.split("==") as [string, string];
+    const locked = pins.get(normalizeName(name));
+    if (locked !== undefined && !sameVersion(locked, version)) out.push({ name: normalizeName(name), worker: version, locked });
+  }
+  return out.sort((a, b) => (a.name < b.name ? -1 : 1));
+}
 
 /** Where an image env is, inside every container that uses it. */
 export const IMAGE_ENV_MOUNT = "/opt/gpulayer/env";
@@ -102,14 +123,17 @@ const LOCK_MOUNT = "/opt/gpulayer/lock";
  * image's Python sees, in the env's own site-packages, where uv looks; uv
  * then keeps what the image has, as pip does through the system site. The
  * stand-ins uv did not replace are removed after (by their INSTALLER mark).
+ * The packages a lock pins at another version (argv[2], normalised names) get
+ * none: uv installs the locked one, as on the host.
  */
 const STANDINS = `
 import importlib.metadata as md, os, re, sys, sysconfig
 site = sys.argv[1]
+shadowed = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else set()
 for d in md.distributions():
     name = d.metadata["Name"]
     text = d.read_text("METADATA") or d.read_text("PKG-INFO")
-    if not name or text is None:
+    if not name or text is None or re.sub(r"[-_.]+", "-", name).lower() in shadowed:
         continue
     folder = os.path.join(site, "%s-%s.dist-info" % (re.sub(r"[-_.]+", "_", name).lower(), d.version))
     if os.path.exists(folder):
@@ -131,19 +155,22 @@ for n in os.listdir(site):
 `;
 
 /** The shell (its -c, script and arguments) that builds the env inside the container: uv when it runs there, else the image's pip. */
-function buildScript(py: ImagePython, req: ImageEnvRequest, withUv: boolean, host: ContainerInstaller, lock: { registries: string[] } | null): string[] {
+function buildScript(py: ImagePython, req: ImageEnvRequest, withUv: boolean, host: ContainerInstaller, lock: { registries: string[]; shadowed: Shadowed[] } | null): string[] {
   const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
   // A lock's packages come from its own indexes, exactly the pinned files (their hashes), nothing resolved again.
   const lockIndex = (lock?.registries ?? []).flatMap((r, i) => [i ? "--extra-index-url" : "--index-url", r.startsWith("/") ? `file://${r}` : r]);
   const index = lock ? lockIndex : [...(req.indexUrl ? ["--index-url", req.indexUrl] : []), ...req.extraIndexUrls.flatMap((u) => ["--extra-index-url", u]), ...req.findLinks.flatMap((u) => ["--find-links", u])];
   const what = lock ? ["--no-deps", "--require-hashes", "-r", `${LOCK_MOUNT}/requirements.txt`] : [...(req.requirementsFile ? ["-r", resolve(req.cwd, req.requirementsFile)] : []), ...req.specs];
+  // pip keeps an image package the lock pins at another version when `==` holds (a local label): then it installs the lock's whole, as uv would.
+  const pipWhat = lock?.shadowed.length ? ["--ignore-installed", ...what] : what;
+  const shadowedNames = lock?.shadowed.length ? ` ${q(lock.shadowed.map((x) => x.name).join(","))}` : "";
   const site = `${IMAGE_ENV_MOUNT}/lib/python${py.pyVersion}/site-packages`;
   // The host's settings reach pip as its PIP_* variables (the env file), and uv as its own variables and, first, these arguments.
-  const pip = [`${IMAGE_ENV_MOUNT}/bin/python`, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-warn-script-location", ...index, ...what].map(q).join(" ");
+  const pip = [`${IMAGE_ENV_MOUNT}/bin/python`, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-warn-script-location", ...index, ...pipWhat].map(q).join(" ");
   const uv = [UV_MOUNT, "pip", "install", "--python", `${IMAGE_ENV_MOUNT}/bin/python`, "--compile-bytecode", ...host.uvArgs, ...index, ...what].map(q).join(" ");
   const viaPip = `echo "gpulayer-installer: pip"; ${pip}`;
   // Every index counts, as in pip (uv's default takes the first index that has a name): as on the host.
-  const viaUv = `echo "gpulayer-installer: uv"; ${q(py.executable)} -c "$1" ${q(site)}; UV_CACHE_DIR=${UV_CACHE_MOUNT} UV_LINK_MODE=copy UV_INDEX_STRATEGY=unsafe-best-match ${uv}; ${q(py.executable)} -c "$2" ${q(site)}`;
+  const viaUv = `echo "gpulayer-installer: uv"; ${q(py.executable)} -c "$1" ${q(site)}${shadowedNames}; UV_CACHE_DIR=${UV_CACHE_MOUNT} UV_LINK_MODE=copy UV_INDEX_STRATEGY=unsafe-best-match ${uv}; ${q(py.executable)} -c "$2" ${q(site)}`;
   // A uv that does not run in this image (another libc or architecture): the image's pip, or, with none, uv's own words.
   const noUv = py.hasPip ? viaPip : `echo "the uv mounted in does not run in this image, whose Python has no pip: $(${UV_MOUNT} --version 2>&1 | tail -n 1)"; exit 1`;
   const install = withUv ? `if ${UV_MOUNT} --version >/dev/null 2>&1; then ${viaUv}; else ${noUv}; fi` : viaPip;
@@ -195,7 +222,7 @@ export async function ensureImageEnv(
         removeEntryDir(layout, paths.dir);
         mkdirSync(paths.dir, { recursive: true });
         // A project's lock, exported here by uv (a stale one refused in uv's words): mounted read-only, with the folders its file:// indexes are.
-        let lock: { registries: string[]; mounts: string[] } | null = null;
+        let lock: { registries: string[]; mounts: string[]; shadowed: Shadowed[] } | null = null;
         if (project && uv) {
           const lockDir = join(paths.tmp, "lock");
           mkdirSync(lockDir, { recursive: true, mode: 0o700 });
@@ -203,7 +230,8 @@ export async function ensureImageEnv(
           const hostEnv = Object.fromEntries(Object.entries(req.env).filter((e): e is [string, string] => e[1] !== undefined));
           await exportLock(project, join(lockDir, "requirements.txt"), { uv, env: projectUvEnv(hostEnv, join(lockDir, "no-env"), join(lockDir, "no-config")), cwd: req.cwd, hooks: { onOutput: hooks.onLine }, signal });
           const registries = lockRegistries(project.dir);
-          lock = { registries, mounts: [`${lockDir}:${LOCK_MOUNT}:ro`, ...registries.filter((r) => r.startsWith("/")).map((r) => `${r}:${r}:ro`)] };
+          const shadowed = shadowedInImage(py, readFileSync(join(lockDir, "requirements.txt"), "utf8"));
+          lock = { registries, shadowed, mounts: [`${lockDir}:${LOCK_MOUNT}:ro`, ...registries.filter((r) => r.startsWith("/")).map((r) => `${r}:${r}:ro`)] };
         }
         const uvCache = uv ? (req.env.UV_CACHE_DIR ?? join(layout.tools, "uv-cache")) : null;
         if (uvCache) mkdirSync(uvCache, { recursive: true });
@@ -236,6 +264,7 @@ export async function ensureImageEnv(
         }
         const installerUsed = ran.lines.includes("gpulayer-installer: uv") ? "uv" : "pip";
         if (ran.code !== 0) throw installFailure(`installing the requirements in image ${image.ref} with its ${installerUsed} failed`, ran.lines);
+        const installed = installedSet([join(paths.dir, "lib", `python${py.pyVersion}`, "site-packages")]);
         markReady(paths, {
           key: resolved.key,
           path: paths.dir,
@@ -251,7 +280,9 @@ export async function ensureImageEnv(
           request: resolved.doc,
           inputs: inputsReport(resolved),
           // What the request put in the env's own site (the stand-ins are gone by now): the image's packages are the image's.
-          installed: installedSet([join(paths.dir, "lib", `python${py.pyVersion}`, "site-packages")]),
+          installed,
+          // The image's packages the lock brought its own version of (as a host env reports the worker's).
+          ...(lock ? { shadowed: lock.shadowed.filter((x) => installed.some((i) => normalizeName(i.split("==")[0]!) === x.name)) } : {}),
           check: [],
         });
         return done("built");
