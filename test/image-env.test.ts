@@ -444,7 +444,7 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
     }
   });
 
-  it("what an image cannot honour (conda, a Python of its own, no build isolation, a pylock.toml) is refused in one line before anything is pulled or built", async () => {
+  it("what an image cannot honour (a lock's local packages, conda, a Python of its own, no build isolation, a pylock.toml) is refused in one line before anything is pulled or built", async () => {
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;
     // An image no engine has: a refusal comes before any pull, so it is never looked for.
@@ -454,9 +454,14 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       mkdirSync(join(wd, "proj"), { recursive: true });
       writeFileSync(join(wd, "proj", "pyproject.toml"), `[project]\nname = "proj"\nversion = "0.1"\ndependencies = ["greetb==2.0"]\n`);
       writeFileSync(join(wd, "pylock.toml"), `lock-version = "1.0"\ncreated-by = "test"\n`);
+      // A project that is a package: its lock installs it (editable), which the image's Python cannot be given.
+      mkdirSync(join(wd, "pkg"));
+      writeFileSync(join(wd, "pkg", "pyproject.toml"), `[project]\nname = "pkg"\nversion = "0.1"\ndependencies = []\n\n[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n`);
+      writeFileSync(join(wd, "pkg", "uv.lock"), `version = 1\nrevision = 3\nrequires-python = ">=3.8"\n\n[[package]]\nname = "pkg"\nversion = "0.1"\nsource = { editable = "." }\n`);
       writeFileSync(join(wd, "job.yaml"), `command: python3 -c 'import greetb'\nenvironment:\n  python: python3\n`);
       const on = `does not go with an image (${ref})`;
       const cases: [string[], string][] = [
+        [["job", "run", "--image", ref, "--project", "pkg", "--", "true"], `a uv project whose lock installs local packages (${join(wd, "pkg")}) ${on} yet: set [tool.uv] package = false for the project itself, publish the others to an index, or build the image with them`],
         [["job", "run", "--image", ref, "--conda", "base", "-p", "greetb", "--", "true"], `a conda environment (base) ${on}: the env is built for the image's own Python`],
         [["job", "run", "--image", ref, "--python", "python3", "-p", "greetb", "--", "true"], `--python python3 ${on}: the env is built for the image's own Python`],
         [["job", "run", "-f", "job.yaml", "--image", ref], `job.yaml: environment.python (python3) ${on}: the env is built for the image's own Python`],

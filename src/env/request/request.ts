@@ -4,6 +4,7 @@ import type { InstallerSetting } from "../build/build-plan.ts";
 import { UsageError } from "../../errors.ts";
 import type { PrepareRequest } from "./lookup.ts";
 import { isPylockFile } from "./pylock.ts";
+import { lockLocalSources } from "./locked-project.ts";
 import type { EnvironmentRequest } from "./request-schema.ts";
 
 export type { EnvironmentRequest } from "./request-schema.ts";
@@ -58,6 +59,9 @@ export function refuseOnImage(request: EnvironmentRequest): void {
   const image = request.image;
   if (image === undefined) return;
   const on = `does not go with an image (${image})`;
+  // The image's Python installs the lock's export: a local package of the lock (the project itself, when it is a package) has no place there.
+  const locals = request.project !== undefined && isAbsolute(request.project) ? lockLocalSources(request.project) : [];
+  if (locals.length) throw new UsageError(`a uv project whose lock installs local packages (${locals.join(", ")}) ${on} yet: set [tool.uv] package = false for the project itself, publish the others to an index, or build the image with them`);
   if (request.conda !== undefined) throw new UsageError(`a conda environment (${request.conda}) ${on}: the env is built for the image's own Python`);
   if (request.python !== undefined) {
     const origin = request.pythonOrigin ?? "--python";
