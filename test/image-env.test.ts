@@ -535,4 +535,36 @@ describe("an image and requirements, through a server", () => {
       await run([engine!, "rmi", "-f", ref, `gpl-test/python-base:${engine}`]);
     }
   });
+
+  // The lock is read by uv on the worker (uv export): skipped only without uv (CI installs it).
+  (realUv() ? it : test.skip)("a uv project on an image through a server: the project and its lock travel in the bundle; the worker's env holds the locked version", async () => {
+    const ref = await imageWithGreetb(engine!);
+    const box = sandbox();
+    const procs: Kept[] = [];
+    const TOKEN = "image-env-server-token-0123456789";
+    index.wheel({ name: "greete", version: "1.0" });
+    index.wheel({ name: "greete", version: "2.0" });
+    try {
+      const fast = { GPULAYER_HEARTBEAT_SECONDS: "0.3", GPULAYER_CONTAINER_ENGINE: engine!, GPULAYER_TOKEN: TOKEN, GPULAYER_UV: realUv()! };
+      const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...box.env, ...fast, GPULAYER_HOME: join(box.root, "server-home") } }), procs);
+      const url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
+      const worker = keepOutput(startCli(["join", url, "--name", "w1", "--python", "python3"], { env: { ...box.env, ...fast, GPULAYER_HOME: join(box.root, "w1-home") } }), procs);
+      await waitFor("the worker", () => worker.out().includes("as w1"));
+      const wd = join(box.root, "wd");
+      mkdirSync(join(wd, "app"), { recursive: true });
+      // Locked at greete 1.0; the index also offers 2.0.
+      writeFileSync(join(wd, "app", "pyproject.toml"), `[project]\nname = "app"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["greete<2"]\n\n[tool.uv]\npackage = false\n\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`);
+      const locked = await run(["uv", "lock", "--project", join(wd, "app")], { env: box.env, cwd: wd });
+      expect(locked.code, locked.stderr).toBe(0);
+      writeFileSync(join(wd, "job.yaml"), ["command: python -c 'import greete; print(\"greete\", greete.__version__)'", "environment:", `  image: ${ref}`, "  project: app", ""].join("\n"));
+      const job = await cli(["job", "run", "-f", "job.yaml", "--json"], { env: { ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN }, cwd: wd });
+      expect(job.code, job.stderr).toBe(0);
+      expect(job.stderr + job.stdout).toContain("greete 1.0");
+      expect(job.stderr).toContain("[w1] building the env inside");
+    } finally {
+      await stopAll(procs);
+      box.cleanup();
+      await run([engine!, "rmi", "-f", ref, `gpl-test/python-base:${engine}`]);
+    }
+  });
 });
