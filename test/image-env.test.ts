@@ -437,7 +437,11 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       expect(newer.code, newer.stderr).toBe(0);
       expect(newer.stderr).toContain("2.0");
       const third = envDirs(box.home).find((k) => k !== key)!;
-      expect(JSON.parse((await cli(["env", "show", third, "--json"], { env: box.env })).stdout)).toMatchObject({ installed: ["greetb==2.0"], shadowed: [{ name: "greetb", worker: "1.0", locked: "2.0" }] });
+      const shadows = [{ name: "greetb", worker: "1.0", locked: "2.0" }];
+      expect(JSON.parse((await cli(["env", "show", third, "--json"], { env: box.env })).stdout)).toMatchObject({ installed: ["greetb==2.0"], shadowed: shadows });
+      expect(JSON.parse(newer.stdout).events.find((e: any) => e.type === "task.prepare.finished").data.shadowed).toEqual(shadows);
+      const prepared = await cli(["env", "prepare", "--image", ref, "--project", "app", "--json"], { env: box.env, cwd: wd });
+      expect(JSON.parse(prepared.stdout).env).toMatchObject({ status: "reused", key: third, shadowed: shadows });
     } finally {
       box.cleanup();
       await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);

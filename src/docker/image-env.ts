@@ -11,7 +11,7 @@ import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../en
 import { scanRequest } from "../env/index.ts";
 import { exportLock, lockedProjectInputs, lockRegistries, projectSummary, projectUvEnv } from "../env/index.ts";
 import type { EnvironmentRequest } from "../env/index.ts";
-import { diskUsage, entryPaths, isReady, markReady, removeEntryDir, touchLastUsed } from "../env/index.ts";
+import { diskUsage, entryPaths, isReady, markReady, readMeta, removeEntryDir, touchLastUsed } from "../env/index.ts";
 import { installFailure, runTool, ToolStopped } from "../env/index.ts";
 import { pipConfigDigest } from "../env/index.ts";
 import { prepareLimit } from "../env/index.ts";
@@ -76,6 +76,8 @@ export interface ImageEnvResult {
   seconds: number;
   python: ImagePython;
   lease?: Lease;
+  /** A uv project's env: the image's packages the lock brings its own version of. */
+  shadowed?: Shadowed[];
 }
 
 export interface ImageEnvHooks {
@@ -192,14 +194,14 @@ export async function ensureImageEnv(
   const py = await imagePython(layout, image.engine, image.imageId, image.ref, opts.engineEnv);
   const resolved = resolveImageRequest(layout, image.imageId, py, req);
   const paths = entryPaths(layout, resolved.key);
-  const done = (status: "built" | "reused") => ({ key: resolved.key, path: paths.dir, mount: IMAGE_ENV_MOUNT, status, seconds: (performance.now() - started) / 1000, python: py });
+  const done = (status: "built" | "reused", shadowed: Shadowed[] | undefined) => ({ key: resolved.key, path: paths.dir, mount: IMAGE_ENV_MOUNT, status, seconds: (performance.now() - started) / 1000, python: py, ...(resolved.project ? { shadowed: shadowed ?? [] } : {}) });
   const { entry, lease } = await acquireEntry({
     lease: opts.leaseHolder ? { layout, kind: "env", id: resolved.key, holder: opts.leaseHolder } : undefined,
     lock: paths.lock,
     reuse: () => {
       if (!isReady(paths)) return null;
       touchLastUsed(paths);
-      return done("reused");
+      return done("reused", resolved.project ? readMeta(paths)?.shadowed : undefined);
     },
     build: async () => {
       step = `building the env inside ${image.ref}`;
@@ -265,6 +267,8 @@ export async function ensureImageEnv(
         const installerUsed = ran.lines.includes("gpulayer-installer: uv") ? "uv" : "pip";
         if (ran.code !== 0) throw installFailure(`installing the requirements in image ${image.ref} with its ${installerUsed} failed`, ran.lines);
         const installed = installedSet([join(paths.dir, "lib", `python${py.pyVersion}`, "site-packages")]);
+        // The image's packages the lock brought its own version of (as a host env reports the worker's).
+        const shadowed = lock?.shadowed.filter((x) => installed.some((i) => normalizeName(i.split("==")[0]!) === x.name));
         markReady(paths, {
           key: resolved.key,
           path: paths.dir,
@@ -281,11 +285,10 @@ export async function ensureImageEnv(
           inputs: inputsReport(resolved),
           // What the request put in the env's own site (the stand-ins are gone by now): the image's packages are the image's.
           installed,
-          // The image's packages the lock brought its own version of (as a host env reports the worker's).
-          ...(lock ? { shadowed: lock.shadowed.filter((x) => installed.some((i) => normalizeName(i.split("==")[0]!) === x.name)) } : {}),
+          ...(shadowed ? { shadowed } : {}),
           check: [],
         });
-        return done("built");
+        return done("built", shadowed);
       } catch (error) {
         // A failure is never reused: nothing of it stays in the cache (an exported lock's folder neither).
         removeEntryDir(layout, paths.dir);
