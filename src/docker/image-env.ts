@@ -1,4 +1,4 @@
-import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { contentHash } from "../core/hashing.ts";
@@ -9,7 +9,8 @@ import { inputsReport } from "../env/index.ts";
 import { type InterpreterInfo, installedSet } from "../env/index.ts";
 import { envKey, keyDocument, requestSummary, type ResolvedRequest } from "../env/index.ts";
 import { scanRequest } from "../env/index.ts";
-import { exportLock, lockedProjectInputs, lockRegistries, projectSummary, projectUvEnv } from "../env/index.ts";
+import { lockedProjectInputs, projectSummary } from "../env/index.ts";
+import { exportForImage, type ImageLock, LOCK_MOUNT, type Shadowed } from "./image-lock.ts";
 import type { EnvironmentRequest } from "../env/index.ts";
 import { diskUsage, entryPaths, isReady, markReady, readMeta, removeEntryDir, touchLastUsed } from "../env/index.ts";
 import { installFailure, runTool, ToolStopped } from "../env/index.ts";
@@ -17,7 +18,7 @@ import { pipConfigDigest } from "../env/index.ts";
 import { prepareLimit } from "../env/index.ts";
 import { type ContainerInstaller, hostInstallerSettings, uvForImage } from "./image-installer.ts";
 import { type Engine, type EngineEnv, engineExec } from "./engine.ts";
-import { normalizeName, sameVersion } from "../env/index.ts";
+import { normalizeName } from "../env/index.ts";
 import { type ImagePython, imagePython } from "./image-python.ts";
 
 /**
@@ -31,26 +32,6 @@ import { type ImagePython, imagePython } from "./image-python.ts";
  * mounted at one fixed path, at build and at run time alike, so its scripts
  * and links stay right; read-only into jobs.
  */
-
-/** An image package the lock pins at another version (a local label counts): name (normalised), the image's, the locked. */
-interface Shadowed {
-  name: string;
-  worker: string;
-  locked: string;
-}
-
-/** The image's packages an exported lock (`name==version` lines) pins at another version. */
-function shadowedInImage(py: ImagePython, exported: string): Shadowed[] {
-  const pins = new Map<string, string>();
-  for (const m of exported.matchAll(/^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)/gm)) pins.set(normalizeName(m[1]!), m[2]!);
-  const out: Shadowed[] = [];
-  for (const dist of py.distributions) {
-    const [name, version] = dist.split("==") as [string, string];
-    const locked = pins.get(normalizeName(name));
-    if (locked !== undefined && !sameVersion(locked, version)) out.push({ name: normalizeName(name), worker: version, locked });
-  }
-  return out.sort((a, b) => (a.name < b.name ? -1 : 1));
-}
 
 /** Where an image env is, inside every container that uses it. */
 export const IMAGE_ENV_MOUNT = "/opt/gpulayer/env";
@@ -116,8 +97,6 @@ function resolveImageRequest(layout: HomeLayout, imageId: string, py: ImagePytho
 const UV_MOUNT = "/opt/gpulayer/uv";
 const UV_CACHE_MOUNT = "/opt/gpulayer/uv-cache";
 const MARK = "gpulayer-image-standin";
-/** Where a uv project's exported lock is, inside its build container. */
-const LOCK_MOUNT = "/opt/gpulayer/lock";
 
 /**
  * The image's packages shown to uv as installed: a stand-in dist-info (their
@@ -157,7 +136,7 @@ for n in os.listdir(site):
 `;
 
 /** The shell (its -c, script and arguments) that builds the env inside the container: uv when it runs there, else the image's pip. */
-function buildScript(py: ImagePython, req: ImageEnvRequest, withUv: boolean, host: ContainerInstaller, lock: { registries: string[]; shadowed: Shadowed[] } | null): string[] {
+function buildScript(py: ImagePython, req: ImageEnvRequest, withUv: boolean, host: ContainerInstaller, lock: ImageLock | null): string[] {
   const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
   // A lock's packages come from its own indexes, exactly the pinned files (their hashes), nothing resolved again.
   const lockIndex = (lock?.registries ?? []).flatMap((r, i) => [i ? "--extra-index-url" : "--index-url", r.startsWith("/") ? `file://${r}` : r]);
@@ -224,16 +203,10 @@ export async function ensureImageEnv(
         removeEntryDir(layout, paths.dir);
         mkdirSync(paths.dir, { recursive: true });
         // A project's lock, exported here by uv (a stale one refused in uv's words): mounted read-only, with the folders its file:// indexes are.
-        let lock: { registries: string[]; mounts: string[]; shadowed: Shadowed[] } | null = null;
+        let lock: ImageLock | null = null;
         if (project && uv) {
-          const lockDir = join(paths.tmp, "lock");
-          mkdirSync(lockDir, { recursive: true, mode: 0o700 });
           hooks.onStep?.("building", `from the lock of ${project.dir}: uv export --locked (exact pins, with their hashes)`);
-          const hostEnv = Object.fromEntries(Object.entries(req.env).filter((e): e is [string, string] => e[1] !== undefined));
-          await exportLock(project, join(lockDir, "requirements.txt"), { uv, env: projectUvEnv(hostEnv, join(lockDir, "no-env"), join(lockDir, "no-config")), cwd: req.cwd, hooks: { onOutput: hooks.onLine }, signal });
-          const registries = lockRegistries(project.dir);
-          const shadowed = shadowedInImage(py, readFileSync(join(lockDir, "requirements.txt"), "utf8"));
-          lock = { registries, shadowed, mounts: [`${lockDir}:${LOCK_MOUNT}:ro`, ...registries.filter((r) => r.startsWith("/")).map((r) => `${r}:${r}:ro`)] };
+          lock = await exportForImage(project, py, join(paths.tmp, "lock"), { uv, env: req.env, cwd: req.cwd, onLine: hooks.onLine, signal });
         }
         const uvCache = uv ? (req.env.UV_CACHE_DIR ?? join(layout.tools, "uv-cache")) : null;
         if (uvCache) mkdirSync(uvCache, { recursive: true });
