@@ -11,7 +11,8 @@
  * The torch worker is made once with the machine's own pip config (which
  * serves torch from a local file) and kept at $TMPDIR/gpulayer-bench-cold.
  *
- * Run: bun run bench/cold.ts   (BENCH_COLD_RUNS=5, BENCH_TORCH_RUNS=3, BENCH_WARM_RUNS=30, BENCH_REBUILD=1)
+ * Run: bun run bench/cold.ts   (BENCH_COLD_RUNS=5, BENCH_TORCH_RUNS=3, BENCH_WARM_RUNS=30, BENCH_REBUILD=1;
+ * BENCH_ONLY=locked runs the locked project alone, BENCH_LOCKED_DEPS=requests,tqdm another lock than transformers)
  */
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -164,50 +165,92 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
 
 /**
  * A uv project locked against the bench's index (`uv lock`, its [[tool.uv.index]] the index): `gpulayer env prepare
- * --project` against raw `uv venv` + `uv sync --frozen`, fresh homes and caches, alternated. Then the warm reuse.
+ * --project` (a fresh home, and a home that has built on this worker before) against raw `uv venv` + `uv sync
+ * --frozen`, without and with `--compile-bytecode` (gpulayer compiles at build), fresh uv caches, alternated. Then
+ * warm: the locked env found again, alternated with the plain warm prepare (`-p tqdm`, built on the same worker).
  */
-async function lockedCase(worker: string, deps: string[], runs: number, warmRuns: number): Promise<{ cold: [string, Stats][]; warm: Stats }> {
+async function lockedCase(worker: string, deps: string[], runs: number, warmRuns: number): Promise<{ cold: [string, Stats][]; warm: [string, Stats][]; packages: number }> {
   const proj = join(work, "locked-project");
   mkdirSync(proj, { recursive: true });
   writeFileSync(join(proj, "pyproject.toml"), `[project]\nname = "bench-locked"\nversion = "0.1"\nrequires-python = ">=3.11"\ndependencies = [${deps.map((d) => JSON.stringify(d)).join(", ")}]\n\n[tool.uv]\npackage = false\n\n[[tool.uv.index]]\nurl = "${INDEX}"\ndefault = true\n`);
   await must(["uv", "lock", "--project", proj, "--quiet"], { ...base, UV_CACHE_DIR: join(work, "uv-lock") });
+  // The project itself is a package of the lock too.
+  const packages = (readFileSync(join(proj, "uv.lock"), "utf8").match(/^\[\[package\]\]$/gm)?.length ?? 1) - 1;
   const prepare = ["env", "prepare", "--project", proj, "--python", worker];
-  const gpulayer = async () => {
+  // A home that has built on this worker (another env): its interpreter probe, tools (stand-ins, their check, uv's venv) and stat cache kept.
+  const seed = join(work, "seed-locked");
+  await must([bin, "env", "prepare", "-p", "tqdm", "--index-url", INDEX, "--python", worker, "--quiet"], { ...base, GPULAYER_HOME: seed, UV_CACHE_DIR: join(work, "uv-seed-locked") });
+  const gpulayer = (seeded: boolean) => async () => {
     const { env } = fresh();
+    if (seeded) for (const kept of ["interpreters-v1", "tools", "digests-v2"]) if (existsSync(join(seed, kept))) cpSync(join(seed, kept), join(env.GPULAYER_HOME, kept), { recursive: true });
     const t = performance.now();
-    await must([bin, ...prepare], env);
+    await must([bin, ...prepare, "--quiet"], env);
     return performance.now() - t;
   };
-  const rawSync = async () => {
+  const rawSync = (compile: boolean) => async () => {
     const { dir, env } = fresh();
     const venv = join(dir, "venv");
     const t = performance.now();
     await must(["uv", "venv", "--no-config", "--quiet", "--python", worker, venv], env);
-    await must(["uv", "sync", "--frozen", "--quiet", "--project", proj], { ...env, UV_PROJECT_ENVIRONMENT: venv });
+    await must(["uv", "sync", "--frozen", "--quiet", ...(compile ? ["--compile-bytecode"] : []), "--project", proj], { ...env, UV_PROJECT_ENVIRONMENT: venv });
     return performance.now() - t;
   };
-  const cold = await sideBySide([["`gpulayer env prepare --project` (uv.lock)", gpulayer], [RAW_SYNC, rawSync]], runs);
-  const warmEnv = { ...base, GPULAYER_HOME: join(work, "home-locked"), UV_CACHE_DIR: join(work, "uv-locked") };
-  await must([bin, ...prepare], warmEnv);
-  const samples: number[] = [];
-  for (let i = 0; i < warmRuns + 3; i++) {
-    const t = performance.now();
-    await must([bin, ...prepare, "--quiet"], warmEnv);
-    if (i >= 3) samples.push(performance.now() - t);
-  }
+  const cold = await sideBySide(
+    [
+      [COLD_LOCKED, gpulayer(false)],
+      ["`gpulayer env prepare --project`, on a home that has built on this worker before", gpulayer(true)],
+      [RAW_SYNC, rawSync(false)],
+      ["`uv venv` + `uv sync --frozen --compile-bytecode` (raw, compiled as gpulayer's envs are)", rawSync(true)],
+    ],
+    runs,
+  );
   for (const d of readdirSync(work)) if (d.startsWith("cold-")) rmSync(join(work, d), { recursive: true, force: true });
-  return { cold, warm: stats(samples) };
+  const warmEnv = { ...base, GPULAYER_HOME: join(work, "home-locked"), UV_CACHE_DIR: join(work, "uv-locked") };
+  const plain = ["env", "prepare", "-p", "tqdm", "--index-url", INDEX, "--python", worker];
+  await must([bin, ...prepare], warmEnv);
+  await must([bin, ...plain], warmEnv);
+  const timed = (argv: string[]) => async () => {
+    const t = performance.now();
+    await must([bin, ...argv, "--quiet"], warmEnv);
+    return performance.now() - t;
+  };
+  for (let i = 0; i < 3; i++) for (const argv of [prepare, plain]) await timed(argv)();
+  const warm = await sideBySide([[WARM_LOCKED, timed(prepare)], [WARM_PLAIN, timed(plain)]], warmRuns);
+  return { cold, warm, packages };
 }
+const COLD_LOCKED = "`gpulayer env prepare --project` (uv.lock)";
 const RAW_SYNC = "`uv venv` + `uv sync --frozen` (raw)";
-const LOCKED_DEPS = (process.env.BENCH_LOCKED_DEPS ?? "requests,tqdm").split(",");
+const WARM_LOCKED = "`gpulayer env prepare --project` (warm: reused)";
+const WARM_PLAIN = "`gpulayer env prepare -p tqdm` (warm: reused; the plain warm prepare)";
+// The transformers stack's lock by default (the issue's case): transformers and what it needs, from the bench's index.
+const LOCKED_DEPS = (process.env.BENCH_LOCKED_DEPS ?? "transformers").split(",");
+
+/** The locked case's part of the report: its tables and its ratios against the aims. */
+function lockedReport(locked: Awaited<ReturnType<typeof lockedCase>>, runs: number, warmRuns: number): string[] {
+  const median = (rows: [string, Stats][], name: string) => rows.find(([n]) => n === name)![1].median;
+  const [fresh, seeded, raw, rawCompiled] = locked.cold.map(([, s]) => s.median);
+  const warmRatio = median(locked.warm, WARM_LOCKED) / median(locked.warm, WARM_PLAIN);
+  return [
+    `## A uv project locked on ${LOCKED_DEPS.join(", ")} (${locked.packages} packages; ${runs} runs each; aim: within 1.15x of raw \`uv sync --frozen\`, warm within 1.2x of the plain warm prepare)`,
+    "",
+    ...table(locked.cold, RAW_SYNC, "s"),
+    "",
+    `- cold: ${(fresh! / raw!).toFixed(2)}x raw \`uv sync --frozen\` (${(seeded! / raw!).toFixed(2)}x on a home that has built before); ${(fresh! / rawCompiled!).toFixed(2)}x (${(seeded! / rawCompiled!).toFixed(2)}x) raw uv compiling bytecode as gpulayer does`,
+    `- warm: ${warmRatio.toFixed(2)}x the plain warm prepare (${warmRuns} runs each, alternated, after 3 warm-up runs of each)`,
+    "",
+    "| | median | min | p90 |",
+    "|---|---:|---:|---:|",
+    ...locked.warm.map(([name, s]) => `| ${name} | ${s.median.toFixed(1)} ms | ${s.min.toFixed(1)} ms | ${s.p90.toFixed(1)} ms |`),
+  ];
+}
 
 if (process.env.BENCH_ONLY === "locked") {
   // This case alone, printed, the report untouched: BENCH_ONLY=locked bun run bench/cold.ts
   try {
     const runs = Number(process.env.BENCH_COLD_RUNS ?? 5);
+    const warmRuns = Number(process.env.BENCH_WARM_RUNS ?? 30);
     await lockedCase(smallPy, LOCKED_DEPS, 1, 1);
-    const { cold, warm } = await lockedCase(smallPy, LOCKED_DEPS, runs, Number(process.env.BENCH_WARM_RUNS ?? 30));
-    console.log([`## a uv project locked on ${LOCKED_DEPS.join(", ")} (${runs} runs each)`, "", ...table(cold, RAW_SYNC, "s"), "", `warm reuse: median ${warm.median.toFixed(1)} ms, p90 ${warm.p90.toFixed(1)} ms`].join("\n"));
+    console.log(lockedReport(await lockedCase(smallPy, LOCKED_DEPS, runs, warmRuns), runs, warmRuns).join("\n"));
   } finally {
     rmSync(work, { recursive: true, force: true });
   }
@@ -330,11 +373,7 @@ try {
     "",
     ...table(machineRows, RAW_UV, "s"),
     "",
-    `## A uv project locked on ${LOCKED_DEPS.join(", ")} (${runs} runs each; aim: within 1.15x of raw \`uv sync --frozen\`, warm within 1.2x of the plain warm prepare)`,
-    "",
-    ...table(locked.cold, RAW_SYNC, "s"),
-    "",
-    `Warm reuse of the locked project: median ${locked.warm.median.toFixed(1)} ms, p90 ${locked.warm.p90.toFixed(1)} ms.`,
+    ...lockedReport(locked, runs, warmRuns),
     "",
     `## Warm: the \`tqdm\` env is there (${warmRuns} runs each, after 3 warm-up runs)`,
     "",

@@ -3,7 +3,7 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { addCondaRecord, makeCondaRoot, pyenvPython } from "./fixtures/conda.ts";
-import { cli, sandbox, tempDir } from "./helpers.ts";
+import { cli, HAS_UV, run, sandbox, tempDir } from "./helpers.ts";
 import { homeLayout } from "../src/config/paths.ts";
 import { probeMachine } from "../src/worker/probe.ts";
 import { jobNeeds, neverReason } from "../src/server/match.ts";
@@ -30,6 +30,8 @@ beforeAll(() => {
   if (!python) return;
   index.start();
   index.wheel({ name: "gl-top", version: "1.0", requires: ["condapkg>=1"] });
+  // What a lock resolves condapkg to (the version conda has): the env keeps conda's own.
+  index.wheel({ name: "condapkg", version: "1.5" });
   Object.assign(
     roots,
     makeCondaRoot(join(world, "miniconda3"), {
@@ -126,6 +128,34 @@ describe.skipIf(!python)("a conda environment as the base interpreter", () => {
       expect(neverReason(jobNeeds(spec("ml", { condapkg: ">=2" }), {}), worker)).toBe("condapkg 1.5 does not satisfy >=2");
       expect(neverReason(jobNeeds(spec("other", {}), {}), worker)).toBe("no conda environment other");
       expect(neverReason(jobNeeds(spec(roots.envs.ml!, {}), {}), worker)).toBeNull();
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  // A uv project is uv's to install: skipped only without uv (CI installs it).
+  test.skipIf(!HAS_UV)("env prepare --conda NAME --project DIR: the lock's packages on top of conda's, conda's own kept at the locked version", async () => {
+    const s = sandbox();
+    try {
+      const project = join(s.root, "app");
+      mkdirSync(project);
+      writeFileSync(join(project, "pyproject.toml"), `[project]\nname = "app"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["gl-top"]\n\n[tool.uv]\npackage = false\n\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`);
+      const locked = await run(["uv", "lock", "--project", project], { env: s.env, cwd: s.root });
+      expect(locked.code, locked.stderr).toBe(0);
+      const args = ["env", "prepare", "--conda", "ml", "--project", project, "--json"];
+      const built = await cli(args, { env: env(s), cwd: s.root });
+      expect(built.code, built.stderr).toBe(0);
+      const doc = JSON.parse(built.stdout) as { key: string; path: string; python: string; status: string; shadowed?: unknown[] };
+      expect(doc.status).toBe("built");
+      expect(doc.shadowed ?? []).toEqual([]);
+      // gl-top from the lock; condapkg 1.5, as locked, from conda's site-packages: not installed again.
+      const seen = Bun.spawnSync([doc.python, "-c", "import gl_top, condapkg, sys; print(condapkg.WHERE, sys.base_prefix == sys.prefix)"], { stdout: "pipe", stderr: "pipe" });
+      expect(seen.stdout.toString().trim()).toBe("conda False");
+      const own = Bun.spawnSync(["ls", join(doc.path, "lib", `python${python!.version}`, "site-packages")]).stdout.toString();
+      expect(own).toContain("gl_top");
+      expect(own).not.toContain("condapkg");
+      const again = JSON.parse((await cli(args, { env: env(s), cwd: s.root })).stdout) as { key: string; status: string };
+      expect(again).toMatchObject({ key: doc.key, status: "reused" });
     } finally {
       s.cleanup();
     }

@@ -394,7 +394,61 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
     }
   });
 
-  it("what an image cannot honour (a uv project, conda, a Python of its own, no build isolation, a pylock.toml) is refused in one line before anything is pulled or built", async () => {
+  // The lock is read by uv here (uv export): skipped only without uv (CI installs it).
+  (realUv() ? it : test.skip)("a uv project on the image: exactly the lock's packages, for the image's Python; the image's own kept at the locked version, another version shadowed and reported; a stale lock refused in one line", async () => {
+    const ref = await imageWithGreetb(name);
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    box.env.GPULAYER_UV = realUv()!;
+    index.wheel({ name: "greetd", version: "1.0", requires: ["greetb"] });
+    index.wheel({ name: "greetd", version: "2.0" });
+    try {
+      const wd = join(box.root, "wd");
+      const app = join(wd, "app");
+      mkdirSync(app, { recursive: true });
+      // greetb as the image has it; greetd 1.0 (not the index's newest) in a group; the project itself is not a package.
+      const pyproject = `[project]\nname = "app"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["greetb==1.0"]\n\n[dependency-groups]\nextra = ["greetd<2"]\n\n[tool.uv]\npackage = false\n\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`;
+      writeFileSync(join(app, "pyproject.toml"), pyproject);
+      const locked = await run(["uv", "lock", "--project", app], { env: box.env, cwd: wd });
+      expect(locked.code, locked.stderr).toBe(0);
+      const job = await cli(["job", "run", "--json", "--image", ref, "--project", "app", "--group", "extra", "--", "python", "-c", "import greetb, greetd; print(greetb.__version__, greetd.__version__)"], { env: box.env, cwd: wd });
+      expect(job.code, job.stderr).toBe(0);
+      expect(job.stderr).toContain("1.0 1.0");
+      const [key] = envDirs(box.home);
+      const shown = JSON.parse((await cli(["env", "show", key!, "--json"], { env: box.env })).stdout);
+      // greetd from the lock, into the env; greetb 1.0 is the image's, as locked: not installed again.
+      expect(shown.installed).toEqual(["greetd==1.0"]);
+      expect(shown.summary).toBe(`uv project app (uv.lock --group extra) on ${ref}`);
+      const again = await cli(["env", "prepare", "--image", ref, "--project", "app", "--group", "extra", "--json"], { env: box.env, cwd: wd });
+      expect(again.code, again.stderr).toBe(0);
+      expect(JSON.parse(again.stdout).env).toMatchObject({ status: "reused", key });
+
+      // pyproject.toml asks for what the lock does not hold: refused in uv's words, nothing kept.
+      writeFileSync(join(app, "pyproject.toml"), pyproject.replace('["greetb==1.0"]', '["greetb==1.0", "greetd"]'));
+      const stale = await cli(["env", "prepare", "--image", ref, "--project", "app"], { env: box.env, cwd: wd });
+      expect(stale.code, stale.stderr).toBe(2);
+      expect(stale.stderr.trim().split("\n").at(-1)).toBe(`error: ${app}/uv.lock: the lockfile needs to be updated: run uv lock`);
+      expect(envDirs(box.home)).toEqual([key!]);
+
+      // A lock that pins another greetb than the image's: the lock's goes into the env, and is reported as shadowing the image's.
+      writeFileSync(join(app, "pyproject.toml"), pyproject.replace('["greetb==1.0"]', '["greetb==2.0"]'));
+      expect((await run(["uv", "lock", "--project", app], { env: box.env, cwd: wd })).code).toBe(0);
+      const newer = await cli(["job", "run", "--json", "--image", ref, "--project", "app", "--", "python", "-c", "import greetb; print(greetb.__version__)"], { env: box.env, cwd: wd });
+      expect(newer.code, newer.stderr).toBe(0);
+      expect(newer.stderr).toContain("2.0");
+      const third = envDirs(box.home).find((k) => k !== key)!;
+      const shadows = [{ name: "greetb", worker: "1.0", locked: "2.0" }];
+      expect(JSON.parse((await cli(["env", "show", third, "--json"], { env: box.env })).stdout)).toMatchObject({ installed: ["greetb==2.0"], shadowed: shadows });
+      expect(JSON.parse(newer.stdout).events.find((e: any) => e.type === "task.prepare.finished").data.shadowed).toEqual(shadows);
+      const prepared = await cli(["env", "prepare", "--image", ref, "--project", "app", "--json"], { env: box.env, cwd: wd });
+      expect(JSON.parse(prepared.stdout).env).toMatchObject({ status: "reused", key: third, shadowed: shadows });
+    } finally {
+      box.cleanup();
+      await run([name, "rmi", "-f", ref, `gpl-test/python-base:${name}`]);
+    }
+  });
+
+  it("what an image cannot honour (a lock's local packages, conda, a Python of its own, no build isolation, a pylock.toml) is refused in one line before anything is pulled or built", async () => {
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;
     // An image no engine has: a refusal comes before any pull, so it is never looked for.
@@ -404,10 +458,14 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       mkdirSync(join(wd, "proj"), { recursive: true });
       writeFileSync(join(wd, "proj", "pyproject.toml"), `[project]\nname = "proj"\nversion = "0.1"\ndependencies = ["greetb==2.0"]\n`);
       writeFileSync(join(wd, "pylock.toml"), `lock-version = "1.0"\ncreated-by = "test"\n`);
+      // A project that is a package: its lock installs it (editable), which the image's Python cannot be given.
+      mkdirSync(join(wd, "pkg"));
+      writeFileSync(join(wd, "pkg", "pyproject.toml"), `[project]\nname = "pkg"\nversion = "0.1"\ndependencies = []\n\n[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n`);
+      writeFileSync(join(wd, "pkg", "uv.lock"), `version = 1\nrevision = 3\nrequires-python = ">=3.8"\n\n[[package]]\nname = "pkg"\nversion = "0.1"\nsource = { editable = "." }\n`);
       writeFileSync(join(wd, "job.yaml"), `command: python3 -c 'import greetb'\nenvironment:\n  python: python3\n`);
       const on = `does not go with an image (${ref})`;
       const cases: [string[], string][] = [
-        [["job", "run", "--image", ref, "--project", "proj", "--", "true"], `a uv project (--project ${join(wd, "proj")}) ${on} yet: run it without --image, or build the image with uv sync`],
+        [["job", "run", "--image", ref, "--project", "pkg", "--", "true"], `a uv project whose lock installs local packages (${join(wd, "pkg")}) ${on} yet: set [tool.uv] package = false for the project itself, publish the others to an index, or build the image with them`],
         [["job", "run", "--image", ref, "--conda", "base", "-p", "greetb", "--", "true"], `a conda environment (base) ${on}: the env is built for the image's own Python`],
         [["job", "run", "--image", ref, "--python", "python3", "-p", "greetb", "--", "true"], `--python python3 ${on}: the env is built for the image's own Python`],
         [["job", "run", "-f", "job.yaml", "--image", ref], `job.yaml: environment.python (python3) ${on}: the env is built for the image's own Python`],
@@ -475,6 +533,38 @@ describe("an image and requirements, through a server", () => {
       expect(job.code, job.stderr).toBe(0);
       expect(job.stderr).toContain("4.0");
       expect(JSON.parse(job.stdout).phases.find((p: any) => p.name === "task.prepare").cache).toBe("hit");
+    } finally {
+      await stopAll(procs);
+      box.cleanup();
+      await run([engine!, "rmi", "-f", ref, `gpl-test/python-base:${engine}`]);
+    }
+  });
+
+  // The lock is read by uv on the worker (uv export): skipped only without uv (CI installs it).
+  (realUv() ? it : test.skip)("a uv project on an image through a server: the project and its lock travel in the bundle; the worker's env holds the locked version", async () => {
+    const ref = await imageWithGreetb(engine!);
+    const box = sandbox();
+    const procs: Kept[] = [];
+    const TOKEN = "image-env-server-token-0123456789";
+    index.wheel({ name: "greete", version: "1.0" });
+    index.wheel({ name: "greete", version: "2.0" });
+    try {
+      const fast = { GPULAYER_HEARTBEAT_SECONDS: "0.3", GPULAYER_CONTAINER_ENGINE: engine!, GPULAYER_TOKEN: TOKEN, GPULAYER_UV: realUv()! };
+      const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...box.env, ...fast, GPULAYER_HOME: join(box.root, "server-home") } }), procs);
+      const url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
+      const worker = keepOutput(startCli(["join", url, "--name", "w1", "--python", "python3"], { env: { ...box.env, ...fast, GPULAYER_HOME: join(box.root, "w1-home") } }), procs);
+      await waitFor("the worker", () => worker.out().includes("as w1"));
+      const wd = join(box.root, "wd");
+      mkdirSync(join(wd, "app"), { recursive: true });
+      // Locked at greete 1.0; the index also offers 2.0.
+      writeFileSync(join(wd, "app", "pyproject.toml"), `[project]\nname = "app"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["greete<2"]\n\n[tool.uv]\npackage = false\n\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`);
+      const locked = await run(["uv", "lock", "--project", join(wd, "app")], { env: box.env, cwd: wd });
+      expect(locked.code, locked.stderr).toBe(0);
+      writeFileSync(join(wd, "job.yaml"), ["command: python -c 'import greete; print(\"greete\", greete.__version__)'", "environment:", `  image: ${ref}`, "  project: app", ""].join("\n"));
+      const job = await cli(["job", "run", "-f", "job.yaml", "--json"], { env: { ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN }, cwd: wd });
+      expect(job.code, job.stderr).toBe(0);
+      expect(job.stderr + job.stdout).toContain("greete 1.0");
+      expect(job.stderr).toContain("[w1] building the env inside");
     } finally {
       await stopAll(procs);
       box.cleanup();

@@ -92,7 +92,7 @@ export const EnvImageDocument = v.strictObject({
   size_bytes: num,
   pulled_by_gpulayer: bool,
   /** With requirements: the env built on top of the image (for its Python, linked to its packages). */
-  env: v.optional(v.strictObject({ key: str, path: str, status: v.picklist(["built", "reused"]), seconds: num })),
+  env: v.optional(v.strictObject({ key: str, path: str, status: v.picklist(["built", "reused"]), seconds: num, shadowed: v.optional(v.array(v.strictObject({ name: str, worker: str, locked: str }))) })),
 });
 
 export const EnvListEnvEntry = v.strictObject({

@@ -8,6 +8,7 @@ export { type BuildPlan } from "./build/build-plan.ts";
 export { installerEnv, readMachinePipSettings } from "./build/build.ts";
 export { machinePipConfig } from "./build/fast-path.ts";
 export { ToolStopped, installFailure, runTool } from "./build/run-tool.ts";
+export { exportLock, lockRegistries, projectUvEnv, sameVersion } from "./build/locked-project.ts";
 export { UV_VERSION, findUv, pinnedUvPath } from "./build/uv-tool.ts";
 export { machinePipSettings, originsOf, relocatingOptions, translateForUv, type PipSettings } from "./request/pip-config.ts";
 export { artifactFault, fileSha256, packEnv, unpackEnv, unpackedMetaMismatch } from "./store/artifact.ts";

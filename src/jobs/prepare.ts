@@ -70,7 +70,7 @@ export type Prepared =
     };
 
 /** True when the request asks for packages: an image alone is run as it is. */
-export const hasRequirements = (request: RequestAt["request"]): boolean => Boolean(request.requirementsFile || request.specs.length);
+export const hasRequirements = (request: RequestAt["request"]): boolean => Boolean(request.requirementsFile || request.specs.length || request.project !== undefined);
 
 export async function prepare(layout: HomeLayout, settings: PrepareSettings, target: PrepareTarget): Promise<Prepared> {
   // A request from a server was refused by no job spec here: the same refusal, before anything is pulled.

@@ -143,6 +143,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       engine: image.engine.name,
       // The two steps, each timed and reused or not: the image, then the env on top of it.
       ...(env ? { image_status: image.status, image_seconds: image.seconds, env_key: env.key, env_status: env.status, env_seconds: env.seconds } : {}),
+      ...(env?.shadowed ? { shadowed: env.shadowed } : {}),
     });
     if (env) io.onPrepared?.({ status: env.status, seconds: env.seconds, key: env.key, kind: "env" });
     else io.onPrepared?.({ status: image.status, seconds: prepareSeconds, key: image.digest, kind: "image" });

@@ -61,7 +61,7 @@ export default defineCommand({
       const { image, env } = prepared;
       if (!env) return out.result(imageJson(image), () => image.digest, true);
       out.progress(`env ${shortKey(env.key)} ${env.status} (${formatSeconds(env.seconds)}) on ${image.image}`);
-      out.result({ ...imageJson(image), env: { key: env.key, path: env.path, status: env.status, seconds: Number(env.seconds.toFixed(4)) } }, () => env.path, true);
+      out.result({ ...imageJson(image), env: { key: env.key, path: env.path, status: env.status, seconds: Number(env.seconds.toFixed(4)), ...(env.shadowed ? { shadowed: env.shadowed } : {}) } }, () => env.path, true);
       return;
     }
     if (a["dry-run"]) {

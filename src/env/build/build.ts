@@ -181,17 +181,20 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   let venvCreator: "uv" | "venv" = venvUv ? "uv" : "venv";
   const fastEnv = uv ? uvEnv(plan, userEnv) : null;
   const project = plan.project && uv ? { ...plan.project, run: { uv, env: projectUvEnv(userEnv, plan.dir, join(plan.dir, ".gpulayer-no-config")), cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: user } } : null;
+  // What pip in the env would find of the worker: read while uv judges a project's lock (neither builds anything).
+  const scanning = uv ? scanWorker(info.path, info.siteDirs, env, join(plan.toolsDir, "worker-scan-v1"), Date.now()) : null;
+  scanning?.catch(() => undefined); // a refused lock is the failure to tell; the scan's own is told where it is awaited
   // A stale lock is refused before anything is built, in uv's own judgement.
   if (project) await timed("checking", `${project.dir}/uv.lock is up to date (uv lock --check)`, () => checkLock(project, info.executable, { ...project.run, env: projectUvEnv(env, plan.dir, join(plan.dir, ".gpulayer-no-config")) }));
 
-  // What pip in the env would find of the worker, and what the machine's pip configuration says: asked while the venv is made.
+  // The worker's scan, and what the machine's pip configuration says: while the venv is made.
   // uv's venv for this interpreter, kept from an earlier build, is written out again (venv-template.ts): no process.
   const kept = venvUv && !existsSync(plan.dir) && venvFromTemplate(plan.dir, plan.toolsDir, venvUv, info);
   const [scan, machine] = await timed("creating", `virtual environment with ${venvCreator}${kept ? " (kept from an earlier build)" : ""}`, async () => {
     const argv = venvUv ? [venvUv, "venv", "--no-config", "--quiet", "--python", info.executable, plan.dir] : [info.executable, "-m", "venv", "--without-pip", plan.dir];
     const [{ code, lines }, scanned, machine] = await Promise.all([
       kept ? { code: 0, lines: [] } : runTool(argv, { env: venvUv ? uvEnv(plan, env) : env, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep }),
-      uv ? scanWorker(info.path, info.siteDirs, env, join(plan.toolsDir, "worker-scan-v1"), Date.now()) : null,
+      scanning,
       // Asked for pip's path too: a setting that installs outside the env is refused on either.
       machineSettingsForUv(plan, env, indexes),
     ]);
@@ -253,7 +256,8 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     const standins: StandinLease = lease!;
     installer = `uv ${version} (fast path)`;
     // The worker's own findings, asked once per worker state while the env holds nothing but its placeholders (standins.ts).
-    const base = readBaseCheck(standinRoot, standins.state, version) ?? saveBaseCheck(standinRoot, standins.state, version, await timed("checking", `uv pip check of the worker's ${dists!.length} packages (once per worker state)`, () => uvCheck(plan, uv!, envPython, fastEnv!, hooks)));
+    // A worker with no packages (a bare `uv venv`) has no findings: no process asked.
+    const base = readBaseCheck(standinRoot, standins.state, version) ?? saveBaseCheck(standinRoot, standins.state, version, dists!.length ? await timed("checking", `uv pip check of the worker's ${dists!.length} packages (once per worker state)`, () => uvCheck(plan, uv!, envPython, fastEnv!, hooks)) : []);
     let after: AfterInstall | null = null;
     let returned = false;
     const giveBack = (state: AfterInstall) => {

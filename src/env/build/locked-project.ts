@@ -1,5 +1,5 @@
 import { readFileSync, rmSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import { explain } from "@renovatebot/pep440";
 import { UsageError } from "../../errors.ts";
 import { normalizeName } from "../request/canonical.ts";
@@ -119,4 +119,28 @@ export async function installPylock(file: string, envPython: string, run: UvRun 
   const argv = [run.uv, "pip", "install", "--python", envPython, "--no-config", "-r", file, ...(run.refresh ? ["--refresh"] : [])];
   const { code, lines } = await runTool(argv, { env: run.env, cwd: run.cwd, hooks: run.hooks, signal: run.signal, keep: run.keep, as: run.as });
   if (code !== 0) throw installFailure(`installing ${file} with uv pip install failed`, lines);
+}
+
+/**
+ * The lock's selection for a build by another Python (an image's): `uv export --locked` writes it as a requirements
+ * list of exact pins with their hashes, installed there with --no-deps --require-hashes. --locked refuses a stale
+ * lock in the words checkLock uses. The project's own local packages are not in it (the image route refuses them).
+ */
+export async function exportLock(project: LockedProject, file: string, run: UvRun): Promise<void> {
+  const argv = [run.uv, "export", "--locked", "--format", "requirements.txt", "--no-header", "--no-annotate", "--no-emit-project", "--project", project.dir, ...selection(project), "-o", file];
+  const { code, lines } = await runTool(argv, { env: run.env, cwd: run.cwd, hooks: run.hooks, signal: run.signal, keep: run.keep, as: run.as });
+  if (code === 0) return;
+  if (lines.some((l) => /needs to be updated/.test(l))) throw new UsageError(`${project.dir}/uv.lock: the lockfile needs to be updated: run uv lock`);
+  throw installFailure(`reading ${project.dir}/uv.lock with uv export failed`, lines);
+}
+
+/** The indexes the lock's packages come from (its `registry` sources): a URL, or a folder (a file:// index) by its absolute path. */
+export function lockRegistries(dir: string): string[] {
+  const doc = Bun.TOML.parse(readFileSync(join(dir, "uv.lock"), "utf8")) as { package?: { source?: { registry?: string } }[] };
+  const found = new Set<string>();
+  for (const p of doc.package ?? []) {
+    const at = p.source?.registry;
+    if (at) found.add(/^[a-z][a-z0-9+.-]*:\/\//i.test(at) ? at : resolve(dir, at));
+  }
+  return [...found];
 }

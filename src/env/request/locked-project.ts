@@ -87,3 +87,19 @@ export function countLocalSources(inputs: RequestInputs, sources: { kind: "edita
     } else inputs.locals.push({ kind: "archive", path, digest: fileDigest(path, ctx.digestCache, ctx.onHashing), origin });
   }
 }
+
+/** How a project's env is named in reports: `uv project app (uv.lock --group tools --extra fancy)`. */
+export function projectSummary(project: LockedProject): string {
+  return `uv project ${project.dir.split("/").pop()} (uv.lock${[...project.groups.map((g) => ` --group ${g}`), ...project.extras.map((e) => ` --extra ${e}`)].join("")})`;
+}
+
+/** The local packages a project's lock installs (the project itself, when it is a package), by path; none when there is no lock to read. */
+export function lockLocalSources(dir: string): string[] {
+  let lock: string;
+  try {
+    lock = readFileSync(join(dir, "uv.lock"), "utf8");
+  } catch {
+    return [];
+  }
+  return [...new Set([...lock.matchAll(LOCAL_SOURCE)].map((m) => resolve(dir, JSON.parse(`"${m[2]}"`) as string)))];
+}

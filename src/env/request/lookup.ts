@@ -10,7 +10,7 @@ import { baseFingerprint, runningInterpreter } from "./interpreter.ts";
 import { envKey, type FlagOptions, keyDocument, requestSummary, type ResolvedRequest } from "./key.ts";
 import type { Lease } from "../../core/lease.ts";
 import { confineTo, scanRequest } from "./requirements.ts";
-import { lockedProjectInputs } from "./locked-project.ts";
+import { lockedProjectInputs, projectSummary } from "./locked-project.ts";
 import { isPylockFile, pylockInputs } from "./pylock.ts";
 import { buildVariables, deferredBuilds } from "./no-isolation.ts";
 import type { InstallerSetting } from "../build/build-plan.ts";
@@ -147,7 +147,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     ...(pylock ? { pylock: pylock.key } : {}),
     ...(deferred.length ? { noBuildIsolation: { names: deferred.map((d) => d.name), variables: buildVariables(req.env) } } : {}),
   });
-  const summary = project ? `uv project ${project.dir.split("/").pop()} (uv.lock${[...project.groups.map((g) => ` --group ${g}`), ...project.extras.map((e) => ` --extra ${e}`)].join("")})` : requestSummary(inputs);
+  const summary = project ? projectSummary(project) : requestSummary(inputs);
   return { key: envKey(doc), doc, summary, inputs, flags, interpreter, interpreterVia: resolved.via, isolated, conda, ...(project ? { project } : {}), ...(pylockFile ? { pylock: pylockFile } : {}), ...(deferred.length ? { deferred } : {}), machineConfig: machine?.sources ?? null, machineFindLinks: machine?.findLinks ?? [] };
 }
 

@@ -4,6 +4,7 @@ import type { InstallerSetting } from "../build/build-plan.ts";
 import { UsageError } from "../../errors.ts";
 import type { PrepareRequest } from "./lookup.ts";
 import { isPylockFile } from "./pylock.ts";
+import { lockLocalSources } from "./locked-project.ts";
 import type { EnvironmentRequest } from "./request-schema.ts";
 
 export type { EnvironmentRequest } from "./request-schema.ts";
@@ -50,7 +51,7 @@ export function environmentRequest(asked: EnvironmentRequest, base: string, defa
 
 /**
  * A request an image cannot honour is refused, in one line, before anything is pulled or built: its env is built
- * by the image's own Python from requirements alone, so a project's lock, a conda environment, a Python of its own,
+ * by the image's own Python from requirements (or a uv project's lock, exported), so a conda environment, a Python of its own,
  * packages built without isolation or a pylock.toml would otherwise be dropped or misread without a word. Called
  * where a job's spec is made and again in prepare(), for a request that came from a server.
  */
@@ -58,7 +59,9 @@ export function refuseOnImage(request: EnvironmentRequest): void {
   const image = request.image;
   if (image === undefined) return;
   const on = `does not go with an image (${image})`;
-  if (request.project !== undefined) throw new UsageError(`a uv project (--project ${request.project}) ${on} yet: run it without --image, or build the image with uv sync`);
+  // The image's Python installs the lock's export: a local package of the lock (the project itself, when it is a package) has no place there.
+  const locals = request.project !== undefined && isAbsolute(request.project) ? lockLocalSources(request.project) : [];
+  if (locals.length) throw new UsageError(`a uv project whose lock installs local packages (${locals.join(", ")}) ${on} yet: set [tool.uv] package = false for the project itself, publish the others to an index, or build the image with them`);
   if (request.conda !== undefined) throw new UsageError(`a conda environment (${request.conda}) ${on}: the env is built for the image's own Python`);
   if (request.python !== undefined) {
     const origin = request.pythonOrigin ?? "--python";
