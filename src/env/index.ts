@@ -10,4 +10,5 @@ export { machinePipConfig } from "./build/fast-path.ts";
 export { ToolStopped, installFailure, runTool } from "./build/run-tool.ts";
 export { UV_VERSION, findUv, pinnedUvPath } from "./build/uv-tool.ts";
 export { machinePipSettings, originsOf, relocatingOptions, translateForUv, type PipSettings } from "./request/pip-config.ts";
-export { artifactFault, fileSha256, packEnv, unpackEnv, unpackedMetaMismatch } from "./store/artifact.ts";
+export { artifactFault, fileSha256, packEnv, unpackedMetaMismatch } from "./store/artifact.ts";
+export { unpackEnv, unpackEnvStream } from "./store/unpack.ts";
