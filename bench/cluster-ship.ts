@@ -19,6 +19,9 @@ export interface ShipResult {
   indexBytes: number;
   statuses: string[];
   envBytes: number;
+  /** The built worker's seconds, and each fetch's (download and unpack): a fetch's share of a build. */
+  builtSeconds: number[];
+  fetchSeconds: number[];
 }
 
 export async function shipBench(): Promise<ShipResult[]> {
@@ -85,9 +88,9 @@ export async function shipBench(): Promise<ShipResult[]> {
       const out = await new Response(p.stdout).text();
       if ((await p.exited) !== 0) throw new Error(`env prepare (${mode}) failed: ${out}`);
       const seconds = (performance.now() - t) / 1000;
-      const workers = JSON.parse(out).workers as { status: string; path: string; fetched?: { bytes: number } }[];
+      const workers = JSON.parse(out).workers as { status: string; path: string; seconds: number; fetched?: { bytes: number; seconds: number } }[];
       const du = Bun.spawnSync(["du", "-sb", join(dir, "w1", "home", "envs-v1")]).stdout.toString();
-      results.push({ mode, seconds, indexBytes: served - before, statuses: workers.map((w) => w.status).sort(), envBytes: Number(du.split(/\s/)[0]) });
+      results.push({ mode, seconds, indexBytes: served - before, statuses: workers.map((w) => w.status).sort(), envBytes: Number(du.split(/\s/)[0]), builtSeconds: workers.filter((w) => w.status === "built").map((w) => w.seconds), fetchSeconds: workers.flatMap((w) => (w.fetched ? [w.fetched.seconds] : [])) });
       for (const c of children.splice(0)) c.kill("SIGTERM");
     }
   } finally {

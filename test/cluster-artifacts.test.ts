@@ -60,6 +60,8 @@ beforeAll(async () => {
   index.wheel({ name: "zeta", version: "1.0", files: { "zeta/__init__.py": "" } });
   index.wheel({ name: "epsilon", version: "1.0", files: { "epsilon/__init__.py": "" } });
   index.wheel({ name: "eta", version: "1.0", files: { "eta/__init__.py": "" } });
+  index.wheel({ name: "theta", version: "1.0", files: { "theta/__init__.py": "" } });
+  index.wheel({ name: "iota", version: "1.0", files: { "iota/__init__.py": "" } });
   mkdirSync(HOME);
   await makeWorkerVenv(VENV, { env: server.env, withPip: true, packages: ["gamma==1.0"], findLinks: index.dir });
   const other = join(world, "venv-other");
@@ -210,6 +212,26 @@ describe("env artifacts", () => {
     expect(r2.stderr).toContain(`[w2] building here: the server dropped artifact ${sha.slice(0, 12)}, refused here\n`);
     const now = await waitFor("w2's artifact", async () => (await artifacts()).artifacts.find((a) => a.key === key && a.built_by === "w2") ?? null);
     expect((await artifacts()).artifacts.filter((a) => a.key === key)).toEqual([now]);
+  }, T);
+
+  test("an artifact whose bytes the server serves differ from its sha256 (another sound artifact of the env, or its first half) is unpacked as it streams and refused at its end: nothing of it is left, no fetch folder, and the worker builds", async () => {
+    for (const [worker, pkg, damage] of [["w2", "theta", "another sound artifact"], ["w3", "iota", "its first half"]] as const) {
+      const r1 = await prepare(["-p", pkg], "box=w1");
+      expect(r1.doc.workers[0].status).toBe("built");
+      const { key, path } = r1.doc.workers[0];
+      const sha = await waitFor("the artifact", async () => (await artifacts()).artifacts.find((a) => a.key === key)?.sha256);
+      const file = join(server.home, "server", "artifacts", `${sha}.tar.zst`);
+      if (damage === "its first half") writeFileSync(file, readFileSync(file).subarray(0, Math.floor(Bun.file(file).size / 2)));
+      // Every entry passes the unpacker's checks and its meta names this env: only the digest, known at the end, refuses it.
+      else await craftArtifact(file, [{ name: ".gpulayer", type: "dir" }, metaEntry(key, path), { name: "planted.txt", type: "file", data: "not what w1 built" }]);
+      const r2 = await prepare(["-p", pkg], `box=${worker}`);
+      expect({ damage, code: r2.code, status: r2.doc.workers[0].status }).toEqual({ damage, code: 0, status: "built" });
+      expect(r2.stderr).toMatch(new RegExp(`\\[${worker}\\] refused artifact ${sha.slice(0, 12)} from w1: its content does not match its sha256`));
+      const envs = join(boxes[worker]!.home, "envs-v1");
+      expect({ damage, left: readdirSync(envs).filter((n) => n.startsWith(".fetch-")) }).toEqual({ damage, left: [] });
+      expect({ damage, planted: existsSync(join(envs, key, "planted.txt")), ready: existsSync(join(envs, key, ".gpulayer", "ready")) }).toEqual({ damage, planted: false, ready: true });
+      expect(JSON.parse(readFileSync(join(envs, key, ".gpulayer", "meta.json"), "utf8")).fetched).toBeUndefined();
+    }
   }, T);
 
   test("a worker's credential uploads nothing but its own task's claimed build: not for a task that ran `true` and ended, not while another worker holds the claim; a crafted tar under its own claim is refused", async () => {

@@ -2,10 +2,10 @@ import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { sleep } from "../core/sleep.ts";
 import { InstallError } from "../errors.ts";
-import { packEnv, unpackedMetaMismatch, unpackEnv } from "../env/index.ts";
+import { packEnv, unpackedMetaMismatch, unpackEnvStream } from "../env/index.ts";
 import { type ArtifactConditions, type BuildTicket, conditionsDiffer, type FetchedEnv, type Shipping, type ShippingRequest } from "../env/index.ts";
 import { entryPaths } from "../env/index.ts";
-import { downloadChecked, putShared, RENEW_MS, type ShippingSettings } from "./shipping-transfer.ts";
+import { putShared, streamChecked, RENEW_MS, type ShippingSettings } from "./shipping-transfer.ts";
 import { wheelSharing } from "./wheel-shipping.ts";
 
 /**
@@ -190,22 +190,18 @@ async function share(s: ShippingSettings, taskId: string, req: ShippingRequest):
   }
 }
 
-/** Download into a file beside the fetch folder, checking the digest as it comes, then unpack into `req.into`. */
+/** Download and unpack into `req.into` at once, the digest checked at the end; on any failure `req.into` goes (nothing is published before the caller renames it). */
 export async function download(s: ShippingSettings, a: ArtifactView, req: ShippingRequest): Promise<FetchedEnv> {
   const t = performance.now();
   req.onStep?.("fetching", `env ${req.key.slice(0, 12)} from ${a.built_by} (artifact ${a.sha256.slice(0, 12)}, ${(a.bytes / 1024 ** 2).toFixed(1)} MiB)`);
   mkdirSync(req.into, { recursive: true });
-  const file = `${req.into}.tar.zst`;
   try {
-    const bytes = await downloadChecked(s.client, `/v1/artifacts/${a.sha256}`, file, a.sha256, req.signal);
-    await unpackEnv(file, req.into);
+    const bytes = await streamChecked(s.client, `/v1/artifacts/${a.sha256}`, a.sha256, (chunks) => unpackEnvStream(chunks, req.into), req.signal);
     const mismatch = unpackedMetaMismatch(req.into, req.key, req.conditions.env_path);
     if (mismatch) throw new Error(mismatch);
     return { sha256: a.sha256, bytes, seconds: (performance.now() - t) / 1000, builtBy: a.built_by };
   } catch (error) {
     rmSync(req.into, { recursive: true, force: true });
     throw error;
-  } finally {
-    rmSync(file, { force: true });
   }
 }

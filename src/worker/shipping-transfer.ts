@@ -44,6 +44,44 @@ export async function downloadChecked(client: ClusterClient, path: string, file:
   return bytes;
 }
 
+/**
+ * GET `path` and hand its bytes to `consume` as they come (an unpacker), their sha256 checked against `sha` as they
+ * pass; the bytes received. The digest decides: a mismatch, known only at the end, throws DigestMismatch even where
+ * `consume` failed first on the damaged bytes (what it wrote is the caller's to remove), so the reason is the same
+ * whatever the damage.
+ */
+export async function streamChecked(client: ClusterClient, path: string, sha: string, consume: (chunks: AsyncIterable<Uint8Array>) => Promise<void>, signal?: AbortSignal): Promise<number> {
+  const res = await client.request("GET", path, undefined, { signal });
+  const hasher = new Bun.CryptoHasher("sha256");
+  const body = (res.body as unknown as AsyncIterable<Uint8Array>)[Symbol.asyncIterator]();
+  let bytes = 0;
+  /** The body itself broke (the network, an abort): that is the reason, not the digest. */
+  let broken: { error: unknown } | null = null;
+  const next = async (): Promise<Uint8Array | null> => {
+    if (broken) throw broken.error;
+    const r = await body.next().catch((error: unknown) => {
+      broken = { error };
+      throw error;
+    });
+    if (r.done) return null;
+    hasher.update(r.value);
+    bytes += r.value.length;
+    return r.value;
+  };
+  // Pulls the body without owning it: a consumer that stops early leaves the rest to be hashed below.
+  const chunks = async function* () {
+    for (let c = await next(); c; c = await next()) yield c;
+  };
+  let failure: { error: unknown } | null = null;
+  await consume(chunks()).catch((error: unknown) => (failure = { error }));
+  signal?.throwIfAborted();
+  while (await next());
+  const got = hasher.digest("hex");
+  if (got !== sha) throw new DigestMismatch(`its content does not match its sha256 (got ${got.slice(0, 12)}, ${bytes} bytes)`);
+  if (failure) throw (failure as { error: unknown }).error;
+  return bytes;
+}
+
 /** PUT an upload; null when the server has one of the same already (409: another worker's, which is fine). */
 export async function putShared(client: ClusterClient, path: string, body: Blob, headers: Record<string, string>): Promise<Response | null> {
   return client.request("PUT", path, body, { headers }).catch((error) => {

@@ -127,26 +127,6 @@ export class EntryGuard {
   }
 }
 
-/**
- * Unpack an artifact (already checked against its sha256) into `into`, a
- * fresh empty folder. Symbolic links keep their absolute targets (an env's
- * bin/python points at the worker's interpreter), so tar's own stripping is
- * off and every entry passes an EntryGuard instead; after the first refused
- * entry nothing more is written, and the unpack fails naming it.
- */
-export async function unpackEnv(file: string, into: string): Promise<void> {
-  if (readdirSync(into).length) throw new Error(`${into} is not empty`);
-  const guard = new EntryGuard();
-  let refused: string | null = null;
-  const filter = (path: string, entry: tar.ReadEntry | import("node:fs").Stats) => {
-    if (refused) return false;
-    refused = guard.refusal(path, "type" in entry ? entry.type : "File");
-    return !refused;
-  };
-  await pipeline(createReadStream(file), zlib.createZstdDecompress(), tar.extract({ cwd: into, strict: true, preserveOwner: false, preservePaths: true, filter }));
-  if (refused) throw new Error(`the artifact holds an entry that may not be unpacked: ${refused}`);
-}
-
 /** The env metadata an unpacked artifact holds, or why it is not that of `key` at `envPath`. */
 export function unpackedMetaMismatch(into: string, key: string, envPath: string): string | null {
   let meta: { key?: unknown; path?: unknown };

@@ -68,13 +68,14 @@ export function isReady(paths: EntryPaths): boolean {
 }
 
 /** The last step of a build: meta, then the marker that makes the entry usable. */
-export function markReady(paths: EntryPaths, meta: EnvMeta, opts: { openToAll?: boolean } = {}): void {
+export function markReady(paths: EntryPaths, meta: EnvMeta, opts: { openToAll?: boolean; unpackedOpen?: boolean } = {}): void {
   mkdirSync(paths.stateDir, { recursive: true });
   writeFileAtomic(paths.meta, JSON.stringify(meta, null, 2));
   writeFileAtomic(paths.lastUsed, new Date().toISOString());
   // Built under gpulayer's 077 umask, an env is opened to all: it holds code, no secret, and a --run-as job user runs it.
   // One built as a --run-as user was taken back readable by that user's group alone (build-user.ts): it holds the job's projects.
-  if (opts.openToAll ?? true) openToReaders(paths.dir);
+  // A fetched env was opened entry by entry as it was unpacked (unpack.ts): only what was written here since is left.
+  if (opts.openToAll ?? true) openToReaders(opts.unpackedOpen ? paths.stateDir : paths.dir);
   writeFileAtomic(paths.ready, `${meta.key}\n`);
   // The rename must itself be durable before anyone is told the entry is ready.
   const dirFd = openSync(paths.stateDir, "r");
