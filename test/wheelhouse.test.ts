@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { homeLayout } from "../src/config/paths.ts";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, makeWorkerVenv, run, sandbox } from "./helpers.ts";
 
@@ -142,5 +143,19 @@ describe("a requirement built without isolation", () => {
     expect(again.code, again.stderr).toBe(0);
     expect(builds()).toHaveLength(before + 1);
     expect(JSON.parse(again.stdout).wheels[0].from).toBe("compiled");
+  });
+
+  test("a half-written wheel entry of a process not running here is left while it may be a build on another node sharing the home, removed once quiet", async () => {
+    const gone = Bun.spawnSync(["true"]).pid; // a pid that has ended
+    const dir = join(homeLayout(s.home).wheelhouse, "f".repeat(64), "cond", `1-abc.${gone}.tmp`);
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, "kernels-1.0-py3-none-any.whl"), "half");
+    const incomplete = async () => JSON.parse((await cli(["gc", "--min-age", "0", "--json"], { env: s.env })).stdout).removed.filter((e: { kind: string; state: string }) => e.kind === "wheel" && e.state === "incomplete");
+    expect(await incomplete()).toEqual([]);
+    expect(existsSync(dir)).toBe(true);
+    const quiet = new Date(Date.now() - 2 * 60_000);
+    utimesSync(dir, quiet, quiet);
+    expect((await incomplete()).length).toBe(1);
+    expect(existsSync(dir)).toBe(false);
   });
 });

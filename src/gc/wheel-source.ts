@@ -3,6 +3,7 @@ import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { contentHash } from "../core/hashing.ts";
 import { namesOfDeadOwners } from "../core/dead-owners.ts";
+import { FOREIGN_STALE_MS } from "../core/lock.ts";
 import { diskUsage } from "../env/index-light.ts";
 import type { GcEntry, GcSource, RemoveOutcome } from "./types.ts";
 
@@ -32,8 +33,10 @@ function listWheelEntries(layout: HomeLayout): GcEntry[] {
   const entries: GcEntry[] = [];
   for (const sdist of dirs(layout.wheelhouse)) {
     for (const conditions of dirs(join(layout.wheelhouse, sdist))) {
-      // A build writes `<name>.<pid>.tmp`: one whose process is gone died half-way; one whose process runs is its own.
-      const abandoned = new Set(namesOfDeadOwners(join(layout.wheelhouse, sdist, conditions), /\.(\d+)\.tmp$/));
+      // A build writes `<name>.<pid>.tmp` in a moment: one whose process is gone, and quiet for FOREIGN_STALE_MS, died
+      // half-way. The wait is for a home shared by nodes, where a pid not running here may be a live build on another.
+      const here = join(layout.wheelhouse, sdist, conditions);
+      const abandoned = new Set(namesOfDeadOwners(here, /\.(\d+)\.tmp$/).filter((n) => Date.now() - (statMs(join(here, n)) ?? 0) > FOREIGN_STALE_MS));
       for (const name of dirs(join(layout.wheelhouse, sdist, conditions))) {
         const dir = join(layout.wheelhouse, sdist, conditions, name);
         const createdMs = statMs(dir);
