@@ -234,7 +234,11 @@ export class Coordinator {
    * writer lock: with several replicas, each worker is declared lost once.
    */
   sweep(): Promise<void> {
-    this.sweeping ??= this.change((ch) => this.sweepIn(ch)).finally(() => (this.sweeping = null));
+    this.sweeping ??= (async () => {
+      // Which workers a revoked join token drops, asked outside the writer lock (one query, an empty answer nearly always); dropped under it.
+      const revoked = await this.store.workersOfRevokedTokens();
+      await this.change((ch) => this.sweepIn(ch, revoked));
+    })().finally(() => (this.sweeping = null));
     return this.sweeping;
   }
 
@@ -243,7 +247,7 @@ export class Coordinator {
     this.blind = true;
   }
 
-  private async sweepIn(ch: Change): Promise<void> {
+  private async sweepIn(ch: Change, revoked: WorkerRow[]): Promise<void> {
     const { store } = ch;
     const now = Date.now();
     // In a transaction: the database answers again.
@@ -264,11 +268,12 @@ export class Coordinator {
     }
     if (released) await this.dispatch(ch);
     // A revoked join token takes the workers that joined with it along (a leaked token's workers among them): at once.
-    for (const w of await store.workers({ present: true })) {
-      if (w.joinedWith && !(await store.tokens.has(w.joinedWith))) {
-        await this.markLost(ch, w, `worker ${w.name} dropped: the join token ${w.joinedWith} it joined with was revoked`, true);
-        await store.updateWorker(w.id, { state: "left" });
-      }
+    for (const seen of revoked) {
+      // As it is now, under the lock: lost or gone meanwhile, another sweep (or replica) saw to it.
+      const w = await store.worker(seen.id);
+      if (!w || w.state === "lost" || w.state === "left") continue;
+      await this.markLost(ch, w, `worker ${w.name} dropped: the join token ${w.joinedWith} it joined with was revoked`, true);
+      await store.updateWorker(w.id, { state: "left" });
     }
     // Credentials live as long as what needs them: a job until it ends, a prepare while any of its tasks runs.
     await this.heldSpecs.keepOnly(store.sql, async (id) => !isFinal((await store.job(id))?.state ?? "failed"));

@@ -239,6 +239,10 @@ export class ServerStore {
     const where = opts.present ? "WHERE state NOT IN ('lost', 'left')" : "";
     return (await this.sql.all(`SELECT * FROM workers ${where} ORDER BY name, registered`)).map(toWorker);
   }
+  /** Workers still here that joined with a named token no longer there (revoked): one query, whatever the fleet's size. */
+  async workersOfRevokedTokens(): Promise<WorkerRow[]> {
+    return (await this.sql.all("SELECT * FROM workers w WHERE w.state NOT IN ('lost', 'left') AND w.joined_with IS NOT NULL AND NOT EXISTS (SELECT 1 FROM tokens t WHERE t.name = w.joined_with) ORDER BY name, registered")).map(toWorker);
+  }
   async updateWorker(id: string, fields: Partial<Pick<WorkerRow, "state" | "lastSeen" | "freeGpus" | "probe" | "labels" | "slots" | "joinedWith" | "cache">>): Promise<void> {
     await this.update("workers", WORKER_COLUMNS, id, fields, false);
   }

@@ -76,8 +76,4 @@ export class TokenStore {
   async hasHash(hash: string): Promise<boolean> {
     return Boolean(await this.db.get("SELECT 1 AS yes FROM tokens WHERE hash = ?", hash));
   }
-
-  async has(name: string): Promise<boolean> {
-    return Boolean(await this.db.get("SELECT 1 AS yes FROM tokens WHERE name = ?", name));
-  }
 }
