@@ -131,7 +131,9 @@ export class Coordinator {
    * (after it had time to start it) ended there unheard: back to the queue,
    * as for a lost worker, rather than "running" forever.
    */
-  heartbeat(worker: WorkerRow, body: { running: string[]; free_gpus?: number[]; cache?: WorkerCache }): Promise<{ cancel: string[] }> {
+  async heartbeat(worker: WorkerRow, body: { running: string[]; free_gpus?: number[]; cache?: WorkerCache }): Promise<{ cancel: string[] }> {
+    // PostgreSQL only: there the lock is what beats wait on. SQLite has one connection, so a write outside the lock waits for the open transaction anyway, and measured (bench/fleet.ts, 1,000 workers) such beats were overtaken by the chain of transactions and starved.
+    if (this.store.sql.dialect === "postgres" && (await this.quietBeat(worker, body))) return { cancel: [] };
     return this.change(async (ch) => {
       const w = await this.current(ch, worker);
       await this.seen(ch, w);
@@ -142,6 +144,25 @@ export class Coordinator {
       if (gone.length) await this.dispatch(ch);
       return { cancel: (await ch.store.activeTasks(w.id)).filter((t) => t.cancel).map((t) => t.id) };
     });
+  }
+
+  /**
+   * The common beat, without the writer lock: an idle worker that lists every
+   * task it holds and has none to cancel only says it is alive. Anything else
+   * (lost, left, draining, a task unlisted, a cancel) takes the locked path.
+   * A task assigned after the read below is too fresh to judge (gone()'s
+   * `settledBefore`), as on the locked path; a sweep that reads the worker
+   * silent marks it lost only if no beat landed since (moveWorker's lastSeen),
+   * and a beat after that finds it lost and takes the locked path back.
+   */
+  private async quietBeat(w: WorkerRow, body: { running: string[]; free_gpus?: number[]; cache?: WorkerCache }): Promise<boolean> {
+    const active = await this.store.activeTasks(w.id);
+    const listed = new Set(body.running);
+    const settledBefore = Date.now() - 3 * this.opts.heartbeatSeconds * 1000;
+    if (active.some((t) => t.cancel) || this.unlisted.anyUnlisted(active, listed, settledBefore)) return false;
+    if (!(await this.store.beat(w.id, { lastSeen: Date.now(), freeGpus: body.free_gpus, cache: body.cache }))) return false;
+    this.unlisted.gone(active, listed, settledBefore);
+    return true;
   }
 
   /** Waits for work; `secretHash` is the credential it came with, which a restarted worker replaces and leaving or being lost kills (the poll then ends with 401). */
@@ -257,7 +278,7 @@ export class Coordinator {
     }
     const silence = (w: WorkerRow) => (now - Math.max(w.lastSeen, this.sightedSince)) / 1000;
     for (const w of await store.workers({ present: true })) {
-      if (silence(w) > this.opts.lostSeconds) await this.markLost(ch, w, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s; what it runs is given out again after ${this.opts.leaseSeconds} s of silence`);
+      if (silence(w) > this.opts.lostSeconds) await this.markLost(ch, w, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s; what it runs is given out again after ${this.opts.leaseSeconds} s of silence`, false, true);
     }
     let released = 0;
     for (const w of (await store.workers()).filter((x) => x.state === "lost" && silence(x) > this.opts.leaseSeconds)) {
@@ -280,11 +301,14 @@ export class Coordinator {
     await this.heldPrepares.keepOnly(store.sql, async (id) => (await store.groupTasks(id)).some((t) => t.state === "assigned" || t.state === "running"));
   }
 
-  /** `release`: its tasks go now (it is known gone: another process took its name, its token was revoked); else at its lease's end. */
-  async markLost(ch: Change, w: WorkerRow, reason: string, release = false): Promise<void> {
+  /**
+   * `release`: its tasks go now (it is known gone: another process took its name, its token was revoked); else at its lease's end.
+   * `silent`: lost for its silence, so not if it beat since `w` was read (beats take no writer lock).
+   */
+  async markLost(ch: Change, w: WorkerRow, reason: string, release = false, silent = false): Promise<void> {
     const { store } = ch;
     // From the state this change read, or not at all: declared lost once, whichever replica sweeps.
-    if (!(await store.moveWorker(w.id, w.state, "lost"))) return;
+    if (!(await store.moveWorker(w.id, w.state, "lost", silent ? w.lastSeen : undefined))) return;
     // Workers waiting for its env build or wheel compile stop waiting: one of them builds instead.
     await store.claims.dropAllOf(w.id);
     ch.log(reason);

@@ -246,9 +246,29 @@ export class ServerStore {
   async updateWorker(id: string, fields: Partial<Pick<WorkerRow, "state" | "lastSeen" | "freeGpus" | "probe" | "labels" | "slots" | "joinedWith" | "cache">>): Promise<void> {
     await this.update("workers", WORKER_COLUMNS, id, fields, false);
   }
-  /** Its state changed only from what it was: false when another replica got there first. */
-  async moveWorker(id: string, from: WorkerState, to: WorkerState): Promise<boolean> {
-    return (await this.sql.run("UPDATE workers SET state = ? WHERE id = ? AND state = ?", to, id, from)) > 0;
+  /**
+   * Its state changed only from what it was: false when another replica got there first.
+   * `lastSeen`: and only if not heard from since (a beat takes no writer lock: beat()).
+   */
+  async moveWorker(id: string, from: WorkerState, to: WorkerState, lastSeen?: number): Promise<boolean> {
+    if (lastSeen === undefined) return (await this.sql.run("UPDATE workers SET state = ? WHERE id = ? AND state = ?", to, id, from)) > 0;
+    return (await this.sql.run("UPDATE workers SET state = ? WHERE id = ? AND state = ? AND last_seen = ?", to, id, from, lastSeen)) > 0;
+  }
+  /**
+   * A beat of an idle worker, outside the writer lock: one conditional UPDATE,
+   * false when the worker is no longer idle (lost, left, draining: the caller
+   * takes the locked path). On PostgreSQL its commit does not wait for the
+   * WAL flush (synchronous_commit off for this transaction alone): a beat
+   * lost in a crash costs nothing, the next comes seconds later.
+   */
+  async beat(id: string, fields: { lastSeen: number; freeGpus?: number[]; cache?: WorkerCache }): Promise<boolean> {
+    const sets = ["last_seen = ?"];
+    const values: SqlValue[] = [fields.lastSeen];
+    if (fields.freeGpus) sets.push("free_gpus = ?"), values.push(sqlValue(fields.freeGpus));
+    if (fields.cache) sets.push("cache = ?"), values.push(sqlValue(fields.cache));
+    // One statement, one round trip: set_config(..., true) holds for the statement's own transaction.
+    const lazy = this.sql.dialect === "postgres" ? " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lazy_commit" : "";
+    return (await this.sql.run(`UPDATE workers SET ${sets.join(", ")}${lazy} WHERE id = ? AND state = 'idle'`, ...values, id)) > 0;
   }
 
   // Jobs

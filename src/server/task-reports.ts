@@ -27,6 +27,11 @@ export function freshOutput(data: Uint8Array, lengths: number[] | undefined, seq
 export class BeatReconciler {
   private strikes = new Map<string, number>();
 
+  /** Whether this beat leaves any of `active` unlisted that gone() would count against: without, gone() only forgets. */
+  anyUnlisted(active: TaskRow[], listed: Set<string>, settledBefore: number): boolean {
+    return active.some((t) => !listed.has(t.id) && t.delivered && t.updated <= settledBefore);
+  }
+
   /** The tasks of `active` this beat shows ended unheard. `settledBefore`: a task changed later is too fresh to judge. */
   gone(active: TaskRow[], listed: Set<string>, settledBefore: number): TaskRow[] {
     const out: TaskRow[] = [];

@@ -8,7 +8,7 @@ import { DatabaseDown, type Database, numbered, type Row, type Sql, type SqlValu
  */
 
 /** pg_advisory_xact_lock's key for the coordinator's writer lock (any fixed number; "gpl" in ASCII). */
-const WRITER_LOCK = 0x67706c;
+export const WRITER_LOCK = 0x67706c;
 const CHANNEL = "gpulayer";
 
 type Client = InstanceType<typeof Bun.SQL>;
