@@ -106,7 +106,7 @@ describe("packing", () => {
     expect(list.entries).toHaveLength(2500);
     expect(seen.map((p) => p.entries)).toEqual([1000, 2000]);
     expect(seen[1]!.bytes).toBeGreaterThanOrEqual(1999);
-  });
+  }, 60_000); // 2,500 files written and walked: seconds on a loaded machine, not the default 5
 
   test("a gpulayer home at the root, or by its token, is refused; one left out by .gpulayerignore is not", () => {
     const home = join(boxes.client.root, "a-home");
