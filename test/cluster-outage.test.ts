@@ -193,3 +193,29 @@ describe("a task's outputs while the server is down", () => {
     expect((await gpl(["job", "logs", status.tasks[1].id])).stdout).toBe("kept\n");
   }, T);
 });
+
+describe("every worker lost for a moment", () => {
+  test("a job submitted meanwhile waits for one to come back (it is not refused as if none had joined), then runs once", async () => {
+    worker.proc.kill("SIGKILL");
+    await worker.proc.exited;
+    await waitFor("w1 to be lost", async () => json<any[]>((await gpl(["workers", "--json"])).stdout).every((w) => w.state === "lost"), 20_000);
+    const submitted = await gpl(["job", "run", "-d", "--json", "--", "echo", "after-the-loss"]);
+    expect(submitted.code, submitted.stderr).toBe(0);
+    const id = json(submitted.stdout).id;
+    expect(json((await gpl(["job", "status", id, "--json"])).stdout).state).toBe("queued");
+    worker = startWorker();
+    const status = await waitFor("the job to end", async () => {
+      const doc = json((await gpl(["job", "status", id, "--json"])).stdout);
+      return doc.state === "succeeded" || doc.state === "failed" ? doc : null;
+    }, 60_000);
+    expect([status.state, status.attempts]).toEqual(["succeeded", 1]);
+    expect((await gpl(["job", "logs", id])).stdout).toBe("after-the-loss\n");
+  }, T);
+
+  test("a server no worker ever joined refuses a job in one line saying so", async () => {
+    const lone = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "lone-home"), GPULAYER_TOKEN: TOKEN } }), procs);
+    const loneUrl = await waitFor("the lone server", () => /"url": "([^"]+)"/.exec(lone.out())?.[1]);
+    const r = await cli(["job", "run", "--", "true"], { env: { ...box.env, GPULAYER_SERVER: loneUrl, GPULAYER_TOKEN: TOKEN }, cwd: box.root });
+    expect([r.code, r.stderr.trim().split("\n").at(-1)]).toEqual([1, "error: job refused: no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)"]);
+  }, T);
+});

@@ -29,7 +29,10 @@ export class JobsApi {
 
   private async submitIn(ch: Change, body: SubmitRequest): Promise<SubmitResponse> {
     const { store } = ch;
-    const workers = await store.workers({ present: true });
+    // Judged against the workers here, else (every one lost for a moment: a network blip, a load spike) those that may come
+    // back within their lease: the job waits for them rather than being refused as if none had joined.
+    const present = await store.workers({ present: true });
+    const workers = present.length ? present : (await store.workers()).filter((w) => w.state === "lost");
     if (!workers.length) throw new HttpFail(422, `job refused: ${NO_WORKERS}`);
     const gpus = fleetGpuRefusal(body.spec, body.labels, workers);
     if (gpus) throw new HttpFail(422, gpus);
