@@ -213,9 +213,11 @@ describe("every worker lost for a moment", () => {
   }, T);
 
   test("a server no worker ever joined refuses a job in one line saying so", async () => {
-    const lone = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "lone-home"), GPULAYER_TOKEN: TOKEN } }), procs);
+    // A sandbox of its own: its own store too (on PostgreSQL, the file's database holds the other server's workers).
+    const alone = sandbox();
+    const lone = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...alone.env, ...FAST, GPULAYER_TOKEN: TOKEN } }), procs);
     const loneUrl = await waitFor("the lone server", () => /"url": "([^"]+)"/.exec(lone.out())?.[1]);
-    const r = await cli(["job", "run", "--", "true"], { env: { ...box.env, GPULAYER_SERVER: loneUrl, GPULAYER_TOKEN: TOKEN }, cwd: box.root });
+    const r = await cli(["job", "run", "--", "true"], { env: { ...alone.env, GPULAYER_SERVER: loneUrl, GPULAYER_TOKEN: TOKEN }, cwd: alone.root });
     expect([r.code, r.stderr.trim().split("\n").at(-1)]).toEqual([1, "error: job refused: no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)"]);
   }, T);
 });
