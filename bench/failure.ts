@@ -3,7 +3,8 @@
  * one run: `gpulayer env prepare` (auto: the uv fast path) against raw
  * `uv venv` + `uv pip install` of the same request from the same index (a
  * local PEP 503 index on 127.0.0.1, served by the test fixture). Every run has
- * a fresh GPULAYER_HOME, venv and a uv cache for each contender; the order alternates. Both must fail; gpulayer's failure
+ * a fresh GPULAYER_HOME, venv and a uv cache for each contender, then again with
+ * the home and raw uv's cache kept across runs (a worker that has built before); the order alternates. Both must fail; gpulayer's failure
  * must be one line with uv's explanation, and pip must not run a second
  * resolution. Goal (issue 39): within 1.5x of raw uv's own failure.
  *
@@ -45,11 +46,13 @@ async function failing(argv: string[], env: Record<string, string>): Promise<{ m
 
 const RAW = "`uv venv` + `uv pip install` (raw)";
 const GPL = "gpulayer env prepare (auto)";
-const samples: Record<string, number[]> = { [RAW]: [], [GPL]: [] };
+const RAW_USED = "`uv venv` + `uv pip install` (raw), its cache used before";
+const GPL_USED = "gpulayer env prepare (auto), on a home used before";
+const samples: Record<string, number[]> = { [RAW]: [], [GPL]: [], [RAW_USED]: [], [GPL_USED]: [] };
 let gplSaid = "";
-/** Raw uv's failure: a venv, then the install that fails; its own fresh uv cache. */
-async function rawRun(dir: string): Promise<number> {
-  const cache = { UV_CACHE_DIR: join(dir, "uv-cache-raw") };
+/** Raw uv's failure: a venv, then the install that fails; its own fresh uv cache (or `cacheDir`, kept across runs). */
+async function rawRun(dir: string, cacheDir = join(dir, "uv-cache-raw")): Promise<number> {
+  const cache = { UV_CACHE_DIR: cacheDir };
   const venv = join(dir, "venv");
   const t = performance.now();
   const made = Bun.spawn([uv, "venv", "--quiet", "--python", python, venv], { env: { ...base, ...cache }, stdout: "ignore", stderr: "ignore" });
@@ -59,9 +62,10 @@ async function rawRun(dir: string): Promise<number> {
   return performance.now() - t;
 }
 
-/** gpulayer's failure: a fresh home and a uv cache of its own (never the one raw uv just filled). */
-async function gplRun(dir: string): Promise<number> {
-  const gpl = await failing([bin, "env", "prepare", "-p", "tiny==9", "--index-url", index.url, "--python", python], { ...base, UV_CACHE_DIR: join(dir, "uv-cache-gpl"), GPULAYER_HOME: join(dir, "home") });
+/** gpulayer's failure: a fresh home and a uv cache of its own (never the one raw uv just filled), or `home` kept across runs. */
+async function gplRun(dir: string, home?: string): Promise<number> {
+  const where: Record<string, string> = home ? { GPULAYER_HOME: home } : { UV_CACHE_DIR: join(dir, "uv-cache-gpl"), GPULAYER_HOME: join(dir, "home") };
+  const gpl = await failing([bin, "env", "prepare", "-p", "tiny==9", "--index-url", index.url, "--python", python], { ...base, ...where });
   gplSaid = gpl.said;
   return gpl.ms;
 }
@@ -74,14 +78,24 @@ for (let i = 0; i < RUNS + 1; i++) {
     const ms = await run(dir);
     if (i > 0) samples[name]!.push(ms); // the first round warms the page cache and the binary
   }
+  // As a failure meets a worker that has built before: gpulayer's home (its uv cache inside) and raw uv's cache
+  // kept across runs, each filled by the first round; a new venv each time on both sides.
+  const used = i % 2 ? ([[GPL_USED, () => gplRun(dir, join(work, "used-home"))], [RAW_USED, () => rawRun(join(dir, "used"), join(work, "used-uv-cache"))]] as const) : ([[RAW_USED, () => rawRun(join(dir, "used"), join(work, "used-uv-cache"))], [GPL_USED, () => gplRun(dir, join(work, "used-home"))]] as const);
+  for (const [name, run] of used) {
+    const ms = await run();
+    if (i > 0) samples[name]!.push(ms);
+  }
 }
 index.stop();
 rmSync(work, { recursive: true, force: true });
 
 const errors = gplSaid.split("\n").filter((l) => l.startsWith("error:"));
 const pipRan = /with pip/.test(gplSaid);
-const rows = [RAW, GPL].map((name) => [name, stats(samples[name]!)] as const);
-const rawMedian = rows[0]![1].median;
+const table = (names: string[]) => {
+  const rows = names.map((name) => [name, stats(samples[name]!)] as const);
+  const rawMedian = rows[0]![1].median;
+  return rows.map(([name, s]) => `| ${name} | ${s.median.toFixed(0)} ms | ${s.min.toFixed(0)} ms | ${s.p90.toFixed(0)} ms | ${(s.median / rawMedian).toFixed(2)}x |`);
+};
 const lines = [
   `## A request nothing satisfies (\`tiny==9\`), ${RUNS} runs each, alternated`,
   "",
@@ -89,7 +103,11 @@ const lines = [
   "",
   "| | median | min | p90 | vs raw uv |",
   "|---|---:|---:|---:|---:|",
-  ...rows.map(([name, s]) => `| ${name} | ${s.median.toFixed(0)} ms | ${s.min.toFixed(0)} ms | ${s.p90.toFixed(0)} ms | ${(s.median / rawMedian).toFixed(2)}x |`),
+  ...table([RAW, GPL]),
+  "",
+  "| on a worker that has built before | median | min | p90 | vs raw uv |",
+  "|---|---:|---:|---:|---:|",
+  ...table([RAW_USED, GPL_USED]),
   "",
   `gpulayer's error: ${errors.length} line(s), \`${errors[0] ?? "(none)"}\`; pip ran a second resolution: ${pipRan ? "yes" : "no"}.`,
 ];
