@@ -65,8 +65,8 @@ const dropPycs = (dir: string) => {
 
 const hooks = {};
 /** Whether two .pyc files hold the same header and equal code objects (what Python 3.6's marshal can differ in: its reference flags follow refcounts). */
-async function sameCode(python: string, a: Record<string, string>, b: Record<string, string>): Promise<boolean> {
-  const script = "import json, marshal, sys\nfrom base64 import b64decode as d\na, b = json.load(sys.stdin)\nprint(sorted(a) == sorted(b) and all(d(a[k])[:12] == d(b[k])[:12] and marshal.loads(d(a[k])[12:]) == marshal.loads(d(b[k])[12:]) for k in a))";
+async function sameCode(python: string, a: Record<string, string>, b: Record<string, string>, header = 12): Promise<boolean> {
+  const script = `import json, marshal, sys\nfrom base64 import b64decode as d\na, b = json.load(sys.stdin)\nprint(sorted(a) == sorted(b) and all(d(a[k])[:${header}] == d(b[k])[:${header}] and marshal.loads(d(a[k])[${header}:]) == marshal.loads(d(b[k])[${header}:]) for k in a))`;
   const p = Bun.spawn([python, "-c", script], { stdin: new Blob([JSON.stringify([a, b])]), stdout: "pipe" });
   return (await new Response(p.stdout).text()).trim() === "True";
 }
@@ -193,5 +193,127 @@ describe("compiled bytecode", () => {
     expect(await compileBytecode(join(root, "no-such-python"), join(root, "empty"), { env: {}, cwd: root, hooks })).toBe(0);
     const site = tree(root);
     await expect(compileBytecode(join(root, "no-such-python"), site, { env: {}, cwd: root, hooks })).rejects.toThrow(/cannot run .*no-such-python/);
+  });
+});
+
+describe("the bytecode store: each module compiled once per home", () => {
+  const env = { PATH: process.env.PATH ?? "/usr/bin:/bin" };
+  /** Two envs' site folders holding the same sources, written at different times (as two installs write them). */
+  async function twoSites(root: string) {
+    const a = tree(join(root, "a"));
+    await Bun.sleep(1100); // another second: the second tree's headers differ from the first's
+    const b = tree(join(root, "b"));
+    return { a, b };
+  }
+  const pycOf = (site: string, mod: string) => {
+    const dir = join(site, ...mod.split("/").slice(0, -1), "__pycache__");
+    const name = mod.split("/").at(-1)!;
+    return join(dir, readdirSync(dir).find((f) => f.startsWith(`${name}.`) && f.endsWith(".pyc"))!);
+  };
+
+  test("the second env takes the first's code under its own header: what compileall writes there, and imports with its own paths", async () => {
+    const root = tempDir("gpl-pyc-store-");
+    mkdirSync(join(root, "a"));
+    mkdirSync(join(root, "b"));
+    const { a, b } = await twoSites(root);
+    const store = join(root, "store");
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    // The first env is compiled as without a store: byte for byte compileall's.
+    const first = pycs(a);
+    dropPycs(a);
+    await run(["python3", "-m", "compileall", "-q", a], { env });
+    expect(first).toEqual(pycs(a));
+    const buckets = readdirSync(store);
+    expect(buckets).toHaveLength(1);
+    expect(existsSync(join(store, buckets[0]!, "last-used"))).toBe(true);
+
+    await compileBytecode("python3", b, { env, cwd: root, hooks, store });
+    const second = pycs(b);
+    // Taken from the store: the code names the env that compiled it...
+    expect(readFileSync(pycOf(b, "pkg/sub/deeper/mod")).includes(Buffer.from(a))).toBe(true);
+    dropPycs(b);
+    await run(["python3", "-m", "compileall", "-q", b], { env });
+    const reference = pycs(b);
+    // ...under the header compileall writes for this env's own files (its mtimes differ from the first env's), with equal code.
+    expect(Object.keys(second).sort()).toEqual(Object.keys(reference).sort());
+    for (const k of Object.keys(reference)) expect(Buffer.from(second[k]!, "base64").subarray(0, 16)).toEqual(Buffer.from(reference[k]!, "base64").subarray(0, 16));
+    expect(await sameCode("python3", second, reference, 16)).toBe(true);
+
+    // Put the store's pycs back and import: Python takes them as valid (none rewritten), and the module's code names its own file.
+    dropPycs(b);
+    await compileBytecode("python3", b, { env, cwd: root, hooks, store });
+    const before = statSync(pycOf(b, "pkg/sub/deeper/mod"));
+    const job = await run(["python3", "-c", "import sys; sys.path.insert(0, sys.argv[1])\nimport pkg.sub.deeper.mod as m\nprint(m.f.__code__.co_filename)", b], { env });
+    expect(job.stdout.trim()).toBe(join(b, "pkg", "sub", "deeper", "mod.py"));
+    const after = statSync(pycOf(b, "pkg/sub/deeper/mod"));
+    expect([after.ino, after.mtimeMs]).toEqual([before.ino, before.mtimeMs]);
+  });
+
+  test("a torn or altered entry is compiled again, never loaded, and written whole again", async () => {
+    const root = tempDir("gpl-pyc-store-");
+    mkdirSync(join(root, "a"));
+    mkdirSync(join(root, "b"));
+    const { a, b } = await twoSites(root);
+    const store = join(root, "store");
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    const entries: string[] = [];
+    const walk = (d: string) => {
+      for (const e of readdirSync(d, { withFileTypes: true })) {
+        const p = join(d, e.name);
+        if (e.isDirectory()) walk(p);
+        else if (e.name !== "last-used") entries.push(p);
+      }
+    };
+    walk(store);
+    expect(entries.length).toBeGreaterThan(40);
+    expect(entries.some((e) => e.endsWith(".tmp"))).toBe(false);
+    // Every entry damaged: half of them cut short, the other half with one byte of their code changed.
+    entries.forEach((e, i) => {
+      const bytes = readFileSync(e);
+      if (i % 2) writeFileSync(e, bytes.subarray(0, bytes.length - 3));
+      else {
+        bytes[bytes.length - 1] = bytes[bytes.length - 1]! ^ 0xff;
+        writeFileSync(e, bytes);
+      }
+    });
+    await compileBytecode("python3", b, { env, cwd: root, hooks, store });
+    const ours = pycs(b);
+    // Nothing of the first env's in the second: every module compiled here.
+    expect(Object.values(ours).some((p) => Buffer.from(p, "base64").includes(Buffer.from(a)))).toBe(false);
+    dropPycs(b);
+    await run(["python3", "-m", "compileall", "-q", b], { env });
+    expect(ours).toEqual(pycs(b));
+    // And the store holds whole entries again: a third env takes them.
+    mkdirSync(join(root, "c"));
+    const c = tree(join(root, "c"));
+    await compileBytecode("python3", c, { env, cwd: root, hooks, store });
+    expect(readFileSync(pycOf(c, "pkg/sub/deeper/mod")).includes(Buffer.from(b))).toBe(true);
+  });
+
+  const py313 = pyenvPython("13");
+  test.skipIf(!py313)("another interpreter has a bucket of its own; SOURCE_DATE_EPOCH's checked hashes are written over kept code", async () => {
+    const root = tempDir("gpl-pyc-store-");
+    mkdirSync(join(root, "a"));
+    mkdirSync(join(root, "b"));
+    const { a, b } = await twoSites(root);
+    const store = join(root, "store");
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    await compileBytecode(py313!, b, { env, cwd: root, hooks, store });
+    expect(readdirSync(store)).toHaveLength(2);
+    const ours = pycs(b);
+    dropPycs(b);
+    await run([py313!, "-m", "compileall", "-q", b], { env });
+    expect(ours).toEqual(pycs(b));
+
+    // Checked hashes (reproducible builds) from the store: compileall's header, equal code.
+    const hashed = { ...env, SOURCE_DATE_EPOCH: "1700000000" };
+    dropPycs(a);
+    await compileBytecode("python3", a, { env: hashed, cwd: root, hooks, store });
+    const fromStore = pycs(a);
+    dropPycs(a);
+    await run(["python3", "-m", "compileall", "-q", a], { env: hashed });
+    const reference = pycs(a);
+    for (const k of Object.keys(reference)) expect(Buffer.from(fromStore[k]!, "base64").subarray(0, 16)).toEqual(Buffer.from(reference[k]!, "base64").subarray(0, 16));
+    expect(await sameCode("python3", fromStore, reference, 16)).toBe(true);
   });
 });

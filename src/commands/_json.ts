@@ -169,7 +169,7 @@ export const EnvRmDocument = v.strictObject({ key: str, removed: v.literal(true)
 // ---- gc ----
 
 const gcItemEntries = {
-  kind: v.picklist(["env", "image", "bundle", "wheel"]),
+  kind: v.picklist(["env", "image", "bundle", "wheel", "bytecode"]),
   id: str,
   state: v.picklist(["ready", "incomplete", "building"]),
   size_bytes: num,

@@ -19,6 +19,8 @@ export interface HomeLayout {
   images: string;
   /** Wheels compiled without build isolation, by sdist and what their build saw (env/build/wheelhouse.ts). */
   wheelhouse: string;
+  /** Modules' code compiled once per source content and interpreter, for every env's bytecode (env/build/bytecode.ts). */
+  bytecode: string;
   /** Per build user (worker.run_as) caches, `<users>/<uid>/cache`. */
   users: string;
   /** A worker's (`gpulayer join`) own state: the folders and files below. */
@@ -55,6 +57,7 @@ export function homeLayout(root: string, configFile: string = join(root, "config
     jobs: join(root, "jobs"),
     images: join(root, "images-v1"),
     wheelhouse: join(root, "wheelhouse-v1"),
+    bytecode: join(root, "bytecode-v1"),
     users: join(root, "users"),
     cluster,
     clusterWork: join(cluster, "work"),

@@ -118,6 +118,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
         ...(resolved.pylock ? { pylock: as ? as.moved(resolved.pylock) : resolved.pylock } : {}),
         env: req.env,
         toolsDir: layout.tools,
+        bytecodeStore: layout.bytecode,
         cwd: as ? as.moved(req.cwd) : req.cwd,
         user: as?.user,
         venvCreator: req.venvCreator,

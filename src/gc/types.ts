@@ -1,11 +1,12 @@
 /**
  * What gc works on. Every kind of cached thing (Python environments in
  * env-source.ts, container images in image-source.ts, a worker's bundle
- * copies in bundle-source.ts, the wheelhouse in wheel-source.ts) is offered to the
+ * copies in bundle-source.ts, the wheelhouse in wheel-source.ts, the bytecode
+ * store in bytecode-source.ts) is offered to the
  * policy as GcEntry values by a GcSource; the policy never knows how an entry
  * is stored, measured, leased or deleted.
  */
-export type GcKind = "env" | "image" | "bundle" | "wheel";
+export type GcKind = "env" | "image" | "bundle" | "wheel" | "bytecode";
 
 /**
  * ready: complete and usable; the LRU policy may remove it.

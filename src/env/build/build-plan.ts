@@ -42,6 +42,8 @@ export interface BuildPlan {
   project?: LockedProject;
   /** A pylock.toml (absolute): `uv pip install -r` of it installs the env, exactly its packages. */
   pylock?: string;
+  /** The home's bytecode store (bytecode.ts): each module compiled once per home. */
+  bytecodeStore?: string;
   /** Requirements built last, without build isolation (wheelhouse.ts). */
   deferred?: DeferredBuild[];
   /** The home's wheelhouse (config/paths.ts): wheels those builds made, by what they were built against. */

@@ -224,7 +224,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
 
   const site = envSitePackages(plan.dir, info);
   const envPython = join(plan.dir, "bin", "python");
-  const compileOptions = { env: userEnv, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: user };
+  const compileOptions = { env: userEnv, cwd: plan.cwd, hooks, signal: plan.signal, keep: plan.keep, as: user, ...(plan.bytecodeStore ? { store: plan.bytecodeStore } : {}) };
   const standinRoot = join(plan.toolsDir, "standins-v2");
   let lease: StandinLease | null = null;
   await timed("linking", `${info.siteDirs.length} site dir(s) of ${info.path}${fast ? `; ${dists!.length} of its packages shown to uv` : ""}`, async () => {

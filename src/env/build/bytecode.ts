@@ -15,6 +15,21 @@ import type { BuildUser } from "./build-user.ts";
  * the files are byte for byte what `python -m compileall` writes; it skips
  * importing compileall and site (-I -S), which costs more than compiling a
  * small package. One worker per CPU, each given an even share by size.
+ *
+ * A module is compiled once per home: the code of each source, by its
+ * content's SHA-256 and the optimization level, is kept in the home's
+ * bytecode store, one bucket per interpreter (a digest of its cache tag, magic
+ * number and whole `sys.version`, which `interpreter` names for people). The next env holding the same file (another lock of the
+ * same stack, another request sharing its packages) writes that code under
+ * its own header (the source's mtime and size, or its hash), which is what a
+ * compile would write: the same header, an equal code object. Its
+ * co_filename names the env that compiled it; CPython's import sets it to the
+ * module's own path on load (`_imp._fix_co_filename`), as for any pyc moved
+ * with its source. An entry is its body's SHA-256 then the body, checked on
+ * every read: a torn or changed entry is compiled again, never loaded. The
+ * store is best effort (a failed read or write compiles, as without it), the
+ * worker's own: a build as another user (worker.run_as) neither reads nor
+ * writes it, since that user's process could write any code under any key.
  */
 
 /** Run under `python -I -S -c`; paths come NUL-separated on stdin. Python 3.6 lacks the 3.7 functions: py_compile then. */
@@ -28,6 +43,53 @@ except ImportError:
     import py_compile
     fast = False
 checked = bool(os.environ.get("SOURCE_DATE_EPOCH"))  # py_compile's default: checked hashes for reproducible builds
+store = sys.argv[1] if fast and len(sys.argv) > 1 and sys.argv[1] else None
+if store:
+    import hashlib, marshal, time
+    named = "%s %s (magic %s)" % (sys.implementation.cache_tag, sys.version.split()[0], MAGIC_NUMBER.hex())
+    store = os.path.join(store, hashlib.sha256((named + "\\n" + sys.version).encode()).hexdigest()[:16])
+    try:
+        os.makedirs(store, mode=0o700, exist_ok=True)
+        if not os.path.exists(os.path.join(store, "interpreter")):
+            with open(os.path.join(store, "interpreter"), "w") as f:
+                f.write(named + "\\n")
+        used = os.path.join(store, "last-used")
+        # gc's last use of the bucket, touched at most hourly (a write per build would cost more than it tells).
+        try:
+            if time.time() - os.stat(used).st_mtime > 3600:
+                os.utime(used)
+        except FileNotFoundError:
+            open(used, "ab").close()
+    except OSError:
+        store = None
+
+def kept_code(entry):
+    try:
+        with open(entry, "rb") as f:
+            kept = f.read()
+    except OSError:
+        return None
+    body = kept[32:]
+    return body if body and hashlib.sha256(body).digest() == kept[:32] else None
+
+def keep_code(entry, body):
+    tmp = "%s.%d.tmp" % (entry, os.getpid())
+    try:
+        os.makedirs(os.path.dirname(entry), mode=0o700, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(hashlib.sha256(body).digest() + body)
+        os.replace(tmp, entry)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+def header(source, st):
+    # What _code_to_hash_pyc and _code_to_timestamp_pyc put before the code (both 16 bytes).
+    if checked:
+        return MAGIC_NUMBER + (3).to_bytes(4, "little") + source_hash(_RAW_MAGIC_NUMBER, source)
+    return MAGIC_NUMBER + bytes(4) + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
 # -I hides PYTHONOPTIMIZE from this interpreter; jobs read it, as Python does (an integer, else 1). The env is keyed
 # without it, so plain bytecode always, and that level's too.
 try:
@@ -37,6 +99,7 @@ except ValueError:
     level = 1
 levels = [0, level] if level else [0]
 unreadable = False
+compiled = taken = 0
 for raw in sys.stdin.buffer.read().split(b"\\0"):
     if not raw:
         continue
@@ -61,8 +124,18 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
             if source is None:
                 with open(path, "rb") as f:
                     source = f.read()
-            code = compile(source, path, "exec", dont_inherit=True, optimize=opt)
-            pyc = _code_to_hash_pyc(code, source_hash(_RAW_MAGIC_NUMBER, source), True) if checked else _code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
+                digest = hashlib.sha256(source).hexdigest() if store else None
+            entry = os.path.join(store, digest[:2], "%s.%d" % (digest[2:], opt)) if store else None
+            body = kept_code(entry) if entry else None
+            if body is not None:
+                pyc = header(source, st) + body
+                taken += 1
+            else:
+                compiled += 1
+                code = compile(source, path, "exec", dont_inherit=True, optimize=opt)
+                pyc = _code_to_hash_pyc(code, source_hash(_RAW_MAGIC_NUMBER, source), True) if checked else _code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
+                if entry:
+                    keep_code(entry, bytes(pyc[16:]))
             os.makedirs(os.path.dirname(cfile), exist_ok=True)
             _write_atomic(cfile, pyc, _calc_mode(path))
     except OSError as e:
@@ -72,6 +145,9 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
         # A module that does not compile (a Python 2 file in a package's tests): pip and compileall go on too.
         unreadable = True
         print("not compiled: %s: %s: %s" % (path, type(e).__name__, e), flush=True)
+if store and (compiled or taken):
+    # For --verbose: how much of the compile the store spared.
+    print("bytecode: %d module(s) compiled, %d taken from the bytecode store" % (compiled, taken), flush=True)
 sys.exit(3 if unreadable else 0)
 `;
 
@@ -87,8 +163,10 @@ export interface CompileOptions {
   hooks: BuildHooks;
   signal?: AbortSignal;
   keep?: KeepGroup;
-  /** worker.run_as: the compile runs as the build's user (build-user.ts). */
+  /** worker.run_as: the compile runs as the build's user (build-user.ts), without the bytecode store. */
   as?: BuildUser;
+  /** The home's bytecode store (config/paths.ts): code compiled once per source content and interpreter. */
+  store?: string;
 }
 
 /** Compile every module under `site`; returns how many files were given to the compiler. A full disk is NoSpaceLeft or an InstallError that says so. */
@@ -118,7 +196,7 @@ export function startCompiler(python: string, opts: CompileOptions, ahead = AHEA
   // One "still running" line for the compile, not one per worker.
   const { onQuiet: _q, ...silent } = opts.hooks;
   const worker = (i: number, input: Promise<string>) =>
-    runTool([python, "-I", "-S", "-c", COMPILER], { env, cwd: opts.cwd, hooks: i === 0 ? opts.hooks : silent, signal: opts.signal, keep: opts.keep, input, as: opts.as });
+    runTool([python, "-I", "-S", "-c", COMPILER, ...(opts.store && !opts.as ? [opts.store] : [])], { env, cwd: opts.cwd, hooks: i === 0 ? opts.hooks : silent, signal: opts.signal, keep: opts.keep, input, as: opts.as });
   const waiting = Array.from({ length: Math.min(cpus, ahead) }, () => Promise.withResolvers<string>());
   const started = waiting.map((w, i) => worker(i, w.promise));
   // Stopped while they wait (a time limit during the install): told by the install, not as an unhandled rejection.

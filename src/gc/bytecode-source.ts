@@ -1,0 +1,69 @@
+import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
+import { join } from "node:path";
+import type { HomeLayout } from "../config/paths.ts";
+import { contentHash } from "../core/hashing.ts";
+import { diskUsage } from "../env/index-light.ts";
+import type { GcEntry, GcSource, RemoveOutcome } from "./types.ts";
+
+/**
+ * The bytecode store (env/build/bytecode.ts): `<interpreter digest>/`, one
+ * bucket per interpreter (its `interpreter` file names it), each one entry, with `last-used` touched by the
+ * compiles that use it (at most hourly). A bucket is removed by one rename
+ * into the trash: the store is best effort, so a compile that finds its
+ * entry gone compiles the module, and one that writes into a removed bucket
+ * writes into the trash. No lease: removing it costs compiles, never an env.
+ */
+export function bytecodeSource(layout: HomeLayout): GcSource {
+  return { kind: "bytecode", list: async () => listBuckets(layout) };
+}
+
+const interpreterOf = (dir: string): string => {
+  try {
+    return readFileSync(join(dir, "interpreter"), "utf8").trim() || "an interpreter";
+  } catch {
+    return "an interpreter";
+  }
+};
+
+const statMs = (path: string): number | null => statSync(path, { throwIfNoEntry: false })?.mtimeMs ?? null;
+
+function listBuckets(layout: HomeLayout): GcEntry[] {
+  let names: string[];
+  try {
+    names = readdirSync(layout.bytecode, { withFileTypes: true }).filter((d) => d.isDirectory()).map((d) => d.name);
+  } catch {
+    return [];
+  }
+  const entries: GcEntry[] = [];
+  for (const name of names.sort()) {
+    const dir = join(layout.bytecode, name);
+    const createdMs = statMs(dir);
+    if (createdMs === null) continue; // removed under us
+    entries.push({
+      kind: "bytecode",
+      id: name,
+      state: "ready",
+      sizeBytes: diskUsage(dir),
+      lastUsedMs: statMs(join(dir, "last-used")) ?? createdMs,
+      createdMs,
+      summary: `modules compiled by ${interpreterOf(dir)}`,
+      inUse: async () => [],
+      remove: async () => removeBucket(layout, dir),
+    });
+  }
+  return entries;
+}
+
+function removeBucket(layout: HomeLayout, dir: string): RemoveOutcome {
+  const sizeBytes = diskUsage(dir);
+  const doomed = join(layout.trash, `bytecode-${contentHash(dir).slice(0, 16)}.${process.pid}.${Date.now()}`);
+  try {
+    mkdirSync(layout.trash, { recursive: true });
+    renameSync(dir, doomed);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return { removed: false, reason: { code: "changed", message: "already removed by another process" } };
+    return { removed: false, reason: { code: "failed", message: `could not move it out: ${(error as Error).message}` } };
+  }
+  rmSync(doomed, { recursive: true, force: true });
+  return { removed: true, freedBytes: sizeBytes };
+}
