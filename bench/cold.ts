@@ -169,11 +169,17 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
  * --frozen`, without and with `--compile-bytecode` (gpulayer compiles at build), fresh uv caches, alternated. Then
  * warm: the locked env found again, alternated with the plain warm prepare (`-p tqdm`, built on the same worker).
  */
-async function lockedCase(worker: string, deps: string[], runs: number, warmRuns: number): Promise<{ cold: [string, Stats][]; warm: [string, Stats][]; packages: number }> {
-  const proj = join(work, "locked-project");
+/** A uv project (package = false) on `deps`, locked by `uv lock` against the bench's index. */
+async function lockedProject(name: string, deps: string[]): Promise<string> {
+  const proj = join(work, name);
   mkdirSync(proj, { recursive: true });
   writeFileSync(join(proj, "pyproject.toml"), `[project]\nname = "bench-locked"\nversion = "0.1"\nrequires-python = ">=3.11"\ndependencies = [${deps.map((d) => JSON.stringify(d)).join(", ")}]\n\n[tool.uv]\npackage = false\n\n[[tool.uv.index]]\nurl = "${INDEX}"\ndefault = true\n`);
   await must(["uv", "lock", "--project", proj, "--quiet"], { ...base, UV_CACHE_DIR: join(work, "uv-lock") });
+  return proj;
+}
+
+async function lockedCase(worker: string, deps: string[], runs: number, warmRuns: number): Promise<{ cold: [string, Stats][]; changed: [string, Stats][]; warm: [string, Stats][]; packages: number }> {
+  const proj = await lockedProject("locked-project", deps);
   // The project itself is a package of the lock too.
   const packages = (readFileSync(join(proj, "uv.lock"), "utf8").match(/^\[\[package\]\]$/gm)?.length ?? 1) - 1;
   const prepare = ["env", "prepare", "--project", proj, "--python", worker];
@@ -205,6 +211,7 @@ async function lockedCase(worker: string, deps: string[], runs: number, warmRuns
     runs,
   );
   for (const d of readdirSync(work)) if (d.startsWith("cold-")) rmSync(join(work, d), { recursive: true, force: true });
+  const changed = await changedLockCase(worker, proj, deps, runs);
   const warmEnv = { ...base, GPULAYER_HOME: join(work, "home-locked"), UV_CACHE_DIR: join(work, "uv-locked") };
   const plain = ["env", "prepare", "-p", "tqdm", "--index-url", INDEX, "--python", worker];
   await must([bin, ...prepare], warmEnv);
@@ -216,8 +223,57 @@ async function lockedCase(worker: string, deps: string[], runs: number, warmRuns
   };
   for (let i = 0; i < 3; i++) for (const argv of [prepare, plain]) await timed(argv)();
   const warm = await sideBySide([[WARM_LOCKED, timed(prepare)], [WARM_PLAIN, timed(plain)]], warmRuns);
-  return { cold, warm, packages };
+  return { cold, changed, warm, packages };
 }
+
+/**
+ * The lock changed (a dependency added: a new key, a new env), on a worker that built the lock before: gpulayer's
+ * home and uv cache, and raw uv's uv cache, each as the earlier lock's build left them (copied afresh for every run,
+ * files linked), so each side reuses what its own earlier build kept: uv its cache, gpulayer that and its bytecode.
+ */
+async function changedLockCase(worker: string, before: string, deps: string[], runs: number): Promise<[string, Stats][]> {
+  const after = await lockedProject("locked-project-changed", [...deps, "attrs"]);
+  const seedHome = join(work, "changed-seed-home");
+  const seedUv = join(work, "changed-seed-uv");
+  const seedRawUv = join(work, "changed-seed-raw-uv");
+  await must([bin, "env", "prepare", "--project", before, "--python", worker, "--quiet"], { ...base, GPULAYER_HOME: seedHome, UV_CACHE_DIR: seedUv });
+  const seedVenv = join(work, "changed-seed-venv");
+  await must(["uv", "venv", "--no-config", "--quiet", "--python", worker, seedVenv], { ...base, UV_CACHE_DIR: seedRawUv });
+  await must(["uv", "sync", "--frozen", "--quiet", "--project", before], { ...base, UV_CACHE_DIR: seedRawUv, UV_PROJECT_ENVIRONMENT: seedVenv });
+  const linkedCopy = (from: string, to: string) => must(["cp", "-al", from, to]);
+  const gpulayer = async () => {
+    const { dir, env } = fresh();
+    mkdirSync(env.GPULAYER_HOME);
+    for (const kept of ["interpreters-v1", "tools", "digests-v2", "bytecode-v1"]) if (existsSync(join(seedHome, kept))) await linkedCopy(join(seedHome, kept), join(env.GPULAYER_HOME, kept));
+    await linkedCopy(seedUv, env.UV_CACHE_DIR);
+    const t = performance.now();
+    await must([bin, "env", "prepare", "--project", after, "--python", worker, "--quiet"], env);
+    const ms = performance.now() - t;
+    rmSync(dir, { recursive: true, force: true });
+    return ms;
+  };
+  const rawSync = (compile: boolean) => async () => {
+    const { dir, env } = fresh();
+    await linkedCopy(seedRawUv, env.UV_CACHE_DIR);
+    const venv = join(dir, "venv");
+    const t = performance.now();
+    await must(["uv", "venv", "--no-config", "--quiet", "--python", worker, venv], env);
+    await must(["uv", "sync", "--frozen", "--quiet", ...(compile ? ["--compile-bytecode"] : []), "--project", after], { ...env, UV_PROJECT_ENVIRONMENT: venv });
+    const ms = performance.now() - t;
+    rmSync(dir, { recursive: true, force: true });
+    return ms;
+  };
+  return sideBySide(
+    [
+      [CHANGED_LOCKED, gpulayer],
+      [CHANGED_RAW, rawSync(false)],
+      ["`uv venv` + `uv sync --frozen --compile-bytecode` of the changed lock (raw, the same uv cache)", rawSync(true)],
+    ],
+    runs,
+  );
+}
+const CHANGED_LOCKED = "`gpulayer env prepare --project`, the lock changed (`attrs` added), on a home that built it before";
+const CHANGED_RAW = "`uv venv` + `uv sync --frozen` of the changed lock (raw, a uv cache that synced it before)";
 const COLD_LOCKED = "`gpulayer env prepare --project` (uv.lock)";
 const RAW_SYNC = "`uv venv` + `uv sync --frozen` (raw)";
 const WARM_LOCKED = "`gpulayer env prepare --project` (warm: reused)";
@@ -229,6 +285,7 @@ const LOCKED_DEPS = (process.env.BENCH_LOCKED_DEPS ?? "transformers").split(",")
 function lockedReport(locked: Awaited<ReturnType<typeof lockedCase>>, runs: number, warmRuns: number): string[] {
   const median = (rows: [string, Stats][], name: string) => rows.find(([n]) => n === name)![1].median;
   const [fresh, seeded, raw, rawCompiled] = locked.cold.map(([, s]) => s.median);
+  const [changed, changedRaw, changedRawCompiled] = locked.changed.map(([, s]) => s.median);
   const warmRatio = median(locked.warm, WARM_LOCKED) / median(locked.warm, WARM_PLAIN);
   return [
     `## A uv project locked on ${LOCKED_DEPS.join(", ")} (${locked.packages} packages; ${runs} runs each; aim: within 1.15x of raw \`uv sync --frozen\`, warm within 1.2x of the plain warm prepare)`,
@@ -236,6 +293,10 @@ function lockedReport(locked: Awaited<ReturnType<typeof lockedCase>>, runs: numb
     ...table(locked.cold, RAW_SYNC, "s"),
     "",
     `- cold: ${(fresh! / raw!).toFixed(2)}x raw \`uv sync --frozen\` (${(seeded! / raw!).toFixed(2)}x on a home that has built before); ${(fresh! / rawCompiled!).toFixed(2)}x (${(seeded! / rawCompiled!).toFixed(2)}x) raw uv compiling bytecode as gpulayer does`,
+    "",
+    ...table(locked.changed, CHANGED_RAW, "s"),
+    "",
+    `- the lock changed: ${(changed! / changedRaw!).toFixed(2)}x raw \`uv sync --frozen\`; ${(changed! / changedRawCompiled!).toFixed(2)}x raw uv compiling bytecode as gpulayer does`,
     `- warm: ${warmRatio.toFixed(2)}x the plain warm prepare (${warmRuns} runs each, alternated, after 3 warm-up runs of each)`,
     "",
     "| | median | min | p90 |",

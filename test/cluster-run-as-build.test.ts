@@ -117,6 +117,9 @@ describe.skipIf(!IS_ROOT)("worker.run_as: the build of a job's requirements runs
   for (const kind of ["uv", "pip"] as const) {
     test(`${kind === "uv" ? "fast path" : "pip"}: the build's uid is the user's, it reads none of the worker's; the job imports what it built`, async () => {
       const dir = projectFor(kind);
+      // The store open to anyone: a compile given it would write there.
+      mkdirSync(join(homes[kind], "bytecode-v1"), { recursive: true });
+      chmodSync(join(homes[kind], "bytecode-v1"), 0o777);
       const code = "import json, os, runasprobe; print('FACTS=' + json.dumps(runasprobe.FACTS)); print('job uid=%d' % os.getuid()); print('writable=%s' % os.access(runasprobe.__file__, os.W_OK))";
       const r = await cli(["job", "run", "--label", `via=${kind}`, "--workdir", ".", "-r", "requirements.txt", "--", "python", "-c", code], { env: { ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: ADMIN }, cwd: dir });
       expect(r.code, r.stderr + r.stdout).toBe(0);
@@ -141,6 +144,8 @@ describe.skipIf(!IS_ROOT)("worker.run_as: the build of a job's requirements runs
       expect([statSync(caches).uid, statSync(caches).mode & 0o777]).toEqual([uid, 0o700]);
       expect(asNobody(["ls", caches])).toBe(false);
       expect(asNobody(["ls", site])).toBe(false);
+      // The user's compile neither fed nor read the worker's bytecode store: a process of that user could write any code under any key.
+      expect(readdirSync(join(home, "bytecode-v1"))).toEqual([]);
     }, T);
   }
 
