@@ -236,8 +236,10 @@ async function changedLockCase(worker: string, before: string, deps: string[], r
   const seedHome = join(work, "changed-seed-home");
   const seedUv = join(work, "changed-seed-uv");
   const seedRawUv = join(work, "changed-seed-raw-uv");
-  await must([bin, "env", "prepare", "--project", before, "--python", worker, "--quiet"], { ...base, GPULAYER_HOME: seedHome, UV_CACHE_DIR: seedUv });
   const seedVenv = join(work, "changed-seed-venv");
+  // Made anew on each call (the case runs once to warm up first).
+  for (const d of [seedHome, seedUv, seedRawUv, seedVenv]) rmSync(d, { recursive: true, force: true });
+  await must([bin, "env", "prepare", "--project", before, "--python", worker, "--quiet"], { ...base, GPULAYER_HOME: seedHome, UV_CACHE_DIR: seedUv });
   await must(["uv", "venv", "--no-config", "--quiet", "--python", worker, seedVenv], { ...base, UV_CACHE_DIR: seedRawUv });
   await must(["uv", "sync", "--frozen", "--quiet", "--project", before], { ...base, UV_CACHE_DIR: seedRawUv, UV_PROJECT_ENVIRONMENT: seedVenv });
   const linkedCopy = (from: string, to: string) => must(["cp", "-al", from, to]);
@@ -247,8 +249,9 @@ async function changedLockCase(worker: string, before: string, deps: string[], r
     for (const kept of ["interpreters-v1", "tools", "digests-v2", "bytecode-v1"]) if (existsSync(join(seedHome, kept))) await linkedCopy(join(seedHome, kept), join(env.GPULAYER_HOME, kept));
     await linkedCopy(seedUv, env.UV_CACHE_DIR);
     const t = performance.now();
-    await must([bin, "env", "prepare", "--project", after, "--python", worker, "--quiet"], env);
+    const r = await must([bin, "env", "prepare", "--project", after, "--python", worker, "--verbose"], env);
     const ms = performance.now() - t;
+    changedSteps = r.err.split("\n").filter((l) => /^\[|took|bytecode:|built in/.test(l));
     rmSync(dir, { recursive: true, force: true });
     return ms;
   };
@@ -272,6 +275,8 @@ async function changedLockCase(worker: string, before: string, deps: string[], r
     runs,
   );
 }
+/** Where the last changed-lock build went (--verbose), for the report. */
+let changedSteps: string[] = [];
 const CHANGED_LOCKED = "`gpulayer env prepare --project`, the lock changed (`attrs` added), on a home that built it before";
 const CHANGED_RAW = "`uv venv` + `uv sync --frozen` of the changed lock (raw, a uv cache that synced it before)";
 const COLD_LOCKED = "`gpulayer env prepare --project` (uv.lock)";
@@ -296,7 +301,11 @@ function lockedReport(locked: Awaited<ReturnType<typeof lockedCase>>, runs: numb
     "",
     ...table(locked.changed, CHANGED_RAW, "s"),
     "",
-    `- the lock changed: ${(changed! / changedRaw!).toFixed(2)}x raw \`uv sync --frozen\`; ${(changed! / changedRawCompiled!).toFixed(2)}x raw uv compiling bytecode as gpulayer does`,
+    `- the lock changed: ${(changed! / changedRaw!).toFixed(2)}x raw \`uv sync --frozen\`; ${(changed! / changedRawCompiled!).toFixed(2)}x raw uv compiling bytecode as gpulayer does; where its last run went (\`--verbose\`):`,
+    "",
+    "```",
+    ...changedSteps,
+    "```",
     `- warm: ${warmRatio.toFixed(2)}x the plain warm prepare (${warmRuns} runs each, alternated, after 3 warm-up runs of each)`,
     "",
     "| | median | min | p90 |",

@@ -249,6 +249,36 @@ describe("the bytecode store: each module compiled once per home", () => {
     expect([after.ino, after.mtimeMs]).toEqual([before.ino, before.mtimeMs]);
   });
 
+  test("sources that are the same files (uv links them from its cache): the pyc itself is linked, no copy, and Python takes it as this env's", async () => {
+    const root = tempDir("gpl-pyc-store-");
+    mkdirSync(join(root, "a"));
+    const a = tree(join(root, "a"));
+    mkdirSync(join(root, "b"));
+    expect(Bun.spawnSync(["cp", "-al", a, join(root, "b", "site-packages")]).exitCode).toBe(0);
+    const b = join(root, "b", "site-packages");
+    const store = join(root, "store");
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    await compileBytecode("python3", b, { env, cwd: root, hooks, store });
+    const [pa, pb] = [pycOf(a, "pkg/sub/deeper/mod"), pycOf(b, "pkg/sub/deeper/mod")];
+    // One file: the first env's pyc, the store's entry and the second env's pyc (the store holds no copy).
+    expect(statSync(pb).ino).toBe(statSync(pa).ino);
+    expect(statSync(pa).nlink).toBe(3);
+    // Byte for byte compileall's for this env too (the same header: the same source file), apart from the path inside.
+    const ours = pycs(b);
+    dropPycs(b);
+    await run(["python3", "-m", "compileall", "-q", b], { env });
+    const reference = pycs(b);
+    for (const k of Object.keys(reference)) expect(Buffer.from(ours[k]!, "base64").subarray(0, 16)).toEqual(Buffer.from(reference[k]!, "base64").subarray(0, 16));
+    expect(await sameCode("python3", ours, reference, 16)).toBe(true);
+    dropPycs(b);
+    await compileBytecode("python3", b, { env, cwd: root, hooks, store });
+    const before = statSync(pycOf(b, "pkg/sub/deeper/mod"));
+    const job = await run(["python3", "-c", "import sys; sys.path.insert(0, sys.argv[1])\nimport pkg.sub.deeper.mod as m\nprint(m.f.__code__.co_filename)", b], { env });
+    expect(job.stdout.trim()).toBe(join(b, "pkg", "sub", "deeper", "mod.py"));
+    const after = statSync(pycOf(b, "pkg/sub/deeper/mod"));
+    expect([after.ino, after.mtimeMs]).toEqual([before.ino, before.mtimeMs]);
+  });
+
   test("a torn or altered entry is compiled again, never loaded, and written whole again", async () => {
     const root = tempDir("gpl-pyc-store-");
     mkdirSync(join(root, "a"));

@@ -16,20 +16,25 @@ import type { BuildUser } from "./build-user.ts";
  * importing compileall and site (-I -S), which costs more than compiling a
  * small package. One worker per CPU, each given an even share by size.
  *
- * A module is compiled once per home: the code of each source, by its
- * content's SHA-256 and the optimization level, is kept in the home's
- * bytecode store, one bucket per interpreter (a digest of its cache tag, magic
- * number and whole `sys.version`, which `interpreter` names for people). The next env holding the same file (another lock of the
- * same stack, another request sharing its packages) writes that code under
- * its own header (the source's mtime and size, or its hash), which is what a
- * compile would write: the same header, an equal code object. Its
- * co_filename names the env that compiled it; CPython's import sets it to the
- * module's own path on load (`_imp._fix_co_filename`), as for any pyc moved
- * with its source. An entry is its body's SHA-256 then the body, checked on
+ * A module is compiled once per home: each env's pyc is linked (not copied:
+ * a new file costs twenty links here) into the home's bytecode store, by its
+ * source's SHA-256 and the optimization level, one bucket per interpreter (a
+ * digest of its cache tag, magic number and whole `sys.version`, which
+ * `interpreter` names for people). The next env holding the same file
+ * (another lock of the same stack, another request sharing its packages)
+ * takes that code: where its header is the one this env's source calls for
+ * (the same file of uv's cache: the same mtime and size; or a checked hash),
+ * the pyc itself is linked in; otherwise the code is written under this
+ * env's own header, which is what a compile would write (the same header, an
+ * equal code object). Its co_filename names the env that compiled it;
+ * CPython's import sets it to the module's own path on load
+ * (`_imp._fix_co_filename`), as for any pyc moved with its source. Each
+ * entry carries its SHA-256 on its inode (an extended attribute), checked on
  * every read: a torn or changed entry is compiled again, never loaded. The
- * store is best effort (a failed read or write compiles, as without it), the
- * worker's own: a build as another user (worker.run_as) neither reads nor
- * writes it, since that user's process could write any code under any key.
+ * store is best effort (a failed read, link or attribute compiles, as
+ * without it), the worker's own: a build as another user (worker.run_as)
+ * neither reads nor writes it, since that user's process could write any code
+ * under any key.
  */
 
 /** Run under `python -I -S -c`; paths come NUL-separated on stdin. Python 3.6 lacks the 3.7 functions: py_compile then. */
@@ -43,7 +48,8 @@ except ImportError:
     import py_compile
     fast = False
 checked = bool(os.environ.get("SOURCE_DATE_EPOCH"))  # py_compile's default: checked hashes for reproducible builds
-store = sys.argv[1] if fast and len(sys.argv) > 1 and sys.argv[1] else None
+# The store needs links and extended attributes (the digest on each entry's inode): Linux; elsewhere, none.
+store = sys.argv[1] if fast and len(sys.argv) > 1 and sys.argv[1] and hasattr(os, "setxattr") else None
 if store:
     import hashlib, marshal, time
     named = "%s %s (magic %s)" % (sys.implementation.cache_tag, sys.version.split()[0], MAGIC_NUMBER.hex())
@@ -63,27 +69,41 @@ if store:
     except OSError:
         store = None
 
-def kept_code(entry):
+XATTR = "user.gpulayer.sha256"
+
+def kept_pyc(entry):
+    # A whole pyc, checked against the digest on its inode: a torn or changed one is never taken.
     try:
+        want = os.getxattr(entry, XATTR)
         with open(entry, "rb") as f:
-            kept = f.read()
+            data = f.read()
     except OSError:
         return None
-    body = kept[32:]
-    return body if body and hashlib.sha256(body).digest() == kept[:32] else None
+    return data if len(data) > 16 and data[:4] == MAGIC_NUMBER and hashlib.sha256(data).digest() == want else None
 
-def keep_code(entry, body):
+def keep_pyc(cfile, entry, pyc):
+    # The env's own pyc linked into the store, not copied (a link costs a twentieth of a new file here), its digest
+    # on the inode; a newer one replaces an older (its header is likelier to match the next env's sources).
     tmp = "%s.%d.tmp" % (entry, os.getpid())
     try:
         os.makedirs(os.path.dirname(entry), mode=0o700, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(hashlib.sha256(body).digest() + body)
+        os.link(cfile, tmp)
+        os.setxattr(tmp, XATTR, hashlib.sha256(pyc).digest())
         os.replace(tmp, entry)
     except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+
+def link_pyc(entry, cfile):
+    tmp = "%s.%d.tmp" % (cfile, os.getpid())
+    os.link(entry, tmp)
+    try:
+        os.replace(tmp, cfile)
+    except OSError:
+        os.unlink(tmp)
+        raise
 
 def header(source, st):
     # What _code_to_hash_pyc and _code_to_timestamp_pyc put before the code (both 16 bytes).
@@ -100,6 +120,7 @@ except ValueError:
 levels = [0, level] if level else [0]
 unreadable = False
 compiled = taken = 0
+made = set()  # __pycache__ folders made or found: one mkdir each, not one per module
 for raw in sys.stdin.buffer.read().split(b"\\0"):
     if not raw:
         continue
@@ -126,18 +147,29 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
                     source = f.read()
                 digest = hashlib.sha256(source).hexdigest() if store else None
             entry = os.path.join(store, digest[:2], "%s.%d" % (digest[2:], opt)) if store else None
-            body = kept_code(entry) if entry else None
-            if body is not None:
-                pyc = header(source, st) + body
+            kept = kept_pyc(entry) if entry else None
+            folder = os.path.dirname(cfile)
+            if folder not in made:
+                os.makedirs(folder, exist_ok=True)
+                made.add(folder)
+            if kept is not None:
                 taken += 1
+                pyc = header(source, st) + kept[16:]
+                if kept[:16] == pyc[:16]:
+                    # The same header (the source is the same file of uv's cache, or a checked hash): the store's own
+                    # pyc is this env's, linked.
+                    try:
+                        link_pyc(entry, cfile)
+                        continue
+                    except OSError:
+                        pass
             else:
                 compiled += 1
                 code = compile(source, path, "exec", dont_inherit=True, optimize=opt)
                 pyc = _code_to_hash_pyc(code, source_hash(_RAW_MAGIC_NUMBER, source), True) if checked else _code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
-                if entry:
-                    keep_code(entry, bytes(pyc[16:]))
-            os.makedirs(os.path.dirname(cfile), exist_ok=True)
             _write_atomic(cfile, pyc, _calc_mode(path))
+            if entry:
+                keep_pyc(cfile, entry, bytes(pyc))
     except OSError as e:
         print("writing the bytecode of %s: %s" % (path, e), flush=True)
         sys.exit(2)
