@@ -49,8 +49,9 @@ function openToOthers(home: string): string[] {
     const st = lstatSync(p);
     if (st.isSymbolicLink()) return;
     if (/\/envs-v1\/[^/]+/.test(p.slice(home.length))) return;
-    // A --run-as user's own caches (users/<uid>, theirs and 0700): what is inside is closed by that folder.
-    if (/^\/users\/\d+$/.test(p.slice(home.length))) {
+    // A --run-as user's own caches (users/<uid>, theirs and 0700), and the bytecode store (its files are the envs' own
+    // .pyc files, linked, as readable as the envs): what is inside is closed by that folder.
+    if (/^\/users\/\d+$|^\/bytecode-v1$/.test(p.slice(home.length))) {
       if (st.mode & 0o077) open.push(`${(st.mode & 0o777).toString(8)} ${p.slice(home.length)}`);
       return;
     }
