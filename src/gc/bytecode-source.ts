@@ -1,14 +1,14 @@
-import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
+import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { contentHash } from "../core/hashing.ts";
 import { diskUsage } from "../env/index-light.ts";
-import type { GcEntry, GcSource, RemoveOutcome } from "./types.ts";
+import type { GcEntry, GcSource } from "./types.ts";
+import { removeIntoTrash } from "./trash.ts";
 
 /**
  * The bytecode store (env/build/bytecode.ts): `<interpreter digest>/`, one
- * bucket per interpreter (its `interpreter` file names it), each one entry, with `last-used` touched by the
- * compiles that use it (at most hourly). A bucket is removed by one rename
+ * bucket per interpreter (its `interpreter` file names it), each one entry,
+ * with `last-used` touched by the compiles that use it (at most hourly). A bucket is removed by one rename
  * into the trash: the store is best effort, so a compile that finds its
  * entry gone compiles the module, and one that writes into a removed bucket
  * writes into the trash. No lease: removing it costs compiles, never an env.
@@ -48,22 +48,8 @@ function listBuckets(layout: HomeLayout): GcEntry[] {
       createdMs,
       summary: `modules compiled by ${interpreterOf(dir)}`,
       inUse: async () => [],
-      remove: async () => removeBucket(layout, dir),
+      remove: async () => removeIntoTrash(layout, dir, "bytecode"),
     });
   }
   return entries;
-}
-
-function removeBucket(layout: HomeLayout, dir: string): RemoveOutcome {
-  const sizeBytes = diskUsage(dir);
-  const doomed = join(layout.trash, `bytecode-${contentHash(dir).slice(0, 16)}.${process.pid}.${Date.now()}`);
-  try {
-    mkdirSync(layout.trash, { recursive: true });
-    renameSync(dir, doomed);
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return { removed: false, reason: { code: "changed", message: "already removed by another process" } };
-    return { removed: false, reason: { code: "failed", message: `could not move it out: ${(error as Error).message}` } };
-  }
-  rmSync(doomed, { recursive: true, force: true });
-  return { removed: true, freedBytes: sizeBytes };
 }

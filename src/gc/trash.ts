@@ -1,9 +1,11 @@
-import { readdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { diskUsage } from "../env/index-light.ts";
 import { namesOfDeadOwners } from "../core/dead-owners.ts";
 import { leftWorkdirs } from "./workdirs.ts";
+import { contentHash } from "../core/hashing.ts";
+import type { RemoveOutcome } from "./types.ts";
 
 /**
  * Trash items are named `<id>.<pid>.<ms>` by whoever renamed them there
@@ -84,4 +86,23 @@ function sweepLockLeftovers(layout: HomeLayout, dryRun: boolean, report: TrashRe
 /** A killed worker's jobs' workdirs, whose deletion its tasks never reached (workdirs.ts says which). */
 function sweepLeftWorkdirs(layout: HomeLayout, dryRun: boolean, report: TrashReport): void {
   for (const path of leftWorkdirs(layout)) removeCounted(path, dryRun, report);
+}
+
+/**
+ * A folder gc may take at any time (no lease, no lock: a wheel of the
+ * wheelhouse, a bucket of the bytecode store) out of the cache: one rename
+ * into the trash, named as above, then deleted.
+ */
+export function removeIntoTrash(layout: HomeLayout, dir: string, kind: string): RemoveOutcome {
+  const sizeBytes = diskUsage(dir);
+  const doomed = join(layout.trash, `${kind}-${contentHash(dir).slice(0, 16)}.${process.pid}.${Date.now()}`);
+  try {
+    mkdirSync(layout.trash, { recursive: true });
+    renameSync(dir, doomed);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return { removed: false, reason: { code: "changed", message: "already removed by another process" } };
+    return { removed: false, reason: { code: "failed", message: `could not move it out: ${(error as Error).message}` } };
+  }
+  rmSync(doomed, { recursive: true, force: true });
+  return { removed: true, freedBytes: sizeBytes };
 }

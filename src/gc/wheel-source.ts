@@ -1,11 +1,12 @@
-import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
+import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
 import { contentHash } from "../core/hashing.ts";
 import { namesOfDeadOwners } from "../core/dead-owners.ts";
 import { FOREIGN_STALE_MS } from "../core/lock.ts";
 import { diskUsage } from "../env/index-light.ts";
-import type { GcEntry, GcSource, RemoveOutcome } from "./types.ts";
+import type { GcEntry, GcSource } from "./types.ts";
+import { removeIntoTrash } from "./trash.ts";
 
 /**
  * The wheelhouse (env/build/wheelhouse.ts): `<sdist digest>/<conditions>/<entry>/`,
@@ -62,24 +63,10 @@ function listWheelEntries(layout: HomeLayout): GcEntry[] {
           summary: `wheel ${wheel}${against.length ? ` built against ${against.join(", ")}` : ""}`,
           names: [wheel],
           inUse: async () => [],
-          remove: async () => removeWheel(layout, dir),
+          remove: async () => removeIntoTrash(layout, dir, "wheel"),
         });
       }
     }
   }
   return entries;
-}
-
-function removeWheel(layout: HomeLayout, dir: string): RemoveOutcome {
-  const sizeBytes = diskUsage(dir);
-  const doomed = join(layout.trash, `wheel-${contentHash(dir).slice(0, 16)}.${process.pid}.${Date.now()}`);
-  try {
-    mkdirSync(layout.trash, { recursive: true });
-    renameSync(dir, doomed);
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return { removed: false, reason: { code: "changed", message: "already removed by another process" } };
-    return { removed: false, reason: { code: "failed", message: `could not move it out: ${(error as Error).message}` } };
-  }
-  rmSync(doomed, { recursive: true, force: true });
-  return { removed: true, freedBytes: sizeBytes };
 }
