@@ -198,12 +198,17 @@ describe("compiled bytecode", () => {
 
 describe("the bytecode store: each module compiled once per home", () => {
   const env = { PATH: process.env.PATH ?? "/usr/bin:/bin" };
-  /** Two envs' site folders holding the same sources, written at different times (as two installs write them). */
-  async function twoSites(root: string) {
+  /** Two envs' site folders holding the same sources, written at different times (as two installs write them); the first compiled with a store. */
+  async function firstEnvCompiled() {
+    const root = tempDir("gpl-pyc-store-");
+    mkdirSync(join(root, "a"));
+    mkdirSync(join(root, "b"));
     const a = tree(join(root, "a"));
     await Bun.sleep(1100); // another second: the second tree's headers differ from the first's
     const b = tree(join(root, "b"));
-    return { a, b };
+    const store = join(root, "store");
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    return { root, a, b, store };
   }
   const pycOf = (site: string, mod: string) => {
     const dir = join(site, ...mod.split("/").slice(0, -1), "__pycache__");
@@ -211,13 +216,29 @@ describe("the bytecode store: each module compiled once per home", () => {
     return join(dir, readdirSync(dir).find((f) => f.startsWith(`${name}.`) && f.endsWith(".pyc"))!);
   };
 
+  /** `ours` against what compileall writes in `site`: the same files, the same headers, equal code (the path inside may differ). */
+  async function likeCompileall(site: string, ours: Record<string, string>) {
+    dropPycs(site);
+    await run(["python3", "-m", "compileall", "-q", site], { env });
+    const reference = pycs(site);
+    expect(Object.keys(ours).sort()).toEqual(Object.keys(reference).sort());
+    for (const k of Object.keys(reference)) expect(Buffer.from(ours[k]!, "base64").subarray(0, 16)).toEqual(Buffer.from(reference[k]!, "base64").subarray(0, 16));
+    expect(await sameCode("python3", ours, reference, 16)).toBe(true);
+  }
+
+  /** The store's pycs put back in `site`, then an import: Python takes them as valid (none rewritten), and the code names its own file. */
+  async function importTakesThem(site: string, store: string, root: string) {
+    dropPycs(site);
+    await compileBytecode("python3", site, { env, cwd: root, hooks, store });
+    const before = statSync(pycOf(site, "pkg/sub/deeper/mod"));
+    const job = await run(["python3", "-c", "import sys; sys.path.insert(0, sys.argv[1])\nimport pkg.sub.deeper.mod as m\nprint(m.f.__code__.co_filename)", site], { env });
+    expect(job.stdout.trim()).toBe(join(site, "pkg", "sub", "deeper", "mod.py"));
+    const after = statSync(pycOf(site, "pkg/sub/deeper/mod"));
+    expect([after.ino, after.mtimeMs]).toEqual([before.ino, before.mtimeMs]);
+  }
+
   test("the second env takes the first's code under its own header: what compileall writes there, and imports with its own paths", async () => {
-    const root = tempDir("gpl-pyc-store-");
-    mkdirSync(join(root, "a"));
-    mkdirSync(join(root, "b"));
-    const { a, b } = await twoSites(root);
-    const store = join(root, "store");
-    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    const { root, a, b, store } = await firstEnvCompiled();
     // The first env is compiled as without a store: byte for byte compileall's.
     const first = pycs(a);
     dropPycs(a);
@@ -231,22 +252,9 @@ describe("the bytecode store: each module compiled once per home", () => {
     const second = pycs(b);
     // Taken from the store: the code names the env that compiled it...
     expect(readFileSync(pycOf(b, "pkg/sub/deeper/mod")).includes(Buffer.from(a))).toBe(true);
-    dropPycs(b);
-    await run(["python3", "-m", "compileall", "-q", b], { env });
-    const reference = pycs(b);
     // ...under the header compileall writes for this env's own files (its mtimes differ from the first env's), with equal code.
-    expect(Object.keys(second).sort()).toEqual(Object.keys(reference).sort());
-    for (const k of Object.keys(reference)) expect(Buffer.from(second[k]!, "base64").subarray(0, 16)).toEqual(Buffer.from(reference[k]!, "base64").subarray(0, 16));
-    expect(await sameCode("python3", second, reference, 16)).toBe(true);
-
-    // Put the store's pycs back and import: Python takes them as valid (none rewritten), and the module's code names its own file.
-    dropPycs(b);
-    await compileBytecode("python3", b, { env, cwd: root, hooks, store });
-    const before = statSync(pycOf(b, "pkg/sub/deeper/mod"));
-    const job = await run(["python3", "-c", "import sys; sys.path.insert(0, sys.argv[1])\nimport pkg.sub.deeper.mod as m\nprint(m.f.__code__.co_filename)", b], { env });
-    expect(job.stdout.trim()).toBe(join(b, "pkg", "sub", "deeper", "mod.py"));
-    const after = statSync(pycOf(b, "pkg/sub/deeper/mod"));
-    expect([after.ino, after.mtimeMs]).toEqual([before.ino, before.mtimeMs]);
+    await likeCompileall(b, second);
+    await importTakesThem(b, store, root);
   });
 
   test("sources that are the same files (uv links them from its cache): the pyc itself is linked, no copy, and Python takes it as this env's", async () => {
@@ -264,28 +272,12 @@ describe("the bytecode store: each module compiled once per home", () => {
     expect(statSync(pb).ino).toBe(statSync(pa).ino);
     expect(statSync(pa).nlink).toBe(3);
     // Byte for byte compileall's for this env too (the same header: the same source file), apart from the path inside.
-    const ours = pycs(b);
-    dropPycs(b);
-    await run(["python3", "-m", "compileall", "-q", b], { env });
-    const reference = pycs(b);
-    for (const k of Object.keys(reference)) expect(Buffer.from(ours[k]!, "base64").subarray(0, 16)).toEqual(Buffer.from(reference[k]!, "base64").subarray(0, 16));
-    expect(await sameCode("python3", ours, reference, 16)).toBe(true);
-    dropPycs(b);
-    await compileBytecode("python3", b, { env, cwd: root, hooks, store });
-    const before = statSync(pycOf(b, "pkg/sub/deeper/mod"));
-    const job = await run(["python3", "-c", "import sys; sys.path.insert(0, sys.argv[1])\nimport pkg.sub.deeper.mod as m\nprint(m.f.__code__.co_filename)", b], { env });
-    expect(job.stdout.trim()).toBe(join(b, "pkg", "sub", "deeper", "mod.py"));
-    const after = statSync(pycOf(b, "pkg/sub/deeper/mod"));
-    expect([after.ino, after.mtimeMs]).toEqual([before.ino, before.mtimeMs]);
+    await likeCompileall(b, pycs(b));
+    await importTakesThem(b, store, root);
   });
 
   test("a torn or altered entry is compiled again, never loaded, and written whole again", async () => {
-    const root = tempDir("gpl-pyc-store-");
-    mkdirSync(join(root, "a"));
-    mkdirSync(join(root, "b"));
-    const { a, b } = await twoSites(root);
-    const store = join(root, "store");
-    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    const { root, a, b, store } = await firstEnvCompiled();
     const entries: string[] = [];
     const walk = (d: string) => {
       for (const e of readdirSync(d, { withFileTypes: true })) {
@@ -322,12 +314,7 @@ describe("the bytecode store: each module compiled once per home", () => {
 
   const py313 = pyenvPython("13");
   test.skipIf(!py313)("another interpreter has a bucket of its own; SOURCE_DATE_EPOCH's checked hashes are written over kept code", async () => {
-    const root = tempDir("gpl-pyc-store-");
-    mkdirSync(join(root, "a"));
-    mkdirSync(join(root, "b"));
-    const { a, b } = await twoSites(root);
-    const store = join(root, "store");
-    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    const { root, a, b, store } = await firstEnvCompiled();
     await compileBytecode(py313!, b, { env, cwd: root, hooks, store });
     expect(readdirSync(store)).toHaveLength(2);
     const ours = pycs(b);
