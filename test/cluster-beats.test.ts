@@ -37,6 +37,7 @@ async function underWriterLock<R>(work: () => Promise<R>): Promise<R | "waiting"
   })) as R | "waiting";
 }
 
+// Skipped only without a PostgreSQL to start (the beats under test are PostgreSQL's); CI sets GPULAYER_TEST_REQUIRE_POSTGRES, so there it never skips.
 const suite = hasPostgres ? describe : describe.skip;
 
 beforeAll(async () => {
