@@ -8,10 +8,12 @@ import { removeIntoTrash } from "./trash.ts";
 /**
  * The bytecode store (env/build/bytecode.ts): `<interpreter digest>/`, one
  * bucket per interpreter (its `interpreter` file names it), each one entry,
- * with `last-used` touched by the compiles that use it (at most hourly). A bucket is removed by one rename
- * into the trash: the store is best effort, so a compile that finds its
- * entry gone compiles the module, and one that writes into a removed bucket
- * writes into the trash. No lease: removing it costs compiles, never an env.
+ * with `last-used` touched by the compiles that use it (at most hourly). A
+ * bucket is removed by one rename into the trash: the store is best effort,
+ * so a compile that finds its entry gone compiles the module, and one that
+ * links into a removed bucket links into the trash. No lease: removing it
+ * costs compiles, never an env (its files are also the envs' own .pyc files,
+ * which keep their other names).
  */
 export function bytecodeSource(layout: HomeLayout): GcSource {
   return { kind: "bytecode", list: async () => listBuckets(layout) };

@@ -51,7 +51,7 @@ checked = bool(os.environ.get("SOURCE_DATE_EPOCH"))  # py_compile's default: che
 # The store needs links and extended attributes (the digest on each entry's inode): Linux; elsewhere, none.
 store = sys.argv[1] if fast and len(sys.argv) > 1 and sys.argv[1] and hasattr(os, "setxattr") else None
 if store:
-    import hashlib, marshal, time
+    import hashlib, time
     named = "%s %s (magic %s)" % (sys.implementation.cache_tag, sys.version.split()[0], MAGIC_NUMBER.hex())
     store = os.path.join(store, hashlib.sha256((named + "\\n" + sys.version).encode()).hexdigest()[:16])
     try:
