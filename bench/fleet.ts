@@ -13,9 +13,10 @@
  * Run: bun run bench:fleet --workers 100 --rate 20 --seconds 25 --store postgres --replicas 3
  *   --beat S: the servers' coordinator.heartbeat (default: theirs, 2 s); --job-ms MS: how long a job "runs" (0);
  *   --outputs: each task uploads a small outputs archive; --admin-join: workers register with the server's own
- *   token rather than a named join token (the server then checks no join token per worker); --json: one JSON document on stdout.
+ *   token rather than a named join token (the server then checks no join token per worker); --bin PATH: run that gpulayer
+ *   binary as the servers (another build, for a before/after in one session); --json: one JSON document on stdout.
  */
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -25,7 +26,7 @@ import type { SimConfig } from "./fleet-worker.ts";
 
 const PER_PROCESS = 250;
 
-const FLAGS = { workers: { type: "string", default: "10" }, rate: { type: "string", default: "10" }, seconds: { type: "string", default: "20" }, store: { type: "string", default: "sqlite" }, replicas: { type: "string", default: "1" }, beat: { type: "string" }, "job-ms": { type: "string", default: "0" }, outputs: { type: "boolean", default: false }, "admin-join": { type: "boolean", default: false }, json: { type: "boolean", default: false } } as const;
+const FLAGS = { workers: { type: "string", default: "10" }, rate: { type: "string", default: "10" }, seconds: { type: "string", default: "20" }, store: { type: "string", default: "sqlite" }, replicas: { type: "string", default: "1" }, beat: { type: "string" }, "job-ms": { type: "string", default: "0" }, outputs: { type: "boolean", default: false }, "admin-join": { type: "boolean", default: false }, bin: { type: "string" }, json: { type: "boolean", default: false } } as const;
 
 function options() {
   let values: ReturnType<typeof parseArgs<{ options: typeof FLAGS }>>["values"];
@@ -39,8 +40,9 @@ function options() {
     if (!Number.isFinite(n) || n < min || n > max) fail(`--${name} ${values[name as keyof typeof values]}: a number from ${min} to ${max}`);
     return n;
   };
-  const o = { workers: Math.floor(count("workers", 1, 5000)), rate: count("rate", 0.1, 10_000), seconds: count("seconds", 1, 3600), replicas: Math.floor(count("replicas", 1, 10)), jobMs: count("job-ms", 0, 600_000), beat: values.beat === undefined ? null : count("beat", 0.1, 600), store: values.store!, outputs: values.outputs!, adminJoin: values["admin-join"]!, json: values.json! };
+  const o = { workers: Math.floor(count("workers", 1, 5000)), rate: count("rate", 0.1, 10_000), seconds: count("seconds", 1, 3600), replicas: Math.floor(count("replicas", 1, 10)), jobMs: count("job-ms", 0, 600_000), beat: values.beat === undefined ? null : count("beat", 0.1, 600), store: values.store!, outputs: values.outputs!, adminJoin: values["admin-join"]!, bin: values.bin ?? null, json: values.json! };
   if (o.store !== "sqlite" && o.store !== "postgres") fail(`--store ${o.store}: sqlite or postgres`);
+  if (o.bin && !existsSync(o.bin)) fail(`--bin ${o.bin}: no such file`);
   if (o.store === "sqlite" && o.replicas > 1) fail("--replicas: replicas share one PostgreSQL; with --store sqlite there is one server");
   return o;
 }
@@ -67,7 +69,8 @@ function memoryBytes(pid: number, field: string): number {
 }
 
 const o = options();
-const { bin } = ensureBinary();
+// --bin: another build of gpulayer (the binary before a change), run the same way, for a side-by-side figure.
+const bin = o.bin ?? ensureBinary().bin;
 const root = mkdtempSync(join(tmpdir(), "gpl-bench-fleet-"));
 const admin = `bench-${crypto.randomUUID()}`;
 const base: Record<string, string> = { ...(process.env as Record<string, string>), GPULAYER_TOKEN: admin, ...(o.beat ? { GPULAYER_HEARTBEAT_SECONDS: String(o.beat) } : {}) };

@@ -8,6 +8,7 @@ import { BeatReconciler, freshOutput, outboxSkip, prepareSteps } from "./task-re
 import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
+import { isDeadlock } from "./db/sql.ts";
 import { blockedTasks, endUnstarted, settleJob } from "./job-tasks.ts";
 
 /**
@@ -17,10 +18,15 @@ import { blockedTasks, endUnstarted, settleJob } from "./job-tasks.ts";
  * change (a worker's long poll, a client watching a job) is woken when it
  * happens. The HTTP routes are only a skin over this.
  *
- * Every change runs under the database's writer lock (store.exclusive), so
- * it lands whole and alone, also against other replicas on one database:
- * a job is dispatched once, a worker declared lost once. Its wake-ups are
- * sent once it has committed, here and (PostgreSQL) to the other replicas.
+ * Every change that decides over many rows (dispatch, submit, the sweep, a
+ * worker joining, leaving or coming back) runs under the database's writer
+ * lock (store.exclusive), so it lands whole and alone, also against other
+ * replicas on one database: a job is dispatched once, a worker declared lost
+ * once. A task's reports (events, output, finish) and a poll's delivery are
+ * about one worker's rows: they lock those rows instead (rowChange), worker
+ * first, then its tasks, then their jobs, as every locked change does too,
+ * and run beside each other and beside the writer. Wake-ups are sent once a
+ * change has committed, here and (PostgreSQL) to the other replicas.
  * It is one file past the usual size on purpose: every state change the
  * writer lock guards is here, to be read (and reviewed) together.
  */
@@ -40,7 +46,13 @@ export interface CoordinatorOptions {
 /** With replicas, a long poll looks again this often even without a wake-up (one lost with a NOTIFY connection). */
 const REPLICA_RECHECK_MS = 1_000;
 
-/** One change under the writer lock: the transaction's store, and the wake-ups to send once it has committed. */
+/** A change under row locks gave way: what it found (a worker lost or gone, a request's credentials lost) is for the writer lock's path. */
+const LOCKED_PATH = Symbol("the writer lock's path");
+
+/** A change PostgreSQL rolled back for a deadlock runs again, whole, this many times in all. */
+const DEADLOCK_TRIES = 3;
+
+/** One change: the transaction's store, and the wake-ups to send once it has committed. */
 export interface Change {
   readonly store: ServerStore;
   wake(key: string): void;
@@ -63,6 +75,11 @@ export class Coordinator {
   private blind = false;
   private sweeper: ReturnType<typeof setInterval>;
   private sweeping: Promise<void> | null = null;
+  /** Dispatch passes asked for outside a change: the one not yet started (callers join it), and the last one chained. */
+  private nextPass: Promise<void> | null = null;
+  private lastPass: Promise<void> = Promise.resolve();
+  /** A pass failed (the database went away): the sweep runs one. */
+  private passOwed = false;
 
   constructor(
     readonly store: ServerStore,
@@ -81,15 +98,56 @@ export class Coordinator {
     clearInterval(this.sweeper);
   }
 
-  /** `fn` as one change; its wake-ups and log lines go out after the commit. */
-  async change<T>(fn: (ch: Change) => Promise<T>): Promise<T> {
-    const keys = new Set<string>();
-    const lines: string[] = [];
-    const result = await this.store.exclusive((store) => fn({ store, wake: (key) => keys.add(key), log: (line) => lines.push(line) }));
-    for (const line of lines) this.log(line);
-    for (const key of keys) this.notify.wake(key);
-    if (keys.size) void this.opts.publish?.([...keys]).catch(() => {});
-    return result;
+  /** `fn` as one change under the writer lock; its wake-ups and log lines go out after the commit. */
+  change<T>(fn: (ch: Change) => Promise<T>): Promise<T> {
+    return this.commit(true, fn);
+  }
+
+  /** `fn` as one change under the row locks it takes (db/sql.ts `transaction`; on SQLite, the writer lock). */
+  private rowChange<T>(fn: (ch: Change) => Promise<T>): Promise<T> {
+    return this.commit(false, fn);
+  }
+
+  private async commit<T>(writer: boolean, fn: (ch: Change) => Promise<T>): Promise<T> {
+    for (let tries = 1; ; tries++) {
+      const keys = new Set<string>();
+      const lines: string[] = [];
+      const body = (store: ServerStore) => fn({ store, wake: (key) => keys.add(key), log: (line) => lines.push(line) });
+      let result: T;
+      try {
+        result = await (writer ? this.store.exclusive(body) : this.store.transaction(body));
+      } catch (error) {
+        if (isDeadlock(error) && tries < DEADLOCK_TRIES) continue;
+        throw error;
+      }
+      for (const line of lines) this.log(line);
+      for (const key of keys) this.notify.wake(key);
+      if (keys.size) void this.opts.publish?.([...keys]).catch(() => {});
+      return result;
+    }
+  }
+
+  /**
+   * A dispatch pass, for a change that freed room outside the writer lock (a
+   * task's finish): passes asked for while one waits to start are that one,
+   * so a burst of finishes is one pass, not one each. A pass that fails is
+   * owed, and the sweep runs it.
+   */
+  dispatchSoon(): Promise<void> {
+    if (this.nextPass) return this.nextPass;
+    const pass = this.lastPass.then(async () => {
+      this.nextPass = null;
+      try {
+        if (this.passOwed || (await this.store.anyQueued())) await this.change((ch) => this.dispatch(ch));
+        this.passOwed = false;
+      } catch (error) {
+        this.passOwed = true;
+        this.log(`dispatch waits for the next sweep: ${(error as Error).message}`);
+      }
+    });
+    this.nextPass = pass;
+    this.lastPass = pass;
+    return pass;
   }
 
   private async wakeJob(ch: Change, id: string | null): Promise<void> {
@@ -97,7 +155,10 @@ export class Coordinator {
     ch.wake(`job:${id}`);
     // A task of a job: the job's own row follows its tasks' (job-tasks.ts).
     const parent = (await ch.store.job(id))?.parentId;
-    if (parent && (await settleJob(ch.store, parent))) ch.wake(`job:${parent}`);
+    if (!parent) return;
+    // Its tasks settle it one at a time (two finishing at once each see the other's end).
+    await ch.store.lockJob(parent);
+    if (await settleJob(ch.store, parent)) ch.wake(`job:${parent}`);
   }
 
   // Workers
@@ -176,28 +237,41 @@ export class Coordinator {
         await this.notify.wait(`worker:${w.id}`, deadline - Date.now(), signal);
         continue;
       }
-      const answer = await this.change(async (ch): Promise<PollResponse | null> => {
-        // Replaced (it registered again), or the worker left or was declared lost: that credential is dead.
-        if (secretHash && (await ch.store.workerByCredential(secretHash))?.id !== w.id) throw new HttpFail(401, "unauthorized");
-        // The request is the sign of life, not this server looking again while it waits (a frozen worker's poll stays open).
-        if (look === 0) await this.seen(ch, (await ch.store.worker(w.id))!);
-        const active = await ch.store.activeTasks(w.id);
-        const tasks = active.filter((t) => !t.delivered);
-        const cancel = active.filter((t) => t.cancel && !t.cancelSent);
-        if (!tasks.length && !cancel.length) return Date.now() >= deadline ? { tasks: [], cancel: [] } : null;
-        const handed: TaskAssignment[] = [];
-        for (const t of tasks) {
-          const a = await this.assignment(ch, t);
-          if (a) handed.push(a);
-          else await this.failUnbuildable(ch, t);
-          await ch.store.updateTask(t.id, { delivered: true });
-        }
-        for (const t of cancel) await ch.store.updateTask(t.id, { cancelSent: true });
-        return handed.length || cancel.length || Date.now() >= deadline ? { tasks: handed, cancel: cancel.map((t) => t.id) } : null;
-      });
-      if (answer) return answer;
+      const once = await this.rowChange((ch) => this.deliver(ch, w, look, deadline, secretHash, false));
+      const answer = once === LOCKED_PATH ? await this.change((ch) => this.deliver(ch, w, look, deadline, secretHash, true)) : once;
+      if (answer && answer !== LOCKED_PATH) return answer;
       await this.notify.wait(`worker:${w.id}`, deadline - Date.now(), signal);
     }
+  }
+
+  /**
+   * A poll's look: the worker's tasks not yet handed out and cancels not yet
+   * sent, marked as delivered. Under row locks (`locked` false) a worker lost
+   * or gone, or a request whose credentials were lost, is left to the writer
+   * lock's path, which brings the worker back or fails the task.
+   */
+  private async deliver(ch: Change, w: WorkerRow, look: number, deadline: number, secretHash: string | undefined, locked: boolean): Promise<PollResponse | null | typeof LOCKED_PATH> {
+    // Replaced (it registered again), or the worker left or was declared lost: that credential is dead.
+    if (secretHash && (await ch.store.workerByCredential(secretHash))?.id !== w.id) throw new HttpFail(401, "unauthorized");
+    // The request is the sign of life, not this server looking again while it waits (a frozen worker's poll stays open).
+    if (look === 0) {
+      if (locked) await this.seen(ch, (await ch.store.worker(w.id))!);
+      else if (!(await ch.store.touchWorker(w.id, Date.now()))) return LOCKED_PATH;
+    }
+    const active = locked ? await ch.store.activeTasks(w.id) : await ch.store.lockedActiveTasks(w.id);
+    const tasks = active.filter((t) => !t.delivered);
+    const cancel = active.filter((t) => t.cancel && !t.cancelSent);
+    if (!tasks.length && !cancel.length) return Date.now() >= deadline ? { tasks: [], cancel: [] } : null;
+    const handed: (TaskAssignment | null)[] = [];
+    for (const t of tasks) handed.push(await this.assignment(ch, t));
+    if (!locked && handed.includes(null)) return LOCKED_PATH;
+    for (const [i, t] of tasks.entries()) {
+      if (!handed[i]) await this.failUnbuildable(ch, t);
+      await ch.store.updateTask(t.id, { delivered: true });
+    }
+    for (const t of cancel) await ch.store.updateTask(t.id, { cancelSent: true });
+    const given = handed.filter((a): a is TaskAssignment => a !== null);
+    return given.length || cancel.length || Date.now() >= deadline ? { tasks: given, cancel: cancel.map((t) => t.id) } : null;
   }
 
   /** Whether a poll has anything to answer now: a task to hand out, a cancel to send, or a dead credential (401). */
@@ -258,7 +332,9 @@ export class Coordinator {
     this.sweeping ??= (async () => {
       // Which workers a revoked join token drops, asked outside the writer lock (one query, an empty answer nearly always); dropped under it.
       const revoked = await this.store.workersOfRevokedTokens();
-      await this.change((ch) => this.sweepIn(ch, revoked));
+      const owed = this.passOwed;
+      await this.change((ch) => this.sweepIn(ch, revoked, owed));
+      if (owed) this.passOwed = false;
     })().finally(() => (this.sweeping = null));
     return this.sweeping;
   }
@@ -268,7 +344,8 @@ export class Coordinator {
     this.blind = true;
   }
 
-  private async sweepIn(ch: Change, revoked: WorkerRow[]): Promise<void> {
+  /** `owed`: a dispatch pass failed since the last sweep (dispatchSoon), so this one runs it. */
+  private async sweepIn(ch: Change, revoked: WorkerRow[], owed: boolean): Promise<void> {
     const { store } = ch;
     const now = Date.now();
     // In a transaction: the database answers again.
@@ -277,17 +354,18 @@ export class Coordinator {
       this.sightedSince = now;
     }
     const silence = (w: WorkerRow) => (now - Math.max(w.lastSeen, this.sightedSince)) / 1000;
-    for (const w of await store.workers({ present: true })) {
+    // Silence counts from the later of its last beat and sightedSince, so these hold every worker silent for longer (and a few the check below keeps).
+    for (const w of await store.workers({ present: true, silentBefore: now - this.opts.lostSeconds * 1000 })) {
       if (silence(w) > this.opts.lostSeconds) await this.markLost(ch, w, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s; what it runs is given out again after ${this.opts.leaseSeconds} s of silence`, false, true);
     }
     let released = 0;
-    for (const w of (await store.workers()).filter((x) => x.state === "lost" && silence(x) > this.opts.leaseSeconds)) {
+    for (const w of (await store.workers({ lost: true, silentBefore: now - this.opts.leaseSeconds * 1000 })).filter((x) => silence(x) > this.opts.leaseSeconds)) {
       for (const t of await store.activeTasks(w.id)) {
         await this.releaseTask(ch, t, `worker ${w.name} lost: no heartbeat for ${silence(w).toFixed(1)} s (its lease, ${this.opts.leaseSeconds} s, is over)`, true);
         released++;
       }
     }
-    if (released) await this.dispatch(ch);
+    if (released || owed) await this.dispatch(ch);
     // A revoked join token takes the workers that joined with it along (a leaked token's workers among them): at once.
     for (const seen of revoked) {
       // As it is now, under the lock: lost or gone meanwhile, another sweep (or replica) saw to it.
@@ -355,6 +433,29 @@ export class Coordinator {
     return t;
   }
 
+  /**
+   * ownTask under row locks: the worker's row, then the task's. A worker lost
+   * or gone is the writer lock's (seen(): back, or 409).
+   */
+  private async ownLockedTask(ch: Change, worker: WorkerRow, taskId: string): Promise<TaskRow | typeof LOCKED_PATH> {
+    if (!(await ch.store.touchWorker(worker.id, Date.now()))) return LOCKED_PATH;
+    const t = await ch.store.lockedTask(taskId);
+    if (!t || t.workerId !== worker.id) throw new HttpFail(404, "no such task for this worker");
+    if (t.state !== "assigned" && t.state !== "running") throw new HttpFail(409, `task ${t.id} is no longer yours (${t.state})`, { revoked: true });
+    return t;
+  }
+
+  /** A task's report: under row locks, or (its worker lost or gone) under the writer lock as before. */
+  private async report(w: WorkerRow, taskId: string, apply: (ch: Change, t: TaskRow) => Promise<void>): Promise<void> {
+    const done = await this.rowChange(async (ch) => {
+      const t = await this.ownLockedTask(ch, w, taskId);
+      if (t === LOCKED_PATH) return false;
+      await apply(ch, t);
+      return true;
+    });
+    if (!done) await this.change(async (ch) => apply(ch, await this.ownTask(ch, w, taskId)));
+  }
+
   /** A task this worker holds now, of a job: what it may upload outputs for. */
   taskOfWorker(w: WorkerRow, taskId: string): Promise<TaskRow> {
     return this.change(async (ch) => {
@@ -385,13 +486,16 @@ export class Coordinator {
   /** A finish sent again after the server applied it (its answer was lost): acknowledged, not applied twice. */
   private async finishedBefore(ch: Change, w: WorkerRow, taskId: string, seq: number | undefined): Promise<boolean> {
     const t = await ch.store.task(taskId);
-    return Boolean(t && t.workerId === w.id && seq !== undefined && (t.state === "done" || t.state === "handed_back") && t.appliedSeq >= seq);
+    return Boolean(t && this.appliedFinish(t, w, seq));
+  }
+
+  private appliedFinish(t: TaskRow, w: WorkerRow, seq: number | undefined): boolean {
+    return t.workerId === w.id && seq !== undefined && (t.state === "done" || t.state === "handed_back") && t.appliedSeq >= seq;
   }
 
   taskEvents(w: WorkerRow, taskId: string, events: TaskEventIn[], seq?: number): Promise<void> {
-    return this.change(async (ch) => {
+    return this.report(w, taskId, async (ch, t) => {
       const { store } = ch;
-      const t = await this.ownTask(ch, w, taskId);
       if (t.state === "assigned") await store.updateTask(t.id, { state: "running" });
       const skip = await this.alreadyApplied(ch, t, seq, events.length);
       if (!t.jobId) {
@@ -415,8 +519,7 @@ export class Coordinator {
 
   /** `lengths`: the items the body joins (with `seq`); without, the body is one piece. */
   taskOutput(w: WorkerRow, taskId: string, data: Uint8Array, stream: "stdout" | "stderr", seq?: number, lengths?: number[]): Promise<void> {
-    return this.change(async (ch) => {
-      const t = await this.ownTask(ch, w, taskId);
+    return this.report(w, taskId, async (ch, t) => {
       const { fresh, applied } = freshOutput(data, lengths, seq, t.appliedSeq);
       if (applied !== t.appliedSeq) await ch.store.updateTask(t.id, { appliedSeq: applied });
       if (t.jobId && fresh.length) {
@@ -426,10 +529,9 @@ export class Coordinator {
     });
   }
 
-  taskFinish(w: WorkerRow, taskId: string, body: FinishRequest & { seq?: number }): Promise<void> {
-    return this.change(async (ch) => {
-      if (await this.finishedBefore(ch, w, taskId, body.seq)) return;
-      const t = await this.ownTask(ch, w, taskId);
+  /** A task ended: its room goes to the queue in a dispatch pass after the commit, shared with the finishes around it (dispatchSoon). */
+  async taskFinish(w: WorkerRow, taskId: string, body: FinishRequest & { seq?: number }): Promise<void> {
+    const finish = async (ch: Change, t: TaskRow) => {
       await this.alreadyApplied(ch, t, body.seq, 1);
       await ch.store.updateTask(t.id, { state: "done", result: body.result ? { ...body.result, state: body.state } : null });
       if (t.jobId) {
@@ -437,8 +539,26 @@ export class Coordinator {
         await this.wakeJob(ch, t.jobId);
       }
       if (t.groupId) ch.wake(`group:${t.groupId}`);
-      await this.dispatch(ch);
+    };
+    const done = await this.rowChange(async (ch) => {
+      if (!(await ch.store.touchWorker(w.id, Date.now()))) return LOCKED_PATH;
+      const t = await ch.store.lockedTask(taskId);
+      // Applied before, its answer lost: acknowledged again.
+      if (t && this.appliedFinish(t, w, body.seq)) return true;
+      const own = await this.ownLockedTask(ch, w, taskId);
+      if (own === LOCKED_PATH) return LOCKED_PATH;
+      await finish(ch, own);
+      return true;
     });
+    if (done === LOCKED_PATH) {
+      await this.change(async (ch) => {
+        if (await this.finishedBefore(ch, w, taskId, body.seq)) return;
+        await finish(ch, await this.ownTask(ch, w, taskId));
+        await this.dispatch(ch);
+      });
+      return;
+    }
+    await this.dispatchSoon();
   }
 
   handback(w: WorkerRow, taskId: string, reason: string, seq?: number): Promise<void> {
@@ -467,9 +587,11 @@ export class Coordinator {
   /** Give each queued job, oldest first, to a matching worker with room; the others say what they wait for. */
   async dispatch(ch: Change): Promise<void> {
     const { store } = ch;
+    // Nothing queued (most finishes, at any fleet's size): no worker to read.
+    const queued = await store.queuedJobs();
+    if (!queued.length) return;
     const workers = await store.workers({ present: true });
     const loads = await this.loads(ch, workers);
-    const queued = await store.queuedJobs();
     // Tasks of jobs whose needs failed end here, all at once, each job settled once after (job-tasks.ts): linear, however long the chain.
     const blocked = await blockedTasks(store, queued);
     for (const { task, because } of blocked.skips) {

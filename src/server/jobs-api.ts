@@ -4,15 +4,27 @@ import type { Change, Coordinator } from "./coordinator.ts";
 import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
 import { fleetGpuRefusal, jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
-import { type JobRow, newId, type WorkerRow } from "./store.ts";
+import { type JobRow, newId, type ServerStore, type WorkerRow } from "./store.ts";
 import { prepareSteps } from "./task-reports.ts";
 import { endUnstarted, JOB_CANCELLED, settleJob } from "./job-tasks.ts";
 import { taskGraphProblem } from "../jobs/task-graph.ts";
 
 const NO_WORKERS = "no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)";
 
+/**
+ * How long a submit's "some worker here could run it" stays known for jobs
+ * that ask the same (labels, resources, kind of environment): reading every
+ * worker for every submit was most of a busy server's work. Only acceptance
+ * is kept; a refusal is judged afresh each time. A job accepted on an answer
+ * a moment old whose workers all left meanwhile waits for one, as a job does
+ * whose workers are lost.
+ */
+const ACCEPTED_MS = 2_000;
+
 /** Jobs and prepares as clients see them: submit, look, watch, cancel. */
 export class JobsApi {
+  private readonly accepted = new Map<string, number>();
+
   constructor(readonly c: Coordinator) {}
 
   private get store() {
@@ -24,23 +36,40 @@ export class JobsApi {
     // As a job file's tasks are checked (jobs/task-graph.ts): two of one name, a need of no task, a cycle.
     const graph = body.spec.tasks ? taskGraphProblem(body.spec.tasks) : null;
     if (graph) throw new HttpFail(400, `spec.${graph.at}: ${graph.problem}`);
-    return this.c.change((ch) => this.submitIn(ch, body));
+    await this.refuseUnrunnable(body);
+    // Recorded under row locks (new rows only), then given out by a dispatch pass shared with the submits around it.
+    const id = await this.c.store.transaction((store) => this.record(store, body));
+    await this.c.dispatchSoon();
+    const job = (await this.store.job(id))!;
+    return { id, state: job.state, waiting: job.waiting };
   }
 
-  private async submitIn(ch: Change, body: SubmitRequest): Promise<SubmitResponse> {
-    const { store } = ch;
+  /** 422 when no worker here could ever run the job (or one of its tasks). */
+  private async refuseUnrunnable(body: SubmitRequest): Promise<void> {
+    const asks = body.spec.tasks ? body.spec.tasks.map((t) => [`task ${t.name}`, t.spec] as const) : [["job", body.spec] as const];
+    const key = JSON.stringify([body.labels, asks.map(([, spec]) => [spec.resources, jobNeeds(spec, {})])]);
+    const now = Date.now();
+    if ((this.accepted.get(key) ?? 0) > now - ACCEPTED_MS) return;
     // Judged against the workers here, else (every one lost for a moment: a network blip, a load spike) those that may come
     // back within their lease: the job waits for them rather than being refused as if none had joined.
-    const present = await store.workers({ present: true });
-    const workers = present.length ? present : (await store.workers()).filter((w) => w.state === "lost");
+    const present = await this.store.workers({ present: true });
+    const workers = present.length ? present : await this.store.workers({ lost: true });
     if (!workers.length) throw new HttpFail(422, `job refused: ${NO_WORKERS}`);
     const gpus = fleetGpuRefusal(body.spec, body.labels, workers);
     if (gpus) throw new HttpFail(422, gpus);
     // A job of tasks: each task is matched on its own, so each must have a worker that could run it.
-    for (const [what, spec] of body.spec.tasks ? body.spec.tasks.map((t) => [`task ${t.name}`, t.spec] as const) : [["job", body.spec] as const]) {
+    for (const [what, spec] of asks) {
       const needs = jobNeeds(spec, body.labels);
       if (workers.every((w) => neverReason(needs, w))) throw new HttpFail(422, `${what} refused: no worker can run it: ${reasons(workers, (w) => neverReason(needs, w))}`);
     }
+    if (present.length) {
+      if (this.accepted.size >= 1_000) this.accepted.clear();
+      this.accepted.set(key, now);
+    }
+  }
+
+  /** The job's rows (and its tasks'), queued; its id. */
+  private async record(store: ServerStore, body: SubmitRequest): Promise<string> {
     if (body.bundle && !(await store.bundles.has(body.bundle))) throw new HttpFail(409, "bundle_missing", { bundle: body.bundle });
     if (body.bundle) await store.bundles.touch(body.bundle);
     const id = newId(8);
@@ -53,9 +82,7 @@ export class JobsApi {
       await store.addJob({ id: taskId, name: `${body.spec.name}/${t.name}`, spec: t.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir, parentId: id, task: t.name, needs: t.needs });
       await store.event(taskId, "job.submitted", { name: t.name, command: t.spec.commandText, job: id });
     }
-    await this.c.dispatch(ch);
-    const job = (await store.job(id))!;
-    return { id, state: job.state, waiting: job.waiting };
+    return id;
   }
 
   async find(prefix: string): Promise<JobRow> {

@@ -68,12 +68,22 @@ export function neverReason(needs: Needs, w: WorkerRow): string | null {
   return null;
 }
 
+/** Answers by version and range: dispatch asks the same few of every worker for every job, and pep440's parse is not cheap. */
+const satisfied = new Map<string, boolean>();
+
 function safeSatisfies(version: string, range: string): boolean {
-  try {
-    return satisfies(version, range);
-  } catch {
-    return false;
+  const key = `${version}\0${range}`;
+  let answer = satisfied.get(key);
+  if (answer === undefined) {
+    try {
+      answer = satisfies(version, range);
+    } catch {
+      answer = false;
+    }
+    if (satisfied.size >= 10_000) satisfied.clear();
+    satisfied.set(key, answer);
   }
+  return answer;
 }
 
 /** Why a worker that could run the job cannot take it now, or null. */

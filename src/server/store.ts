@@ -6,6 +6,7 @@ import { WheelStore } from "./wheels.ts";
 import { BuildClaims } from "./build-claims.ts";
 import { TokenStore } from "./tokens.ts";
 import type { Sql, SqlValue } from "./db/sql.ts";
+import { ParsedOnce } from "./parsed-once.ts";
 import { redactDeep, redactUrl } from "../env/index-light.ts";
 import { neededTasks } from "../jobs/outputs.ts";
 import type { JobEventData, JobEventName, JobState, RecordedEvent } from "../jobs/model.ts";
@@ -90,8 +91,12 @@ export interface StoredEvent extends RecordedEvent {
 type Row = Record<string, unknown>;
 const json = <T>(s: unknown): T => JSON.parse(String(s)) as T;
 
+const workerColumns = new ParsedOnce();
+
 function toWorker(r: Row): WorkerRow {
-  return { id: r.id as string, name: r.name as string, labels: json(r.labels), probe: json(r.probe), slots: Number(r.slots), state: r.state as WorkerState, registered: Number(r.registered), lastSeen: Number(r.last_seen), freeGpus: json(r.free_gpus), joinedWith: (r.joined_with as string | null) ?? null, cache: r.cache ? json(r.cache) : null };
+  const id = r.id as string;
+  const parsed = <T>(column: string, text: unknown) => workerColumns.of<T>(`${id}\0${column}`, String(text));
+  return { id, name: r.name as string, labels: parsed("labels", r.labels), probe: parsed("probe", r.probe), slots: Number(r.slots), state: r.state as WorkerState, registered: Number(r.registered), lastSeen: Number(r.last_seen), freeGpus: parsed("free_gpus", r.free_gpus), joinedWith: (r.joined_with as string | null) ?? null, cache: r.cache ? parsed("cache", r.cache) : null };
 }
 
 function toJob(r: Row): JobRow {
@@ -142,6 +147,8 @@ function toTask(r: Row): TaskRow {
   };
 }
 
+/** A job waiting for a worker: queued, held by no task, and not a job of tasks (its tasks are dispatched, each on its own). */
+const QUEUED = "state = 'queued' AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id AND tasks.state IN ('assigned', 'running')) AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id)";
 const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_code", error: "error", envKey: "env_key", workerId: "worker_id", attempts: "attempts", waiting: "waiting", cancelRequested: "cancel_requested", outputsBundle: "outputs_bundle" };
 const TASK_COLUMNS: Record<string, string> = { state: "state", result: "result", delivered: "delivered", cancel: "cancel", cancelSent: "cancel_sent", appliedSeq: "applied_seq" };
 const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots", joinedWith: "joined_with", cache: "cache" };
@@ -195,6 +202,11 @@ export class ServerStore {
     return this.sql.exclusive((tx) => fn(tx === this.sql ? this : new ServerStore(tx, this.files, this.local)));
   }
 
+  /** `fn` with a store on one transaction under row locks only (db/sql.ts `transaction`). */
+  transaction<T>(fn: (store: ServerStore) => Promise<T>): Promise<T> {
+    return this.sql.transaction((tx) => fn(tx === this.sql ? this : new ServerStore(tx, this.files, this.local)));
+  }
+
   private async update(table: string, columns: Record<string, string>, id: string, fields: Record<string, unknown>, touch: boolean): Promise<void> {
     const sets: string[] = touch ? ["updated = ?"] : [];
     const values: SqlValue[] = touch ? [Date.now()] : [];
@@ -235,9 +247,14 @@ export class ServerStore {
   async setWorkerSecret(id: string, secretHash: string): Promise<void> {
     await this.sql.run("UPDATE workers SET secret = ? WHERE id = ?", secretHash, id);
   }
-  async workers(opts: { present?: boolean } = {}): Promise<WorkerRow[]> {
-    const where = opts.present ? "WHERE state NOT IN ('lost', 'left')" : "";
-    return (await this.sql.all(`SELECT * FROM workers ${where} ORDER BY name, registered`)).map(toWorker);
+  /** `present`: not lost nor left; `lost`: lost only; `silentBefore`: not heard from since then (the sweep's question, asked of the database rather than of every row). */
+  async workers(opts: { present?: boolean; lost?: boolean; silentBefore?: number } = {}): Promise<WorkerRow[]> {
+    const where: string[] = [];
+    const params: SqlValue[] = [];
+    if (opts.present) where.push("state NOT IN ('lost', 'left')");
+    if (opts.lost) where.push("state = 'lost'");
+    if (opts.silentBefore !== undefined) where.push("last_seen < ?"), params.push(opts.silentBefore);
+    return (await this.sql.all(`SELECT * FROM workers ${where.length ? `WHERE ${where.join(" AND ")}` : ""} ORDER BY name, registered`, ...params)).map(toWorker);
   }
   /** Workers still here that joined with a named token no longer there (revoked): one query, whatever the fleet's size. */
   async workersOfRevokedTokens(): Promise<WorkerRow[]> {
@@ -245,6 +262,10 @@ export class ServerStore {
   }
   async updateWorker(id: string, fields: Partial<Pick<WorkerRow, "state" | "lastSeen" | "freeGpus" | "probe" | "labels" | "slots" | "joinedWith" | "cache">>): Promise<void> {
     await this.update("workers", WORKER_COLUMNS, id, fields, false);
+  }
+  /** A sign of life from a worker here (idle or draining), its row locked to the end of the transaction; false when it is lost or gone. */
+  async touchWorker(id: string, now: number): Promise<boolean> {
+    return (await this.sql.run("UPDATE workers SET last_seen = ? WHERE id = ? AND state IN ('idle', 'draining')", now, id)) > 0;
   }
   /**
    * Its state changed only from what it was: false when another replica got there first.
@@ -300,7 +321,7 @@ export class ServerStore {
     // A job of tasks is never dispatched itself: its tasks are, each on its own.
     return (
       await this.sql.all(
-        `SELECT * FROM jobs WHERE state = 'queued' AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id AND tasks.state IN ('assigned', 'running')) AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id) ORDER BY created, ${this.inserted}`,
+        `SELECT * FROM jobs WHERE ${QUEUED} ORDER BY created, ${this.inserted}`,
       )
     ).map(toJob);
   }
@@ -315,6 +336,27 @@ export class ServerStore {
       "INSERT INTO tasks (id, kind, job_id, group_id, worker_id, state, attempt, gpus, prepare, bundle, created, updated) VALUES (?, ?, ?, ?, ?, 'assigned', ?, ?, ?, ?, ?, ?)",
       t.id, t.kind, t.jobId, t.groupId, t.workerId, t.attempt, JSON.stringify(t.gpus), sqlValue(t.prepare), t.bundle, now, now,
     );
+  }
+  /** The task as committed now, its row locked to the end of the transaction: what a change without the writer lock decides on. */
+  async lockedTask(id: string): Promise<TaskRow | null> {
+    const r = await this.sql.get(`SELECT * FROM tasks WHERE id = ?${this.forUpdate}`, id);
+    return r ? toTask(r) : null;
+  }
+  /** A worker's tasks held now, locked (see lockedTask). */
+  async lockedActiveTasks(workerId: string): Promise<TaskRow[]> {
+    return (await this.sql.all(`SELECT * FROM tasks WHERE worker_id = ? AND state IN ('assigned', 'running') ORDER BY created${this.forUpdate}`, workerId)).map(toTask);
+  }
+  /** Holds a job's row to the end of the transaction: settling a job from its tasks' rows is one at a time. */
+  async lockJob(id: string): Promise<void> {
+    await this.sql.get(`SELECT id FROM jobs WHERE id = ?${this.forUpdate}`, id);
+  }
+  /** Whether any job waits to be dispatched: one indexed look. */
+  async anyQueued(): Promise<boolean> {
+    return Boolean(await this.sql.get(`SELECT 1 AS yes FROM jobs WHERE ${QUEUED} LIMIT 1`));
+  }
+  /** SQLite locks the whole file for a transaction; PostgreSQL locks rows. */
+  private get forUpdate(): string {
+    return this.sql.dialect === "postgres" ? " FOR UPDATE" : "";
   }
   async task(id: string): Promise<TaskRow | null> {
     const r = await this.sql.get("SELECT * FROM tasks WHERE id = ?", id);

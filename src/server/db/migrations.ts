@@ -82,7 +82,12 @@ function schemaV7({ real, big }: Types): string[] {
   ];
 }
 
-const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7];
+/** Version 8: what dispatch and the sweep ask on every change, by index: the tasks held now (a few among all ever run) and workers by state. */
+function schemaV8(): string[] {
+  return ["CREATE INDEX IF NOT EXISTS tasks_active ON tasks(state) WHERE state IN ('assigned', 'running')", "CREATE INDEX IF NOT EXISTS workers_state ON workers(state, last_seen)"];
+}
+
+const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7, schemaV8];
 export const SCHEMA_VERSION = MIGRATIONS.length;
 
 async function lateColumns(tx: Sql): Promise<void> {

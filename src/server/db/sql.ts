@@ -20,6 +20,18 @@ export interface Sql {
   run(query: string, ...params: SqlValue[]): Promise<number>;
   /** `fn` in one transaction holding the database-wide writer lock; nested calls on the transaction's own Sql join it. */
   exclusive<T>(fn: (tx: Sql) => Promise<T>): Promise<T>;
+  /**
+   * `fn` in one transaction without the writer lock (PostgreSQL; SQLite has
+   * only that lock, and takes it): what it decides must rest on rows it has
+   * locked (SELECT … FOR UPDATE, an UPDATE's WHERE), which other changes,
+   * locked or not, wait for. Nested calls join it.
+   */
+  transaction<T>(fn: (tx: Sql) => Promise<T>): Promise<T>;
+}
+
+/** Two transactions each waited for a row the other held (SQLSTATE 40P01): PostgreSQL rolled one back, which may run again whole. */
+export function isDeadlock(error: unknown): boolean {
+  return String((error as { errno?: unknown }).errno ?? "") === "40P01";
 }
 
 export interface Database extends Sql {

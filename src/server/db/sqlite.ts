@@ -45,6 +45,7 @@ export class SqliteDatabase implements Database {
       get: async <T>(q: string, ...p: SqlValue[]) => (await this.turn(), (this.db.query(q).get(...p) as T | null) ?? null),
       run: async (q: string, ...p: SqlValue[]) => (await this.turn(), this.db.query(q).run(...p).changes),
       exclusive: <T>(fn: (tx: Sql) => Promise<T>) => fn(this.inside),
+      transaction: <T>(fn: (tx: Sql) => Promise<T>) => fn(this.inside),
     };
   }
 
@@ -97,6 +98,11 @@ export class SqliteDatabase implements Database {
         this.open = null;
       }
     });
+  }
+
+  /** One connection, one writer: a transaction here is the writer lock's. */
+  transaction<T>(fn: (tx: Sql) => Promise<T>): Promise<T> {
+    return this.exclusive(fn);
   }
 
   async ping(): Promise<void> {
