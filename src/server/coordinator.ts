@@ -5,7 +5,7 @@ import { CREDENTIALS_LOST, HeldSecrets, type SecretSeal } from "./held-secrets.t
 import { HttpFail } from "./http-fail.ts";
 import { Notifier } from "./notifier.ts";
 import { BeatReconciler, freshOutput, outboxSkip, prepareSteps } from "./task-reports.ts";
-import { busyReason, choose, jobNeeds, type Load, neverReason, pickGpus, reasons } from "./match.ts";
+import { busyReason, chooseAmong, jobNeeds, type Load, type Needs, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
 import { isDeadlock } from "./db/sql.ts";
@@ -439,7 +439,11 @@ export class Coordinator {
    */
   private async ownLockedTask(ch: Change, worker: WorkerRow, taskId: string): Promise<TaskRow | typeof LOCKED_PATH> {
     if (!(await ch.store.touchWorker(worker.id, Date.now()))) return LOCKED_PATH;
-    const t = await ch.store.lockedTask(taskId);
+    return this.heldBy(await ch.store.lockedTask(taskId), worker);
+  }
+
+  /** The task, when this worker holds it now: else 404 (not its own) or 409 (no longer its own). */
+  private heldBy(t: TaskRow | null, worker: WorkerRow): TaskRow {
     if (!t || t.workerId !== worker.id) throw new HttpFail(404, "no such task for this worker");
     if (t.state !== "assigned" && t.state !== "running") throw new HttpFail(409, `task ${t.id} is no longer yours (${t.state})`, { revoked: true });
     return t;
@@ -545,9 +549,7 @@ export class Coordinator {
       const t = await ch.store.lockedTask(taskId);
       // Applied before, its answer lost: acknowledged again.
       if (t && this.appliedFinish(t, w, body.seq)) return true;
-      const own = await this.ownLockedTask(ch, w, taskId);
-      if (own === LOCKED_PATH) return LOCKED_PATH;
-      await finish(ch, own);
+      await finish(ch, this.heldBy(t, w));
       return true;
     });
     if (done === LOCKED_PATH) {
@@ -600,6 +602,14 @@ export class Coordinator {
     }
     for (const parent of new Set(blocked.skips.map((s) => s.task.parentId!))) if (await settleJob(store, parent)) ch.wake(`job:${parent}`);
     const skipped = new Set(blocked.skips.map((s) => s.task.id));
+    // Which workers could ever run a job depends on what it asks alone: judged once per ask in a pass, not once per job.
+    const ableFor = new Map<string, WorkerRow[]>();
+    const able = (needs: Needs) => {
+      const key = JSON.stringify(needs);
+      let found = ableFor.get(key);
+      if (!found) ableFor.set(key, (found = workers.filter((w) => !neverReason(needs, w))));
+      return found;
+    };
     for (const job of queued) {
       if (skipped.has(job.id)) continue;
       const waiting = blocked.waits.get(job.id);
@@ -612,7 +622,7 @@ export class Coordinator {
         continue;
       }
       const needs = jobNeeds(job.spec, job.labels);
-      const w = choose(needs, workers, loads);
+      const w = chooseAmong(needs, able(needs), loads);
       if (!w) {
         await this.setWaiting(ch, job, this.waitingFor(job, workers, loads));
         continue;

@@ -86,6 +86,15 @@ function safeSatisfies(version: string, range: string): boolean {
   return answer;
 }
 
+/** Whether a worker that could run the job can take it now: busyReason's question, without its words (dispatch asks it of every worker). */
+function hasRoom(needs: Needs, w: WorkerRow, load: Load): boolean {
+  if (w.state === "draining" || load.running >= w.slots) return false;
+  if (!needs.gpus) return true;
+  let free = 0;
+  for (const g of w.probe.gpus) if (!load.usedGpus.has(g.index)) free++;
+  return free >= needs.gpus;
+}
+
 /** Why a worker that could run the job cannot take it now, or null. */
 export function busyReason(needs: Needs, w: WorkerRow, load: Load): string | null {
   if (w.state === "draining") return "draining";
@@ -106,13 +115,31 @@ export function pickGpus(needs: Needs, w: WorkerRow, load: Load): number[] {
 
 /** Of the workers that can take the job now: the least loaded, then the one with the fewest spare GPUs, then by name. */
 export function choose(needs: Needs, workers: WorkerRow[], loads: Map<string, Load>): WorkerRow | null {
-  const ready = workers.filter((w) => !neverReason(needs, w) && !busyReason(needs, w, loads.get(w.id)!));
-  ready.sort((a, b) => {
-    const la = loads.get(a.id)!;
-    const lb = loads.get(b.id)!;
-    return la.running / a.slots - lb.running / b.slots || a.probe.gpus.length - b.probe.gpus.length || a.name.localeCompare(b.name);
-  });
-  return ready[0] ?? null;
+  return chooseAmong(
+    needs,
+    workers.filter((w) => !neverReason(needs, w)),
+    loads,
+  );
+}
+
+/** choose() among workers known able to run the job (neverReason null): one pass, no sort (dispatch asks it once per job). */
+export function chooseAmong(needs: Needs, able: WorkerRow[], loads: Map<string, Load>): WorkerRow | null {
+  let best: WorkerRow | null = null;
+  let bestLoad: Load | null = null;
+  for (const w of able) {
+    const load = loads.get(w.id)!;
+    if (!hasRoom(needs, w, load)) continue;
+    if (!best || ranksBefore(w, load, best, bestLoad!)) {
+      best = w;
+      bestLoad = load;
+    }
+  }
+  return best;
+}
+
+/** The least loaded first, then the one with the fewest GPUs (the bigger ones kept for bigger jobs), then by name. */
+function ranksBefore(a: WorkerRow, la: Load, b: WorkerRow, lb: Load): boolean {
+  return (la.running / a.slots - lb.running / b.slots || a.probe.gpus.length - b.probe.gpus.length || a.name.localeCompare(b.name)) < 0;
 }
 
 /** One line over all workers: "w1: torch is not installed; w2: has 0 GPUs, the job needs 1". */
