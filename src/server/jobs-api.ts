@@ -171,8 +171,9 @@ export class JobsApi {
       await store.event(job.id, "job.cancelled", { reason: "job cancel" });
       await store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled, cancelRequested: true });
     } else {
-      await store.updateJob(job.id, { cancelRequested: true });
+      // The task's row before the job's: the order its worker's reports lock them in.
       await store.updateTask(task.id, { cancel: true });
+      await store.updateJob(job.id, { cancelRequested: true });
       await store.event(job.id, "job.cancel.requested", { worker: (await store.worker(task.workerId))?.name ?? null });
       ch.wake(`worker:${task.workerId}`);
     }
