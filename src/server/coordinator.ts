@@ -480,10 +480,14 @@ export class Coordinator {
     });
   }
 
-  /** How many of these outbox items were applied already (task-reports.ts); the rest count as applied from now. */
-  private async alreadyApplied(ch: Change, t: TaskRow, seq: number | undefined, count: number): Promise<number> {
+  /**
+   * How many of these outbox items were applied already (task-reports.ts); the rest count as applied from now,
+   * written with `fields`, the report's own change to the task's row (one statement for both).
+   */
+  private async alreadyApplied(ch: Change, t: TaskRow, seq: number | undefined, count: number, fields: Parameters<ServerStore["updateTask"]>[1] = {}): Promise<number> {
     const { skip, applied } = outboxSkip(t.appliedSeq, seq, count);
-    if (applied !== t.appliedSeq) await ch.store.updateTask(t.id, { appliedSeq: applied });
+    const change = applied !== t.appliedSeq ? { ...fields, appliedSeq: applied } : fields;
+    if (Object.keys(change).length) await ch.store.updateTask(t.id, change);
     return skip;
   }
 
@@ -500,23 +504,28 @@ export class Coordinator {
   taskEvents(w: WorkerRow, taskId: string, events: TaskEventIn[], seq?: number): Promise<void> {
     return this.report(w, taskId, async (ch, t) => {
       const { store } = ch;
-      if (t.state === "assigned") await store.updateTask(t.id, { state: "running" });
-      const skip = await this.alreadyApplied(ch, t, seq, events.length);
+      const skip = await this.alreadyApplied(ch, t, seq, events.length, t.state === "assigned" ? { state: "running" } : {});
       if (!t.jobId) {
         // A prepare's build steps, kept by task for `env prepare --server` to show.
-        for (const e of events.slice(skip)) if (e.type.startsWith("task.prepare.")) await store.relayedEvent(prepareSteps(t.id), e);
+        await store.relayedEvents(
+          prepareSteps(t.id),
+          events.slice(skip).filter((e) => e.type.startsWith("task.prepare.")),
+        );
         if (t.groupId) ch.wake(`group:${t.groupId}`);
         return;
       }
-      for (const e of events.slice(skip)) {
-        // Outputs are said by the server alone, from the archive it received (taskOutputs).
-        if (e.type === "task.outputs") continue;
-        // The server's clock, so running phases measure against the same clock that reads them.
-        await store.relayedEvent(t.jobId, e);
-        if (eventIs(e, "task.prepare.started")) await store.updateJob(t.jobId, { state: "preparing" });
-        if (eventIs(e, "task.prepare.finished") && typeof e.data.env_key === "string") await store.updateJob(t.jobId, { envKey: e.data.env_key });
-        if (eventIs(e, "task.run.started")) await store.updateJob(t.jobId, { state: "running" });
+      // Outputs are said by the server alone, from the archive it received (taskOutputs).
+      const fresh = events.slice(skip).filter((e) => e.type !== "task.outputs");
+      // The server's clock, so running phases measure against the same clock that reads them.
+      await store.relayedEvents(t.jobId, fresh);
+      // What the events say of the job's row, as of the last of them: one statement.
+      const job: Parameters<ServerStore["updateJob"]>[1] = {};
+      for (const e of fresh) {
+        if (eventIs(e, "task.prepare.started")) job.state = "preparing";
+        if (eventIs(e, "task.prepare.finished") && typeof e.data.env_key === "string") job.envKey = e.data.env_key;
+        if (eventIs(e, "task.run.started")) job.state = "running";
       }
+      if (Object.keys(job).length) await store.updateJob(t.jobId, job);
       await this.wakeJob(ch, t.jobId);
     });
   }
@@ -536,8 +545,7 @@ export class Coordinator {
   /** A task ended: its room goes to the queue in a dispatch pass after the commit, shared with the finishes around it (dispatchSoon). */
   async taskFinish(w: WorkerRow, taskId: string, body: FinishRequest & { seq?: number }): Promise<void> {
     const finish = async (ch: Change, t: TaskRow) => {
-      await this.alreadyApplied(ch, t, body.seq, 1);
-      await ch.store.updateTask(t.id, { state: "done", result: body.result ? { ...body.result, state: body.state } : null });
+      await this.alreadyApplied(ch, t, body.seq, 1, { state: "done", result: body.result ? { ...body.result, state: body.state } : null });
       if (t.jobId) {
         await ch.store.updateJob(t.jobId, { state: body.state, exitCode: body.exit_code, error: body.error });
         await this.wakeJob(ch, t.jobId);

@@ -408,7 +408,13 @@ export class ServerStore {
   }
   /** An event a worker recorded, kept as it came: its name may be one of another version's (a worker not upgraded yet). */
   async relayedEvent(jobId: string, e: Pick<RecordedEvent, "type" | "data">): Promise<void> {
-    await this.sql.run("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)", jobId, Date.now(), e.type, sqlValue(e.data));
+    await this.relayedEvents(jobId, [e]);
+  }
+  /** Several, in order, in one statement (a worker's report carries a few at once). */
+  async relayedEvents(jobId: string, events: Pick<RecordedEvent, "type" | "data">[]): Promise<void> {
+    if (!events.length) return;
+    const now = Date.now();
+    await this.sql.run(`INSERT INTO events (job_id, ts, type, data) VALUES ${events.map(() => "(?, ?, ?, ?)").join(", ")}`, ...events.flatMap((e) => [jobId, now, e.type, sqlValue(e.data)]));
   }
   async events(jobId: string, afterSeq = 0): Promise<StoredEvent[]> {
     return (await this.sql.all<{ seq: number; ts: number; type: string; data: string }>("SELECT seq, ts, type, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq", jobId, afterSeq)).map((r) => ({
