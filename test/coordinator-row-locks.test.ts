@@ -1,0 +1,117 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { mkdirSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { tempDir } from "./helpers.ts";
+import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.ts";
+import type { MachineProbe, RemoteSpec } from "../src/cluster/protocol.ts";
+import { Coordinator } from "../src/server/coordinator.ts";
+import { migrate } from "../src/server/db/migrations.ts";
+import { PostgresDatabase } from "../src/server/db/postgres.ts";
+import { JobsApi } from "../src/server/jobs-api.ts";
+import { ServerStore, type WorkerRow } from "../src/server/store.ts";
+
+setDefaultTimeout(120_000);
+
+/**
+ * Task reports, polls and submits take row locks, not the writer lock
+ * (coordinator.ts): two replicas on one PostgreSQL apply them side by side.
+ * What must still hold, whatever the interleaving: a job of tasks settles
+ * once from all its tasks' ends, however many finish at the same moment;
+ * each job is handed out once; no worker gets more than its slots.
+ */
+
+let pg: Postgres | null = null;
+const root = tempDir();
+beforeAll(async () => {
+  // CI installs PostgreSQL; a machine without it cannot have a replica.
+  if (hasPostgres) pg = await startPostgres();
+}, 60_000);
+afterAll(async () => {
+  await pg?.close();
+  rmSync(root, { recursive: true, force: true });
+});
+
+const probe = (hostname: string): MachineProbe => ({ hostname, os: "linux", arch: "x64", cpus: 2, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 });
+const travelling = (name: string) => ({ name, argv: ["true"], commandText: "true", env: {}, environment: { specs: [], extraIndexUrls: [], findLinks: [] }, resources: { gpus: 0, frameworks: {} } });
+
+/** Two replicas (a coordinator each, its own pool) on one fresh database. */
+async function replicas(): Promise<{ a: Coordinator; b: Coordinator; close(): Promise<void> }> {
+  const url = await pg!.database();
+  const files = join(root, crypto.randomUUID());
+  mkdirSync(files, { recursive: true });
+  const dbs = [new PostgresDatabase(url), new PostgresDatabase(url)];
+  await migrate(dbs[0]!);
+  const opts = { heartbeatSeconds: 2, lostSeconds: 30, leaseSeconds: 60, maxAttempts: 3 };
+  const [a, b] = dbs.map((db) => new Coordinator(new ServerStore(db, files), opts));
+  return {
+    a: a!,
+    b: b!,
+    close: async () => {
+      a!.close();
+      b!.close();
+      for (const db of dbs) await db.close();
+    },
+  };
+}
+
+async function join_(c: Coordinator, n: number): Promise<WorkerRow[]> {
+  const rows: WorkerRow[] = [];
+  for (let i = 0; i < n; i++) {
+    const r = await c.register({ name: `w${i}`, labels: {}, slots: 1, probe: probe(`host-${i}`) });
+    rows.push((await c.store.worker(r.id))!);
+  }
+  return rows;
+}
+
+describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
+  test("twelve tasks of one job finishing at the same moment through two replicas settle the job once: each task's end told once, the job succeeded", async () => {
+    const { a, b, close } = await replicas();
+    try {
+      const workers = await join_(a, 12);
+      const names = Array.from({ length: 12 }, (_, i) => `t${i}`);
+      const spec = { ...travelling("wide"), tasks: names.map((name) => ({ name, needs: [], spec: travelling(name) })) } as unknown as RemoteSpec;
+      const { id } = await new JobsApi(a).submit({ spec, bundle: null, labels: {}, workdir: "/w" });
+      // Each worker polls for its task, then all report their ends at once, half through each replica.
+      const held = await Promise.all(workers.map(async (w, i) => ({ w, i, tasks: (await (i % 2 ? b : a).poll(w, 0)).tasks })));
+      expect(held.flatMap((h) => h.tasks)).toHaveLength(12);
+      await Promise.all(held.flatMap(({ w, i, tasks }) => tasks.map((t) => (i % 2 ? b : a).taskFinish(w, t.id, { state: "succeeded", exit_code: 0, error: null, seq: 1 }))));
+      const job = (await a.store.job(id))!;
+      expect(job.state).toBe("succeeded");
+      const events = await a.store.events(id);
+      const told = events.filter((e) => e.type === "task.finished").map((e) => e.data.task as string);
+      expect(told.sort()).toEqual([...names].sort());
+      expect(events.filter((e) => e.type === "job.finished")).toHaveLength(1);
+    } finally {
+      await close();
+    }
+  });
+
+  test("forty jobs submitted at once through two replicas to ten one-slot workers: each handed out once, no worker over its slot, every job run in the end", async () => {
+    const { a, b, close } = await replicas();
+    try {
+      const workers = await join_(a, 10);
+      const ids = (await Promise.all(Array.from({ length: 40 }, (_, k) => new JobsApi(k % 2 ? b : a).submit({ spec: travelling(`j${k}`) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" })))).map((r) => r.id);
+      const ran = new Map<string, number>();
+      // Rounds: every worker polls (through either replica), checks it holds at most one task, finishes what it holds.
+      for (let round = 0; round < 40 && [...ran.values()].length < 40; round++) {
+        await Promise.all(
+          workers.map(async (w, i) => {
+            const c = (i + round) % 2 ? b : a;
+            const { tasks } = await c.poll(w, 0);
+            expect(tasks.length).toBeLessThanOrEqual(1);
+            for (const t of tasks) {
+              ran.set(t.job_id!, (ran.get(t.job_id!) ?? 0) + 1);
+              await c.taskFinish(w, t.id, { state: "succeeded", exit_code: 0, error: null, seq: 1 });
+            }
+          }),
+        );
+        expect((await a.store.activeTasks()).length).toBeLessThanOrEqual(10);
+      }
+      expect([...ran.keys()].sort()).toEqual([...ids].sort());
+      expect([...ran.values()].every((n) => n === 1)).toBe(true);
+      for (const id of ids) expect((await a.store.job(id))!.state).toBe("succeeded");
+    } finally {
+      await close();
+    }
+  });
+});
