@@ -63,6 +63,7 @@ async function join_(c: Coordinator, n: number): Promise<WorkerRow[]> {
   return rows;
 }
 
+// Row locks are PostgreSQL's alone (SQLite has one writer): skipped only on a machine without PostgreSQL, which CI requires (GPULAYER_TEST_REQUIRE_POSTGRES).
 describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
   test("twelve tasks of one job finishing at the same moment through two replicas settle the job once: each task's end told once, the job succeeded", async () => {
     const { a, b, close } = await replicas();

@@ -113,16 +113,7 @@ export function pickGpus(needs: Needs, w: WorkerRow, load: Load): number[] {
     .slice(0, needs.gpus);
 }
 
-/** Of the workers that can take the job now: the least loaded, then the one with the fewest spare GPUs, then by name. */
-export function choose(needs: Needs, workers: WorkerRow[], loads: Map<string, Load>): WorkerRow | null {
-  return chooseAmong(
-    needs,
-    workers.filter((w) => !neverReason(needs, w)),
-    loads,
-  );
-}
-
-/** choose() among workers known able to run the job (neverReason null): one pass, no sort (dispatch asks it once per job). */
+/** Of the workers known able to run the job (neverReason null), one that can take it now, by ranksBefore: one pass, no sort (dispatch asks it once per job). */
 export function chooseAmong(needs: Needs, able: WorkerRow[], loads: Map<string, Load>): WorkerRow | null {
   let best: WorkerRow | null = null;
   let bestLoad: Load | null = null;
