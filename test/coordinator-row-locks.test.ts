@@ -87,6 +87,51 @@ describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
     }
   });
 
+  test("a task failing while its sibling succeeds, through two replicas: what needs the failed one is skipped, and the job ends failed (the skip's settle and the sibling's both lock the job)", async () => {
+    const { a, b, close } = await replicas();
+    try {
+      const workers = await join_(a, 2);
+      const task = (name: string, needs: string[] = []) => ({ name, needs, spec: travelling(name) });
+      const spec = { ...travelling("failing"), tasks: [task("breaks"), task("aside"), task("after", ["breaks"]), task("last", ["after"])] } as unknown as RemoteSpec;
+      // One job a round, its two ends at the same moment: "breaks" fails through one replica (whose dispatch pass then skips what needs it), "aside" succeeds through the other.
+      for (let round = 0; round < 20; round++) {
+        const { id } = await new JobsApi(a).submit({ spec, bundle: null, labels: {}, workdir: "/w" });
+        const held = (await Promise.all(workers.map(async (w) => ({ w, tasks: (await a.poll(w, 0)).tasks })))).flatMap(({ w, tasks }) => tasks.map((t) => ({ w, t })));
+        const names = new Map(await Promise.all(held.map(async ({ t }) => [t.id, (await a.store.job(t.job_id!))!.task!] as const)));
+        await Promise.all(
+          held.map(({ w, t }) =>
+            names.get(t.id) === "breaks" ? a.taskFinish(w, t.id, { state: "failed", exit_code: 5, error: null, seq: 1 }) : b.taskFinish(w, t.id, { state: "succeeded", exit_code: 0, error: null, seq: 1 }),
+          ),
+        );
+        const tasks = (await a.store.tasksOf(id)).map((t) => [t.task, t.state]).sort();
+        expect(tasks).toEqual([["after", "skipped"], ["aside", "succeeded"], ["breaks", "failed"], ["last", "skipped"]]);
+        expect([(await a.store.job(id))!.state, (await a.store.events(id)).filter((e) => e.type === "job.finished").length]).toEqual(["failed", 1]);
+      }
+    } finally {
+      await close();
+    }
+  });
+
+  test("a cancel through one replica as the job's end arrives through the other: the end its worker reported stands, never overwritten with cancelled", async () => {
+    const { a, b, close } = await replicas();
+    try {
+      const [w] = await join_(a, 1);
+      for (let round = 0; round < 20; round++) {
+        const { id } = await new JobsApi(a).submit({ spec: travelling(`j${round}`) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" });
+        const [t] = (await a.poll(w!, 0)).tasks;
+        // The cancel either lands first (the worker is told, and its report still decides) or finds the job ended (409).
+        const cancelled = new JobsApi(b).cancel(id).catch((e: Error) => e.message);
+        await a.taskFinish(w!, t!.id, { state: "succeeded", exit_code: 0, error: null, seq: 1 });
+        const answer = await cancelled;
+        const job = (await a.store.job(id))!;
+        expect([job.state, job.exitCode, (await a.store.events(id)).some((e) => e.type === "job.cancelled")]).toEqual(["succeeded", 0, false]);
+        if (typeof answer === "string") expect(answer).toBe(`job ${id} has already ended (succeeded)`);
+      }
+    } finally {
+      await close();
+    }
+  });
+
   test("forty jobs submitted at once through two replicas to ten one-slot workers: each handed out once, no worker over its slot, every job run in the end", async () => {
     const { a, b, close } = await replicas();
     try {

@@ -156,8 +156,6 @@ export class Coordinator {
     // A task of a job: the job's own row follows its tasks' (job-tasks.ts).
     const parent = (await ch.store.job(id))?.parentId;
     if (!parent) return;
-    // Its tasks settle it one at a time (two finishing at once each see the other's end).
-    await ch.store.lockJob(parent);
     if (await settleJob(ch.store, parent)) ch.wake(`job:${parent}`);
   }
 

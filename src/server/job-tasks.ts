@@ -55,8 +55,13 @@ export async function endUnstarted(store: ServerStore, task: JobRow, because: st
 /**
  * The job's own row, from its tasks': running once one has started, ended
  * once all have. Returns whether the job's row changed (its watchers wake).
+ * The job's row is locked first, whoever settles it (a task's end under row
+ * locks, a dispatch pass skipping what needs a failed task, a cancel): two
+ * changes ending its last tasks at once then each see the other's end,
+ * rather than each miss it and leave the job running.
  */
 export async function settleJob(store: ServerStore, parentId: string): Promise<boolean> {
+  await store.lockJob(parentId);
   const job = await store.job(parentId);
   if (!job || isFinal(job.state)) return false;
   const tasks = await store.tasksOf(parentId);

@@ -145,10 +145,25 @@ export class JobsApi {
   }
 
   private async cancelIn(ch: Change, jobId: string): Promise<{ id: string; state: string }> {
+    const ended = await this.cancelJob(ch, jobId);
+    if (ended) throw new HttpFail(409, `job ${jobId} has already ended (${ended})`);
+    ch.wake(`job:${jobId}`);
+    const now = (await ch.store.job(jobId))!;
+    return { id: now.id, state: now.state };
+  }
+
+  /**
+   * Cancels one job, read under its locks: a task's end reported meanwhile
+   * (under row locks, coordinator.ts) is seen, never overwritten with
+   * "cancelled". Returns the state it had already ended in, if it had.
+   */
+  private async cancelJob(ch: Change, jobId: string): Promise<string | null> {
     const { store } = ch;
-    // Read again under the lock: it may have ended since the request found it.
+    // Its task's row before its own: the order a worker's reports lock them in.
+    const task = await store.lockedActiveTaskOfJob(jobId);
+    await store.lockJob(jobId);
     const job = (await store.job(jobId))!;
-    if (isFinal(job.state)) throw new HttpFail(409, `job ${job.id} has already ended (${job.state})`);
+    if (isFinal(job.state)) return job.state;
     const tasks = await store.tasksOf(job.id);
     if (tasks.length) {
       // A job of tasks: each running task is cancelled on its worker, each not started ends now; the job ends with the last.
@@ -156,30 +171,27 @@ export class JobsApi {
       await store.event(job.id, "job.cancel.requested", { tasks: tasks.filter((t) => !isFinal(t.state)).map((t) => t.task) });
       for (const t of tasks) {
         if (isFinal(t.state)) continue;
-        if (await store.activeTaskOfJob(t.id)) await this.cancelIn(ch, t.id);
+        // Running: its worker is told. One ending as this runs waits on the job's lock, held here, or (a deadlock) runs again after.
+        if (await store.activeTaskOfJob(t.id)) await this.cancelJob(ch, t.id);
         else {
           await endUnstarted(store, t, JOB_CANCELLED);
           ch.wake(`job:${t.id}`);
         }
       }
       if (await settleJob(store, job.id)) ch.wake(`job:${job.id}`);
-      const now = (await store.job(job.id))!;
-      return { id: now.id, state: now.state };
+      return null;
     }
-    const task = await store.activeTaskOfJob(job.id);
     if (!task) {
       await store.event(job.id, "job.cancelled", { reason: "job cancel" });
       await store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled, cancelRequested: true });
     } else {
-      // The task's row before the job's: the order its worker's reports lock them in.
       await store.updateTask(task.id, { cancel: true });
       await store.updateJob(job.id, { cancelRequested: true });
       await store.event(job.id, "job.cancel.requested", { worker: (await store.worker(task.workerId))?.name ?? null });
       ch.wake(`worker:${task.workerId}`);
     }
     ch.wake(`job:${job.id}`);
-    const now = (await store.job(job.id))!;
-    return { id: now.id, state: now.state };
+    return null;
   }
 
   /** New output and events since the client's marks; waits (long poll) while there are none and the job runs. */

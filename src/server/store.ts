@@ -147,6 +147,8 @@ function toTask(r: Row): TaskRow {
   };
 }
 
+/** A task held by its worker now. */
+const ACTIVE = "state IN ('assigned', 'running')";
 /** A job waiting for a worker: queued, held by no task, and not a job of tasks (its tasks are dispatched, each on its own). */
 const QUEUED = "state = 'queued' AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id AND tasks.state IN ('assigned', 'running')) AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id)";
 const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_code", error: "error", envKey: "env_key", workerId: "worker_id", attempts: "attempts", waiting: "waiting", cancelRequested: "cancel_requested", outputsBundle: "outputs_bundle" };
@@ -344,7 +346,7 @@ export class ServerStore {
   }
   /** A worker's tasks held now, locked (see lockedTask). */
   async lockedActiveTasks(workerId: string): Promise<TaskRow[]> {
-    return (await this.sql.all(`SELECT * FROM tasks WHERE worker_id = ? AND state IN ('assigned', 'running') ORDER BY created${this.forUpdate}`, workerId)).map(toTask);
+    return (await this.sql.all(`SELECT * FROM tasks WHERE worker_id = ? AND ${ACTIVE} ORDER BY created${this.forUpdate}`, workerId)).map(toTask);
   }
   /** Holds a job's row to the end of the transaction: settling a job from its tasks' rows is one at a time. */
   async lockJob(id: string): Promise<void> {
@@ -392,7 +394,12 @@ export class ServerStore {
     return false;
   }
   async activeTaskOfJob(jobId: string): Promise<TaskRow | null> {
-    const r = await this.sql.get("SELECT * FROM tasks WHERE job_id = ? AND state IN ('assigned', 'running') ORDER BY created DESC LIMIT 1", jobId);
+    const r = await this.sql.get(`SELECT * FROM tasks WHERE job_id = ? AND ${ACTIVE} ORDER BY created DESC LIMIT 1`, jobId);
+    return r ? toTask(r) : null;
+  }
+  /** The job's task held now, locked (see lockedTask): one that ended while this waited for it is not returned. */
+  async lockedActiveTaskOfJob(jobId: string): Promise<TaskRow | null> {
+    const r = await this.sql.get(`SELECT * FROM tasks WHERE job_id = ? AND ${ACTIVE} ORDER BY created DESC LIMIT 1${this.forUpdate}`, jobId);
     return r ? toTask(r) : null;
   }
   async groupTasks(groupId: string): Promise<TaskRow[]> {
