@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
@@ -11,7 +11,9 @@ import { TcpProxy } from "./fixtures/tcp-proxy.ts";
  * than the worker's lease costs nothing: the server sees wa lost, keeps its
  * job, and takes wa back with it. A longer one: wa stops its job itself
  * before the lease ends, and only then does the server give the job to wb.
- * At no moment do two attempts run (each records its start and end).
+ * At no moment do two attempts run (each records its start and end). A
+ * worker frozen (SIGSTOP) past its lease with a job handed to it asks the
+ * server before running it, awake, and runs nothing the server gave out again.
  */
 
 const TOKEN = "partition-test-token-0123456789";
@@ -21,6 +23,7 @@ const box = sandbox();
 const procs: Kept[] = [];
 let url = "";
 let proxy: TcpProxy;
+let server: Kept;
 
 const env = () => ({ ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN });
 const gpl = (args: string[]) => cli(args, { env: env(), cwd: box.root });
@@ -36,7 +39,7 @@ const runs = (file: string) => (existsSync(file) ? readFileSync(file, "utf8").tr
 const job = (file: string, release: string) => ["--", "sh", "-c", `trap 'trap "" TERM; echo end $$ >> ${file}; exit 143' TERM; echo start $$ >> ${file}; while [ ! -e ${release} ]; do sleep 0.1; done; echo finished`];
 
 beforeAll(async () => {
-  const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "server-home"), GPULAYER_TOKEN: TOKEN } }), procs);
+  server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, "server-home"), GPULAYER_TOKEN: TOKEN } }), procs);
   url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
   proxy = new TcpProxy(Number(new URL(url).port)).start();
   const wa = worker("wa", `http://127.0.0.1:${proxy.port}`, "pool=p");
@@ -91,5 +94,42 @@ describe("a network cut between a worker and the server", () => {
     expect(s.attempts).toBe(2);
     expect(runs(file)).toHaveLength(3);
     expect(procs.find((p) => p.out().includes("as wa"))!.out()).toContain("was out of touch with the server");
+  }, T);
+
+  test("a worker frozen past its lease with a job handed to it: awake, it asks the server first and does not run it; the job ran once, elsewhere", async () => {
+    const file = join(box.root, "runs-frozen");
+    // An empty workdir, so the job's bundle is the warm-up's, already on wf: awake, wf needs nothing from the server but the answer.
+    const wd = join(box.root, "frozen-wd");
+    mkdirSync(wd);
+    const submit = (args: string[]) => cli(["job", "run", "--label", "pool=f", ...args], { env: env(), cwd: wd });
+    const wf = worker("wf", url, "pool=f");
+    await waitFor("wf to join", () => wf.out().includes("as wf"));
+    expect((await submit(["--", "true"])).code).toBe(0);
+    wf.proc.kill("SIGSTOP");
+    const id = (await submit(["-d", "--", "sh", "-c", `echo ran $$ >> ${file}`])).stdout.trim();
+    // Handed to wf (silent, not lost yet), then given out again once wf's lease is over.
+    await waitFor("the job to be queued again", async () => {
+      const s = await status(id);
+      return s.state === "queued" && s.attempts === 1;
+    }, 30_000);
+    const wg = worker("wg", url, "pool=f");
+    await waitFor("wg to join", () => wg.out().includes("as wg"));
+    const s = await waitFor("the job to end on wg", async () => ((await status(id)).state === "succeeded" ? status(id) : null), 60_000);
+    expect(s.worker).toBe("wg");
+    expect(runs(file)).toHaveLength(1);
+    // wf wakes to the old hand-out while the server cannot answer: it must not run the job on its own say-so.
+    server.proc.kill("SIGSTOP");
+    try {
+      wf.proc.kill("SIGCONT");
+      await waitFor("wf to ask before running", () => wf.out().includes("asking the server whether it is still ours"));
+      await Bun.sleep(500);
+      expect(runs(file)).toHaveLength(1);
+    } finally {
+      server.proc.kill("SIGCONT");
+    }
+    await waitFor("wf to be told the job is not its own", () => wf.out().includes("taken back by the server"));
+    await Bun.sleep(500);
+    expect(runs(file)).toHaveLength(1);
+    expect(await status(id)).toMatchObject({ state: "succeeded", worker: "wg", attempts: 2 });
   }, T);
 });

@@ -122,13 +122,19 @@ suite("server replicas on one PostgreSQL", () => {
     }
     const rows = await waitFor("the 100 jobs to end", () => ended(ids), 180_000);
     expect(rows.filter((r: { state: string }) => r.state !== "succeeded")).toEqual([]);
-    // Run once each: one line per job in the file they all append to, one assignment each in the events.
+    // Run once each: one line per job in the file they all append to.
     const lines = readFileSync(runs, "utf8").trim().split("\n");
     expect(lines.length).toBe(100);
     expect(new Set(lines).size).toBe(100);
-    const assigned = await sql.unsafe("SELECT job_id, COUNT(*)::int AS n FROM events WHERE type = 'job.assigned' AND job_id = ANY($1::text[]) GROUP BY job_id", [ids]);
+    // Dispatched once each: one assignment, and one more only for each time the job was given out again. On this loaded
+    // machine a worker building its first env can go silent past the 4 s lease; its job then goes elsewhere, and the
+    // stalled worker, awake, asks before running it (test/cluster-partition.test.ts), so the lines above stay 100.
+    const assigned = await sql.unsafe(
+      "SELECT job_id, SUM(CASE WHEN type = 'job.assigned' THEN 1 ELSE 0 END)::int AS a, SUM(CASE WHEN type = 'job.requeued' THEN 1 ELSE 0 END)::int AS r FROM events WHERE type IN ('job.assigned', 'job.requeued') AND job_id = ANY($1::text[]) GROUP BY job_id",
+      [ids],
+    );
     expect(assigned.length).toBe(100);
-    expect(assigned.every((r: { n: number }) => r.n === 1)).toBe(true);
+    expect(assigned.filter((row: { a: number; r: number }) => row.a !== row.r + 1)).toEqual([]);
     // Work went to every worker, whichever replica took the job.
     const by = await sql.unsafe("SELECT DISTINCT worker_id FROM jobs WHERE id = ANY($1::text[])", [ids]);
     expect(by.length).toBeGreaterThan(1);

@@ -33,6 +33,8 @@ export interface RunnerIO {
   onEvent?: EventSink;
   /** A joined worker's env artifacts: fetched before a build, shared after one (env/store/shipping.ts). */
   shipping?: Shipping;
+  /** Awaited once the env is ready, right before the command starts: a worker makes sure the job is still its own (a cancel meanwhile stops the start). */
+  beforeRun?(): Promise<void>;
 }
 
 export interface JobOutcome {
@@ -193,6 +195,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
     const spec = job.spec;
     const { prepareSeconds } = launch;
     try {
+      await io.beforeRun?.();
       if (cancelReason) return finish("cancelled", ExitCode.cancelled, { prepareSeconds });
       const log = openSync(store.logPath(job.id), "a");
       const sink = (to?: (c: Uint8Array) => void) => (c: Uint8Array) => {

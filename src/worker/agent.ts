@@ -160,16 +160,17 @@ export class Agent {
 
   private context(): WorkerContext {
     const shipping = this.shipping();
-    return { layout: this.opts.layout, client: this.client!, gpus: this.opts.probe.gpus, runner: this.opts.runner, bundleLimits: this.opts.bundleLimits, outbox: this.outbox, keepWorkdirs: this.opts.keepWorkdirs, shipping, log: (m) => this.log(m) };
+    return { safeSilenceMs: () => this.safeSilenceMs(), layout: this.opts.layout, client: this.client!, gpus: this.opts.probe.gpus, runner: this.opts.runner, bundleLimits: this.opts.bundleLimits, outbox: this.outbox, keepWorkdirs: this.opts.keepWorkdirs, shipping, log: (m) => this.log(m) };
   }
 
-  private start(task: TaskAssignment): void {
+  /** `asked`: when the poll that brought it was sent (the server heard from this worker no earlier). */
+  private start(task: TaskAssignment, asked: number): void {
     if (this.tasks.has(task.id)) return;
     if (this.stopping) {
       void this.client!.request("POST", `/v1/tasks/${task.id}/handback`, { reason: `worker ${this.opts.name} is leaving` }).catch(() => {});
       return;
     }
-    const handle = task.kind === "job" ? startJobTask(this.context(), task) : startPrepareTask(this.context(), task);
+    const handle = task.kind === "job" ? startJobTask(this.context(), task, asked) : startPrepareTask(this.context(), task);
     this.log(task.kind === "job" ? `job ${task.job_id} (${task.spec?.name}): started (attempt ${task.attempt}${task.gpus.length ? `, GPUs ${task.gpus.join(",")}` : ""})` : `prepare task ${task.id}: started`);
     this.tasks.set(task.id, handle);
     void handle.done.finally(() => {
@@ -292,11 +293,12 @@ export class Agent {
       while (!this.stopping) {
         const credential = this.credential;
         try {
+          const asked = Date.now();
           const r = await this.client!.json<PollResponse>("GET", `/v1/workers/${this.workerId}/tasks?wait=25`, undefined, { signal: this.pollAbort.signal });
           failedWith = null;
           this.contact();
           this.cancel(r.cancel);
-          for (const t of r.tasks) this.start(t);
+          for (const t of r.tasks) this.start(t, asked);
         } catch (error) {
           if (this.stopping) break;
           // Joining again (lost) gives a new credential: whatever a poll sent with the old one got is stale; poll again.
@@ -334,10 +336,14 @@ export class Agent {
    * places at once. Short cuts cost nothing: the server keeps a lost
    * worker's jobs until its lease is over.
    */
+  /** How long this worker may go unheard and still take what it runs for its own: its lease, less a margin for beats in flight. */
+  private safeSilenceMs(): number {
+    return this.leaseMs - Math.max(3 * this.heartbeatMs, 0.2 * this.leaseMs);
+  }
+
   private fenceIfCutOff(): void {
-    const margin = Math.max(3 * this.heartbeatMs, 0.2 * this.leaseMs);
     const silent = Date.now() - this.lastContact;
-    if (this.fenced || !this.tasks.size || silent < this.leaseMs - margin) return;
+    if (this.fenced || !this.tasks.size || silent < this.safeSilenceMs()) return;
     this.fenced = true;
     const reason = `worker ${this.opts.name} was out of touch with the server for ${(silent / 1000).toFixed(0)} s, near its lease (${this.leaseMs / 1000} s): stopped there, to run elsewhere`;
     this.log(`${reason}; stopping ${this.tasks.size} task(s)`);

@@ -42,6 +42,8 @@ export interface WorkerContext {
   /** Env artifacts with the rest of the fleet (worker/env-shipping.ts). */
   shipping: ShippingSettings;
   log(message: string): void;
+  /** How long after the server last heard from this worker its tasks are surely still its own (its lease, less a margin). */
+  safeSilenceMs(): number;
 }
 
 export interface TaskHandle {
@@ -136,7 +138,8 @@ function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: Worke
 
 const messageOf = (error: unknown) => (error instanceof InstallError && error.detail ? `${error.message}: ${error.detail}` : error instanceof Error ? error.message : String(error));
 
-export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHandle {
+/** `asked`: when the poll that brought the task was sent. */
+export function startJobTask(ctx: WorkerContext, task: TaskAssignment, asked: number): TaskHandle {
   let running: RunningJob | null = null;
   let stopReason: string | null = null;
   let handedBack: string | null = null;
@@ -189,6 +192,15 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment): TaskHand
         onEvent: (type, data) => channel.event(type, { ...data, local_job: job.id }),
         onStdout: (c) => channel.output(c, "stdout"),
         onStderr: (c) => channel.output(c, "stderr"),
+        // Handed out so long ago that the server may have given the job to another worker meanwhile (this one was frozen, or cut off,
+        // past its lease): it starts only once the server has taken what the task reported so far (task.prepare.finished, sent just
+        // before), which it refuses (409: taken back, the job is stopped here) for a task no longer this worker's.
+        beforeRun: async () => {
+          const since = Date.now() - asked;
+          if (since < ctx.safeSilenceMs()) return;
+          ctx.log(`job ${task.job_id}: handed out ${(since / 1000).toFixed(1)} s ago, near this worker's lease: asking the server whether it is still ours before running it`);
+          await channel.flush();
+        },
         // The GPUs the server gave it, by id, as its CUDA_VISIBLE_DEVICES names them (none: no GPU here).
       }, ctx.gpus.length ? gpuDeviceIds(ctx.gpus, task.gpus) : undefined);
       if (stopReason) running.cancel(stopReason);
