@@ -2,9 +2,9 @@ import { closeSync, constants, fstatSync, openSync, readSync, type Stats, statSy
 import { basename } from "node:path";
 import * as v from "valibot";
 import { validRange } from "@renovatebot/pep440";
-import { parse as parseYaml } from "yaml";
 import { UsageError } from "../errors.ts";
 import { positiveDuration } from "./kinds.ts";
+import { parseYaml } from "./yaml.ts";
 
 /** The job file, exactly as DESIGN.md shows it. Strict: an unknown key is an error naming its path. */
 const NonEmpty = v.pipe(v.string(), v.minLength(1, "must not be empty"));

@@ -1,4 +1,4 @@
-import { readdirSync, readFileSync } from "node:fs";
+import { closeSync, openSync, readdirSync, readFileSync, readSync } from "node:fs";
 import { sleep } from "./sleep.ts";
 
 /**
@@ -15,25 +15,57 @@ const MARK = "GPULAYER_JOB_ID";
 
 const jobMark = (jobId: string) => `${MARK}=${jobId}`;
 
-/** The live processes carrying the job's mark (this process excluded). */
-export function jobProcesses(jobId: string): number[] {
-  const needle = Buffer.from(`\0${jobMark(jobId)}\0`);
+/** The /proc entries of processes other than this one. */
+function otherPids(): string[] {
   let names: string[];
   try {
     names = readdirSync("/proc");
   } catch {
-    return [];
+    return []; // no /proc: nothing is found
   }
-  const found: number[] = [];
-  for (const name of names) {
-    if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
-    try {
-      // The variable may come first: give it a NUL before, as between the others.
-      const environ = Buffer.concat([Buffer.from([0]), readFileSync(`/proc/${name}/environ`), Buffer.from([0])]);
-      if (environ.includes(needle) && !isZombie(name)) found.push(Number(name));
-    } catch {
-      // gone, or not ours to read
+  const self = String(process.pid);
+  return names.filter((n) => n.charCodeAt(0) >= 48 && n.charCodeAt(0) <= 57 && n !== self);
+}
+
+// One buffer for every read: a scan runs at each job's end, and /proc holds hundreds of processes on a busy box.
+let environ = Buffer.allocUnsafe(64 * 1024);
+
+/**
+ * A process's environment, NUL before and after (so each variable sits between two NULs), in a buffer shared by
+ * every call: valid until the next one. Null when it is gone or not ours to read.
+ */
+function readEnviron(pid: string): Buffer | null {
+  let fd: number;
+  try {
+    fd = openSync(`/proc/${pid}/environ`, "r");
+  } catch {
+    return null;
+  }
+  try {
+    environ[0] = 0;
+    let length = 1;
+    for (;;) {
+      // Room for the read and the closing NUL; a larger environment grows the buffer for every later read too.
+      if (environ.length - length < 4096) environ = Buffer.concat([environ, Buffer.allocUnsafe(environ.length)]);
+      const n = readSync(fd, environ, length, environ.length - length - 1, null);
+      if (n === 0) break;
+      length += n;
     }
+    environ[length] = 0;
+    return environ.subarray(0, length + 1);
+  } catch {
+    return null;
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** The live processes carrying the job's mark (this process excluded). */
+export function jobProcesses(jobId: string): number[] {
+  const needle = Buffer.from(`\0${jobMark(jobId)}\0`);
+  const found: number[] = [];
+  for (const pid of otherPids()) {
+    if (readEnviron(pid)?.includes(needle) && !isZombie(pid)) found.push(Number(pid));
   }
   return found;
 }
@@ -47,25 +79,14 @@ let snapshot: { at: number; counts: Map<string, number> } | null = null;
 export function markedJobCounts(now = Date.now()): Map<string, number> {
   if (snapshot && now - snapshot.at < 1000) return snapshot.counts;
   const counts = new Map<string, number>();
-  const prefix = `\0${MARK}=`;
-  let names: string[] = [];
-  try {
-    names = readdirSync("/proc");
-  } catch {
-    // no /proc: nothing is found
-  }
-  for (const name of names) {
-    if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
-    try {
-      const environ = `\0${readFileSync(`/proc/${name}/environ`, "latin1")}`;
-      const at = environ.indexOf(prefix);
-      if (at === -1 || isZombie(name)) continue;
-      const end = environ.indexOf("\0", at + 1);
-      const id = environ.slice(at + prefix.length, end === -1 ? undefined : end);
-      counts.set(id, (counts.get(id) ?? 0) + 1);
-    } catch {
-      // gone, or not ours to read
-    }
+  const prefix = Buffer.from(`\0${MARK}=`);
+  for (const pid of otherPids()) {
+    const env = readEnviron(pid);
+    const at = env ? env.indexOf(prefix) : -1;
+    if (at === -1 || isZombie(pid)) continue;
+    const start = at + prefix.length;
+    const id = env!.toString("latin1", start, env!.indexOf(0, start));
+    counts.set(id, (counts.get(id) ?? 0) + 1);
   }
   snapshot = { at: now, counts };
   return counts;

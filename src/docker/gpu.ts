@@ -1,7 +1,7 @@
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { parse as parseYaml } from "yaml";
 import { UserError } from "../errors.ts";
+import { parseYaml } from "../config/yaml.ts";
 import { type Engine, engineExec, type EngineEnv } from "./engine.ts";
 
 /**

@@ -2,22 +2,17 @@ import { defineCommand } from "citty";
 import { commandContext, localGpus, localSlots, runnerSettings } from "../_context.ts";
 import { ExitError, jobEndCode, UsageError, UserError } from "../../errors.ts";
 import { gpuRefusal } from "../../jobs/resources.ts";
-import { spawnDetachedRunner } from "../../jobs/detach.ts";
 import { startJob } from "../../jobs/runner.ts";
 import { firstGpuIds } from "../../jobs/allocation.ts";
-import { startJobTasks } from "../../jobs/job-tasks.ts";
 import { jobStdout, tasksIO, tasksSummary } from "../_tasks-ui.ts";
 import { buildJobSpec } from "../../jobs/spec.ts";
 import { JobStore } from "../../jobs/store.ts";
-import { jobStatus } from "../../jobs/status.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, projectFlags, rejectUnknownFlags, repeated, placeArgs } from "../_args.ts";
 import { imageHooks } from "../_image-ui.ts";
 import { prepareHooks } from "../_prepare-ui.ts";
 import type { JobDryRunDoc, JobStateDoc, JobStatusDoc } from "../_json.ts";
-import { dryRunJob } from "../../jobs/dry-run.ts";
-import { dryRunLines } from "./_lines.ts";
 import { onBrokenPipe, writeErr } from "../../ui/terminal.ts";
 import { printable } from "../../ui/escape.ts";
 
@@ -91,6 +86,7 @@ export default defineCommand({
     const remote = remoteTarget(ctx.settings, rawArgs, { local: a.local });
     if (a["dry-run"]) {
       if (remote) throw new UsageError("--dry-run resolves the job on this machine; it does not go with --server (each worker keys its own env)");
+      const [{ dryRunJob }, { dryRunLines }] = await Promise.all([import("../../jobs/dry-run.ts"), import("./_lines.ts")]);
       const plan: JobDryRunDoc = dryRunJob(layout, spec, runnerSettings(ctx));
       return out.result(plan, () => dryRunLines(plan));
     }
@@ -102,7 +98,7 @@ export default defineCommand({
     const store = new JobStore(layout);
     const job = store.create(spec);
     if (a.detach) {
-      spawnDetachedRunner(job, ctx.childEnv, ctx.jobUmask);
+      (await import("../../jobs/detach.ts")).spawnDetachedRunner(job, ctx.childEnv, ctx.jobUmask);
       const doc: JobStateDoc = { id: job.id, state: "queued" };
       out.result(doc, () => job.id, true);
       return;
@@ -112,7 +108,7 @@ export default defineCommand({
     let stdoutGone = false;
     const toStdout = jobStdout(Boolean(a.json), () => stdoutGone);
     const running = spec.tasks
-      ? startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus }, tasksIO(out, { stdout: toStdout }))
+      ? (await import("../../jobs/job-tasks.ts")).startJobTasks(store, layout, job, { ...runnerSettings(ctx), slots: localSlots(ctx), gpus }, tasksIO(out, { stdout: toStdout }))
       : startJob(store, layout, job, runnerSettings(ctx), {
           onStdout: toStdout,
           onStderr: (c) => writeErr(c),
@@ -137,11 +133,12 @@ export default defineCommand({
     for (const s of signals) process.on(s, onSignal);
     const outcome = await running.done;
     for (const s of signals) process.off(s, onSignal);
-    const status: JobStatusDoc = jobStatus(store, store.get(job.id)!);
+    // Read only where it is shown (it scans /proc for what the job left running): a plain run ends on its exit line.
+    const status: JobStatusDoc | null = spec.tasks || a.json ? (await import("../../jobs/status.ts")).jobStatus(store, store.get(job.id)!) : null;
     store.close();
-    if (spec.tasks) out.progress(tasksSummary(status));
+    if (spec.tasks) out.progress(tasksSummary(status!));
     else if (outcome.runSeconds !== null) out.progress(`task.run exit ${outcome.exitCode} in ${formatSeconds(outcome.runSeconds)} (job ${job.id} ${outcome.state})`);
-    if (a.json) out.result(status, () => "");
+    if (a.json) out.result(status!, () => "");
     const code = jobEndCode(outcome.exitCode, outcome.state);
     if (code !== 0) throw new ExitError(code);
   },

@@ -1,4 +1,4 @@
-import { type RunContainerOptions, runContainer } from "../../docker/index.ts";
+import type { RunContainerOptions } from "../../docker/index.ts";
 import { UserError } from "../../errors.ts";
 import { CannotStart, type OutputSinks, type StartedTask, type TaskDriver } from "./driver.ts";
 
@@ -10,6 +10,8 @@ import { CannotStart, type OutputSinks, type StartedTask, type TaskDriver } from
 export function containerDriver(opts: Omit<RunContainerOptions, "onStdout" | "onStderr">, graceMs: number): TaskDriver {
   return {
     async start(output: OutputSinks): Promise<StartedTask> {
+      // Loaded for an image only, as the prepare loads it (jobs/prepare.ts): a host job never pays for the container code.
+      const { runContainer } = await import("../../docker/index.ts");
       const container = await runContainer({ ...opts, onStdout: output.stdout, onStderr: output.stderr }).catch((error: unknown) => {
         throw error instanceof UserError ? new CannotStart(error.message) : error;
       });
