@@ -34,30 +34,30 @@ afterAll(async () => {
 const probe = (hostname: string): MachineProbe => ({ hostname, os: "linux", arch: "x64", cpus: 2, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 });
 const travelling = (name: string) => ({ name, argv: ["true"], commandText: "true", env: {}, environment: { specs: [], extraIndexUrls: [], findLinks: [] }, resources: { gpus: 0, frameworks: {} } });
 
-/** Two replicas (a coordinator each, its own pool) on one fresh database. */
-async function replicas(): Promise<{ a: Coordinator; b: Coordinator; close(): Promise<void> }> {
+/** Replicas (a coordinator each, its own pool) on one fresh database: two unless told. */
+async function replicas(n = 2): Promise<{ a: Coordinator; b: Coordinator; all: Coordinator[]; close(): Promise<void> }> {
   const url = await pg!.database();
   const files = join(root, crypto.randomUUID());
   mkdirSync(files, { recursive: true });
-  const dbs = [new PostgresDatabase(url), new PostgresDatabase(url)];
+  const dbs = Array.from({ length: n }, () => new PostgresDatabase(url));
   await migrate(dbs[0]!);
   const opts = { heartbeatSeconds: 2, lostSeconds: 30, leaseSeconds: 60, maxAttempts: 3 };
-  const [a, b] = dbs.map((db) => new Coordinator(new ServerStore(db, files), opts));
+  const all = dbs.map((db) => new Coordinator(new ServerStore(db, files), opts));
   return {
-    a: a!,
-    b: b!,
+    a: all[0]!,
+    b: all[1]!,
+    all,
     close: async () => {
-      a!.close();
-      b!.close();
+      for (const c of all) c.close();
       for (const db of dbs) await db.close();
     },
   };
 }
 
-async function join_(c: Coordinator, n: number): Promise<WorkerRow[]> {
+async function join_(c: Coordinator, n: number, slots = 1): Promise<WorkerRow[]> {
   const rows: WorkerRow[] = [];
   for (let i = 0; i < n; i++) {
-    const r = await c.register({ name: `w${i}`, labels: {}, slots: 1, probe: probe(`host-${i}`) });
+    const r = await c.register({ name: `w${i}`, labels: {}, slots, probe: probe(`host-${i}`) });
     rows.push((await c.store.worker(r.id))!);
   }
   return rows;
@@ -132,6 +132,28 @@ describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
     }
   });
 
+  test("a cancel through one replica as the other's dispatch pass hands the job out: the worker is told to stop it, never left running a job that says cancelled", async () => {
+    const { a, b, close } = await replicas();
+    try {
+      const [w] = await join_(a, 1);
+      for (let round = 0; round < 20; round++) {
+        const first = await new JobsApi(a).submit({ spec: travelling(`first${round}`) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" });
+        const [running] = (await a.poll(w!, 0)).tasks;
+        const { id } = await new JobsApi(a).submit({ spec: travelling(`next${round}`) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" });
+        // The first's end frees the slot (a's pass hands the next one out) as b cancels the next one.
+        await Promise.all([a.taskFinish(w!, running!.id, { state: "succeeded", exit_code: 0, error: null, seq: 1 }), new JobsApi(b).cancel(id)]);
+        const job = (await a.store.job(id))!;
+        const task = await a.store.activeTaskOfJob(id);
+        expect({ state: job.state, handedOut: Boolean(task), told: task?.cancel ?? null }).toEqual(task ? { state: "queued", handedOut: true, told: true } : { state: "cancelled", handedOut: false, told: null });
+        // The worker stops what it was handed, and the job ends cancelled either way.
+        for (const t of (await a.poll(w!, 0)).tasks) await a.taskFinish(w!, t.id, { state: "cancelled", exit_code: 130, error: null, seq: 1 });
+        expect([(await a.store.job(id))!.state, (await a.store.job(first.id))!.state]).toEqual(["cancelled", "succeeded"]);
+      }
+    } finally {
+      await close();
+    }
+  });
+
   test("forty jobs submitted at once through two replicas to ten one-slot workers: each handed out once, no worker over its slot, every job run in the end", async () => {
     const { a, b, close } = await replicas();
     try {
@@ -156,6 +178,34 @@ describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
       expect([...ran.keys()].sort()).toEqual([...ids].sort());
       expect([...ran.values()].every((n) => n === 1)).toBe(true);
       for (const id of ids) expect((await a.store.job(id))!.state).toBe("succeeded");
+    } finally {
+      await close();
+    }
+  });
+
+  test("three replicas dispatching at once (row locks, SKIP LOCKED): 120 jobs to eight two-slot workers, each handed out once, no worker ever over its slots", async () => {
+    const { all, close } = await replicas(3);
+    try {
+      const workers = await join_(all[0]!, 8, 2);
+      // Submitted through all three at once: each replica's dispatch passes run beside the others'.
+      const ids = (await Promise.all(Array.from({ length: 120 }, (_, k) => new JobsApi(all[k % 3]!).submit({ spec: travelling(`j${k}`) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" })))).map((r) => r.id);
+      const ran = new Map<string, number>();
+      for (let round = 0; round < 200 && ran.size < 120; round++) {
+        const perWorker = new Map<string, number>();
+        for (const t of await all[0]!.store.activeTasks()) perWorker.set(t.workerId, (perWorker.get(t.workerId) ?? 0) + 1);
+        expect(Math.max(0, ...perWorker.values())).toBeLessThanOrEqual(2);
+        await Promise.all(
+          workers.map(async (w, i) => {
+            const { tasks } = await all[(i + round) % 3]!.poll(w, 0);
+            for (const t of tasks) ran.set(t.job_id!, (ran.get(t.job_id!) ?? 0) + 1);
+            // Each finish through another replica than the poll's: its dispatch pass runs there.
+            await Promise.all(tasks.map((t) => all[(i + round + 1) % 3]!.taskFinish(w, t.id, { state: "succeeded", exit_code: 0, error: null, seq: 1 })));
+          }),
+        );
+      }
+      expect([...ran.keys()].sort()).toEqual([...ids].sort());
+      expect([...ran.values()].filter((n) => n !== 1)).toEqual([]);
+      for (const id of ids) expect((await all[0]!.store.job(id))!.attempts).toBe(1);
     } finally {
       await close();
     }

@@ -5,7 +5,7 @@ import { CREDENTIALS_LOST, HeldSecrets, type SecretSeal } from "./held-secrets.t
 import { HttpFail } from "./http-fail.ts";
 import { Notifier } from "./notifier.ts";
 import { BeatReconciler, freshOutput, outboxSkip, prepareSteps } from "./task-reports.ts";
-import { busyReason, chooseAmong, jobNeeds, type Load, type Needs, neverReason, pickGpus, reasons } from "./match.ts";
+import { busyReason, chooseAmong, hasRoom, jobNeeds, type Load, type Needs, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
 import { isDeadlock } from "./db/sql.ts";
@@ -18,17 +18,19 @@ import { blockedTasks, endUnstarted, settleJob } from "./job-tasks.ts";
  * change (a worker's long poll, a client watching a job) is woken when it
  * happens. The HTTP routes are only a skin over this.
  *
- * Every change that decides over many rows (dispatch, submit, the sweep, a
- * worker joining, leaving or coming back) runs under the database's writer
- * lock (store.exclusive), so it lands whole and alone, also against other
- * replicas on one database: a job is dispatched once, a worker declared lost
- * once. A task's reports (events, output, finish) and a poll's delivery are
- * about one worker's rows: they lock those rows instead (rowChange), worker
- * first, then its tasks, then their jobs, as every locked change does too,
- * and run beside each other and beside the writer. Wake-ups are sent once a
- * change has committed, here and (PostgreSQL) to the other replicas.
- * It is one file past the usual size on purpose: every state change the
- * writer lock guards is here, to be read (and reviewed) together.
+ * A change that decides over many workers (the sweep, a worker joining,
+ * leaving or coming back) runs under the database's writer lock
+ * (store.exclusive), so it lands whole and alone, also against other
+ * replicas on one database: a worker is declared lost once. A task's
+ * reports (events, output, finish) and a poll's delivery are about one
+ * worker's rows: they lock those rows instead (rowChange), worker first,
+ * then its tasks, then their jobs, as every locked change does too, and run
+ * beside each other and beside the writer. A dispatch pass claims the jobs
+ * and workers it changes (SKIP LOCKED, see dispatch), so replicas dispatch
+ * side by side, each job once. Wake-ups are sent once a change has
+ * committed, here and (PostgreSQL) to the other replicas.
+ * It is one file past the usual size on purpose: every state change of the
+ * fleet is here, to be read (and reviewed) together.
  */
 
 export interface CoordinatorOptions {
@@ -48,6 +50,15 @@ const REPLICA_RECHECK_MS = 1_000;
 
 /** A change under row locks gave way: what it found (a worker lost or gone, a request's credentials lost) is for the writer lock's path. */
 const LOCKED_PATH = Symbol("the writer lock's path");
+
+/** A dispatch pass that passed over a worker another change held looks again this soon (such changes take milliseconds). */
+const CONTENDED_RETRY_MS = 20;
+
+/** The workers a dispatch pass claimed (their rows as locked) and those another change held (passed over for the pass). */
+interface WorkerClaims {
+  rows: Map<string, WorkerRow>;
+  passedOver: Set<string>;
+}
 
 /** A change PostgreSQL rolled back for a deadlock runs again, whole, this many times in all. */
 const DEADLOCK_TRIES = 3;
@@ -138,7 +149,7 @@ export class Coordinator {
     const pass = this.lastPass.then(async () => {
       this.nextPass = null;
       try {
-        if (this.passOwed || (await this.store.anyQueued())) await this.change((ch) => this.dispatch(ch));
+        if (this.passOwed || (await this.store.anyQueued())) await this.rowChange((ch) => this.dispatch(ch));
         this.passOwed = false;
       } catch (error) {
         this.passOwed = true;
@@ -592,7 +603,17 @@ export class Coordinator {
     return loads;
   }
 
-  /** Give each queued job, oldest first, to a matching worker with room; the others say what they wait for. */
+  /**
+   * Give each queued job, oldest first, to a matching worker with room; the
+   * others say what they wait for. Under row locks, so replicas dispatch side
+   * by side: a pass reads the queue and the workers unlocked, then claims
+   * (FOR UPDATE SKIP LOCKED) each job it changes and each worker it gives
+   * work to, and counts that worker's load afresh under its lock. A job
+   * another pass holds is that pass's; a worker another change holds is
+   * passed over, and a job left unplaced for it owes a pass soon. A job is
+   * handed out once (its claim wants it without a worker), and no worker
+   * goes over its slots (counted under its lock).
+   */
   async dispatch(ch: Change): Promise<void> {
     const { store } = ch;
     // Nothing queued (most finishes, at any fleet's size): no worker to read.
@@ -602,11 +623,14 @@ export class Coordinator {
     const loads = await this.loads(ch, workers);
     // Tasks of jobs whose needs failed end here, all at once, each job settled once after (job-tasks.ts): linear, however long the chain.
     const blocked = await blockedTasks(store, queued);
+    const settle = new Set<string>();
     for (const { task, because } of blocked.skips) {
+      if (!(await store.claimQueuedJob(task.id))) continue;
       await endUnstarted(store, task, because);
       ch.wake(`job:${task.id}`);
+      settle.add(task.parentId!);
     }
-    for (const parent of new Set(blocked.skips.map((s) => s.task.parentId!))) if (await settleJob(store, parent)) ch.wake(`job:${parent}`);
+    for (const parent of settle) if (await settleJob(store, parent)) ch.wake(`job:${parent}`);
     const skipped = new Set(blocked.skips.map((s) => s.task.id));
     // Which workers could ever run a job depends on what it asks alone: judged once per ask in a pass, not once per job.
     const ableFor = new Map<string, WorkerRow[]>();
@@ -616,20 +640,27 @@ export class Coordinator {
       if (!found) ableFor.set(key, (found = workers.filter((w) => !neverReason(needs, w))));
       return found;
     };
-    for (const job of queued) {
-      if (skipped.has(job.id)) continue;
-      const waiting = blocked.waits.get(job.id);
+    const claims: WorkerClaims = { rows: new Map(), passedOver: new Set() };
+    let owed = false;
+    for (const seen of queued) {
+      if (skipped.has(seen.id)) continue;
+      const waiting = blocked.waits.get(seen.id);
       if (waiting) {
-        await this.setWaiting(ch, job, waiting);
+        await this.setWaiting(ch, seen, waiting);
         continue;
       }
-      if ((await this.heldSpecs.resolve(store.sql, job.id, job.spec)) === null) {
-        await this.failJob(ch, job.id, `job cannot be built: ${CREDENTIALS_LOST}`);
+      if ((await this.heldSpecs.resolve(store.sql, seen.id, seen.spec)) === null) {
+        if (await store.claimQueuedJob(seen.id)) await this.failJob(ch, seen.id, `job cannot be built: ${CREDENTIALS_LOST}`);
         continue;
       }
-      const needs = jobNeeds(job.spec, job.labels);
-      const w = chooseAmong(needs, able(needs), loads);
+      const needs = jobNeeds(seen.spec, seen.labels);
+      // Claimed only once some worker looks free for it: a queue with no room anywhere is read, not locked.
+      const job = chooseAmong(needs, able(needs), loads, claims.passedOver) ? await store.claimQueuedJob(seen.id) : seen;
+      if (!job) continue;
+      // Unclaimed (no worker looks free): setWaiting claims it only if what it waits for changed.
+      const w = job === seen ? null : await this.claimRoom(ch, needs, able(needs), loads, claims);
       if (!w) {
+        owed ||= able(needs).some((x) => claims.passedOver.has(x.id) && hasRoom(needs, x, loads.get(x.id)!));
         await this.setWaiting(ch, job, this.waitingFor(job, workers, loads));
         continue;
       }
@@ -653,8 +684,47 @@ export class Coordinator {
       // Assigned, its row still queued: nothing of its job's row changes (settleJob), which would cost a read of all its tasks per task.
       ch.wake(`job:${job.id}`);
     }
+    // A worker another change held (a report's few milliseconds) left a job unplaced: a pass again once it is free.
+    if (owed) this.owePass();
   }
 
+  /**
+   * A worker for the job, claimed by this pass: its row locked (SKIP LOCKED)
+   * and its load read afresh, so what other replicas gave it counts. One
+   * another change holds is passed over for the rest of the pass.
+   */
+  private async claimRoom(ch: Change, needs: Needs, able: WorkerRow[], loads: Map<string, Load>, claims: WorkerClaims): Promise<WorkerRow | null> {
+    const unfit = new Set(claims.passedOver);
+    for (;;) {
+      const seen = chooseAmong(needs, able, loads, unfit);
+      if (!seen) return null;
+      let w = claims.rows.get(seen.id);
+      if (!w) {
+        const fresh = await ch.store.claimWorker(seen.id);
+        if (!fresh) {
+          claims.passedOver.add(seen.id);
+          unfit.add(seen.id);
+          continue;
+        }
+        const load: Load = { running: 0, usedGpus: new Set() };
+        for (const gpus of await ch.store.jobGpusOf(seen.id)) {
+          load.running++;
+          for (const g of gpus) load.usedGpus.add(g);
+        }
+        loads.set(seen.id, load);
+        claims.rows.set(seen.id, (w = fresh));
+      }
+      // As it is now, under its lock: it may have joined again with other slots or GPUs since the pass read it.
+      if (!neverReason(needs, w) && hasRoom(needs, w, loads.get(w.id)!)) return w;
+      unfit.add(w.id);
+    }
+  }
+
+  /** A pass again soon: after the change that holds what this one passed over has committed. */
+  private owePass(): void {
+    this.passOwed = true;
+    setTimeout(() => void this.dispatchSoon(), CONTENDED_RETRY_MS).unref?.();
+  }
   private waitingFor(job: JobRow, workers: WorkerRow[], loads: Map<string, Load>): string {
     const needs = jobNeeds(job.spec, job.labels);
     const able = workers.filter((w) => !neverReason(needs, w));
@@ -664,6 +734,8 @@ export class Coordinator {
 
   private async setWaiting(ch: Change, job: JobRow, reason: string): Promise<void> {
     if (job.waiting === reason) return;
+    // Claimed first: another pass may hold it (it says so itself), or have handed it out since this one read it.
+    if (!(await ch.store.claimQueuedJob(job.id))) return;
     await ch.store.updateJob(job.id, { waiting: reason });
     await ch.store.event(job.id, "job.waiting", { for: reason });
     // Waiting changes nothing of its job's row (settleJob): woken, not settled, or a job of 1,000 tasks reads them all 1,000 times.

@@ -156,39 +156,36 @@ export class JobsApi {
    * Cancels one job, read under its locks: a task's end reported meanwhile
    * (under row locks, coordinator.ts) is seen, never overwritten with
    * "cancelled". Returns the state it had already ended in, if it had.
+   * `task`: a task of a job of tasks, which ends unstarted if not running.
    */
-  private async cancelJob(ch: Change, jobId: string): Promise<string | null> {
+  private async cancelJob(ch: Change, jobId: string, task = false): Promise<string | null> {
     const { store } = ch;
-    // Its task's row before its own: the order a worker's reports lock them in.
-    const task = await store.lockedActiveTaskOfJob(jobId);
+    // Its running task's row before its own: the order a worker's reports lock them in.
+    let running = await store.lockedActiveTaskOfJob(jobId);
     await store.lockJob(jobId);
+    // A dispatch pass that held the job handed it out meanwhile: that is the run to stop.
+    running ??= await store.lockedActiveTaskOfJob(jobId);
     const job = (await store.job(jobId))!;
     if (isFinal(job.state)) return job.state;
-    const tasks = await store.tasksOf(job.id);
+    const tasks = task ? [] : await store.tasksOf(job.id);
     if (tasks.length) {
       // A job of tasks: each running task is cancelled on its worker, each not started ends now; the job ends with the last.
       await store.updateJob(job.id, { cancelRequested: true });
       await store.event(job.id, "job.cancel.requested", { tasks: tasks.filter((t) => !isFinal(t.state)).map((t) => t.task) });
-      for (const t of tasks) {
-        if (isFinal(t.state)) continue;
-        // Running: its worker is told. One ending as this runs waits on the job's lock, held here, or (a deadlock) runs again after.
-        if (await store.activeTaskOfJob(t.id)) await this.cancelJob(ch, t.id);
-        else {
-          await endUnstarted(store, t, JOB_CANCELLED);
-          ch.wake(`job:${t.id}`);
-        }
-      }
+      // One ending as this runs waits on the job's lock, held here, or (a deadlock) runs again after.
+      for (const t of tasks) if (!isFinal(t.state)) await this.cancelJob(ch, t.id, true);
       if (await settleJob(store, job.id)) ch.wake(`job:${job.id}`);
       return null;
     }
-    if (!task) {
+    if (running) {
+      await store.updateTask(running.id, { cancel: true });
+      await store.updateJob(job.id, { cancelRequested: true });
+      await store.event(job.id, "job.cancel.requested", { worker: (await store.worker(running.workerId))?.name ?? null });
+      ch.wake(`worker:${running.workerId}`);
+    } else if (task) await endUnstarted(store, job, JOB_CANCELLED);
+    else {
       await store.event(job.id, "job.cancelled", { reason: "job cancel" });
       await store.updateJob(job.id, { state: "cancelled", exitCode: ExitCode.cancelled, cancelRequested: true });
-    } else {
-      await store.updateTask(task.id, { cancel: true });
-      await store.updateJob(job.id, { cancelRequested: true });
-      await store.event(job.id, "job.cancel.requested", { worker: (await store.worker(task.workerId))?.name ?? null });
-      ch.wake(`worker:${task.workerId}`);
     }
     ch.wake(`job:${job.id}`);
     return null;

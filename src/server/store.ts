@@ -352,6 +352,24 @@ export class ServerStore {
   async lockJob(id: string): Promise<void> {
     await this.sql.get(`SELECT id FROM jobs WHERE id = ?${this.forUpdate}`, id);
   }
+  /**
+   * A queued job's row, locked for a dispatch pass to change: null when
+   * another change holds it (SKIP LOCKED: that pass places it, or a cancel
+   * ends it) or it was handed out since the pass read it (its worker set).
+   */
+  async claimQueuedJob(id: string): Promise<JobRow | null> {
+    const r = await this.sql.get(`SELECT * FROM jobs WHERE id = ? AND state = 'queued' AND worker_id IS NULL${this.skipLocked}`, id);
+    return r ? toJob(r) : null;
+  }
+  /** A worker's row, locked for a dispatch pass to give it work: null when another change holds it (SKIP LOCKED) or it takes no new work now. */
+  async claimWorker(id: string): Promise<WorkerRow | null> {
+    const r = await this.sql.get(`SELECT * FROM workers WHERE id = ? AND state = 'idle'${this.skipLocked}`, id);
+    return r ? toWorker(r) : null;
+  }
+  /** The GPUs of each job a worker runs now (one entry a job): its load, read afresh. */
+  async jobGpusOf(workerId: string): Promise<number[][]> {
+    return (await this.sql.all(`SELECT gpus FROM tasks WHERE worker_id = ? AND kind = 'job' AND ${ACTIVE}`, workerId)).map((r) => json<number[]>(r.gpus));
+  }
   /** Whether any job waits to be dispatched: one indexed look. */
   async anyQueued(): Promise<boolean> {
     return Boolean(await this.sql.get(`SELECT 1 AS yes FROM jobs WHERE ${QUEUED} LIMIT 1`));
@@ -359,6 +377,9 @@ export class ServerStore {
   /** SQLite locks the whole file for a transaction; PostgreSQL locks rows. */
   private get forUpdate(): string {
     return this.sql.dialect === "postgres" ? " FOR UPDATE" : "";
+  }
+  private get skipLocked(): string {
+    return this.sql.dialect === "postgres" ? " FOR UPDATE SKIP LOCKED" : "";
   }
   async task(id: string): Promise<TaskRow | null> {
     const r = await this.sql.get("SELECT * FROM tasks WHERE id = ?", id);
