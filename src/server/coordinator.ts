@@ -51,13 +51,12 @@ const REPLICA_RECHECK_MS = 1_000;
 /** A change under row locks gave way: what it found (a worker lost or gone, a request's credentials lost) is for the writer lock's path. */
 const LOCKED_PATH = Symbol("the writer lock's path");
 
-/** A dispatch pass that passed over a worker another change held looks again this soon (such changes take milliseconds). */
+/** A dispatch pass that could not claim what it planned looks again this soon (the changes holding it take milliseconds). */
 const CONTENDED_RETRY_MS = 20;
 
-/** The workers a dispatch pass claimed (their rows as locked) and those another change held (passed over for the pass). */
-interface WorkerClaims {
-  rows: Map<string, WorkerRow>;
-  passedOver: Set<string>;
+function addLoad(load: Load, gpus: number[]): void {
+  load.running++;
+  for (const g of gpus) load.usedGpus.add(g);
 }
 
 /** A change PostgreSQL rolled back for a deadlock runs again, whole, this many times in all. */
@@ -322,6 +321,8 @@ export class Coordinator {
         ch.log(`worker ${w.name} is draining: no new work`);
         return;
       }
+      // After any pass giving it work has committed: that task is released too.
+      await ch.store.holdWorkerFromDispatch(w.id);
       for (const t of await ch.store.activeTasks(w.id)) await this.releaseTask(ch, t, `worker ${w.name} left`, false);
       await ch.store.claims.dropAllOf(w.id);
       await ch.store.updateWorker(w.id, { state: "left" });
@@ -399,6 +400,8 @@ export class Coordinator {
     // Workers waiting for its env build or wheel compile stop waiting: one of them builds instead.
     await store.claims.dropAllOf(w.id);
     ch.log(reason);
+    // Released now: after any pass giving it work has committed, so that task goes too (else the lease's end releases it).
+    if (release) await store.holdWorkerFromDispatch(w.id);
     for (const t of await store.activeTasks(w.id)) {
       if (release) await this.releaseTask(ch, t, reason, true);
       else if (t.jobId) await store.event(t.jobId, "job.worker_lost", { worker: w.name, message: reason });
@@ -596,9 +599,7 @@ export class Coordinator {
     const loads = new Map<string, Load>(workers.map((w) => [w.id, { running: 0, usedGpus: new Set<number>() }]));
     for (const t of await ch.store.activeTasks()) {
       const load = loads.get(t.workerId);
-      if (!load || t.kind !== "job") continue;
-      load.running++;
-      for (const g of t.gpus) load.usedGpus.add(g);
+      if (load && t.kind === "job") addLoad(load, t.gpus);
     }
     return loads;
   }
@@ -606,13 +607,14 @@ export class Coordinator {
   /**
    * Give each queued job, oldest first, to a matching worker with room; the
    * others say what they wait for. Under row locks, so replicas dispatch side
-   * by side: a pass reads the queue and the workers unlocked, then claims
-   * (FOR UPDATE SKIP LOCKED) each job it changes and each worker it gives
-   * work to, and counts that worker's load afresh under its lock. A job
-   * another pass holds is that pass's; a worker another change holds is
-   * passed over, and a job left unplaced for it owes a pass soon. A job is
-   * handed out once (its claim wants it without a worker), and no worker
-   * goes over its slots (counted under its lock).
+   * by side: a pass plans on unlocked reads (the queue, the workers, their
+   * loads), then claims the planned jobs (FOR UPDATE SKIP LOCKED) and their
+   * workers (store.claimWorkers) in one statement each, and counts those
+   * workers' loads afresh under the claim. A job another pass holds is that
+   * pass's; a job is claimed only while no worker holds it, so it is handed
+   * out once; no worker goes over its slots. A planned job left unplaced
+   * (its worker held elsewhere, or filled since the reads) owes a pass
+   * soon, planned afresh.
    */
   async dispatch(ch: Change): Promise<void> {
     const { store } = ch;
@@ -623,14 +625,13 @@ export class Coordinator {
     const loads = await this.loads(ch, workers);
     // Tasks of jobs whose needs failed end here, all at once, each job settled once after (job-tasks.ts): linear, however long the chain.
     const blocked = await blockedTasks(store, queued);
-    const settle = new Set<string>();
+    const claimedSkips = new Set((await store.claimQueuedJobs(blocked.skips.map((s) => s.task.id))).map((j) => j.id));
     for (const { task, because } of blocked.skips) {
-      if (!(await store.claimQueuedJob(task.id))) continue;
+      if (!claimedSkips.has(task.id)) continue;
       await endUnstarted(store, task, because);
       ch.wake(`job:${task.id}`);
-      settle.add(task.parentId!);
     }
-    for (const parent of settle) if (await settleJob(store, parent)) ch.wake(`job:${parent}`);
+    for (const parent of new Set(blocked.skips.filter((s) => claimedSkips.has(s.task.id)).map((s) => s.task.parentId!))) if (await settleJob(store, parent)) ch.wake(`job:${parent}`);
     const skipped = new Set(blocked.skips.map((s) => s.task.id));
     // Which workers could ever run a job depends on what it asks alone: judged once per ask in a pass, not once per job.
     const ableFor = new Map<string, WorkerRow[]>();
@@ -640,91 +641,77 @@ export class Coordinator {
       if (!found) ableFor.set(key, (found = workers.filter((w) => !neverReason(needs, w))));
       return found;
     };
-    const claims: WorkerClaims = { rows: new Map(), passedOver: new Set() };
-    let owed = false;
-    for (const seen of queued) {
-      if (skipped.has(seen.id)) continue;
-      const waiting = blocked.waits.get(seen.id);
+    // The plan, on the unlocked reads: a worker for each job that one looks free for.
+    const plan: { needs: Needs; worker: WorkerRow; job: JobRow }[] = [];
+    for (const job of queued) {
+      if (skipped.has(job.id)) continue;
+      const waiting = blocked.waits.get(job.id);
       if (waiting) {
-        await this.setWaiting(ch, seen, waiting);
+        await this.setWaiting(ch, job, waiting);
         continue;
       }
-      if ((await this.heldSpecs.resolve(store.sql, seen.id, seen.spec)) === null) {
-        if (await store.claimQueuedJob(seen.id)) await this.failJob(ch, seen.id, `job cannot be built: ${CREDENTIALS_LOST}`);
+      if ((await this.heldSpecs.resolve(store.sql, job.id, job.spec)) === null) {
+        if (await store.claimQueuedJob(job.id)) await this.failJob(ch, job.id, `job cannot be built: ${CREDENTIALS_LOST}`);
         continue;
       }
-      const needs = jobNeeds(seen.spec, seen.labels);
-      // Claimed only once some worker looks free for it: a queue with no room anywhere is read, not locked.
-      const job = chooseAmong(needs, able(needs), loads, claims.passedOver) ? await store.claimQueuedJob(seen.id) : seen;
-      if (!job) continue;
-      // Unclaimed (no worker looks free): setWaiting claims it only if what it waits for changed.
-      const w = job === seen ? null : await this.claimRoom(ch, needs, able(needs), loads, claims);
-      if (!w) {
-        owed ||= able(needs).some((x) => claims.passedOver.has(x.id) && hasRoom(needs, x, loads.get(x.id)!));
+      const needs = jobNeeds(job.spec, job.labels);
+      const worker = chooseAmong(needs, able(needs), loads);
+      if (!worker) {
         await this.setWaiting(ch, job, this.waitingFor(job, workers, loads));
         continue;
       }
-      const load = loads.get(w.id)!;
-      const gpus = pickGpus(needs, w, load);
-      load.running++;
-      for (const g of gpus) load.usedGpus.add(g);
-      const attempt = job.attempts + 1;
-      const id = newId(8);
-      await store.addTask({ id, kind: "job", jobId: job.id, groupId: null, workerId: w.id, attempt, gpus, prepare: null, bundle: job.bundle });
-      await store.updateJob(job.id, { attempts: attempt, workerId: w.id, waiting: null });
-      await store.event(job.id, "job.assigned", { worker: w.name, worker_id: w.id, attempt, gpus });
-      if (job.parentId) {
-        await store.event(job.parentId, "task.assigned", { task: job.task, worker: w.name, attempt });
-        // As the local runner records it (one model of events): the task's first start, not its retries.
-        if (attempt === 1) await store.event(job.parentId, "task.started", { task: job.task!, id: job.id, ...(gpus.length ? { gpus } : {}) });
-        // Whoever follows the job hears of it now, not at its next long poll's end.
-        ch.wake(`job:${job.parentId}`);
-      }
-      ch.wake(`worker:${w.id}`);
-      // Assigned, its row still queued: nothing of its job's row changes (settleJob), which would cost a read of all its tasks per task.
-      ch.wake(`job:${job.id}`);
+      plan.push({ needs, worker, job });
+      addLoad(loads.get(worker.id)!, pickGpus(needs, worker, loads.get(worker.id)!));
     }
-    // A worker another change held (a report's few milliseconds) left a job unplaced: a pass again once it is free.
-    if (owed) this.owePass();
+    if (!plan.length) return;
+    // Claimed: the planned jobs no other pass holds, the planned workers no other change holds, and those workers' loads as they are now.
+    const jobs = await store.claimQueuedJobs(plan.map((p) => p.job.id));
+    const pool = await store.claimWorkers([...new Set(plan.map((p) => p.worker.id))]);
+    const fresh = new Map<string, Load>(pool.map((w) => [w.id, { running: 0, usedGpus: new Set() }]));
+    for (const { workerId, gpus } of await store.jobGpusOf(pool.map((w) => w.id))) addLoad(fresh.get(workerId)!, gpus);
+    const claimed = new Map(jobs.map((j) => [j.id, j]));
+    let placed = 0;
+    for (const { needs, job: seen } of plan) {
+      const job = claimed.get(seen.id);
+      if (!job) continue;
+      // As they are now, under their locks: a worker may have joined again with other slots or GPUs since the reads.
+      const w = chooseAmong(needs, pool.filter((x) => !neverReason(needs, x)), fresh);
+      if (!w) continue;
+      const gpus = pickGpus(needs, w, fresh.get(w.id)!);
+      addLoad(fresh.get(w.id)!, gpus);
+      await this.assign(ch, job, w, gpus);
+      placed++;
+    }
+    // A planned job left unplaced, or held by another change (a pass of older reads that only marks it waiting): a pass again soon, planned afresh.
+    if (placed < plan.length) this.owePass();
   }
 
-  /**
-   * A worker for the job, claimed by this pass: its row locked (SKIP LOCKED)
-   * and its load read afresh, so what other replicas gave it counts. One
-   * another change holds is passed over for the rest of the pass.
-   */
-  private async claimRoom(ch: Change, needs: Needs, able: WorkerRow[], loads: Map<string, Load>, claims: WorkerClaims): Promise<WorkerRow | null> {
-    const unfit = new Set(claims.passedOver);
-    for (;;) {
-      const seen = chooseAmong(needs, able, loads, unfit);
-      if (!seen) return null;
-      let w = claims.rows.get(seen.id);
-      if (!w) {
-        const fresh = await ch.store.claimWorker(seen.id);
-        if (!fresh) {
-          claims.passedOver.add(seen.id);
-          unfit.add(seen.id);
-          continue;
-        }
-        const load: Load = { running: 0, usedGpus: new Set() };
-        for (const gpus of await ch.store.jobGpusOf(seen.id)) {
-          load.running++;
-          for (const g of gpus) load.usedGpus.add(g);
-        }
-        loads.set(seen.id, load);
-        claims.rows.set(seen.id, (w = fresh));
-      }
-      // As it is now, under its lock: it may have joined again with other slots or GPUs since the pass read it.
-      if (!neverReason(needs, w) && hasRoom(needs, w, loads.get(w.id)!)) return w;
-      unfit.add(w.id);
+  /** The job's task on the worker, and the events that say so. */
+  private async assign(ch: Change, job: JobRow, w: WorkerRow, gpus: number[]): Promise<void> {
+    const { store } = ch;
+    const attempt = job.attempts + 1;
+    const id = newId(8);
+    await store.addTask({ id, kind: "job", jobId: job.id, groupId: null, workerId: w.id, attempt, gpus, prepare: null, bundle: job.bundle });
+    await store.updateJob(job.id, { attempts: attempt, workerId: w.id, waiting: null });
+    await store.event(job.id, "job.assigned", { worker: w.name, worker_id: w.id, attempt, gpus });
+    if (job.parentId) {
+      await store.event(job.parentId, "task.assigned", { task: job.task, worker: w.name, attempt });
+      // As the local runner records it (one model of events): the task's first start, not its retries.
+      if (attempt === 1) await store.event(job.parentId, "task.started", { task: job.task!, id: job.id, ...(gpus.length ? { gpus } : {}) });
+      // Whoever follows the job hears of it now, not at its next long poll's end.
+      ch.wake(`job:${job.parentId}`);
     }
+    ch.wake(`worker:${w.id}`);
+    // Assigned, its row still queued: nothing of its job's row changes (settleJob), which would cost a read of all its tasks per task.
+    ch.wake(`job:${job.id}`);
   }
 
-  /** A pass again soon: after the change that holds what this one passed over has committed. */
+  /** A pass again soon: after the change that holds what this one could not claim has committed. */
   private owePass(): void {
     this.passOwed = true;
     setTimeout(() => void this.dispatchSoon(), CONTENDED_RETRY_MS).unref?.();
   }
+
   private waitingFor(job: JobRow, workers: WorkerRow[], loads: Map<string, Load>): string {
     const needs = jobNeeds(job.spec, job.labels);
     const able = workers.filter((w) => !neverReason(needs, w));

@@ -147,6 +147,14 @@ function toTask(r: Row): TaskRow {
   };
 }
 
+/** The advisory locks' first key (int4 pair space, apart from the writer lock's bigint) for workers a dispatch pass holds: "gpd" in ASCII. */
+const DISPATCH_LOCK_CLASS = 0x677064;
+
+/** Ids in one statement at most: well under either database's limit on parameters. */
+const CHUNK = 500;
+const chunks = (ids: string[]): string[][] => Array.from({ length: Math.ceil(ids.length / CHUNK) }, (_, i) => ids.slice(i * CHUNK, (i + 1) * CHUNK));
+const marks = (ids: string[]): string => ids.map(() => "?").join(", ");
+
 /** A task held by its worker now. */
 const ACTIVE = "state IN ('assigned', 'running')";
 /** A job waiting for a worker: queued, held by no task, and not a job of tasks (its tasks are dispatched, each on its own). */
@@ -353,22 +361,42 @@ export class ServerStore {
     await this.sql.get(`SELECT id FROM jobs WHERE id = ?${this.forUpdate}`, id);
   }
   /**
-   * A queued job's row, locked for a dispatch pass to change: null when
-   * another change holds it (SKIP LOCKED: that pass places it, or a cancel
-   * ends it) or it was handed out since the pass read it (its worker set).
+   * Queued jobs' rows, locked for a dispatch pass to change, oldest first:
+   * without those another change holds (SKIP LOCKED: that pass places them,
+   * or a cancel ends them) or that were handed out since the pass read them
+   * (their worker set).
    */
+  async claimQueuedJobs(ids: string[]): Promise<JobRow[]> {
+    const rows: JobRow[] = [];
+    for (const some of chunks(ids)) rows.push(...(await this.sql.all(`SELECT * FROM jobs WHERE id IN (${marks(some)}) AND state = 'queued' AND worker_id IS NULL ORDER BY created${this.skipLocked}`, ...some)).map(toJob));
+    return rows;
+  }
   async claimQueuedJob(id: string): Promise<JobRow | null> {
-    const r = await this.sql.get(`SELECT * FROM jobs WHERE id = ? AND state = 'queued' AND worker_id IS NULL${this.skipLocked}`, id);
-    return r ? toJob(r) : null;
+    return (await this.claimQueuedJobs([id]))[0] ?? null;
   }
-  /** A worker's row, locked for a dispatch pass to give it work: null when another change holds it (SKIP LOCKED) or it takes no new work now. */
-  async claimWorker(id: string): Promise<WorkerRow | null> {
-    const r = await this.sql.get(`SELECT * FROM workers WHERE id = ? AND state = 'idle'${this.skipLocked}`, id);
-    return r ? toWorker(r) : null;
+  /**
+   * Workers for a dispatch pass to give work to, each held from other passes
+   * to the end of the transaction: without those another pass holds or that
+   * take no new work now. Held by a transaction-scoped advisory lock, not the
+   * row's, so their beats, polls and reports never wait on a pass.
+   */
+  async claimWorkers(ids: string[]): Promise<WorkerRow[]> {
+    const held = this.sql.dialect === "postgres" ? ` AND pg_try_advisory_xact_lock(${DISPATCH_LOCK_CLASS}, hashtext(id))` : "";
+    const rows: WorkerRow[] = [];
+    for (const some of chunks(ids)) rows.push(...(await this.sql.all(`SELECT * FROM workers WHERE id IN (${marks(some)}) AND state = 'idle'${held} ORDER BY id`, ...some)).map(toWorker));
+    return rows;
   }
-  /** The GPUs of each job a worker runs now (one entry a job): its load, read afresh. */
-  async jobGpusOf(workerId: string): Promise<number[][]> {
-    return (await this.sql.all(`SELECT gpus FROM tasks WHERE worker_id = ? AND kind = 'job' AND ${ACTIVE}`, workerId)).map((r) => json<number[]>(r.gpus));
+  /** Waits for any pass that holds the worker (claimWorkers), and keeps new ones off it: its tasks, read after, are all of them. */
+  async holdWorkerFromDispatch(id: string): Promise<void> {
+    if (this.sql.dialect === "postgres") await this.sql.get(`SELECT pg_advisory_xact_lock(${DISPATCH_LOCK_CLASS}, hashtext(?)) AS held`, id);
+  }
+  /** The GPUs of each job these workers run now, by worker (one entry a job): their loads, read afresh. */
+  async jobGpusOf(workerIds: string[]): Promise<{ workerId: string; gpus: number[] }[]> {
+    const out: { workerId: string; gpus: number[] }[] = [];
+    for (const some of chunks(workerIds)) {
+      for (const r of await this.sql.all(`SELECT worker_id, gpus FROM tasks WHERE worker_id IN (${marks(some)}) AND kind = 'job' AND ${ACTIVE}`, ...some)) out.push({ workerId: r.worker_id as string, gpus: json<number[]>(r.gpus) });
+    }
+    return out;
   }
   /** Whether any job waits to be dispatched: one indexed look. */
   async anyQueued(): Promise<boolean> {
