@@ -154,6 +154,34 @@ describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
     }
   });
 
+  test("a worker leaving as another replica's pass gives it work waits for that pass, and hands back what it was given: the job is queued again, not left on a worker that is gone", async () => {
+    const { a, b, close } = await replicas();
+    try {
+      const [w] = await join_(a, 1);
+      const { id } = await new JobsApi(a).submit({ spec: travelling("given") as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" });
+      // Taken back to the queue, then given out again by a pass that holds the worker (as dispatch claims it) while the worker leaves through the other replica.
+      const [first] = (await a.poll(w!, 0)).tasks;
+      await a.store.transaction(async (s) => {
+        await s.updateTask(first!.id, { state: "handed_back" });
+        await s.updateJob(id, { workerId: null });
+      });
+      let left = false;
+      await a.store.transaction(async (pass) => {
+        expect((await pass.claimWorkers([w!.id])).map((x) => x.id)).toEqual([w!.id]);
+        void b.leave(w!, true).then(() => (left = true));
+        await Bun.sleep(300);
+        expect(left).toBe(false);
+        await pass.addTask({ id: "given-again", kind: "job", jobId: id, groupId: null, workerId: w!.id, attempt: 2, gpus: [], prepare: null, bundle: null });
+        await pass.updateJob(id, { attempts: 2, workerId: w!.id });
+      });
+      for (let i = 0; i < 50 && !left; i++) await Bun.sleep(50);
+      expect(left).toBe(true);
+      expect([(await a.store.task("given-again"))!.state, (await a.store.job(id))!.state, (await a.store.job(id))!.workerId]).toEqual(["handed_back", "queued", null]);
+    } finally {
+      await close();
+    }
+  });
+
   test("forty jobs submitted at once through two replicas to ten one-slot workers: each handed out once, no worker over its slot, every job run in the end", async () => {
     const { a, b, close } = await replicas();
     try {
