@@ -155,10 +155,11 @@ const CHUNK = 500;
 const chunks = (ids: string[]): string[][] => Array.from({ length: Math.ceil(ids.length / CHUNK) }, (_, i) => ids.slice(i * CHUNK, (i + 1) * CHUNK));
 const marks = (ids: string[]): string => ids.map(() => "?").join(", ");
 
-/** A task held by its worker now. */
-const ACTIVE = "state IN ('assigned', 'running')";
+/** The states of a task held by its worker now, and that condition on a task's own row. */
+const HELD = "('assigned', 'running')";
+const ACTIVE = `state IN ${HELD}`;
 /** A job waiting for a worker: queued, held by no task, and not a job of tasks (its tasks are dispatched, each on its own). */
-const QUEUED = "state = 'queued' AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id AND tasks.state IN ('assigned', 'running')) AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id)";
+const QUEUED = `state = 'queued' AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id AND tasks.state IN ${HELD}) AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id)`;
 const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_code", error: "error", envKey: "env_key", workerId: "worker_id", attempts: "attempts", waiting: "waiting", cancelRequested: "cancel_requested", outputsBundle: "outputs_bundle" };
 const TASK_COLUMNS: Record<string, string> = { state: "state", result: "result", delivered: "delivered", cancel: "cancel", cancelSent: "cancel_sent", appliedSeq: "applied_seq" };
 const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots", joinedWith: "joined_with", cache: "cache" };
@@ -415,13 +416,13 @@ export class ServerStore {
   }
   /** Tasks a worker holds now (assigned or running). */
   async activeTasks(workerId?: string): Promise<TaskRow[]> {
-    if (workerId) return (await this.sql.all("SELECT * FROM tasks WHERE worker_id = ? AND state IN ('assigned', 'running') ORDER BY created", workerId)).map(toTask);
-    return (await this.sql.all("SELECT * FROM tasks WHERE state IN ('assigned', 'running') ORDER BY created")).map(toTask);
+    if (workerId) return (await this.sql.all(`SELECT * FROM tasks WHERE worker_id = ? AND ${ACTIVE} ORDER BY created`, workerId)).map(toTask);
+    return (await this.sql.all(`SELECT * FROM tasks WHERE ${ACTIVE} ORDER BY created`)).map(toTask);
   }
   /** Whether the worker holds a task now (assigned or running) whose job or prepare request uses this bundle. */
   async workerHoldsBundle(workerId: string, hash: string): Promise<boolean> {
     const r = await this.sql.get(
-      "SELECT 1 AS yes FROM tasks LEFT JOIN jobs ON jobs.id = tasks.job_id WHERE tasks.worker_id = ? AND tasks.state IN ('assigned', 'running') AND (tasks.bundle = ? OR jobs.bundle = ?) LIMIT 1",
+      `SELECT 1 AS yes FROM tasks LEFT JOIN jobs ON jobs.id = tasks.job_id WHERE tasks.worker_id = ? AND tasks.state IN ${HELD} AND (tasks.bundle = ? OR jobs.bundle = ?) LIMIT 1`,
       workerId, hash, hash,
     );
     return Boolean(r);
@@ -438,7 +439,7 @@ export class ServerStore {
   }
   /** Whether the worker holds a task now among whose inputs (inputsOf) is this archive. */
   async workerNeedsOutputs(workerId: string, hash: string): Promise<boolean> {
-    const held = (await this.sql.all("SELECT jobs.* FROM tasks JOIN jobs ON jobs.id = tasks.job_id WHERE tasks.worker_id = ? AND tasks.state IN ('assigned', 'running') AND jobs.parent_id IS NOT NULL", workerId)).map(toJob);
+    const held = (await this.sql.all(`SELECT jobs.* FROM tasks JOIN jobs ON jobs.id = tasks.job_id WHERE tasks.worker_id = ? AND tasks.state IN ${HELD} AND jobs.parent_id IS NOT NULL`, workerId)).map(toJob);
     for (const h of held) if ((await this.inputsOf(h)).some((i) => i.bundle === hash)) return true;
     return false;
   }
