@@ -13,7 +13,8 @@ import { TcpProxy } from "./fixtures/tcp-proxy.ts";
  * before the lease ends, and only then does the server give the job to wb.
  * At no moment do two attempts run (each records its start and end). A
  * worker frozen (SIGSTOP) past its lease with a job handed to it asks the
- * server before running it, awake, and runs nothing the server gave out again.
+ * server before running it, awake, and runs nothing the server gave out again;
+ * one frozen while its job ran stops that job at its first beat awake.
  */
 
 const TOKEN = "partition-test-token-0123456789";
@@ -131,5 +132,31 @@ describe("a network cut between a worker and the server", () => {
     await Bun.sleep(500);
     expect(runs(file)).toHaveLength(1);
     expect(await status(id)).toMatchObject({ state: "succeeded", worker: "wg", attempts: 2 });
+  }, T);
+
+  test("a worker frozen past its lease while its job runs: the job runs again elsewhere, and the frozen one's copy is stopped by its first beat awake", async () => {
+    const file = join(box.root, "runs-frozen-running");
+    const release = join(box.root, "release-frozen-running");
+    const wh = worker("wh", url, "pool=h");
+    await waitFor("wh to join", () => wh.out().includes("as wh"));
+    const id = (await gpl(["job", "run", "-d", "--label", "pool=h", ...job(file, release)])).stdout.trim();
+    await waitFor("the job to start on wh", () => runs(file).length === 1);
+    const first = runs(file)[0]!.split(" ")[1];
+    wh.proc.kill("SIGSTOP");
+    await waitFor("the job to be queued again", async () => {
+      const s = await status(id);
+      return s.state === "queued" && s.attempts === 1;
+    }, 30_000);
+    const wi = worker("wi", url, "pool=h");
+    await waitFor("wi to join", () => wi.out().includes("as wi"));
+    await waitFor("the job to start again on wi", () => runs(file).length === 2);
+    // The job is silent: no report of its own would tell wh. Its beats list it, and the answer says it is not wh's any more.
+    wh.proc.kill("SIGCONT");
+    await waitFor("wh to stop its copy", () => runs(file).includes(`end ${first}`), 5_000);
+    expect(wh.out()).toContain("given out again while this worker went unheard");
+    writeFileSync(release, "");
+    const s = await waitFor("the job to end on wi", async () => ((await status(id)).state === "succeeded" ? status(id) : null), 30_000);
+    expect(s).toMatchObject({ worker: "wi", attempts: 2 });
+    expect(runs(file)).toHaveLength(3);
   }, T);
 });

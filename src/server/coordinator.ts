@@ -70,6 +70,24 @@ export interface Change {
   log(line: string): void;
 }
 
+/** A beat's answer: the cancels to send, and what the worker listed that is no longer its own (given out again while it stalled: it stops those). */
+export interface BeatAnswer {
+  cancel: string[];
+  gone?: string[];
+}
+
+/**
+ * `gone`: listed tasks the server took from the worker (lost: its lease ran
+ * out, or its beats stopped listing them). Not one the worker ended or gave
+ * back itself, which it lists until it hears that the server has its end.
+ */
+async function beatAnswer(store: ServerStore, active: TaskRow[], listed: string[]): Promise<BeatAnswer> {
+  const held = new Set(active.map((t) => t.id));
+  const gone: string[] = [];
+  for (const id of listed) if (!held.has(id) && (await store.task(id))?.state === "lost") gone.push(id);
+  return { cancel: active.filter((t) => t.cancel).map((t) => t.id), ...(gone.length ? { gone } : {}) };
+}
+
 export class Coordinator {
   readonly notify: Notifier;
   /** Requests as sent, credentials included: in memory only (or sealed, for replicas), by job id and by prepare id. */
@@ -200,9 +218,12 @@ export class Coordinator {
    * (after it had time to start it) ended there unheard: back to the queue,
    * as for a lost worker, rather than "running" forever.
    */
-  async heartbeat(worker: WorkerRow, body: { running: string[]; free_gpus?: number[]; cache?: WorkerCache }): Promise<{ cancel: string[] }> {
+  async heartbeat(worker: WorkerRow, body: { running: string[]; free_gpus?: number[]; cache?: WorkerCache }): Promise<BeatAnswer> {
     // PostgreSQL only: there the lock is what beats wait on. SQLite has one connection, so a write outside the lock waits for the open transaction anyway, and measured (bench/fleet.ts, 1,000 workers) such beats were overtaken by the chain of transactions and starved.
-    if (this.store.sql.dialect === "postgres" && (await this.quietBeat(worker, body))) return { cancel: [] };
+    if (this.store.sql.dialect === "postgres") {
+      const quiet = await this.quietBeat(worker, body);
+      if (quiet) return quiet;
+    }
     return this.change(async (ch) => {
       const w = await this.current(ch, worker);
       await this.seen(ch, w);
@@ -211,7 +232,7 @@ export class Coordinator {
       const gone = this.unlisted.gone(await ch.store.activeTasks(w.id), new Set(body.running), Date.now() - 3 * this.opts.heartbeatSeconds * 1000);
       for (const t of gone) await this.releaseTask(ch, t, `worker ${w.name} no longer runs it`, true);
       if (gone.length) await this.dispatch(ch);
-      return { cancel: (await ch.store.activeTasks(w.id)).filter((t) => t.cancel).map((t) => t.id) };
+      return beatAnswer(ch.store, await ch.store.activeTasks(w.id), body.running);
     });
   }
 
@@ -224,14 +245,14 @@ export class Coordinator {
    * silent marks it lost only if no beat landed since (moveWorker's lastSeen),
    * and a beat after that finds it lost and takes the locked path back.
    */
-  private async quietBeat(w: WorkerRow, body: { running: string[]; free_gpus?: number[]; cache?: WorkerCache }): Promise<boolean> {
+  private async quietBeat(w: WorkerRow, body: { running: string[]; free_gpus?: number[]; cache?: WorkerCache }): Promise<BeatAnswer | null> {
     const active = await this.store.activeTasks(w.id);
     const listed = new Set(body.running);
     const settledBefore = Date.now() - 3 * this.opts.heartbeatSeconds * 1000;
-    if (active.some((t) => t.cancel) || this.unlisted.anyUnlisted(active, listed, settledBefore)) return false;
-    if (!(await this.store.beat(w.id, { lastSeen: Date.now(), freeGpus: body.free_gpus, cache: body.cache }))) return false;
+    if (active.some((t) => t.cancel) || this.unlisted.anyUnlisted(active, listed, settledBefore)) return null;
+    if (!(await this.store.beat(w.id, { lastSeen: Date.now(), freeGpus: body.free_gpus, cache: body.cache }))) return null;
     this.unlisted.gone(active, listed, settledBefore);
-    return true;
+    return beatAnswer(this.store, active, body.running);
   }
 
   /** Waits for work; `secretHash` is the credential it came with, which a restarted worker replaces and leaving or being lost kills (the poll then ends with 401). */

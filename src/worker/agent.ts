@@ -244,13 +244,15 @@ export class Agent {
         // What runs here, and what ended here but the server has not all of yet: the server reconciles its view with this.
         const running = [...new Set([...this.tasks.keys(), ...this.outbox.pendingTasks()])];
         const cache = await this.cacheReport();
-        const r = await this.client!.json<{ cancel: string[] }>("POST", `/v1/workers/${this.workerId}/heartbeat`, { running, free_gpus: this.freeGpus(), ...(cache ? { cache } : {}) }).catch((error: unknown) => {
+        const r = await this.client!.json<{ cancel: string[]; gone?: string[] }>("POST", `/v1/workers/${this.workerId}/heartbeat`, { running, free_gpus: this.freeGpus(), ...(cache ? { cache } : {}) }).catch((error: unknown) => {
           this.cacheSent = ""; // not heard: sent again with the next beat
           throw error;
         });
         this.contact();
         this.connected = true;
         this.cancel(r.cancel);
+        // Listed, but no longer ours: given out again while this worker went unheard past its lease (it stalled, or was frozen).
+        for (const id of r.gone ?? []) this.tasks.get(id)?.takenBack("given out again while this worker went unheard");
         if (failing) this.log("the server answers again");
         failing = false;
       } catch (error) {

@@ -115,9 +115,7 @@ export class TaskChannel {
           // 409: the server took the task back. 401: this worker's credential was replaced (it joined again); the agent deals with that.
           const revoked = error.status === 409 || error.status === 401;
           if (revoked && !this.muted) {
-            this.muted = true;
-            this.outbox.drop(this.taskId);
-            this.onRevoked(error.message);
+            this.revoke(error.message);
             return false;
           }
           // A refusal of this batch alone (a 400, a 413): said, and not sent again, so what follows still goes.
@@ -133,6 +131,14 @@ export class TaskChannel {
         delay = Math.min(delay * 2, 5000);
       }
     }
+  }
+
+  /** The server no longer holds the task as this worker's (a refused report, or a beat's answer): nothing more is sent, what waits is dropped, the task is stopped. */
+  revoke(message: string): void {
+    if (this.muted) return;
+    this.muted = true;
+    this.outbox.drop(this.taskId);
+    this.onRevoked(message);
   }
 
   /** Everything written so far has been delivered (or dropped). */

@@ -52,6 +52,8 @@ export interface TaskHandle {
   cancel(reason: string): void;
   /** Stop it here and give it back to the server (to be run elsewhere); resolves once the server knows. */
   handBack(reason: string): Promise<void>;
+  /** The server says it is no longer this worker's (it gave it out again): stopped here, nothing more reported. */
+  takenBack(reason: string): void;
 }
 
 /** A remote task's working folder (or a prepare's empty one), under the worker's cluster/work. */
@@ -250,6 +252,9 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment, asked: nu
       stopReason ??= reason;
       running?.cancel(reason);
     },
+    takenBack(reason) {
+      channel.revoke(reason);
+    },
     async handBack(reason) {
       handedBack = reason;
       channel.seal();
@@ -329,6 +334,10 @@ export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): Task
     task,
     done,
     cancel() {},
+    // Its build goes on (see handBack); its result is not reported.
+    takenBack(reason) {
+      channel.revoke(reason);
+    },
     // A build cannot be stopped halfway without leaving work for the next one; the server is told now, the build ends with the process.
     async handBack(reason) {
       if (handedBack) return;
