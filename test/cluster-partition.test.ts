@@ -32,6 +32,12 @@ const json = <T = any>(text: string): T => JSON.parse(text) as T;
 const worker = (name: string, serverUrl: string, label: string) =>
   keepOutput(startCli(["join", serverUrl, "--name", name, "--python", "python3", "--label", label], { env: { ...box.env, ...FAST, GPULAYER_HOME: join(box.root, `${name}-home`), GPULAYER_TOKEN: TOKEN } }), procs);
 const status = async (id: string) => json((await gpl(["job", "status", id, "--json"])).stdout);
+/** Given out once, then back in the queue (its worker's lease ran out). */
+const queuedAgain = (id: string) =>
+  waitFor("the job to be queued again", async () => {
+    const s = await status(id);
+    return s.state === "queued" && s.attempts === 1;
+  }, 30_000);
 const runs = (file: string) => (existsSync(file) ? readFileSync(file, "utf8").trim().split("\n").filter(Boolean) : []);
 
 /** Records "start PID" and, when stopped, "end PID"; finishes once `release` exists. */
@@ -109,10 +115,7 @@ describe("a network cut between a worker and the server", () => {
     wf.proc.kill("SIGSTOP");
     const id = (await submit(["-d", "--", "sh", "-c", `echo ran $$ >> ${file}`])).stdout.trim();
     // Handed to wf (silent, not lost yet), then given out again once wf's lease is over.
-    await waitFor("the job to be queued again", async () => {
-      const s = await status(id);
-      return s.state === "queued" && s.attempts === 1;
-    }, 30_000);
+    await queuedAgain(id);
     const wg = worker("wg", url, "pool=f");
     await waitFor("wg to join", () => wg.out().includes("as wg"));
     const s = await waitFor("the job to end on wg", async () => ((await status(id)).state === "succeeded" ? status(id) : null), 60_000);
@@ -143,10 +146,7 @@ describe("a network cut between a worker and the server", () => {
     await waitFor("the job to start on wh", () => runs(file).length === 1);
     const first = runs(file)[0]!.split(" ")[1];
     wh.proc.kill("SIGSTOP");
-    await waitFor("the job to be queued again", async () => {
-      const s = await status(id);
-      return s.state === "queued" && s.attempts === 1;
-    }, 30_000);
+    await queuedAgain(id);
     const wi = worker("wi", url, "pool=h");
     await waitFor("wi to join", () => wi.out().includes("as wi"));
     await waitFor("the job to start again on wi", () => runs(file).length === 2);
