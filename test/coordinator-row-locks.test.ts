@@ -33,6 +33,8 @@ afterAll(async () => {
 
 const probe = (hostname: string): MachineProbe => ({ hostname, os: "linux", arch: "x64", cpus: 2, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 });
 const travelling = (name: string) => ({ name, argv: ["true"], commandText: "true", env: {}, environment: { specs: [], extraIndexUrls: [], findLinks: [] }, resources: { gpus: 0, frameworks: {} } });
+/** A plain job (`travelling(name)`) submitted through one replica. */
+const submitTo = (replica: Coordinator, name: string) => new JobsApi(replica).submit({ spec: travelling(name) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" });
 
 /** Replicas (a coordinator each, its own pool) on one fresh database: two unless told. */
 async function replicas(n = 2): Promise<{ a: Coordinator; b: Coordinator; all: Coordinator[]; close(): Promise<void> }> {
@@ -117,7 +119,7 @@ describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
     try {
       const [w] = await join_(a, 1);
       for (let round = 0; round < 20; round++) {
-        const { id } = await new JobsApi(a).submit({ spec: travelling(`j${round}`) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" });
+        const { id } = await submitTo(a, `j${round}`);
         const [t] = (await a.poll(w!, 0)).tasks;
         // The cancel either lands first (the worker is told, and its report still decides) or finds the job ended (409).
         const cancelled = new JobsApi(b).cancel(id).catch((e: Error) => e.message);
@@ -137,9 +139,9 @@ describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
     try {
       const [w] = await join_(a, 1);
       for (let round = 0; round < 20; round++) {
-        const first = await new JobsApi(a).submit({ spec: travelling(`first${round}`) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" });
+        const first = await submitTo(a, `first${round}`);
         const [running] = (await a.poll(w!, 0)).tasks;
-        const { id } = await new JobsApi(a).submit({ spec: travelling(`next${round}`) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" });
+        const { id } = await submitTo(a, `next${round}`);
         // The first's end frees the slot (a's pass hands the next one out) as b cancels the next one.
         await Promise.all([a.taskFinish(w!, running!.id, { state: "succeeded", exit_code: 0, error: null, seq: 1 }), new JobsApi(b).cancel(id)]);
         const job = (await a.store.job(id))!;
@@ -158,7 +160,7 @@ describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
     const { a, b, close } = await replicas();
     try {
       const [w] = await join_(a, 1);
-      const { id } = await new JobsApi(a).submit({ spec: travelling("given") as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" });
+      const { id } = await submitTo(a, "given");
       // Taken back to the queue, then given out again by a pass that holds the worker (as dispatch claims it) while the worker leaves through the other replica.
       const [first] = (await a.poll(w!, 0)).tasks;
       await a.store.transaction(async (s) => {
@@ -186,7 +188,7 @@ describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
     const { a, b, close } = await replicas();
     try {
       const workers = await join_(a, 10);
-      const ids = (await Promise.all(Array.from({ length: 40 }, (_, k) => new JobsApi(k % 2 ? b : a).submit({ spec: travelling(`j${k}`) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" })))).map((r) => r.id);
+      const ids = (await Promise.all(Array.from({ length: 40 }, (_, k) => submitTo(k % 2 ? b : a, `j${k}`)))).map((r) => r.id);
       const ran = new Map<string, number>();
       // Rounds: every worker polls (through either replica), checks it holds at most one task, finishes what it holds.
       for (let round = 0; round < 40 && [...ran.values()].length < 40; round++) {
@@ -216,7 +218,7 @@ describe.skipIf(!hasPostgres)("row-locked changes on two replicas", () => {
     try {
       const workers = await join_(all[0]!, 8, 2);
       // Submitted through all three at once: each replica's dispatch passes run beside the others'.
-      const ids = (await Promise.all(Array.from({ length: 120 }, (_, k) => new JobsApi(all[k % 3]!).submit({ spec: travelling(`j${k}`) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" })))).map((r) => r.id);
+      const ids = (await Promise.all(Array.from({ length: 120 }, (_, k) => submitTo(all[k % 3]!, `j${k}`)))).map((r) => r.id);
       const ran = new Map<string, number>();
       for (let round = 0; round < 200 && ran.size < 120; round++) {
         const perWorker = new Map<string, number>();

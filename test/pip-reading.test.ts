@@ -312,6 +312,7 @@ describe("gpulayer reads requirement files as pip does", () => {
  * from a folder of wheels) is asked what it would install, raw and as
  * gpulayer hands it the request. Where uv alone reads otherwise than pip,
  * gpulayer's input must make it read as pip does, or gpulayer refuses.
+ * Skipped only without uv on PATH (it is uv that is asked); CI installs uv.
  */
 describe.if(HAS_UV)("the fast path reads as pip does (uv's own reading)", () => {
   const dir = join(world, "uv-reading");

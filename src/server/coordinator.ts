@@ -5,7 +5,7 @@ import { CREDENTIALS_LOST, HeldSecrets, type SecretSeal } from "./held-secrets.t
 import { HttpFail } from "./http-fail.ts";
 import { Notifier } from "./notifier.ts";
 import { BeatReconciler, freshOutput, outboxSkip, prepareSteps } from "./task-reports.ts";
-import { busyReason, chooseAmong, hasRoom, jobNeeds, type Load, type Needs, neverReason, pickGpus, reasons } from "./match.ts";
+import { busyReason, chooseAmong, jobNeeds, type Load, type Needs, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
 import { isDeadlock } from "./db/sql.ts";

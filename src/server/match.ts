@@ -87,7 +87,7 @@ function safeSatisfies(version: string, range: string): boolean {
 }
 
 /** Whether a worker that could run the job can take it now: busyReason's question, without its words (dispatch asks it of every worker). */
-export function hasRoom(needs: Needs, w: WorkerRow, load: Load): boolean {
+function hasRoom(needs: Needs, w: WorkerRow, load: Load): boolean {
   if (w.state === "draining" || load.running >= w.slots) return false;
   if (!needs.gpus) return true;
   let free = 0;
@@ -113,12 +113,11 @@ export function pickGpus(needs: Needs, w: WorkerRow, load: Load): number[] {
     .slice(0, needs.gpus);
 }
 
-/** Of the workers known able to run the job (neverReason null), but those passed over, one that can take it now, by ranksBefore: one pass, no sort (dispatch asks it once per job). */
-export function chooseAmong(needs: Needs, able: WorkerRow[], loads: Map<string, Load>, passedOver?: ReadonlySet<string>): WorkerRow | null {
+/** Of the workers known able to run the job (neverReason null), one that can take it now, by ranksBefore: one pass, no sort (dispatch asks it once per job). */
+export function chooseAmong(needs: Needs, able: WorkerRow[], loads: Map<string, Load>): WorkerRow | null {
   let best: WorkerRow | null = null;
   let bestLoad: Load | null = null;
   for (const w of able) {
-    if (passedOver?.has(w.id)) continue;
     const load = loads.get(w.id)!;
     if (!hasRoom(needs, w, load)) continue;
     if (!best || ranksBefore(w, load, best, bestLoad!)) {
