@@ -229,7 +229,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   let lease: StandinLease | null = null;
   await timed("linking", `${info.siteDirs.length} site dir(s) of ${info.path}${fast ? `; ${dists!.length} of its packages shown to uv` : ""}`, async () => {
     if (!existsSync(site)) throw new InstallError(`the new environment has no ${site}`, "");
-    if (fast) lease = placeStandins(site, plan.dir, dists!, standinRoot, Boolean(user));
+    if (fast) lease = await placeStandins(site, plan.dir, dists!, standinRoot, Boolean(user));
     // addsitedir (not a bare path line) also runs the worker's own .pth files: editable installs keep working.
     const lines = info.siteDirs.map((d) => `import site; site.addsitedir(${JSON.stringify(d)})`);
     writeFileNamed(join(site, "_gpulayer_worker.pth"), `${lines.join("\n")}\n`);
@@ -260,11 +260,11 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     const base = readBaseCheck(standinRoot, standins.state, version) ?? saveBaseCheck(standinRoot, standins.state, version, dists!.length ? await timed("checking", `uv pip check of the worker's ${dists!.length} packages (once per worker state)`, () => uvCheck(plan, uv!, envPython, fastEnv!, hooks)) : []);
     let after: AfterInstall | null = null;
     let returned = false;
-    const giveBack = (state: AfterInstall) => {
+    const giveBack = async (state: AfterInstall) => {
       returned = true;
       // The user's placeholders go with the env once it is the worker's again (below); a failed env goes whole.
       if (user) dropped = state;
-      else returnStandins(site, plan.dir, standins, state, standinRoot);
+      else await returnStandins(site, plan.dir, standins, state, standinRoot);
     };
     // The compile runs while the placeholders go back (it lists the env's files first, and placeholders hold none)
     // and the worker's findings are checked against the env.
@@ -294,12 +294,12 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
         await compiled; // the check's line after the compile's, not while it runs (their times would read wrongly)
         check = await timed("checking", "uv pip check", () => uvCheck(plan, uv!, envPython, fastEnv!, hooks));
       }
-      giveBack(after);
+      await giveBack(after);
     } finally {
       // The env keeps its own packages and the .pth link, exactly as pip leaves it; the placeholders go back for the next build, failed or not.
       if (!returned && !user) {
         try {
-          giveBack(after ?? afterInstall(site, standins));
+          await giveBack(after ?? afterInstall(site, standins));
         } catch {
           // the build's own failure is the one to tell
         }

@@ -82,13 +82,13 @@ function claimSlot(stateDir: string, staging: string): boolean {
  * venv put there. `fresh`: written now, never from a slot (a build as another
  * user, whose placeholders go with it: dropStandins).
  */
-export function placeStandins(site: string, envDir: string, dists: WorkerDist[], root: string, fresh = false): StandinLease {
+export async function placeStandins(site: string, envDir: string, dists: WorkerDist[], root: string, fresh = false): Promise<StandinLease> {
   const state = workerState(dists);
   const staging = join(envDir, ".gpulayer-standins");
   const fromSlot = !fresh && claimSlot(join(root, state), staging);
   if (!fromSlot) {
     mkdirSync(staging);
-    writePlaceholders(staging, dists);
+    await writePlaceholders(staging, dists);
   }
   for (const entry of readdirSync(site)) renameSync(join(site, entry), join(staging, entry));
   rmdirSync(site);
@@ -125,12 +125,12 @@ export function afterInstall(site: string, lease: StandinLease): AfterInstall {
 }
 
 /** Move the kept placeholders out of the env and leave them, made whole again, as a slot for the next build. */
-export function returnStandins(site: string, envDir: string, lease: StandinLease, after: AfterInstall, root: string): void {
+export async function returnStandins(site: string, envDir: string, lease: StandinLease, after: AfterInstall, root: string): Promise<void> {
   const back = join(envDir, ".gpulayer-standins-back");
   mkdirSync(back);
   try {
     for (const name of after.kept) renameSync(join(site, name), join(back, name));
-    if (after.replaced.length) writePlaceholders(back, after.replaced);
+    if (after.replaced.length) await writePlaceholders(back, after.replaced);
     const stateDir = join(root, lease.state);
     mkdirSync(stateDir, { recursive: true });
     if (readdirSync(stateDir).length < MAX_SLOTS) renameSync(back, join(stateDir, crypto.randomUUID()));

@@ -1,6 +1,8 @@
-import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { valid as validVersion } from "@renovatebot/pep440";
+import { eachAtMost } from "../../core/each.ts";
 import { contentHash } from "../../core/hashing.ts";
 import { writeFileAtomic } from "../../core/atomic.ts";
 import { normalizeName } from "../request/canonical.ts";
@@ -232,20 +234,23 @@ export function placeholderDir(dist: WorkerDist): string {
   return `${normalizeName(dist.name).replace(/-/g, "_")}-${dist.version}.dist-info`;
 }
 
+/** Written a few at a time: a worker's first build writes hundreds, and one sync write after another held its event loop (and its beats) for seconds under load. */
+const PLACEHOLDER_WRITES_AT_ONCE = 16;
+
 /** Write the placeholders into a folder (the env's site-packages, or a slot: standins.ts); returns their folder names. */
-export function writePlaceholders(site: string, dists: WorkerDist[]): string[] {
-  const created: string[] = [];
-  for (const dist of dists) {
+export async function writePlaceholders(site: string, dists: WorkerDist[]): Promise<string[]> {
+  await eachAtMost(dists, PLACEHOLDER_WRITES_AT_ONCE, async (dist) => {
     const dir = placeholderDir(dist);
     const target = join(site, dir);
-    mkdirSync(target);
+    await mkdir(target);
     // Read and written, not copied: a copy keeps the worker's 0644, and what gpulayer writes under its home is 0600.
-    if (dist.kind === "dist-info") writeFileSync(join(target, "METADATA"), readFileSync(join(dist.path, "METADATA")));
-    else writeFileSync(join(target, "METADATA"), eggInfoMetadata(dist));
-    writeFileSync(join(target, "WHEEL"), "Wheel-Version: 1.0\nGenerator: gpulayer (placeholder of a worker package)\nRoot-Is-Purelib: true\n");
-    writeFileSync(join(target, "INSTALLER"), `${MIRROR_MARK}\n`);
-    writeFileSync(join(target, "RECORD"), `${["METADATA", "WHEEL", "INSTALLER", "RECORD"].map((f) => `${dir}/${f},,`).join("\n")}\n`);
-    created.push(dir);
-  }
-  return created;
+    const metadata = dist.kind === "dist-info" ? await readFile(join(dist.path, "METADATA")) : eggInfoMetadata(dist);
+    await Promise.all([
+      writeFile(join(target, "METADATA"), metadata),
+      writeFile(join(target, "WHEEL"), "Wheel-Version: 1.0\nGenerator: gpulayer (placeholder of a worker package)\nRoot-Is-Purelib: true\n"),
+      writeFile(join(target, "INSTALLER"), `${MIRROR_MARK}\n`),
+      writeFile(join(target, "RECORD"), `${["METADATA", "WHEEL", "INSTALLER", "RECORD"].map((f) => `${dir}/${f},,`).join("\n")}\n`),
+    ]);
+  });
+  return dists.map(placeholderDir);
 }
