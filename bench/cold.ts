@@ -12,7 +12,8 @@
  * serves torch from a local file) and kept at $TMPDIR/gpulayer-bench-cold.
  *
  * Run: bun run bench/cold.ts   (BENCH_COLD_RUNS=5, BENCH_TORCH_RUNS=3, BENCH_WARM_RUNS=30, BENCH_REBUILD=1;
- * BENCH_ONLY=locked runs the locked project alone, BENCH_LOCKED_DEPS=requests,tqdm another lock than transformers)
+ * BENCH_ONLY=locked runs the locked project alone, BENCH_ONLY=big the 300-distribution worker alone,
+ * BENCH_LOCKED_DEPS=requests,tqdm another lock than transformers)
  */
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -102,15 +103,15 @@ interface Notes {
 const seedHome = join(work, "seed-home");
 
 /** `machine`: the case's machine pip configuration (PIP_CONFIG_FILE...), given to gpulayer and raw pip; raw uv gets `rawUvArgs` instead. */
-async function coldCase(worker: string, spec: string, indexArgs: string[], runs: number, notes: Notes, machine: { env: Env; rawUvArgs: string[] } | null = null): Promise<[string, Stats][]> {
+async function coldCase(worker: string, spec: string, indexArgs: string[], runs: number, notes: Notes, machine: { env: Env; rawUvArgs: string[] } | null = null, before?: string): Promise<[string, Stats][]> {
   const extra = machine?.env ?? {};
   await must([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker, "--quiet"], { ...base, ...extra, GPULAYER_HOME: seedHome, UV_CACHE_DIR: join(work, "uv-seed"), PIP_CACHE_DIR: join(work, "pip-seed") });
-  const gpulayer = (installer: "auto" | "pip", seeded = false) => async () => {
+  const gpulayer = (installer: "auto" | "pip", seeded = false, binary = bin) => async () => {
     const { env: freshEnv } = fresh();
     const env = { ...freshEnv, ...extra };
     if (seeded) for (const kept of ["interpreters-v1", "tools", "digests-v2"]) if (existsSync(join(seedHome, kept))) cpSync(join(seedHome, kept), join(env.GPULAYER_HOME, kept), { recursive: true });
     const t = performance.now();
-    const r = await run([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker], { ...env, GPULAYER_INSTALLER: installer });
+    const r = await run([binary, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker], { ...env, GPULAYER_INSTALLER: installer });
     const ms = performance.now() - t;
     if (r.code !== 0) throw new Error(r.err);
     const path = r.out.trim().split("\n").pop()!;
@@ -152,6 +153,7 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
     [
       ["`gpulayer env prepare`, uv fast path (auto)", gpulayer("auto")],
       ["`gpulayer env prepare`, uv fast path, on a home that has built before (interpreter probe, tools and stat cache kept)", gpulayer("auto", true)],
+      ...(before ? [[`the binary before (${before}), uv fast path (auto)`, gpulayer("auto", false, before)] as [string, () => Promise<number>]] : []),
       ["`gpulayer env prepare`, pip path (GPULAYER_INSTALLER=pip, the ADR's build)", gpulayer("pip")],
       [RAW_UV, rawUv],
       ["`uv venv` + `uv pip install --compile-bytecode` (raw, compiled as gpulayer's envs are)", rawUvCompiled],
@@ -314,6 +316,40 @@ function lockedReport(locked: Awaited<ReturnType<typeof lockedCase>>, runs: numb
   ];
 }
 
+/** A big worker: 300 distributions (small fixture wheels, plus torch when BENCH_FIND_LINKS has it), as a real GPU venv holds; kept between runs. */
+async function bigWorker(): Promise<string> {
+  const dir = join(keep, "worker-300");
+  if (!existsSync(join(dir, ".ready"))) {
+    rmSync(dir, { recursive: true, force: true });
+    const wheels = join(keep, "wheels-300");
+    mkdirSync(wheels, { recursive: true });
+    const names = Array.from({ length: 299 }, (_, i) => `bench-dist-${i}`);
+    for (const name of names) makeDist("wheel", wheels, { name, version: "1.0" });
+    await must(["python3", "-m", "venv", dir]);
+    await must([join(dir, "bin", "pip"), "install", "-q", "--no-index", "--find-links", wheels, ...names], base);
+    if (BENCH_WHEELS) await must([join(dir, "bin", "pip"), "install", "-q", "--no-deps", "--no-index", "--find-links", BENCH_WHEELS, "torch"], base).catch(() => undefined);
+    writeFileSync(join(dir, ".ready"), "");
+  }
+  return join(dir, "bin", "python");
+}
+
+if (process.env.BENCH_ONLY === "big") {
+  // The 300-distribution worker alone, printed, the report untouched: BENCH_ONLY=big bun run bench/cold.ts
+  try {
+    const runs = Number(process.env.BENCH_COLD_RUNS ?? 5);
+    const idx = ["--index-url", INDEX];
+    const py = await bigWorker();
+    await coldCase(py, "tqdm", idx, 1, { steps: {}, torch: {} });
+    const notes: Notes = { steps: {}, torch: {} };
+    // BENCH_BEFORE=PATH: another gpulayer build's fresh-home build, in the same alternation.
+    console.log(table(await coldCase(py, "tqdm", idx, runs, notes, null, process.env.BENCH_BEFORE), RAW_UV, "s").join("\n"));
+    console.log(`\nsteps of the last fresh-home build:\n${notes.steps.auto}`);
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+  process.exit(0);
+}
+
 if (process.env.BENCH_ONLY === "locked") {
   // This case alone, printed, the report untouched: BENCH_ONLY=locked bun run bench/cold.ts
   try {
@@ -342,21 +378,8 @@ try {
   const torchIdx = [...idx, ...(BENCH_WHEELS ? ["--find-links", BENCH_WHEELS] : [])];
   const torch = await coldCase(torchPy, "torchmetrics", torchIdx, torchRuns, torchNotes);
 
-  // A big worker: 300 distributions (small fixture wheels, plus torch when BENCH_FIND_LINKS has it), as a real GPU venv holds.
-  const bigWorker = join(keep, "worker-300");
-  if (!existsSync(join(bigWorker, ".ready"))) {
-    rmSync(bigWorker, { recursive: true, force: true });
-    const wheels = join(keep, "wheels-300");
-    mkdirSync(wheels, { recursive: true });
-    const names = Array.from({ length: 299 }, (_, i) => `bench-dist-${i}`);
-    for (const name of names) makeDist("wheel", wheels, { name, version: "1.0" });
-    await must(["python3", "-m", "venv", bigWorker]);
-    await must([join(bigWorker, "bin", "pip"), "install", "-q", "--no-index", "--find-links", wheels, ...names], base);
-    if (BENCH_WHEELS) await must([join(bigWorker, "bin", "pip"), "install", "-q", "--no-deps", "--no-index", "--find-links", BENCH_WHEELS, "torch"], base).catch(() => undefined);
-    writeFileSync(join(bigWorker, ".ready"), "");
-  }
-  const bigPy = join(bigWorker, "bin", "python");
-  const bigCount = readdirSync(sitePackages(bigWorker)).filter((d) => d.endsWith(".dist-info")).length;
+  const bigPy = await bigWorker();
+  const bigCount = readdirSync(sitePackages(join(keep, "worker-300"))).filter((d) => d.endsWith(".dist-info")).length;
   const bigNotes: Notes = { steps: {}, torch: {} };
   const big = await coldCase(bigPy, "tqdm", idx, runs, bigNotes);
 

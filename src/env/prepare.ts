@@ -5,6 +5,7 @@ import type { HomeLayout } from "../config/paths.ts";
 import { InstallError, UsageError } from "../errors.ts";
 import { type BuildAs, relocate, relocateInputs, userCacheDir } from "./build/build-user.ts";
 import type { BuildStep, KeepGroup } from "./build/run-tool.ts";
+import type { BuildPlan } from "./build/build-plan.ts";
 import type { ResolvedRequest } from "./request/key.ts";
 import { acquireEntry } from "./store/cache-entry.ts";
 import { diskFull } from "./build/disk-full.ts";
@@ -12,7 +13,7 @@ import { inputsReport } from "./request/inputs-report.ts";
 import { prepareLimit } from "./prepare-limit.ts";
 import { nearestEnv } from "./request/nearest.ts";
 import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedResult, readyEntry, resolveRequest } from "./request/lookup.ts";
-import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, removeEntryDir } from "./store/store.ts";
+import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, namesInStore, removeEntryDir } from "./store/store.ts";
 import { unexpandVariables } from "./request/url-credentials.ts";
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, the inputs the key covers, and for a build the nearest env built here and what differs from it. */
@@ -106,31 +107,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
     const as = buildAs(layout, resolved, req);
     // Loaded for a build only: the installers' code (and pep440's) costs the warm path milliseconds.
     const { buildEnv } = await import("./build/build.ts");
-    const outcome = await buildEnv(
-      {
-        dir: paths.dir,
-        interpreter: resolved.interpreter,
-        inputs: as ? relocateInputs(resolved.inputs, as.moved) : resolved.inputs,
-        flags: as ? { ...resolved.flags, findLinks: resolved.flags.findLinks.map((f) => (f.path ? { ...f, path: as.moved(f.path) } : f)) } : resolved.flags,
-        isolated: resolved.isolated,
-        ...(resolved.deferred ? { deferred: resolved.deferred, wheelhouse: layout.wheelhouse, ...(wheelSharing ? { wheelSharing } : {}) } : {}),
-        ...(resolved.project ? { project: as ? { ...resolved.project, dir: as.moved(resolved.project.dir) } : resolved.project } : {}),
-        ...(resolved.pylock ? { pylock: as ? as.moved(resolved.pylock) : resolved.pylock } : {}),
-        env: req.env,
-        toolsDir: layout.tools,
-        bytecodeStore: layout.bytecode,
-        cwd: as ? as.moved(req.cwd) : req.cwd,
-        user: as?.user,
-        venvCreator: req.venvCreator,
-        installer: req.installer,
-        uv: req.uv,
-        signal: req.signal,
-        keep,
-        tmpDir: paths.tmp,
-        ...(offline ? { offline } : {}),
-      },
-      shownHooks,
-    );
+    const outcome = await buildEnv(buildPlanOf(layout, resolved, req, { dir: paths.dir, tmpDir: paths.tmp, keep, as, wheelSharing, offline }), shownHooks);
     removeEntryDir(layout, paths.tmp);
     const sizeBytes = diskUsage(paths.dir);
     markReady(paths, {
@@ -163,6 +140,64 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
     }
     throw error;
   }
+}
+
+/** The one assembly of what a build is given, from the resolved request: for an entry (buildUnderLock) and a warm-up (warmBuilder). */
+function buildPlanOf(layout: HomeLayout, resolved: ResolvedRequest, req: PrepareRequest, at: { dir: string; tmpDir: string; keep?: KeepGroup; as?: ReturnType<typeof buildAs>; wheelSharing?: WheelSharing; offline?: boolean }): BuildPlan {
+  const { as, wheelSharing, offline } = at;
+  return {
+    dir: at.dir,
+    interpreter: resolved.interpreter,
+    inputs: as ? relocateInputs(resolved.inputs, as.moved) : resolved.inputs,
+    flags: as ? { ...resolved.flags, findLinks: resolved.flags.findLinks.map((f) => (f.path ? { ...f, path: as.moved(f.path) } : f)) } : resolved.flags,
+    isolated: resolved.isolated,
+    ...(resolved.deferred ? { deferred: resolved.deferred, wheelhouse: layout.wheelhouse, ...(wheelSharing ? { wheelSharing } : {}) } : {}),
+    ...(resolved.project ? { project: as ? { ...resolved.project, dir: as.moved(resolved.project.dir) } : resolved.project } : {}),
+    ...(resolved.pylock ? { pylock: as ? as.moved(resolved.pylock) : resolved.pylock } : {}),
+    env: req.env,
+    toolsDir: layout.tools,
+    bytecodeStore: layout.bytecode,
+    cwd: as ? as.moved(req.cwd) : req.cwd,
+    user: as?.user,
+    venvCreator: req.venvCreator ?? "auto",
+    installer: req.installer ?? "auto",
+    uv: req.uv,
+    signal: req.signal,
+    ...(at.keep ? { keep: at.keep } : {}),
+    tmpDir: at.tmpDir,
+    ...(offline ? { offline } : {}),
+  };
+}
+
+/** Scratch folders of warm-ups, beside the entries: never a name the cache lists (store.ts lists 64-hex names only). */
+const WARMING = ".warm-";
+
+/**
+ * What a home's first build makes once, made ahead of any build: the
+ * interpreter's probe, the scan of its packages, their stand-ins (a slot) and
+ * uv's check of them, uv's venv for it. The request (a worker's: its Python,
+ * nothing asked) is built in a scratch folder beside the entries and removed:
+ * nothing enters the cache and no entry's lock is taken, so a job that comes
+ * meanwhile builds as it would have. A worker does it on joining, so its first
+ * build costs what a build in a used home does. Not for a build as another
+ * user (worker.run_as): its stand-ins are written for each build.
+ */
+export async function warmBuilder(layout: HomeLayout, req: PrepareRequest, hooks: PrepareHooks = {}): Promise<{ seconds: number }> {
+  const started = performance.now();
+  const resolved = resolveRequest(layout, req, hooks);
+  // Leftovers of a warm-up killed midway: one worker per home warms it, so none is in use.
+  for (const n of namesInStore(layout)) if (n.startsWith(WARMING)) removeEntryDir(layout, join(layout.envs, n));
+  const dir = join(layout.envs, `${WARMING}${crypto.randomUUID()}`);
+  const tmpDir = `${dir}.tmp`;
+  try {
+    mkdirSync(tmpDir, { recursive: true, mode: 0o700 });
+    const { buildEnv } = await import("./build/build.ts");
+    await buildEnv(buildPlanOf(layout, resolved, req, { dir, tmpDir }), hooks);
+  } finally {
+    removeEntryDir(layout, tmpDir);
+    removeEntryDir(layout, dir);
+  }
+  return { seconds: (performance.now() - started) / 1000 };
 }
 
 /** The build's hooks with every set `${VAR}` value of the request put back as `${NAME}` in what they pass on. */

@@ -14,6 +14,7 @@ import { Outbox } from "./outbox.ts";
 import { startJobTask, startPrepareTask, type TaskHandle, type WorkerContext } from "./tasks.ts";
 import { printable } from "../ui/escape.ts";
 import { prefetchEnvs, type PrefetchSettings } from "./prefetch.ts";
+import { warmWorker } from "./warm.ts";
 
 /**
  * The worker's loop (`gpulayer join URL`): register with the probe (as the
@@ -76,9 +77,10 @@ export class Agent {
   private leaseMs = Number.POSITIVE_INFINITY;
   private lastContact = Date.now();
   private fenced = false;
-  /** What the prefetch on joining did so far (worker/prefetch.ts), reported with the cache; stopped when the worker stops. */
+  /** What the prefetch on joining did so far (worker/prefetch.ts), reported with the cache. */
   private prefetched: WorkerPrefetch | null = null;
-  private readonly prefetchAbort = new AbortController();
+  /** Stops what runs beside the poll for work (the prefetch, the warm-up) when the worker stops. */
+  private readonly besideAbort = new AbortController();
 
   /** The server's replicas, shared by every client of this worker: after a failover all of them talk to the one that answers. */
   private readonly replicas: Replicas;
@@ -101,7 +103,7 @@ export class Agent {
     } else this.log(`${signal}: taking no more work${this.tasks.size ? `; letting ${this.tasks.size} task(s) finish (up to ${this.opts.drainSeconds} s, ${signal} again to hand them back now)` : ""}`);
     this.stopping = true;
     this.pollAbort.abort();
-    this.prefetchAbort.abort();
+    this.besideAbort.abort();
     this.wake?.();
   }
 
@@ -153,9 +155,17 @@ export class Agent {
     const done = await prefetchEnvs(this.shipping(), this.opts.prefetch, (state) => {
       this.prefetched = state;
       this.cacheReadAt = 0;
-    }, this.prefetchAbort.signal);
+    }, this.besideAbort.signal);
     if (done.state !== "done" && !this.stopping) this.log(`prefetching envs: ${done.state}${done.reason ? ` (${done.reason})` : ""}`);
     else if (done.state === "done") this.log(`prefetching envs: done, ${done.fetched} fetched, ${done.present} here already, of ${done.wanted} wanted`);
+  }
+
+  /** In the background, beside the poll for work (worker/warm.ts); stopped when the worker stops. */
+  private async warmUp(): Promise<void> {
+    await new Promise((r) => setImmediate(r));
+    const done = await warmWorker(this.opts.layout, this.opts.runner, this.besideAbort.signal);
+    if (done.state === "done") this.log(`warmed up for a first build on ${this.opts.runner.defaultPython} in ${done.seconds.toFixed(2)} s (its probe, stand-ins of its packages, uv's venv)`);
+    else if (!this.stopping) this.log(`warm-up ${done.state}: ${done.reason}${done.state === "failed" ? " (the first build does that work itself)" : ""}`);
   }
 
   private context(): WorkerContext {
@@ -289,6 +299,7 @@ export class Agent {
     await this.register();
     const beats = this.heartbeats();
     const prefetching = this.opts.prefetch.count > 0 ? this.prefetch() : null;
+    const warming = this.warmUp();
     // One line per outage, not one a second: the heartbeat says when the server answers again.
     let failedWith: string | null = null;
     try {
@@ -323,6 +334,7 @@ export class Agent {
     }
     await beats.catch(() => {});
     await prefetching;
+    await warming;
   }
 
   private contact(): void {

@@ -125,7 +125,7 @@ export function listKeys(layout: HomeLayout): string[] {
 }
 
 /** The store's entries; none before the first build. A store this user may not read is said (errors.ts), never shown as empty. */
-function namesInStore(layout: HomeLayout): string[] {
+export function namesInStore(layout: HomeLayout): string[] {
   try {
     return readdirSync(layout.envs);
   } catch (error) {
