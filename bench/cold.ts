@@ -100,12 +100,13 @@ interface Notes {
 }
 
 /** A home that has built before: its interpreter probe, tools (stand-ins, a bare venv, pip's reading of its configuration) and stat cache of local files are kept; envs and pip/uv caches are fresh every run. */
-const seedHome = join(work, "seed-home");
 
 /** `machine`: the case's machine pip configuration (PIP_CONFIG_FILE...), given to gpulayer and raw pip; raw uv gets `rawUvArgs` instead. */
-async function coldCase(worker: string, spec: string, indexArgs: string[], runs: number, notes: Notes, machine: { env: Env; rawUvArgs: string[] } | null = null, before?: string): Promise<[string, Stats][]> {
+/** `warmed`: the home a joining worker's warm-up left (warmedHome), in place of one that built this request before. */
+async function coldCase(worker: string, spec: string, indexArgs: string[], runs: number, notes: Notes, machine: { env: Env; rawUvArgs: string[] } | null = null, before?: string, warmed?: string): Promise<[string, Stats][]> {
   const extra = machine?.env ?? {};
-  await must([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker, "--quiet"], { ...base, ...extra, GPULAYER_HOME: seedHome, UV_CACHE_DIR: join(work, "uv-seed"), PIP_CACHE_DIR: join(work, "pip-seed") });
+  const seedHome = warmed ?? join(work, "seed-home");
+  if (!warmed) await must([bin, "env", "prepare", "-p", spec, ...indexArgs, "--python", worker, "--quiet"], { ...base, ...extra, GPULAYER_HOME: seedHome, UV_CACHE_DIR: join(work, "uv-seed"), PIP_CACHE_DIR: join(work, "pip-seed") });
   const gpulayer = (installer: "auto" | "pip", seeded = false, binary = bin) => async () => {
     const { env: freshEnv } = fresh();
     const env = { ...freshEnv, ...extra };
@@ -152,7 +153,7 @@ async function coldCase(worker: string, spec: string, indexArgs: string[], runs:
   const rows = await sideBySide(
     [
       ["`gpulayer env prepare`, uv fast path (auto)", gpulayer("auto")],
-      ["`gpulayer env prepare`, uv fast path, on a home that has built before (interpreter probe, tools and stat cache kept)", gpulayer("auto", true)],
+      [warmed ? "`gpulayer env prepare`, uv fast path, on a home a joining worker warmed (`gpulayer join`'s warm-up: probe and tools kept)" : "`gpulayer env prepare`, uv fast path, on a home that has built before (interpreter probe, tools and stat cache kept)", gpulayer("auto", true)],
       ...(before ? [[`the binary before (${before}), uv fast path (auto)`, gpulayer("auto", false, before)] as [string, () => Promise<number>]] : []),
       ["`gpulayer env prepare`, pip path (GPULAYER_INSTALLER=pip, the ADR's build)", gpulayer("pip")],
       [RAW_UV, rawUv],
@@ -333,6 +334,35 @@ async function bigWorker(): Promise<string> {
   return join(dir, "bin", "python");
 }
 
+/** A fresh home as `gpulayer join` leaves it once warmed up (worker/warm.ts): a real server and worker on 127.0.0.1, stopped after the warm-up's line. */
+async function warmedHome(python: string): Promise<string> {
+  const home = join(work, "warmed-home");
+  const env = { ...base, GPULAYER_TOKEN: "bench-warm-token-0123456789", GPULAYER_WORKER_ENGINE: "none" };
+  const procs: Bun.Subprocess<"ignore", "pipe", "pipe">[] = [];
+  /** Both streams of a process, as one text that grows (gpulayer logs on stderr, --json documents on stdout). */
+  const said = (argv: string[], home: string) => {
+    const proc = Bun.spawn(argv, { env: { ...env, GPULAYER_HOME: home }, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
+    procs.push(proc);
+    const text = { all: "" };
+    for (const stream of [proc.stdout, proc.stderr]) void (async () => { for await (const c of stream) text.all += new TextDecoder().decode(c); })();
+    return text;
+  };
+  const until = async (what: string, text: { all: string }, done: RegExp) => {
+    for (const deadline = Date.now() + 60_000; !done.test(text.all); await Bun.sleep(50)) if (Date.now() > deadline) throw new Error(`no ${what} within 60 s: ${text.all.slice(-2000)}`);
+  };
+  try {
+    const server = said([bin, "server", "--listen", "127.0.0.1:0", "--json"], join(work, "warm-server"));
+    await until("server URL", server, /"url": "[^"]+"/);
+    const worker = said([bin, "join", /"url": "([^"]+)"/.exec(server.all)![1]!, "--name", "bench", "--python", python], home);
+    await until("warm-up", worker, /warmed up for a first build|warm-up (failed|skipped)/);
+    if (!worker.all.includes("warmed up")) throw new Error(`the worker did not warm up: ${worker.all.slice(-2000)}`);
+    return home;
+  } finally {
+    for (const p of procs) p.kill("SIGKILL");
+    await Promise.all(procs.map((p) => p.exited));
+  }
+}
+
 if (process.env.BENCH_ONLY === "big") {
   // The 300-distribution worker alone, printed, the report untouched: BENCH_ONLY=big bun run bench/cold.ts
   try {
@@ -342,7 +372,7 @@ if (process.env.BENCH_ONLY === "big") {
     await coldCase(py, "tqdm", idx, 1, { steps: {}, torch: {} });
     const notes: Notes = { steps: {}, torch: {} };
     // BENCH_BEFORE=PATH: another gpulayer build's fresh-home build, in the same alternation.
-    console.log(table(await coldCase(py, "tqdm", idx, runs, notes, null, process.env.BENCH_BEFORE), RAW_UV, "s").join("\n"));
+    console.log(table(await coldCase(py, "tqdm", idx, runs, notes, null, process.env.BENCH_BEFORE, await warmedHome(py)), RAW_UV, "s").join("\n"));
     console.log(`\nsteps of the last fresh-home build:\n${notes.steps.auto}`);
   } finally {
     rmSync(work, { recursive: true, force: true });
