@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, readdirSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { CLI_ARGV, cli, makeWorkerVenv, sandbox, tempDir } from "./helpers.ts";
-import { keepOutput, type Kept, stopAll, waitFor } from "./fixtures/processes.ts";
+import { jobToEnd, keepOutput, type Kept, stopAll, waitFor } from "./fixtures/processes.ts";
 
 /**
  * A new worker warm before its first job (worker.prefetch_envs): a real
@@ -39,15 +39,7 @@ function startWorker(name: string, extra: string[] = []) {
 }
 
 /** A job on one worker, run to its end: its status document. */
-async function jobOn(worker: string, pkg: string): Promise<any> {
-  const r = await gpl(["job", "run", "--detach", "--json", "-p", pkg, "--index-url", index.url, "--label", `box=${worker}`, "--", "python", "-c", `import ${pkg}`]);
-  expect(r.code).toBe(0);
-  const id = JSON.parse(r.stdout).id as string;
-  return waitFor(`job ${id}`, async () => {
-    const s = JSON.parse((await gpl(["job", "status", id, "--json"])).stdout);
-    return ["succeeded", "failed", "cancelled"].includes(s.state) ? s : null;
-  }, 120_000);
-}
+const jobOn = (worker: string, pkg: string) => jobToEnd(gpl, ["-p", pkg, "--index-url", index.url, "--label", `box=${worker}`, "--", "python", "-c", `import ${pkg}`]);
 
 const workerDoc = async (name: string) => (JSON.parse((await gpl(["workers", "--json"])).stdout) as any[]).find((w) => w.name === name);
 const envsOf = (name: string) => (existsSync(join(boxes[name]!.home, "envs-v1")) ? readdirSync(join(boxes[name]!.home, "envs-v1")).filter((n) => /^[0-9a-f]{64}$/.test(n)) : []);

@@ -3,7 +3,7 @@ import { existsSync, readdirSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
 import { cli, HAS_UV, makeWorkerVenv, sandbox, startCli, tempDir } from "./helpers.ts";
-import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
+import { jobToEnd, type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 
 /**
  * A new worker warm for its first build: a real server and workers on
@@ -44,15 +44,7 @@ function slots(home: string): string[][] {
 }
 
 /** A job on one worker, run to its end: its status document. */
-async function jobOn(worker: string, pkg: string): Promise<any> {
-  const r = await gpl(["job", "run", "--detach", "--json", "-p", pkg, "--index-url", index.url, "--label", `box=${worker}`, "--", "python", "-c", `import ${pkg}`]);
-  expect(r.code).toBe(0);
-  const id = JSON.parse(r.stdout).id as string;
-  return waitFor(`job ${id}`, async () => {
-    const s = JSON.parse((await gpl(["job", "status", id, "--json"])).stdout);
-    return ["succeeded", "failed", "cancelled"].includes(s.state) ? s : null;
-  }, 60_000);
-}
+const jobOn = (worker: string, pkg: string) => jobToEnd(gpl, ["-p", pkg, "--index-url", index.url, "--label", `box=${worker}`, "--", "python", "-c", `import ${pkg}`]);
 
 const steps = (status: any): { step: string; detail: string }[] => status.events.filter((e: { type: string }) => e.type === "task.prepare.step").map((e: { data: { step: string; detail: string } }) => e.data);
 
