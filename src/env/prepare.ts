@@ -182,7 +182,7 @@ const WARMING = ".warm-";
  * build costs what a build in a used home does. Not for a build as another
  * user (worker.run_as): its stand-ins are written for each build.
  */
-export async function warmBuilder(layout: HomeLayout, req: PrepareRequest, hooks: PrepareHooks = {}): Promise<{ seconds: number }> {
+export async function warmBuilder(layout: HomeLayout, req: PrepareRequest, hooks: PrepareHooks = {}): Promise<{ seconds: number; python: string }> {
   const started = performance.now();
   const resolved = resolveRequest(layout, req, hooks);
   // Leftovers of a warm-up killed midway: one worker per home warms it, so none is in use.
@@ -197,7 +197,7 @@ export async function warmBuilder(layout: HomeLayout, req: PrepareRequest, hooks
     removeEntryDir(layout, tmpDir);
     removeEntryDir(layout, dir);
   }
-  return { seconds: (performance.now() - started) / 1000 };
+  return { seconds: (performance.now() - started) / 1000, python: resolved.interpreter.path };
 }
 
 /** The build's hooks with every set `${VAR}` value of the request put back as `${NAME}` in what they pass on. */

@@ -164,7 +164,7 @@ export class Agent {
   private async warmUp(): Promise<void> {
     await new Promise((r) => setImmediate(r));
     const done = await warmWorker(this.opts.layout, this.opts.runner, this.besideAbort.signal);
-    if (done.state === "done") this.log(`warmed up for a first build on ${this.opts.runner.defaultPython} in ${done.seconds.toFixed(2)} s (its probe, stand-ins of its packages, uv's venv)`);
+    if (done.state === "done") this.log(`warmed up for a first build on ${done.python} in ${done.seconds.toFixed(2)} s (its probe, stand-ins of its packages, uv's venv)`);
     else if (!this.stopping) this.log(`warm-up ${done.state}: ${done.reason}${done.state === "failed" ? " (the first build does that work itself)" : ""}`);
   }
 

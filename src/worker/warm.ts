@@ -16,7 +16,7 @@ import type { RunnerSettings } from "../jobs/runner.ts";
  * first build then does that work itself, as before.
  */
 
-export type WarmOutcome = { state: "done"; seconds: number } | { state: "skipped" | "failed"; reason: string };
+export type WarmOutcome = { state: "done"; seconds: number; python: string } | { state: "skipped" | "failed"; reason: string };
 
 export async function warmWorker(layout: HomeLayout, runner: RunnerSettings, signal: AbortSignal): Promise<WarmOutcome> {
   if (runner.runAs) return { state: "skipped", reason: "worker.run_as: each build writes its own stand-ins" };
@@ -26,8 +26,7 @@ export async function warmWorker(layout: HomeLayout, runner: RunnerSettings, sig
     removeTree(workdir);
     mkdirSync(workdir, { recursive: true, mode: 0o700 });
     const req = hostRequest(runner, { request: { specs: [], extraIndexUrls: [], findLinks: [] }, workdir });
-    const { seconds } = await warmBuilder(layout, { ...req, signal });
-    return { state: "done", seconds };
+    return { state: "done", ...(await warmBuilder(layout, { ...req, signal })) };
   } catch (error) {
     return { state: "failed", reason: (error as Error).message.split("\n")[0]!.slice(0, 500) };
   } finally {
