@@ -145,6 +145,8 @@ describe("a network cut between a worker and the server", () => {
     const id = (await gpl(["job", "run", "-d", "--label", "pool=h", ...job(file, release)])).stdout.trim();
     await waitFor("the job to start on wh", () => runs(file).length === 1);
     const first = runs(file)[0]!.split(" ")[1];
+    // Frozen once the server has all wh reported (the start last): a report still on its way would tell wh on waking, before a beat's answer.
+    await waitFor("the server to hear it started", async () => (await status(id)).state === "running");
     wh.proc.kill("SIGSTOP");
     await queuedAgain(id);
     const wi = worker("wi", url, "pool=h");
