@@ -3,7 +3,8 @@ import { UsageError, UserError } from "../errors.ts";
 import type { Lease } from "../core/lease.ts";
 import { acquireEntry } from "../env/index-light.ts";
 import { isLocked } from "../core/lock.ts";
-import { candidateEngine, detectEngine, type Engine, engineAnswered, type EngineHost, forgetEngine, probeEngine } from "./engine.ts";
+import { candidateEngine, detectEngine, type Engine, engineAnswered, type EngineEnv, type EngineHost, forgetEngine, probeEngine } from "./engine.ts";
+import { podmanStoreStamp } from "./podman-store.ts";
 import { type ImageInfo, type InspectOutcome, inspectImage, validateRef } from "./image.ts";
 import { type ImageRecord, readRecord, type RecordPaths, recordPaths, touchRecord, writeRecord } from "./inventory.ts";
 import { type PullProgress, pullImage } from "./pull.ts";
@@ -56,31 +57,50 @@ export interface EnsureResult {
   lease?: Lease;
 }
 
-/** Find the engine and ask it about the image in one go; the warm path costs one engine call. */
-async function locate(layout: HomeLayout, ref: string, host: EngineHost): Promise<{ engine: Engine; inspect: InspectOutcome }> {
+/**
+ * The engine's answer about an image, and the stamp of Podman's image store
+ * taken just before it (podman-store.ts; null for Docker, whose daemon
+ * answers in a millisecond through its socket). While the stamp stays the
+ * same, the record written with it is Podman's answer, and no Podman starts.
+ */
+interface Look {
+  inspect: InspectOutcome;
+  stamp: string | null;
+}
+
+async function look(layout: HomeLayout, engine: Engine, ref: string, env: EngineEnv): Promise<Look> {
+  if (engine.name !== "podman") return { inspect: await inspectImage(engine, ref, env), stamp: null };
+  const stamp = await podmanStoreStamp(layout, engine, env);
+  const record = stamp ? readRecord(recordPaths(layout, engine.name, ref)) : null;
+  if (stamp && record?.storeStamp === stamp) return { inspect: { kind: "present", info: { id: record.imageId, digest: record.digest, repoDigests: record.repoDigests, sizeBytes: record.sizeBytes } }, stamp };
+  return { inspect: await inspectImage(engine, ref, env), stamp };
+}
+
+/** Find the engine and ask it about the image in one go; the warm path costs one engine call (Podman's, none while its store is unchanged). */
+async function locate(layout: HomeLayout, ref: string, host: EngineHost): Promise<{ engine: Engine } & Look> {
   const { env } = host;
   const candidate = candidateEngine(layout, host);
   if (candidate) {
-    const inspect = await inspectImage(candidate, ref, env);
-    if (inspect.kind !== "failed") {
+    const seen = await look(layout, candidate, ref, env);
+    if (seen.inspect.kind !== "failed") {
       // A forced engine is not remembered: without the variable, detection stays docker-first.
       if (!host.forced) engineAnswered(layout, candidate, env);
-      return { engine: candidate, inspect };
+      return { engine: candidate, ...seen };
     }
     if (host.forced) {
       const problem = await probeEngine(candidate, env);
       if (problem) throw new UserError(`container engine ${candidate.name} does not work: ${problem} (${host.forcedBy ?? "container.engine"} chose it)`);
-      throw new UserError(`${candidate.name} image inspect ${ref} failed: ${inspect.message}`);
+      throw new UserError(`${candidate.name} image inspect ${ref} failed: ${seen.inspect.message}`);
     }
     forgetEngine(layout);
   }
   const engine = await detectEngine(layout, host, { fresh: true });
-  const inspect = await inspectImage(engine, ref, env);
-  if (inspect.kind === "failed") throw new UserError(`${engine.name} image inspect ${ref} failed: ${inspect.message}`);
-  return { engine, inspect };
+  const seen = await look(layout, engine, ref, env);
+  if (seen.inspect.kind === "failed") throw new UserError(`${engine.name} image inspect ${ref} failed: ${seen.inspect.message}`);
+  return { engine, ...seen };
 }
 
-function recordFor(engine: Engine, ref: string, info: ImageInfo, prev: ImageRecord | null, pulled: { before: string | null } | null): ImageRecord {
+function recordFor(engine: Engine, ref: string, info: ImageInfo, prev: ImageRecord | null, pulled: { before: string | null } | null, stamp: string | null): ImageRecord {
   const now = new Date().toISOString();
   const same = prev?.imageId === info.id;
   // Ours only when our pull brought this image id here (or it was already ours).
@@ -96,17 +116,18 @@ function recordFor(engine: Engine, ref: string, info: ImageInfo, prev: ImageReco
     firstSeen: same && prev ? prev.firstSeen : now,
     lastPulled: pulled ? now : same ? prev?.lastPulled : undefined,
     pulledByGpulayer,
+    ...(stamp ? { storeStamp: stamp } : {}),
   };
 }
 
-/** The image is here: keep the record in step with what the engine has, and mark the use. */
-function reuse(paths: RecordPaths, engine: Engine, ref: string, info: ImageInfo): ImageRecord {
+/** The image is here: keep the record in step with what the engine has (and the store's stamp), and mark the use. */
+function reuse(paths: RecordPaths, engine: Engine, ref: string, info: ImageInfo, stamp: string | null): ImageRecord {
   const prev = readRecord(paths);
-  if (prev && prev.imageId === info.id && prev.digest === info.digest) {
+  if (prev && prev.imageId === info.id && prev.digest === info.digest && (prev.storeStamp ?? null) === stamp) {
     touchRecord(paths);
     return prev;
   }
-  const record = recordFor(engine, ref, info, prev, null);
+  const record = recordFor(engine, ref, info, prev, null, stamp);
   writeRecord(paths, record);
   return record;
 }
@@ -122,7 +143,9 @@ export async function ensureImage(layout: HomeLayout, ref: string, opts: EnsureO
   const image = validateRef(ref);
   const policy = opts.pull ?? "missing";
   const env = opts.host.env;
-  let { engine, inspect } = await locate(layout, image, opts.host);
+  const located = await locate(layout, image, opts.host);
+  const { engine } = located;
+  let seen: Look = located;
   const paths = recordPaths(layout, engine.name, image);
   const done = (status: EnsureResult["status"], record: ImageRecord, progress?: PullProgress): Omit<EnsureResult, "lease"> => ({
     image,
@@ -147,28 +170,32 @@ export async function ensureImage(layout: HomeLayout, ref: string, opts: EnsureO
         if (waited) return null;
         // The lease is down before the lock is looked at, and gc takes the lock before it checks leases:
         // while gc (or a pull) holds it, the image may be going, so wait for it and look again.
+        const { inspect } = seen;
         busy = inspect.kind === "present" && (await isLocked(paths.lock));
-        if (policy !== "always" && inspect.kind === "present" && !busy) return done("reused", reuse(paths, engine, image, inspect.info));
+        if (policy !== "always" && inspect.kind === "present" && !busy) return done("reused", reuse(paths, engine, image, inspect.info, seen.stamp));
         if (policy === "never" && !busy) throw refuse();
         return null;
       }
       if (!waited && !busy) return null;
       // The other process may have pulled it meanwhile: that pull counts as ours too.
-      inspect = await inspectImage(engine, image, env);
+      seen = await look(layout, engine, image, env);
+      const { inspect } = seen;
       const prev = readRecord(paths);
       const fresh = prev?.lastPulled !== undefined && prev.lastPulled >= startedIso;
-      if (inspect.kind === "present" && (policy !== "always" || fresh)) return done("reused", reuse(paths, engine, image, inspect.info));
+      if (inspect.kind === "present" && (policy !== "always" || fresh)) return done("reused", reuse(paths, engine, image, inspect.info, seen.stamp));
       if (policy === "never") throw refuse();
       return null;
     },
     build: async () => {
-      const before = inspect.kind === "present" ? inspect.info.id : null;
+      const before = seen.inspect.kind === "present" ? seen.inspect.info.id : null;
       opts.onPull?.(image, engine);
       const pulled = await pullImage(engine, image, { env, onProgress: opts.onProgress, onLine: opts.onLine });
       if (!pulled.ok) throw new UserError(`cannot pull ${image} with ${engine.name}: ${pulled.message}`);
+      // The store's stamp after the pull, then the engine's answer it vouches for.
+      const stamp = engine.name === "podman" ? await podmanStoreStamp(layout, engine, env) : null;
       const after = await inspectImage(engine, image, env);
       if (after.kind !== "present") throw new UserError(`${engine.name} pulled ${image} but cannot inspect it: ${after.kind === "failed" ? after.message : "image not found after the pull"}`);
-      const record = recordFor(engine, image, after.info, readRecord(paths), { before });
+      const record = recordFor(engine, image, after.info, readRecord(paths), { before }, stamp);
       writeRecord(paths, record);
       return done("pulled", record, pulled.progress);
     },

@@ -30,6 +30,8 @@ export interface ImageRecord {
   lastPulled?: string;
   /** True only when gpulayer's own pull brought this image onto the machine. */
   pulledByGpulayer: boolean;
+  /** Podman's image store as it was just before the answer this record holds (podman-store.ts): while it is the same, so is the answer. */
+  storeStamp?: string;
 }
 
 export interface RecordPaths {
