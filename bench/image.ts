@@ -5,6 +5,8 @@
  *
  * Run: bun run bench/image.ts [--image REF] [--engine docker|podman]...
  *   BENCH_RUNS=N (default 10) runs each, alternating, after 2 warm-ups.
+ *   BENCH_BEFORE=PATH times another gpulayer build (the binary before a change) in the same alternation.
+ *   BENCH_ONLY=warm stops after the image-only jobs.
  * Without --image: a busybox image imported into each engine (no registry).
  *
  * Then requirements on top of an image (an image made from Debian's python3,
@@ -91,18 +93,26 @@ for (const engine of wanted) {
   }
   const plain = `${engine} run --rm --network host REF true`;
   const ours = `gpulayer job run --image REF -- true (warm)`;
+  const before = process.env.BENCH_BEFORE;
+  const BEFORE = `the binary before (${before}), the same`;
   const results = sideBySide(
     {
       [plain]: () => timeProcess([engine, "run", "--rm", "--network", "host", ref, "true"], { env, cwd: workdir }),
       [ours]: () => timeProcess(job, { env, cwd: workdir }),
-      [modules]: () => timeProcess(direct, { env, cwd: workdir }),
+      ...(before ? { [BEFORE]: () => timeProcess([before, ...job.slice(1)], { env, cwd: workdir }) } : { [modules]: () => timeProcess(direct, { env, cwd: workdir }) }),
     },
     runs,
     2,
   );
   printTable(`${engine}: ${ref}`, Object.entries(results), plain);
   console.log(`added by gpulayer: ${(results[ours]!.median - results[plain]!.median).toFixed(1)} ms per job`);
+  if (before) console.log(`added by the binary before: ${(results[BEFORE]!.median - results[plain]!.median).toFixed(1)} ms per job`);
   if (tar) Bun.spawnSync([engine, "rmi", "-f", BENCH_REF], { stdout: "ignore", stderr: "ignore" });
+}
+if (process.env.BENCH_ONLY === "warm") {
+  rmSync(home, { recursive: true, force: true });
+  rmSync(workdir, { recursive: true, force: true });
+  process.exit(failures ? 1 : 0);
 }
 // Requirements on top of an image.
 const { pythonRootfs } = await import("../test/fixtures/python-image.ts");
