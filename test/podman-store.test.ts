@@ -20,8 +20,9 @@ describe("podman", () => {
   const it = engineTest(matrix, "podman");
   if (!it) return;
   const ref = `localhost/gpl-store-${process.pid}/img:1`;
+  const marked = (mark: string) => `localhost/gpl-store-${process.pid}/${mark}`; // :latest, as an alias names it
   afterAll(async () => {
-    await run(["podman", "rmi", "-f", ref]);
+    await run(["podman", "rmi", "-f", ref, marked("a"), marked("b")]);
   });
 
   it("a warm job asks Podman nothing while its store is unchanged; a moved tag and a removed image are seen on the next run", async () => {
@@ -67,6 +68,32 @@ describe("podman", () => {
       const gone = await cli(["env", "prepare", "--image", ref, "--pull", "never"], { env, cwd: box.root });
       expect(gone.code).toBe(1);
       expect(gone.stderr.trim().split("\n").at(-1)).toBe(`error: image ${ref} is not on this machine (podman) and the pull policy is never`);
+    } finally {
+      rmSync(box.root, { recursive: true, force: true });
+    }
+  });
+
+  it("a short name is asked about every run: Podman's registries configuration, not its store, says what it names", async () => {
+    const box = sandbox();
+    try {
+      const tar = await busyboxTar();
+      for (const mark of ["a", "b"]) expect((await run(["podman", "import", "--change", `ENV GPL_MARK=${mark}`, tar, marked(mark)])).code).toBe(0);
+      const short = `gpl-short-${process.pid}`;
+      const conf = join(box.root, "registries.conf");
+      const alias = (mark: string) => writeFileSync(conf, `[aliases]\n"${short}" = "${marked(mark)}"\n`);
+      const env = { ...box.env, GPULAYER_CONTAINER_ENGINE: "podman", CONTAINERS_REGISTRIES_CONF: conf };
+      const mark = async () => {
+        const r = await cli(["job", "run", "--image", short, "--", "sh", "-c", "echo mark=$GPL_MARK"], { env, cwd: box.root });
+        expect(r.code, r.stderr).toBe(0);
+        return r.stdout.trim();
+      };
+      alias("a");
+      expect(await mark()).toBe("mark=a");
+      expect(await mark()).toBe("mark=a");
+      // The alias moves; Podman's store does not change.
+      alias("b");
+      expect(await mark()).toBe("mark=b");
+      expect(listImageRecords(homeLayout(box.home))[0]!.storeStamp).toBeUndefined();
     } finally {
       rmSync(box.root, { recursive: true, force: true });
     }

@@ -5,7 +5,7 @@ import { acquireEntry } from "../env/index-light.ts";
 import { isLocked } from "../core/lock.ts";
 import { candidateEngine, detectEngine, type Engine, engineAnswered, type EngineEnv, type EngineHost, forgetEngine, probeEngine } from "./engine.ts";
 import { podmanStoreStamp } from "./podman-store.ts";
-import { type ImageInfo, type InspectOutcome, inspectImage, validateRef } from "./image.ts";
+import { type ImageInfo, type InspectOutcome, inspectImage, namesRegistry, validateRef } from "./image.ts";
 import { type ImageRecord, readRecord, type RecordPaths, recordPaths, touchRecord, writeRecord } from "./inventory.ts";
 import { type PullProgress, pullImage } from "./pull.ts";
 
@@ -69,10 +69,11 @@ interface Look {
 }
 
 async function look(layout: HomeLayout, engine: Engine, ref: string, env: EngineEnv): Promise<Look> {
-  if (engine.name !== "podman") return { inspect: await inspectImage(engine, ref, env), stamp: null };
+  // A short name (no registry) resolves through Podman's registries configuration too (its aliases, its search list): no stamp vouches for that.
+  if (engine.name !== "podman" || !namesRegistry(ref)) return { inspect: await inspectImage(engine, ref, env), stamp: null };
   const stamp = await podmanStoreStamp(layout, engine, env);
   const record = stamp ? readRecord(recordPaths(layout, engine.name, ref)) : null;
-  if (stamp && record?.storeStamp === stamp) return { inspect: { kind: "present", info: { id: record.imageId, digest: record.digest, repoDigests: record.repoDigests, sizeBytes: record.sizeBytes } }, stamp };
+  if (stamp && record?.storeStamp === stamp && record.imageId && record.digest) return { inspect: { kind: "present", info: { id: record.imageId, digest: record.digest, repoDigests: record.repoDigests, sizeBytes: record.sizeBytes } }, stamp };
   return { inspect: await inspectImage(engine, ref, env), stamp };
 }
 
@@ -192,7 +193,7 @@ export async function ensureImage(layout: HomeLayout, ref: string, opts: EnsureO
       const pulled = await pullImage(engine, image, { env, onProgress: opts.onProgress, onLine: opts.onLine });
       if (!pulled.ok) throw new UserError(`cannot pull ${image} with ${engine.name}: ${pulled.message}`);
       // The store's stamp after the pull, then the engine's answer it vouches for.
-      const stamp = engine.name === "podman" ? await podmanStoreStamp(layout, engine, env) : null;
+      const stamp = engine.name === "podman" && namesRegistry(image) ? await podmanStoreStamp(layout, engine, env) : null;
       const after = await inspectImage(engine, image, env);
       if (after.kind !== "present") throw new UserError(`${engine.name} pulled ${image} but cannot inspect it: ${after.kind === "failed" ? after.message : "image not found after the pull"}`);
       const record = recordFor(engine, image, after.info, readRecord(paths), { before }, stamp);

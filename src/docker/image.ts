@@ -27,11 +27,15 @@ export function pinnedDigest(ref: string): string | undefined {
   return at === -1 ? undefined : ref.slice(at + 1);
 }
 
+/** Does the reference name its registry (registry.example.com/x, 127.0.0.1:5000/x, localhost/x)? Else it is a short name, which each engine resolves its own way. */
+export function namesRegistry(ref: string): boolean {
+  const first = ref.split("@")[0]!.split("/")[0]!;
+  return ref.includes("/") && (first.includes(".") || first.includes(":") || first === "localhost");
+}
+
 /** How Docker and Podman spell a repository in full: docker.io/library/busybox for busybox. */
 function normalizeRepository(repo: string): string {
-  const first = repo.split("/")[0]!;
-  const hasRegistry = repo.includes("/") && (first.includes(".") || first.includes(":") || first === "localhost");
-  if (hasRegistry) return repo;
+  if (namesRegistry(repo)) return repo;
   return repo.includes("/") ? `docker.io/${repo}` : `docker.io/library/${repo}`;
 }
 
