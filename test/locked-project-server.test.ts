@@ -51,5 +51,13 @@ describe.skipIf(!HAS_UV)("a uv project through a server", () => {
     const r = await fleet(["job", "run", "-f", "job.yaml", "--json"], dir);
     expect(r.code, r.stderr).toBe(0);
     expect(r.stderr + r.stdout).toContain("pinned 1.0");
+
+    // `env prepare --project` through the server: the project and its lock travel as for a job, and the worker builds from them.
+    const warmed = await fleet(["env", "prepare", "--project", "app", "--json"], dir);
+    expect(warmed.code, warmed.stderr).toBe(0);
+    const [w] = (JSON.parse(warmed.stdout) as { workers: { worker: string; state: string; path: string }[] }).workers;
+    expect(w).toMatchObject({ worker: "w1", state: "succeeded" });
+    const inWorkerEnv = await run([join(w!.path, "bin", "python"), "-c", "import pinned; print(pinned.__version__)"], { env: boxes.worker.env });
+    expect(inWorkerEnv.stdout.trim()).toBe("1.0");
   }, T);
 });

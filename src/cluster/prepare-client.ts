@@ -33,17 +33,18 @@ export interface StartPrepareOptions {
 }
 
 /**
- * Check the request, pack what must travel (the requirements file's folder:
- * its includes and local paths are relative to it), and start a prepare task
- * on every worker the labels pick.
+ * Check the request, pack what must travel (the requirements file's folder,
+ * or a uv project's), and start a prepare task on every worker the labels
+ * pick.
  */
 export async function startPrepare(target: RemoteTarget, req: PrepareRequestPayload, opts: StartPrepareOptions): Promise<PrepareGroup> {
   const { cwd } = opts;
   if (req.pull !== undefined && req.image === undefined) throw new UsageError("--pull goes with --image");
   for (const s of req.specs) if (/^(\.{0,2}\/|~)/.test(s.trim())) throw new UsageError(`-p ${s}: a local path cannot travel to the workers; list it in a requirements file inside the folder to send`);
   const localLinks = req.findLinks.filter((f) => !isUrl(f));
-  const root = req.requirementsFile ? dirname(resolve(cwd, req.requirementsFile)) : cwd;
-  const pack = req.requirementsFile || localLinks.length ? packTemp(root, target.bundleLimits, opts.onPacking, carriedFiles(root, [req], { ...opts.reading, cwd })) : null;
+  // What travels: the requirements file's folder (its includes and local paths are relative to it), or the uv project's (its lock, its files).
+  const root = req.requirementsFile ? dirname(resolve(cwd, req.requirementsFile)) : req.project !== undefined ? resolve(cwd, req.project) : cwd;
+  const pack = req.requirementsFile || req.project !== undefined || localLinks.length ? packTemp(root, target.bundleLimits, opts.onPacking, carriedFiles(root, [req], { ...opts.reading, cwd })) : null;
   try {
     for (const s of pack?.skipped ?? []) opts.onSkipped?.(s);
     if (pack?.ownerOnly.length) opts.onOwnerOnly?.(pack.ownerOnly);
