@@ -338,6 +338,49 @@ describe("the interpreter behind a shim", () => {
   });
 });
 
+describe("a version pyenv resolves by its own rules", () => {
+  // Skipped only without pyenv holding two Pythons 3.1x, as above.
+  test.skipIf(noShimChoice)("a .python-version naming a prefix (uv init writes 3.11), no Python named: the one pyenv itself runs there, and the uv it has there", async () => {
+    const s = sandbox();
+    try {
+      const [a] = pyenvVersions.slice(-2) as [string, string];
+      const prefix = a.split(".").slice(0, 2).join(".");
+      const dir = join(s.root, "project");
+      mkdirSync(dir);
+      writeFileSync(join(dir, ".python-version"), `${prefix}\n`);
+      const env: Record<string, string> = { ...s.env, PYENV_ROOT, PATH: `${join(PYENV_ROOT, "shims")}:${s.env.PATH}` };
+      delete env.PYENV_VERSION;
+      // The reference: what pyenv's shim runs in that folder.
+      const said = await run(["python3", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"], { env, cwd: dir });
+      expect(said.stdout.trim()).toStartWith(`${prefix}.`);
+      const r = await cli(["env", "prepare", "-p", "dep-a", "--index-url", index.url, "--json"], { env, cwd: dir });
+      expect(r.code, r.stderr).toBe(0);
+      const prepared = JSON.parse(r.stdout) as { path: string };
+      expect(await inEnv(prepared.path, "import sys; print('%d.%d.%d' % sys.version_info[:3])")).toBe(said.stdout.trim());
+      // uv behind its pyenv shim, as pyenv answers for that folder: its own uv where that version has one, else gpulayer's pinned one.
+      const uvThere = (await run([join(PYENV_ROOT, "libexec", "pyenv"), "which", "uv"], { env, cwd: dir })).code === 0;
+      expect(readdirSync(join(s.home, "tools")).some((f) => f.startsWith("uv-"))).toBe(!uvThere);
+      // A version pyenv does not have at all: what its shim runs there (pyenv 2.6 falls back to the system's).
+      writeFileSync(join(dir, ".python-version"), "3.99\n");
+      const fallback = await run(["python3", "-c", "import sys; print(sys.version)"], { env, cwd: dir });
+      const other = await cli(["env", "prepare", "-p", "dep-a", "--index-url", index.url, "--json"], { env, cwd: dir });
+      expect(other.code, other.stderr).toBe(0);
+      expect(await inEnv((JSON.parse(other.stdout) as { path: string }).path, "import sys; print(sys.version)")).toBe(fallback.stdout.trim());
+      // An installed version without python3 (a shim of a root of its own): no Python named, none is blamed on --python.
+      const root = join(s.root, "pyenv-root");
+      mkdirSync(join(root, "versions", "3.42.0"), { recursive: true });
+      mkdirSync(join(root, "shims"));
+      writeFileSync(join(root, "shims", "python3"), readFileSync(PYENV_SHIM, "utf8").replaceAll(PYENV_ROOT, root), { mode: 0o755 });
+      writeFileSync(join(dir, ".python-version"), "3.42.0\n");
+      const none = await cli(["env", "prepare", "-p", "dep-a", "--index-url", index.url], { env: { ...env, PYENV_ROOT: root, PATH: `${join(root, "shims")}:${s.env.PATH}` }, cwd: dir });
+      expect(none.code).toBe(2);
+      expect(none.stderr.trim().split("\n").at(-1)).toBe(`error: python3 on PATH (no Python named): ${join(root, "shims", "python3")} is a pyenv shim, and the Python version pyenv picks here (${join(dir, ".python-version")}) has no python3`);
+    } finally {
+      s.cleanup();
+    }
+  });
+});
+
 describe("one default Python", () => {
   test("join --python, then env prepare, then job run: the job's task.prepare is a cache hit", async () => {
     const s = sandbox();

@@ -96,7 +96,9 @@ function namedBy<T>(req: PrepareRequest, probe: () => T): T {
   try {
     return probe();
   } catch (error) {
-    if (error instanceof PythonProblem && req.pythonOrigin && req.conda === undefined) throw new UsageError(`${req.pythonOrigin}: ${error.problem}`);
+    // No Python named anywhere: the one on PATH, which --python would only mislead about.
+    const origin = req.pythonOrigin ?? (req.python === undefined ? "python3 on PATH (no Python named)" : undefined);
+    if (error instanceof PythonProblem && origin && req.conda === undefined) throw new UsageError(`${origin}: ${error.problem}`);
     throw error;
   }
 }

@@ -47,27 +47,47 @@ function pyenvVersions(env: Record<string, string | undefined>, cwd: string, roo
 
 /**
  * A pyenv shim resolved as pyenv would; `absent` (with what chose the versions) when every version pyenv
- * would try lacks the program (the shim would say "command not found"); null where pyenv's choice is not
- * certain from files alone.
+ * would try is installed and lacks the program (the shim would say "command not found"); null where pyenv's
+ * choice is not certain from files alone: "system", a path, or a version that is no folder of its own (a
+ * prefix such as `uv init`'s "3.11", which pyenv takes as the latest 3.11.x it has, by its own rules).
  */
-function resolvePyenvShim(path: string, text: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter | { absent: string } | null {
+function resolvePyenvShim(path: string, text: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter | { absent: string } | "ask" | null {
   const root = /export PYENV_ROOT="([^"]+)"/.exec(text)?.[1] ?? env.PYENV_ROOT;
   if (!root) return null;
   const { versions, origin } = pyenvVersions(env, cwd, root);
   const program = basename(path);
   for (const v of versions) {
     if (v === "system" || v.includes("/")) return null;
+    if (!existsSync(join(root, "versions", v))) return "ask";
     const candidate = join(root, "versions", v, "bin", program);
     if (existsSync(candidate)) return { path: candidate, via: `pyenv shim ${path} (${origin})` };
   }
   return versions.length ? { absent: origin } : null;
 }
 
-/** Ask a wrapper which Python it runs: the answer is used for this run only. */
-function askWrapper(path: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter {
+/** pyenv's own answer (`pyenv which PROGRAM`) where its files alone do not say: the program's path, or why the shim has none. */
+function pyenvWhich(text: string, program: string, env: Record<string, string | undefined>, cwd: string): string | { absent: string } | null {
+  const pyenv = /exec "([^"]+)" exec /.exec(text)?.[1];
+  if (!pyenv) return null;
+  try {
+    const r = Bun.spawnSync([pyenv, "which", program], { env: defined(env), cwd, stdout: "pipe", stderr: "pipe" });
+    const out = r.stdout.toString().trim();
+    if (r.exitCode === 0 && out.startsWith("/")) return out;
+    return { absent: `pyenv which ${program}: ${r.stderr.toString().trim().split("\n")[0] || `exit ${r.exitCode}`}` };
+  } catch {
+    return null;
+  }
+}
+
+function defined(env: Record<string, string | undefined>): Record<string, string> {
   const clean: Record<string, string> = {};
   for (const [k, v] of Object.entries(env)) if (v !== undefined) clean[k] = v;
-  const proc = Bun.spawnSync([path, "-c", "import sys; print(sys.executable)"], { env: clean, cwd, stdout: "pipe", stderr: "pipe" });
+  return clean;
+}
+
+/** Ask a wrapper which Python it runs: the answer is used for this run only. */
+function askWrapper(path: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter {
+  const proc = Bun.spawnSync([path, "-c", "import sys; print(sys.executable)"], { env: defined(env), cwd, stdout: "pipe", stderr: "pipe" });
   const out = (proc.stdout ?? "").toString().trim();
   if (proc.exitCode !== 0 || !out.startsWith("/")) {
     const msg = (proc.stderr ?? "").toString().trim().split("\n").pop() ?? "";
@@ -88,6 +108,7 @@ export function resolveToolShim(path: string, env: Record<string, string | undef
     const text = readFileSync(path, "utf8").slice(0, 4096);
     if (!/pyenv"? exec/.test(text)) return path;
     const shim = resolvePyenvShim(path, text, env, cwd);
+    if (shim === "ask") return pyenvWhich(text, basename(path), env, cwd) ?? path;
     if (!shim) return path;
     return "absent" in shim ? shim : shim.path;
   } catch {
@@ -112,8 +133,9 @@ export function resolveInterpreter(path: string, env: Record<string, string | un
   }
   if (/pyenv"? exec/.test(text)) {
     const shim = resolvePyenvShim(path, text, env, cwd);
-    if (shim && "absent" in shim) throw new PythonProblem(`${path} is a pyenv shim, and the Python version pyenv picks here (${shim.absent}) has no ${basename(path)}`);
-    if (shim) return shim;
+    // A version pyenv resolves by its own rules: the shim itself says which Python it runs, below.
+    if (shim && shim !== "ask" && "absent" in shim) throw new PythonProblem(`${path} is a pyenv shim, and the Python version pyenv picks here (${shim.absent}) has no ${basename(path)}`);
+    if (shim && shim !== "ask") return shim;
   }
   return askWrapper(path, env, cwd);
 }
