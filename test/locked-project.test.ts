@@ -117,6 +117,28 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     expect(imported.stdout.trim()).toBe("True False");
   });
 
+  test("a lock that shadows a worker package leaves the worker's findings as they are: a later build is not warned of what the lock hid", async () => {
+    // A worker whose dneed needs d (it has d 2.0); the lock pins d 1.0, so the build drops the worker's d for the locked one.
+    const home = sandbox();
+    try {
+      const own = join(world, "worker-wheels-dneed");
+      makeDist("wheel", own, { name: "d", version: "2.0" });
+      makeDist("wheel", own, { name: "dneed", version: "1.0", requires: ["d"] });
+      const py = await makeWorkerVenv(join(home.root, "worker"), { env: home.env, packages: ["d==2.0", "dneed==1.0"], findLinks: own });
+      const pinned = uvProject(join(home.root, "pins"), "pins", `dependencies = ["d==1.0"]\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`, ["d==1.0"]);
+      await lock(pinned);
+      const locked = await cli(["env", "prepare", "--python", py, "--project", pinned, "--json"], { env: home.env, cwd: world });
+      expect(locked.code, locked.stderr).toBe(0);
+      expect(locked.stderr).not.toContain("warning: pip check");
+      // The first build of the home was the lock's; the next, of something else, checks against the worker's own d.
+      const plain = await cli(["env", "prepare", "--python", py, "-p", "b", "--index-url", index.url, "--json"], { env: home.env, cwd: world });
+      expect(plain.code, plain.stderr).toBe(0);
+      expect(plain.stderr).not.toContain("warning: pip check");
+    } finally {
+      home.cleanup();
+    }
+  });
+
   test("an unchanged lock reuses the env; a changed lock builds another", async () => {
     const first = await prepare([]);
     const again = await prepare([]);

@@ -239,8 +239,6 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const version = fast ? await uvVersion(uv!, plan.dir) : "";
   // What the installer reads, written while the env is the worker's alone; then env and TMPDIR are the user's (build-user.ts).
   const files = requirements.length && !project ? requestFiles(plan.dir, plan.inputs, fast) : null;
-  // The worker's packages the lock pins at another version: their stand-ins out, uv installs the locked ones.
-  const mislocked = locked && fast ? dropMislockedStandins(site, dists!, project ? lockedVersions(project.dir) : pylockVersions(plan.pylock!)) : new Map<string, string>();
   let shadowed: Shadowed[] | undefined;
   if (user) {
     giveTree(plan.dir, user.uid, user.gid);
@@ -258,6 +256,9 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
     // The worker's own findings, asked once per worker state while the env holds nothing but its placeholders (standins.ts).
     // A worker with no packages (a bare `uv venv`) has no findings: no process asked.
     const base = readBaseCheck(standinRoot, standins.state, version) ?? saveBaseCheck(standinRoot, standins.state, version, dists!.length ? await timed("checking", `uv pip check of the worker's ${dists!.length} packages (once per worker state)`, () => uvCheck(plan, uv!, envPython, fastEnv!, hooks)) : []);
+    // Then, not before (the findings are the worker's whole state's, kept for every build): the worker's packages the
+    // lock pins at another version lose their stand-ins, and uv installs the locked ones.
+    const mislocked = locked ? dropMislockedStandins(site, dists!, project ? lockedVersions(project.dir) : pylockVersions(plan.pylock!)) : new Map<string, string>();
     let after: AfterInstall | null = null;
     let returned = false;
     const giveBack = async (state: AfterInstall) => {
