@@ -181,6 +181,32 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     };
     expect(await summary(["-f", "reqs.yaml", "--project", "app"])).toStartWith("uv project app");
     expect(await summary(["-f", "proj.yaml", "-p", "c"])).toBe("c");
+    // --group and --extra select from the file's project, replacing its own selection; with nothing to select from, refused.
+    const selected = await cli(["job", "run", "--python", worker, "--dry-run", "--json", "-f", "proj.yaml", "--group", "tools", "--extra", "fancy"], { env: s.env, cwd: jobDir });
+    expect(selected.code, selected.stderr).toBe(0);
+    expect((JSON.parse(selected.stdout) as { tasks: { environment: { key: string } }[] }).tasks[0]!.environment.key).toBe((await prepare(["--group", "tools", "--extra", "fancy"])).key);
+    for (const [args, line] of [
+      [["-f", "reqs.yaml", "--group", "tools"], "error: --group selects from a uv project's lock: give --project DIR, or environment.project in reqs.yaml"],
+      [["-f", "proj.yaml", "-p", "c", "--extra", "fancy"], "error: --extra selects from a uv project's lock, and -p replaces proj.yaml's project: give --project DIR with it"],
+    ] as const) {
+      const r = await cli(["job", "run", "--python", worker, ...args, "--", "true"], { env: s.env, cwd: jobDir });
+      expect(r.code).toBe(2);
+      expect(r.stderr.trim()).toBe(line);
+    }
+    // A job file's project that cannot be one is refused before a job is recorded, named by the file.
+    const jobs = async () => (JSON.parse((await cli(["job", "list", "--json"], { env: s.env, cwd: jobDir })).stdout) as unknown[]).length;
+    const before = await jobs();
+    writeFileSync(join(jobDir, "nothere.yaml"), ["command: python -c pass", "environment:", "  project: nothere", ""].join("\n"));
+    writeFileSync(join(jobDir, "both.yaml"), ["command: python -c pass", "environment:", "  project: app", "  requirements: [b]", ""].join("\n"));
+    for (const [file, line] of [
+      ["nothere.yaml", "error: nothere.yaml: environment.project: no such folder: nothere"],
+      ["both.yaml", "error: both.yaml: environment: project and requirements both say what to install; the lock is the whole environment: give one"],
+    ] as const) {
+      const r = await cli(["job", "run", "--python", worker, "-f", file], { env: s.env, cwd: jobDir });
+      expect(r.code).toBe(2);
+      expect(r.stderr.trim()).toBe(line);
+    }
+    expect(await jobs()).toBe(before);
   });
 
   test("a stale lock is refused in one line, before anything is built", async () => {

@@ -160,9 +160,13 @@ function aliasesOf(def: ArgsDef[string]): string[] {
 }
 
 /** --project with its --group and --extra flags (which say nothing without it). */
-export function projectFlags(project: string | undefined, rawArgs: string[]): Partial<Pick<EnvironmentRequest, "project" | "groups" | "extras">> {
+export function projectFlags(project: string | undefined, rawArgs: string[], opts: { jobFile?: boolean } = {}): Partial<Pick<EnvironmentRequest, "project" | "groups" | "extras">> {
   const groups = repeated(rawArgs, ["--group"]);
   const extras = repeated(rawArgs, ["--extra"]);
-  if (project === undefined && (groups.length || extras.length)) throw new UsageError(`${groups.length ? "--group" : "--extra"} selects from a uv project's lock: give --project DIR with it`);
+  if (project === undefined && (groups.length || extras.length)) {
+    // With a job file, they select from its environment.project (jobs/spec.ts says so when it has none).
+    if (opts.jobFile) return { groups, extras };
+    throw new UsageError(`${groups.length ? "--group" : "--extra"} selects from a uv project's lock: give --project DIR with it`);
+  }
   return project === undefined ? {} : { project, groups, extras };
 }

@@ -1,5 +1,5 @@
 import { existsSync, statSync } from "node:fs";
-import { basename, dirname, isAbsolute, relative, resolve } from "node:path";
+import { basename, dirname, isAbsolute, join, relative, resolve } from "node:path";
 import { type EnvironmentFile, type JobFile, loadJobFile, type TaskFile } from "../config/jobfile.ts";
 import { type EnvironmentRequest, environmentRequest, refuseOnImage } from "../env/index-light.ts";
 import { positiveDuration } from "../config/kinds.ts";
@@ -74,6 +74,10 @@ function environmentFromFile(fe: EnvironmentFile, workdir: string, where: string
     const path = resolve(workdir, fe.project);
     const rel = relative(workdir, path);
     if (rel.startsWith("..") || isAbsolute(rel)) throw new UsageError(`${where}.project: must be a path inside workdir: ${fe.project}`);
+    // Refused before a job is recorded, named by the file (the prepare would name --project).
+    if (!statSync(path, { throwIfNoEntry: false })?.isDirectory()) throw new UsageError(`${where}.project: no such folder: ${fe.project}`);
+    for (const f of ["pyproject.toml", "uv.lock"]) if (!existsSync(join(path, f))) throw new UsageError(`${where}.project: no ${f} in ${fe.project}${f === "uv.lock" ? " (run uv lock)" : ""}`);
+    if (fe.requirements !== undefined) throw new UsageError(`${where}: project and requirements both say what to install; the lock is the whole environment: give one`);
     Object.assign(out, { project: path, groups: fe.groups ?? [], extras: fe.extras ?? [] });
   } else if (fe.groups !== undefined || fe.extras !== undefined) throw new UsageError(`${where}: ${fe.groups !== undefined ? "groups" : "extras"} select from a uv project's lock: give project with it`);
   if (fe.no_build_isolation !== undefined) out.noBuildIsolation = fe.no_build_isolation;
@@ -146,6 +150,12 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   // requirements never join a flag's project, nor a file's project a flag's requirements); a project given with requirements on
   // one side is refused when the env is prepared.
   const byFlagsChoice = flags.project !== undefined || Boolean(byFlags.requirementsFile) || flags.specs.length > 0;
+  // --group and --extra without --project select from the job file's project, each replacing the file's own.
+  const selecting = flags.project === undefined && Boolean(flags.groups?.length || flags.extras?.length);
+  if (selecting && (byFlagsChoice || byFile.project === undefined)) {
+    const flag = flags.groups?.length ? "--group" : "--extra";
+    throw new UsageError(byFlagsChoice ? `${flag} selects from a uv project's lock, and ${byFlags.requirementsFile ? "-r" : "-p"} replaces ${source}'s project: give --project DIR with it` : `${flag} selects from a uv project's lock: give --project DIR, or environment.project in ${source}`);
+  }
   if (byFlagsChoice) {
     if (flags.project !== undefined) Object.assign(environment, { project: resolve(cwd, flags.project), groups: flags.groups ?? [], extras: flags.extras ?? [] });
     if (byFlags.requirementsFile) {
@@ -154,7 +164,7 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
     }
     environment.specs = flags.specs;
   } else {
-    if (byFile.project !== undefined) Object.assign(environment, { project: byFile.project, groups: byFile.groups ?? [], extras: byFile.extras ?? [] });
+    if (byFile.project !== undefined) Object.assign(environment, { project: byFile.project, groups: flags.groups?.length ? flags.groups : (byFile.groups ?? []), extras: flags.extras?.length ? flags.extras : (byFile.extras ?? []) });
     environment.requirementsFile = byFile.requirementsFile;
     environment.specs = byFile.specs ?? [];
   }

@@ -74,7 +74,7 @@ export default defineCommand({
         extraIndexUrls: repeated(rawArgs, ["--extra-index-url"]),
         findLinks: repeated(rawArgs, ["--find-links"]),
         noBuildIsolation: repeated(rawArgs, ["--no-build-isolation-package"]),
-        ...projectFlags(a.project, rawArgs),
+        ...projectFlags(a.project, rawArgs, { jobFile: a.file !== undefined }),
         command,
         name: a.name,
         gpus: a.gpus === undefined ? undefined : parseGpus(a.gpus),

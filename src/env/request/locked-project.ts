@@ -66,7 +66,7 @@ export function lockedProjectInputs(project: LockedProject, ctx: ScanContext): {
   // The local projects as a requirements list's are counted (requirements.ts): an editable one by its files and place, another by its files, a file by its bytes.
   const sources = [...lock.matchAll(LOCAL_SOURCE)].map((m) => ({ kind: m[1] === "editable" ? ("editable" as const) : ("project" as const), path: resolve(dir, JSON.parse(`"${m[2]}"`) as string), origin: `${lockPath}: ${m[1]} = ${m[2]}` }));
   countLocalSources(inputs, sources, "uv.lock", ctx);
-  const key = { lock: contentHash(lock), pyproject: contentHash(readFileSync(pyprojectPath)), groups: [...project.groups].sort(), extras: [...project.extras].sort() };
+  const key = { lock: contentHash(lock), pyproject: contentHash(readFileSync(pyprojectPath)), groups: [...new Set(project.groups)].sort(), extras: [...new Set(project.extras)].sort() };
   return { key, inputs };
 }
 
