@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { appendFileSync, readFileSync, writeFileSync } from "node:fs";
+import { appendFileSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { installedSet } from "../src/env/request/interpreter.ts";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
@@ -248,6 +248,15 @@ describe.skipIf(!HAS_UV)("a pylock.toml as the environment", () => {
     ]);
     const again = await cli(["env", "prepare", "pylock.toml", "--python", worker, "--json"], { env: s.env, cwd: project });
     expect(JSON.parse(again.stdout)).toMatchObject({ key: got.key, status: "reused" });
+    // A lock under another name, or the project's pyproject.toml given as its folder: one line saying what to give.
+    writeFileSync(join(project, "lock.toml"), readFileSync(lockFile));
+    const misnamed = await cli(["env", "prepare", "lock.toml", "--python", worker], { env: s.env, cwd: project });
+    expect(misnamed.code).toBe(2);
+    expect(misnamed.stderr.trim()).toBe(`error: ${join(project, "lock.toml")}: a TOML file is read as a lock only when named pylock.toml or pylock.NAME.toml (PEP 751); for a uv project, give --project with its folder`);
+    const file = await cli(["env", "prepare", "--project", join(project, "pyproject.toml"), "--python", worker], { env: s.env, cwd: project });
+    expect(file.code).toBe(2);
+    expect(file.stderr.trim()).toBe(`error: --project ${join(project, "pyproject.toml")}: a file; give the project's folder (${project})`);
+    rmSync(join(project, "lock.toml")); // the project's files are its key: leave them as the other cases found them
   });
 
   test("a job file's environment.requirements: pylock.toml runs the job in that env; another content is another key", async () => {

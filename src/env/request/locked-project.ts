@@ -1,5 +1,5 @@
 import { existsSync, readFileSync, realpathSync, statSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { contentHash } from "../../core/hashing.ts";
 import { UsageError } from "../../errors.ts";
 import { fileDigest } from "./content-digest.ts";
@@ -58,7 +58,9 @@ export function lockedProjectInputs(project: LockedProject, ctx: ScanContext): {
   if (ctx.confine) confineTo(ctx.confine, dir, "--project", "the project");
   const pyprojectPath = join(dir, "pyproject.toml");
   const lockPath = join(dir, "uv.lock");
-  if (!statSync(dir, { throwIfNoEntry: false })?.isDirectory()) throw new UsageError(`--project ${dir}: no such folder`);
+  const st = statSync(dir, { throwIfNoEntry: false });
+  if (st?.isFile()) throw new UsageError(`--project ${dir}: a file; give the project's folder (${dirname(dir)})`);
+  if (!st?.isDirectory()) throw new UsageError(`--project ${dir}: no such folder`);
   if (!existsSync(pyprojectPath)) throw new UsageError(`--project ${dir}: no pyproject.toml in it`);
   if (!existsSync(lockPath)) throw new UsageError(`--project ${dir}: no uv.lock in it (run uv lock)`);
   const lock = readFileSync(lockPath, "utf8");

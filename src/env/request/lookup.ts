@@ -114,6 +114,8 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
   const project = req.project === undefined ? undefined : { dir: req.project, groups: req.groups ?? [], extras: req.extras ?? [] };
   const locked = project ? lockedProjectInputs(project, ctx) : null;
   const pylockFile = !project && req.requirementsFile !== undefined && isPylockFile(req.requirementsFile) ? resolve(req.cwd, req.requirementsFile) : undefined;
+  // A lock under another name would be read as a requirements list, line by line, and fail on its first TOML line.
+  if (!project && !pylockFile && req.requirementsFile?.endsWith(".toml")) throw new UsageError(`${req.requirementsFile}: a TOML file is read as a lock only when named pylock.toml or pylock.NAME.toml (PEP 751); for a uv project, give --project with its folder`);
   if (pylockFile && req.specs.length) throw new UsageError(`${req.requirementsFile}: the lock is the whole environment; give no requirements with it`);
   const pylock = pylockFile ? pylockInputs(pylockFile, ctx) : null;
   const inputs = locked?.inputs ?? pylock?.inputs ?? scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
