@@ -284,5 +284,10 @@ describe.skipIf(!HAS_UV)("--dry-run of a lock", () => {
     const got = JSON.parse(r.stdout) as { inputs: { lock?: { kind: string; path: string; groups: string[] }; locals: { path: string }[] } };
     expect(got.inputs.lock).toMatchObject({ kind: "uv.lock", path: join(project, "uv.lock"), groups: ["tools"] });
     expect(got.inputs.locals.map((l) => l.path.split("/").pop()).sort()).toEqual(["app", "libproj"]);
+    // Without --json: the lock on a line of its own, and the index it installs from is the lock's, not pip's.
+    const human = await cli(["env", "prepare", "--python", worker, "--project", project, "--group", "tools", "--dry-run"], { env: s.env, cwd: world });
+    expect(human.code, human.stderr).toBe(0);
+    expect(human.stdout).toMatch(new RegExp(`^lock +${join(project, "uv.lock").replace(/[.]/g, "\\.")} sha256:[0-9a-f]{12}, pyproject\\.toml sha256:[0-9a-f]{12} \\(--group tools\\)$`, "m"));
+    expect(human.stdout).toMatch(/^index +the lock's own \(each package's source in it\)$/m);
   });
 });

@@ -42,13 +42,19 @@ export type InputsReport = ReturnType<typeof inputsReport>;
 export function inputsLines(report: InputsReport): string[] {
   const out: string[] = [];
   out.push(`python       ${report.interpreter.path} (${report.interpreter.version}, ${report.interpreter.platform})${report.interpreter.via ? ` via ${report.interpreter.via}` : ""}`);
+  const { lock } = report;
+  if (lock?.kind === "uv.lock") {
+    const selection = [...lock.groups.map((g) => `--group ${g}`), ...lock.extras.map((e) => `--extra ${e}`)];
+    out.push(`lock         ${lock.path} sha256:${lock.digest.slice(0, 12)}, pyproject.toml sha256:${lock.pyproject_digest.slice(0, 12)}${selection.length ? ` (${selection.join(" ")})` : ""}`);
+  } else if (lock) out.push(`lock         ${lock.path} sha256:${lock.digest.slice(0, 12)}`);
   for (const s of report.specs) out.push(`spec         ${s}`);
   for (const f of report.files) out.push(`file         ${f.path} (${f.kind}${f.via === "REQ_FILE" ? "" : `, from ${f.via}`}) sha256:${f.digest.slice(0, 12)}`);
   for (const v of report.variables) out.push(`variable     \${${v.name}} ${v.set ? "(set; its value by digest)" : "(unset: left as written)"}`);
   for (const l of report.locals) out.push(`local        ${l.kind} ${l.path}${l.files === undefined ? "" : ` (${l.files} files)`} sha256:${l.digest.slice(0, 12)}`);
   const MACHINE = "the machine's pip configuration";
   for (const f of report.find_links) out.push(`find-links   ${f.url ?? `${f.path} sha256:${f.digest?.slice(0, 12)}`}${f.origin === MACHINE ? ` (from ${MACHINE})` : ""}`);
-  const index = report.index.index_url ?? (report.index.in_files.length ? `named in the requirements files: ${report.index.in_files.join(", ")}` : report.index.machine_pip_config ? "the machine's pip configuration (in the key)" : "pip's default");
+  // A lock names each package's own index: what uv sync and uv pip install read, not pip's settings.
+  const index = lock ? "the lock's own (each package's source in it)" : report.index.index_url ?? (report.index.in_files.length ? `named in the requirements files: ${report.index.in_files.join(", ")}` : report.index.machine_pip_config ? "the machine's pip configuration (in the key)" : "pip's default");
   out.push(`index        ${index}${report.index.extra_index_urls.length ? ` + ${report.index.extra_index_urls.join(", ")}` : ""}`);
   for (const source of report.index.machine_pip_config_sources) out.push(`pip config   ${source}`);
   if (report.conda) out.push(`conda        ${report.conda.name ?? report.conda.prefix} (${report.conda.prefix}; ${report.conda.packages} conda packages, conda-meta sha256:${report.conda.meta_digest.slice(0, 12)})`);
