@@ -121,6 +121,14 @@ describe("commands that say where they act", () => {
     const rm = await fleet(["env", "rm", key]);
     expect([rm.code, rm.stderr]).toEqual([2, expect.stringContaining("error: a server is configured (GPULAYER_SERVER): env rm --local removes")]);
     expect(readyKeys(boxes.w1.home)).toEqual([key]);
+    // --dry-run resolves here: with a configured server it says which setting named one, and how to stay here.
+    for (const [args, line] of [
+      [["job", "run", "--dry-run", "--", "true"], "error: --dry-run resolves the job on this machine; it does not go with a server (GPULAYER_SERVER names one; --local runs here; each worker keys its own env)\n"],
+      [["env", "prepare", "--dry-run", "-p", "gl-base"], "error: --dry-run shows a local request's key; it does not go with a server (GPULAYER_SERVER names one; --local prepares here)\n"],
+    ] as const) {
+      const refused = await fleet([...args]);
+      expect([refused.code, refused.stderr]).toEqual([2, line]);
+    }
 
     // The job commands choose the same way: --local is this machine's store.
     expect((await fleet(["job", "run", "--local", "--", "true"])).code).toBe(0);

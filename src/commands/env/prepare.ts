@@ -6,7 +6,7 @@ import { inputsLines } from "../../env/index-light.ts";
 import { nearestLines } from "../../env/index-light.ts";
 import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-import { commandContext, prepareSettings, stopOnSignals } from "../_context.ts";
+import { commandContext, originText, prepareSettings, stopOnSignals } from "../_context.ts";
 import { rejectUnknownFlags } from "../_args.ts";
 import { FROM_JOB_RUN, prepareArgs } from "./_prepare-args.ts";
 import { askedByFlags, localPrepareRequest, reportPrepared } from "./_prepare-local.ts";
@@ -25,7 +25,8 @@ export default defineCommand({
     const ctx = await commandContext({ python: a.python, server: a.server, token: a.token, token_file: a["token-file"], prepare_timeout: a["prepare-timeout"] });
     const { layout } = ctx;
     const remote = remoteTarget(ctx.settings, rawArgs, { local: a.local });
-    if (a["dry-run"] && (remote || a.image !== undefined)) throw new UsageError("--dry-run shows a local request's key; it does not go with --server or --image");
+    if (a["dry-run"] && remote) throw new UsageError(`--dry-run shows a local request's key; it does not go with a server (${originText(ctx, "server")} names one; --local prepares here)`);
+    if (a["dry-run"] && a.image !== undefined) throw new UsageError("--dry-run shows a local request's key; it does not go with --image");
     if (remote) {
       // A worker's default Python is its own: --python goes as the request's.
       const request = { ...askedByFlags(a, rawArgs), python: a.python, image: a.image, pull: a.pull };

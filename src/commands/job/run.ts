@@ -1,5 +1,5 @@
 import { defineCommand } from "citty";
-import { commandContext, localGpus, localSlots, runnerSettings } from "../_context.ts";
+import { commandContext, localGpus, localSlots, originText, runnerSettings } from "../_context.ts";
 import { ExitError, jobEndCode, UsageError, UserError } from "../../errors.ts";
 import { gpuRefusal } from "../../jobs/resources.ts";
 import { startJob } from "../../jobs/runner.ts";
@@ -85,7 +85,7 @@ export default defineCommand({
     );
     const remote = remoteTarget(ctx.settings, rawArgs, { local: a.local });
     if (a["dry-run"]) {
-      if (remote) throw new UsageError("--dry-run resolves the job on this machine; it does not go with --server (each worker keys its own env)");
+      if (remote) throw new UsageError(`--dry-run resolves the job on this machine; it does not go with a server (${originText(ctx, "server")} names one; --local runs here; each worker keys its own env)`);
       const [{ dryRunJob }, { dryRunLines }] = await Promise.all([import("../../jobs/dry-run.ts"), import("./_lines.ts")]);
       const plan: JobDryRunDoc = dryRunJob(layout, spec, runnerSettings(ctx));
       return out.result(plan, () => dryRunLines(plan));
