@@ -381,6 +381,45 @@ describe("a version pyenv resolves by its own rules", () => {
   });
 });
 
+describe("pyenv's names, kept", () => {
+  // Skipped only without pyenv holding two Pythons 3.1x, as above (its shim's text is the model).
+  test.skipIf(noShimChoice)("a version pyenv resolves by its own rules is asked of pyenv once, then again only when the versions installed change", async () => {
+    const s = sandbox();
+    try {
+      const [a] = pyenvVersions.slice(-2) as [string, string];
+      // A pyenv root of its own, whose pyenv logs each call and names 3.42.0 for the prefix 3.42; its 3.42.0 is a real Python.
+      const root = join(s.root, "pyenv-root");
+      const log = join(s.root, "pyenv-calls");
+      mkdirSync(join(root, "versions", "3.42.0", "bin"), { recursive: true });
+      symlinkSync(join(PYENV_ROOT, "versions", a, "bin", "python3"), join(root, "versions", "3.42.0", "bin", "python3"));
+      mkdirSync(join(root, "libexec"));
+      writeFileSync(join(root, "libexec", "pyenv"), `#!/bin/sh\necho "$*" >> '${log}'\n[ "$1" = version-name ] && echo 3.42.0 && exit 0\nexit 1\n`, { mode: 0o755 });
+      mkdirSync(join(root, "shims"));
+      writeFileSync(join(root, "shims", "python3"), readFileSync(PYENV_SHIM, "utf8").replaceAll(PYENV_ROOT, root), { mode: 0o755 });
+      writeFileSync(join(s.root, ".python-version"), "3.42\n");
+      const env: Record<string, string> = { ...s.env, PYENV_ROOT: root, PATH: `${join(root, "shims")}:${s.env.PATH}` };
+      delete env.PYENV_VERSION;
+      const prep = async () => {
+        const r = await cli(["env", "prepare", "-p", "dep-a", "--index-url", index.url, "--json"], { env, cwd: s.root });
+        expect(r.code, r.stderr).toBe(0);
+        return JSON.parse(r.stdout) as { path: string; status: string };
+      };
+      const calls = () => readFileSync(log, "utf8").trim().split("\n");
+      const first = await prep();
+      expect(await inEnv(first.path, "import sys; print('%d.%d.%d' % sys.version_info[:3])")).toBe(a);
+      expect(calls()).toEqual(["version-name"]);
+      expect(await prep()).toMatchObject({ path: first.path, status: "reused" });
+      expect(calls()).toEqual(["version-name"]);
+      // Another version installed: pyenv's answer may change, so it is asked again.
+      mkdirSync(join(root, "versions", "3.42.1"));
+      await prep();
+      expect(calls()).toEqual(["version-name", "version-name"]);
+    } finally {
+      s.cleanup();
+    }
+  });
+});
+
 describe("one default Python", () => {
   test("join --python, then env prepare, then job run: the job's task.prepare is a cache hit", async () => {
     const s = sandbox();

@@ -208,6 +208,6 @@ export function runningInterpreter(python: string | undefined, env: NodeJS.Proce
   const path = namedPython(python, env);
   const known = cachedProbe(path, cacheDir);
   if (known?.shimFree) return { info: known.info, resolved: { path, via: null } };
-  const resolved = resolveInterpreter(resolvePythonPath(python, env), env, cwd);
+  const resolved = resolveInterpreter(resolvePythonPath(python, env), env, cwd, cacheDir);
   return { info: probeInterpreter(resolved.path, cacheDir), resolved };
 }

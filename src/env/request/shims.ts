@@ -1,6 +1,8 @@
-import { closeSync, existsSync, openSync, readFileSync, readSync, realpathSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, realpathSync, statSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
 import { PythonProblem } from "../../errors.ts";
+import { writeFileAtomic } from "../../core/atomic.ts";
+import { contentHash } from "../../core/hashing.ts";
 
 /**
  * The interpreter that actually runs when a path is run. A pyenv shim (or any
@@ -65,6 +67,20 @@ function resolvePyenvShim(path: string, text: string, env: Record<string, string
   return versions.length ? { absent: origin } : null;
 }
 
+/** The program in the versions pyenv names (pyenvVersionNames); null where that does not settle it (system, none named, none has it). */
+function resolveByPyenvNames(path: string, text: string, env: Record<string, string | undefined>, cwd: string, cacheDir: string): ResolvedInterpreter | null {
+  const root = /export PYENV_ROOT="([^"]+)"/.exec(text)?.[1] ?? env.PYENV_ROOT;
+  if (!root) return null;
+  const { versions, origin } = pyenvVersions(env, cwd, root);
+  const names = pyenvVersionNames(text, root, versions, env, cwd, cacheDir);
+  for (const name of names ?? []) {
+    if (name === "system" || name.includes("/")) return null;
+    const candidate = join(root, "versions", name, "bin", basename(path));
+    if (existsSync(candidate)) return { path: candidate, via: `pyenv shim ${path} (${origin}: pyenv version-name ${name})` };
+  }
+  return null;
+}
+
 /** pyenv's own answer (`pyenv which PROGRAM`) where its files alone do not say: the program's path, or why the shim has none. */
 function pyenvWhich(text: string, program: string, env: Record<string, string | undefined>, cwd: string): string | { absent: string } | null {
   const pyenv = /exec "([^"]+)" exec /.exec(text)?.[1];
@@ -116,8 +132,50 @@ export function resolveToolShim(path: string, env: Record<string, string | undef
   }
 }
 
+/**
+ * pyenv's own names for the versions it runs here (`pyenv version-name`, which resolves a prefix by its rules),
+ * kept in `cacheDir` under all that decides them: the names chosen (read as pyenvVersions reads them), the
+ * versions installed, and pyenv's own code. A warm prepare then costs a readdir, not a pyenv start. null where
+ * pyenv gives no name (a version it does not have): the shim itself is asked.
+ */
+function pyenvVersionNames(text: string, root: string, chosen: string[], env: Record<string, string | undefined>, cwd: string, cacheDir: string): string[] | null {
+  const pyenv = /exec "([^"]+)" exec /.exec(text)?.[1];
+  if (!pyenv) return null;
+  let installed: string[];
+  try {
+    installed = readdirSync(join(root, "versions")).sort();
+  } catch {
+    return null;
+  }
+  const rules = ["pyenv-version-name", "pyenv-latest"].map((f) => {
+    const st = statSync(join(dirname(pyenv), f), { throwIfNoEntry: false });
+    return st ? `${st.ino}:${st.size}:${st.mtimeMs}` : "-";
+  });
+  const file = join(cacheDir, `pyenv-names-${contentHash(JSON.stringify({ pyenv, root, chosen, installed, rules })).slice(0, 32)}.json`);
+  try {
+    const kept = JSON.parse(readFileSync(file, "utf8")) as { names?: unknown };
+    if (Array.isArray(kept.names) && kept.names.every((n) => typeof n === "string")) return kept.names as string[];
+  } catch {
+    // not asked yet
+  }
+  try {
+    const r = Bun.spawnSync([pyenv, "version-name"], { env: defined(env), cwd, stdout: "pipe", stderr: "pipe" });
+    const names = r.stdout.toString().trim().split(":").filter(Boolean);
+    if (r.exitCode !== 0 || !names.length) return null;
+    try {
+      mkdirSync(cacheDir, { recursive: true });
+      writeFileAtomic(file, JSON.stringify({ names }));
+    } catch {
+      // only saves the next run a pyenv start
+    }
+    return names;
+  } catch {
+    return null;
+  }
+}
+
 /** Resolve shims and wrappers; a binary (or a link to one) is returned as it is. */
-export function resolveInterpreter(path: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter {
+export function resolveInterpreter(path: string, env: Record<string, string | undefined>, cwd: string, cacheDir?: string): ResolvedInterpreter {
   let head: Buffer;
   try {
     head = firstBytes(realpathSync(path), 2);
@@ -133,7 +191,11 @@ export function resolveInterpreter(path: string, env: Record<string, string | un
   }
   if (/pyenv"? exec/.test(text)) {
     const shim = resolvePyenvShim(path, text, env, cwd);
-    // A version pyenv resolves by its own rules: the shim itself says which Python it runs, below.
+    if (shim === "ask" && cacheDir) {
+      // A version pyenv resolves by its own rules: its names for it, kept; else the shim itself says which Python it runs, below.
+      const byName = resolveByPyenvNames(path, text, env, cwd, cacheDir);
+      if (byName) return byName;
+    }
     if (shim && shim !== "ask" && "absent" in shim) throw new PythonProblem(`${path} is a pyenv shim, and the Python version pyenv picks here (${shim.absent}) has no ${basename(path)}`);
     if (shim && shim !== "ask") return shim;
   }
