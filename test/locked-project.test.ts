@@ -221,6 +221,9 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
       expect(r.stderr.trim().split("\n").filter((l) => /error/i.test(l))).toHaveLength(1);
       expect(r.stderr).not.toContain("creating");
       expect(readyKeys(s.home)).toHaveLength(keys);
+      // --dry-run says so too, rather than "would build" what the build then refuses.
+      const dry = await cli(["env", "prepare", "--python", worker, "--project", project, "--dry-run"], { env: s.env, cwd: world });
+      expect([dry.code, dry.stderr.trim()]).toEqual([2, `error: ${project}/uv.lock: the lockfile needs to be updated: run uv lock`]);
     } finally {
       writeFileSync(py, before);
     }

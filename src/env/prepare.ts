@@ -15,12 +15,21 @@ import { nearestEnv } from "./request/nearest.ts";
 import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedResult, readyEntry, resolveRequest } from "./request/lookup.ts";
 import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, namesInStore, removeEntryDir } from "./store/store.ts";
 import { unexpandVariables } from "./request/url-credentials.ts";
+import { resolveToolShim } from "./request/shims.ts";
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, the inputs the key covers, and for a build the nearest env built here and what differs from it. */
 export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest, hooks: Pick<PrepareHooks, "onHashing"> = {}) {
   const resolved = resolveRequest(layout, req, hooks);
   const paths = entryPaths(layout, resolved.key);
   const would = isReady(paths) ? ("reuse" as const) : ("build" as const);
+  // A lock pyproject.toml has moved away from: refused here as the build would refuse it (a ready env's lock passed).
+  if (would === "build" && resolved.project) {
+    const env = req.env as Record<string, string>;
+    const onPath = req.uv === "off" ? null : req.uv && req.uv !== "auto" ? req.uv : Bun.which("uv", { PATH: env.PATH ?? "" });
+    const uv = onPath ? resolveToolShim(onPath, env, req.cwd) : null;
+    // Loaded for a dry run of a lock only: the build's side of projects.
+    (require("./build/locked-project.ts") as typeof import("./build/locked-project.ts")).checkLockNow(resolved.project, resolved.interpreter.path, typeof uv === "string" ? uv : null, env);
+  }
   return { key: resolved.key, would, path: paths.dir, summary: resolved.summary, inputs: inputsReport(resolved), nearest: would === "build" ? nearestEnv(layout, resolved) : null };
 }
 

@@ -1,4 +1,5 @@
-import { readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { explain } from "@renovatebot/pep440";
 import { UsageError } from "../../errors.ts";
@@ -82,6 +83,21 @@ export function projectUvEnv(base: Record<string, string>, envDir: string, noCon
 }
 
 const selection = (p: LockedProject) => [...p.groups.flatMap((g) => ["--group", g]), ...p.extras.flatMap((e) => ["--extra", e])];
+
+/**
+ * The same check for `--dry-run`, which builds nothing and downloads nothing: with the uv a build would find on
+ * PATH (none there: no check, the dry run says what it can). A stale lock is refused as the build refuses it.
+ */
+export function checkLockNow(project: LockedProject, python: string, uv: string | null, base: Record<string, string>): void {
+  if (!uv) return;
+  const noConfig = mkdtempSync(join(tmpdir(), "gpulayer-lock-check-"));
+  try {
+    const r = Bun.spawnSync([uv, "lock", "--check", "--project", project.dir, "--python", python], { env: projectUvEnv(base, join(noConfig, "env"), noConfig), cwd: project.dir, stdout: "pipe", stderr: "pipe" });
+    if (r.exitCode !== 0 && /needs to be updated/.test(`${r.stderr}${r.stdout}`)) throw new UsageError(`${project.dir}/uv.lock: the lockfile needs to be updated: run uv lock`);
+  } finally {
+    rmSync(noConfig, { recursive: true, force: true });
+  }
+}
 
 /** `uv lock --check`: a lock that pyproject.toml has moved away from is refused in one line, as `uv sync --locked` refuses it. */
 export async function checkLock(project: LockedProject, python: string, run: UvRun): Promise<void> {
