@@ -59,5 +59,10 @@ describe.skipIf(!HAS_UV)("a uv project through a server", () => {
     expect(w).toMatchObject({ worker: "w1", state: "succeeded" });
     const inWorkerEnv = await run([join(w!.path, "bin", "python"), "-c", "import pinned; print(pinned.__version__)"], { env: boxes.worker.env });
     expect(inWorkerEnv.stdout.trim()).toBe("1.0");
+    // Named by the project's own name on the worker, not by the bundle folder that holds it there.
+    const listed = await cli(["env", "list", "--json"], { env: boxes.worker.env, cwd: boxes.worker.root });
+    const summaries = (JSON.parse(listed.stdout) as { kind: string; summary: string }[]).filter((e) => e.kind === "env").map((e) => e.summary);
+    expect(summaries.length).toBeGreaterThan(0);
+    for (const summary of summaries) expect(summary).toBe("uv project app (uv.lock)");
   }, T);
 });

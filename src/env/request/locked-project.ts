@@ -90,9 +90,20 @@ export function countLocalSources(inputs: RequestInputs, sources: { kind: "edita
   }
 }
 
+/** The project's own name ([project] name), else its folder's: a worker holds it in a folder named by its bundle. */
+function projectName(dir: string): string {
+  try {
+    const name = (Bun.TOML.parse(readFileSync(join(dir, "pyproject.toml"), "utf8")) as { project?: { name?: unknown } }).project?.name;
+    if (typeof name === "string" && name) return name;
+  } catch {
+    // a pyproject.toml uv cannot read either: the lock check says so
+  }
+  return dir.split("/").pop() ?? dir;
+}
+
 /** How a project's env is named in reports: `uv project app (uv.lock --group tools --extra fancy)`. */
 export function projectSummary(project: LockedProject): string {
-  return `uv project ${project.dir.split("/").pop()} (uv.lock${[...project.groups.map((g) => ` --group ${g}`), ...project.extras.map((e) => ` --extra ${e}`)].join("")})`;
+  return `uv project ${projectName(project.dir)} (uv.lock${[...project.groups.map((g) => ` --group ${g}`), ...project.extras.map((e) => ` --extra ${e}`)].join("")})`;
 }
 
 /** The local packages a project's lock installs (the project itself, when it is a package), by path; none when there is no lock to read. */
