@@ -209,6 +209,22 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     expect(await jobs()).toBe(before);
   });
 
+  test("a group or extra the project does not define is refused in uv's words, before anything is built, and by --dry-run", async () => {
+    const keys = readyKeys(s.home).length;
+    for (const [flag, line] of [
+      ["--group", "Group `nope` is not defined in the project's `dependency-groups` table"],
+      ["--extra", "Extra `nope` is not defined in the `optional-dependencies` table for `app`"],
+    ] as const) {
+      for (const dry of [[], ["--dry-run"]]) {
+        const r = await cli(["env", "prepare", "--python", worker, "--project", project, flag, "nope", ...dry], { env: s.env, cwd: world });
+        expect(r.code).toBe(2);
+        expect(r.stderr.trim().split("\n").at(-1)).toBe(`error: ${project}: ${line}`);
+        expect(r.stderr).not.toContain("creating");
+      }
+    }
+    expect(readyKeys(s.home)).toHaveLength(keys);
+  });
+
   test("a stale lock is refused in one line, before anything is built", async () => {
     const py = join(project, "pyproject.toml");
     const before = readFileSync(py, "utf8");

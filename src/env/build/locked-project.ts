@@ -92,8 +92,13 @@ export function checkLockNow(project: LockedProject, python: string, uv: string 
   if (!uv) return;
   const noConfig = mkdtempSync(join(tmpdir(), "gpulayer-lock-check-"));
   try {
-    const r = Bun.spawnSync([uv, "lock", "--check", "--project", project.dir, "--python", python], { env: projectUvEnv(base, join(noConfig, "env"), noConfig), cwd: project.dir, stdout: "pipe", stderr: "pipe" });
+    const env = projectUvEnv(base, join(noConfig, "env"), noConfig);
+    const r = Bun.spawnSync([uv, "lock", "--check", "--project", project.dir, "--python", python], { env, cwd: project.dir, stdout: "pipe", stderr: "pipe" });
     if (r.exitCode !== 0 && /needs to be updated/.test(`${r.stderr}${r.stdout}`)) throw new UsageError(`${project.dir}/uv.lock: the lockfile needs to be updated: run uv lock`);
+    if (!project.groups.length && !project.extras.length) return;
+    const asked = Bun.spawnSync([uv, "export", "--frozen", "--quiet", "--project", project.dir, "--python", python, ...selection(project), "-o", "/dev/null"], { env, cwd: project.dir, stdout: "pipe", stderr: "pipe" });
+    const undefinedName = asked.exitCode === 0 ? null : unknownSelection(`${asked.stderr}`.split("\n"));
+    if (undefinedName) throw new UsageError(`${project.dir}: ${undefinedName}`);
   } finally {
     rmSync(noConfig, { recursive: true, force: true });
   }
@@ -101,10 +106,23 @@ export function checkLockNow(project: LockedProject, python: string, uv: string 
 
 /** `uv lock --check`: a lock that pyproject.toml has moved away from is refused in one line, as `uv sync --locked` refuses it. */
 export async function checkLock(project: LockedProject, python: string, run: UvRun): Promise<void> {
-  const { code, lines } = await runTool([run.uv, "lock", "--check", "--project", project.dir, "--python", python], { env: run.env, cwd: run.cwd, hooks: {}, signal: run.signal, keep: run.keep, as: run.as });
-  if (code === 0) return;
-  if (lines.some((l) => /needs to be updated/.test(l))) throw new UsageError(`${project.dir}/uv.lock: the lockfile needs to be updated: run uv lock`);
-  throw installFailure(`checking ${project.dir}/uv.lock with uv lock --check failed`, lines);
+  const tool = { env: run.env, cwd: run.cwd, hooks: {}, signal: run.signal, keep: run.keep, as: run.as };
+  const { code, lines } = await runTool([run.uv, "lock", "--check", "--project", project.dir, "--python", python], tool);
+  if (code !== 0) {
+    if (lines.some((l) => /needs to be updated/.test(l))) throw new UsageError(`${project.dir}/uv.lock: the lockfile needs to be updated: run uv lock`);
+    throw installFailure(`checking ${project.dir}/uv.lock with uv lock --check failed`, lines);
+  }
+  if (!project.groups.length && !project.extras.length) return;
+  // The selection as uv reads it (uv export checks it as uv sync does): a group or extra the project lacks is refused before anything is built.
+  const asked = await runTool([run.uv, "export", "--frozen", "--quiet", "--project", project.dir, "--python", python, ...selection(project), "-o", "/dev/null"], tool);
+  const undefinedName = unknownSelection(asked.lines);
+  if (undefinedName) throw new UsageError(`${project.dir}: ${undefinedName}`);
+}
+
+/** uv's own line for a group or extra the project does not define, if that is what it said. */
+function unknownSelection(lines: string[]): string | null {
+  const line = lines.find((l) => /(Group|Extra) `[^`]*` is not defined/.test(l));
+  return line ? line.replace(/^error: /, "") : null;
 }
 
 /** `uv sync --frozen --inexact` into the env: exactly the lock's selection, the stand-ins kept where they are the locked version. */
@@ -147,6 +165,8 @@ export async function exportLock(project: LockedProject, file: string, run: UvRu
   const { code, lines } = await runTool(argv, { env: run.env, cwd: run.cwd, hooks: run.hooks, signal: run.signal, keep: run.keep, as: run.as });
   if (code === 0) return;
   if (lines.some((l) => /needs to be updated/.test(l))) throw new UsageError(`${project.dir}/uv.lock: the lockfile needs to be updated: run uv lock`);
+  const undefinedName = unknownSelection(lines);
+  if (undefinedName) throw new UsageError(`${project.dir}: ${undefinedName}`);
   throw installFailure(`reading ${project.dir}/uv.lock with uv export failed`, lines);
 }
 
