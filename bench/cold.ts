@@ -17,7 +17,7 @@
  */
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { makeDist } from "../test/fixtures/index.ts";
 import { makeWorkerVenv } from "../test/helpers.ts";
 import { benchIndex, ensureBinary, realUv, ROOT, stats, writeReport } from "./_lib.ts";
@@ -234,34 +234,40 @@ async function lockedCase(worker: string, deps: string[], runs: number, warmRuns
  * home and uv cache, and raw uv's uv cache, each as the earlier lock's build left them (copied afresh for every run,
  * files linked), so each side reuses what its own earlier build kept: uv its cache, gpulayer that and its bytecode.
  */
-async function changedLockCase(worker: string, before: string, deps: string[], runs: number): Promise<[string, Stats][]> {
+async function changedLockCase(worker: string, earlier: string, deps: string[], runs: number, before?: string): Promise<[string, Stats][]> {
   const after = await lockedProject("locked-project-changed", [...deps, "attrs"]);
-  const seedHome = join(work, "changed-seed-home");
-  const seedUv = join(work, "changed-seed-uv");
   const seedRawUv = join(work, "changed-seed-raw-uv");
   const seedVenv = join(work, "changed-seed-venv");
   // Made anew on each call (the case runs once to warm up first).
-  for (const d of [seedHome, seedUv, seedRawUv, seedVenv]) rmSync(d, { recursive: true, force: true });
-  await must([bin, "env", "prepare", "--project", before, "--python", worker, "--quiet"], { ...base, GPULAYER_HOME: seedHome, UV_CACHE_DIR: seedUv });
+  for (const d of [seedRawUv, seedVenv]) rmSync(d, { recursive: true, force: true });
   await must(["uv", "venv", "--no-config", "--quiet", "--python", worker, seedVenv], { ...base, UV_CACHE_DIR: seedRawUv });
-  await must(["uv", "sync", "--frozen", "--quiet", "--project", before], { ...base, UV_CACHE_DIR: seedRawUv, UV_PROJECT_ENVIRONMENT: seedVenv });
+  await must(["uv", "sync", "--frozen", "--quiet", "--project", earlier], { ...base, UV_CACHE_DIR: seedRawUv, UV_PROJECT_ENVIRONMENT: seedVenv });
   const linkedCopy = (from: string, to: string) => must(["cp", "-al", from, to]);
-  const gpulayer = async () => {
-    const { dir, env } = fresh();
-    mkdirSync(env.GPULAYER_HOME);
-    for (const kept of ["interpreters-v1", "tools", "digests-v2", "bytecode-v1"]) if (existsSync(join(seedHome, kept))) await linkedCopy(join(seedHome, kept), join(env.GPULAYER_HOME, kept));
-    await linkedCopy(seedUv, env.UV_CACHE_DIR);
-    const t = performance.now();
-    const r = await must([bin, "env", "prepare", "--project", after, "--python", worker, "--verbose"], env);
-    const ms = performance.now() - t;
-    changedSteps = r.err.split("\n").filter((l) => /^\[|took|bytecode:|built in/.test(l));
-    rmSync(dir, { recursive: true, force: true });
-    return ms;
+  // Each binary's own earlier build (its home's bytecode store is its own to read).
+  const gpulayer = async (binary: string) => {
+    const seedHome = join(work, `changed-seed-home-${basename(binary)}`);
+    const seedUv = join(work, `changed-seed-uv-${basename(binary)}`);
+    if (!existsSync(seedHome)) await must([binary, "env", "prepare", "--project", earlier, "--python", worker, "--quiet"], { ...base, GPULAYER_HOME: seedHome, UV_CACHE_DIR: seedUv });
+    return async () => {
+      const { dir, env } = fresh();
+      mkdirSync(env.GPULAYER_HOME);
+      for (const kept of ["interpreters-v1", "tools", "digests-v2", "bytecode-v1"]) if (existsSync(join(seedHome, kept))) await linkedCopy(join(seedHome, kept), join(env.GPULAYER_HOME, kept));
+      await linkedCopy(seedUv, env.UV_CACHE_DIR);
+      settle();
+      const t = performance.now();
+      const r = await must([binary, "env", "prepare", "--project", after, "--python", worker, "--verbose"], env);
+      const ms = performance.now() - t;
+      if (binary === bin) changedSteps = r.err.split("\n").filter((l) => /^\[|took|bytecode:|built in/.test(l));
+      rmSync(dir, { recursive: true, force: true });
+      return ms;
+    };
   };
+  for (const d of readdirSync(work)) if (d.startsWith("changed-seed-home-") || d.startsWith("changed-seed-uv-")) rmSync(join(work, d), { recursive: true, force: true });
   const rawSync = (compile: boolean) => async () => {
     const { dir, env } = fresh();
     await linkedCopy(seedRawUv, env.UV_CACHE_DIR);
     const venv = join(dir, "venv");
+    settle();
     const t = performance.now();
     await must(["uv", "venv", "--no-config", "--quiet", "--python", worker, venv], env);
     await must(["uv", "sync", "--frozen", "--quiet", ...(compile ? ["--compile-bytecode"] : []), "--project", after], { ...env, UV_PROJECT_ENVIRONMENT: venv });
@@ -271,13 +277,16 @@ async function changedLockCase(worker: string, before: string, deps: string[], r
   };
   return sideBySide(
     [
-      [CHANGED_LOCKED, gpulayer],
+      [CHANGED_LOCKED, await gpulayer(bin)],
       [CHANGED_RAW, rawSync(false)],
       ["`uv venv` + `uv sync --frozen --compile-bytecode` of the changed lock (raw, the same uv cache)", rawSync(true)],
+      ...(before ? [[`the binary before (${before}), the same`, await gpulayer(before)] as [string, () => Promise<number>]] : []),
     ],
     runs,
   );
 }
+/** The last run's deleted trees and copies written out before the next is timed: each starts on a quiet disk. */
+const settle = () => Bun.spawnSync(["sync"]);
 /** Where the last changed-lock build went (--verbose), for the report. */
 let changedSteps: string[] = [];
 const CHANGED_LOCKED = "`gpulayer env prepare --project`, the lock changed (`attrs` added), on a home that built it before";
@@ -374,6 +383,20 @@ if (process.env.BENCH_ONLY === "big") {
     // BENCH_BEFORE=PATH: another gpulayer build's fresh-home build, in the same alternation.
     console.log(table(await coldCase(py, "tqdm", idx, runs, notes, null, process.env.BENCH_BEFORE, await warmedHome(py)), RAW_UV, "s").join("\n"));
     console.log(`\nsteps of the last fresh-home build:\n${notes.steps.auto}`);
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+  process.exit(0);
+}
+
+if (process.env.BENCH_ONLY === "changed") {
+  // The changed lock alone, printed: BENCH_ONLY=changed [BENCH_BEFORE=PATH] bun run bench/cold.ts
+  try {
+    const runs = Number(process.env.BENCH_COLD_RUNS ?? 9);
+    const earlier = await lockedProject("locked-project", LOCKED_DEPS);
+    await changedLockCase(smallPy, earlier, LOCKED_DEPS, 1, process.env.BENCH_BEFORE);
+    console.log(table(await changedLockCase(smallPy, earlier, LOCKED_DEPS, runs, process.env.BENCH_BEFORE), CHANGED_RAW, "s").join("\n"));
+    console.log(["", "last run (--verbose):", ...changedSteps].join("\n"));
   } finally {
     rmSync(work, { recursive: true, force: true });
   }

@@ -312,6 +312,60 @@ describe("the bytecode store: each module compiled once per home", () => {
     expect(readFileSync(pycOf(c, "pkg/sub/deeper/mod")).includes(Buffer.from(b))).toBe(true);
   });
 
+  test("a source uv links into every env is hashed once a boot: edited in place (its mtime moves), it is read again and its own code compiled", async () => {
+    const root = tempDir("gpl-pyc-store-");
+    mkdirSync(join(root, "a"));
+    const a = tree(join(root, "a"));
+    mkdirSync(join(root, "b"));
+    expect(Bun.spawnSync(["cp", "-al", a, join(root, "b", "site-packages")]).exitCode).toBe(0);
+    const b = join(root, "b", "site-packages");
+    const store = join(root, "store");
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    await Bun.sleep(20);
+    // The same inode in both trees, as uv's cache links it: rewritten in place, the same size.
+    writeFileSync(join(b, "pkg", "__init__.py"), "VALUE = 7\n");
+    dropPycs(b);
+    await compileBytecode("python3", b, { env, cwd: root, hooks, store });
+    const job = await run(["python3", "-c", "import sys; sys.path.insert(0, sys.argv[1])\nimport pkg; print(pkg.VALUE)", b], { env: { ...env, PYTHONDONTWRITEBYTECODE: "1" } });
+    expect(job.stdout.trim()).toBe("7");
+    await likeCompileall(b, pycs(b));
+  });
+
+  test("after a reboot every entry is checked in full again: one altered with its mtime put back is compiled again, not loaded", async () => {
+    const root = tempDir("gpl-pyc-store-");
+    mkdirSync(join(root, "a"));
+    const a = tree(join(root, "a"));
+    const store = join(root, "store");
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    // Envs whose sources are the same files (uv's links): each takes the entries themselves.
+    const linkedEnv = (name: string) => {
+      mkdirSync(join(root, name));
+      expect(Bun.spawnSync(["cp", "-al", a, join(root, name, "site-packages")]).exitCode).toBe(0);
+      const site = join(root, name, "site-packages");
+      dropPycs(site);
+      return site;
+    };
+    // A second env reads (and so checks) the entries in this boot.
+    await compileBytecode("python3", linkedEnv("b"), { env, cwd: root, hooks, store, boot: "0f0e0d0c-0b0a-0908-0706-050403020100" });
+    const entry = (() => {
+      const found: string[] = [];
+      const walk = (d: string) => {
+        for (const e of readdirSync(d, { withFileTypes: true })) (e.isDirectory() ? walk(join(d, e.name)) : e.name.endsWith(".0") && found.push(join(d, e.name)));
+      };
+      walk(store);
+      return found.find((f) => readFileSync(f).includes(Buffer.from("range")))!;
+    })();
+    // One byte of its code changed, its size and mtime (to the nanosecond) as they were.
+    const altered = await run(["python3", "-c", "import os, sys\np = sys.argv[1]; st = os.stat(p); d = bytearray(open(p, 'rb').read()); d[-1] ^= 0xff\nwith open(p, 'r+b') as f: f.write(d)\nos.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))", entry], { env });
+    expect(altered.code).toBe(0);
+    const c = linkedEnv("c");
+    await compileBytecode("python3", c, { env, cwd: root, hooks, store, boot: "00010203-0405-0607-0809-0a0b0c0d0e0f" });
+    const ours = pycs(c);
+    dropPycs(c);
+    await run(["python3", "-m", "compileall", "-q", c], { env });
+    expect(await sameCode("python3", ours, pycs(c), 16)).toBe(true);
+  });
+
   const py313 = pyenvPython("13");
   // Skipped only where pyenv lacks Python 3.13 (a second interpreter is the point); this machine and its CI have it.
   test.skipIf(!py313)("another interpreter has a bucket of its own; SOURCE_DATE_EPOCH's checked hashes are written over kept code", async () => {

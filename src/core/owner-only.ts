@@ -1,4 +1,4 @@
-import { chmodSync, lstatSync, mkdirSync, readdirSync } from "node:fs";
+import { chmodSync, lstatSync, mkdirSync, readdirSync, type Stats } from "node:fs";
 import { join } from "node:path";
 
 /**
@@ -54,10 +54,12 @@ export function ownerOnlyFolder(dir: string): void {
  * Every folder and file under `dir` readable by all (folders and executables
  * enterable too), as a 022 umask would have made them. Links are never
  * followed: an env links to its worker's Python, which is not ours to change.
+ * `seen` gets each entry's lstat (links too), so one walk can also measure.
  */
-export function openToReaders(dir: string): void {
+export function openToReaders(dir: string, seen?: (st: Stats) => void): void {
   const walk = (path: string) => {
     const st = lstatSync(path);
+    seen?.(st);
     if (st.isSymbolicLink()) return;
     const isDir = st.isDirectory();
     const wanted = st.mode & 0o7777 | (isDir || st.mode & 0o100 ? 0o055 : 0o044);

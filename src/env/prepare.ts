@@ -13,7 +13,7 @@ import { inputsReport } from "./request/inputs-report.ts";
 import { prepareLimit } from "./prepare-limit.ts";
 import { nearestEnv } from "./request/nearest.ts";
 import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedResult, readyEntry, resolveRequest } from "./request/lookup.ts";
-import { diskUsage, type EntryPaths, entryPaths, isReady, markReady, namesInStore, removeEntryDir } from "./store/store.ts";
+import { diskUsage, type EntryPaths, openAndMeasure, entryPaths, isReady, markReady, namesInStore, removeEntryDir } from "./store/store.ts";
 import { unexpandVariables } from "./request/url-credentials.ts";
 import { resolveToolShim } from "./request/shims.ts";
 
@@ -118,7 +118,8 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
     const { buildEnv } = await import("./build/build.ts");
     const outcome = await buildEnv(buildPlanOf(layout, resolved, req, { dir: paths.dir, tmpDir: paths.tmp, keep, as, wheelSharing, offline }), shownHooks);
     removeEntryDir(layout, paths.tmp);
-    const sizeBytes = diskUsage(paths.dir);
+    // Opened to all as it is measured (one walk), unless built as a --run-as user (taken back for that user's group).
+    const sizeBytes = as ? diskUsage(paths.dir) : openAndMeasure(paths.dir);
     markReady(paths, {
       key: resolved.key,
       path: paths.dir,
@@ -137,7 +138,7 @@ async function buildUnderLock(layout: HomeLayout, resolved: ResolvedRequest, req
       check: outcome.check,
       ...(outcome.shadowed ? { shadowed: outcome.shadowed } : {}),
       ...(outcome.wheels ? { wheels: outcome.wheels } : {}),
-    }, { openToAll: !as });
+    }, { openToAll: !as, openedAlready: true });
     return { ...outcome, sizeBytes };
   } catch (error) {
     // A failure is never reused: nothing of it stays in the cache, nor of what its installers left in their TMPDIR.

@@ -1,6 +1,7 @@
 import { type Dirent, readdirSync, statSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
+import { bootId } from "../../core/process-identity.ts";
 import { nearlyFull, NoSpaceLeft, saysNoSpace } from "./disk-full.ts";
 import { type BuildHooks, type KeepGroup, installFailure, runTool } from "./run-tool.ts";
 import type { BuildUser } from "./build-user.ts";
@@ -29,8 +30,17 @@ import type { BuildUser } from "./build-user.ts";
  * equal code object). Its co_filename names the env that compiled it;
  * CPython's import sets it to the module's own path on load
  * (`_imp._fix_co_filename`), as for any pyc moved with its source. Each
- * entry carries its SHA-256 on its inode (an extended attribute), checked on
- * every read: a torn or changed entry is compiled again, never loaded. The
+ * entry carries its SHA-256 on its inode (an extended attribute), checked in
+ * full on its first read in a boot: a torn or changed entry is compiled
+ * again, never loaded. What a read learned stays on the file's own inode for
+ * the rest of the boot, as a memo naming the boot and the file's mtime (ns)
+ * and size: a source's digest (uv links one file of its cache into every
+ * env, so it is hashed once a boot, not once per env) and an entry's check
+ * and header. A write moves the mtime and a reboot the boot (a crash may tear
+ * what had not reached the disk); either sends the next read back to the
+ * bytes. That is the trust CPython's own timestamp check gives a pyc, within
+ * one boot, and a lock of the transformers stack changed on a worker that
+ * built it reads no file but the new package's (docs/benchmarks.md). The
  * store is best effort (a failed read, link or attribute compiles, as
  * without it), the worker's own: a build as another user (worker.run_as)
  * neither reads nor writes it, since that user's process could write any code
@@ -70,16 +80,73 @@ if store:
         store = None
 
 XATTR = "user.gpulayer.sha256"
+# Memos of what was read this boot (see the comment above): a source's digest (SOURCE_MEMO) and, after an entry's
+# digest, its check. Each begins with the boot's tag and the file's mtime (ns) and size when it was read; sized to
+# stay inside an ext4 inode (256 bytes), so they cost no block of their own.
+SOURCE_MEMO = "user.gpulayer.m"
+try:
+    BOOT = bytes.fromhex(sys.argv[2].replace("-", ""))[:8] if store and len(sys.argv) > 2 else b""
+except ValueError:
+    BOOT = b""
+
+def stamp(st):
+    return BOOT + st.st_mtime_ns.to_bytes(8, "little", signed=True) + st.st_size.to_bytes(8, "little")
+
+def source_digest(path, st):
+    # (digest, source or None): the digest from this boot's memo while the file is unchanged, else read and hashed.
+    if BOOT:
+        try:
+            memo = os.getxattr(path, SOURCE_MEMO)
+            if len(memo) == 56 and memo[:24] == stamp(st):
+                return memo[24:], None
+        except OSError:
+            pass
+    with open(path, "rb") as f:
+        source = f.read()
+    digest = hashlib.sha256(source).digest()
+    # Kept only on a file linked from elsewhere (uv's cache): only such a file meets another env, and a link out of
+    # the env (a module symlinked to a project's file) is not ours to mark.
+    if BOOT and st.st_nlink > 1 and not os.path.islink(path):
+        try:
+            os.setxattr(path, SOURCE_MEMO, stamp(st) + digest)
+        except OSError:
+            pass
+    return digest, source
 
 def kept_pyc(entry):
     # A whole pyc, checked against the digest on its inode: a torn or changed one is never taken.
     try:
-        want = os.getxattr(entry, XATTR)
+        want = os.getxattr(entry, XATTR)[:32]
         with open(entry, "rb") as f:
             data = f.read()
     except OSError:
         return None
     return data if len(data) > 16 and data[:4] == MAGIC_NUMBER and hashlib.sha256(data).digest() == want else None
+
+def kept_header(entry):
+    # (header, whole pyc or None) of a sound entry, else None: checked in full once a boot, then by the memo after its digest.
+    try:
+        fd = os.open(entry, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        tag = os.getxattr(fd, XATTR)
+        if BOOT and len(tag) == 56 and tag[32:] == stamp(st):
+            return os.read(fd, 16), None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    data = kept_pyc(entry)
+    if data is None:
+        return None
+    if BOOT:
+        try:
+            os.setxattr(entry, XATTR, tag[:32] + stamp(st))
+        except OSError:
+            pass
+    return data[:16], data
 
 def keep_pyc(cfile, entry, pyc):
     # The env's own pyc linked into the store, not copied (a link costs a twentieth of a new file here), its digest
@@ -96,7 +163,14 @@ def keep_pyc(cfile, entry, pyc):
         except OSError:
             pass
 
-def link_pyc(entry, cfile):
+def link_pyc(entry, cfile, fresh):
+    if fresh:
+        # Nothing there yet (a folder this compile made): one link.
+        try:
+            os.link(entry, cfile)
+            return
+        except FileExistsError:
+            pass
     tmp = "%s.%d.tmp" % (cfile, os.getpid())
     os.link(entry, tmp)
     try:
@@ -121,6 +195,7 @@ levels = [0, level] if level else [0]
 unreadable = False
 compiled = taken = 0
 made = set()  # __pycache__ folders made or found: one mkdir each, not one per module
+fresh = set()  # those this compile made: no pyc in them to compare or replace
 for raw in sys.stdin.buffer.read().split(b"\\0"):
     if not raw:
         continue
@@ -131,10 +206,21 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
                 py_compile.compile(path, doraise=True, optimize=opt)
             continue
         st = os.stat(path)
-        source = None
+        source = digest = None
         for opt in levels:
             cfile = cache_from_source(path, optimization=opt or "")
-            if not checked:
+            folder = os.path.dirname(cfile)
+            if folder not in made:
+                try:
+                    os.mkdir(folder)
+                    fresh.add(folder)
+                except FileExistsError:
+                    pass
+                except FileNotFoundError:
+                    os.makedirs(folder, exist_ok=True)
+                made.add(folder)
+            new = folder in fresh
+            if not checked and not new:
                 # Up to date already (pip compiles as it installs): the header compileall compares.
                 try:
                     with open(cfile, "rb") as f:
@@ -142,28 +228,34 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
                             continue
                 except OSError:
                     pass
-            if source is None:
+            if store and digest is None:
+                digest, source = source_digest(path, st)
+            entry = os.path.join(store, digest[:1].hex(), "%s.%d" % (digest[1:].hex(), opt)) if store else None
+            kept = kept_header(entry) if entry else None
+            if checked and source is None:
                 with open(path, "rb") as f:
                     source = f.read()
-                digest = hashlib.sha256(source).hexdigest() if store else None
-            entry = os.path.join(store, digest[:2], "%s.%d" % (digest[2:], opt)) if store else None
-            kept = kept_pyc(entry) if entry else None
-            folder = os.path.dirname(cfile)
-            if folder not in made:
-                os.makedirs(folder, exist_ok=True)
-                made.add(folder)
             if kept is not None:
-                taken += 1
-                pyc = header(source, st) + kept[16:]
-                if kept[:16] == pyc[:16]:
+                head = header(source, st)
+                if kept[0] == head:
                     # The same header (the source is the same file of uv's cache, or a checked hash): the store's own
                     # pyc is this env's, linked.
                     try:
-                        link_pyc(entry, cfile)
+                        link_pyc(entry, cfile, new)
+                        taken += 1
                         continue
                     except OSError:
                         pass
-            else:
+                # Its code under this env's own header (what a compile would write).
+                whole = kept[1] if kept[1] is not None else kept_pyc(entry)
+                kept = None if whole is None else kept
+                if kept is not None:
+                    taken += 1
+                    pyc = head + whole[16:]
+            if kept is None:
+                if source is None:
+                    with open(path, "rb") as f:
+                        source = f.read()
                 compiled += 1
                 code = compile(source, path, "exec", dont_inherit=True, optimize=opt)
                 pyc = _code_to_hash_pyc(code, source_hash(_RAW_MAGIC_NUMBER, source), True) if checked else _code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
@@ -199,6 +291,8 @@ export interface CompileOptions {
   as?: BuildUser;
   /** The home's bytecode store (config/paths.ts): code compiled once per source content and interpreter. */
   store?: string;
+  /** The boot the store's memos are good for (core/process-identity.ts's; "" keeps none); a test gives another to be a reboot. */
+  boot?: string;
 }
 
 /** Compile every module under `site`; returns how many files were given to the compiler. A full disk is NoSpaceLeft or an InstallError that says so. */
@@ -228,7 +322,7 @@ export function startCompiler(python: string, opts: CompileOptions, ahead = AHEA
   // One "still running" line for the compile, not one per worker.
   const { onQuiet: _q, ...silent } = opts.hooks;
   const worker = (i: number, input: Promise<string>) =>
-    runTool([python, "-I", "-S", "-c", COMPILER, ...(opts.store && !opts.as ? [opts.store] : [])], { env, cwd: opts.cwd, hooks: i === 0 ? opts.hooks : silent, signal: opts.signal, keep: opts.keep, input, as: opts.as });
+    runTool([python, "-I", "-S", "-c", COMPILER, ...(opts.store && !opts.as ? [opts.store, opts.boot === undefined ? (bootId() ?? "") : opts.boot] : [])], { env, cwd: opts.cwd, hooks: i === 0 ? opts.hooks : silent, signal: opts.signal, keep: opts.keep, input, as: opts.as });
   const waiting = Array.from({ length: Math.min(cpus, ahead) }, () => Promise.withResolvers<string>());
   const started = waiting.map((w, i) => worker(i, w.promise));
   // Stopped while they wait (a time limit during the install): told by the install, not as an unhandled rejection.

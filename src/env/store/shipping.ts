@@ -137,6 +137,6 @@ export function installFetched(layout: HomeLayout, key: string, paths: EntryPath
   removeEntryDir(layout, paths.dir);
   renameSync(from, paths.dir);
   const kept: EnvMeta = { ...meta, created: new Date().toISOString(), fetched: { sha256: fetched.sha256, bytes: fetched.bytes, seconds: fetched.seconds, built_by: fetched.builtBy } };
-  markReady(paths, kept, { unpackedOpen: true });
+  markReady(paths, kept, { openedAlready: true });
   return kept;
 }

@@ -68,14 +68,15 @@ export function isReady(paths: EntryPaths): boolean {
 }
 
 /** The last step of a build: meta, then the marker that makes the entry usable. */
-export function markReady(paths: EntryPaths, meta: EnvMeta, opts: { openToAll?: boolean; unpackedOpen?: boolean } = {}): void {
+export function markReady(paths: EntryPaths, meta: EnvMeta, opts: { openToAll?: boolean; openedAlready?: boolean } = {}): void {
   mkdirSync(paths.stateDir, { recursive: true });
   writeFileAtomic(paths.meta, JSON.stringify(meta, null, 2));
   writeFileAtomic(paths.lastUsed, new Date().toISOString());
   // Built under gpulayer's 077 umask, an env is opened to all: it holds code, no secret, and a --run-as job user runs it.
   // One built as a --run-as user was taken back readable by that user's group alone (build-user.ts): it holds the job's projects.
-  // A fetched env was opened entry by entry as it was unpacked (unpack.ts): only what was written here since is left.
-  if (opts.openToAll ?? true) openToReaders(opts.unpackedOpen ? paths.stateDir : paths.dir);
+  // A fetched env was opened entry by entry as it was unpacked (unpack.ts), a built one as it was measured
+  // (openAndMeasure): only what was written here since is left.
+  if (opts.openToAll ?? true) openToReaders(opts.openedAlready ? paths.stateDir : paths.dir);
   writeFileAtomic(paths.ready, `${meta.key}\n`);
   // The rename must itself be durable before anyone is told the entry is ready.
   const dirFd = openSync(paths.stateDir, "r");
@@ -160,8 +161,7 @@ export function emptyTrash(layout: HomeLayout): void {
 
 /** Bytes on disk, each inode once: what deleting the folder frees. */
 export function diskUsage(root: string): number {
-  const seen = new Set<string>();
-  let total = 0;
+  const usage = usageCounter();
   const walk = (p: string) => {
     let s;
     try {
@@ -169,12 +169,30 @@ export function diskUsage(root: string): number {
     } catch {
       return;
     }
-    const id = `${s.dev}:${s.ino}`;
-    if (seen.has(id)) return;
-    seen.add(id);
-    total += s.blocks ? s.blocks * 512 : s.size;
-    if (s.isDirectory()) for (const n of readdirSync(p)) walk(join(p, n));
+    if (usage.count(s) && s.isDirectory()) for (const n of readdirSync(p)) walk(join(p, n));
   };
   walk(root);
-  return total;
+  return usage.total;
+}
+
+/** A built env opened to all (owner-only.ts) and measured as diskUsage measures it, in one walk. */
+export function openAndMeasure(dir: string): number {
+  const usage = usageCounter();
+  openToReaders(dir, (s) => usage.count(s));
+  return usage.total;
+}
+
+/** Sums each inode's bytes on disk once; count says whether this one was new. */
+function usageCounter() {
+  const seen = new Set<string>();
+  return {
+    total: 0,
+    count(s: { dev: number; ino: number; blocks: number; size: number }): boolean {
+      const id = `${s.dev}:${s.ino}`;
+      if (seen.has(id)) return false;
+      seen.add(id);
+      this.total += s.blocks ? s.blocks * 512 : s.size;
+      return true;
+    },
+  };
 }
