@@ -12,7 +12,8 @@
  * serves torch from a local file) and kept at $TMPDIR/gpulayer-bench-cold.
  *
  * Run: bun run bench/cold.ts   (BENCH_COLD_RUNS=5, BENCH_TORCH_RUNS=3, BENCH_WARM_RUNS=30, BENCH_REBUILD=1;
- * BENCH_ONLY=locked runs the locked project alone, BENCH_ONLY=big the 300-distribution worker alone,
+ * BENCH_ONLY=locked runs the locked project alone, BENCH_ONLY=changed its changed lock alone (with BENCH_BEFORE=PATH,
+ * another gpulayer build beside it, on a home it seeded itself), BENCH_ONLY=big the 300-distribution worker alone,
  * BENCH_LOCKED_DEPS=requests,tqdm another lock than transformers)
  */
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
