@@ -210,6 +210,20 @@ describe("the bytecode store: each module compiled once per home", () => {
     await compileBytecode("python3", a, { env, cwd: root, hooks, store });
     return { root, a, b, store };
   }
+  /** A tree, and envs whose sources are its very files (cp -al: uv links them from its cache), without its bytecode. */
+  function linkedTrees() {
+    const root = tempDir("gpl-pyc-store-");
+    mkdirSync(join(root, "a"));
+    const a = tree(join(root, "a"));
+    const linked = (name: string) => {
+      mkdirSync(join(root, name));
+      expect(Bun.spawnSync(["cp", "-al", a, join(root, name, "site-packages")]).exitCode).toBe(0);
+      const site = join(root, name, "site-packages");
+      dropPycs(site);
+      return site;
+    };
+    return { root, a, linked, store: join(root, "store") };
+  }
   const pycOf = (site: string, mod: string) => {
     const dir = join(site, ...mod.split("/").slice(0, -1), "__pycache__");
     const name = mod.split("/").at(-1)!;
@@ -258,13 +272,8 @@ describe("the bytecode store: each module compiled once per home", () => {
   });
 
   test("sources that are the same files (uv links them from its cache): the pyc itself is linked, no copy, and Python takes it as this env's", async () => {
-    const root = tempDir("gpl-pyc-store-");
-    mkdirSync(join(root, "a"));
-    const a = tree(join(root, "a"));
-    mkdirSync(join(root, "b"));
-    expect(Bun.spawnSync(["cp", "-al", a, join(root, "b", "site-packages")]).exitCode).toBe(0);
-    const b = join(root, "b", "site-packages");
-    const store = join(root, "store");
+    const { root, a, linked, store } = linkedTrees();
+    const b = linked("b");
     await compileBytecode("python3", a, { env, cwd: root, hooks, store });
     await compileBytecode("python3", b, { env, cwd: root, hooks, store });
     const [pa, pb] = [pycOf(a, "pkg/sub/deeper/mod"), pycOf(b, "pkg/sub/deeper/mod")];
@@ -313,13 +322,8 @@ describe("the bytecode store: each module compiled once per home", () => {
   });
 
   test("a source uv links into every env is hashed once a boot: edited in place (its mtime moves), it is read again and its own code compiled", async () => {
-    const root = tempDir("gpl-pyc-store-");
-    mkdirSync(join(root, "a"));
-    const a = tree(join(root, "a"));
-    mkdirSync(join(root, "b"));
-    expect(Bun.spawnSync(["cp", "-al", a, join(root, "b", "site-packages")]).exitCode).toBe(0);
-    const b = join(root, "b", "site-packages");
-    const store = join(root, "store");
+    const { root, a, linked, store } = linkedTrees();
+    const b = linked("b");
     await compileBytecode("python3", a, { env, cwd: root, hooks, store });
     await Bun.sleep(20);
     // The same inode in both trees, as uv's cache links it: rewritten in place, the same size.
@@ -332,21 +336,11 @@ describe("the bytecode store: each module compiled once per home", () => {
   });
 
   test("after a reboot every entry is checked in full again: one altered with its mtime put back is compiled again, not loaded", async () => {
-    const root = tempDir("gpl-pyc-store-");
-    mkdirSync(join(root, "a"));
-    const a = tree(join(root, "a"));
-    const store = join(root, "store");
-    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
     // Envs whose sources are the same files (uv's links): each takes the entries themselves.
-    const linkedEnv = (name: string) => {
-      mkdirSync(join(root, name));
-      expect(Bun.spawnSync(["cp", "-al", a, join(root, name, "site-packages")]).exitCode).toBe(0);
-      const site = join(root, name, "site-packages");
-      dropPycs(site);
-      return site;
-    };
+    const { root, a, linked, store } = linkedTrees();
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
     // A second env reads (and so checks) the entries in this boot.
-    await compileBytecode("python3", linkedEnv("b"), { env, cwd: root, hooks, store, boot: "0f0e0d0c-0b0a-0908-0706-050403020100" });
+    await compileBytecode("python3", linked("b"), { env, cwd: root, hooks, store, boot: "0f0e0d0c-0b0a-0908-0706-050403020100" });
     const entry = (() => {
       const found: string[] = [];
       const walk = (d: string) => {
@@ -358,7 +352,7 @@ describe("the bytecode store: each module compiled once per home", () => {
     // One byte of its code changed, its size and mtime (to the nanosecond) as they were.
     const altered = await run(["python3", "-c", "import os, sys\np = sys.argv[1]; st = os.stat(p); d = bytearray(open(p, 'rb').read()); d[-1] ^= 0xff\nwith open(p, 'r+b') as f: f.write(d)\nos.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))", entry], { env });
     expect(altered.code).toBe(0);
-    const c = linkedEnv("c");
+    const c = linked("c");
     await compileBytecode("python3", c, { env, cwd: root, hooks, store, boot: "00010203-0405-0607-0809-0a0b0c0d0e0f" });
     const ours = pycs(c);
     dropPycs(c);
