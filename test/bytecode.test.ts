@@ -335,6 +335,38 @@ describe("the bytecode store: each module compiled once per home", () => {
     await likeCompileall(b, pycs(b));
   });
 
+  /** `file` rewritten in place, the same size, its mtime put back to the nanosecond: a write whose stat says nothing (mmap, cp -p, coarse clocks). */
+  const rewriteUnseen = async (file: string, text: string) => {
+    const r = await run(["python3", "-c", "import os, sys\np, t = sys.argv[1], sys.argv[2].encode(); st = os.stat(p); assert len(t) == st.st_size\nwith open(p, 'r+b') as f: f.write(t)\nos.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))", file, text], { env });
+    expect(r.code).toBe(0);
+  };
+  const valueIn = async (site: string) => (await run(["python3", "-c", "import sys; sys.path.insert(0, sys.argv[1])\nimport pkg; print(pkg.VALUE)", site], { env: { ...env, PYTHONDONTWRITEBYTECODE: "1" } })).stdout.trim();
+
+  test("a memo that outlived its source's bytes never files code under its digest: a compile keys what it read, and the store stays right for other envs", async () => {
+    const { root, a, linked, store } = linkedTrees();
+    const b = linked("b");
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    // The store emptied (gc), then the shared source changed unseen: b's compile must read it, and file it by what it read.
+    rmSync(store, { recursive: true });
+    await rewriteUnseen(join(b, "pkg", "__init__.py"), "VALUE = 7\n");
+    await compileBytecode("python3", b, { env, cwd: root, hooks, store });
+    expect(await valueIn(b)).toBe("7");
+    // Another env whose own file holds the first text (its own inode), after a reboot: its own code, not b's.
+    mkdirSync(join(root, "c"));
+    const c = tree(join(root, "c"));
+    await compileBytecode("python3", c, { env, cwd: root, hooks, store, boot: "00010203-0405-0607-0809-0a0b0c0d0e0f" });
+    expect(await valueIn(c)).toBe("1");
+  });
+
+  test("checked-hash bytecode (SOURCE_DATE_EPOCH) takes no memo: a source changed unseen gets its own code under its own hash", async () => {
+    const { root, a, linked, store } = linkedTrees();
+    const b = linked("b");
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    await rewriteUnseen(join(b, "pkg", "__init__.py"), "VALUE = 7\n");
+    await compileBytecode("python3", b, { env: { ...env, SOURCE_DATE_EPOCH: "1700000000" }, cwd: root, hooks, store });
+    expect(await valueIn(b)).toBe("7");
+  });
+
   test("after a reboot every entry is checked in full again: one altered with its mtime put back is compiled again, not loaded", async () => {
     // Envs whose sources are the same files (uv's links): each takes the entries themselves.
     const { root, a, linked, store } = linkedTrees();

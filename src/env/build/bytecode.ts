@@ -38,9 +38,13 @@ import type { BuildUser } from "./build-user.ts";
  * env, so it is hashed once a boot, not once per env) and an entry's check
  * and header. A write moves the mtime and a reboot the boot (a crash may tear
  * what had not reached the disk); either sends the next read back to the
- * bytes. That is the trust CPython's own timestamp check gives a pyc, within
- * one boot, and a lock of the transformers stack changed on a worker that
- * built it reads no file but the new package's (docs/benchmarks.md). The
+ * bytes. A source's memo only ever links in an entry whose header matches
+ * the source: CPython's own timestamp check, to the nanosecond, within one
+ * boot. Wherever bytes are read (a compile, kept code under another header,
+ * checked hashes), their own digest is the key, so a memo that outlived its
+ * bytes (mmap, a time put back) never files code under a wrong digest. A
+ * lock of the transformers stack changed on a worker that built it so reads
+ * no file but the new package's (docs/benchmarks.md). The
  * store is best effort (a failed read, link or attribute compiles, as
  * without it), the worker's own: a build as another user (worker.run_as)
  * neither reads nor writes it, since that user's process could write any code
@@ -92,18 +96,11 @@ except ValueError:
 def stamp(st):
     return BOOT + st.st_mtime_ns.to_bytes(8, "little", signed=True) + st.st_size.to_bytes(8, "little")
 
-def source_digest(path, st):
-    # (digest, source or None): the digest from this boot's memo while the file is unchanged, else read and hashed.
-    if BOOT:
-        try:
-            memo = os.getxattr(path, SOURCE_MEMO)
-            if len(memo) == 56 and memo[:24] == stamp(st):
-                return memo[24:], None
-        except OSError:
-            pass
+def read(path):
     with open(path, "rb") as f:
-        source = f.read()
-    digest = hashlib.sha256(source).digest()
+        return f.read()
+
+def keep_memo(path, st, digest):
     # Kept only on a file linked from elsewhere (uv's cache): only such a file meets another env, and a link out of
     # the env (a module symlinked to a project's file) is not ours to mark.
     if BOOT and st.st_nlink > 1 and not os.path.islink(path):
@@ -111,20 +108,34 @@ def source_digest(path, st):
             os.setxattr(path, SOURCE_MEMO, stamp(st) + digest)
         except OSError:
             pass
-    return digest, source
+
+def source_digest(path, st):
+    # (digest, source or None, from a memo): this boot's memo while the file's stat is unchanged, else read and hashed.
+    # Checked-hash bytecode reads the source anyway (its header is the source's hash): no memo there.
+    if BOOT and not checked:
+        try:
+            memo = os.getxattr(path, SOURCE_MEMO)
+            if len(memo) == 56 and memo[:24] == stamp(st):
+                return memo[24:], None, True
+        except OSError:
+            pass
+    source = read(path)
+    digest = hashlib.sha256(source).digest()
+    keep_memo(path, st, digest)
+    return digest, source, False
 
 def kept_pyc(entry):
     # A whole pyc, checked against the digest on its inode: a torn or changed one is never taken.
     try:
         want = os.getxattr(entry, XATTR)[:32]
-        with open(entry, "rb") as f:
-            data = f.read()
+        data = read(entry)
     except OSError:
         return None
     return data if len(data) > 16 and data[:4] == MAGIC_NUMBER and hashlib.sha256(data).digest() == want else None
 
 def kept_header(entry):
-    # (header, whole pyc or None) of a sound entry, else None: checked in full once a boot, then by the memo after its digest.
+    # (header, whole pyc or None) of a sound entry, else None: checked in full once a boot (the memo after its digest
+    # then says so), all through one descriptor, so the file checked is the file stamped.
     try:
         fd = os.open(entry, os.O_RDONLY)
     except OSError:
@@ -134,19 +145,20 @@ def kept_header(entry):
         tag = os.getxattr(fd, XATTR)
         if BOOT and len(tag) == 56 and tag[32:] == stamp(st):
             return os.read(fd, 16), None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read()
+        if not (len(data) > 16 and data[:4] == MAGIC_NUMBER and hashlib.sha256(data).digest() == tag[:32]):
+            return None
+        if BOOT:
+            try:
+                os.setxattr(fd, XATTR, tag[:32] + stamp(st))
+            except OSError:
+                pass
+        return data[:16], data
     except OSError:
         return None
     finally:
         os.close(fd)
-    data = kept_pyc(entry)
-    if data is None:
-        return None
-    if BOOT:
-        try:
-            os.setxattr(entry, XATTR, tag[:32] + stamp(st))
-        except OSError:
-            pass
-    return data[:16], data
 
 def keep_pyc(cfile, entry, pyc):
     # The env's own pyc linked into the store, not copied (a link costs a twentieth of a new file here), its digest
@@ -207,6 +219,7 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
             continue
         st = os.stat(path)
         source = digest = None
+        memo = False
         for opt in levels:
             cfile = cache_from_source(path, optimization=opt or "")
             folder = os.path.dirname(cfile)
@@ -228,34 +241,50 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
                             continue
                 except OSError:
                     pass
-            if store and digest is None:
-                digest, source = source_digest(path, st)
-            entry = os.path.join(store, digest[:1].hex(), "%s.%d" % (digest[1:].hex(), opt)) if store else None
-            kept = kept_header(entry) if entry else None
-            if checked and source is None:
-                with open(path, "rb") as f:
-                    source = f.read()
-            if kept is not None:
-                head = header(source, st)
-                if kept[0] == head:
+            linked = False
+            while True:
+                if store and digest is None:
+                    digest, source, memo = source_digest(path, st)
+                entry = os.path.join(store, digest[:1].hex(), "%s.%d" % (digest[1:].hex(), opt)) if store else None
+                kept = kept_header(entry) if entry else None
+                if checked and source is None:
+                    source = read(path)
+                if kept is not None and kept[0] == header(source, st):
                     # The same header (the source is the same file of uv's cache, or a checked hash): the store's own
-                    # pyc is this env's, linked.
+                    # pyc is this env's, linked. A memo's digest is trusted this far only: the timestamp check
+                    # CPython itself makes of a pyc, to the nanosecond.
                     try:
                         link_pyc(entry, cfile, new)
-                        taken += 1
-                        continue
+                        linked = True
+                        break
                     except OSError:
                         pass
+                if not memo:
+                    break
+                # Bytes are needed now (a compile, or kept code under this env's own header): the key is their digest.
+                # A memo that outlived its file's bytes (a write that left mtime and size as they were) is replaced,
+                # and the lookup made again: code is never filed or taken under a digest its source does not have.
+                memo = False
+                if source is None:
+                    source = read(path)
+                real = hashlib.sha256(source).digest()
+                if real == digest:
+                    break
+                digest = real
+                keep_memo(path, st, real)
+            if linked:
+                taken += 1
+                continue
+            pyc = None
+            if kept is not None:
                 # Its code under this env's own header (what a compile would write).
                 whole = kept[1] if kept[1] is not None else kept_pyc(entry)
-                kept = None if whole is None else kept
-                if kept is not None:
+                if whole is not None:
                     taken += 1
-                    pyc = head + whole[16:]
-            if kept is None:
+                    pyc = header(source, st) + whole[16:]
+            if pyc is None:
                 if source is None:
-                    with open(path, "rb") as f:
-                        source = f.read()
+                    source = read(path)
                 compiled += 1
                 code = compile(source, path, "exec", dont_inherit=True, optimize=opt)
                 pyc = _code_to_hash_pyc(code, source_hash(_RAW_MAGIC_NUMBER, source), True) if checked else _code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
