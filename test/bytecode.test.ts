@@ -367,6 +367,22 @@ describe("the bytecode store: each module compiled once per home", () => {
     expect(await valueIn(b)).toBe("7");
   });
 
+  test("something not a file at an entry's path (a FIFO) is looked at, never waited on: the module is compiled", async () => {
+    const { root, a, linked, store } = linkedTrees();
+    await compileBytecode("python3", a, { env, cwd: root, hooks, store });
+    const bucket = join(store, readdirSync(store).find((d) => d !== "last-used")!);
+    const shard = readdirSync(bucket, { withFileTypes: true }).find((e) => e.isDirectory())!.name;
+    const entry = join(bucket, shard, readdirSync(join(bucket, shard))[0]!);
+    rmSync(entry);
+    expect(Bun.spawnSync(["mkfifo", entry]).exitCode).toBe(0);
+    const b = linked("b");
+    await compileBytecode("python3", b, { env, cwd: root, hooks, store });
+    const ours = pycs(b);
+    dropPycs(b);
+    await run(["python3", "-m", "compileall", "-q", b], { env });
+    expect(await sameCode("python3", ours, pycs(b), 16)).toBe(true);
+  }, 30_000);
+
   test("after a reboot every entry is checked in full again: one altered with its mtime put back is compiled again, not loaded", async () => {
     // Envs whose sources are the same files (uv's links): each takes the entries themselves.
     const { root, a, linked, store } = linkedTrees();

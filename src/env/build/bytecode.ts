@@ -65,7 +65,7 @@ checked = bool(os.environ.get("SOURCE_DATE_EPOCH"))  # py_compile's default: che
 # The store needs links and extended attributes (the digest on each entry's inode): Linux; elsewhere, none.
 store = sys.argv[1] if fast and len(sys.argv) > 1 and sys.argv[1] and hasattr(os, "setxattr") else None
 if store:
-    import hashlib, time
+    import hashlib, stat, time
     named = "%s %s (magic %s)" % (sys.implementation.cache_tag, sys.version.split()[0], MAGIC_NUMBER.hex())
     store = os.path.join(store, hashlib.sha256((named + "\\n" + sys.version).encode()).hexdigest()[:16])
     try:
@@ -137,11 +137,14 @@ def kept_header(entry):
     # (header, whole pyc or None) of a sound entry, else None: checked in full once a boot (the memo after its digest
     # then says so), all through one descriptor, so the file checked is the file stamped.
     try:
-        fd = os.open(entry, os.O_RDONLY)
+        # Non-blocking: whatever sits at the path (a FIFO) is looked at, never waited on; only a file is an entry.
+        fd = os.open(entry, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
         tag = os.getxattr(fd, XATTR)
         if BOOT and len(tag) == 56 and tag[32:] == stamp(st):
             return os.read(fd, 16), None
@@ -247,8 +250,6 @@ for raw in sys.stdin.buffer.read().split(b"\\0"):
                     digest, source, memo = source_digest(path, st)
                 entry = os.path.join(store, digest[:1].hex(), "%s.%d" % (digest[1:].hex(), opt)) if store else None
                 kept = kept_header(entry) if entry else None
-                if checked and source is None:
-                    source = read(path)
                 if kept is not None and kept[0] == header(source, st):
                     # The same header (the source is the same file of uv's cache, or a checked hash): the store's own
                     # pyc is this env's, linked. A memo's digest is trusted this far only: the timestamp check
