@@ -6,6 +6,7 @@ import type { BuildPlan } from "./build-plan.ts";
 import { installedSet } from "../request/interpreter.ts";
 import { installerMessage, runTool } from "./run-tool.ts";
 import { resolveToolShim } from "../request/shims.ts";
+import { definedOnly } from "../../core/defined-env.ts";
 
 /**
  * The uv a build uses, by the `uv` setting: off, none; a path, that one;
@@ -140,11 +141,6 @@ function isExecutable(path: string): boolean {
   }
 }
 
-function definedOnly(env: NodeJS.ProcessEnv): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const [k, v] of Object.entries(env)) if (v !== undefined) out[k] = v;
-  return out;
-}
 
 /** The table's entry for a wheel file: the same name, else the one that shares a platform tag with it. */
 export function pinnedWheelFor(file: string): { name: string; sha256: string } | null {

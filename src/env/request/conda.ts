@@ -2,6 +2,7 @@ import { existsSync, readdirSync, readFileSync, realpathSync, statSync } from "n
 import { basename, dirname, join, resolve } from "node:path";
 import { contentHash } from "../../core/hashing.ts";
 import { UsageError } from "../../errors.ts";
+import { definedOnly } from "../../core/defined-env.ts";
 
 export { condaActivation } from "./conda-activation.ts";
 
@@ -134,11 +135,6 @@ interface CondaAnswer {
   root: string | null;
 }
 
-function defined(env: Record<string, string | undefined>): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const [k, v] of Object.entries(env)) if (v !== undefined) out[k] = v;
-  return out;
-}
 
 /** `conda env list --json`, when conda is on PATH; a failure is an answer too (the folders are looked in then). */
 function askConda(ctx: CondaLookupContext): CondaAnswer {
@@ -147,7 +143,7 @@ function askConda(ctx: CondaLookupContext): CondaAnswer {
   const failed = (why: string): CondaAnswer => ({ said: `conda env list (${why})`, prefixes: [], root: null });
   let proc: ReturnType<typeof Bun.spawnSync>;
   try {
-    proc = Bun.spawnSync([conda, "env", "list", "--json"], { env: defined(ctx.env), cwd: ctx.cwd, stdin: "ignore", stdout: "pipe", stderr: "pipe", timeout: CONDA_LIST_TIMEOUT_MS });
+    proc = Bun.spawnSync([conda, "env", "list", "--json"], { env: definedOnly(ctx.env), cwd: ctx.cwd, stdin: "ignore", stdout: "pipe", stderr: "pipe", timeout: CONDA_LIST_TIMEOUT_MS });
   } catch (error) {
     return failed(`cannot run ${shown(conda, ctx.home)}: ${(error as Error).message}`);
   }

@@ -3,6 +3,7 @@ import { basename, dirname, join } from "node:path";
 import { PythonProblem } from "../../errors.ts";
 import { writeFileAtomic } from "../../core/atomic.ts";
 import { contentHash } from "../../core/hashing.ts";
+import { definedOnly } from "../../core/defined-env.ts";
 
 /**
  * The interpreter that actually runs when a path is run. A pyenv shim (or any
@@ -86,7 +87,7 @@ function pyenvWhich(text: string, program: string, env: Record<string, string | 
   const pyenv = /exec "([^"]+)" exec /.exec(text)?.[1];
   if (!pyenv) return null;
   try {
-    const r = Bun.spawnSync([pyenv, "which", program], { env: defined(env), cwd, stdout: "pipe", stderr: "pipe" });
+    const r = Bun.spawnSync([pyenv, "which", program], { env: definedOnly(env), cwd, stdout: "pipe", stderr: "pipe" });
     const out = r.stdout.toString().trim();
     if (r.exitCode === 0 && out.startsWith("/")) return out;
     return { absent: `pyenv which ${program}: ${r.stderr.toString().trim().split("\n")[0] || `exit ${r.exitCode}`}` };
@@ -95,15 +96,10 @@ function pyenvWhich(text: string, program: string, env: Record<string, string | 
   }
 }
 
-function defined(env: Record<string, string | undefined>): Record<string, string> {
-  const clean: Record<string, string> = {};
-  for (const [k, v] of Object.entries(env)) if (v !== undefined) clean[k] = v;
-  return clean;
-}
 
 /** Ask a wrapper which Python it runs: the answer is used for this run only. */
 function askWrapper(path: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter {
-  const proc = Bun.spawnSync([path, "-c", "import sys; print(sys.executable)"], { env: defined(env), cwd, stdout: "pipe", stderr: "pipe" });
+  const proc = Bun.spawnSync([path, "-c", "import sys; print(sys.executable)"], { env: definedOnly(env), cwd, stdout: "pipe", stderr: "pipe" });
   const out = (proc.stdout ?? "").toString().trim();
   if (proc.exitCode !== 0 || !out.startsWith("/")) {
     const msg = (proc.stderr ?? "").toString().trim().split("\n").pop() ?? "";
@@ -159,7 +155,7 @@ function pyenvVersionNames(text: string, root: string, chosen: string[], env: Re
     // not asked yet
   }
   try {
-    const r = Bun.spawnSync([pyenv, "version-name"], { env: defined(env), cwd, stdout: "pipe", stderr: "pipe" });
+    const r = Bun.spawnSync([pyenv, "version-name"], { env: definedOnly(env), cwd, stdout: "pipe", stderr: "pipe" });
     const names = r.stdout.toString().trim().split(":").filter(Boolean);
     if (r.exitCode !== 0 || !names.length) return null;
     try {
