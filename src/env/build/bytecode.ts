@@ -35,8 +35,8 @@ import type { BuildUser } from "./build-user.ts";
  * again, never loaded. What a read learned stays on the file's own inode for
  * the rest of the boot, as a memo naming the boot and the file's mtime (ns)
  * and size: a source's digest (uv links one file of its cache into every
- * env, so it is hashed once a boot, not once per env) and an entry's check
- * and header. A write moves the mtime and a reboot the boot (a crash may tear
+ * env, so it is hashed once a boot, not once per env) and an entry's full
+ * check. A write moves the mtime and a reboot the boot (a crash may tear
  * what had not reached the disk); either sends the next read back to the
  * bytes. A source's memo only ever links in an entry whose header matches
  * the source: CPython's own timestamp check, to the nanosecond, within one

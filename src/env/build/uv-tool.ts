@@ -141,7 +141,6 @@ function isExecutable(path: string): boolean {
   }
 }
 
-
 /** The table's entry for a wheel file: the same name, else the one that shares a platform tag with it. */
 export function pinnedWheelFor(file: string): { name: string; sha256: string } | null {
   if (UV_WHEEL_SHA256[file]) return { name: file, sha256: UV_WHEEL_SHA256[file] };

@@ -135,7 +135,6 @@ interface CondaAnswer {
   root: string | null;
 }
 
-
 /** `conda env list --json`, when conda is on PATH; a failure is an answer too (the folders are looked in then). */
 function askConda(ctx: CondaLookupContext): CondaAnswer {
   const conda = Bun.which("conda", { PATH: ctx.env.PATH ?? "" });

@@ -96,7 +96,6 @@ function pyenvWhich(text: string, program: string, env: Record<string, string | 
   }
 }
 
-
 /** Ask a wrapper which Python it runs: the answer is used for this run only. */
 function askWrapper(path: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter {
   const proc = Bun.spawnSync([path, "-c", "import sys; print(sys.executable)"], { env: definedOnly(env), cwd, stdout: "pipe", stderr: "pipe" });
