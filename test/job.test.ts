@@ -5,7 +5,7 @@ setDefaultTimeout(120_000);
 import { existsSync, readdirSync, readFileSync, writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { PackageIndex } from "./fixtures/index.ts";
-import { cli, sandbox, startCli } from "./helpers.ts";
+import { CLI_ARGV, cli, sandbox, startCli } from "./helpers.ts";
 
 const box = sandbox();
 const index = new PackageIndex(join(box.root, "index"));
@@ -176,6 +176,36 @@ describe("job run", () => {
     expect(a.stdout.trim()).toBe("1.0");
     expect(b.stdout.trim()).toBe("1.0");
     expect(readFileSync(counter, "utf8").trim().split("\n")).toHaveLength(1);
+  });
+
+  // A job's record is written as its command starts (jobs/store.ts holdWrites): the command, and anyone asking, finds it there.
+  test("a running job finds its own record: running, its prepare before its run", async () => {
+    const seen = join(box.root, "self-status.json");
+    const gpulayer = CLI_ARGV.map((a) => `'${a}'`).join(" ");
+    const r = await cli(["job", "run", "--", "sh", "-c", `${gpulayer} job status "$GPULAYER_JOB_ID" --json > ${seen}`], { env: env(), cwd: work });
+    expect(r.code).toBe(0);
+    const s = json(readFileSync(seen, "utf8"));
+    expect(s.state).toBe("running");
+    const phases = s.events.map((e: any) => e.type).filter((t: string) => t !== "task.prepare.step");
+    expect(phases).toEqual(["job.submitted", "task.prepare.started", "task.prepare.finished", "task.run.started"]);
+    const after = json((await cli(["job", "status", s.id, "--json"], { env: env() })).stdout);
+    expect(after.state).toBe("succeeded");
+  });
+
+  test("a job whose env is still building is listed as preparing", async () => {
+    const counter = join(box.root, "long-build.txt");
+    index.sdist({ name: "longbuild", version: "1.0", counter, sleep: 600 });
+    const runner = startCli(["job", "run", "-p", "longbuild", "--index-url", index.url, "--", "true"], { env: env(), cwd: work, detached: true });
+    try {
+      for (let i = 0; i < 600 && !existsSync(counter); i++) await Bun.sleep(50);
+      expect(existsSync(counter)).toBe(true);
+      const listed = json((await cli(["job", "list", "--json"], { env: env() })).stdout)[0];
+      expect(listed.command).toContain("true");
+      expect(listed.state).toBe("preparing");
+    } finally {
+      process.kill(-runner.pid, "SIGKILL");
+      await runner.exited;
+    }
   });
 });
 
