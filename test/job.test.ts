@@ -195,7 +195,7 @@ describe("job run", () => {
   test("a job whose env is still building is listed as preparing", async () => {
     const counter = join(box.root, "long-build.txt");
     index.sdist({ name: "longbuild", version: "1.0", counter, sleep: 600 });
-    const runner = startCli(["job", "run", "-p", "longbuild", "--index-url", index.url, "--", "true"], { env: env(), cwd: work, detached: true });
+    const runner = startCli(["job", "run", "-p", "longbuild", "--index-url", index.url, "--", "true"], { env: env(), cwd: work });
     try {
       for (let i = 0; i < 600 && !existsSync(counter); i++) await Bun.sleep(50);
       expect(existsSync(counter)).toBe(true);
@@ -203,8 +203,9 @@ describe("job run", () => {
       expect(listed.command).toContain("true");
       expect(listed.state).toBe("preparing");
     } finally {
-      process.kill(-runner.pid, "SIGKILL");
-      await runner.exited;
+      // Ctrl-C: the cancel ends the build's installer too (a SIGKILL would leave it building on, for the next prepare to end).
+      runner.kill("SIGINT");
+      expect(await runner.exited).toBe(130);
     }
   });
 });
