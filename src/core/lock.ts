@@ -72,9 +72,9 @@ export function lockWhere(): string {
         return "";
       }
     };
-    // node:os loaded here, at the first lock record: its start-up would cost every warm prepare.
-    const { hostname } = require("node:os") as typeof import("node:os");
-    here = [hostname(), read("/proc/sys/kernel/random/boot_id", (p) => readFileSync(p, "utf8")), read("/proc/self/ns/pid", readlinkSync)].join("|");
+    // The host's name as uname gives it, from /proc: node:os's start-up (0.3 ms) would cost every warm prepare.
+    const host = read("/proc/sys/kernel/hostname", (p) => readFileSync(p, "utf8")) || (require("node:os") as typeof import("node:os")).hostname();
+    here = [host, read("/proc/sys/kernel/random/boot_id", (p) => readFileSync(p, "utf8")), read("/proc/self/ns/pid", readlinkSync)].join("|");
   }
   return here;
 }
