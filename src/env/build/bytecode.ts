@@ -124,14 +124,17 @@ def source_digest(path, st):
     keep_memo(path, st, digest)
     return digest, source, False
 
+def sound(data, digest):
+    # A whole pyc of this Python whose bytes are the digest on its inode: a torn or changed one is never taken.
+    return len(data) > 16 and data[:4] == MAGIC_NUMBER and hashlib.sha256(data).digest() == digest
+
 def kept_pyc(entry):
-    # A whole pyc, checked against the digest on its inode: a torn or changed one is never taken.
     try:
         want = os.getxattr(entry, XATTR)[:32]
         data = read(entry)
     except OSError:
         return None
-    return data if len(data) > 16 and data[:4] == MAGIC_NUMBER and hashlib.sha256(data).digest() == want else None
+    return data if sound(data, want) else None
 
 def kept_header(entry):
     # (header, whole pyc or None) of a sound entry, else None: checked in full once a boot (the memo after its digest
@@ -150,7 +153,7 @@ def kept_header(entry):
             return os.read(fd, 16), None
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read()
-        if not (len(data) > 16 and data[:4] == MAGIC_NUMBER and hashlib.sha256(data).digest() == tag[:32]):
+        if not sound(data, tag[:32]):
             return None
         if BOOT:
             try:
