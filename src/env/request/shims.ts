@@ -31,6 +31,13 @@ function firstBytes(path: string, n: number): Buffer {
   }
 }
 
+/** pyenv's root, the versions it would try there, and what chose them. */
+interface PyenvChoice {
+  root: string;
+  versions: string[];
+  origin: string;
+}
+
 /** The versions pyenv would try, and what chose them (pyenv-version-name, pyenv-version-file). */
 function pyenvVersions(env: Record<string, string | undefined>, cwd: string, root: string): { versions: string[]; origin: string } {
   if (env.PYENV_VERSION) return { versions: env.PYENV_VERSION.split(":").filter(Boolean), origin: `PYENV_VERSION=${env.PYENV_VERSION}` };
@@ -54,14 +61,14 @@ function pyenvVersions(env: Record<string, string | undefined>, cwd: string, roo
  * choice is not certain from files alone: "system", a path, or a version that is no folder of its own (a
  * prefix such as `uv init`'s "3.11", which pyenv takes as the latest 3.11.x it has, by its own rules).
  */
-function resolvePyenvShim(path: string, text: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter | { absent: string } | "ask" | null {
+function resolvePyenvShim(path: string, text: string, env: Record<string, string | undefined>, cwd: string): ResolvedInterpreter | { absent: string } | { ask: PyenvChoice } | null {
   const root = /export PYENV_ROOT="([^"]+)"/.exec(text)?.[1] ?? env.PYENV_ROOT;
   if (!root) return null;
   const { versions, origin } = pyenvVersions(env, cwd, root);
   const program = basename(path);
   for (const v of versions) {
     if (v === "system" || v.includes("/")) return null;
-    if (!existsSync(join(root, "versions", v))) return "ask";
+    if (!existsSync(join(root, "versions", v))) return { ask: { root, versions, origin } };
     const candidate = join(root, "versions", v, "bin", program);
     if (existsSync(candidate)) return { path: candidate, via: `pyenv shim ${path} (${origin})` };
   }
@@ -69,10 +76,7 @@ function resolvePyenvShim(path: string, text: string, env: Record<string, string
 }
 
 /** The program in the versions pyenv names (pyenvVersionNames); null where that does not settle it (system, none named, none has it). */
-function resolveByPyenvNames(path: string, text: string, env: Record<string, string | undefined>, cwd: string, cacheDir: string): ResolvedInterpreter | null {
-  const root = /export PYENV_ROOT="([^"]+)"/.exec(text)?.[1] ?? env.PYENV_ROOT;
-  if (!root) return null;
-  const { versions, origin } = pyenvVersions(env, cwd, root);
+function resolveByPyenvNames(path: string, text: string, { root, versions, origin }: PyenvChoice, env: Record<string, string | undefined>, cwd: string, cacheDir: string): ResolvedInterpreter | null {
   const names = pyenvVersionNames(text, root, versions, env, cwd, cacheDir);
   for (const name of names ?? []) {
     if (name === "system" || name.includes("/")) return null;
@@ -119,7 +123,7 @@ export function resolveToolShim(path: string, env: Record<string, string | undef
     const text = readFileSync(path, "utf8").slice(0, 4096);
     if (!/pyenv"? exec/.test(text)) return path;
     const shim = resolvePyenvShim(path, text, env, cwd);
-    if (shim === "ask") return pyenvWhich(text, basename(path), env, cwd) ?? path;
+    if (shim && "ask" in shim) return pyenvWhich(text, basename(path), env, cwd) ?? path;
     if (!shim) return path;
     return "absent" in shim ? shim : shim.path;
   } catch {
@@ -186,13 +190,12 @@ export function resolveInterpreter(path: string, env: Record<string, string | un
   }
   if (/pyenv"? exec/.test(text)) {
     const shim = resolvePyenvShim(path, text, env, cwd);
-    if (shim === "ask" && cacheDir) {
+    if (shim && "ask" in shim) {
       // A version pyenv resolves by its own rules: its names for it, kept; else the shim itself says which Python it runs, below.
-      const byName = resolveByPyenvNames(path, text, env, cwd, cacheDir);
+      const byName = cacheDir ? resolveByPyenvNames(path, text, shim.ask, env, cwd, cacheDir) : null;
       if (byName) return byName;
-    }
-    if (shim && shim !== "ask" && "absent" in shim) throw new PythonProblem(`${path} is a pyenv shim, and the Python version pyenv picks here (${shim.absent}) has no ${basename(path)}`);
-    if (shim && shim !== "ask") return shim;
+    } else if (shim && "absent" in shim) throw new PythonProblem(`${path} is a pyenv shim, and the Python version pyenv picks here (${shim.absent}) has no ${basename(path)}`);
+    else if (shim) return shim;
   }
   return askWrapper(path, env, cwd);
 }
