@@ -3,7 +3,6 @@ import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { waitFor, watchdogs } from "./fixtures/processes.ts";
-import { pidFloor, readPidCounter } from "../src/core/job-processes.ts";
 
 /**
  * A job's processes as a whole, with real processes: a child that leaves the
@@ -110,33 +109,5 @@ describe("a SIGKILLed job run", () => {
     await waitFor("the child to be gone", () => !alive(child));
     const gone = await gpl(["gc", "--max-size", "0", "--min-age", "0", "--json"]);
     expect(json<{ removed: unknown[] }>(gone.stdout).removed.length).toBeGreaterThan(0);
-  });
-});
-
-// At a job's end only the pids given out after its first are read, while the allocator cannot have wrapped since.
-describe("where a job's processes can be: the pids after its first", () => {
-  const before = { forks: 1000, tasks: 130, pidMax: 32768 };
-  test("without a wrap, the first pid is the floor", () => {
-    expect(pidFloor(2000, before, { ...before, forks: 1010 })).toBe(2000);
-  });
-  test("near pid_max, where the pids alive and born since could carry the allocator past it, every pid is read", () => {
-    // 130 alive + 2 x 10 born = 150 steps at most; 32768 - 32600 = 168 pids above: no wrap yet.
-    expect(pidFloor(32600, before, { ...before, forks: 1010 })).toBe(32600);
-    // 130 + 2 x 20 = 170 steps could pass pid_max.
-    expect(pidFloor(32600, before, { ...before, forks: 1020 })).toBe(0);
-  });
-  test("a pid_max lowered meanwhile, a counter that went back, or no /proc: every pid is read", () => {
-    expect(pidFloor(2000, before, { ...before, forks: 1010, pidMax: 2100 })).toBe(0);
-    expect(pidFloor(2000, before, { ...before, forks: 999 })).toBe(0);
-    expect(pidFloor(2000, null, before)).toBe(0);
-    expect(pidFloor(2000, before, null)).toBe(0);
-  });
-  test("this machine's counter reads as /proc has it", () => {
-    const counter = readPidCounter()!;
-    expect(counter.pidMax).toBe(Number(readFileSync("/proc/sys/kernel/pid_max", "utf8")));
-    expect(counter.tasks).toBeGreaterThan(0);
-    // A process started since counts one fork at least.
-    Bun.spawnSync(["true"]);
-    expect(readPidCounter()!.forks).toBeGreaterThan(counter.forks);
   });
 });

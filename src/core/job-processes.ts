@@ -15,8 +15,8 @@ const MARK = "GPULAYER_JOB_ID";
 
 const jobMark = (jobId: string) => `${MARK}=${jobId}`;
 
-/** The /proc entries of processes other than this one, above `floor` (a pid). */
-function otherPids(floor = 0): string[] {
+/** The /proc entries of processes other than this one. */
+function otherPids(): string[] {
   let names: string[];
   try {
     names = readdirSync("/proc");
@@ -24,52 +24,7 @@ function otherPids(floor = 0): string[] {
     return []; // no /proc: nothing is found
   }
   const self = String(process.pid);
-  return names.filter((n) => n.charCodeAt(0) >= 48 && n.charCodeAt(0) <= 57 && n !== self && (floor === 0 || Number(n) > floor));
-}
-
-/**
- * The pid counter as a job's first process starts, to read fewer processes
- * at its end (pidFloor): taken before that process is started.
- */
-export interface PidCounter {
-  /** Tasks (threads included) given a pid since boot: /proc/stat's `processes`. */
-  forks: number;
-  /** Tasks alive: /proc/loadavg's fourth field, after the slash. */
-  tasks: number;
-  pidMax: number;
-}
-
-function readNumber(path: string, pattern: RegExp): number | null {
-  try {
-    const found = pattern.exec(readFileSync(path, "latin1"));
-    return found ? Number(found[1]) : null;
-  } catch {
-    return null;
-  }
-}
-
-/** Null without /proc (every scan then reads every process). */
-export function readPidCounter(): PidCounter | null {
-  const forks = readNumber("/proc/stat", /^processes (\d+)$/m);
-  const tasks = readNumber("/proc/loadavg", /^\S+ \S+ \S+ \d+\/(\d+) /);
-  const pidMax = readNumber("/proc/sys/kernel/pid_max", /^(\d+)/);
-  return forks === null || tasks === null || pidMax === null ? null : { forks, tasks, pidMax };
-}
-
-/**
- * Below which pid none of a job's processes can be, given its first pid and
- * the counter before it started (0: they may be anywhere). Everything the
- * job starts gets a pid after its first, as Linux hands pids out in order,
- * unless the allocator wrapped around pid_max since. It moves past one pid
- * per task given one (`forks` now less then) and per pid it skips as taken,
- * at most every task alive then or born since: while those add up to less
- * than the pids above the first, it cannot have wrapped.
- */
-export function pidFloor(first: number, before: PidCounter | null, now: PidCounter | null): number {
-  if (!before || !now) return 0;
-  const born = now.forks - before.forks;
-  // pid_max lowered meanwhile: the allocator wraps at the lower one.
-  return born >= 0 && before.tasks + 2 * born < Math.min(before.pidMax, now.pidMax) - first ? first : 0;
+  return names.filter((n) => n.charCodeAt(0) >= 48 && n.charCodeAt(0) <= 57 && n !== self);
 }
 
 // One buffer for every read: a scan runs at each job's end, and /proc holds hundreds of processes on a busy box.
@@ -105,16 +60,11 @@ function readEnviron(pid: string): Buffer | null {
   }
 }
 
-/**
- * The live processes carrying the job's mark (this process excluded). With
- * `from` (the job's first pid, and the counter before it started), only the
- * pids after it are read while pidFloor shows the allocator has not wrapped.
- */
-export function jobProcesses(jobId: string, from?: { pid: number; before: PidCounter | null }): number[] {
+/** The live processes carrying the job's mark (this process excluded). */
+export function jobProcesses(jobId: string): number[] {
   const needle = Buffer.from(`\0${jobMark(jobId)}\0`);
   const found: number[] = [];
-  const floor = from ? pidFloor(from.pid, from.before, readPidCounter()) : 0;
-  for (const pid of otherPids(floor)) {
+  for (const pid of otherPids()) {
     if (readEnviron(pid)?.includes(needle) && !isZombie(pid)) found.push(Number(pid));
   }
   return found;
@@ -162,17 +112,17 @@ function signal(pids: number[], sig: NodeJS.Signals): void {
 }
 
 /** End every process of the job: SIGTERM, then SIGKILL what is left after the grace; resolves when none is left (or after a last SIGKILL round). */
-export async function endJobProcesses(jobId: string, graceMs: number, from?: { pid: number; before: PidCounter | null }): Promise<number> {
-  const first = jobProcesses(jobId, from);
+export async function endJobProcesses(jobId: string, graceMs: number): Promise<number> {
+  const first = jobProcesses(jobId);
   if (!first.length) return 0;
   signal(first, "SIGTERM");
   const deadline = Date.now() + graceMs;
   while (Date.now() < deadline) {
     await sleep(50);
-    if (!jobProcesses(jobId, from).length) return first.length;
+    if (!jobProcesses(jobId).length) return first.length;
   }
   for (let round = 0; round < 5; round++) {
-    const left = jobProcesses(jobId, from);
+    const left = jobProcesses(jobId);
     if (!left.length) break;
     signal(left, "SIGKILL");
     await sleep(20);

@@ -1,4 +1,4 @@
-import { endJobProcesses, type PidCounter, readPidCounter } from "../../core/job-processes.ts";
+import { endJobProcesses } from "../../core/job-processes.ts";
 import { withUmask } from "../../core/owner-only.ts";
 import { ExitCode } from "../../errors.ts";
 import { jobArgv, type RunAs, runAsEnv } from "../run-as.ts";
@@ -47,12 +47,9 @@ export function processDriver(task: ProcessTask): TaskDriver {
       const env = task.runAs ? { ...task.env, ...runAsEnv(task.runAs) } : task.env;
       const program = task.argv[0]!;
       let child: Bun.Subprocess<"ignore", "pipe", "pipe">;
-      let before: PidCounter | null = null;
       try {
         // Looked up as exec would, here: through setpriv the failure would read as setpriv's own.
         if (!Bun.which(program, { PATH: env.PATH, cwd: task.workdir })) throw new Error(program.includes("/") ? "no such file, or not executable" : "not found on the job's PATH (the env's bin first), or not executable");
-        // Read before the start: at the end, only the pids given out after the job's first need reading (core/job-processes.ts).
-        before = readPidCounter();
         child = Bun.spawn(jobArgv(withUmask(task.argv, task.umask), task.setpriv, task.runAs), { cwd: task.workdir, env, stdin: "ignore", stdout: "pipe", stderr: "pipe", detached: true });
       } catch (error) {
         throw new CannotStart(`cannot start ${program}: ${(error as Error).message}`);
@@ -71,7 +68,7 @@ export function processDriver(task: ProcessTask): TaskDriver {
           await child.exited;
           // The job ends with its main process: what it left behind (in its group, or setsid and holding its output) is ended too.
           killGroup(pid, stopped ? "SIGKILL" : "SIGTERM");
-          await endJobProcesses(task.jobId, stopped ? 0 : task.graceMs, { pid, before });
+          await endJobProcesses(task.jobId, stopped ? 0 : task.graceMs);
           await pumped;
           const signal = child.signalCode;
           return { exitCode: child.exitCode ?? ExitCode.signalBase + (signal ? (SIGNALS[signal] ?? 0) : 0), ...(signal ? { signal } : {}) };
@@ -89,7 +86,7 @@ export function processDriver(task: ProcessTask): TaskDriver {
           killGroup(pid, "SIGTERM");
           killTimer = setTimeout(() => killGroup(pid, "SIGKILL"), task.graceMs);
           // And whatever left the group (setsid, a daemon): every process with the job's mark.
-          void endJobProcesses(task.jobId, task.graceMs, { pid, before });
+          void endJobProcesses(task.jobId, task.graceMs);
         },
         exited,
       };
