@@ -97,7 +97,6 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
   const finish = (state: JobState, exitCode: number, extra: Partial<JobOutcome> = {}): JobOutcome => {
     if (state === "cancelled") emit("job.cancelled", { reason: cancelReason });
     store.update(job.id, { state, exitCode, childPid: null, childStart: null });
-    store.flushWrites();
     return { state, exitCode, prepareSeconds: null, runSeconds: null, ...extra };
   };
 
@@ -224,8 +223,6 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       store.update(job.id, { state: "running", childPid: started.pid, childStart: processStartTime(started.pid) });
       launch.onStarted?.(started.pid);
       emit("task.run.started", { pid: started.pid, ...started.details, command: spec.commandText });
-      // Writes a caller held (JobStore.holdWrites) are recorded now, while the command starts.
-      store.flushWrites();
       if (cancelReason) started.stop();
       const exit = await started.exited;
       running = null;

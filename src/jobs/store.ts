@@ -92,83 +92,37 @@ function migrate(db: Database): void {
  * Jobs and their events in bun:sqlite; WAL and a busy timeout make it safe for many gpulayer processes at once.
  * With readOnly (job status, list, logs) the database is opened read-only: no folder or file is created, no
  * migration runs, and no checkpoint rewrites it on close; with no database yet, an empty one in memory answers.
- * A writer opens the database on its first use (a `job run` whose writes are held opens it once its command runs).
  */
 export class JobStore {
-  private opened: Database | null = null;
+  readonly db: Database;
   /** A database from before jobs of tasks, opened by a reader (which never migrates): it holds no tasks. */
-  private hasTasks = true;
-  /** Writes held by holdWrites, each ready to run as it was asked (its values and times taken then). */
-  private held: (() => void)[] | null = null;
-  private holdTimer: ReturnType<typeof setTimeout> | undefined;
-  /** A held write that failed when the timer wrote it: thrown at the next flush. */
-  private heldFailure: unknown = null;
+  private readonly hasTasks: boolean;
   constructor(
     readonly layout: HomeLayout,
     opts: { readOnly?: boolean } = {},
   ) {
-    if (!opts.readOnly) {
-      // Jobs' environment values and output: closed to others, files an older gpulayer made 0644 included.
-      ownerOnlyFolder(layout.jobs);
+    const path = join(layout.jobs, "jobs.db");
+    if (opts.readOnly) {
+      // An empty file is a database a full disk kept from being made: as good as none (its first writer makes it).
+      const present = (statSync(path, { throwIfNoEntry: false })?.size ?? 0) > 0;
+      this.db = present ? new Database(path, { readonly: true }) : new Database(":memory:");
+      this.db.exec("PRAGMA busy_timeout = 10000");
+      if (!present) {
+        this.db.exec(SCHEMA);
+        migrate(this.db);
+      }
+      this.hasTasks = columnsOf(this.db).has("parent_id");
       return;
     }
-    const path = join(layout.jobs, "jobs.db");
-    // An empty file is a database a full disk kept from being made: as good as none (its first writer makes it).
-    const present = (statSync(path, { throwIfNoEntry: false })?.size ?? 0) > 0;
-    this.opened = present ? new Database(path, { readonly: true }) : new Database(":memory:");
-    this.opened.exec("PRAGMA busy_timeout = 10000");
-    if (!present) {
-      this.opened.exec(SCHEMA);
-      migrate(this.opened);
-    }
-    this.hasTasks = columnsOf(this.opened).has("parent_id");
-  }
-
-  private get db(): Database {
-    if (this.opened) return this.opened;
-    const db = new Database(join(this.layout.jobs, "jobs.db"), { create: true });
-    db.exec("PRAGMA busy_timeout = 10000");
-    db.exec("PRAGMA journal_mode = WAL");
-    db.exec("PRAGMA synchronous = NORMAL");
-    db.exec(SCHEMA);
-    migrate(db);
-    this.opened = db;
-    return db;
-  }
-
-  /**
-   * Holds this store's writes (create, update, event) in memory, to be
-   * written in one transaction by flushWrites, by close, or `ms` later,
-   * whichever comes first: a warm `job run` records its job while its
-   * command starts, not before it (the database's open and first write are
-   * milliseconds on the way to the command). Reads do not see held writes.
-   */
-  holdWrites(ms: number): void {
-    if (this.held) return;
-    this.held = [];
-    this.holdTimer = setTimeout(() => {
-      try {
-        this.flushWrites();
-      } catch (error) {
-        this.heldFailure = error;
-      }
-    }, ms);
-  }
-
-  /** Writes what holdWrites held, at once; a no-op when nothing is held. */
-  flushWrites(): void {
-    clearTimeout(this.holdTimer);
-    const held = this.held;
-    this.held = null;
-    const failure = this.heldFailure;
-    this.heldFailure = null;
-    if (failure) throw failure;
-    if (held?.length) this.db.transaction(() => held.forEach((write) => write()))();
-  }
-
-  private write(run: () => void): void {
-    if (this.held) this.held.push(run);
-    else run();
+    // Jobs' environment values and output: closed to others, files an older gpulayer made 0644 included.
+    ownerOnlyFolder(layout.jobs);
+    this.db = new Database(path, { create: true });
+    this.db.exec("PRAGMA busy_timeout = 10000");
+    this.db.exec("PRAGMA journal_mode = WAL");
+    this.db.exec("PRAGMA synchronous = NORMAL");
+    this.db.exec(SCHEMA);
+    migrate(this.db);
+    this.hasTasks = true;
   }
 
   logPath(id: string): string {
@@ -188,20 +142,17 @@ export class JobStore {
   create(spec: JobSpec): JobRecord {
     const id = newId();
     const now = Date.now();
-    const submitted = JSON.stringify({ name: spec.name, command: spec.commandText } satisfies JobEventData["job.submitted"]);
-    const tasks = (spec.tasks ?? []).map((t) => [newId(), `${spec.name}/${t.name}`, JSON.stringify(redactDeep(t.spec)), t.name] as const);
-    const recorded = JSON.stringify(redactDeep(spec));
-    this.write(() =>
-      this.db.transaction(() => {
-        this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec) VALUES (?, ?, 'queued', ?, ?, ?)").run(id, spec.name, now, now, recorded);
-        this.insertEvent(id, now, "job.submitted", submitted);
-        // A job of tasks: a record per task, queued with the job; each has its own events, log and phases.
-        for (const [taskId, name, taskSpec, task] of tasks) {
-          this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec, parent_id, task) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)").run(taskId, name, now, now, taskSpec, id, task);
-        }
-      })(),
-    );
-    return { id, name: spec.name, state: "queued", created: now, updated: now, spec, exitCode: null, runnerPid: null, childPid: null, runnerStart: null, childStart: null, pidBoot: null, envKey: null, error: null, parentId: null, task: null };
+    this.db.transaction(() => {
+      this.db.query("INSERT INTO jobs (id, name, state, created, updated, spec) VALUES (?, ?, 'queued', ?, ?, ?)").run(id, spec.name, now, now, JSON.stringify(redactDeep(spec)));
+      this.insertEvent(id, now, "job.submitted", JSON.stringify({ name: spec.name, command: spec.commandText } satisfies JobEventData["job.submitted"]));
+      // A job of tasks: a record per task, queued with the job; each has its own events, log and phases.
+      for (const t of spec.tasks ?? []) {
+        this.db
+          .query("INSERT INTO jobs (id, name, state, created, updated, spec, parent_id, task) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)")
+          .run(newId(), `${spec.name}/${t.name}`, now, now, JSON.stringify(redactDeep(t.spec)), id, t.name);
+      }
+    })();
+    return { ...this.get(id)!, spec };
   }
 
   /** A job's task records, in the job file's order; each holds the task's whole spec when `spec` is given (credentials included). */
@@ -253,13 +204,11 @@ export class JobStore {
       sets.push(`${columns[k]} = ?`);
       values.push(typeof val === "string" ? redactUrl(val) : (val as number | null)); // an error may quote an index URL
     }
-    this.write(() => this.db.query(`UPDATE jobs SET ${sets.join(", ")} WHERE id = ?`).run(...values, id));
+    this.db.query(`UPDATE jobs SET ${sets.join(", ")} WHERE id = ?`).run(...values, id);
   }
 
   event<N extends JobEventName>(id: string, type: N, data: JobEventData[N]): void {
-    const ts = Date.now();
-    const text = JSON.stringify(redactDeep(data));
-    this.write(() => this.insertEvent(id, ts, type, text));
+    this.insertEvent(id, Date.now(), type, JSON.stringify(redactDeep(data)));
   }
 
   private insertEvent(id: string, ts: number, type: JobEventName, data: string): void {
@@ -274,8 +223,7 @@ export class JobStore {
   }
 
   close(): void {
-    this.flushWrites();
-    this.opened?.close();
+    this.db.close();
   }
 }
 

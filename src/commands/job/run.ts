@@ -21,9 +21,6 @@ function parseGpus(value: string): number {
   return Number(value.trim());
 }
 
-/** How long a `job run` may hold its job's record before writing it (JobStore.holdWrites). */
-const RECORD_WITHIN_MS = 20;
-
 const args = {
   file: { type: "string", alias: "f", valueHint: "JOB_FILE", description: "A job file (YAML or JSON): command, workdir, env, environment (requirements, python or conda, ...), resources; or tasks: several, each with its own command and needs, the job's fields their defaults" },
   requirements: { type: "string", alias: "r", valueHint: "REQ_FILE", description: "Requirements file for the job's environment (overrides the file's)" },
@@ -99,9 +96,6 @@ export default defineCommand({
     const refusal = gpus && gpuRefusal(spec, [gpus.length]);
     if (refusal) throw new UserError(refusal);
     const store = new JobStore(layout);
-    // A job of one command is recorded as its command starts (or within RECORD_WITHIN_MS, if its prepare takes longer);
-    // a detached runner and a job's tasks read the record from the database, so it is written at once for those.
-    if (!spec.tasks && !a.detach) store.holdWrites(RECORD_WITHIN_MS);
     const job = store.create(spec);
     if (a.detach) {
       (await import("../../jobs/detach.ts")).spawnDetachedRunner(job, ctx.childEnv, ctx.jobUmask);
