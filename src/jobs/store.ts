@@ -152,7 +152,8 @@ export class JobStore {
           .run(newId(), `${spec.name}/${t.name}`, now, now, JSON.stringify(redactDeep(t.spec)), id, t.name);
       }
     })();
-    return { ...this.get(id)!, spec };
+    // The record as written, without reading it back.
+    return { id, name: spec.name, state: "queued", created: now, updated: now, spec, exitCode: null, runnerPid: null, childPid: null, runnerStart: null, childStart: null, pidBoot: null, envKey: null, error: null, parentId: null, task: null };
   }
 
   /** A job's task records, in the job file's order; each holds the task's whole spec when `spec` is given (credentials included). */
