@@ -104,6 +104,36 @@ describe("a first start", () => {
   }, T);
 });
 
+// The fleet guide's client setup (GPULAYER_TOKEN_FILE exported), then `gpulayer server` started in that same shell.
+describe("a server's own token", () => {
+  const home = join(box.root, "server-home-own");
+  const env = (extra: Record<string, string>) => ({ ...box.env, ...FAST, GPULAYER_HOME: home, ...extra });
+  test("a named token given as the server's own is refused in one line naming where it came from, before anything is served", async () => {
+    const made = await cli(["server", "token", "create", "--role", "user", "--name", "me", "--json"], { env: env({}) });
+    expect(made.code, made.stderr).toBe(0);
+    const file = join(box.root, "me.token");
+    writeFileSync(file, json(made.stdout).token, { mode: 0o600 });
+    const r = await cli(["server", "--listen", "127.0.0.1:0"], { env: env({ GPULAYER_TOKEN_FILE: file }) });
+    expect(r.code).toBe(1);
+    expect(r.stderr.trim().split("\n")).toEqual(["error: the server's token (GPULAYER_TOKEN_FILE) is the user token named me: the server's own token may do everything, so it must be no named token (unset GPULAYER_TOKEN_FILE to use the one kept in the server's home)"]);
+    expect(r.stdout).not.toContain("listening");
+  }, T);
+  test("a given token other than the one kept in the home is said, with what it shuts out", async () => {
+    const kept: Kept[] = [];
+    try {
+      // The first start without a token keeps one in the home; a second start is given another.
+      const first = keepOutput(startCli(["server", "--listen", "127.0.0.1:0"], { env: env({}) }), kept);
+      await waitFor("the first server", () => first.out().includes("listening"));
+      await stopAll(kept.splice(0));
+      const second = keepOutput(startCli(["server", "--listen", "127.0.0.1:0"], { env: env({ GPULAYER_TOKEN: "another-token-0123456789abcdef" }) }), kept);
+      await waitFor("the second server", () => second.out().includes("listening"));
+      expect(second.out()).toContain(`the server's token comes from GPULAYER_TOKEN, not the one kept in ${join(home, "server", "token")}: clients and workers holding that one are refused`);
+    } finally {
+      await stopAll(kept);
+    }
+  }, T);
+});
+
 describe("named tokens", () => {
   test("list shows names and roles, never a token; the database holds only hashes", async () => {
     const r = await onServer(["list", "--json"]);

@@ -1,6 +1,6 @@
 import { defineCommand } from "citty";
 import { hostname } from "node:os";
-import { commandContext } from "./_context.ts";
+import { commandContext, originText } from "./_context.ts";
 import { forbidDumps } from "../core/no-dump.ts";
 import { serverSettings, serverToken, startServer } from "../server/server.ts";
 import { Output } from "../ui/output.ts";
@@ -33,7 +33,9 @@ export default defineCommand({
     const dir = ctx.layout.server;
     const settings = serverSettings(ctx.values);
     const token = serverToken(dir, ctx.values.token);
-    const server = await startServer(dir, token.token, settings, (m) => out.log.info(m));
+    const tokenOrigin = originText(ctx, "token");
+    const server = await startServer(dir, token.token, settings, (m) => out.log.info(m), tokenOrigin);
+    if (token.overrides) out.log.warn(`the server's token comes from ${tokenOrigin}, not the one kept in ${token.overrides}: clients and workers holding that one are refused (unset ${tokenOrigin} to use it)`);
     // Before the URL is printed: whoever starts a server waits for that line, and a SIGTERM that came before the
     // handler would end the process without stopping the server (exit 143).
     const stopped = new Promise<void>((resolve) => {

@@ -86,24 +86,27 @@ export interface TokenInfo {
   /** Set only when the token was made just now (first start): the one time it is shown. */
   generated: boolean;
   file: string | null;
+  /** A token kept in the home that the given one overrides (another token: its clients and workers get 401). */
+  overrides: string | null;
 }
 
 /** --token or GPULAYER_TOKEN; else the one kept in the server's home (made, 0600, on first start). */
 export function serverToken(dir: string, given: string | undefined): TokenInfo {
+  const file = join(dir, "token");
   if (given !== undefined) {
     if (given.length < 16) throw new UsageError("the server token must be at least 16 characters (leave --token out and one is generated)");
-    return { token: given, generated: false, file: null };
+    const kept = existsSync(file) ? readFileSync(file, "utf8").trim() : "";
+    return { token: given, generated: false, file: null, overrides: kept && kept !== given ? file : null };
   }
-  const file = join(dir, "token");
   if (existsSync(file)) {
     const token = readFileSync(file, "utf8").trim();
-    if (token) return { token, generated: false, file };
+    if (token) return { token, generated: false, file, overrides: null };
   }
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   const token = `gpl_${Buffer.from(crypto.getRandomValues(new Uint8Array(24))).toString("base64url")}`;
   writeFileSync(file, `${token}\n`, { mode: 0o600 });
   chmodSync(file, 0o600);
-  return { token, generated: true, file };
+  return { token, generated: true, file, overrides: null };
 }
 
 export interface RunningServer {
@@ -162,6 +165,16 @@ async function refuseOtherToken(db: Database, token: string): Promise<void> {
   if (other) throw new UserError(`replica ${other.id} on ${db.where} (heard from ${((Date.now() - Number(other.last_seen)) / 1000).toFixed(1)} s ago) uses another token: every replica needs the same one (--token-file, --token or GPULAYER_TOKEN)`);
 }
 
+/**
+ * The server's own token may do everything: one that is also a named token (a user's token file exported in the
+ * shell that starts the server) would make that user's or worker's token all-powerful, and revoking it would
+ * change nothing. Refused before anything is served.
+ */
+async function refuseNamedToken(db: Database, token: string, origin: string): Promise<void> {
+  const named = await db.get<{ name: string; role: string }>("SELECT name, role FROM tokens WHERE hash = ?", contentHash(token));
+  if (named) throw new UserError(`the server's token (${origin}) is the ${named.role} token named ${named.name}: the server's own token may do everything, so it must be no named token (unset ${origin} to use the one kept in the server's home)`);
+}
+
 /** This home's server lock, or a refusal naming the server that holds it (a dead holder's lock is broken). */
 async function ownHome(dir: string): Promise<Release> {
   const path = join(dir, "server");
@@ -174,7 +187,8 @@ async function ownHome(dir: string): Promise<Release> {
 /** Beside the home's state: which database its server keeps its state in (so `gpulayer server token` run in this home finds it, or says where to look). */
 export const DATABASE_MARKER = "database";
 
-export async function startServer(dir: string, token: string, settings: ServerSettings, sink: (message: string) => void): Promise<RunningServer> {
+/** `tokenOrigin`: where the token came from, for a refusal to name (the flag or variable that gave it). */
+export async function startServer(dir: string, token: string, settings: ServerSettings, sink: (message: string) => void, tokenOrigin = "its token"): Promise<RunningServer> {
   // One line each, whatever a job's, a task's or a worker's name holds: no line break, no escape code reaches the log.
   const log = (message: string) => sink(printable(message));
   const replicas = settings.database !== null;
@@ -184,6 +198,13 @@ export async function startServer(dir: string, token: string, settings: ServerSe
     await homeLock?.();
     throw error;
   });
+  try {
+    await refuseNamedToken(db, token, tokenOrigin);
+  } catch (error) {
+    await db.close();
+    await homeLock?.();
+    throw error;
+  }
   const replica = `${hostname()}-${process.pid}-${Buffer.from(crypto.getRandomValues(new Uint8Array(3))).toString("hex")}`;
   if (replicas) {
     let unsafe: string[];
