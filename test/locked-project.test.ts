@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { appendFileSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { appendFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { installedSet } from "../src/env/request/interpreter.ts";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
@@ -243,6 +243,17 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     } finally {
       writeFileSync(py, before);
     }
+  });
+
+  test("a project whose own build fails is refused with its backend's error, not uv's hint after it", async () => {
+    const dir = join(world, "broken");
+    mkdirSync(dir);
+    writeFileSync(join(dir, "pyproject.toml"), '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n\n[project]\nname = "broken"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = []\n');
+    writeFileSync(join(dir, "backend.py"), 'def _fail(*args, **kwargs):\n    raise RuntimeError("description must be specified")\nbuild_wheel = build_sdist = build_editable = _fail\ndef get_requires_for_build_wheel(config_settings=None):\n    return []\nget_requires_for_build_editable = get_requires_for_build_sdist = get_requires_for_build_wheel\n');
+    await lock(dir);
+    const r = await cli(["env", "prepare", "--python", worker, "--project", dir, "--json"], { env: s.env, cwd: world });
+    expect(r.code).not.toBe(0);
+    expect(JSON.parse(r.stdout).error.message).toBe("installing the locked project with uv sync failed: RuntimeError: description must be specified");
   });
 });
 

@@ -150,7 +150,8 @@ export function installerMessage(lines: string[]): { headline: string; detail: s
   // pip crashed (an invalid marker, a bug): its exception's own line says it; the traceback is noise (--verbose shows it).
   const traceback = text.findLastIndex((l) => /Traceback \(most recent call last\):/.test(l));
   if (traceback !== -1) {
-    const raised = text.slice(traceback).findLast((l) => /^\s*[A-Za-z_][\w.]*: /.test(l) && !/^\s*File "/.test(l));
+    // The exception's line (`ValueError: ...`, `flit_core.config.ConfigError: ...`), not uv's `hint:` after it.
+    const raised = text.slice(traceback).findLast((l) => /^\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*: /.test(l) && !/^\s*File "/.test(l));
     if (raised) return { headline: raised.trim().replace(/^(?:[a-z_]\w*\.)+(?=[A-Z])/, ""), detail: "" };
   }
   const firstError = text.findIndex((l) => /^(ERROR|error):|^\s*×/.test(l.trim()));
