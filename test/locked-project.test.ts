@@ -117,6 +117,25 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     expect(imported.stdout.trim()).toBe("True False");
   });
 
+  test("a worker package the lock pins only in a group or extra left out stays the worker's, and the env's check finds nothing missing", async () => {
+    // The lock holds b 1.0 for the extra `fancy`; this worker has b 0.9 and a package that needs b.
+    const own = join(world, "worker-b-wheels");
+    makeDist("wheel", own, { name: "b", version: "0.9" });
+    makeDist("wheel", own, { name: "needsb", version: "1.0", requires: ["b"] });
+    const other = await makeWorkerVenv(join(world, "worker-b"), { env: s.env, packages: ["b==0.9", "needsb==1.0"], findLinks: own });
+    const r = await cli(["env", "prepare", "--python", other, "--project", project, "--json"], { env: s.env, cwd: world });
+    expect(r.code, r.stderr).toBe(0);
+    const got = JSON.parse(r.stdout);
+    expect(got.check ?? []).toEqual([]);
+    expect(r.stderr).not.toContain("warning");
+    expect(got.shadowed?.map((x: { name: string }) => x.name) ?? []).not.toContain("b");
+    const imported = await run([join(got.path, "bin", "python"), "-c", "import b, needsb; print(b.__version__)"], { env: s.env });
+    expect(imported.stdout.trim()).toBe("0.9");
+    // With the extra, the locked b is installed over the worker's, and said.
+    const fancy = JSON.parse((await cli(["env", "prepare", "--python", other, "--project", project, "--extra", "fancy", "--json"], { env: s.env, cwd: world })).stdout);
+    expect(fancy.shadowed).toContainEqual({ name: "b", worker: "0.9", locked: "1.0" });
+  });
+
   test("a lock that shadows a worker package leaves the worker's findings as they are: a later build is not warned of what the lock hid", async () => {
     // A worker whose dneed needs d (it has d 2.0); the lock pins d 1.0, so the build drops the worker's d for the locked one.
     const home = sandbox();

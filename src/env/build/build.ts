@@ -21,7 +21,7 @@ import { findUv } from "./uv-tool.ts";
 import { uvCacheOverride } from "./uv-cache.ts";
 import { keepVenvTemplate, venvFromTemplate } from "./venv-template.ts";
 import { writeFileNamed } from "../../core/atomic.ts";
-import { checkLock, dropMislockedStandins, installPylock, lockedVersions, projectUvEnv, pylockVersions, shadowedBy, syncProject } from "./locked-project.ts";
+import { checkLock, dropMislockedStandins, installPylock, lockedVersions, projectUvEnv, pylockVersions, restoreUninstalled, shadowedBy, syncProject } from "./locked-project.ts";
 import type { Shadowed } from "../request/locked-project.ts";
 import { withoutDeferred } from "../request/no-isolation.ts";
 import { buildDeferred, type WheelReport } from "./wheelhouse.ts";
@@ -281,6 +281,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
         // The compiler's interpreters start while uv installs (bytecode.ts); uv first, it is the longer road.
         compiler = startCompiler(envPython, compileOptions);
         await installing;
+        if (locked) await restoreUninstalled(site, dists!, mislocked);
         const started = compiler;
         compiled = timed("compiling", "bytecode of the env's own packages", () => started.compile(site));
         compiled.catch(() => undefined); // told below, after the placeholders are back

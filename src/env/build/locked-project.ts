@@ -1,4 +1,4 @@
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { explain } from "@renovatebot/pep440";
@@ -6,7 +6,7 @@ import { UsageError } from "../../errors.ts";
 import { normalizeName } from "../request/canonical.ts";
 import type { LockedProject, Shadowed } from "../request/locked-project.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
-import { placeholderDir, type WorkerDist } from "./worker-mirror.ts";
+import { placeholderDir, type WorkerDist, writePlaceholders } from "./worker-mirror.ts";
 
 /** A uv project's build (the route: request/locked-project.ts): the lock checked, uv sync into the env, what it shadows. */
 
@@ -47,6 +47,17 @@ export function dropMislockedStandins(site: string, dists: WorkerDist[], locked:
     taken.set(normalizeName(d.name), versions.join(" | "));
   }
   return taken;
+}
+
+/**
+ * After uv: the stand-ins taken out for a package the selection does not install (a lock names every group's and
+ * extra's packages) go back, so the env's check sees the worker's package that its jobs import.
+ */
+export async function restoreUninstalled(site: string, dists: WorkerDist[], taken: Map<string, string>): Promise<void> {
+  const installed = new Set(readdirSync(site).flatMap((n) => /^(.+?)-[^-]+?\.(dist-info|egg-info)$/.exec(n)?.[1] ?? []).map(normalizeName));
+  const back = dists.filter((d) => taken.has(normalizeName(d.name)) && !installed.has(normalizeName(d.name)));
+  for (const d of back) taken.delete(normalizeName(d.name));
+  if (back.length) await writePlaceholders(site, back);
 }
 
 /** The worker packages the env now holds its own version of: taken out, and installed by uv. */
