@@ -225,6 +225,11 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
       expect(r.code).toBe(2);
       expect(r.stderr.trim()).toBe(line);
     }
+    // So is --project's, as env prepare refuses it.
+    mkdirSync(join(jobDir, "unlocked"));
+    writeFileSync(join(jobDir, "unlocked", "pyproject.toml"), '[project]\nname = "unlocked"\nversion = "0.1"\n');
+    const unlocked = await cli(["job", "run", "--python", worker, "--project", "unlocked", "--", "true"], { env: s.env, cwd: jobDir });
+    expect([unlocked.code, unlocked.stderr.trim()]).toEqual([2, `error: --project ${join(jobDir, "unlocked")}: no uv.lock in it (run uv lock)`]);
     expect(await jobs()).toBe(before);
   });
 

@@ -1,7 +1,7 @@
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, isAbsolute, join, relative, resolve } from "node:path";
 import type { EnvironmentFile, JobFile, TaskFile } from "../config/jobfile.ts";
-import { type EnvironmentRequest, environmentRequest, refuseOnImage } from "../env/index-light.ts";
+import { type EnvironmentRequest, environmentRequest, projectFolderProblem, refuseOnImage } from "../env/index-light.ts";
 import { positiveDuration } from "../config/kinds.ts";
 import { join as shlexJoin } from "shlex";
 import { UsageError } from "../errors.ts";
@@ -158,7 +158,13 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
     throw new UsageError(byFlagsChoice ? `${flag} selects from a uv project's lock, and ${byFlags.requirementsFile ? "-r" : "-p"} replaces ${source}'s project: give --project DIR with it` : `${flag} selects from a uv project's lock: give --project DIR, or environment.project in ${source}`);
   }
   if (byFlagsChoice) {
-    if (flags.project !== undefined) Object.assign(environment, { project: resolve(cwd, flags.project), groups: flags.groups ?? [], extras: flags.extras ?? [] });
+    if (flags.project !== undefined) {
+      const path = resolve(cwd, flags.project);
+      // Refused before a job is recorded, as a job file's project is.
+      const problem = projectFolderProblem(path);
+      if (problem) throw new UsageError(problem);
+      Object.assign(environment, { project: path, groups: flags.groups ?? [], extras: flags.extras ?? [] });
+    }
     if (byFlags.requirementsFile) {
       requirementsFileOrRefusal(byFlags.requirementsFile, "-r", flags.requirementsFile!);
       environment.requirementsFile = byFlags.requirementsFile;

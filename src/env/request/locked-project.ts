@@ -49,6 +49,16 @@ export interface Shadowed {
 // The lock's local sources (the project itself among them): `source = { editable = "." }`; read by pattern, not parsed, on the warm path.
 const LOCAL_SOURCE = /^source = \{ (editable|directory|path) = "((?:[^"\\]|\\.)*)"/gm;
 
+/** Why `--project DIR` names no project to install from (no folder, a file, no pyproject.toml, no uv.lock); null when it does. */
+export function projectFolderProblem(dir: string): string | null {
+  const st = statSync(dir, { throwIfNoEntry: false });
+  if (st?.isFile()) return `--project ${dir}: a file; give the project's folder (${dirname(dir)})`;
+  if (!st?.isDirectory()) return `--project ${dir}: no such folder`;
+  if (!existsSync(join(dir, "pyproject.toml"))) return `--project ${dir}: no pyproject.toml in it`;
+  if (!existsSync(join(dir, "uv.lock"))) return `--project ${dir}: no uv.lock in it (run uv lock)`;
+  return null;
+}
+
 /**
  * The key's part of a project and the inputs its local projects make (their files, counted as today's local
  * projects are: an editable one by its place too). No process is started: a warm prepare stays a hash.
@@ -58,11 +68,8 @@ export function lockedProjectInputs(project: LockedProject, ctx: ScanContext): {
   if (ctx.confine) confineTo(ctx.confine, dir, "--project", "the project");
   const pyprojectPath = join(dir, "pyproject.toml");
   const lockPath = join(dir, "uv.lock");
-  const st = statSync(dir, { throwIfNoEntry: false });
-  if (st?.isFile()) throw new UsageError(`--project ${dir}: a file; give the project's folder (${dirname(dir)})`);
-  if (!st?.isDirectory()) throw new UsageError(`--project ${dir}: no such folder`);
-  if (!existsSync(pyprojectPath)) throw new UsageError(`--project ${dir}: no pyproject.toml in it`);
-  if (!existsSync(lockPath)) throw new UsageError(`--project ${dir}: no uv.lock in it (run uv lock)`);
+  const problem = projectFolderProblem(dir);
+  if (problem) throw new UsageError(problem);
   const lock = readFileSync(lockPath, "utf8");
   const inputs = scanRequest({ specs: [] }, ctx);
   // The local projects as a requirements list's are counted (requirements.ts): an editable one by its files and place, another by its files, a file by its bytes.
