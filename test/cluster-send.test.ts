@@ -49,7 +49,8 @@ describe("what travels", () => {
     writeFileSync(join(dir, "requirements.txt"), "greet\n");
     const req = await gpl(["job", "run", "-r", "requirements.txt", "--", "true"], dir);
     expect(req.code).toBe(2);
-    expect(req.stderr).toContain("give --workdir");
+    // One line: the refusal, not first the notice that the job would run in an empty folder.
+    expect(req.stderr.trim()).toBe("error: -r needs its folder sent: give --workdir (the folder that holds the requirements file, e.g. --workdir .)");
     const sent = await gpl(["job", "run", "--workdir", ".", "--", "sh", "-c", "ls -A | wc -l"], dir);
     expect(sent.code).toBe(0);
     expect(sent.stdout.trim()).toBe("3");

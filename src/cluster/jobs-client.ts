@@ -67,7 +67,7 @@ function requestsOf(spec: JobSpec): JobSpec["environment"][] {
 }
 
 /** Why a job cannot run without its folder, or null. */
-function needsFolder(spec: JobSpec): string | null {
+export function needsFolder(spec: JobSpec): string | null {
   for (const t of spec.tasks ?? []) {
     const why = needsFolder(t.spec);
     if (why) return `task ${t.name}: ${why}`;

@@ -2,7 +2,7 @@ import { ExitCode, ExitError, UserError } from "../../errors.ts";
 import type { JobSpec } from "../../jobs/spec.ts";
 import { formatBytes, formatSeconds, type Output, shortKey } from "../../ui/output.ts";
 import type { RemoteTarget } from "../../cluster/client.ts";
-import { exitCodeOf, followJob, type JobUpdate, jobStatus, requestCancel, type SubmitOptions, submitJob } from "../../cluster/jobs-client.ts";
+import { exitCodeOf, followJob, type JobUpdate, jobStatus, needsFolder, requestCancel, type SubmitOptions, submitJob } from "../../cluster/jobs-client.ts";
 import type { WatchResponse } from "../../cluster/protocol.ts";
 import { packLines } from "./pack-lines.ts";
 import { formatLabels, labelsFromArgs } from "../../cluster/protocol.ts";
@@ -41,7 +41,8 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
   const { out } = opts;
   const labels = labelsFromArgs(opts.rawArgs);
   const what = opts.sendWorkdir ? spec.workdir : "an empty folder";
-  if (!opts.sendWorkdir) out.progress("no --workdir or job file: the job runs in an empty folder on the worker; give --workdir . to send this folder");
+  // Said only of a job that can run so (one that needs its folder is refused at the submit, alone).
+  if (!opts.sendWorkdir && !needsFolder(spec)) out.progress("no --workdir or job file: the job runs in an empty folder on the worker; give --workdir . to send this folder");
   // Ctrl-C while the folder is packed or sent: nothing is submitted (or, once it is, it is cancelled below).
   let stoppedBy: string | null = null;
   const beforeSubmit = (signal: string) => (stoppedBy ??= signal);
