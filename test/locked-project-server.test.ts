@@ -65,4 +65,26 @@ describe.skipIf(!HAS_UV)("a uv project through a server", () => {
     expect(summaries.length).toBeGreaterThan(0);
     for (const summary of summaries) expect(summary).toBe("uv project app (uv.lock)");
   }, T);
+
+  test("a stale lock, or a group the project lacks, is refused before anything is sent, in the user's own paths, as without a server", async () => {
+    const dir = join(boxes.client.root, "stale");
+    mkdirSync(dir, { recursive: true });
+    const app = makeDist("project", dir, { name: "stale", version: "0.1" });
+    const table = `\n[project]\nname = "stale"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = []\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`;
+    appendFileSync(join(app, "pyproject.toml"), table);
+    expect((await run(["uv", "lock"], { cwd: app, env: boxes.client.env })).code).toBe(0);
+    appendFileSync(join(app, "pyproject.toml"), '[dependency-groups]\nextra-tools = ["pinned"]\n');
+    const jobs = async () => (JSON.parse((await fleet(["job", "list", "--json"], dir)).stdout) as unknown[]).length;
+    const before = await jobs();
+    const stale = `error: ${app}/uv.lock: the lockfile needs to be updated: run uv lock`;
+    const job = await fleet(["job", "run", "--workdir", ".", "--project", "stale", "--", "true"], dir);
+    expect([job.code, job.stderr.trim()]).toEqual([2, stale]);
+    const prepared = await fleet(["env", "prepare", "--project", "stale"], dir);
+    expect([prepared.code, prepared.stderr.trim()]).toEqual([2, stale]);
+    expect((await run(["uv", "lock"], { cwd: app, env: boxes.client.env })).code).toBe(0);
+    const unknown = await fleet(["job", "run", "--workdir", ".", "--project", "stale", "--group", "nope", "--", "true"], dir);
+    expect(unknown.code).toBe(2);
+    expect(unknown.stderr.trim()).toMatch(new RegExp(`^error: ${app}: Group \`nope\` is not defined`));
+    expect(await jobs()).toBe(before);
+  }, T);
 });

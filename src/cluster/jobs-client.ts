@@ -2,7 +2,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { sleep } from "../core/sleep.ts";
-import { isUrl } from "../env/index-light.ts";
+import { isUrl, refuseStaleLocks } from "../env/index-light.ts";
 import type { JobSpec } from "../jobs/spec.ts";
 import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
@@ -87,7 +87,7 @@ export async function submitJob(target: RemoteTarget, spec: JobSpec, labels: Rec
     const why = needsFolder(spec);
     if (why) throw new UsageError(why);
     empty = mkdtempSync(join(tmpdir(), "gpulayer-empty-"));
-  }
+  } else refuseStaleLocks(requestsOf(spec), opts.reading.env, spec.workdir);
   try {
     const root = empty ?? spec.workdir;
     const carried = !empty ? carriedFiles(root, requestsOf(spec), { ...opts.reading, cwd: root }) : undefined;

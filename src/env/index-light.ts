@@ -3,7 +3,7 @@
  * build with import() only when there is one to do). A warm `env prepare` and a warm `job run` load only this;
  * a folder that needs the build code itself imports ./index.ts.
  */
-export { dryRunPrepare, prepareEnv, warmBuilder } from "./prepare.ts";
+export { dryRunPrepare, prepareEnv, refuseStaleLocks, warmBuilder } from "./prepare.ts";
 export { prepareLimit, type PrepareLimit } from "./prepare-limit.ts";
 export { normalizeName } from "./request/canonical.ts";
 export { condaActivation } from "./request/conda-activation.ts";

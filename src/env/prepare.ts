@@ -1,5 +1,5 @@
 import { mkdirSync, rmSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import { artifactConditions, type BuildTicket, type FetchedEnv, fetchFolder, installFetched, type Shipping, type WheelSharing } from "./store/shipping.ts";
 import type { HomeLayout } from "../config/paths.ts";
 import { InstallError, UsageError } from "../errors.ts";
@@ -7,6 +7,7 @@ import { type BuildAs, relocate, relocateInputs, userCacheDir } from "./build/bu
 import type { BuildStep, KeepGroup } from "./build/run-tool.ts";
 import type { BuildPlan } from "./build/build-plan.ts";
 import type { ResolvedRequest } from "./request/key.ts";
+import type { LockedProject } from "./request/locked-project.ts";
 import { acquireEntry } from "./store/cache-entry.ts";
 import { diskFull } from "./build/disk-full.ts";
 import { inputsReport } from "./request/inputs-report.ts";
@@ -16,6 +17,7 @@ import { type PrepareHooks, type PrepareRequest, type PrepareResult, preparedRes
 import { diskUsage, type EntryPaths, openAndMeasure, entryPaths, isReady, markReady, namesInStore, removeEntryDir } from "./store/store.ts";
 import { unexpandVariables } from "./request/url-credentials.ts";
 import { resolveToolShim } from "./request/shims.ts";
+import { definedOnly } from "../core/defined-env.ts";
 
 /** What `env prepare` would do, without building or locking: the key, reuse or build, the inputs the key covers, and for a build the nearest env built here and what differs from it. */
 export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest, hooks: Pick<PrepareHooks, "onHashing"> = {}) {
@@ -23,13 +25,7 @@ export function dryRunPrepare(layout: HomeLayout, req: PrepareRequest, hooks: Pi
   const paths = entryPaths(layout, resolved.key);
   const would = isReady(paths) ? ("reuse" as const) : ("build" as const);
   // A lock pyproject.toml has moved away from: refused here as the build would refuse it (a ready env's lock passed).
-  if (would === "build" && resolved.project) {
-    const env = req.env as Record<string, string>;
-    const onPath = req.uv === "off" ? null : req.uv && req.uv !== "auto" ? req.uv : Bun.which("uv", { PATH: env.PATH ?? "" });
-    const uv = onPath ? resolveToolShim(onPath, env, req.cwd) : null;
-    // Loaded for a dry run of a lock only: the build's side of projects.
-    (require("./build/locked-project.ts") as typeof import("./build/locked-project.ts")).checkLockNow(resolved.project, resolved.interpreter.path, typeof uv === "string" ? uv : null, env);
-  }
+  if (would === "build" && resolved.project) checkLocks([resolved.project], resolved.interpreter.path, uvForChecks(req.uv, req.env, req.cwd), req.env);
   return { key: resolved.key, would, path: paths.dir, summary: resolved.summary, inputs: inputsReport(resolved), nearest: would === "build" ? nearestEnv(layout, resolved) : null };
 }
 
@@ -217,4 +213,32 @@ function hidingVariables(resolved: ResolvedRequest, hooks: PrepareHooks): { hide
   const hide = (text: string) => unexpandVariables(text, variables);
   const { onOutput, onStep } = hooks;
   return { hide, hooks: { ...hooks, ...(onOutput ? { onOutput: (line: string) => onOutput(hide(line)) } : {}), ...(onStep ? { onStep: (step: BuildStep, detail: string) => onStep(step, hide(detail)) } : {}) } };
+}
+
+/** The uv that checks a lock without building: the uv setting's, else the one on PATH (never a download); null for none. */
+function uvForChecks(setting: string | undefined, env: Record<string, string | undefined>, cwd: string): string | null {
+  const onPath = setting === "off" ? null : setting && setting !== "auto" ? setting : Bun.which("uv", { PATH: env.PATH ?? "" });
+  const uv = onPath ? resolveToolShim(onPath, env, cwd) : null;
+  return typeof uv === "string" ? uv : null;
+}
+
+/** `uv lock --check` (and the selection) of each project, as the build checks it; nothing without a uv. */
+function checkLocks(projects: LockedProject[], python: string, uv: string | null, env: Record<string, string | undefined>): void {
+  if (!uv) return;
+  // Loaded for a lock only: the build's side of projects.
+  const { checkLockNow } = require("./build/locked-project.ts") as typeof import("./build/locked-project.ts");
+  for (const project of projects) checkLockNow(project, python, uv, definedOnly(env));
+}
+
+/**
+ * A stale lock, or a group or extra the project does not define, refused on a
+ * client, in the user's own paths, before anything is packed or sent to a
+ * server: as `job run` and `env prepare` refuse them without one. With no uv
+ * or python3 on this machine's PATH the worker refuses them instead (a client
+ * needs neither to submit).
+ */
+export function refuseStaleLocks(requests: { project?: string; groups?: string[]; extras?: string[] }[], env: Record<string, string | undefined>, cwd: string): void {
+  const projects = requests.flatMap((r) => (r.project === undefined ? [] : [{ dir: resolve(cwd, r.project), groups: r.groups ?? [], extras: r.extras ?? [] }]));
+  const python = projects.length ? Bun.which("python3", { PATH: env.PATH ?? "" }) : null;
+  if (python) checkLocks(projects, python, uvForChecks(undefined, env, cwd), env);
 }
