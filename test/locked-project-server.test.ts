@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { appendFileSync, mkdirSync, writeFileSync } from "node:fs";
+import { appendFileSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { cli, HAS_UV, makeWorkerVenv, run, sandbox, startCli } from "./helpers.ts";
@@ -86,5 +86,12 @@ describe.skipIf(!HAS_UV)("a uv project through a server", () => {
     expect(unknown.code).toBe(2);
     expect(unknown.stderr.trim()).toMatch(new RegExp(`^error: ${app}: Group \`nope\` is not defined`));
     expect(await jobs()).toBe(before);
+    // A client without uv cannot check: the worker refuses the lock, and names the job's folder, not where it keeps it.
+    writeFileSync(join(app, "pyproject.toml"), readFileSync(join(app, "pyproject.toml"), "utf8").replace('dependencies = []', 'dependencies = ["pinned"]'));
+    const noUv = await cli(["job", "run", "--workdir", ".", "--project", "stale", "--", "true"], { env: { ...boxes.client.env, PATH: "/usr/bin:/bin", GPULAYER_SERVER: url, GPULAYER_TOKEN: TOKEN }, cwd: dir });
+    expect(noUv.code).not.toBe(0);
+    expect(noUv.stderr).toContain("[w1] checking ./stale/uv.lock is up to date");
+    expect(noUv.stderr).toContain("error: task.prepare failed on w1: ./stale/uv.lock: the lockfile needs to be updated: run uv lock");
+    expect(noUv.stderr).not.toContain(boxes.worker.root);
   }, T);
 });

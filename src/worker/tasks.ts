@@ -121,6 +121,12 @@ async function useBundle(ctx: WorkerContext, hash: string, holder: string, stopp
   }
 }
 
+/** A prepare's failure and steps, their paths in the job's folder written from it (`inJobFolder`). */
+function namedInJobFolder(data: object, inJobFolder: (text: string) => string): { message?: string; detail?: string } {
+  const { message, detail } = data as { message?: unknown; detail?: unknown };
+  return { ...(typeof message === "string" ? { message: inJobFolder(message) } : {}), ...(typeof detail === "string" ? { detail: inJobFolder(detail) } : {}) };
+}
+
 function localSpec(spec: RemoteSpec, workdir: string, source: string, ctx: WorkerContext, gpus: number[]): JobSpec {
   const env = { ...spec.env };
   // The GPUs the server gave this job, and no others (none when it asked for none).
@@ -188,10 +194,12 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment, asked: nu
       }
       const store = new JobStore(ctx.layout);
       const job = store.create(localSpec(task.spec!, workdir, source, ctx, task.gpus));
+      // What goes to the server names the job's own folder as ./, not where this worker keeps it.
+      const inJobFolder = (text: string) => [source, workdir].reduce((t, dir) => t.replaceAll(`${dir}/`, "./").replaceAll(dir, "."), text);
       running = startJob(store, ctx.layout, job, ctx.runner, {
         shipping: workerShipping(ctx.shipping, task.id),
         // Every event the runner records, the build's progress (task.prepare.step) among them, goes on to the server.
-        onEvent: (type, data) => channel.event(type, { ...data, local_job: job.id }),
+        onEvent: (type, data) => channel.event(type, { ...data, ...namedInJobFolder(data, inJobFolder), local_job: job.id }),
         onStdout: (c) => channel.output(c, "stdout"),
         onStderr: (c) => channel.output(c, "stderr"),
         // Handed out so long ago that the server may have given the job to another worker meanwhile (this one was frozen, or cut off,
@@ -208,6 +216,7 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment, asked: nu
       if (stopReason) running.cancel(stopReason);
       const ran = await running.done;
       let error = store.get(job.id)?.error ?? null;
+      if (error) error = inJobFolder(error);
       let outcome = ran;
       if (ran.state === "succeeded" && task.spec?.outputs?.length) {
         // The events so far first: the server records the outputs after the run's end.
