@@ -149,16 +149,23 @@ export function installerMessage(lines: string[]): { headline: string; detail: s
   const text = lines.map((l) => l.trimEnd()).filter((l) => l.trim());
   // pip crashed (an invalid marker, a bug): its exception's own line says it; the traceback is noise (--verbose shows it).
   const traceback = text.findLastIndex((l) => /Traceback \(most recent call last\):/.test(l));
+  // A failure its process told after a traceback it printed (a handled exception, then `error: command 'gcc' failed`).
+  let toldAfter: string | undefined;
   if (traceback !== -1) {
-    // The exception's line (`ValueError: ...`, `flit_core.config.ConfigError: ...`), not uv's `hint:` after it.
-    const raised = text.slice(traceback).findLast((l) => /^\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*: /.test(l) && !/^\s*File "/.test(l));
-    if (raised) return { headline: raised.trim().replace(/^(?:[a-z_]\w*\.)+(?=[A-Z])/, ""), detail: "" };
+    const indent = (l: string) => l.length - l.trimStart().length;
+    const at = indent(text[traceback]!);
+    const after = text.slice(traceback + 1);
+    // The exception's line: the first after the frames at the traceback's own indentation (its message may go on, notes may follow).
+    const end = after.findIndex((l) => indent(l) <= at);
+    const raised = end === -1 ? undefined : after[end]!.trim();
+    toldAfter = end === -1 ? undefined : after.slice(end + 1).find((l) => indent(l) === at && /^(ERROR|error)\b[^:]*: /.test(l.trim()));
+    if (raised && !toldAfter && /^[A-Za-z_][\w.]*(: |$)/.test(raised) && !/^(hint|help|note|warning|error):/i.test(raised)) return { headline: raised.replace(/^(?:[a-z_]\w*\.)+(?=[A-Z])/, ""), detail: "" };
   }
   const firstError = text.findIndex((l) => /^(ERROR|error):|^\s*×/.test(l.trim()));
   const shown = (firstError === -1 ? text.slice(-8) : text.slice(firstError)).slice(-40);
   const errors = shown.filter((l) => /^ERROR:/.test(l.trim()));
   const uvError = shown.find((l) => /^(error:|×)/.test(l.trim()));
-  const headline = [...errors].reverse().find((l) => !/ResolutionImpossible/.test(l)) ?? errors[0] ?? uvError ?? "";
+  const headline = toldAfter ?? [...errors].reverse().find((l) => !/ResolutionImpossible/.test(l)) ?? errors[0] ?? uvError ?? "";
   const detail = shown.filter((l) => l !== headline).map((l) => (l.startsWith(" ") ? l : l.trim()));
   // pip's retries on a dead index are warnings before its errors: say so, or "no matching distribution" misleads.
   const unreachable = text.find((l) => /NewConnectionError|Connection refused|Failed to establish a new connection|Name or service not known|Temporary failure in name resolution/.test(l));
