@@ -96,18 +96,25 @@ export function projectUvEnv(base: Record<string, string>, envDir: string, noCon
 const selection = (p: LockedProject) => [...p.groups.flatMap((g) => ["--group", g]), ...p.extras.flatMap((e) => ["--extra", e])];
 
 /**
- * The same check for `--dry-run`, which builds nothing and downloads nothing: with the uv a build would find on
- * PATH (none there: no check, the dry run says what it can). A stale lock is refused as the build refuses it.
+ * How long a check without a build may take: `uv lock --check` of a project whose metadata must be built can
+ * wait on an index that never answers; past this the check says nothing (a build checks again, with its time limit).
+ */
+const CHECK_NOW_MS = 15_000;
+
+/**
+ * The same check for `--dry-run` and for a client before it sends a project to a server, which build no env: with
+ * the uv a build would find on PATH (none there: no check, they say what they can), within CHECK_NOW_MS. A stale
+ * lock is refused as the build refuses it.
  */
 export function checkLockNow(project: LockedProject, python: string, uv: string | null, base: Record<string, string>): void {
   if (!uv) return;
   const noConfig = mkdtempSync(join(tmpdir(), "gpulayer-lock-check-"));
   try {
     const env = projectUvEnv(base, join(noConfig, "env"), noConfig);
-    const r = Bun.spawnSync([uv, "lock", "--check", "--project", project.dir, "--python", python], { env, cwd: project.dir, stdout: "pipe", stderr: "pipe" });
+    const r = Bun.spawnSync([uv, "lock", "--check", "--project", project.dir, "--python", python], { env, cwd: project.dir, stdout: "pipe", stderr: "pipe", timeout: CHECK_NOW_MS });
     if (r.exitCode !== 0 && /needs to be updated/.test(`${r.stderr}${r.stdout}`)) throw new UsageError(`${project.dir}/uv.lock: the lockfile needs to be updated: run uv lock`);
     if (!project.groups.length && !project.extras.length) return;
-    const asked = Bun.spawnSync([uv, "export", "--frozen", "--quiet", "--project", project.dir, "--python", python, ...selection(project), "-o", "/dev/null"], { env, cwd: project.dir, stdout: "pipe", stderr: "pipe" });
+    const asked = Bun.spawnSync([uv, "export", "--frozen", "--quiet", "--project", project.dir, "--python", python, ...selection(project), "-o", "/dev/null"], { env, cwd: project.dir, stdout: "pipe", stderr: "pipe", timeout: CHECK_NOW_MS });
     const undefinedName = asked.exitCode === 0 ? null : unknownSelection(`${asked.stderr}`.split("\n"));
     if (undefinedName) throw new UsageError(`${project.dir}: ${undefinedName}`);
   } finally {
