@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, chownSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, chownSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { CLI_ARGV, cli, sandbox, serverDatabaseText, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
@@ -115,8 +115,14 @@ describe("a server's own token", () => {
     writeFileSync(file, json(made.stdout).token, { mode: 0o600 });
     const r = await cli(["server", "--listen", "127.0.0.1:0"], { env: env({ GPULAYER_TOKEN_FILE: file }) });
     expect(r.code).toBe(1);
-    expect(r.stderr.trim().split("\n")).toEqual(["error: the server's token (GPULAYER_TOKEN_FILE) is the user token named me: the server's own token may do everything, so it must be no named token (unset GPULAYER_TOKEN_FILE to use the one kept in the server's home)"]);
+    expect(r.stderr.trim().split("\n")).toEqual(["error: the server's token (GPULAYER_TOKEN_FILE) is the user token named me: the server's own token may do everything, so it must be no named token (leave out GPULAYER_TOKEN_FILE to use the one kept in the server's home)"]);
     expect(r.stdout).not.toContain("listening");
+    // The same token kept in the home as the server's own (put there by hand) is refused too, with what to do about it.
+    const kept = join(home, "server", "token");
+    writeFileSync(kept, `${json(made.stdout).token}\n`, { mode: 0o600 });
+    const fromHome = await cli(["server", "--listen", "127.0.0.1:0"], { env: env({}) });
+    expect([fromHome.code, fromHome.stderr.trim()]).toEqual([1, `error: the server's token kept in ${kept} is the user token named me: the server's own token may do everything, so it must be no named token (remove that file and start again: a new one is made)`]);
+    rmSync(kept);
   }, T);
   test("a given token other than the one kept in the home is said, with what it shuts out", async () => {
     const kept: Kept[] = [];

@@ -33,9 +33,10 @@ export default defineCommand({
     const dir = ctx.layout.server;
     const settings = serverSettings(ctx.values);
     const token = serverToken(dir, ctx.values.token);
-    const tokenOrigin = originText(ctx, "token");
-    const server = await startServer(dir, token.token, settings, (m) => out.log.info(m), tokenOrigin);
-    if (token.overrides) out.log.warn(`the server's token comes from ${tokenOrigin}, not the one kept in ${token.overrides}: clients and workers holding that one are refused (unset ${tokenOrigin} to use it)`);
+    // A token read from a file is named by what named the file (--token-file, GPULAYER_TOKEN_FILE, token_file in the config).
+    const given = originText(ctx, ctx.settings.origins.token === ctx.settings.origins.token_file ? "token_file" : "token");
+    const server = await startServer(dir, token.token, settings, (m) => out.log.info(m), token.file ? { text: token.file, kept: true } : { text: given, kept: false });
+    if (token.overrides) out.log.warn(`the server's token comes from ${given}, not the one kept in ${token.overrides}: clients and workers holding that one are refused (leave out ${given} to use it)`);
     // Before the URL is printed: whoever starts a server waits for that line, and a SIGTERM that came before the
     // handler would end the process without stopping the server (exit 143).
     const stopped = new Promise<void>((resolve) => {

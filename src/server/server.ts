@@ -170,9 +170,18 @@ async function refuseOtherToken(db: Database, token: string): Promise<void> {
  * shell that starts the server) would make that user's or worker's token all-powerful, and revoking it would
  * change nothing. Refused before anything is served.
  */
-async function refuseNamedToken(db: Database, token: string, origin: string): Promise<void> {
+async function refuseNamedToken(db: Database, token: string, origin: TokenOrigin): Promise<void> {
   const named = await db.get<{ name: string; role: string }>("SELECT name, role FROM tokens WHERE hash = ?", contentHash(token));
-  if (named) throw new UserError(`the server's token (${origin}) is the ${named.role} token named ${named.name}: the server's own token may do everything, so it must be no named token (unset ${origin} to use the one kept in the server's home)`);
+  if (!named) return;
+  const what = `the ${named.role} token named ${named.name}: the server's own token may do everything, so it must be no named token`;
+  if (origin.kept) throw new UserError(`the server's token kept in ${origin.text} is ${what} (remove that file and start again: a new one is made)`);
+  throw new UserError(`the server's token (${origin.text}) is ${what} (leave out ${origin.text} to use the one kept in the server's home)`);
+}
+
+/** Where the server's token came from, for a refusal to name: a flag, variable or config key, or the file kept in its home. */
+export interface TokenOrigin {
+  text: string;
+  kept: boolean;
 }
 
 /** This home's server lock, or a refusal naming the server that holds it (a dead holder's lock is broken). */
@@ -187,8 +196,7 @@ async function ownHome(dir: string): Promise<Release> {
 /** Beside the home's state: which database its server keeps its state in (so `gpulayer server token` run in this home finds it, or says where to look). */
 export const DATABASE_MARKER = "database";
 
-/** `tokenOrigin`: where the token came from, for a refusal to name (the flag or variable that gave it). */
-export async function startServer(dir: string, token: string, settings: ServerSettings, sink: (message: string) => void, tokenOrigin = "its token"): Promise<RunningServer> {
+export async function startServer(dir: string, token: string, settings: ServerSettings, sink: (message: string) => void, tokenOrigin: TokenOrigin = { text: "its token", kept: false }): Promise<RunningServer> {
   // One line each, whatever a job's, a task's or a worker's name holds: no line break, no escape code reaches the log.
   const log = (message: string) => sink(printable(message));
   const replicas = settings.database !== null;
