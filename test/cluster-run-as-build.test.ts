@@ -149,6 +149,22 @@ describe.skipIf(!IS_ROOT)("worker.run_as: the build of a job's requirements runs
     }, T);
   }
 
+  test("a uv project: its lock is checked and synced as the user, whose build the job then imports", async () => {
+    const dir = join(box.root, "job-locked");
+    const src = join(dir, "probe-src");
+    mkdirSync(src, { recursive: true });
+    // A virtual project whose one dependency is the probe, from a folder beside it (built as a wheel, not linked).
+    writeFileSync(join(dir, "pyproject.toml"), '[project]\nname = "app"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["runasprobe"]\n\n[tool.uv.sources]\nrunasprobe = { path = "probe-src" }\n');
+    writeFileSync(join(src, "pyproject.toml"), '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n\n[project]\nname = "runasprobe"\nversion = "1.0"\n');
+    writeFileSync(join(src, "backend.py"), backend({ project: dir, token: tokenFile }));
+    const locked = Bun.spawnSync([realUv()!, "lock", "--no-config"], { cwd: dir, env: box.env, stderr: "pipe" });
+    expect(locked.exitCode, locked.stderr.toString()).toBe(0);
+    const code = "import json, runasprobe; print('FACTS=' + json.dumps(runasprobe.FACTS))";
+    const r = await cli(["job", "run", "--label", "via=uv", "--workdir", ".", "--project", ".", "--", "python", "-c", code], { env: { ...box.env, GPULAYER_SERVER: url, GPULAYER_TOKEN: ADMIN }, cwd: dir });
+    expect(r.code, r.stderr + r.stdout).toBe(0);
+    expect(JSON.parse(/FACTS=(.*)/.exec(r.stdout)![1]!)).toEqual({ project: "read", uid, euid: uid, token: "PermissionError" });
+  }, T);
+
   test("fast path: a requirements file that a constraints file includes is read from the user's copy too, not the worker's (which the user cannot read)", async () => {
     const dir = projectFor("uv", "under-constraints");
     // pip reads inner.txt as requirements; uv is handed it as such (-r by path), which must be the user's copy, not the worker's.

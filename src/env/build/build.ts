@@ -185,7 +185,8 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
   const scanning = uv ? scanWorker(info.path, info.siteDirs, env, join(plan.toolsDir, "worker-scan-v1"), Date.now()) : null;
   scanning?.catch(() => undefined); // a refused lock is the failure to tell; the scan's own is told where it is awaited
   // A stale lock is refused before anything is built, in uv's own judgement.
-  if (project) await timed("checking", `${project.dir}/uv.lock is up to date (uv lock --check)`, () => checkLock(project, info.executable, { ...project.run, env: projectUvEnv(env, plan.dir, join(plan.dir, ".gpulayer-no-config")) }));
+  // As the build's user with that user's caches (worker.run_as): the check may run the project's own build backend.
+  if (project) await timed("checking", `${project.dir}/uv.lock is up to date (uv lock --check)`, () => checkLock(project, info.executable, project.run));
 
   // The worker's scan, and what the machine's pip configuration says: while the venv is made.
   // uv's venv for this interpreter, kept from an earlier build, is written out again (venv-template.ts): no process.
@@ -281,7 +282,7 @@ async function attempt(plan: BuildPlan, hooks: BuildHooks, steps: BuildOutcome["
         // The compiler's interpreters start while uv installs (bytecode.ts); uv first, it is the longer road.
         compiler = startCompiler(envPython, compileOptions);
         await installing;
-        if (locked) await restoreUninstalled(site, dists!, mislocked);
+        if (locked) await restoreUninstalled(site, dists!, mislocked, user);
         const started = compiler;
         compiled = timed("compiling", "bytecode of the env's own packages", () => started.compile(site));
         compiled.catch(() => undefined); // told below, after the placeholders are back

@@ -4,6 +4,7 @@ import { join, resolve } from "node:path";
 import { explain } from "@renovatebot/pep440";
 import { UsageError } from "../../errors.ts";
 import { normalizeName } from "../request/canonical.ts";
+import { giveTree } from "../../core/tree-owner.ts";
 import type { LockedProject, Shadowed } from "../request/locked-project.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
 import { placeholderDir, type WorkerDist, writePlaceholders } from "./worker-mirror.ts";
@@ -53,11 +54,14 @@ export function dropMislockedStandins(site: string, dists: WorkerDist[], locked:
  * After uv: the stand-ins taken out for a package the selection does not install (a lock names every group's and
  * extra's packages) go back, so the env's check sees the worker's package that its jobs import.
  */
-export async function restoreUninstalled(site: string, dists: WorkerDist[], taken: Map<string, string>): Promise<void> {
+export async function restoreUninstalled(site: string, dists: WorkerDist[], taken: Map<string, string>, as?: { uid: number; gid: number }): Promise<void> {
   const installed = new Set(readdirSync(site).flatMap((n) => /^(.+?)-[^-]+?\.(dist-info|egg-info)$/.exec(n)?.[1] ?? []).map(normalizeName));
   const back = dists.filter((d) => taken.has(normalizeName(d.name)) && !installed.has(normalizeName(d.name)));
   for (const d of back) taken.delete(normalizeName(d.name));
-  if (back.length) await writePlaceholders(site, back);
+  if (!back.length) return;
+  await writePlaceholders(site, back);
+  // A build as another user (worker.run_as) checks the env as that user: its stand-ins are that user's, as the rest of the env is.
+  if (as) for (const d of back) giveTree(join(site, placeholderDir(d)), as.uid, as.gid);
 }
 
 /** The worker packages the env now holds its own version of: taken out, and installed by uv. */
