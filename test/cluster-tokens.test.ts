@@ -106,12 +106,14 @@ describe("a first start", () => {
 
 // The fleet guide's client setup (GPULAYER_TOKEN_FILE exported), then `gpulayer server` started in that same shell.
 describe("a server's own token", () => {
-  const home = join(box.root, "server-home-own");
-  const env = (extra: Record<string, string>) => ({ ...box.env, ...FAST, GPULAYER_HOME: home, ...extra });
+  // A world of its own (on PostgreSQL, a database of its own): its tokens and servers are not the other tests'.
+  const own = sandbox();
+  const home = join(own.root, "server-home-own");
+  const env = (extra: Record<string, string>) => ({ ...own.env, ...FAST, GPULAYER_HOME: home, ...extra });
   test("a named token given as the server's own is refused in one line naming where it came from, before anything is served", async () => {
     const made = await cli(["server", "token", "create", "--role", "user", "--name", "me", "--json"], { env: env({}) });
     expect(made.code, made.stderr).toBe(0);
-    const file = join(box.root, "me.token");
+    const file = join(own.root, "me.token");
     writeFileSync(file, json(made.stdout).token, { mode: 0o600 });
     const r = await cli(["server", "--listen", "127.0.0.1:0"], { env: env({ GPULAYER_TOKEN_FILE: file }) });
     expect(r.code).toBe(1);
