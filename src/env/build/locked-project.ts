@@ -1,9 +1,10 @@
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { explain } from "@renovatebot/pep440";
 import { UsageError } from "../../errors.ts";
 import { normalizeName } from "../request/canonical.ts";
+import { distributions } from "../request/interpreter.ts";
 import { giveTree } from "../../core/tree-owner.ts";
 import type { LockedProject, Shadowed } from "../request/locked-project.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
@@ -55,7 +56,7 @@ export function dropMislockedStandins(site: string, dists: WorkerDist[], locked:
  * extra's packages) go back, so the env's check sees the worker's package that its jobs import.
  */
 export async function restoreUninstalled(site: string, dists: WorkerDist[], taken: Map<string, string>, as?: { uid: number; gid: number }): Promise<void> {
-  const installed = new Set(readdirSync(site).flatMap((n) => /^(.+?)-[^-]+?\.(dist-info|egg-info)$/.exec(n)?.[1] ?? []).map(normalizeName));
+  const installed = new Set(distributions([site]).map((d) => d.name));
   const back = dists.filter((d) => taken.has(normalizeName(d.name)) && !installed.has(normalizeName(d.name)));
   for (const d of back) taken.delete(normalizeName(d.name));
   if (!back.length) return;
