@@ -196,7 +196,7 @@ async function ownHome(dir: string): Promise<Release> {
 /** Beside the home's state: which database its server keeps its state in (so `gpulayer server token` run in this home finds it, or says where to look). */
 export const DATABASE_MARKER = "database";
 
-export async function startServer(dir: string, token: string, settings: ServerSettings, sink: (message: string) => void, tokenOrigin: TokenOrigin = { text: "its token", kept: false }): Promise<RunningServer> {
+export async function startServer(dir: string, token: string, settings: ServerSettings, sink: (message: string) => void, tokenOrigin: TokenOrigin): Promise<RunningServer> {
   // One line each, whatever a job's, a task's or a worker's name holds: no line break, no escape code reaches the log.
   const log = (message: string) => sink(printable(message));
   const replicas = settings.database !== null;
