@@ -11,6 +11,7 @@ export { ToolStopped, installFailure, runTool } from "./build/run-tool.ts";
 export { exportLock, lockRegistries, projectUvEnv, sameVersion } from "./build/locked-project.ts";
 export { UV_VERSION, findUv, pinnedUvPath } from "./build/uv-tool.ts";
 export { machinePipSettings, originsOf, relocatingOptions, translateForUv, type PipSettings } from "./request/pip-config.ts";
-export { artifactFault, fileSha256, packEnv, unpackedMetaMismatch } from "./store/artifact.ts";
+export { artifactFault, fileSha256, unpackedMetaMismatch } from "./store/artifact.ts";
+export { packEnv } from "./store/pack.ts";
 export { unpackEnv, unpackEnvStream } from "./store/unpack.ts";
 export { entryConditions, hostConditions, prefetchEnv, type HostConditions } from "./store/prefetch.ts";

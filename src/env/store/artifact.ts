@@ -1,6 +1,5 @@
-import { createReadStream, createWriteStream, lstatSync, readdirSync, readFileSync } from "node:fs";
+import { createReadStream, readFileSync } from "node:fs";
 import { join, posix } from "node:path";
-import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import zlib from "node:zlib";
 import * as tar from "tar";
@@ -8,67 +7,12 @@ import * as tar from "tar";
 /**
  * An env as an artifact another worker can unpack: a tar of the env folder
  * (entries sorted, no owners, times kept so the bytecode stays valid), zstd
- * compressed, named by its sha256. Envs hold their own absolute path (scripts'
+ * compressed (pack.ts), named by its sha256. Envs hold their own absolute path (scripts'
  * shebangs, pip's RECORD, editable .pth lines), so an artifact is unpacked
  * only at the same path: the path is one of its conditions (shipping.ts), with
  * the worker's interpreter, platform and installed base (which the key covers too).
  * Loaded only to pack or unpack: tar and zstd cost the warm path nothing.
  */
-
-/** What is never shipped: the entry's own state of use on the worker that built it. */
-const LOCAL_ONLY = new Set([".gpulayer/ready", ".gpulayer/last-used", ".lock"]);
-
-function entries(root: string): string[] {
-  const out: string[] = [];
-  const walk = (rel: string) => {
-    const names = readdirSync(rel ? join(root, rel) : root).sort();
-    for (const n of names) {
-      const r = rel ? `${rel}/${n}` : n;
-      if (LOCAL_ONLY.has(r)) continue;
-      out.push(r);
-      if (lstatSync(join(root, r)).isDirectory()) walk(r);
-    }
-  };
-  walk("");
-  return out;
-}
-
-export interface PackedArtifact {
-  sha256: string;
-  bytes: number;
-}
-
-/** Counts and hashes what passes. */
-function hashing(hasher: Bun.CryptoHasher, count: { bytes: number }): Transform {
-  return new Transform({
-    transform(chunk: Buffer, _enc, cb) {
-      hasher.update(chunk);
-      count.bytes += chunk.length;
-      cb(null, chunk);
-    },
-  });
-}
-
-/**
- * A link cache that never remembers: two names of one file (uv links files
- * from its cache, and a file may be linked twice) are packed as two plain
- * files, since an unpacker refuses every hard link.
- */
-class NoHardLinks extends Map<`${number}:${number}`, string> {
-  override set(): this {
-    return this;
-  }
-}
-
-/** Pack `envDir` into `file` (tar, zstd), streaming: an env of gigabytes never sits in memory. */
-export async function packEnv(envDir: string, file: string): Promise<PackedArtifact> {
-  const list = entries(envDir);
-  const hasher = new Bun.CryptoHasher("sha256");
-  const count = { bytes: 0 };
-  const stream = tar.create({ cwd: envDir, portable: true, noDirRecurse: true, follow: false, linkCache: new NoHardLinks() }, list) as unknown as NodeJS.ReadableStream;
-  await pipeline(Readable.from(stream as AsyncIterable<Buffer>), zlib.createZstdCompress({ params: { [zlib.constants.ZSTD_c_compressionLevel]: 3 } }), hashing(hasher, count), createWriteStream(file, { mode: 0o600 }));
-  return { sha256: hasher.digest("hex"), bytes: count.bytes };
-}
 
 /** The sha256 of a file, streaming. */
 export async function fileSha256(file: string): Promise<string> {
