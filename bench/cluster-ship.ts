@@ -6,7 +6,8 @@
  * $BENCH_INDEX (a PEP 503 folder, file:///…/simple) served over HTTP by this
  * process so its bytes are counted. Workers run in mount namespaces with their
  * homes at one path, as identical machines have it (needs root).
- * Run by bench/cluster.ts; alone: bun run bench/cluster-ship.ts   (BENCH_SHIP_SPECS="transformers datasets")
+ * Run by bench/cluster.ts; alone: bun run bench/cluster-ship.ts   (BENCH_SHIP_SPECS="transformers datasets";
+ * BENCH_BEFORE=PATH adds the shipped run with that binary, in the same run)
  */
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -56,11 +57,18 @@ export async function shipBench(): Promise<ShipResult[]> {
   const children: Bun.Subprocess[] = [];
   const results: ShipResult[] = [];
   try {
-    for (const [mode, share, count] of [["one worker builds (the reference: one build)", "false", 1], ["shipped: one build, 3 fetches", "true", 4], ["each of 4 workers builds", "false", 4]] as const) {
-      const dir = join(root, `${share}-${count}`);
+    const beforeBin = process.env.BENCH_BEFORE;
+    const modes: [string, string, number, string][] = [
+      ["one worker builds (the reference: one build)", "false", 1, bin],
+      ["shipped: one build, 3 fetches", "true", 4, bin],
+      ...(beforeBin ? [["shipped, the binary before", "true", 4, beforeBin] as [string, string, number, string]] : []),
+      ["each of 4 workers builds", "false", 4, bin],
+    ];
+    for (const [n, [mode, share, count, modeBin]] of modes.entries()) {
+      const dir = join(root, `${n}-${share}-${count}`);
       const at = join(dir, "home-path");
       mkdirSync(at, { recursive: true });
-      const server = Bun.spawn([bin, "server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: token, ...base, GPULAYER_HOME: join(dir, "server"), GPULAYER_SERVER_SHARE_ENVS: share }, stdout: "pipe", stderr: "ignore" });
+      const server = Bun.spawn([modeBin, "server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: token, ...base, GPULAYER_HOME: join(dir, "server"), GPULAYER_SERVER_SHARE_ENVS: share }, stdout: "pipe", stderr: "ignore" });
       children.push(server);
       let doc = "";
       for await (const c of server.stdout as ReadableStream<Uint8Array>) {
@@ -72,19 +80,19 @@ export async function shipBench(): Promise<ShipResult[]> {
         const real = join(dir, `w${i}`);
         mkdirSync(join(real, "home"), { recursive: true });
         const env = { ...base, GPULAYER_HOME: at, GPULAYER_TOKEN: token, UV_CACHE_DIR: join(real, "uv"), PIP_CACHE_DIR: join(real, "pip") };
-        const w = Bun.spawn(["unshare", "-m", "sh", "-c", `mount --bind "${join(real, "home")}" "${at}" && exec "$@"`, "sh", bin, "join", url, "--name", `w${i}`, "--python", python], { env, stdout: "ignore", stderr: process.env.BENCH_VERBOSE ? "inherit" : "ignore" });
+        const w = Bun.spawn(["unshare", "-m", "sh", "-c", `mount --bind "${join(real, "home")}" "${at}" && exec "$@"`, "sh", modeBin, "join", url, "--name", `w${i}`, "--python", python], { env, stdout: "ignore", stderr: process.env.BENCH_VERBOSE ? "inherit" : "ignore" });
         children.push(w);
       }
       const client = { ...base, GPULAYER_HOME: join(dir, "client"), GPULAYER_SERVER: url, GPULAYER_TOKEN: token };
       for (let i = 0; i < 200; i++) {
-        const r = Bun.spawn([bin, "workers", "--json"], { env: client, stdout: "pipe", stderr: "ignore" });
+        const r = Bun.spawn([modeBin, "workers", "--json"], { env: client, stdout: "pipe", stderr: "ignore" });
         const out = await new Response(r.stdout).text();
         if ((await r.exited) === 0 && JSON.parse(out).length === count) break;
         await Bun.sleep(100);
       }
       const before = served;
       const t = performance.now();
-      const p = Bun.spawn([bin, "env", "prepare", ...specs.flatMap((s) => ["-p", s]), "--index-url", indexUrl, "--json"], { env: client, stdout: "pipe", stderr: process.env.BENCH_VERBOSE ? "inherit" : "ignore" });
+      const p = Bun.spawn([modeBin, "env", "prepare", ...specs.flatMap((s) => ["-p", s]), "--index-url", indexUrl, "--json"], { env: client, stdout: "pipe", stderr: process.env.BENCH_VERBOSE ? "inherit" : "ignore" });
       const out = await new Response(p.stdout).text();
       if ((await p.exited) !== 0) throw new Error(`env prepare (${mode}) failed: ${out}`);
       const seconds = (performance.now() - t) / 1000;

@@ -5,6 +5,7 @@ import * as tar from "tar";
 import zlib from "node:zlib";
 import { ClusterClient } from "../src/cluster/client.ts";
 import { artifactFault } from "../src/env/store/artifact.ts";
+import { FRAME, frameIndex } from "../src/env/store/frames.ts";
 import { packEnv } from "../src/env/store/pack.ts";
 import { unpackEnv } from "../src/env/store/unpack.ts";
 import { homeLayout } from "../src/config/paths.ts";
@@ -154,4 +155,31 @@ describe("unpacking an artifact", () => {
       expect(listed.stdout.toString().trim().split("\n").map((l) => l.replace(/\/$/, "")).sort()).toEqual(listing(into));
     }
   }, 30_000);
+
+  test("an artifact whose frames lie about their sizes is refused before anything is decompressed past a frame, by the unpacker and the server's check alike", async () => {
+    const root = tempDir("gpl-frames-");
+    const zeros = Bun.zstdCompressSync(Buffer.alloc(64 << 20), { level: 3 });
+    // The frame's own header says 4 MiB where it holds 64 (its content size field patched): a bomb that sizes itself small.
+    const patched = Buffer.from(zeros);
+    const d = patched[4]!;
+    patched.writeUInt32LE(FRAME, 5 + ((d >> 5) & 1 ? 0 : 1) + [0, 1, 2, 4][d & 3]!);
+    const streamed = zlib.zstdCompressSync(Buffer.alloc(1000), { params: { [zlib.constants.ZSTD_c_contentSizeFlag]: 0 } });
+    const cases: [string, Buffer, RegExp][] = [
+      ["larger than a frame", Buffer.concat([frameIndex(zeros.length, 64 << 20), zeros]), /larger than any an artifact holds/],
+      ["no size of its own", Buffer.concat([frameIndex(streamed.length, 1000), streamed]), /declares no size where its index says 1000/],
+      ["its index and header disagree", Buffer.concat([frameIndex(zeros.length, 1 << 20), zeros]), /declares 67108864 size where its index says 1048576/],
+      ["a header that lies", Buffer.concat([frameIndex(patched.length, FRAME), patched]), /Decompression failed/],
+      ["cut short", Buffer.concat([frameIndex(zeros.length + 10, 64 << 20).subarray(0, 8), frameIndex(zeros.length + 10, FRAME).subarray(8), zeros]), /ends inside a frame/],
+    ];
+    for (const [what, bytes, message] of cases) {
+      const file = join(root, `${what}.tar.zst`);
+      writeFileSync(file, bytes);
+      const into = join(root, what);
+      mkdirSync(into);
+      const error = await unpackEnv(file, into).then(() => null, (e: Error) => e.message);
+      expect(`${what}: ${error}`).toMatch(message);
+      expect(readdirSync(into)).toEqual([]);
+      expect(`${what}: ${await artifactFault(file, Bun.SHA256.hash(bytes, "hex"), KEY, into)}`).toMatch(message);
+    }
+  });
 });

@@ -1,8 +1,7 @@
 import { createReadStream, readFileSync } from "node:fs";
 import { join, posix } from "node:path";
-import { pipeline } from "node:stream/promises";
-import zlib from "node:zlib";
 import * as tar from "tar";
+import { parseTarFrames } from "./frames.ts";
 
 /**
  * An env as an artifact another worker can unpack: a tar of the env folder
@@ -116,7 +115,7 @@ export async function artifactFault(file: string, sha: string, key: string, envP
     },
   });
   try {
-    await pipeline(createReadStream(file), zlib.createZstdDecompress(), parser as unknown as NodeJS.WritableStream);
+    await parseTarFrames(createReadStream(file), parser);
   } catch (error) {
     return `it is not a readable artifact (${(error as Error).message.split("\n")[0]})`;
   }

@@ -1,20 +1,20 @@
 import { closeSync, constants, fstatSync, lstatSync, openSync, readdirSync, readlinkSync, readSync, type Stats, writeSync } from "node:fs";
 import { join } from "node:path";
 import * as tar from "tar";
+import { FRAME, frameIndex } from "./frames.ts";
 
 /**
  * Packing an env into an artifact (artifact.ts): a tar of the env folder
  * (entries sorted, no owners, times kept so the bytecode stays valid), cut
  * into frames of FRAME bytes that are zstd-compressed on Bun's thread pool,
- * FRAMES_IN_FLIGHT at once, and written in order: concatenated zstd frames
- * are one zstd stream to every reader. tar's own packer is not used: under
+ * FRAMES_IN_FLIGHT at once, and written in order, each after its lengths
+ * (frames.ts): concatenated zstd frames are one zstd stream to every reader. tar's own packer is not used: under
  * Bun its asynchronous Pack spun at full CPU forever, or failed with "write
  * after end", on an env holding one file under several names (the bytecode
  * store links one compiled module into many packages), and took ~13 s for an
  * env of 13,000 files that this packs in ~4. tar still encodes every header.
  */
 
-const FRAME = 4 << 20;
 const FRAMES_IN_FLIGHT = 3;
 const LEVEL = 3;
 
@@ -65,16 +65,22 @@ export async function packEnv(envDir: string, file: string): Promise<PackedArtif
   let used = 0;
   /** Bytes of tar so far: entries are padded to its 512-byte blocks. */
   let offset = 0;
-  const inFlight: Promise<Buffer>[] = [];
+  const inFlight: { compressed: Promise<Buffer>; length: number }[] = [];
   const writeOldest = async () => {
-    const compressed = await inFlight.shift()!;
-    hasher.update(compressed);
-    bytes += compressed.length;
-    for (let at = 0; at < compressed.length; ) at += writeSync(out, compressed, at);
+    const { compressed, length } = inFlight.shift()!;
+    const done = await compressed;
+    for (const b of [frameIndex(done.length, length), done]) {
+      hasher.update(b);
+      bytes += b.length;
+      for (let at = 0; at < b.length; ) at += writeSync(out, b, at);
+    }
   };
   const send = async () => {
     if (!used) return;
-    inFlight.push(Bun.zstdCompress(frame.subarray(0, used), { level: LEVEL }));
+    const compressed = Bun.zstdCompress(frame.subarray(0, used), { level: LEVEL });
+    // Its failure is met when its turn comes; until then it is nobody's unhandled rejection.
+    compressed.catch(() => {});
+    inFlight.push({ compressed, length: used });
     frame = Buffer.allocUnsafe(FRAME);
     used = 0;
     while (inFlight.length >= FRAMES_IN_FLIGHT) await writeOldest();
@@ -127,7 +133,7 @@ export async function packEnv(envDir: string, file: string): Promise<PackedArtif
     while (inFlight.length) await writeOldest();
   } finally {
     // A failure leaves no frame compressing for nobody (the caller removes the file).
-    await Promise.allSettled(inFlight);
+    await Promise.allSettled(inFlight.map((f) => f.compressed));
     closeSync(out);
   }
   return { sha256: hasher.digest("hex"), bytes };
