@@ -163,12 +163,16 @@ describe("unpacking an artifact", () => {
     const patched = Buffer.from(zeros);
     const d = patched[4]!;
     patched.writeUInt32LE(FRAME, 5 + ((d >> 5) & 1 ? 0 : 1) + [0, 1, 2, 4][d & 3]!);
+    const quarter = Bun.zstdCompressSync(Buffer.alloc(FRAME), { level: 3 });
     const streamed = zlib.zstdCompressSync(Buffer.alloc(1000), { params: { [zlib.constants.ZSTD_c_contentSizeFlag]: 0 } });
     const cases: [string, Buffer, RegExp][] = [
       ["larger than a frame", Buffer.concat([frameIndex(zeros.length, 64 << 20), zeros]), /larger than any an artifact holds/],
       ["no size of its own", Buffer.concat([frameIndex(streamed.length, 1000), streamed]), /declares no size where its index says 1000/],
       ["its index and header disagree", Buffer.concat([frameIndex(zeros.length, 1 << 20), zeros]), /declares 67108864 size where its index says 1048576/],
+      ["an index longer than its frame", Buffer.concat([frameIndex(quarter.length + 4, FRAME), quarter, Buffer.alloc(4)]), /are not one zstd frame/],
       ["a header that lies", Buffer.concat([frameIndex(patched.length, FRAME), patched]), /Decompression failed/],
+      // Frames back to back decode one after another: 4 MiB declared, 12 MiB held (a bomb repeats it thousands of times).
+      ["several frames as one", Buffer.concat([frameIndex(3 * quarter.length, FRAME), quarter, quarter, quarter]), /are not one zstd frame/],
       ["cut short", Buffer.concat([frameIndex(zeros.length + 10, 64 << 20).subarray(0, 8), frameIndex(zeros.length + 10, FRAME).subarray(8), zeros]), /ends inside a frame/],
     ];
     for (const [what, bytes, message] of cases) {

@@ -34,25 +34,42 @@ export function frameIndex(compressed: number, length: number): Buffer {
 const ZSTD_MAGIC = 0xfd2fb528;
 
 /**
- * The content size a zstd frame's header declares (RFC 8878, 3.1.1.1), or
- * null when it declares none. Bun's decompressor sizes its output by it and
- * fails a frame that decodes to more, so a frame that declares at most FRAME
- * cannot fill memory, whatever it holds.
+ * What the bytes of one indexed frame hold, read from zstd's own framing
+ * (RFC 8878, 3.1.1): the content size its header declares (null when none),
+ * and where the frame ends by its block headers (null when they run past the
+ * bytes or use the reserved type). Bun's decompressor sizes its output by the
+ * declared size and fails a frame that decodes to more, but it decodes every
+ * frame it is given back to back: only bytes that are exactly one frame
+ * declaring at most FRAME cannot fill memory, whatever they hold.
  */
-export function declaredSize(frame: Buffer): number | null {
-  if (frame.length < 6 || frame.readUInt32LE(0) !== ZSTD_MAGIC) return null;
+export function frameShape(frame: Buffer): { size: number | null; end: number | null } {
+  if (frame.length < 6 || frame.readUInt32LE(0) !== ZSTD_MAGIC) return { size: null, end: null };
   const descriptor = frame[4]!;
-  const fcsFlag = descriptor >> 6;
   const singleSegment = (descriptor >> 5) & 1;
-  const dictBytes = [0, 1, 2, 4][descriptor & 3]!;
-  const fcsBytes = [singleSegment ? 1 : 0, 2, 4, 8][fcsFlag]!;
-  const at = 5 + (singleSegment ? 0 : 1) + dictBytes;
-  if (fcsBytes === 0 || frame.length < at + fcsBytes) return null;
-  if (fcsBytes === 1) return frame[at]!;
-  if (fcsBytes === 2) return frame.readUInt16LE(at) + 256;
-  if (fcsBytes === 4) return frame.readUInt32LE(at);
-  const size = frame.readBigUInt64LE(at);
-  return size > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(size);
+  const fcsBytes = [singleSegment ? 1 : 0, 2, 4, 8][descriptor >> 6]!;
+  const fcsAt = 5 + (singleSegment ? 0 : 1) + [0, 1, 2, 4][descriptor & 3]!;
+  let size: number | null = null;
+  if (fcsBytes && frame.length >= fcsAt + fcsBytes) {
+    if (fcsBytes === 1) size = frame[fcsAt]!;
+    else if (fcsBytes === 2) size = frame.readUInt16LE(fcsAt) + 256;
+    else if (fcsBytes === 4) size = frame.readUInt32LE(fcsAt);
+    else {
+      const big = frame.readBigUInt64LE(fcsAt);
+      size = big > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(big);
+    }
+  }
+  let at = fcsAt + fcsBytes;
+  for (;;) {
+    if (at + 3 > frame.length) return { size, end: null };
+    const block = frame[at]! | (frame[at + 1]! << 8) | (frame[at + 2]! << 16);
+    at += 3;
+    const type = (block >> 1) & 3;
+    if (type === 3) return { size, end: null };
+    // An RLE block's content is its one byte; raw and compressed blocks hold their size.
+    at += type === 1 ? 1 : block >>> 3;
+    if (block & 1) break;
+  }
+  return { size, end: at + ((descriptor >> 2) & 1 ? 4 : 0) };
 }
 
 /** What `source`, a zstd stream, decompresses to, in order. */
@@ -88,8 +105,10 @@ export async function* zstdFrames(source: AsyncIterable<Uint8Array>): AsyncGener
       // A copy: `held` is cut below while the thread pool reads this.
       const frame = Buffer.from(held.subarray(INDEX_BYTES, INDEX_BYTES + compressed));
       held = held.subarray(INDEX_BYTES + compressed);
-      // Bounded: a frame that declares no size, or another than its index, is no frame of ours.
-      if (declaredSize(frame) !== length) throw new Error(`a frame declares ${declaredSize(frame) ?? "no"} size where its index says ${length}`);
+      // Bounded: bytes that are not exactly one frame, or one that declares no size or another than its index, are no frame of ours.
+      const shape = frameShape(frame);
+      if (shape.end !== compressed) throw new Error(`a frame's ${compressed} bytes are not one zstd frame`);
+      if (shape.size !== length) throw new Error(`a frame declares ${shape.size ?? "no"} size where its index says ${length}`);
       const plain = Bun.zstdDecompress(frame);
       // Its failure is met when its turn comes; until then it is nobody's unhandled rejection.
       plain.catch(() => {});
