@@ -36,6 +36,7 @@ export async function unpackEnvStream(source: AsyncIterable<Uint8Array>, into: s
   const guard = new EntryGuard();
   const dirs = new Set<string>([""]);
   let failure: Error | null = null;
+  const unclosed = new Set<() => void>();
   const folder = (rel: string, mode: number) => {
     if (!dirs.has(rel)) {
       const up = dirname(rel);
@@ -63,7 +64,9 @@ export async function unpackEnvStream(source: AsyncIterable<Uint8Array>, into: s
     const close = () => {
       if (!closed) closeSync(fd);
       closed = true;
+      unclosed.delete(close);
     };
+    unclosed.add(close);
     try {
       fchmodSync(fd, openMode(mode, false));
     } catch (error) {
@@ -103,7 +106,12 @@ export async function unpackEnvStream(source: AsyncIterable<Uint8Array>, into: s
     },
   });
   // Frames decompress on the thread pool while this thread writes the files of the ones before.
-  await parseTarFrames(source, parser, () => failure !== null);
+  try {
+    await parseTarFrames(source, parser, () => failure !== null);
+  } finally {
+    // A stream that fails inside a file leaves that file open: closed here, so its folder can go.
+    for (const close of [...unclosed]) close();
+  }
   if (failure) throw failure;
 }
 
