@@ -132,6 +132,35 @@ for (const [name, dialect] of dialects) {
       await db.close();
     });
 
+    // SQLite has one writer at a time: its commits are in seq order by construction. PostgreSQL draws a seq at the insert and shows it at the commit.
+    (name === "PostgreSQL" && hasPostgres ? test : test.skip)("a prepare's steps from two tasks' reports at once, read with one mark: the later is never seen before the earlier", async () => {
+      const { db, store } = await opened(open);
+      const other = new ServerStore(dialect.connect(place), join(root, "other-steps"));
+      let release!: () => void;
+      const held = new Promise<void>((resolve) => (release = resolve));
+      let inserted!: () => void;
+      const firstIn = new Promise<void>((resolve) => (inserted = resolve));
+      const step = (n: number) => [{ type: "task.prepare.step", data: { n } }];
+      // The first report's transaction has its step in and is still open; the second's, on another replica, comes after.
+      const first = store.transaction(async (tx) => {
+        await tx.relayedEvents("prepare:t1", step(1), "g1");
+        inserted();
+        await held;
+      });
+      await firstIn;
+      let secondDone = false;
+      const second = other.transaction((tx) => tx.relayedEvents("prepare:t2", step(2), "g1")).then(() => (secondDone = true));
+      await Bun.sleep(300);
+      const seen = async () => [...(await store.events("prepare:t1")), ...(await store.events("prepare:t2"))].sort((a, b) => a.seq - b.seq).map((e) => (e.data as { n: number }).n);
+      // A reader now would take the second's seq as its mark and pass over the first for good: the second waits instead.
+      expect({ secondDone, seen: await seen() }).toEqual({ secondDone: false, seen: [] });
+      release();
+      await Promise.all([first, second]);
+      expect(await seen()).toEqual([1, 2]);
+      await (other.sql as Database).close();
+      await db.close();
+    });
+
     it("the writer lock: changes from many at once (replicas) apply one at a time, none lost", async () => {
       const { db, store } = await opened(open);
       // SQLite is one process's: its "other" is the same database. PostgreSQL's is a second pool, as another replica has.

@@ -540,9 +540,11 @@ export class Coordinator {
       const skip = await this.alreadyApplied(ch, t, seq, events.length, t.state === "assigned" ? { state: "running" } : {});
       if (!t.jobId) {
         // A prepare's build steps, kept by task for `env prepare --server` to show.
+        // Its group's reader follows every task's steps with one mark: they commit in seq order (relayedEvents).
         await store.relayedEvents(
           prepareSteps(t.id),
           events.slice(skip).filter((e) => e.type.startsWith("task.prepare.")),
+          t.groupId ?? t.id,
         );
         if (t.groupId) ch.wake(`group:${t.groupId}`);
         return;

@@ -150,6 +150,9 @@ function toTask(r: Row): TaskRow {
 /** The advisory locks' first key (int4 pair space, apart from the writer lock's bigint) for workers a dispatch pass holds: "gpd" in ASCII. */
 const DISPATCH_LOCK_CLASS = 0x677064;
 
+/** The advisory locks' first key for a prepare's build steps, by its group: "gps" in ASCII. */
+const STEPS_LOCK_CLASS = 0x677073;
+
 /** Ids in one statement at most: well under either database's limit on parameters. */
 const CHUNK = 500;
 const chunks = (ids: string[]): string[][] => Array.from({ length: Math.ceil(ids.length / CHUNK) }, (_, i) => ids.slice(i * CHUNK, (i + 1) * CHUNK));
@@ -467,9 +470,16 @@ export class ServerStore {
   async relayedEvent(jobId: string, e: Pick<RecordedEvent, "type" | "data">): Promise<void> {
     await this.relayedEvents(jobId, [e]);
   }
-  /** Several, in order, in one statement (a worker's report carries a few at once). */
-  async relayedEvents(jobId: string, events: Pick<RecordedEvent, "type" | "data">[]): Promise<void> {
+  /**
+   * Several, in order, in one statement (a worker's report carries a few at once). `readTogether`: a key whose
+   * streams one reader follows with one `seq` mark (a prepare's steps, over its tasks). On PostgreSQL a seq is
+   * drawn at the insert but seen at the commit, so two tasks' reports could be seen out of order and the reader
+   * pass over the earlier for good: their inserts take the key's lock, held to the commit, so they commit in
+   * seq order. The caller locks nothing after this.
+   */
+  async relayedEvents(jobId: string, events: Pick<RecordedEvent, "type" | "data">[], readTogether?: string): Promise<void> {
     if (!events.length) return;
+    if (readTogether && this.sql.dialect === "postgres") await this.sql.get(`SELECT pg_advisory_xact_lock(${STEPS_LOCK_CLASS}, hashtext(?)) AS held`, readTogether);
     const now = Date.now();
     await this.sql.run(`INSERT INTO events (job_id, ts, type, data) VALUES ${events.map(() => "(?, ?, ?, ?)").join(", ")}`, ...events.flatMap((e) => [jobId, now, e.type, sqlValue(e.data)]));
   }
