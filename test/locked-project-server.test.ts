@@ -24,9 +24,11 @@ beforeAll(async () => {
   if (!HAS_UV) return;
   index.start();
   for (const version of ["1.0", "2.0"]) index.wheel({ name: "pinned", version, files: { "pinned/__init__.py": `__version__ = "${version}"\n` } });
+  for (const version of ["1.0", "2.0"]) index.wheel({ name: "held", version, files: { "held/__init__.py": `__version__ = "${version}"\n` } });
   const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { GPULAYER_TOKEN: TOKEN, ...boxes.server.env, ...FAST } }), procs);
   url = (await waitFor("the server", async () => /"url": "([^"]+)"/.exec(server.out())?.[1])) as string;
-  const venv = await makeWorkerVenv(join(boxes.worker.root, "venv"), { env: boxes.worker.env });
+  // The worker has held 2.0 (a lock below pins 1.0); no pinned at all.
+  const venv = await makeWorkerVenv(join(boxes.worker.root, "venv"), { env: boxes.worker.env, packages: ["held==2.0"], findLinks: index.dir });
   keepOutput(startCli(["join", url, "--name", "w1", "--python", venv], { env: { ...boxes.worker.env, ...FAST, GPULAYER_TOKEN: TOKEN } }), procs);
   await waitFor("the worker", async () => (JSON.parse((await fleet(["workers", "--json"], boxes.client.root)).stdout) as unknown[]).length === 1);
 }, T);
@@ -64,6 +66,26 @@ describe.skipIf(!HAS_UV)("a uv project through a server", () => {
     const summaries = (JSON.parse(listed.stdout) as { kind: string; summary: string }[]).filter((e) => e.kind === "env").map((e) => e.summary);
     expect(summaries.length).toBeGreaterThan(0);
     for (const summary of summaries) expect(summary).toBe("uv project app (uv.lock)");
+  }, T);
+
+  test("a fleet `env prepare` says what a local one says: the worker packages the lock shadows, and pip check's findings", async () => {
+    const dir = join(boxes.client.root, "shadowing");
+    mkdirSync(dir, { recursive: true });
+    const app = makeDist("project", dir, { name: "shadowing", version: "0.1" });
+    appendFileSync(join(app, "pyproject.toml"), `\n[project]\nname = "shadowing"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["held==1.0"]\n[[tool.uv.index]]\nurl = "${index.url}"\ndefault = true\n`);
+    expect((await run(["uv", "lock"], { cwd: app, env: boxes.client.env })).code).toBe(0);
+    const shadowed = [{ name: "held", worker: "2.0", locked: "1.0" }];
+    const doc = await fleet(["env", "prepare", "--project", "shadowing", "--json"], dir);
+    expect(doc.code, doc.stderr).toBe(0);
+    const [w] = (JSON.parse(doc.stdout) as { workers: { worker: string; status: string; path: string; key?: string; check?: string[]; shadowed?: unknown; installer_path?: string }[] }).workers;
+    expect(w).toMatchObject({ worker: "w1", status: "built", check: [], shadowed, installer_path: "uv (fast path)" });
+    // The worker's own record of the env says the same.
+    const shown = await cli(["env", "show", w!.key!, "--json"], { env: boxes.worker.env, cwd: boxes.worker.root });
+    expect(JSON.parse(shown.stdout || "{}").shadowed, shown.stderr + shown.stdout).toEqual(shadowed);
+    // Reused: the same report, and the line people read.
+    const again = await fleet(["env", "prepare", "--project", "shadowing"], dir);
+    expect(again.code, again.stderr).toBe(0);
+    expect(again.stdout).toMatch(/^w1 {2}reused .*\n {4}shadows held 2\.0 \(the worker's\) by 1\.0 \(the lock's\)\n$/);
   }, T);
 
   test("a stale lock, or a group the project lacks, is refused before anything is sent, in the user's own paths, as without a server", async () => {

@@ -113,6 +113,9 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     const reused = await prepare([]);
     expect(reused.status).toBe("reused");
     expect(reused.shadowed).toEqual(got.shadowed);
+    // Without --json, said on stderr in one line, as a fleet prepare says it of each worker.
+    const said = await cli(["env", "prepare", "--python", worker, "--project", project], { env: s.env, cwd: world });
+    expect(said.stderr).toContain("shadows d 2.0 (the worker's) by 1.0 (the lock's), torchy 2.1.0+cu1 (the worker's) by 2.1.0 (the lock's)\n");
     const imported = await run([join(got.path, "bin", "python"), "-c", "import d, torchy, a, app, libproj; print(d.__file__.startswith(r'" + got.path + "'), a.__file__.startswith(r'" + got.path + "'))"], { env: s.env });
     expect(imported.stdout.trim()).toBe("True False");
   });

@@ -118,6 +118,10 @@ export interface PrepareTaskResult {
   path?: string;
   /** Which build made the env: "uv (fast path)" or "pip". */
   installer_path?: string | null;
+  /** pip check's findings on the env, as a local `env prepare` warns of them (a host env). */
+  check?: string[];
+  /** A uv project's env: the worker's packages it holds another version of, the lock's (as locally). */
+  shadowed?: { name: string; worker: string; locked: string }[];
   image?: string;
   digest?: string;
   message?: string;

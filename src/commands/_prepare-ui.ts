@@ -75,3 +75,8 @@ export function prepareFailure(error: unknown): unknown {
 }
 
 export { shortKey };
+
+/** A uv project's shadowed worker packages, for people: the same words in `env prepare` (here or on a fleet) and `env show`. */
+export function shadowsText(shadowed: readonly { name: string; worker: string; locked: string }[]): string {
+  return shadowed.map((s) => `${s.name} ${s.worker} (the worker's) by ${s.locked} (the lock's)`).join(", ");
+}

@@ -279,10 +279,19 @@ function taskResult(prepared: Prepared, seconds: number): PrepareTaskResult {
   if (prepared.kind === "image") {
     const { image, env } = prepared;
     const result = { status: image.status, seconds: image.seconds, image: image.image, digest: image.digest };
-    return env ? { ...result, status: env.status, seconds, key: env.key, path: env.path } : result;
+    return env ? { ...result, status: env.status, seconds, key: env.key, path: env.path, ...(env.shadowed ? { shadowed: env.shadowed } : {}) } : result;
   }
   const r = prepared.env;
-  return { status: r.status, seconds: r.seconds, key: r.key, path: r.path, installer_path: r.installerPath, ...(r.fetched ? { fetched: { bytes: r.fetched.bytes, seconds: r.fetched.seconds, built_by: r.fetched.builtBy } } : {}) };
+  return {
+    status: r.status,
+    seconds: r.seconds,
+    key: r.key,
+    path: r.path,
+    installer_path: r.installerPath,
+    check: r.check,
+    ...(r.shadowed ? { shadowed: r.shadowed } : {}),
+    ...(r.fetched ? { fetched: { bytes: r.fetched.bytes, seconds: r.fetched.seconds, built_by: r.fetched.builtBy } } : {}),
+  };
 }
 
 export function startPrepareTask(ctx: WorkerContext, task: TaskAssignment): TaskHandle {

@@ -6,6 +6,7 @@ import type { RemoteTarget } from "../../cluster/client.ts";
 import { followPrepare, startPrepare, type StartPrepareOptions, type WorkerPrepareResult } from "../../cluster/prepare-client.ts";
 import { formatLabels, labelsFromArgs, type PrepareRequestPayload, type PrepareTaskResult } from "../../cluster/protocol.ts";
 import { writeOut } from "../../ui/terminal.ts";
+import { shadowsText } from "../_prepare-ui.ts";
 
 /**
  * `env prepare` against a server, printed: the library (src/cluster/prepare-client.ts)
@@ -33,7 +34,13 @@ export async function prepareRemote(target: RemoteTarget, req: PrepareRequestPay
       const d = u.data as { step?: string; detail?: string; tool?: string; seconds?: number };
       if (u.type === "task.prepare.step") out.phase(`[${u.worker}] ${d.step} ${d.detail}`);
       else if (u.type === "task.prepare.quiet") out.phase(`[${u.worker}] still preparing; ${d.tool} has said nothing for ${formatSeconds(Number(d.seconds))}`);
-    } else if (!out.json) writeOut(`${line(u.worker, u.result)}\n`);
+    } else {
+      // What a local prepare says of its env, said of each worker's: pip check's findings (on stderr, --json or not), the worker packages a lock shadows.
+      for (const finding of u.result?.check ?? []) out.log.warn(`[${u.worker}] pip check: ${finding}`);
+      if (out.json) continue;
+      writeOut(`${line(u.worker, u.result)}\n`);
+      if (u.result?.shadowed?.length) writeOut(`    shadows ${shadowsText(u.result.shadowed)}\n`);
+    }
   }
   if (out.json) out.result({ server: target.url, workers }, () => "");
   const failed = workers.filter((w) => w.status === "failed");

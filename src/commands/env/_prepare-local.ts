@@ -5,6 +5,7 @@ import { projectFlags, repeated } from "../_args.ts";
 import { type CommandContext, envSettings } from "../_context.ts";
 import type { EnvPrepareDoc } from "../_json.ts";
 import type { prepareArgs } from "./_prepare-args.ts";
+import { shadowsText } from "../_prepare-ui.ts";
 
 /** What `env prepare`'s flags ask of the environment (the image aside). */
 export function askedByFlags(a: ParsedArgs<typeof prepareArgs>, rawArgs: string[]): EnvironmentRequest {
@@ -24,6 +25,7 @@ export function reportPrepared(out: Output, result: PrepareResult): void {
   const detail = result.build ? `built in ${formatSeconds(result.seconds)}, ${formatBytes(result.build.sizeBytes)}` : `reused (${formatSeconds(result.seconds)})`;
   for (const line of wheelLines(result.wheels)) out.progress(`wheel ${line}`);
   out.progress(`env ${shortKey(result.key)} ${detail}: ${result.summary}`);
+  if (result.shadowed?.length) out.progress(`shadows ${shadowsText(result.shadowed)}`);
   const doc: EnvPrepareDoc = { key: result.key, path: result.path, python: result.python, status: result.status, seconds: Number(result.seconds.toFixed(4)), check: result.check, installer_path: result.installerPath, ...(result.shadowed ? { shadowed: result.shadowed } : {}), ...wheelDocs(result.wheels) };
   out.result(doc, () => result.path, true);
 }

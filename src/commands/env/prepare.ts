@@ -10,7 +10,7 @@ import { commandContext, originText, prepareSettings, stopOnSignals } from "../_
 import { rejectUnknownFlags } from "../_args.ts";
 import { FROM_JOB_RUN, prepareArgs } from "./_prepare-args.ts";
 import { askedByFlags, localPrepareRequest, reportPrepared } from "./_prepare-local.ts";
-import { prepareHooks, prepareFailure } from "../_prepare-ui.ts";
+import { prepareHooks, prepareFailure, shadowsText } from "../_prepare-ui.ts";
 import type { EnvDryRunDoc } from "../_json.ts";
 
 export default defineCommand({
@@ -62,6 +62,7 @@ export default defineCommand({
       const { image, env } = prepared;
       if (!env) return out.result(imageJson(image), () => image.digest, true);
       out.progress(`env ${shortKey(env.key)} ${env.status} (${formatSeconds(env.seconds)}) on ${image.image}`);
+      if (env.shadowed?.length) out.progress(`shadows ${shadowsText(env.shadowed).replaceAll("the worker's", "the image's")}`);
       out.result({ ...imageJson(image), env: { key: env.key, path: env.path, status: env.status, seconds: Number(env.seconds.toFixed(4)), ...(env.shadowed ? { shadowed: env.shadowed } : {}) } }, () => env.path, true);
       return;
     }

@@ -7,6 +7,7 @@ import { formatBytes, formatSeconds } from "../../ui/output.ts";
 import { inputsLines } from "../../env/index-light.ts";
 import { outputArgs, placeArgs } from "../_args.ts";
 import type { EnvShowDoc } from "../_json.ts";
+import { shadowsText } from "../_prepare-ui.ts";
 
 const args = { key: { type: "positional", required: true, valueHint: "KEY", description: "Environment key or a unique prefix of it" }, ...placeArgs, ...outputArgs } as const;
 
@@ -50,7 +51,7 @@ export default defineCommand({
       `last used    ${lastUsed}`,
       `size         ${formatBytes(meta.sizeBytes)}`,
       `installed    ${meta.installed.join(", ") || "(nothing: the worker's packages satisfy it)"}`,
-      ...(meta.shadowed?.length ? [`shadows      ${meta.shadowed.map((s) => `${s.name} ${s.worker} (the worker's) by ${s.locked} (the lock's)`).join(", ")}`] : []),
+      ...(meta.shadowed?.length ? [`shadows      ${shadowsText(meta.shadowed)}`] : []),
       ...wheelLines(meta.wheels).map((l) => `wheel        ${l}`),
       ...(meta.check.length ? [`pip check    ${meta.check.join("; ")}`] : []),
     ]);
