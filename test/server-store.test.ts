@@ -133,30 +133,41 @@ for (const [name, dialect] of dialects) {
     });
 
     // SQLite has one writer at a time: its commits are in seq order by construction. PostgreSQL draws a seq at the insert and shows it at the commit.
-    (name === "PostgreSQL" && hasPostgres ? test : test.skip)("a prepare's steps from two tasks' reports at once, read with one mark: the later is never seen before the earlier", async () => {
+    (name === "PostgreSQL" && hasPostgres ? test : test.skip)("a stream's events from two writers at once, followed with one mark: the later is never seen before the earlier", async () => {
       const { db, store } = await opened(open);
       const other = new ServerStore(dialect.connect(place), join(root, "other-steps"));
-      let release!: () => void;
-      const held = new Promise<void>((resolve) => (release = resolve));
-      let inserted!: () => void;
-      const firstIn = new Promise<void>((resolve) => (inserted = resolve));
-      const step = (n: number) => [{ type: "task.prepare.step", data: { n } }];
-      // The first report's transaction has its step in and is still open; the second's, on another replica, comes after.
-      const first = store.transaction(async (tx) => {
-        await tx.relayedEvents("prepare:t1", step(1), "g1");
-        inserted();
-        await held;
-      });
-      await firstIn;
-      let secondDone = false;
-      const second = other.transaction((tx) => tx.relayedEvents("prepare:t2", step(2), "g1")).then(() => (secondDone = true));
-      await Bun.sleep(300);
-      const seen = async () => [...(await store.events("prepare:t1")), ...(await store.events("prepare:t2"))].sort((a, b) => a.seq - b.seq).map((e) => (e.data as { n: number }).n);
-      // A reader now would take the second's seq as its mark and pass over the first for good: the second waits instead.
-      expect({ secondDone, seen: await seen() }).toEqual({ secondDone: false, seen: [] });
-      release();
-      await Promise.all([first, second]);
-      expect(await seen()).toEqual([1, 2]);
+      const cases = [
+        // A prepare's steps, from two tasks' reports through two replicas, read as their group's.
+        { stream: "g1", first: (tx: ServerStore) => tx.relayedEvents("prepare:t1", [{ type: "task.prepare.step", data: { n: 1 } }], "g1"), second: (tx: ServerStore) => tx.relayedEvents("prepare:t2", [{ type: "task.prepare.step", data: { n: 2 } }], "g1"), ids: ["prepare:t1", "prepare:t2"] },
+        // A job's own: the server's event (a worker lost) in one change, a worker's report in another.
+        { stream: "ee00000000000001", first: (tx: ServerStore) => tx.event("ee00000000000001", "job.worker_lost", { worker: "w1", message: "lost" }), second: (tx: ServerStore) => tx.relayedEvent("ee00000000000001", { type: "task.run.started", data: { n: 2 } }), ids: ["ee00000000000001"] },
+      ];
+      for (const c of cases) {
+        let release!: () => void;
+        const held = new Promise<void>((resolve) => (release = resolve));
+        let inserted!: () => void;
+        const firstIn = new Promise<void>((resolve) => (inserted = resolve));
+        // The first writer's transaction has its event in and is still open; the second's, on another replica, draws a later seq and commits.
+        const first = store.transaction(async (tx) => {
+          await c.first(tx);
+          inserted();
+          await held;
+        });
+        await firstIn;
+        await other.transaction((tx) => c.second(tx));
+        // A reader now would take the second's seq as its mark and pass over the first for good: it waits for the first instead.
+        let read: number[] | null = null;
+        const reading = store.followEvents(c.stream, c.ids, 0).then((events) => (read = events.map((e) => e.seq)));
+        await Bun.sleep(300);
+        expect(read).toBeNull();
+        release();
+        await Promise.all([first, reading]);
+        expect(read).toHaveLength(2);
+        const all = await store.followEvents(c.stream, c.ids, 0);
+        expect(all.map((e) => e.type)).toEqual([c.stream === "g1" ? "task.prepare.step" : "job.worker_lost", c.stream === "g1" ? "task.prepare.step" : "task.run.started"]);
+        // And read after the first's seq, the second alone.
+        expect((await store.followEvents(c.stream, c.ids, all[0]!.seq)).map((e) => e.seq)).toEqual([all[1]!.seq]);
+      }
       await (other.sql as Database).close();
       await db.close();
     });

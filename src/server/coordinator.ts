@@ -540,7 +540,7 @@ export class Coordinator {
       const skip = await this.alreadyApplied(ch, t, seq, events.length, t.state === "assigned" ? { state: "running" } : {});
       if (!t.jobId) {
         // A prepare's build steps, kept by task for `env prepare --server` to show.
-        // Its group's reader follows every task's steps with one mark: they commit in seq order (relayedEvents).
+        // Its group's reader follows every task's steps with one mark: the group is their stream (relayedEvents).
         await store.relayedEvents(
           prepareSteps(t.id),
           events.slice(skip).filter((e) => e.type.startsWith("task.prepare.")),

@@ -198,7 +198,7 @@ export class JobsApi {
       const job = (await this.store.job(jobId))!;
       const chunks = job.logSize > logOffset ? await this.store.readChunks(jobId, logOffset) : [];
       const size = chunks.reduce((n, c) => n + c.data.length, 0);
-      const events = await this.store.events(jobId, afterSeq);
+      const events = (await this.store.followEvents(jobId, [jobId], afterSeq)).map(({ jobId: _j, ...e }) => e);
       const final = isFinal(job.state);
       if (size || events.length || final || Date.now() >= deadline || signal?.aborted) {
         const worker = job.workerId ? await this.store.worker(job.workerId) : null;
@@ -249,9 +249,8 @@ export class JobsApi {
       if (!tasks.length) throw new HttpFail(404, `no prepare ${id}`);
       const finished = tasks.filter((t) => t.state !== "assigned" && t.state !== "running");
       const names = new Map((await this.store.workers()).map((w) => [w.id, w.name]));
-      const steps: PrepareGroupView["steps"] = [];
-      for (const t of tasks) for (const e of await this.store.events(prepareSteps(t.id), after)) steps.push({ seq: e.seq, worker: names.get(t.workerId) ?? t.workerId, type: e.type, data: e.data });
-      steps.sort((a, b) => a.seq - b.seq);
+      const workerOf = new Map(tasks.map((t) => [prepareSteps(t.id), names.get(t.workerId) ?? t.workerId]));
+      const steps: PrepareGroupView["steps"] = (await this.store.followEvents(id, [...workerOf.keys()], after)).map((e) => ({ seq: e.seq, worker: workerOf.get(e.jobId)!, type: e.type, data: e.data }));
       if (steps.length || finished.length > known || finished.length === tasks.length || Date.now() >= deadline || signal?.aborted) {
         return {
           id,

@@ -150,8 +150,15 @@ function toTask(r: Row): TaskRow {
 /** The advisory locks' first key (int4 pair space, apart from the writer lock's bigint) for workers a dispatch pass holds: "gpd" in ASCII. */
 const DISPATCH_LOCK_CLASS = 0x677064;
 
-/** The advisory locks' first key for a prepare's build steps, by its group: "gps" in ASCII. */
-const STEPS_LOCK_CLASS = 0x677073;
+/**
+ * The advisory locks' first key for a stream of events one reader follows with one seq mark (a job's events; a
+ * prepare's build steps, by its group): "gps" in ASCII. PostgreSQL draws a seq at the insert and shows the row at the
+ * commit, so two writers' events (a worker's report and the server's own, through two replicas) can be seen out of
+ * seq order, and a reader whose mark passed the later never sees the earlier. Each insert holds the stream's lock
+ * shared to its commit (writers never wait on each other); a follower takes it alone to read, which waits for the
+ * writers in flight: every seq drawn before its read is committed when it reads.
+ */
+const STREAM_LOCK_CLASS = 0x677073;
 
 /** Ids in one statement at most: well under either database's limit on parameters. */
 const CHUNK = 500;
@@ -464,24 +471,56 @@ export class ServerStore {
 
   // Events and output
   async event<N extends JobEventName>(jobId: string, type: N, data: JobEventData[N]): Promise<void> {
-    await this.sql.run("INSERT INTO events (job_id, ts, type, data) VALUES (?, ?, ?, ?)", jobId, Date.now(), type, sqlValue(data));
+    await this.relayedEvents(jobId, [{ type, data }]);
   }
   /** An event a worker recorded, kept as it came: its name may be one of another version's (a worker not upgraded yet). */
   async relayedEvent(jobId: string, e: Pick<RecordedEvent, "type" | "data">): Promise<void> {
     await this.relayedEvents(jobId, [e]);
   }
   /**
-   * Several, in order, in one statement (a worker's report carries a few at once). `readTogether`: a key whose
-   * streams one reader follows with one `seq` mark (a prepare's steps, over its tasks). On PostgreSQL a seq is
-   * drawn at the insert but seen at the commit, so two tasks' reports could be seen out of order and the reader
-   * pass over the earlier for good: their inserts take the key's lock, held to the commit, so they commit in
-   * seq order. The caller locks nothing after this.
+   * Several, in order, in one statement (a worker's report carries a few at once). `stream`: what one reader
+   * follows them in (followEvents): the job itself, or a prepare's group over its tasks. On PostgreSQL the same
+   * statement takes the stream's lock, shared, before it draws a seq (STREAM_LOCK_CLASS).
    */
-  async relayedEvents(jobId: string, events: Pick<RecordedEvent, "type" | "data">[], readTogether?: string): Promise<void> {
+  async relayedEvents(jobId: string, events: Pick<RecordedEvent, "type" | "data">[], stream = jobId): Promise<void> {
     if (!events.length) return;
-    if (readTogether && this.sql.dialect === "postgres") await this.sql.get(`SELECT pg_advisory_xact_lock(${STEPS_LOCK_CLASS}, hashtext(?)) AS held`, readTogether);
     const now = Date.now();
-    await this.sql.run(`INSERT INTO events (job_id, ts, type, data) VALUES ${events.map(() => "(?, ?, ?, ?)").join(", ")}`, ...events.flatMap((e) => [jobId, now, e.type, sqlValue(e.data)]));
+    const values = events.flatMap((e) => [jobId, now, e.type, sqlValue(e.data)]);
+    if (this.sql.dialect !== "postgres") {
+      await this.sql.run(`INSERT INTO events (job_id, ts, type, data) VALUES ${events.map(() => "(?, ?, ?, ?)").join(", ")}`, ...values);
+      return;
+    }
+    // The lock's one row joins every row inserted, so it is held before the first seq is drawn; the ordinal keeps their order.
+    const rows = events.map((_, i) => `(${i}, ?::text, ?::float8, ?::text, ?::text)`).join(", ");
+    await this.sql.run(
+      `INSERT INTO events (job_id, ts, type, data) SELECT v.job_id, v.ts, v.type, v.data FROM (SELECT pg_advisory_xact_lock_shared(${STREAM_LOCK_CLASS}, hashtext(?))) AS l, (VALUES ${rows}) AS v(n, job_id, ts, type, data) ORDER BY v.n`,
+      stream,
+      ...values,
+    );
+  }
+  /**
+   * The events of these ids after a mark, as one follower reads its stream (a job's own id, or a prepare's group
+   * and its tasks' ids): on PostgreSQL under the stream's lock, taken alone, so no seq below what it returns is
+   * still to commit. SQLite has one writer: its commits are in seq order.
+   */
+  async followEvents(stream: string, ids: string[], afterSeq: number): Promise<(StoredEvent & { jobId: string })[]> {
+    const read = async (sql: Sql) => {
+      const out: (StoredEvent & { jobId: string })[] = [];
+      for (const part of chunks(ids)) {
+        const rows = await sql.all<{ seq: number; job_id: string; ts: number; type: string; data: string }>(
+          `SELECT seq, job_id, ts, type, data FROM events WHERE job_id IN (${part.map(() => "?").join(", ")}) AND seq > ? ORDER BY seq`,
+          ...part,
+          afterSeq,
+        );
+        for (const r of rows) out.push({ seq: Number(r.seq), jobId: r.job_id, ts: Number(r.ts), type: r.type, data: JSON.parse(r.data) });
+      }
+      return out.sort((a, b) => a.seq - b.seq);
+    };
+    if (this.sql.dialect !== "postgres") return read(this.sql);
+    return this.sql.transaction(async (tx) => {
+      await tx.get(`SELECT pg_advisory_xact_lock(${STREAM_LOCK_CLASS}, hashtext(?)) AS held`, stream);
+      return read(tx);
+    });
   }
   async events(jobId: string, afterSeq = 0): Promise<StoredEvent[]> {
     return (await this.sql.all<{ seq: number; ts: number; type: string; data: string }>("SELECT seq, ts, type, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq", jobId, afterSeq)).map((r) => ({
