@@ -1,6 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { appendFileSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import * as v from "valibot";
+import { DOCUMENTS } from "../src/commands/_json.ts";
 import { makeDist, PackageIndex } from "./fixtures/index.ts";
 import { cli, HAS_UV, makeWorkerVenv, run, sandbox, startCli } from "./helpers.ts";
 import { keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
@@ -77,7 +79,7 @@ describe.skipIf(!HAS_UV)("a uv project through a server", () => {
     const shadowed = [{ name: "held", worker: "2.0", locked: "1.0" }];
     const doc = await fleet(["env", "prepare", "--project", "shadowing", "--json"], dir);
     expect(doc.code, doc.stderr).toBe(0);
-    const [w] = (JSON.parse(doc.stdout) as { workers: { worker: string; status: string; path: string; key?: string; check?: string[]; shadowed?: unknown; installer_path?: string }[] }).workers;
+    const [w] = v.parse(DOCUMENTS["env prepare --server"], JSON.parse(doc.stdout)).workers;
     expect(w).toMatchObject({ worker: "w1", status: "built", check: [], shadowed, installer_path: "uv (fast path)" });
     // The worker's own record of the env says the same.
     const shown = await cli(["env", "show", w!.key!, "--json"], { env: boxes.worker.env, cwd: boxes.worker.root });

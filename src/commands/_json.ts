@@ -376,6 +376,26 @@ const FleetWorkerEnv = v.strictObject({ key: str, state: str, size_bytes: num, l
 const FleetArtifact = v.strictObject({ sha256: str, key: str, bytes: num, built_by: str, created: str, last_used: str });
 
 /** `env list --json` with a server: each present worker's envs as it last reported them, and the server's artifacts. */
+/** `env prepare --json` with a server: each worker's prepare task, as it ended. */
+export const EnvPrepareFleetWorker = v.strictObject({
+  worker: str,
+  status: v.picklist(["built", "reused", "fetched", "pulled", "failed"]),
+  /** The task's end as the worker sent it (absent when it ended without a result). */
+  state: v.optional(v.picklist(["succeeded", "failed", "cancelled"])),
+  seconds: num,
+  key: v.optional(str),
+  path: v.optional(str),
+  installer_path: v.optional(nullableStr),
+  check: v.optional(strList),
+  shadowed: v.optional(v.array(v.strictObject({ name: str, worker: str, locked: str }))),
+  fetched: v.optional(v.strictObject({ bytes: num, seconds: num, built_by: str })),
+  image: v.optional(str),
+  digest: v.optional(str),
+  message: v.optional(str),
+});
+
+export const EnvPrepareFleetDocument = v.strictObject({ server: str, workers: v.array(EnvPrepareFleetWorker) });
+
 export const EnvListFleetDocument = v.strictObject({
   server: str,
   workers: v.array(v.strictObject({ worker: str, state: str, reported: v.boolean(), envs: v.array(FleetWorkerEnv) })),
@@ -408,6 +428,7 @@ export const DOCUMENTS = {
   "env rm": EnvRmDocument,
   gc: GcDocument,
   "gc --server": GcServerDocument,
+  "env prepare --server": EnvPrepareFleetDocument,
   "env list --server": EnvListFleetDocument,
   "env show --server": EnvShowFleetDocument,
   "job run": JobStatusDocument,
@@ -452,6 +473,8 @@ export const README_TABLES = {
   "gc: removed[]": GcRemovedItem,
   "gc: skipped[]": GcSkippedItem,
   "gc --server": GcServerDocument,
+  "env prepare --server": EnvPrepareFleetDocument,
+  "env prepare --server: workers[]": EnvPrepareFleetWorker,
   "env list --server": EnvListFleetDocument,
   "env show --server": EnvShowFleetDocument,
   "job status": JobStatusDocument,
