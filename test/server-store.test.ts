@@ -158,7 +158,8 @@ for (const [name, dialect] of dialects) {
         // A reader now would take the second's seq as its mark and pass over the first for good: it waits for the first instead.
         let read: number[] | null = null;
         const reading = store.followEvents(c.stream, c.ids, 0).then((events) => (read = events.map((e) => e.seq)));
-        await Bun.sleep(300);
+        // The job's case waits past the reader's lock timeout (2 s): it asks again, and still sees nothing before the first commits.
+        await Bun.sleep(c.stream === "g1" ? 300 : 2_500);
         expect(read).toBeNull();
         release();
         await Promise.all([first, reading]);
@@ -171,6 +172,49 @@ for (const [name, dialect] of dialects) {
       await (other.sql as Database).close();
       await db.close();
     });
+
+    // PostgreSQL's alone, as the test above: SQLite's writers take no stream lock.
+    (name === "PostgreSQL" && hasPostgres ? test : test.skip)("a follower queued for a job's events never sits between two changes that settle it", async () => {
+      const { db, store } = await opened(open);
+      // Its deadlock check would undo such a cycle after a second: here it would not, and the changes would hang.
+      await db.run(`ALTER DATABASE ${new URL(place).pathname.slice(1)} SET deadlock_timeout = '60s'`);
+      await (db as PostgresDatabase).close();
+      const fresh = new ServerStore(dialect.connect(place), join(root, "settle"));
+      const job = "ff00000000000001";
+      await fresh.addJob({ id: job, name: "p", spec: spec("p"), bundle: null, labels: {}, workdir: "/w" });
+      const gate = () => {
+        let open!: () => void;
+        return { done: new Promise<void>((resolve) => (open = resolve)), open: () => open() };
+      };
+      const rowHeld = gate();
+      const eventIn = gate();
+      const go = gate();
+      // One change settles the job (its row, then a task's end in its events); another, a dispatch pass, wrote an event and then wants the row.
+      let settled = false;
+      const settling = fresh.transaction(async (tx) => {
+        await tx.lockJob(job);
+        rowHeld.open();
+        await go.done;
+        await tx.event(job, "task.finished", { task: "c3", state: "done", exit_code: 0 });
+      }).then(() => (settled = true));
+      await rowHeld.done;
+      const passing = fresh.transaction(async (tx) => {
+        await tx.event(job, "task.skipped", { task: "c2", because: "c1 failed" });
+        eventIn.open();
+        await tx.lockJob(job);
+      });
+      await eventIn.done;
+      const following = fresh.followEvents(job, [job], 0);
+      await Bun.sleep(200);
+      go.open();
+      // The settling change goes on at once. (In the cycle it would wait until the follower's own lock timeout, 2 s, gave way.)
+      await Bun.sleep(1_000);
+      expect(settled).toBe(true);
+      const ended = await Promise.race([Promise.all([settling, passing, following]).then(() => "ended"), Bun.sleep(10_000).then(() => "stuck")]);
+      expect(ended).toBe("ended");
+      expect((await following).map((e) => e.type).sort()).toEqual(["task.finished", "task.skipped"]);
+      await (fresh.sql as PostgresDatabase).close();
+    }, 30_000);
 
     it("the writer lock: changes from many at once (replicas) apply one at a time, none lost", async () => {
       const { db, store } = await opened(open);

@@ -5,7 +5,7 @@ import { ArtifactStore } from "./artifacts.ts";
 import { WheelStore } from "./wheels.ts";
 import { BuildClaims } from "./build-claims.ts";
 import { TokenStore } from "./tokens.ts";
-import type { Sql, SqlValue } from "./db/sql.ts";
+import { isLockTimeout, type Sql, type SqlValue } from "./db/sql.ts";
 import { ParsedOnce } from "./parsed-once.ts";
 import { redactDeep, redactUrl } from "../env/index-light.ts";
 import { neededTasks } from "../jobs/outputs.ts";
@@ -367,9 +367,15 @@ export class ServerStore {
   async lockedActiveTasks(workerId: string): Promise<TaskRow[]> {
     return (await this.sql.all(`SELECT * FROM tasks WHERE worker_id = ? AND ${ACTIVE} ORDER BY created${this.forUpdate}`, workerId)).map(toTask);
   }
-  /** Holds a job's row to the end of the transaction: settling a job from its tasks' rows is one at a time. */
+  /**
+   * Holds a job's row to the end of the transaction: settling a job from its tasks' rows is one at a time. On
+   * PostgreSQL its event stream's lock, shared, comes first, in the same statement: those who write its events
+   * take them in that order too (an event, then the row), so a follower queued for the stream never sits between
+   * two of them (a cycle PostgreSQL undoes only after its deadlock_timeout, a second).
+   */
   async lockJob(id: string): Promise<void> {
-    await this.sql.get(`SELECT id FROM jobs WHERE id = ?${this.forUpdate}`, id);
+    if (this.sql.dialect !== "postgres") return void (await this.sql.get("SELECT id FROM jobs WHERE id = ?", id));
+    await this.sql.get(`SELECT j.id FROM (SELECT pg_advisory_xact_lock_shared(${STREAM_LOCK_CLASS}, hashtext(?))) AS l, jobs AS j WHERE j.id = ? FOR UPDATE OF j`, id, id);
   }
   /**
    * Queued jobs' rows, locked for a dispatch pass to change, oldest first:
@@ -517,10 +523,19 @@ export class ServerStore {
       return out.sort((a, b) => a.seq - b.seq);
     };
     if (this.sql.dialect !== "postgres") return read(this.sql);
-    return this.sql.transaction(async (tx) => {
-      await tx.get(`SELECT pg_advisory_xact_lock(${STREAM_LOCK_CLASS}, hashtext(?)) AS held`, stream);
-      return read(tx);
-    });
+    for (;;) {
+      try {
+        return await this.sql.transaction(async (tx) => {
+          // Read committed, whatever the database's default: the read after the wait must see what committed during it.
+          await tx.run("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
+          // Waited for a while at most, then asked again: a follower never holds a pooled connection long while a writer is in flight.
+          await tx.get(`SELECT set_config('lock_timeout', '2s', true) AS timeout, pg_advisory_xact_lock(${STREAM_LOCK_CLASS}, hashtext(?)) AS held`, stream);
+          return read(tx);
+        });
+      } catch (error) {
+        if (!isLockTimeout(error)) throw error;
+      }
+    }
   }
   async events(jobId: string, afterSeq = 0): Promise<StoredEvent[]> {
     return (await this.sql.all<{ seq: number; ts: number; type: string; data: string }>("SELECT seq, ts, type, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq", jobId, afterSeq)).map((r) => ({

@@ -34,6 +34,11 @@ export function isDeadlock(error: unknown): boolean {
   return String((error as { errno?: unknown }).errno ?? "") === "40P01";
 }
 
+/** A lock waited for longer than the transaction's lock_timeout (SQLSTATE 55P03). */
+export function isLockTimeout(error: unknown): boolean {
+  return String((error as { errno?: unknown }).errno ?? "") === "55P03";
+}
+
 export interface Database extends Sql {
   /** Where the database is, credentials left out: what the server prints. */
   readonly where: string;
