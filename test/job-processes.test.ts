@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { waitFor, watchdogs } from "./fixtures/processes.ts";
@@ -60,6 +60,24 @@ describe("a job is over when its main process is", () => {
     expect(c.code).toBe(0);
     await waitFor("the cancelled job to end", async () => json((await gpl(["job", "status", id, "--json"])).stdout).state === "cancelled");
     await waitFor("the setsid child to be gone", () => !alive(child));
+  });
+});
+
+describe("a cancel's SIGTERM", () => {
+  test("reaches the main process and a setsid child once each, then the grace", async () => {
+    // Each counts the SIGTERMs it gets, then exits half a second after the first: a program that checkpoints on SIGTERM.
+    const counting = (name: string) => `import signal, sys, time\nn = 0\ndef h(*a):\n    global n\n    n += 1\n    open("${name}.count", "a").write("x")\nsignal.signal(signal.SIGTERM, h)\nopen("${name}.ready", "w").close()\nwhile not n: time.sleep(0.05)\ntime.sleep(0.5)\nsys.exit(5)\n`;
+    const dir = join(work, "signals");
+    mkdirSync(dir);
+    writeFileSync(join(dir, "child.py"), counting("child"));
+    writeFileSync(join(dir, "main.py"), `import subprocess, sys\nsubprocess.Popen([sys.executable, "child.py"], start_new_session=True)\n${counting("main")}`);
+    const d = await cli(["job", "run", "-d", "--workdir", dir, "--", "python3", "main.py"], { env: { ...box.env, GPULAYER_CANCEL_GRACE: "5" }, cwd: dir });
+    const id = d.stdout.trim();
+    await waitFor("both to be ready", () => existsSync(join(dir, "main.ready")) && existsSync(join(dir, "child.ready")));
+    expect((await gpl(["job", "cancel", id])).code).toBe(0);
+    await waitFor("the cancelled job to end", async () => json((await gpl(["job", "status", id, "--json"])).stdout).state === "cancelled");
+    await Bun.sleep(300);
+    expect({ main: readFileSync(join(dir, "main.count"), "utf8"), child: readFileSync(join(dir, "child.count"), "utf8") }).toEqual({ main: "x", child: "x" });
   });
 });
 

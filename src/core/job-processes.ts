@@ -62,10 +62,17 @@ function readEnviron(pid: string): Buffer | null {
 
 /** The live processes carrying the job's mark (this process excluded). */
 export function jobProcesses(jobId: string): number[] {
+  return markedProcesses(jobId).map((p) => p.pid);
+}
+
+/** The same, each with its process group. */
+function markedProcesses(jobId: string): { pid: number; group: number }[] {
   const needle = Buffer.from(`\0${jobMark(jobId)}\0`);
-  const found: number[] = [];
+  const found: { pid: number; group: number }[] = [];
   for (const pid of otherPids()) {
-    if (readEnviron(pid)?.includes(needle) && !isZombie(pid)) found.push(Number(pid));
+    if (!readEnviron(pid)?.includes(needle)) continue;
+    const stat = statOf(pid);
+    if (stat && !stat.zombie) found.push({ pid: Number(pid), group: stat.group });
   }
   return found;
 }
@@ -93,11 +100,17 @@ export function markedJobCounts(now = Date.now()): Map<string, number> {
 }
 
 function isZombie(pid: string): boolean {
+  return statOf(pid)?.zombie ?? true;
+}
+
+/** A process's state and group from /proc/PID/stat (after the name, which may hold anything: "S ppid pgrp ..."); null when gone. */
+function statOf(pid: string): { zombie: boolean; group: number } | null {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) === "Z";
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return { zombie: fields[0] === "Z", group: Number(fields[2]) };
   } catch {
-    return true;
+    return null;
   }
 }
 
@@ -111,11 +124,21 @@ function signal(pids: number[], sig: NodeJS.Signals): void {
   }
 }
 
-/** End every process of the job: SIGTERM, then SIGKILL what is left after the grace; resolves when none is left (or after a last SIGKILL round). */
-export async function endJobProcesses(jobId: string, graceMs: number): Promise<number> {
-  const first = jobProcesses(jobId);
-  if (!first.length) return 0;
-  signal(first, "SIGTERM");
+/**
+ * End every process of the job: SIGTERM, then SIGKILL what is left after the grace (at once without one); resolves
+ * when none is left (or after a last SIGKILL round). `termedGroup`: a process group the caller has just sent SIGTERM, whose members are
+ * not sent a second (a program that checkpoints on the first SIGTERM may take a second as "abort now").
+ */
+export async function endJobProcesses(jobId: string, graceMs: number, termedGroup?: number): Promise<number> {
+  const found = markedProcesses(jobId);
+  if (!found.length) return 0;
+  // No grace: SIGKILL alone (a SIGTERM just before it would only be a second signal to one that had its first).
+  if (graceMs > 0)
+    signal(
+      found.filter((p) => p.group !== termedGroup).map((p) => p.pid),
+      "SIGTERM",
+    );
+  const first = found.map((p) => p.pid);
   const deadline = Date.now() + graceMs;
   while (Date.now() < deadline) {
     await sleep(50);

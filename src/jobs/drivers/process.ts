@@ -68,7 +68,7 @@ export function processDriver(task: ProcessTask): TaskDriver {
           await child.exited;
           // The job ends with its main process: what it left behind (in its group, or setsid and holding its output) is ended too.
           killGroup(pid, stopped ? "SIGKILL" : "SIGTERM");
-          await endJobProcesses(task.jobId, stopped ? 0 : task.graceMs);
+          await endJobProcesses(task.jobId, stopped ? 0 : task.graceMs, stopped ? undefined : pid);
           await pumped;
           const signal = child.signalCode;
           return { exitCode: child.exitCode ?? ExitCode.signalBase + (signal ? (SIGNALS[signal] ?? 0) : 0), ...(signal ? { signal } : {}) };
@@ -85,8 +85,8 @@ export function processDriver(task: ProcessTask): TaskDriver {
           stopped = true;
           killGroup(pid, "SIGTERM");
           killTimer = setTimeout(() => killGroup(pid, "SIGKILL"), task.graceMs);
-          // And whatever left the group (setsid, a daemon): every process with the job's mark.
-          void endJobProcesses(task.jobId, task.graceMs);
+          // And whatever left the group (setsid, a daemon): every process with the job's mark, the group's members not signalled twice.
+          void endJobProcesses(task.jobId, task.graceMs, pid);
         },
         exited,
       };
