@@ -129,3 +129,17 @@ describe("packing", () => {
     }
   });
 });
+
+describe("bad input through a server: the same line and exit code as here", () => {
+  test("an empty or malformed job id, for every command that takes one", async () => {
+    const local = (args: string[]) => cli(args, { env: boxes.client.env, cwd: boxes.client.root });
+    for (const id of ["", "zz", "../x"]) {
+      for (const command of [["status"], ["logs"], ["cancel"], ["outputs", "-o", "out"]]) {
+        const args = ["job", command[0]!, id, ...command.slice(1)];
+        const [remote, here] = [await gpl(args), await local(args)];
+        expect({ code: remote.code, stderr: remote.stderr, stdout: remote.stdout }).toEqual({ code: 2, stderr: here.stderr, stdout: "" });
+        expect(remote.stderr).toMatch(/^error: (no job id given|not a job id: )/);
+      }
+    }
+  }, T);
+});

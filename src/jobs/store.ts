@@ -6,6 +6,7 @@ import type { HomeLayout } from "../config/paths.ts";
 import { UsageError, UserError } from "../errors.ts";
 import { redactDeep, redactUrl } from "../env/index-light.ts";
 import type { JobSpec } from "./spec.ts";
+import { jobIdPrefix } from "./job-id.ts";
 import type { JobEventData, JobEventName, JobState, RecordedEvent } from "./model.ts";
 
 export interface JobRecord {
@@ -170,8 +171,8 @@ export class JobStore {
   }
 
   /** A unique prefix of an id is enough. */
-  find(prefix: string): JobRecord {
-    if (!/^[0-9a-f]{1,16}$/i.test(prefix)) throw new UsageError(`not a job id: ${prefix}`);
+  find(typed: string): JobRecord {
+    const prefix = jobIdPrefix(typed);
     // A task's record by its whole id (job status TASK_ID, as `tasks[].id` shows it); by a prefix, jobs only.
     if (prefix.length === 16) {
       const row = this.get(prefix.toLowerCase());

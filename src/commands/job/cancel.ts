@@ -1,4 +1,5 @@
 import { defineCommand } from "citty";
+import { jobIdPrefix } from "../../jobs/job-id.ts";
 import { placeContext } from "../_place.ts";
 import { engineHost } from "../_context.ts";
 import { cancelJob } from "../../jobs/cancel.ts";
@@ -13,9 +14,11 @@ export default defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     const { out, ctx, remote } = await placeContext(a, rawArgs, args);
-    if (remote) return (await import("../_remote/views.ts")).remoteCancel(remote, a.id, out);
+    // Checked here, before a server is asked: the same words either way.
+    const id = jobIdPrefix(a.id);
+    if (remote) return (await import("../_remote/views.ts")).remoteCancel(remote, id, out);
     const store = new JobStore(ctx.layout);
-    const job = await cancelJob(store, store.find(a.id), { cancelGraceMs: ctx.values.cancel_grace, engine: engineHost(ctx) });
+    const job = await cancelJob(store, store.find(id), { cancelGraceMs: ctx.values.cancel_grace, engine: engineHost(ctx) });
     store.close();
     const doc: JobStateDoc = { id: job.id, state: job.state };
     out.result(doc, () => `job ${job.id} ${job.state}`);

@@ -1,4 +1,5 @@
 import { defineCommand } from "citty";
+import { jobIdPrefix } from "../../jobs/job-id.ts";
 import { commandContext } from "../_context.ts";
 import { followLog, jobEnd } from "../../jobs/logs.ts";
 import { JobStore } from "../../jobs/store.ts";
@@ -20,18 +21,20 @@ export default defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
+    // Checked here, before a server is asked: the same words either way.
+    const id = jobIdPrefix(a.id);
     const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const remote = remoteTarget(ctx.settings, [], { local: a.local });
     if (remote) {
       // Output on stdout; a server that stops answering is said on stderr, once, and following goes on.
       const say = (m: string | null) => writeErr(m ? `warning: ${m}\n` : `the server answers again\n`);
-      const code = await (await import("../_remote/views.ts")).remoteLogs(remote, a.id, Boolean(a.follow), say, a.task);
+      const code = await (await import("../_remote/views.ts")).remoteLogs(remote, id, Boolean(a.follow), say, a.task);
       if (code !== 0) throw new ExitError(code);
       return;
     }
     // A read: the store opened read-only; nothing recorded or signalled, even for a job whose runner is gone.
     const store = new JobStore(ctx.layout, { readOnly: true });
-    const job = store.find(a.id);
+    const job = store.find(id);
     const tasks = store.tasks(job.id);
     let followed = job.id;
     if (a.task !== undefined) {

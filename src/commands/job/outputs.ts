@@ -1,4 +1,5 @@
 import { defineCommand } from "citty";
+import { jobIdPrefix } from "../../jobs/job-id.ts";
 import { commandContext } from "../_context.ts";
 import { JobStore } from "../../jobs/store.ts";
 import { remoteTarget } from "../../cluster/client.ts";
@@ -21,15 +22,17 @@ export default defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
+    // Checked here, before a server is asked: the same words either way.
+    const id = jobIdPrefix(a.id);
     const out = new Output(a);
     const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const dir = a.output ?? ".";
     const remote = remoteTarget(ctx.settings, [], { local: a.local });
     const result = remote
-      ? await (await import("../../cluster/outputs-client.ts")).fetchRemoteOutputs(remote, a.id, a.task, dir)
+      ? await (await import("../../cluster/outputs-client.ts")).fetchRemoteOutputs(remote, id, a.task, dir)
       : (() => {
           const store = new JobStore(ctx.layout, { readOnly: true });
-          const job = store.find(a.id);
+          const job = store.find(id);
           const tasks = chosenTasks(job.id, store.tasks(job.id).map((t) => ({ name: t.task!, id: t.id })), a.task);
           const kept = tasks.map((t) => ({ name: t.name, dir: store.outputsDir(t.id), files: outputsOf(store, t.id) }));
           store.close();

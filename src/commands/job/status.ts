@@ -1,4 +1,5 @@
 import { defineCommand } from "citty";
+import { jobIdPrefix } from "../../jobs/job-id.ts";
 import { commandContext } from "../_context.ts";
 import { jobStatus } from "../../jobs/status.ts";
 import { JobStore } from "../../jobs/store.ts";
@@ -15,15 +16,17 @@ export default defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
+    // Checked here, before a server is asked: the same words either way.
+    const id = jobIdPrefix(a.id);
     // Names, commands and messages come from the job: shown with control characters escaped.
     const out = new PrintableOutput(a);
     const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const remote = remoteTarget(ctx.settings, [], { local: a.local });
-    if (remote) return import("../_remote/views.ts").then((m) => m.remoteStatus(remote, a.id, out));
+    if (remote) return import("../_remote/views.ts").then((m) => m.remoteStatus(remote, id, out));
     // A read: the store opened read-only; a job whose runner is gone is shown failed, nothing recorded or signalled.
     const store = new JobStore(ctx.layout, { readOnly: true });
     // jobStatus builds the document (snake_case keys; its schema: JobStatusDocument).
-    const status: JobStatusDoc = jobStatus(store, store.find(a.id));
+    const status: JobStatusDoc = jobStatus(store, store.find(id));
     store.close();
     out.result(status, () => statusLines(status));
   },
