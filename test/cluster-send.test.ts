@@ -142,4 +142,11 @@ describe("bad input through a server: the same line and exit code as here", () =
       }
     }
   }, T);
+
+  test("a requirements file that is not there", async () => {
+    const local = await cli(["env", "prepare", "nope.txt"], { env: boxes.client.env, cwd: boxes.client.root });
+    const remote = await gpl(["env", "prepare", "nope.txt"]);
+    expect({ code: remote.code, stderr: remote.stderr }).toEqual({ code: 2, stderr: "error: requirements file not found: nope.txt\n" });
+    expect(local.stderr).toBe(remote.stderr);
+  }, T);
 });

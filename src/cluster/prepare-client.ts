@@ -1,6 +1,7 @@
+import { existsSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { UsageError } from "../errors.ts";
-import { isUrl, refuseStaleLocks } from "../env/index-light.ts";
+import { isUrl, refuseStaleLocks, requirementsFileNotFound } from "../env/index-light.ts";
 import type { PackProgress, PackResult } from "./bundle.ts";
 import { connect, type RemoteTarget } from "./client.ts";
 import type { PrepareGroupView, PrepareRequestPayload, PrepareTaskResult } from "./protocol.ts";
@@ -41,6 +42,8 @@ export async function startPrepare(target: RemoteTarget, req: PrepareRequestPayl
   const { cwd } = opts;
   if (req.pull !== undefined && req.image === undefined) throw new UsageError("--pull goes with --image");
   for (const s of req.specs) if (/^(\.{0,2}\/|~)/.test(s.trim())) throw new UsageError(`-p ${s}: a local path cannot travel to the workers; list it in a requirements file inside the folder to send`);
+  // Before anything is packed: a file that is not there is said as a local prepare says it.
+  if (req.requirementsFile && !existsSync(resolve(cwd, req.requirementsFile))) throw requirementsFileNotFound(req.requirementsFile);
   refuseStaleLocks([req], opts.reading.env, cwd);
   const localLinks = req.findLinks.filter((f) => !isUrl(f));
   // What travels: the requirements file's folder (its includes and local paths are relative to it), or the uv project's (its lock, its files).

@@ -24,3 +24,4 @@ export { findEnv, keyByPrefix, listEnvs, removeEnv, type EnvEntry } from "./stor
 export { conditionsDiffer, type ArtifactConditions, type BuildTicket, type FetchedEnv, type Shipping, type ShippingRequest, type SharedWheel, type WheelClaim, type WheelSharing } from "./store/shipping.ts";
 export { diskUsage, entryPaths, isReady, lastUsedMs, listKeys, markReady, orphanTmpKeys, readMeta, removeEntryDir, touchFile, touchLastUsed, wheelDocs, wheelLines, type EntryPaths, type EnvMeta } from "./store/store.ts";
 export { environmentRequest, hostRequest, isUrl, refuseOnImage, requestDir, type EnvSettings, type RequestAt } from "./request/request.ts";
+export { requirementsFileNotFound } from "./request/requirements-file.ts";

@@ -7,6 +7,11 @@ export const MAX_REQUIREMENTS_FILE = 8 * 1024 * 1024;
 /** In a file, pip splits on the line breaks itself; these others are never in a real requirements file. */
 const FILE_FORBIDDEN = /[\x00-\x08\x0e-\x1b\x1f\x7f\ufeff]/;
 
+/** The one line for a requirements file that is not there, wherever it is looked for (here, or before it is sent to a server). */
+export function requirementsFileNotFound(shown: string): UsageError {
+  return new UsageError(`requirements file not found: ${shown}`);
+}
+
 /** Read a file that may be a requirements file: a regular file, not too big, UTF-8. */
 export function readRequirementsText(path: string, shown: string): string {
   let fd: number;
@@ -15,7 +20,7 @@ export function readRequirementsText(path: string, shown: string): string {
     fd = openSync(path, constants.O_RDONLY | constants.O_NONBLOCK);
   } catch (error) {
     const code = (error as NodeJS.ErrnoException).code;
-    throw new UsageError(code === "ENOENT" ? `requirements file not found: ${shown}` : `cannot read requirements file ${shown}: ${(error as Error).message}`);
+    throw code === "ENOENT" ? requirementsFileNotFound(shown) : new UsageError(`cannot read requirements file ${shown}: ${(error as Error).message}`);
   }
   try {
     const st = fstatSync(fd);
