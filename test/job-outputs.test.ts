@@ -225,6 +225,10 @@ describe("outputs through a server", () => {
       ]);
       const shown = await run(["job", "status", json<{ id: string }>(r.stdout).id], dir);
       expect(shown.stdout).toContain("task make: declared output rows.json is missing\n");
+      expect(shown.stdout).toContain("not started: make, which it needs, failed\n");
+      // As it runs, the task's end says why, not only its code (its command succeeded).
+      const said = await run(["job", "run", "-f", "job.yaml"], dir);
+      expect(said.stderr).toContain("[make] failed (task make: declared output rows.json is missing)\n");
     }
   }, T);
 

@@ -128,17 +128,22 @@ export async function runRemoteJob(target: RemoteTarget, spec: JobSpec, opts: { 
 async function followTasks(target: RemoteTarget, id: string, out: Output, onTrouble: (m: string | null) => void): Promise<void> {
   const followed = new Map<string, Promise<void>>();
   const io = tasksIO(out, { stdout: jobStdout(out.json, () => false) });
-  const follow = async (name: string, taskId: string): Promise<WatchResponse> => {
+  const follow = async (name: string, taskId: string): Promise<WatchResponse & { because: string | null }> => {
     const task = io.forTask(name);
     const prefixed = new PrefixedOutput(out, `[${name}] `);
     const updates = followJob(target, taskId, { onTrouble });
+    // Why a task whose command succeeded failed (its declared outputs), as the local run says it.
+    let because: string | null = null;
     for (;;) {
       const next = await updates.next();
-      if (next.done) return next.value;
+      if (next.done) return { ...next.value, because };
       const u = next.value;
       if (u.kind === "output") (u.stream === "stderr" ? task.onStderr : task.onStdout)?.(u.data);
       // What it waited for before it was given to a worker is over by now: followed from its assignment on.
-      else if (u.type !== "job.waiting") printEvent(prefixed, u);
+      else if (u.type !== "job.waiting") {
+        if (u.type === "task.outputs.missing" || u.type === "task.outputs.failed") because = String(u.data.message);
+        printEvent(prefixed, u);
+      }
     }
   };
   // A task given to a worker is followed from then on (it may still read "queued" until its worker starts preparing it).
@@ -149,7 +154,10 @@ async function followTasks(target: RemoteTarget, id: string, out: Output, onTrou
       const started = assigned.has(t.name) || !(t.state === "queued" || t.state === "skipped" || (t.state === "cancelled" && !t.phases.length));
       if (followed.has(t.name) || !started) continue;
       // Its end is told once its output is all here: in the order things happened.
-      const ended = (u: WatchResponse) => out.progress(`[${t.name}] ${u.state}${u.exit_code !== null ? ` (exit ${u.exit_code})` : ""}`);
+      const ended = (u: WatchResponse & { because: string | null }) => {
+        const detail = u.state === "failed" && u.because ? u.because : u.exit_code !== null ? `exit ${u.exit_code}` : null;
+        out.progress(`[${t.name}] ${u.state}${detail ? ` (${detail})` : ""}`);
+      };
       followed.set(t.name, follow(t.name, t.id).then(ended).finally(() => io.flush(t.name)));
     }
   };
