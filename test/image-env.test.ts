@@ -271,6 +271,40 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
     }
   });
 
+  it("an index on the host's disk, named by its pip configuration, whose pages link to files beside it (a mirror's layout): the image build reaches them as the host's does", async () => {
+    const box = sandbox();
+    try {
+      // mirror/simple/greetb/index.html links ../../files/greetb-2.0-...whl: the files are outside the index's own folder.
+      const mirror = join(box.root, "mirror");
+      const wd = join(box.root, "wd");
+      mkdirSync(wd);
+      const wheel = readdirSync(index.dir).find((f) => f.startsWith("greetb-2.0-") && f.endsWith(".whl"))!;
+      mkdirSync(join(mirror, "files"), { recursive: true });
+      mkdirSync(join(mirror, "simple", "greetb"), { recursive: true });
+      copyFileSync(join(index.dir, wheel), join(mirror, "files", wheel));
+      writeFileSync(join(mirror, "simple", "greetb", "index.html"), `<!DOCTYPE html><html><body><a href="../../files/${wheel}">${wheel}</a></body></html>\n`);
+      const conf = join(box.root, "pip.conf");
+      writeFileSync(conf, `[global]\nindex-url = file://${join(mirror, "simple")}\n`);
+      mkdirSync(join(box.root, "xdg"));
+      const env: Record<string, string> = { ...box.env, PIP_CONFIG_FILE: conf, XDG_CONFIG_DIRS: join(box.root, "xdg"), XDG_CONFIG_HOME: join(box.root, "xdg"), GPULAYER_CONTAINER_ENGINE: name };
+      const image = await ownImage(name, "mirror", "true");
+      try {
+        const installers: [string, string][] = [["pip", "off"], ...(realUv() ? [["uv", realUv()!] as [string, string]] : [])];
+        for (const [, uvSetting] of installers) {
+          // The job's folder is mounted into the build: the mirror is not in it.
+          const job = await cli(["job", "run", "--image", image.ref, "-p", "greetb==2.0", "--", "python", "-c", "import greetb; print(greetb.__version__)"], { env: { ...env, GPULAYER_UV: uvSetting }, cwd: wd });
+          expect(job.code, job.stderr).toBe(0);
+          expect(job.stdout.trim()).toBe("2.0");
+          rmEnvs(box.home);
+        }
+      } finally {
+        await image.remove();
+      }
+    } finally {
+      box.cleanup();
+    }
+  });
+
   it("gpulayer SIGKILLed while the image's pip installs: the orphaned build container is ended, and the next prepare builds", async () => {
     const ref = await imageWithGreetb(name);
     const box = sandbox();

@@ -1,6 +1,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
+import { localIndexReach } from "./local-index.ts";
 import { PythonProblem, UsageError } from "../errors.ts";
 import type { BuildPlan } from "../env/index.ts";
 import { installerEnv, readMachinePipSettings } from "../env/index.ts";
@@ -135,9 +136,14 @@ export async function hostInstallerSettings(host: HostSide): Promise<ContainerIn
   out.uvArgs.push(...uv.args);
   const value = (dest: string) => settings.options[dest]?.value;
   const passed: string[] = [];
-  // An index or find-links location on this machine's disk: the same path inside the container, read-only.
+  // An index or find-links location on this machine's disk: the same path inside the container, read-only; for an
+  // index, with the files its pages link to beside it (localIndexReach).
   const local = (where: string, what: string) => {
-    if (!isUrl(where) || /^file:/i.test(where)) mount(resolve(host.plan.cwd, where.replace(/^file:\/\//i, "")), resolve(host.plan.cwd, where.replace(/^file:\/\//i, "")), `the machine's pip configuration (${what})`);
+    if (!isUrl(where) || /^file:/i.test(where)) {
+      const path = resolve(host.plan.cwd, where.replace(/^file:\/\//i, ""));
+      const reach = what === "find-links" || !existsSync(path) ? path : localIndexReach(path);
+      mount(reach, reach, `the machine's pip configuration (${what})`);
+    }
     return redactUrl(where);
   };
   const index = value("index_url");
