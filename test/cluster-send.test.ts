@@ -149,4 +149,15 @@ describe("bad input through a server: the same line and exit code as here", () =
     expect({ code: remote.code, stderr: remote.stderr }).toEqual({ code: 2, stderr: "error: requirements file not found: nope.txt\n" });
     expect(local.stderr).toBe(remote.stderr);
   }, T);
+
+  test("a malformed image reference, before a job is recorded or sent", async () => {
+    const local = (args: string[]) => cli(args, { env: boxes.client.env, cwd: boxes.client.root });
+    const jobs = async (run: typeof gpl) => (JSON.parse((await run(["job", "list", "--json"])).stdout) as unknown[]).length;
+    const before = [await jobs(gpl), await jobs(local)];
+    const args = ["job", "run", "--image", "Bad Ref!!", "--", "true"];
+    const [remote, here] = [await gpl(args), await local(args)];
+    expect({ code: remote.code, stderr: remote.stderr }).toEqual({ code: 2, stderr: 'error: not an image reference: "Bad Ref!!" (expected [registry/]name[:tag][@sha256:digest])\n' });
+    expect(here.stderr).toBe(remote.stderr);
+    expect([await jobs(gpl), await jobs(local)]).toEqual(before);
+  }, T);
 });

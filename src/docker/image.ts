@@ -1,17 +1,9 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { UsageError } from "../errors.ts";
 import { type Engine, engineExec, engineMessage, type EngineEnv } from "./engine.ts";
 import { userHome } from "../core/home.ts";
 
-/** An image reference as the engines take it: [registry/]path[:tag][@digest]. */
-const REF = /^[a-z0-9][a-z0-9._\-/:@]*$/i;
-
-export function validateRef(ref: string): string {
-  const r = ref.trim();
-  if (!r || !REF.test(r) || r.includes("//") || r.length > 512) throw new UsageError(`not an image reference: ${JSON.stringify(ref)} (expected [registry/]name[:tag][@sha256:digest])`);
-  return r;
-}
+export { validateRef } from "../core/image-ref.ts";
 
 /** The repository part of a reference: without its tag and digest. */
 export function repositoryOf(ref: string): string {
