@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { type Engine, engineExec, engineMessage, type EngineEnv } from "./engine.ts";
 import { userHome } from "../core/home.ts";
 
-export { validateRef } from "../core/image-ref.ts";
+export { validateRef } from "./image-ref.ts";
 
 /** The repository part of a reference: without its tag and digest. */
 export function repositoryOf(ref: string): string {

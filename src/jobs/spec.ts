@@ -2,6 +2,7 @@ import { existsSync, statSync } from "node:fs";
 import { basename, dirname, isAbsolute, join, relative, resolve } from "node:path";
 import type { EnvironmentFile, JobFile, TaskFile } from "../config/jobfile.ts";
 import { type EnvironmentRequest, environmentRequest, projectFolderProblem, refuseOnImage } from "../env/index-light.ts";
+import { validateRef } from "../docker/image-ref.ts";
 import { positiveDuration } from "../config/kinds.ts";
 import { join as shlexJoin } from "shlex";
 import { UsageError } from "../errors.ts";
@@ -180,14 +181,20 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
   const resources = { gpus: flags.gpus ?? file.resources?.gpus ?? 0, frameworks: file.resources?.frameworks ?? {} };
   const job: JobSpec = { name, argv, commandText, workdir, env, environment, resources };
   if (!file.tasks) {
-    refuseOnImage(environment);
+    refusedOnImage(environment);
     return job;
   }
   const tasks = Object.entries(file.tasks).map(([taskName, task]) => ({ name: taskName, needs: task.needs ?? [], spec: taskSpec(job, taskName, task, fileDir, source) }));
   checkNeeds(tasks, source);
   // What runs is each task's request (the job's is only their default): each is refused here as prepare() would.
-  for (const t of tasks) refuseOnImage(t.spec.environment);
+  for (const t of tasks) refusedOnImage(t.spec.environment);
   return { ...job, commandText: `tasks: ${tasks.map((t) => t.name).join(", ")}`, tasks };
+}
+
+/** What prepare() would refuse of a request with an image, refused before a job is recorded: a malformed reference first. */
+function refusedOnImage(environment: JobSpec["environment"]): void {
+  if (environment.image !== undefined) validateRef(environment.image);
+  refuseOnImage(environment);
 }
 
 /**

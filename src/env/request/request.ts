@@ -1,5 +1,4 @@
 import { isAbsolute, resolve } from "node:path";
-import { validateRef } from "../../core/image-ref.ts";
 import type { BuildUser } from "../build/build-user.ts";
 import type { InstallerSetting } from "../build/build-plan.ts";
 import { UsageError } from "../../errors.ts";
@@ -59,7 +58,6 @@ export function environmentRequest(asked: EnvironmentRequest, base: string, defa
 export function refuseOnImage(request: EnvironmentRequest): void {
   const image = request.image;
   if (image === undefined) return;
-  validateRef(image);
   const on = `does not go with an image (${image})`;
   // The image's Python installs the lock's export: a local package of the lock (the project itself, when it is a package) has no place there.
   const locals = request.project !== undefined && isAbsolute(request.project) ? lockLocalSources(request.project) : [];
