@@ -54,6 +54,29 @@ describe.each(ENGINES)("job run --image with %s", (name) => {
     }
   }, 120_000);
 
+  it("a command the image cannot start: one gpulayer line, as for a host command, and the engine's code; a container's own stderr untouched", async () => {
+    const ref = await pushBusybox(registryOf(), `job-start-${name}`, "1", working[0]!, [...new Set([working[0]!, name])]);
+    const box = sandbox();
+    box.env.GPULAYER_CONTAINER_ENGINE = name;
+    try {
+      const missing = await cli(["job", "run", "--image", ref, "--", "no-such-cmd"], { env: box.env, cwd: box.root });
+      expect({ code: missing.code, lines: missing.stderr.split("\n").filter((l) => /^(docker:|Run 'docker|Error:|gpulayer:)/.test(l)) }).toEqual({
+        code: 127,
+        lines: ["gpulayer: cannot start no-such-cmd: not found on the image's PATH"],
+      });
+      const notExecutable = await cli(["job", "run", "--image", ref, "--", "/etc/passwd"], { env: box.env, cwd: box.root });
+      expect([126, 127]).toContain(notExecutable.code);
+      expect(notExecutable.stderr).toMatch(/^gpulayer: cannot start \/etc\/passwd: (not executable|no such file) in the image$/m);
+      // A command's own stderr that looks like an engine's, and its exit code, pass as they came.
+      const own = await cli(["job", "run", "--image", ref, "--", "sh", "-c", "echo 'Error: runc: made up' >&2; exit 127"], { env: box.env, cwd: box.root });
+      expect(own.code).toBe(127);
+      expect(own.stderr).toContain("Error: runc: made up\n");
+      expect(own.stderr).not.toContain("gpulayer: cannot start");
+    } finally {
+      box.cleanup();
+    }
+  }, 120_000);
+
   it("a missing image fails in task.prepare with the engine's message and never runs", async () => {
     const box = sandbox();
     box.env.GPULAYER_CONTAINER_ENGINE = name;

@@ -5,6 +5,7 @@ import { ExitCode, UsageError, UserError } from "../errors.ts";
 import { sleep } from "../core/sleep.ts";
 import { type Engine, type EngineEnv, engineExec, engineMessage } from "./engine.ts";
 import { gpuArgs } from "./gpu.ts";
+import { StartFailure } from "./start-failure.ts";
 
 export { type ContainerSettings, containerSettings } from "./container-settings.ts";
 
@@ -121,12 +122,23 @@ export async function runContainer(opts: RunContainerOptions): Promise<RunningCo
     for await (const chunk of stream) sink?.(chunk);
   };
   let ended = false;
+  // The engine's own failure to start the command, said as gpulayer says a host command's (start-failure.ts).
+  const failure = new StartFailure((c) => opts.onStderr?.(c));
   const exited = (async () => {
     try {
-      await Promise.all([pump(proc.stdout, opts.onStdout), pump(proc.stderr, opts.onStderr)]);
+      await Promise.all([
+        pump(proc.stdout, (c) => {
+          failure.started();
+          opts.onStdout?.(c);
+        }),
+        pump(proc.stderr, (c) => failure.stderr(c)),
+      ]);
       await proc.exited;
       const signal = proc.signalCode;
-      return proc.exitCode ?? ExitCode.signalBase + (signal ? (SIGNALS[signal] ?? 0) : 0);
+      const code = proc.exitCode ?? ExitCode.signalBase + (signal ? (SIGNALS[signal] ?? 0) : 0);
+      const line = failure.end(code);
+      if (line) opts.onStderr?.(new TextEncoder().encode(`gpulayer: ${line}\n`));
+      return code;
     } finally {
       ended = true;
       cleanup();
