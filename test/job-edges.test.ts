@@ -109,3 +109,24 @@ describe("a command that is not there", () => {
     }
   });
 });
+
+describe("a job file's variables", () => {
+  test("are passed as written: YAML's numbers and booleans are not read as numbers first (1.10 stays 1.10); a task's too", async () => {
+    const dir = join(work, "vars");
+    mkdirSync(dir);
+    const show = "python3 -c 'import os; print(*(os.environ[k] for k in (\"V\", \"H\", \"Z\", \"B\", \"Q\")))'";
+    writeFileSync(join(dir, "job.yaml"), `command: ${JSON.stringify(show)}\nenv:\n  V: 1.10\n  H: 0x1F\n  Z: 007\n  B: yes\n  Q: "1.10"\n`);
+    const r = await cli(["job", "run", "-f", "job.yaml"], { env: env(), cwd: dir });
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toBe("1.10 0x1F 007 yes 1.10\n");
+    writeFileSync(join(dir, "tasks.yaml"), `tasks:\n  one:\n    command: ${JSON.stringify("python3 -c 'import os; print(os.environ[\"T\"])'")}\n    env: {T: 2.50}\n`);
+    const t = await cli(["job", "run", "-f", "tasks.yaml"], { env: env(), cwd: dir });
+    expect(t.code, t.stderr).toBe(0);
+    expect(t.stdout).toBe("[one] 2.50\n");
+    // An empty value is no value: refused, naming it, as before.
+    writeFileSync(join(dir, "empty.yaml"), "command: 'true'\nenv:\n  E:\n");
+    const e = await cli(["job", "run", "-f", "empty.yaml"], { env: env(), cwd: dir });
+    expect(e.code).toBe(2);
+    expect(e.stderr).toContain("env.E");
+  });
+});

@@ -4,7 +4,7 @@ import * as v from "valibot";
 import { validRange } from "@renovatebot/pep440";
 import { UsageError } from "../errors.ts";
 import { positiveDuration } from "./kinds.ts";
-import { parseYaml } from "./yaml.ts";
+import { parseJobYaml } from "./yaml.ts";
 
 /** The job file, exactly as DESIGN.md shows it. Strict: an unknown key is an error naming its path. */
 const NonEmpty = v.pipe(v.string(), v.minLength(1, "must not be empty"));
@@ -170,7 +170,7 @@ export function loadJobFile(path: string): JobFile {
   const text = readJobFileText(path);
   let data: unknown;
   try {
-    data = path.endsWith(".json") ? JSON.parse(text) : parseYaml(text);
+    data = path.endsWith(".json") ? JSON.parse(text) : parseJobYaml(text);
   } catch (error) {
     // The parser's first line; one that ends in a colon announces a code frame (dropped): the colon goes too.
     throw new UsageError(`${basename(path)}: not valid ${path.endsWith(".json") ? "JSON" : "YAML"}: ${(error as Error).message.split("\n")[0]!.replace(/:\s*$/, "")}`);
