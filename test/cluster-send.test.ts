@@ -160,4 +160,13 @@ describe("bad input through a server: the same line and exit code as here", () =
     expect(here.stderr).toBe(remote.stderr);
     expect([await jobs(gpl), await jobs(local)]).toEqual(before);
   }, T);
+
+  test("an invalid requirement in a job file's list is named by its key there, on the worker as here", async () => {
+    const dir = join(boxes.client.root, "bad-requirement");
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, "job.yaml"), 'command: "true"\nenvironment:\n  requirements: [six, "this is not a requirement"]\n');
+    const remote = await gpl(["job", "run", "-f", "job.yaml"], dir);
+    expect(remote.code).toBe(1);
+    expect(remote.stderr.trim().split("\n").at(-1)).toMatch(/^error: task\.prepare failed on w1: job\.yaml: environment\.requirements\[1\]: invalid requirement 'this is not a requirement'/);
+  }, T);
 });

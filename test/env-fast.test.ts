@@ -406,6 +406,22 @@ describe.if(HAS_UV)("what the fast path leaves to pip", () => {
         expect(r.stderr).not.toContain("request.txt");
         expect(r.stderr).not.toMatch(/with pip/);
       }
+      // A list in a job file is named by its key there, by either installer, not as -p.
+      writeFileSync(join(dir, "job.yaml"), `command: "true"\nenvironment:\n  requirements: [tiny, "this is not a requirement"]\n  index_url: ${index.url}\n  python: ${wB}\n`);
+      for (const installer of ["auto", "pip"]) {
+        const s = sandbox();
+        try {
+          const r = await cli(["job", "run", "-f", join(dir, "job.yaml")], { env: { ...s.env, GPULAYER_INSTALLER: installer }, cwd: s.root });
+          expect(r.code).toBe(1);
+          const last = r.stderr.trim().split("\n").at(-1)!;
+          expect(last).toStartWith("error: task.prepare failed: ");
+          expect(last).toContain("job.yaml: environment.requirements[1]");
+          expect(last).toContain("this is not a requirement");
+          expect(last).not.toContain("request.txt");
+        } finally {
+          s.cleanup();
+        }
+      }
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

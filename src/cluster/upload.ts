@@ -43,6 +43,7 @@ export function wireEnvironment(e: EnvironmentRequest, root: string, cwd: string
   return {
     ...(e.requirementsFile ? { requirementsFile: inBundle(root, resolve(cwd, e.requirementsFile), "the requirements file", pack) } : {}),
     specs: e.specs,
+    ...(e.specsOrigin && e.specs.length ? { specsOrigin: e.specsOrigin } : {}),
     ...(e.python ? { python: e.python } : {}),
     ...(e.conda ? { conda: e.conda } : {}),
     ...(e.indexUrl ? { indexUrl: e.indexUrl } : {}),

@@ -89,7 +89,7 @@ function environmentFromFile(fe: EnvironmentFile, workdir: string, where: string
     if (rel.startsWith("..") || isAbsolute(rel)) throw new UsageError(`${where}.requirements: must be a path inside workdir: ${fe.requirements}`);
     requirementsFileOrRefusal(path, `${where}.requirements`, fe.requirements);
     Object.assign(out, { requirementsFile: path, specs: [] });
-  } else if (Array.isArray(fe.requirements)) Object.assign(out, { requirementsFile: undefined, specs: fe.requirements });
+  } else if (Array.isArray(fe.requirements)) Object.assign(out, { requirementsFile: undefined, specs: fe.requirements, specsOrigin: `${where}.requirements` });
   return out;
 }
 
@@ -175,6 +175,7 @@ export function buildJobSpec(flags: JobFlags, cwd: string): JobSpec {
     if (byFile.project !== undefined) Object.assign(environment, { project: byFile.project, groups: flags.groups?.length ? flags.groups : (byFile.groups ?? []), extras: flags.extras?.length ? flags.extras : (byFile.extras ?? []) });
     environment.requirementsFile = byFile.requirementsFile;
     environment.specs = byFile.specs ?? [];
+    if (byFile.specsOrigin) environment.specsOrigin = byFile.specsOrigin;
   }
 
   const name = flags.name ?? file.name ?? (flags.file ? basename(flags.file).replace(/\.(ya?ml|json)$/, "") : basename(argv[argv[0] === "/bin/sh" ? 2 : 0]?.split(" ")[0] ?? "job"));

@@ -63,13 +63,15 @@ export function requestFiles(dir: string, inputs: RequestInputs, forUv = false) 
   const top = join(stateDir, "request.txt");
   const lines = [...inputs.specs, ...given, ...extra];
   writeFileNamed(top, `${lines.join("\n")}\n`, { mode: 0o600 });
-  const ours = new RegExp(`-r ${top.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} \\(line (\\d+)\\)`, "g");
-  const where = (n: number): string | null => (n >= 1 && n <= inputs.specs.length ? `-p ${inputs.specs[n - 1]}` : null);
+  const escaped = top.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  // pip names our file's lines two ways: "-r FILE (line N)" and "from line N of FILE".
+  const ours = new RegExp(`-r ${escaped} \\(line (\\d+)\\)|line (\\d+) of ${escaped}`, "g");
+  const where = (n: number): string | null => (n >= 1 && n <= inputs.specs.length ? (inputs.specOrigin ? `${inputs.specOrigin}[${n - 1}]` : `-p ${inputs.specs[n - 1]}`) : null);
   return {
     args: ["-r", top],
     top: { path: top, text: `${lines.join("\n")}\n` },
     done: () => rmSync(top, { force: true }),
-    named: (out: string[]) => out.map((l) => l.replace(ours, (m, n: string) => where(Number(n)) ?? m)),
+    named: (out: string[]) => out.map((l) => l.replace(ours, (m, n?: string, of?: string) => where(Number(n ?? of)) ?? m)),
     where,
   };
 }

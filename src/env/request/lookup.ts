@@ -30,8 +30,6 @@ export interface PrepareRequest extends Omit<EnvironmentRequest, "image" | "prep
   /** Relative paths (requirements file, local packages) resolve against this. */
   cwd: string;
   env: NodeJS.ProcessEnv;
-  /** How messages name the specs: `-p` on the command line, `environment.requirements` in a job file. */
-  specOrigin?: string;
   venvCreator?: "uv" | "venv" | "auto";
   /** A remote job's bundle: what the request reaches must be inside it (see ScanContext.confine). */
   confineTo?: string;
@@ -118,7 +116,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
   if (!project && !pylockFile && req.requirementsFile?.endsWith(".toml")) throw new UsageError(`${req.requirementsFile}: a TOML file is read as a lock only when named pylock.toml or pylock.NAME.toml (PEP 751); for a uv project, give --project with its folder`);
   if (pylockFile && req.specs.length) throw new UsageError(`${req.requirementsFile}: the lock is the whole environment; give no requirements with it`);
   const pylock = pylockFile ? pylockInputs(pylockFile, ctx) : null;
-  const inputs = locked?.inputs ?? pylock?.inputs ?? scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specOrigin }, ctx);
+  const inputs = locked?.inputs ?? pylock?.inputs ?? scanRequest({ requirementsFile: req.requirementsFile, specs: req.specs, specOrigin: req.specsOrigin }, ctx);
   for (const u of [req.indexUrl, ...req.extraIndexUrls]) {
     if (u && !/^(https?:\/\/[^\s/]|file:\/\/)/i.test(u)) throw new UsageError(`invalid index URL: ${redactUrl(u)} (expected http://, https:// or file://)`);
   }
@@ -128,7 +126,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
     if (req.confineTo) confineTo(req.confineTo, path, "--find-links", "the find-links location");
     return { path, digest: findLinksDigest(path, layout.digests, hooks.onHashing) };
   });
-  const deferred = deferredBuilds(req.noBuildIsolation ?? [], inputs, req.specOrigin ?? "-p", Boolean(project));
+  const deferred = deferredBuilds(req.noBuildIsolation ?? [], inputs, req.specsOrigin ?? "-p", Boolean(project));
   const flags: FlagOptions = { indexUrl: req.indexUrl, extraIndexUrls: req.extraIndexUrls, findLinks: flagLinks };
   // A file:// index is a folder read like a find-links one: in a remote request, inside the bundle too.
   if (req.confineTo) {

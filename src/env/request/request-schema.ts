@@ -14,6 +14,8 @@ const StrList = v.pipe(v.array(Str), v.maxLength(1000));
 export const WireEnvironmentSchema = v.strictObject({
   requirementsFile: v.optional(Str),
   specs: StrList,
+  /** How messages name the specs: `-p` on the command line (the default), `job.yaml: environment.requirements` in a job file. */
+  specsOrigin: v.optional(Str),
   python: v.optional(Str),
   /** A conda environment on the machine (name or path): its Python is the base interpreter (env/request/conda.ts). */
   conda: v.optional(Str),

@@ -36,6 +36,7 @@ export function environmentRequest(asked: EnvironmentRequest, base: string, defa
   return {
     requirementsFile: asked.requirementsFile === undefined ? undefined : path(asked.requirementsFile),
     specs: asked.specs,
+    ...(asked.specsOrigin && asked.specs.length ? { specsOrigin: asked.specsOrigin } : {}),
     python: basePython && basePython.includes("/") ? path(basePython) : basePython,
     ...(pythonOrigin && asked.conda === undefined ? { pythonOrigin } : {}),
     ...(asked.conda === undefined ? {} : { conda: asked.conda }),

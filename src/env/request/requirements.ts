@@ -72,6 +72,8 @@ export interface PipReading {
 export interface RequestInputs {
   topFile?: string;
   specs: string[];
+  /** How messages name the specs (`-p`, or a job file's key), for the installers' findings too. */
+  specOrigin?: string;
   specLines: { lines: string[]; requirements: string[] };
   files: RequestFile[];
   /** `${VAR}` names pip would read, with their values (never stored; the key holds digests). */
@@ -409,6 +411,7 @@ export function confineTo(root: string, abs: string, origin: string, what: strin
 export function scanRequest(source: { requirementsFile?: string; specs: string[]; specOrigin?: string }, ctx: ScanContext): RequestInputs {
   const scanner = new Scanner(ctx);
   if (source.specs.length) scanner.specs(source.specs, source.specOrigin ?? "-p");
+  if (source.specOrigin) scanner.inputs.specOrigin = source.specOrigin;
   if (source.requirementsFile) {
     // Named in messages as the user would: relative to where they are, when it is under it.
     const shown = relative(ctx.cwd, resolve(ctx.cwd, source.requirementsFile));
