@@ -41,6 +41,8 @@ describe.each(ENGINES)("job run --image with %s", (name) => {
 
       const second = await cli(["job", "run", "--json", "-f", join(wd, "job.yaml")], { env: box.env });
       expect(second.code).toBe(5);
+      // Named as the job names it (as a fleet's line does), not by a digest the user never gave.
+      expect(second.stderr).toContain(`task.prepare reused image ${ref} in `);
       expect(registryOf().manifestRequests(repo, "1")).toBe(pulls);
       const doc = JSON.parse(second.stdout);
       const prep = doc.phases.find((p: any) => p.name === "task.prepare");

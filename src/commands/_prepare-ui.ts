@@ -80,3 +80,8 @@ export { shortKey };
 export function shadowsText(shadowed: readonly { name: string; worker: string; locked: string }[]): string {
   return shadowed.map((s) => `${s.name} ${s.worker} (the worker's) by ${s.locked} (the lock's)`).join(", ");
 }
+
+/** A job's prepared env or image, for people: the env by its short key, the image as the job names it. */
+export function preparedLine(p: { status: string; seconds: number; key: string; kind: "env" | "image" }): string {
+  return `task.prepare ${p.status} ${p.kind} ${p.kind === "env" ? shortKey(p.key) : p.key} in ${formatSeconds(p.seconds)}`;
+}

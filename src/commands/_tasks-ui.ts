@@ -1,10 +1,10 @@
 import type { ConsolaInstance } from "consola/core";
 import type { TasksIO } from "../jobs/job-tasks.ts";
 import type { JobStatus } from "../jobs/model.ts";
-import { formatSeconds, Output, shortKey } from "../ui/output.ts";
+import { Output } from "../ui/output.ts";
 import { writeErr, writeOut } from "../ui/terminal.ts";
 import { imageHooks } from "./_image-ui.ts";
-import { prepareHooks } from "./_prepare-ui.ts";
+import { preparedLine, prepareHooks } from "./_prepare-ui.ts";
 
 /** A task's lines on the terminal: every one says which task it is, as `docker compose` does. */
 export class PrefixedOutput extends Output {
@@ -81,7 +81,7 @@ export function tasksIO(out: Output, opts: { stdout: (text: string) => void }): 
         onStderr: (c) => stderr.push(c),
         prepareHooks: prepareHooks(taskOut),
         imageHooks: imageHooks(taskOut),
-        onPrepared: (p) => taskOut.progress(`task.prepare ${p.status} ${p.kind} ${p.kind === "env" ? shortKey(p.key) : p.key.slice(0, 19)} in ${formatSeconds(p.seconds)}`),
+        onPrepared: (p) => taskOut.progress(preparedLine(p)),
         onPrepareFailed: (m) => taskOut.log.error(`task.prepare failed: ${m}`),
       };
     },

@@ -27,6 +27,7 @@ export interface RunnerIO {
   onStderr?(chunk: Uint8Array): void;
   prepareHooks?: PrepareHooks;
   imageHooks?: EnsureHooks;
+  /** `key`: the env's key, or the image as the job names it. */
   onPrepared?(info: { status: string; seconds: number; key: string; kind: "env" | "image" }): void;
   onPrepareFailed?(message: string): void;
   /** Every event as it is recorded (a cluster worker forwards them to the server). */
@@ -124,7 +125,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       signal: preparing.signal,
       shipping: io.shipping,
       forRun: true,
-      hooks: { env: prepareHooks, image: io.imageHooks, onImage: (image, withEnv) => withEnv && io.onPrepared?.({ status: image.status, seconds: image.seconds, key: image.digest, kind: "image" }) },
+      hooks: { env: prepareHooks, image: io.imageHooks, onImage: (image, withEnv) => withEnv && io.onPrepared?.({ status: image.status, seconds: image.seconds, key: image.image, kind: "image" }) },
     });
     return prepared.kind === "image" ? imageLaunch(prepared, (performance.now() - prepStart) / 1000) : hostLaunch(prepared, (performance.now() - prepStart) / 1000);
   };
@@ -148,7 +149,7 @@ export function startJob(store: JobStore, layout: HomeLayout, job: JobRecord, se
       ...(env?.shadowed ? { shadowed: env.shadowed } : {}),
     });
     if (env) io.onPrepared?.({ status: env.status, seconds: env.seconds, key: env.key, kind: "env" });
-    else io.onPrepared?.({ status: image.status, seconds: prepareSeconds, key: image.digest, kind: "image" });
+    else io.onPrepared?.({ status: image.status, seconds: prepareSeconds, key: image.image, kind: "image" });
     const driver = containerDriver(
       {
         engine: image.engine,

@@ -7,11 +7,11 @@ import { firstGpuIds } from "../../jobs/allocation.ts";
 import { jobStdout, tasksIO, tasksSummary } from "../_tasks-ui.ts";
 import { buildJobSpec } from "../../jobs/spec.ts";
 import { JobStore } from "../../jobs/store.ts";
-import { formatSeconds, Output, shortKey } from "../../ui/output.ts";
+import { formatSeconds, Output } from "../../ui/output.ts";
 import { remoteTarget } from "../../cluster/client.ts";
 import { afterDoubleDash, buildOutputArgs, installerArgs, labelArgs, projectFlags, rejectUnknownFlags, repeated, placeArgs } from "../_args.ts";
 import { imageHooks } from "../_image-ui.ts";
-import { prepareHooks } from "../_prepare-ui.ts";
+import { preparedLine, prepareHooks } from "../_prepare-ui.ts";
 import type { JobDryRunDoc, JobStateDoc, JobStatusDoc } from "../_json.ts";
 import { onBrokenPipe, writeErr } from "../../ui/terminal.ts";
 import { printable } from "../../ui/escape.ts";
@@ -114,7 +114,7 @@ export default defineCommand({
           onStderr: (c) => writeErr(c),
           prepareHooks: prepareHooks(out),
           imageHooks: imageHooks(out),
-          onPrepared: (p) => out.progress(`task.prepare ${p.status} ${p.kind} ${p.kind === "env" ? shortKey(p.key) : p.key.slice(0, 19)} in ${formatSeconds(p.seconds)}`),
+          onPrepared: (p) => out.progress(preparedLine(p)),
           onPrepareFailed: (m) => out.log.error(`task.prepare failed: ${m}`),
         }, firstGpuIds(gpus, spec.resources.gpus));
     // The reader of our stdout went away: the job is cancelled (as SIGPIPE ends a plain command), never orphaned.
