@@ -29,6 +29,8 @@ describe.each(ENGINES)("job run --image with %s", (name) => {
       writeFileSync(join(wd, "job.yaml"), `name: boxed\ncommand: "cat input.txt; echo $GREETING; pwd; echo out > made-in-container.txt; exit 5"\nenv: {GREETING: hello-container}\nenvironment: {image: "${ref}"}\n`);
       const first = await cli(["job", "run", "-f", join(wd, "job.yaml")], { env: box.env });
       expect(first.code, first.stderr).toBe(5);
+      // Named as the job names it (as a fleet's line does), not by a digest the user never gave.
+      expect(first.stderr).toContain(`task.prepare pulled image ${ref} in `);
       expect(first.stdout).toContain("from-the-host");
       expect(first.stdout).toContain("hello-container");
       expect(first.stdout).toContain(wd);
@@ -41,8 +43,6 @@ describe.each(ENGINES)("job run --image with %s", (name) => {
 
       const second = await cli(["job", "run", "--json", "-f", join(wd, "job.yaml")], { env: box.env });
       expect(second.code).toBe(5);
-      // Named as the job names it (as a fleet's line does), not by a digest the user never gave.
-      expect(second.stderr).toContain(`task.prepare reused image ${ref} in `);
       expect(registryOf().manifestRequests(repo, "1")).toBe(pulls);
       const doc = JSON.parse(second.stdout);
       const prep = doc.phases.find((p: any) => p.name === "task.prepare");
