@@ -98,6 +98,46 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     }
   });
 
+  test("a changed module of a local path dependency (not editable) is in the new env, not uv's cached build of it", async () => {
+    const root = join(world, "nonedit");
+    // A package whose backend copies its module into the wheel (as setuptools or hatchling do): a built copy, not a link.
+    const lib = join(root, "libb");
+    mkdirSync(join(lib, "libb"), { recursive: true });
+    writeFileSync(join(lib, "pyproject.toml"), '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n\n[project]\nname = "libb"\nversion = "0.1"\nrequires-python = ">=3.8"\n');
+    writeFileSync(
+      join(lib, "backend.py"),
+      [
+        "import os, zipfile",
+        "def get_requires_for_build_wheel(config_settings=None):\n    return []",
+        "def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):",
+        "    dist = 'libb-0.1.dist-info'",
+        "    files = {'libb/__init__.py': open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'libb', '__init__.py'), 'rb').read()}",
+        "    files[dist + '/METADATA'] = b'Metadata-Version: 2.1\\nName: libb\\nVersion: 0.1\\n'",
+        "    files[dist + '/WHEEL'] = b'Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n'",
+        "    files[dist + '/RECORD'] = ('\\n'.join(p + ',,' for p in files) + '\\n' + dist + '/RECORD,,\\n').encode()",
+        "    with zipfile.ZipFile(os.path.join(wheel_directory, 'libb-0.1-py3-none-any.whl'), 'w') as z:",
+        "        for p, d in files.items():\n            z.writestr(p, d)",
+        "    return 'libb-0.1-py3-none-any.whl'",
+        "",
+      ].join("\n"),
+    );
+    writeFileSync(join(lib, "libb", "__init__.py"), 'X = "v1"\n');
+    const app = join(root, "nep");
+    mkdirSync(app, { recursive: true });
+    writeFileSync(join(app, "pyproject.toml"), `[project]\nname = "nep"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["libb"]\n\n[tool.uv]\npackage = false\n\n[tool.uv.sources]\nlibb = { path = "../libb" }\n`);
+    await lock(app);
+    const x = async () => {
+      const r = await cli(["env", "prepare", "--python", worker, "--project", app, "--json"], { env: s.env, cwd: world });
+      expect(r.code, r.stderr).toBe(0);
+      const env = JSON.parse(r.stdout) as { path: string; status: string };
+      return { status: env.status, x: (await run([join(env.path, "bin", "python"), "-c", "import libb; print(libb.X)"], { env: s.env })).stdout.trim() };
+    };
+    expect(await x()).toEqual({ status: "built", x: "v1" });
+    writeFileSync(join(lib, "libb", "__init__.py"), 'X = "v2"\n');
+    expect(await x()).toEqual({ status: "built", x: "v2" });
+    expect(await x()).toEqual({ status: "reused", x: "v2" });
+  });
+
   test("a worker package is reused only at exactly the locked version; the others are shadowed and reported", async () => {
     const got = await prepare([]);
     const own = installedSet([site(got.path)]);

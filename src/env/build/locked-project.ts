@@ -148,11 +148,27 @@ function unknownSelection(lines: string[]): string | null {
   return line ? line.replace(/^error: /, "") : null;
 }
 
-/** `uv sync --frozen --inexact` into the env: exactly the lock's selection, the stand-ins kept where they are the locked version. */
+/**
+ * `uv sync --frozen --inexact` into the env: exactly the lock's selection, the stand-ins kept where they are the locked
+ * version. The lock's local packages are built afresh (--refresh-package): uv's cache knows a path dependency by its
+ * pyproject.toml, so a changed module would come back as it was, in an env whose key has seen the change.
+ */
 export async function syncProject(project: LockedProject, envPython: string, run: UvRun): Promise<void> {
-  const argv = [run.uv, "sync", "--frozen", "--inexact", "--project", project.dir, "--python", envPython, ...selection(project)];
+  const fresh = lockLocalPackages(project.dir).flatMap((name) => ["--refresh-package", name]);
+  const argv = [run.uv, "sync", "--frozen", "--inexact", "--project", project.dir, "--python", envPython, ...selection(project), ...fresh];
   const { code, lines } = await runTool(argv, { env: run.env, cwd: run.cwd, hooks: run.hooks, signal: run.signal, keep: run.keep, as: run.as });
   if (code !== 0) throw installFailure("installing the locked project with uv sync failed", lines);
+}
+
+/** The names of the packages a uv.lock installs from this machine's disk (a directory, a path, an editable project). */
+export function lockLocalPackages(dir: string): string[] {
+  let lock: { package?: { name?: unknown; source?: Record<string, unknown> }[] };
+  try {
+    lock = Bun.TOML.parse(readFileSync(join(dir, "uv.lock"), "utf8")) as typeof lock;
+  } catch {
+    return []; // unreadable: uv says why, in the sync itself
+  }
+  return (lock.package ?? []).filter((p) => typeof p.name === "string" && p.source && ["directory", "path", "editable"].some((k) => k in p.source!)).map((p) => p.name as string);
 }
 
 /** Every package a pylock.toml pins: normalised name to its versions (a local package may have none). */
