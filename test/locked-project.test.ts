@@ -98,6 +98,21 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     }
   });
 
+  test("a uv.lock given as a requirements file is refused in one line pointing to --project, before a job is recorded", async () => {
+    const rel = join("app", "uv.lock");
+    const here = join(project, "..");
+    const prepared = await cli(["env", "prepare", "--python", worker, rel], { env: s.env, cwd: here });
+    expect([prepared.code, prepared.stderr]).toEqual([2, `error: ${join(here, rel)}: a uv.lock is read with its project: give --project with the project's folder (${project})\n`]);
+    const jobs = async () => (JSON.parse((await cli(["job", "list", "--json"], { env: s.env, cwd: here })).stdout) as unknown[]).length;
+    const before = await jobs();
+    const byFlag = await cli(["job", "run", "--python", worker, "-r", rel, "--", "true"], { env: s.env, cwd: here });
+    expect([byFlag.code, byFlag.stderr]).toEqual([2, `error: -r: ${rel} is a uv.lock, read with its project: give --project with the project's folder\n`]);
+    writeFileSync(join(here, "lock-as-reqs.yaml"), `command: "true"\nenvironment:\n  requirements: ${rel}\n`);
+    const byFile = await cli(["job", "run", "-f", "lock-as-reqs.yaml"], { env: s.env, cwd: here });
+    expect([byFile.code, byFile.stderr]).toEqual([2, `error: lock-as-reqs.yaml: environment.requirements: ${rel} is a uv.lock, read with its project: give environment.project with the project's folder\n`]);
+    expect(await jobs()).toBe(before);
+  });
+
   test("a changed module of a local path dependency (not editable) is in the new env, not uv's cached build of it", async () => {
     const root = join(world, "nonedit");
     // A package whose backend copies its module into the wheel (as setuptools or hatchling do): a built copy, not a link.

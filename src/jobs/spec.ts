@@ -59,6 +59,7 @@ function requirementsFileOrRefusal(path: string, where: string, given: string): 
   const st = statSync(path, { throwIfNoEntry: false });
   if (!st) throw new UsageError(`${where}: file not found: ${given}`);
   if (st.isDirectory()) throw new UsageError(`${where}: ${given} is a directory, not a requirements file`);
+  if (basename(path) === "uv.lock") throw new UsageError(`${where}: ${given} is a uv.lock, read with its project: ${where === "-r" ? "give --project" : "give environment.project"} with the project's folder`);
 }
 
 /** The environment fields a job file's section sets, resolved against `workdir`; fields it does not set are absent. */

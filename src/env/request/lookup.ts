@@ -1,4 +1,4 @@
-import { join, resolve } from "node:path";
+import { basename, dirname, join, resolve } from "node:path";
 import type { HomeLayout } from "../../config/paths.ts";
 import { userHome } from "../../core/home.ts";
 import { PythonProblem, UsageError } from "../../errors.ts";
@@ -113,6 +113,7 @@ export function resolveRequest(layout: HomeLayout, req: PrepareRequest, hooks: P
   const locked = project ? lockedProjectInputs(project, ctx) : null;
   const pylockFile = !project && req.requirementsFile !== undefined && isPylockFile(req.requirementsFile) ? resolve(req.cwd, req.requirementsFile) : undefined;
   // A lock under another name would be read as a requirements list, line by line, and fail on its first TOML line.
+  if (!project && req.requirementsFile && basename(req.requirementsFile) === "uv.lock") throw new UsageError(`${req.requirementsFile}: a uv.lock is read with its project: give --project with the project's folder (${dirname(req.requirementsFile) || "."})`);
   if (!project && !pylockFile && req.requirementsFile?.endsWith(".toml")) throw new UsageError(`${req.requirementsFile}: a TOML file is read as a lock only when named pylock.toml or pylock.NAME.toml (PEP 751); for a uv project, give --project with its folder`);
   if (pylockFile && req.specs.length) throw new UsageError(`${req.requirementsFile}: the lock is the whole environment; give no requirements with it`);
   const pylock = pylockFile ? pylockInputs(pylockFile, ctx) : null;
