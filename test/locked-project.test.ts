@@ -98,6 +98,12 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     }
   });
 
+  test("groups and extras are keyed as uv reads them: another spelling of the same names is the same env", async () => {
+    const first = await prepare(["--group", "tools", "--extra", "fancy"]);
+    const again = await prepare(["--extra", "Fancy", "--group", "TOOLS", "--group", "tools"]);
+    expect({ key: again.key, status: again.status }).toEqual({ key: first.key, status: "reused" });
+  });
+
   test("a uv.lock given as a requirements file is refused in one line pointing to --project, before a job is recorded", async () => {
     const rel = join("app", "uv.lock");
     const here = join(project, "..");

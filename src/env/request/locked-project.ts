@@ -1,6 +1,7 @@
 import { existsSync, readFileSync, realpathSync, statSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { contentHash } from "../../core/hashing.ts";
+import { normalizeName } from "./canonical.ts";
 import { UsageError } from "../../errors.ts";
 import { fileDigest } from "./content-digest.ts";
 import { type RequestInputs, type ScanContext, confineTo, scanRequest } from "./requirements.ts";
@@ -75,7 +76,7 @@ export function lockedProjectInputs(project: LockedProject, ctx: ScanContext): {
   // The local projects as a requirements list's are counted (requirements.ts): an editable one by its files and place, another by its files, a file by its bytes.
   const sources = [...lock.matchAll(LOCAL_SOURCE)].map((m) => ({ kind: m[1] === "editable" ? ("editable" as const) : ("project" as const), path: resolve(dir, JSON.parse(`"${m[2]}"`) as string), origin: `${lockPath}: ${m[1]} = ${m[2]}` }));
   countLocalSources(inputs, sources, "uv.lock", ctx);
-  const key = { lock: contentHash(lock), pyproject: contentHash(readFileSync(pyprojectPath)), groups: [...new Set(project.groups)].sort(), extras: [...new Set(project.extras)].sort() };
+  const key = { lock: contentHash(lock), pyproject: contentHash(readFileSync(pyprojectPath)), groups: selected(project.groups), extras: selected(project.extras) };
   return { key, inputs };
 }
 
@@ -95,6 +96,11 @@ export function countLocalSources(inputs: RequestInputs, sources: { kind: "edita
       inputs.locals.push({ kind: editable ? "editable" : "project", path, digest: tree.digest, origin, files: tree.files });
     } else inputs.locals.push({ kind: "archive", path, digest: fileDigest(path, ctx.digestCache, ctx.onHashing), origin });
   }
+}
+
+/** Groups or extras as uv takes them: names normalised (PEP 735 and 685: `DEV`, `Dev_Tools` are `dev`, `dev-tools`), each once, sorted. */
+function selected(names: string[]): string[] {
+  return [...new Set(names.map(normalizeName))].sort();
 }
 
 /** The project's own name ([project] name), else its folder's: a worker holds it in a folder named by its bundle. */
