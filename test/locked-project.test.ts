@@ -104,6 +104,16 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     expect({ key: again.key, status: again.status }).toEqual({ key: first.key, status: "reused" });
   });
 
+  test("a workspace's member given as the project: one line naming the workspace root whose lock covers it", async () => {
+    const root = join(world, "ws");
+    mkdirSync(join(root, "packages", "b"), { recursive: true });
+    writeFileSync(join(root, "pyproject.toml"), '[project]\nname = "ws"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = []\n\n[tool.uv]\npackage = false\n\n[tool.uv.workspace]\nmembers = ["packages/*"]\n');
+    writeFileSync(join(root, "packages", "b", "pyproject.toml"), '[project]\nname = "b"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = []\n');
+    await lock(root);
+    const r = await cli(["env", "prepare", "--python", worker, "--project", join("packages", "b")], { env: s.env, cwd: root });
+    expect([r.code, r.stderr]).toEqual([2, `error: --project ${join(root, "packages", "b")}: no uv.lock in it; it is a member of the workspace at ${root}, whose uv.lock covers it: give --project ${root} (a member alone is not selected yet)\n`]);
+  });
+
   test("a uv.lock given as a requirements file is refused in one line pointing to --project, before a job is recorded", async () => {
     const rel = join("app", "uv.lock");
     const here = join(project, "..");

@@ -56,7 +56,25 @@ export function projectFolderProblem(dir: string): string | null {
   if (st?.isFile()) return `--project ${dir}: a file; give the project's folder (${dirname(dir)})`;
   if (!st?.isDirectory()) return `--project ${dir}: no such folder`;
   if (!existsSync(join(dir, "pyproject.toml"))) return `--project ${dir}: no pyproject.toml in it`;
-  if (!existsSync(join(dir, "uv.lock"))) return `--project ${dir}: no uv.lock in it (run uv lock)`;
+  if (!existsSync(join(dir, "uv.lock"))) {
+    // A workspace's member: its lock is the workspace root's, and `uv lock` here would not make one.
+    const root = lockAbove(dir);
+    return root ? `--project ${dir}: no uv.lock in it; it is a member of the workspace at ${root}, whose uv.lock covers it: give --project ${root} (a member alone is not selected yet)` : `--project ${dir}: no uv.lock in it (run uv lock)`;
+  }
+  return null;
+}
+
+/** The nearest folder above `dir` that is a uv workspace's root with its lock ([tool.uv.workspace] and a uv.lock): `dir` may be its member. */
+function lockAbove(dir: string): string | null {
+  for (let at = dirname(dir); at !== dirname(at); at = dirname(at)) {
+    if (!existsSync(join(at, "uv.lock"))) continue;
+    try {
+      const doc = Bun.TOML.parse(readFileSync(join(at, "pyproject.toml"), "utf8")) as { tool?: { uv?: { workspace?: unknown } } };
+      if (doc.tool?.uv?.workspace) return at;
+    } catch {
+      // no pyproject.toml there, or one uv could not read either: not a root to point to
+    }
+  }
   return null;
 }
 
