@@ -90,6 +90,19 @@ describe.skipIf(!HAS_UV)("a uv project through a server", () => {
     expect(again.stdout).toMatch(/^w1 {2}reused .*\n {4}shadows held 2\.0 \(the worker's\) by 1\.0 \(the lock's\)\n$/);
   }, T);
 
+  test("a lock's local package outside the folder that travels is refused before anything is sent, naming it", async () => {
+    const dir = join(boxes.client.root, "outside");
+    mkdirSync(dir, { recursive: true });
+    const lib = makeDist("project", join(dir, "libs"), { name: "libx", version: "0.1" });
+    appendFileSync(join(lib, "pyproject.toml"), '\n[project]\nname = "libx"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = []\n');
+    const app = join(dir, "app");
+    mkdirSync(app);
+    writeFileSync(join(app, "pyproject.toml"), `[project]\nname = "app"\nversion = "0.1"\nrequires-python = ">=3.8"\ndependencies = ["libx"]\n\n[tool.uv]\npackage = false\n\n[tool.uv.sources]\nlibx = { path = "../libs/libx", editable = true }\n`);
+    expect((await run(["uv", "lock"], { cwd: app, env: boxes.client.env })).code).toBe(0);
+    const r = await fleet(["env", "prepare", "--project", "app"], dir);
+    expect([r.code, r.stderr.trim().split("\n").at(-1)]).toEqual([2, `error: the lock's local package ${lib} is outside ${app}: with a server, what the job reads travels in the bundle of that folder; move it inside`]);
+  }, T);
+
   test("a stale lock, or a group the project lacks, is refused before anything is sent, in the user's own paths, as without a server", async () => {
     const dir = join(boxes.client.root, "stale");
     mkdirSync(dir, { recursive: true });

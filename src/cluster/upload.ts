@@ -5,7 +5,7 @@ import { isAbsolute, join, relative, resolve, sep } from "node:path";
 import { type BundleLimits, type Carried, type PackProgress, type PackResult, packWorkdir } from "./bundle.ts";
 import type { ClusterClient } from "./client.ts";
 import { HttpError, UsageError } from "../errors.ts";
-import { type EnvironmentRequest, isUrl } from "../env/index-light.ts";
+import { type EnvironmentRequest, isUrl, lockLocalSources } from "../env/index-light.ts";
 import type { WireEnvironment } from "../env/index-light.ts";
 
 /** A folder packed into a temporary bundle; remove it with `dispose`. */
@@ -60,6 +60,8 @@ export function wireEnvironment(e: EnvironmentRequest, root: string, cwd: string
 /** A uv project's folder relative to the bundle's root, its pyproject.toml and uv.lock checked to travel with it. */
 function projectInBundle(root: string, dir: string, pack?: PackResult): string {
   for (const f of ["pyproject.toml", "uv.lock"]) if (existsSync(join(dir, f))) inBundle(root, join(dir, f), `the project's ${f}`, pack);
+  // Its lock's local packages travel too, or the worker finds none of them (said here, in the user's paths).
+  for (const local of lockLocalSources(dir)) inBundle(root, local, "the lock's local package", pack);
   return inBundle(root, dir, "the project", pack);
 }
 

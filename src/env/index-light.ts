@@ -11,7 +11,7 @@ export { listCondaEnvs } from "./request/conda.ts";
 export { inputsLines, inputsReport } from "./request/inputs-report.ts";
 export { pipConfigDigest, pipConfigSourceDigest } from "./request/installer-config.ts";
 export { distributions, installedSet, runningInterpreter, type InterpreterInfo } from "./request/interpreter.ts";
-export { lockedProjectInputs, projectFolderProblem, projectSummary, type LockedProject } from "./request/locked-project.ts";
+export { lockedProjectInputs, lockLocalSources, projectFolderProblem, projectSummary, type LockedProject } from "./request/locked-project.ts";
 export { envKey, keyDocument, requestSummary, type ResolvedRequest } from "./request/key.ts";
 export { findPrepared, type PrepareHooks, type PrepareRequest, type PrepareResult } from "./request/lookup.ts";
 export { nearestLines } from "./request/nearest.ts";
