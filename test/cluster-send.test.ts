@@ -169,4 +169,13 @@ describe("bad input through a server: the same line and exit code as here", () =
     expect(remote.code).toBe(1);
     expect(remote.stderr.trim().split("\n").at(-1)).toMatch(/^error: task\.prepare failed on w1: job\.yaml: environment\.requirements\[1\]: invalid requirement 'this is not a requirement'/);
   }, T);
+
+  test("job list --limit that is not a whole number of at least 1", async () => {
+    const local = (args: string[]) => cli(args, { env: boxes.client.env, cwd: boxes.client.root });
+    for (const limit of ["1.5", "abc", "0"]) {
+      const [remote, here] = [await gpl(["job", "list", "--limit", limit]), await local(["job", "list", "--limit", limit])];
+      expect({ code: remote.code, stderr: remote.stderr }).toEqual({ code: 2, stderr: `error: --limit takes a whole number of at least 1, not ${JSON.stringify(limit)}\n` });
+      expect(here.stderr).toBe(remote.stderr);
+    }
+  }, T);
 });

@@ -170,3 +170,10 @@ export function projectFlags(project: string | undefined, rawArgs: string[], opt
   }
   return project === undefined ? {} : { project, groups, extras };
 }
+
+/** A flag's whole number of at least 1 (--limit, --wait, ...), or one line naming the flag. */
+export function count(flag: string, value: string): number {
+  const n = Number(value);
+  if (!/^\d+$/.test(value.trim()) || n < 1) throw new UsageError(`${flag} takes a whole number of at least 1, not ${JSON.stringify(value)}`);
+  return n;
+}

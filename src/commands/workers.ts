@@ -5,7 +5,7 @@ import { formatLabels, type WorkerPrefetch } from "../cluster/protocol.ts";
 import { printable } from "../ui/escape.ts";
 import { UsageError } from "../errors.ts";
 import { formatAgo, formatBytes, Output, table } from "../ui/output.ts";
-import { outputArgs, rejectUnknownFlags, serverArgs } from "./_args.ts";
+import { count, outputArgs, rejectUnknownFlags, serverArgs } from "./_args.ts";
 import { commandContext } from "./_context.ts";
 import { workersJson } from "./_probe-json.ts";
 
@@ -16,13 +16,6 @@ const args = {
   ...serverArgs,
   ...outputArgs,
 } as const;
-
-/** A whole number of at least 1, or one line naming the flag. */
-function count(flag: string, value: string): number {
-  const n = Number(value);
-  if (!/^\d+$/.test(value.trim()) || n < 1) throw new UsageError(`${flag} takes a whole number of at least 1, not ${JSON.stringify(value)}`);
-  return n;
-}
 
 function prefetchLine(p: WorkerPrefetch): string {
   const got = `${p.fetched} fetched (${formatBytes(p.bytes)})${p.present ? `, ${p.present} here already` : ""}`;

@@ -5,7 +5,7 @@ import { JobStore } from "../../jobs/store.ts";
 import { formatAgo, formatSeconds, table } from "../../ui/output.ts";
 import { PrintableOutput, printable } from "../../ui/escape.ts";
 import { remoteTarget } from "../../cluster/client.ts";
-import { outputArgs, rejectUnknownFlags, placeArgs } from "../_args.ts";
+import { count, outputArgs, rejectUnknownFlags, placeArgs } from "../_args.ts";
 import type { JobListDoc } from "../_json.ts";
 
 const args = { limit: { type: "string", default: "50", description: "How many jobs to show" }, ...placeArgs, ...outputArgs } as const;
@@ -15,14 +15,15 @@ export default defineCommand({
   args,
   async run({ args: a, rawArgs }) {
     rejectUnknownFlags(rawArgs, args);
+    const limit = count("--limit", a.limit);
     // Names and the like come from the job: shown with control characters escaped.
     const out = new PrintableOutput(a);
     const ctx = await commandContext({ server: a.server, token: a.token, token_file: a["token-file"] });
     const remote = remoteTarget(ctx.settings, [], { local: a.local });
-    if (remote) return import("../_remote/views.ts").then((m) => m.remoteList(remote, Math.max(1, Number(a.limit) || 50), out));
+    if (remote) return import("../_remote/views.ts").then((m) => m.remoteList(remote, limit, out));
     // A read: the store opened read-only; a job whose runner is gone is shown failed, nothing recorded or signalled.
     const store = new JobStore(ctx.layout, { readOnly: true });
-    const statuses = store.list(Math.max(1, Number(a.limit) || 50)).map((j) => jobStatus(store, j));
+    const statuses = store.list(limit).map((j) => jobStatus(store, j));
     store.close();
     const doc: JobListDoc = statuses.map(({ events: _e, ...s }) => s);
     out.result(
