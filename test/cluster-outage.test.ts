@@ -60,6 +60,23 @@ afterAll(async () => {
   box.cleanup();
 }, 30_000);
 
+describe("the server stopped (SIGTERM) while a client follows a job", () => {
+  test("stops cleanly: no internal error from the long poll the stop cut off; started again, the job ends and the client with it", async () => {
+    const release = join(box.root, "release-sigterm");
+    const follower = keepOutput(startCli(["job", "run", ...job(release)], { env: env(), cwd: box.root }), procs);
+    await waitFor("the first half of the output", () => follower.out().includes("line-12"));
+    server.proc.kill("SIGTERM");
+    expect(await server.proc.exited).toBe(0);
+    // Its output read to the end (the pipes may close after the exit is seen).
+    const stopped = server;
+    await Bun.sleep(300);
+    expect(stopped.out()).not.toContain("internal error");
+    await startServer();
+    Bun.write(release, "");
+    expect(await follower.proc.exited).toBe(0);
+  }, T);
+});
+
 describe("the server down for a long while as a job ends", () => {
   test("the job's end and every line arrive once; the client that followed it exits 0", async () => {
     const release = join(box.root, "release-1");

@@ -272,6 +272,8 @@ export async function startServer(dir: string, token: string, settings: ServerSe
     await homeLock?.();
   };
   let server: ReturnType<typeof Bun.serve>;
+  // Once stopping, a request still in flight (a long poll the stop cut off) meets the closed database: that is the stop, not an error.
+  let stopping = false;
   try {
     server = Bun.serve({
       hostname: settings.hostname,
@@ -291,7 +293,7 @@ export async function startServer(dir: string, token: string, settings: ServerSe
         metricsToken: settings.metricsToken,
         replica,
         health,
-        onError: (e) => (e instanceof DatabaseDown ? health.down(e) : log(`internal error: ${(e as Error).stack ?? e}`)),
+        onError: (e) => (stopping ? undefined : e instanceof DatabaseDown ? health.down(e) : log(`internal error: ${(e as Error).stack ?? e}`)),
       }),
     });
   } catch (error) {
@@ -310,6 +312,7 @@ export async function startServer(dir: string, token: string, settings: ServerSe
     replica,
     database: db.where,
     async stop() {
+      stopping = true;
       await server.stop(true);
       await closeAll();
     },
