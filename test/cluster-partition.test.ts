@@ -79,6 +79,27 @@ describe("a network cut between a worker and the server", () => {
     expect((await gpl(["job", "logs", id])).stdout.trim()).toBe("finished");
   }, T);
 
+  test("job cancel while the worker is cut off: said to wait for it, the job cancelled when its lease ends, and its run phase ended with it (not running on)", async () => {
+    const file = join(box.root, "runs-cancel");
+    const release = join(box.root, "release-cancel");
+    const id = (await gpl(["job", "run", "-d", "--label", "pool=p", ...job(file, release)])).stdout.trim();
+    await waitFor("the job to start", () => runs(file).length === 1);
+    await waitFor("its run phase", async () => (await status(id)).phases.some((p: { name: string }) => p.name === "task.run"));
+    proxy.cut();
+    await waitFor("wa to be seen lost", async () => json<any[]>((await gpl(["workers", "--all", "--json"])).stdout).find((w) => w.name === "wa")?.state === "lost");
+    const cancelled = await gpl(["job", "cancel", id]);
+    expect(cancelled.code, cancelled.stderr).toBe(0);
+    expect(cancelled.stderr).toContain("waiting for worker wa to stop it");
+    expect(cancelled.stdout.trim()).toBe(`job ${id} cancelled`);
+    const run = async () => (await status(id)).phases.find((p: { name: string }) => p.name === "task.run");
+    const first = await run();
+    await Bun.sleep(1200);
+    expect(first.state).toBe("failed");
+    expect(await run()).toEqual(first);
+    proxy.mend();
+    await waitFor("wa to be back", async () => json<any[]>((await gpl(["workers", "--json"])).stdout).find((w) => w.name === "wa")?.state !== "lost", 30_000);
+  }, T);
+
   test("longer than the lease: the worker stops its job first, then the job runs elsewhere; never two at once", async () => {
     const file = join(box.root, "runs-long");
     const release = join(box.root, "release-long");

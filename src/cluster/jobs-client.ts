@@ -200,12 +200,18 @@ export function requestCancel(target: RemoteTarget, id: string): Promise<{ id: s
 }
 
 /** Cancel a job and wait for it to end: its grace (cancel_grace) and 15 s more for the worker to report. */
-export async function cancelJob(target: RemoteTarget, id: string, graceMs = target.cancelGraceMs): Promise<{ id: string; state: string }> {
+export async function cancelJob(target: RemoteTarget, id: string, opts: { graceMs?: number; /** Once, when the worker has not stopped it within a few seconds. */ onWaiting?(worker: string | null): void } = {}): Promise<{ id: string; state: string }> {
   const first = await requestCancel(target, id);
-  const deadline = Date.now() + graceMs + 15_000;
+  const started = Date.now();
+  const deadline = started + (opts.graceMs ?? target.cancelGraceMs) + 15_000;
+  let told = false;
   for (;;) {
     const s = await jobStatus(target, first.id);
     if (isFinal(s.state)) return { id: s.id, state: s.state };
+    if (!told && Date.now() - started > 3_000) {
+      told = true;
+      opts.onWaiting?.(s.worker);
+    }
     if (Date.now() > deadline) throw new UserError(`job ${s.id} did not stop in time on worker ${s.worker}`);
     await sleep(200);
   }

@@ -7,4 +7,4 @@
 export { FINAL_STATES, isFinal, JOB_STATES, type JobState } from "./model/states.ts";
 export { type EventSink, eventIs, isJobEventName, JOB_EVENT_NAMES, type JobEventData, type JobEventName, type JobEventOf, type OutputFile, PHASE_NAMES, PHASE_STATES, type PhaseName, type PrepareFinished, type RecordedEvent, type RelayMark } from "./model/events.ts";
 export { jobEnd, type Readiness, readiness, unstartedEnds } from "./model/needs.ts";
-export { type JobFacts, type JobStatus, outputsOfEvents, type Phase, phasesOf, statusDocument, type TaskStatus, taskStatus } from "./model/status.ts";
+export { endedPhases, type JobFacts, type JobStatus, outputsOfEvents, type Phase, phasesOf, statusDocument, type TaskStatus, taskStatus } from "./model/status.ts";

@@ -1,14 +1,9 @@
 import { markedJobCounts } from "../core/job-processes.ts";
 import { liveness } from "../core/process-identity.ts";
-import { FINAL_STATES, type JobStatus, outputsOfEvents, type Phase, phasesOf, type RecordedEvent, statusDocument, type TaskStatus, taskStatus } from "./model.ts";
+import { endedPhases, FINAL_STATES, type JobStatus, outputsOfEvents, phasesOf, statusDocument, type TaskStatus, taskStatus } from "./model.ts";
 import type { JobRecord, JobStore } from "./store.ts";
 
 // The status document (model/status.ts) from this machine's job store, and whether a job's runner still lives.
-
-/** A lost job's phases: one its runner left running ended when the record last changed, and failed (it did not finish). */
-function endedPhases(events: RecordedEvent[], lastKnown: number): Phase[] {
-  return phasesOf(events, lastKnown).map((p) => (p.state === "running" ? { ...p, state: "failed" as const } : p));
-}
 
 /** The status of a job as a reader shows it (see shownJob): reads only, whatever state the record is in. */
 export function jobStatus(store: JobStore, record: JobRecord): JobStatus {

@@ -1,5 +1,5 @@
 import type { JobOutputsView, PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, SubmitRequest, SubmitResponse, WatchResponse } from "../cluster/protocol.ts";
-import { isFinal, outputsOfEvents, phasesOf, statusDocument, taskStatus } from "../jobs/model.ts";
+import { endedPhases, isFinal, outputsOfEvents, phasesOf, statusDocument, taskStatus } from "../jobs/model.ts";
 import type { Change, Coordinator } from "./coordinator.ts";
 import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
@@ -98,7 +98,9 @@ export class JobsApi {
     const events = (await this.store.events(job.id)).map(({ seq: _s, ...e }) => e);
     const lastAssigned = events.findLastIndex((e) => e.type === "job.assigned" || e.type === "job.requeued" || e.type === "job.lost");
     const worker = job.workerId ? await this.store.worker(job.workerId) : null;
-    return { events, phases: phasesOf(lastAssigned >= 0 ? events.slice(lastAssigned) : events), worker: worker?.name ?? null };
+    const attempt = lastAssigned >= 0 ? events.slice(lastAssigned) : events;
+    // An ended job's phase that never said it finished (cancelled while its worker was lost) ended with the job.
+    return { events, phases: isFinal(job.state) ? endedPhases(attempt, job.updated) : phasesOf(attempt), worker: worker?.name ?? null };
   }
 
   async status(job: JobRow, withEvents = true): Promise<RemoteJobStatus> {

@@ -59,6 +59,7 @@ export async function remoteLogs(target: RemoteTarget, id: string, follow: boole
 }
 
 export async function remoteCancel(target: RemoteTarget, id: string, out: Output): Promise<void> {
-  const job = await cancelJob(target, id);
+  // A worker that does not answer (killed, cut off) ends the job only when its lease runs out: said, not waited on silently.
+  const job = await cancelJob(target, id, { onWaiting: (worker) => out.progress(`waiting for worker ${worker ?? "?"} to stop it (a worker that does not answer gives it up when its lease runs out)`) });
   out.result(job, () => `job ${job.id} ${job.state}`);
 }

@@ -110,6 +110,15 @@ export function taskStatus(task: Omit<JobFacts, "workdir" | "created"> & { task:
   };
 }
 
+/**
+ * The phases of a job that has ended (or whose runner is gone) when a phase never said it finished: a cancel of a
+ * job whose worker was lost, a runner killed. Ended when the record last changed, and failed (it did not finish),
+ * not running on forever.
+ */
+export function endedPhases(events: RecordedEvent[], lastKnown: number): Phase[] {
+  return phasesOf(events, lastKnown).map((p) => (p.state === "running" ? { ...p, state: "failed" as const } : p));
+}
+
 /** Phases come from events alone: one way for the data to flow, and the same answer for every reader. */
 export function phasesOf(events: RecordedEvent[], now = Date.now()): Phase[] {
   const phases: Phase[] = [];
