@@ -123,6 +123,8 @@ describe("job logs --follow started during an outage", () => {
     expect(await follower.exited).toBe(7);
     expect(await out).toBe("first\nlast\n");
     expect(await err).toContain("the server does not answer");
+    // How it ended, after its output, as job run ends: one line on stderr.
+    expect((await err).trim().split("\n").at(-1)).toBe(`job ${id} failed (exit 7)`);
   }, T);
 });
 

@@ -122,7 +122,12 @@ async function allReads(id: string, follow = true): Promise<{ status: any; human
   expect((await cli(["job", "logs", id], { env: env() })).code).toBe(0);
   const shown = json(status.stdout);
   // --follow ends at once: the job is shown ended, and its end is passed on (a lost job failed, with no code of its own: 1).
-  if (follow) expect((await cli(["job", "logs", id, "--follow"], { env: env() })).code).toBe(shown.exit_code ?? (shown.state === "succeeded" ? 0 : 1));
+  if (follow) {
+    const followed = await cli(["job", "logs", id, "--follow"], { env: env() });
+    expect(followed.code).toBe(shown.exit_code ?? (shown.state === "succeeded" ? 0 : 1));
+    // A job that did not succeed says how it ended, last, on stderr: its error, else its code.
+    if (shown.state !== "succeeded") expect(followed.stderr.trim().split("\n").at(-1)).toBe(`job ${shown.id} ${shown.state}${shown.error ? `: ${shown.error}` : shown.exit_code !== null ? ` (exit ${shown.exit_code})` : ""}`);
+  }
   return { status: shown, human: human.stdout, list: json(list.stdout) };
 }
 

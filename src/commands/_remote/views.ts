@@ -1,6 +1,6 @@
 import { formatAgo, formatSeconds, type Output, table } from "../../ui/output.ts";
 import type { RemoteTarget } from "../../cluster/client.ts";
-import { cancelJob, exitCodeOf, followToEnd, jobLog, jobStatus, jobStatusOnceBack, listJobs } from "../../cluster/jobs-client.ts";
+import { cancelJob, followToEnd, jobLog, jobStatus, jobStatusOnceBack, listJobs } from "../../cluster/jobs-client.ts";
 import { statusLines } from "../job/_lines.ts";
 import { writeOut } from "../../ui/terminal.ts";
 import { UsageError } from "../../errors.ts";
@@ -32,7 +32,16 @@ export async function remoteList(target: RemoteTarget, limit: number, out: Outpu
 }
 
 /** Print a job's output; following, until it ends. Returns the exit code `job logs --follow` passes on (the job's, as `job run`'s). */
-export async function remoteLogs(target: RemoteTarget, id: string, follow: boolean, onTrouble?: (message: string | null) => void, task?: string): Promise<number> {
+/** A followed job's end, as `job logs --follow` says it when it did not succeed. */
+export interface FollowedEnd {
+  id: string;
+  state: string;
+  exitCode: number | null;
+  error: string | null;
+}
+
+/** Prints the log; following, resolves to how the job (or task) ended, else null. */
+export async function remoteLogs(target: RemoteTarget, id: string, follow: boolean, onTrouble?: (message: string | null) => void, task?: string): Promise<FollowedEnd | null> {
   const status = follow ? await jobStatusOnceBack(target, id, onTrouble) : await jobStatus(target, id);
   const tasks = status.tasks ?? [];
   if (task !== undefined) {
@@ -49,14 +58,16 @@ export async function remoteLogs(target: RemoteTarget, id: string, follow: boole
     if (follow) await Promise.all(tasks.map(read));
     else for (const t of tasks) await read(t);
     // The job's own end (its tasks' outcome), once every task's output is here.
-    return follow ? exitCodeOf(await followToEnd(target, status.id, () => {}, onTrouble)) : 0;
+    return follow ? ended(status.id, await followToEnd(target, status.id, () => {}, onTrouble)) : null;
   } else id = status.id;
   if (!follow) {
     writeOut(await jobLog(target, id));
-    return 0;
+    return null;
   }
-  return exitCodeOf(await followToEnd(target, id, (u) => (u.kind === "output" ? writeOut(u.data) : undefined), onTrouble));
+  return ended(id, await followToEnd(target, id, (u) => (u.kind === "output" ? writeOut(u.data) : undefined), onTrouble));
 }
+
+const ended = (id: string, w: { state: string; exit_code: number | null; error: string | null }): FollowedEnd => ({ id, state: w.state, exitCode: w.exit_code, error: w.error });
 
 export async function remoteCancel(target: RemoteTarget, id: string, out: Output): Promise<void> {
   // A worker that does not answer (killed, cut off) ends the job only when its lease runs out: said, not waited on silently.

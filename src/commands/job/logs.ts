@@ -28,8 +28,8 @@ export default defineCommand({
     if (remote) {
       // Output on stdout; a server that stops answering is said on stderr, once, and following goes on.
       const say = (m: string | null) => writeErr(m ? `warning: ${m}\n` : `the server answers again\n`);
-      const code = await (await import("../_remote/views.ts")).remoteLogs(remote, id, Boolean(a.follow), say, a.task);
-      if (code !== 0) throw new ExitError(code);
+      const end = await (await import("../_remote/views.ts")).remoteLogs(remote, id, Boolean(a.follow), say, a.task);
+      if (end) endFollowed(end);
       return;
     }
     // A read: the store opened read-only; nothing recorded or signalled, even for a job whose runner is gone.
@@ -53,8 +53,16 @@ export default defineCommand({
       else for (const t of tasks) await read(t);
     } else await followLog(store, job.id, Boolean(a.follow), (chunk) => writeOut(chunk));
     // Following, the job's true exit code is passed on, as `job run` passes it.
-    const code = a.follow ? await jobEnd(store, followed).then((j) => jobEndCode(j.exitCode, j.state)) : 0;
+    const end = a.follow ? await jobEnd(store, followed) : null;
     store.close();
-    if (code !== 0) throw new ExitError(code);
+    if (end) endFollowed({ id: end.id, state: end.state, exitCode: end.exitCode, error: end.error });
   },
 });
+
+/** A followed job that did not succeed: one line on stderr saying how it ended (after its output), and its code, as `job run` passes it. */
+function endFollowed(end: { id: string; state: string; exitCode: number | null; error: string | null }): void {
+  const code = jobEndCode(end.exitCode, end.state);
+  if (code === 0) return;
+  writeErr(`job ${end.id} ${end.state}${end.error ? `: ${end.error}` : end.exitCode !== null ? ` (exit ${end.exitCode})` : ""}\n`);
+  throw new ExitError(code);
+}
