@@ -231,12 +231,19 @@ describe("every worker lost for a moment", () => {
     expect((await gpl(["job", "logs", id])).stdout).toBe("after-the-loss\n");
   }, T);
 
-  test("a server no worker ever joined refuses a job in one line saying so", async () => {
+  test("a server no worker ever joined refuses a job in one line saying so; one whose workers all left says that instead", async () => {
     // A sandbox of its own: its own store too (on PostgreSQL, the file's database holds the other server's workers).
     const alone = sandbox();
     const lone = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json"], { env: { ...alone.env, ...FAST, GPULAYER_TOKEN: TOKEN } }), procs);
     const loneUrl = await waitFor("the lone server", () => /"url": "([^"]+)"/.exec(lone.out())?.[1]);
     const r = await cli(["job", "run", "--", "true"], { env: { ...alone.env, GPULAYER_SERVER: loneUrl, GPULAYER_TOKEN: TOKEN }, cwd: alone.root });
     expect([r.code, r.stderr.trim().split("\n").at(-1)]).toEqual([1, "error: job refused: no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)"]);
+    // One joins, then leaves (SIGTERM): the refusal says so, not that none ever joined.
+    const once = keepOutput(startCli(["join", loneUrl, "--name", "once", "--python", "python3"], { env: { ...alone.env, ...FAST, GPULAYER_HOME: join(alone.root, "once-home"), GPULAYER_TOKEN: TOKEN } }), procs);
+    await waitFor("it to join", () => once.out().includes("as once"));
+    once.proc.kill("SIGTERM");
+    expect(await once.proc.exited).toBe(0);
+    const left = await cli(["job", "run", "--", "true"], { env: { ...alone.env, GPULAYER_SERVER: loneUrl, GPULAYER_TOKEN: TOKEN }, cwd: alone.root });
+    expect([left.code, left.stderr.trim().split("\n").at(-1)]).toEqual([1, "error: job refused: no worker is connected now: once joined before and left (on a GPU box: gpulayer join URL --token-file FILE)"]);
   }, T);
 });

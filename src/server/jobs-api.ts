@@ -9,7 +9,15 @@ import { prepareSteps } from "./task-reports.ts";
 import { endUnstarted, JOB_CANCELLED, settleJob } from "./job-tasks.ts";
 import { taskGraphProblem } from "../jobs/task-graph.ts";
 
-const NO_WORKERS = "no workers have joined this server (on a GPU box: gpulayer join URL --token-file FILE)";
+const JOIN_HINT = "on a GPU box: gpulayer join URL --token-file FILE";
+
+/** Why nothing can take work: none ever joined, or those that did have all left (stopped, or their join token revoked). */
+async function noWorkers(store: ServerStore): Promise<string> {
+  const known = await store.workers();
+  if (!known.length) return `no workers have joined this server (${JOIN_HINT})`;
+  const names = known.map((w) => w.name);
+  return `no worker is connected now: ${names.length > 5 ? `${names.slice(0, 5).join(", ")} and ${names.length - 5} more` : names.join(", ")} joined before and left (${JOIN_HINT})`;
+}
 
 /**
  * How long a submit's "some worker here could run it" stays known for jobs
@@ -54,7 +62,7 @@ export class JobsApi {
     // back within their lease: the job waits for them rather than being refused as if none had joined.
     const present = await this.store.workers({ present: true });
     const workers = present.length ? present : await this.store.workers({ lost: true });
-    if (!workers.length) throw new HttpFail(422, `job refused: ${NO_WORKERS}`);
+    if (!workers.length) throw new HttpFail(422, `job refused: ${await noWorkers(this.store)}`);
     const gpus = fleetGpuRefusal(body.spec, body.labels, workers);
     if (gpus) throw new HttpFail(422, gpus);
     // A job of tasks: each task is matched on its own, so each must have a worker that could run it.
@@ -228,7 +236,7 @@ export class JobsApi {
   private async prepareIn(ch: Change, body: { request: PrepareRequestPayload; bundle: string | null; labels: Record<string, string> }): Promise<{ id: string; workers: string[] }> {
     const { store } = ch;
     const workers = await store.workers({ present: true });
-    if (!workers.length) throw new HttpFail(422, `prepare refused: ${NO_WORKERS}`);
+    if (!workers.length) throw new HttpFail(422, `prepare refused: ${await noWorkers(store)}`);
     const why = (w: WorkerRow) => (w.state === "draining" ? "draining" : null) ?? labelsMatch(body.labels, w.labels) ?? (body.request.image ? (w.probe.engine ? null : "no working container engine") : null);
     const chosen = workers.filter((w) => !why(w));
     if (!chosen.length) throw new HttpFail(422, `prepare refused: no worker matches: ${reasons(workers, why)}`);
