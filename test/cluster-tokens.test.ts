@@ -104,6 +104,26 @@ describe("a first start", () => {
   }, T);
 });
 
+describe("a first start that fails", () => {
+  test("keeps no token it never showed: the next start makes one and shows it", async () => {
+    const home = join(box.root, "failed-start-home");
+    const { GPULAYER_DATABASE: _shared, ...fresh } = box.env;
+    const taken = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+    try {
+      const failed = await cli(["server", "--listen", `127.0.0.1:${taken.port}`], { env: { ...fresh, GPULAYER_HOME: home } });
+      expect(failed.code).toBe(2);
+      expect(failed.stderr).toContain(`cannot listen on 127.0.0.1:${taken.port}`);
+      expect(failed.stderr + failed.stdout).not.toContain("gpl_");
+    } finally {
+      taken.stop(true);
+    }
+    const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0"], { env: { ...fresh, GPULAYER_HOME: home } }), procs);
+    const text = await waitFor("the server's lines", () => (/^clients: /m.test(server.out()) ? server.out() : null));
+    const own = readFileSync(join(home, "server", "token"), "utf8").trim();
+    expect(text).toContain(`(shown once; kept in ${join(home, "server", "token")}): ${own}`);
+  }, T);
+});
+
 // The fleet guide's client setup (GPULAYER_TOKEN_FILE exported), then `gpulayer server` started in that same shell.
 describe("a server's own token", () => {
   // A world of its own (on PostgreSQL, a database of its own): its tokens and servers are not the other tests'.

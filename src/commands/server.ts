@@ -1,4 +1,5 @@
 import { defineCommand } from "citty";
+import { rmSync } from "node:fs";
 import { hostname } from "node:os";
 import { commandContext, originText } from "./_context.ts";
 import { forbidDumps } from "../core/no-dump.ts";
@@ -35,7 +36,11 @@ export default defineCommand({
     const token = serverToken(dir, ctx.values.token);
     // A token read from a file is named by what named the file (--token-file, GPULAYER_TOKEN_FILE, token_file in the config).
     const given = originText(ctx, ctx.settings.origins.token === ctx.settings.origins.token_file ? "token_file" : "token");
-    const server = await startServer(dir, token.token, settings, (m) => out.log.info(m), token.file ? { text: token.file, kept: true } : { text: given, kept: false });
+    const server = await startServer(dir, token.token, settings, (m) => out.log.info(m), token.file ? { text: token.file, kept: true } : { text: given, kept: false }).catch((error: unknown) => {
+      // A token made by a start that then failed (the port in use, say) was never shown: the next start makes and shows one.
+      if (token.generated && token.file) rmSync(token.file, { force: true });
+      throw error;
+    });
     if (token.overrides) out.log.warn(`the server's token comes from ${given}, not the one kept in ${token.overrides}: clients and workers holding that one are refused (leave out ${given} to use it)`);
     // Before the URL is printed: whoever starts a server waits for that line, and a SIGTERM that came before the
     // handler would end the process without stopping the server (exit 143).
