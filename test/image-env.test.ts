@@ -462,6 +462,8 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       const stale = await cli(["env", "prepare", "--image", ref, "--project", "app"], { env: box.env, cwd: wd });
       expect(stale.code, stale.stderr).toBe(2);
       expect(stale.stderr.trim().split("\n").at(-1)).toBe(`error: ${app}/uv.lock: the lockfile needs to be updated: run uv lock`);
+      // Refused before anything is said of a build in the image.
+      expect(stale.stderr).not.toContain("building the env inside");
       expect(envDirs(box.home)).toEqual([key!]);
 
       // A lock that pins another greetb than the image's: the lock's goes into the env, and is reported as shadowing the image's.

@@ -191,23 +191,24 @@ export async function ensureImageEnv(
         const uv = found.path;
         if (!py.hasPip && !uv) throw new InstallError(`image ${image.ref}: its Python (${py.executable}) has no pip to install the requirements with, and there is no uv to mount in: ${found.reason}`, "");
         const settings = await hostInstallerSettings(host);
+        const project = resolved.project;
+        if (project && !uv) throw new UsageError(`a uv project (--project ${project.dir}) on an image has its lock read by uv here, and there is none: ${found.reason}`);
+        // A project's lock, exported here by uv before anything is said of a build (a stale one is refused in uv's words, alone):
+        // mounted read-only, with the folders its file:// indexes are.
+        let lock: ImageLock | null = null;
+        if (project && uv) {
+          hooks.onStep?.("reading", `the lock of ${project.dir}: uv export --locked (exact pins, with their hashes)`);
+          lock = await exportForImage(project, py, join(paths.tmp, "lock"), { uv, env: req.env, cwd: req.cwd, onLine: hooks.onLine, signal });
+        }
         hooks.onStep?.("building", `the env inside ${image.ref} with its Python ${py.version}`);
         hooks.onStep?.("building", found.path ? `with ${found.said}, mounted in read-only${py.hasPip ? " (the image's pip where it does not run there)" : ""}` : `with the image's pip (no uv to mount in: ${found.reason})`);
         for (const said of settings.said) hooks.onStep?.("building", `with ${said}`);
-        const project = resolved.project;
-        if (project && !uv) throw new UsageError(`a uv project (--project ${project.dir}) on an image has its lock read by uv here, and there is none: ${found.reason}`);
         const buildStart = performance.now();
         // One name per key: holding the lock, a container of that name is a dead builder's, still writing here; it goes first.
         const name = `gpulayer-envbuild-${resolved.key.slice(0, 16)}`;
         await engineExec(image.engine, ["rm", "-f", name], { env: opts.engineEnv, timeoutMs: 60_000 });
         removeEntryDir(layout, paths.dir);
         mkdirSync(paths.dir, { recursive: true });
-        // A project's lock, exported here by uv (a stale one refused in uv's words): mounted read-only, with the folders its file:// indexes are.
-        let lock: ImageLock | null = null;
-        if (project && uv) {
-          hooks.onStep?.("building", `from the lock of ${project.dir}: uv export --locked (exact pins, with their hashes)`);
-          lock = await exportForImage(project, py, join(paths.tmp, "lock"), { uv, env: req.env, cwd: req.cwd, onLine: hooks.onLine, signal });
-        }
         const uvCache = uv ? (req.env.UV_CACHE_DIR ?? join(layout.tools, "uv-cache")) : null;
         if (uvCache) mkdirSync(uvCache, { recursive: true });
         // The settings' files and folders, read-only, each once; what is mounted already (the request's folder) is not again.
