@@ -208,7 +208,8 @@ export function startJobTask(ctx: WorkerContext, task: TaskAssignment, asked: nu
         beforeRun: async () => {
           const since = Date.now() - asked;
           if (since < ctx.safeSilenceMs()) return;
-          ctx.log(`job ${task.job_id}: handed out ${(since / 1000).toFixed(1)} s ago, near this worker's lease: asking the server whether it is still ours before running it`);
+          // Counted from the poll that brought it (the server may have handed it out any time since): this worker cannot know later.
+          ctx.log(`job ${task.job_id}: asked for ${(since / 1000).toFixed(1)} s ago (a long poll), near this worker's lease: asking the server whether it is still ours before running it`);
           await channel.flush();
         },
         // The GPUs the server gave it, by id, as its CUDA_VISIBLE_DEVICES names them (none: no GPU here).
