@@ -79,6 +79,18 @@ describe("a cancel's SIGTERM", () => {
     await Bun.sleep(300);
     expect({ main: readFileSync(join(dir, "main.count"), "utf8"), child: readFileSync(join(dir, "child.count"), "utf8") }).toEqual({ main: "x", child: "x" });
   });
+
+  test("gives a program under a shell its grace: the shell dies at once, the program still checkpoints before SIGKILL", async () => {
+    const dir = join(work, "wrapped");
+    mkdirSync(dir);
+    writeFileSync(join(dir, "ckpt.py"), 'import signal, sys, time\ndef h(*a):\n    time.sleep(1)\n    open("ckpt", "w").write("saved")\n    sys.exit(0)\nsignal.signal(signal.SIGTERM, h)\nopen("ready", "w").close()\nwhile True: time.sleep(0.1)\n');
+    const d = await cli(["job", "run", "-d", "--workdir", dir, "--", "sh", "-c", "python3 ckpt.py; echo after"], { env: { ...box.env, GPULAYER_CANCEL_GRACE: "5" }, cwd: dir });
+    const id = d.stdout.trim();
+    await waitFor("the program to be ready", () => existsSync(join(dir, "ready")));
+    expect((await gpl(["job", "cancel", id])).code).toBe(0);
+    await waitFor("the cancelled job to end", async () => json((await gpl(["job", "status", id, "--json"])).stdout).state === "cancelled");
+    expect(readFileSync(join(dir, "ckpt"), "utf8")).toBe("saved");
+  });
 });
 
 describe("a SIGKILLed job run", () => {

@@ -58,6 +58,8 @@ export function processDriver(task: ProcessTask): TaskDriver {
       // If whatever runs the job dies, what the job started is ended within a second.
       const watchdog = watchJob(task.jobId, process.pid, task.watchdogPath);
       let stopped = false;
+      /** A cancel's end of the job's processes: SIGTERM, the grace, then SIGKILL (core/job-processes.ts). */
+      let stopping: Promise<number> | null = null;
       let killTimer: ReturnType<typeof setTimeout> | undefined;
       const pump = async (stream: ReadableStream<Uint8Array>, sink: (c: Uint8Array) => void) => {
         for await (const chunk of stream) sink(chunk);
@@ -66,9 +68,16 @@ export function processDriver(task: ProcessTask): TaskDriver {
       const exited = (async () => {
         try {
           await child.exited;
-          // The job ends with its main process: what it left behind (in its group, or setsid and holding its output) is ended too.
-          killGroup(pid, stopped ? "SIGKILL" : "SIGTERM");
-          await endJobProcesses(task.jobId, stopped ? 0 : task.graceMs, stopped ? undefined : pid);
+          if (stopping) {
+            // Cancelled: the grace holds for what the main process leaves too (a shell that died at once, its child checkpointing on
+            // the same SIGTERM), then SIGKILL for whatever is left.
+            await stopping;
+            killGroup(pid, "SIGKILL");
+          } else {
+            // The job ends with its main process: what it left behind (in its group, or setsid and holding its output) is ended too.
+            killGroup(pid, "SIGTERM");
+            await endJobProcesses(task.jobId, task.graceMs, pid);
+          }
           await pumped;
           const signal = child.signalCode;
           return { exitCode: child.exitCode ?? ExitCode.signalBase + (signal ? (SIGNALS[signal] ?? 0) : 0), ...(signal ? { signal } : {}) };
@@ -86,7 +95,7 @@ export function processDriver(task: ProcessTask): TaskDriver {
           killGroup(pid, "SIGTERM");
           killTimer = setTimeout(() => killGroup(pid, "SIGKILL"), task.graceMs);
           // And whatever left the group (setsid, a daemon): every process with the job's mark, the group's members not signalled twice.
-          void endJobProcesses(task.jobId, task.graceMs, pid);
+          stopping = endJobProcesses(task.jobId, task.graceMs, pid);
         },
         exited,
       };
