@@ -15,10 +15,16 @@ const RUNTIME_SAID = /unable to start container process|OCI runtime (create fail
 /** What such a line starts with: a first line still coming that could become one is held until it is whole. */
 const ENGINE_STARTS = ["docker: Error response from daemon: ", "Error: "];
 
+/** The engine's lines after its first: blank, or Docker's hint. Anything else is the command's own. */
+const ENGINE_AFTER = /^(|Run '(docker|podman) run --help' for more information\.?)$/;
+/** An engine that failed to start a container exits as it says so: what is still held this long after the first byte is the command's. */
+const HELD_AT_MOST_MS = 500;
+
 export class StartFailure {
   private held: Uint8Array[] = [];
   private text = "";
   private holding = true;
+  private timer: ReturnType<typeof setTimeout> | undefined;
   private readonly decoder = new TextDecoder();
 
   constructor(private readonly pass: (chunk: Uint8Array) => void) {}
@@ -28,9 +34,11 @@ export class StartFailure {
     if (!this.holding) return this.pass(chunk);
     this.held.push(chunk);
     this.text += this.decoder.decode(chunk, { stream: true });
-    const end = this.text.indexOf("\n");
-    const first = end === -1 ? this.text : this.text.slice(0, end);
-    const mayBe = end === -1 ? ENGINE_STARTS.some((s) => s.startsWith(first) || first.startsWith(s)) : ENGINE_LINE.test(first);
+    this.timer ??= setTimeout(() => this.release(), HELD_AT_MOST_MS);
+    const lines = this.text.split("\n");
+    const whole = lines.slice(0, -1);
+    const first = lines[0]!;
+    const mayBe = whole.length ? ENGINE_LINE.test(first) && whole.slice(1).every((l) => ENGINE_AFTER.test(l)) : ENGINE_STARTS.some((s) => s.startsWith(first) || first.startsWith(s));
     if (!mayBe) this.release();
   }
 
@@ -42,16 +50,19 @@ export class StartFailure {
   /** At the exit: the line that says why it did not start (125 to 127, the engine's own codes), else what was held, as it came. */
   end(exitCode: number): string | null {
     if (!this.holding) return null;
-    this.holding = false;
     if (!this.held.length || exitCode < 125 || exitCode > 127 || !ENGINE_LINE.test(this.text) || !RUNTIME_SAID.test(this.text)) {
       this.release();
       return null;
     }
+    clearTimeout(this.timer);
+    this.holding = false;
     this.held = [];
     return startFailureLine(this.text);
   }
 
   private release(): void {
+    clearTimeout(this.timer);
+    if (!this.holding) return;
     this.holding = false;
     for (const chunk of this.held.splice(0)) this.pass(chunk);
   }
