@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { resolve } from "node:path";
 import type { HomeLayout } from "../config/paths.ts";
-import { localIndexReach } from "./local-index.ts";
+import { localIndexFolders } from "./local-index.ts";
 import { PythonProblem, UsageError } from "../errors.ts";
 import type { BuildPlan } from "../env/index.ts";
 import { installerEnv, readMachinePipSettings } from "../env/index.ts";
@@ -141,8 +141,7 @@ export async function hostInstallerSettings(host: HostSide): Promise<ContainerIn
   const local = (where: string, what: string) => {
     if (!isUrl(where) || /^file:/i.test(where)) {
       const path = resolve(host.plan.cwd, where.replace(/^file:\/\//i, ""));
-      const reach = what === "find-links" || !existsSync(path) ? path : localIndexReach(path);
-      mount(reach, reach, `the machine's pip configuration (${what})`);
+      for (const folder of what === "find-links" || !existsSync(path) ? [path] : localIndexFolders(path)) mount(folder, folder, `the machine's pip configuration (${what})`);
     }
     return redactUrl(where);
   };

@@ -1,5 +1,5 @@
 import { mkdirSync, readFileSync } from "node:fs";
-import { localIndexReach } from "./local-index.ts";
+import { localIndexFolders } from "./local-index.ts";
 import { join } from "node:path";
 import { exportLock, type LockedProject, lockRegistries, normalizeName, projectUvEnv, sameVersion } from "../env/index.ts";
 import type { ImagePython } from "./image-python.ts";
@@ -40,7 +40,7 @@ export async function exportForImage(
   const hostEnv = Object.fromEntries(Object.entries(run.env).filter((e): e is [string, string] => e[1] !== undefined));
   await exportLock(project, file, { uv: run.uv, env: projectUvEnv(hostEnv, join(dir, "no-env"), join(dir, "no-config")), cwd: run.cwd, hooks: { onOutput: run.onLine }, signal: run.signal });
   const registries = lockRegistries(project.dir);
-  return { registries, shadowed: shadowedInImage(py, readFileSync(file, "utf8")), mounts: [`${dir}:${LOCK_MOUNT}:ro`, ...registries.filter((r) => r.startsWith("/")).map((r) => localIndexReach(r)).map((r) => `${r}:${r}:ro`)] };
+  return { registries, shadowed: shadowedInImage(py, readFileSync(file, "utf8")), mounts: [`${dir}:${LOCK_MOUNT}:ro`, ...registries.filter((r) => r.startsWith("/")).flatMap((r) => localIndexFolders(r)).map((r) => `${r}:${r}:ro`)] };
 }
 
 /** The image's packages an exported lock (`name==version` lines) pins at another version. */

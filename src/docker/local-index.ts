@@ -1,24 +1,26 @@
 import { existsSync, readdirSync, readFileSync } from "node:fs";
-import { dirname, isAbsolute, join, resolve, sep } from "node:path";
+import { dirname, isAbsolute, join, relative, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 /** Project pages read to learn where an index's links point: a few, since one index keeps its files in one place. */
 const PAGES_READ = 3;
 
 /**
- * The folder to mount for an index on this machine's disk (`file:///srv/pypi/simple`) so that an installer
- * inside a container finds what its pages link to: a PEP 503 page may link outside the index's own folder
- * (`../../files/six-1.17.0-py3-none-any.whl`, a mirror's usual layout), and a mount of the index alone
- * leaves those out ("failed to open file"). The nearest folder holding the index and every file a few of
- * its project pages link to; the index itself when they link inside it, or to other hosts.
+ * The folders to mount for an index on this machine's disk (`file:///srv/pypi/simple`) so that an installer inside
+ * a container finds what its pages link to: a PEP 503 page may link outside the index's own folder
+ * (`../../files/six-1.17.0-py3-none-any.whl`, a mirror's usual layout), and a mount of the index alone leaves those
+ * out ("failed to open file"). The index, and each folder a few of its project pages link to that lies beside it
+ * (under the index's own parent, not that parent itself): never wider, so no mount covers the image's own folders
+ * (/opt, /etc) or hands the build a home folder. A link elsewhere is left to fail in the installer's words.
  */
-export function localIndexReach(index: string): string {
-  let reach = index;
+export function localIndexFolders(index: string): string[] {
+  const parent = dirname(index);
+  const folders = new Set([index]);
   let names: string[];
   try {
     names = readdirSync(index).sort();
   } catch {
-    return index;
+    return [index];
   }
   let read = 0;
   for (const name of names) {
@@ -34,29 +36,24 @@ export function localIndexReach(index: string): string {
     }
     for (const [, href] of html.matchAll(/href\s*=\s*["']([^"'#]+)/gi)) {
       const target = linkedPath(dirname(page), href!);
-      if (target) reach = commonFolder(reach, dirname(target));
+      if (!target) continue;
+      const folder = dirname(target);
+      const under = relative(parent, folder);
+      if (folder !== parent && under && !under.startsWith("..") && !isAbsolute(under)) folders.add(folder);
     }
   }
-  return reach;
+  // A folder inside another mounted one comes with it.
+  return [...folders].filter((f) => ![...folders].some((o) => o !== f && !relative(o, f).startsWith("..") && !isAbsolute(relative(o, f))));
 }
 
-/** A page's link as a path on this disk: relative, or a file: URL; null for another host's. */
+/** A page's link as a path on this disk: relative, or a file: URL; null for another host's, or one that is no path. */
 function linkedPath(pageDir: string, href: string): string | null {
-  if (/^file:/i.test(href)) {
-    try {
-      return fileURLToPath(href);
-    } catch {
-      return null;
-    }
+  try {
+    if (/^file:/i.test(href)) return fileURLToPath(href);
+    if (/^[a-z][a-z0-9+.-]*:/i.test(href) || href.startsWith("//")) return null;
+    const path = decodeURIComponent(href);
+    return isAbsolute(path) ? path : resolve(pageDir, path);
+  } catch {
+    return null; // not a URL or path we can read (a stray %): left to the installer
   }
-  if (/^[a-z][a-z0-9+.-]*:/i.test(href) || href.startsWith("//")) return null;
-  return isAbsolute(href) ? href : resolve(pageDir, decodeURIComponent(href));
-}
-
-function commonFolder(a: string, b: string): string {
-  const x = a.split(sep);
-  const y = b.split(sep);
-  let i = 0;
-  while (i < x.length && i < y.length && x[i] === y[i]) i++;
-  return x.slice(0, i).join(sep) || sep;
 }
