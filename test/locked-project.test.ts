@@ -112,6 +112,11 @@ describe.skipIf(!HAS_UV)("a uv project as the environment", () => {
     await lock(root);
     const r = await cli(["env", "prepare", "--python", worker, "--project", join("packages", "b")], { env: s.env, cwd: root });
     expect([r.code, r.stderr]).toEqual([2, `error: --project ${join(root, "packages", "b")}: no uv.lock in it; it is a member of the workspace at ${root}, whose uv.lock covers it: give --project ${root} (a member alone is not selected yet)\n`]);
+    // A project beside the members, no member itself, is its own: uv lock there makes its lock.
+    mkdirSync(join(root, "tools"), { recursive: true });
+    writeFileSync(join(root, "tools", "pyproject.toml"), '[project]\nname = "tools"\nversion = "0.1"\n');
+    const own = await cli(["env", "prepare", "--python", worker, "--project", "tools"], { env: s.env, cwd: root });
+    expect([own.code, own.stderr]).toEqual([2, `error: --project ${join(root, "tools")}: no uv.lock in it (run uv lock)\n`]);
   });
 
   test("a uv.lock given as a requirements file is refused in one line pointing to --project, before a job is recorded", async () => {

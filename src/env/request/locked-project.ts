@@ -1,5 +1,5 @@
 import { existsSync, readFileSync, realpathSync, statSync } from "node:fs";
-import { dirname, join, resolve } from "node:path";
+import { dirname, join, relative, resolve } from "node:path";
 import { contentHash } from "../../core/hashing.ts";
 import { normalizeName } from "./canonical.ts";
 import { UsageError } from "../../errors.ts";
@@ -64,16 +64,19 @@ export function projectFolderProblem(dir: string): string | null {
   return null;
 }
 
-/** The nearest folder above `dir` that is a uv workspace's root with its lock ([tool.uv.workspace] and a uv.lock): `dir` may be its member. */
+/** The nearest folder above `dir` that is a uv workspace's root with its lock, `dir` among its members (its `members` globs, not its `exclude`). */
 function lockAbove(dir: string): string | null {
   for (let at = dirname(dir); at !== dirname(at); at = dirname(at)) {
     if (!existsSync(join(at, "uv.lock"))) continue;
+    let workspace: { members?: unknown; exclude?: unknown } | undefined;
     try {
-      const doc = Bun.TOML.parse(readFileSync(join(at, "pyproject.toml"), "utf8")) as { tool?: { uv?: { workspace?: unknown } } };
-      if (doc.tool?.uv?.workspace) return at;
+      workspace = (Bun.TOML.parse(readFileSync(join(at, "pyproject.toml"), "utf8")) as { tool?: { uv?: { workspace?: { members?: unknown; exclude?: unknown } } } }).tool?.uv?.workspace;
     } catch {
-      // no pyproject.toml there, or one uv could not read either: not a root to point to
+      continue; // no pyproject.toml there, or one uv could not read either: not a root to point to
     }
+    const rel = relative(at, dir);
+    const matches = (globs: unknown) => Array.isArray(globs) && globs.some((g) => typeof g === "string" && new Bun.Glob(g.replace(/\/+$/, "")).match(rel));
+    if (workspace && matches(workspace.members) && !matches(workspace.exclude)) return at;
   }
   return null;
 }
