@@ -200,7 +200,7 @@ export function requestCancel(target: RemoteTarget, id: string): Promise<{ id: s
 }
 
 /** Cancel a job and wait for it to end: its grace (cancel_grace) and 15 s more for the worker to report. */
-export async function cancelJob(target: RemoteTarget, id: string, opts: { graceMs?: number; /** Once, when the worker has not stopped it within a few seconds. */ onWaiting?(worker: string | null): void } = {}): Promise<{ id: string; state: string }> {
+export async function cancelJob(target: RemoteTarget, id: string, opts: { graceMs?: number; /** Once, when the worker has not stopped it within a few seconds; with how long this waits at most. */ onWaiting?(worker: string | null, waitsMs: number): void } = {}): Promise<{ id: string; state: string }> {
   const first = await requestCancel(target, id);
   const started = Date.now();
   const deadline = started + (opts.graceMs ?? target.cancelGraceMs) + 15_000;
@@ -210,9 +210,9 @@ export async function cancelJob(target: RemoteTarget, id: string, opts: { graceM
     if (isFinal(s.state)) return { id: s.id, state: s.state };
     if (!told && Date.now() - started > 3_000) {
       told = true;
-      opts.onWaiting?.(s.worker);
+      opts.onWaiting?.(s.worker, deadline - started);
     }
-    if (Date.now() > deadline) throw new UserError(`job ${s.id} did not stop in time on worker ${s.worker}`);
+    if (Date.now() > deadline) throw new UserError(`job ${s.id} did not stop in time${s.worker ? ` on worker ${s.worker}` : ""}: its cancel stands, and it ends cancelled once its worker stops it, or its lease runs out (gpulayer job status ${s.id})`);
     await sleep(200);
   }
 }

@@ -71,6 +71,8 @@ const ended = (id: string, w: { state: string; exit_code: number | null; error: 
 
 export async function remoteCancel(target: RemoteTarget, id: string, out: Output): Promise<void> {
   // A worker that does not answer (killed, cut off) ends the job only when its lease runs out: said, not waited on silently.
-  const job = await cancelJob(target, id, { onWaiting: (worker) => out.progress(`waiting for worker ${worker ?? "?"} to stop it (a worker that does not answer gives it up when its lease runs out)`) });
+  const job = await cancelJob(target, id, {
+    onWaiting: (worker, waitsMs) => out.progress(`waiting for ${worker ? `worker ${worker}` : "its workers"} to stop it (up to ${Math.round(waitsMs / 1000)} s here; one that does not answer gives it up when its lease runs out)`),
+  });
   out.result(job, () => `job ${job.id} ${job.state}`);
 }
