@@ -8,6 +8,7 @@ import { rejectUnknownFlags, placeArgs } from "../_args.ts";
 import { writeOut, writeErr } from "../../ui/terminal.ts";
 import { ExitError, jobEndCode, UsageError } from "../../errors.ts";
 import { prefixedLines } from "../_tasks-ui.ts";
+import { printable } from "../../ui/escape.ts";
 
 const args = {
   id: { type: "positional", required: true, valueHint: "ID", description: "Job id or a unique prefix of it" },
@@ -63,6 +64,7 @@ export default defineCommand({
 function endFollowed(end: { id: string; state: string; exitCode: number | null; error: string | null }): void {
   const code = jobEndCode(end.exitCode, end.state);
   if (code === 0) return;
-  writeErr(`job ${end.id} ${end.state}${end.error ? `: ${end.error}` : end.exitCode !== null ? ` (exit ${end.exitCode})` : ""}\n`);
+  // The error comes from the job (a message, a path): shown with control characters escaped.
+  writeErr(`job ${end.id} ${end.state}${end.error ? `: ${printable(end.error)}` : end.exitCode !== null ? ` (exit ${end.exitCode})` : ""}\n`);
   throw new ExitError(code);
 }
