@@ -4,6 +4,7 @@ setDefaultTimeout(120_000);
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { printable } from "../src/ui/escape.ts";
+import { parseJobYaml } from "../src/config/yaml.ts";
 import { cli, sandbox } from "./helpers.ts";
 
 /** Bad input at the edges: job files too big or not files at all, and names and commands that would forge lines. */
@@ -123,6 +124,8 @@ describe("a job file's variables", () => {
     const t = await cli(["job", "run", "-f", "tasks.yaml"], { env: env(), cwd: dir });
     expect(t.code, t.stderr).toBe(0);
     expect(t.stdout).toBe("[one] 2.50\n");
+    // Through an alias too (an env, or one variable), whatever YAML reads the anchor as where it stands.
+    expect(parseJobYaml("name: &v 1.10\nenv: {V: *v}\ntasks:\n  a: {command: x, env: &e {T: 2.50}}\n  b: {command: y, env: *e}\n")).toEqual({ name: 1.1, env: { V: "1.10" }, tasks: { a: { command: "x", env: { T: "2.50" } }, b: { command: "y", env: { T: "2.50" } } } });
     // An empty value is no value: refused, naming it, as before.
     writeFileSync(join(dir, "empty.yaml"), "command: 'true'\nenv:\n  E:\n");
     const e = await cli(["job", "run", "-f", "empty.yaml"], { env: env(), cwd: dir });

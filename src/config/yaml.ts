@@ -12,9 +12,16 @@ export function parseJobYaml(text: string): unknown {
   const Y = require("yaml") as typeof import("yaml");
   const doc = Y.parseDocument(text);
   if (doc.errors.length) throw doc.errors[0];
-  const asWritten = (env: unknown) => {
+  // An alias (`env: *common`, `V: *version`) stands for its anchor's node: read through it.
+  const through = (node: unknown) => (Y.isAlias(node) ? node.resolve(doc) : node);
+  const asWritten = (envNode: unknown) => {
+    const env = through(envNode);
     if (!Y.isMap(env)) return;
-    for (const pair of env.items) if (Y.isScalar(pair.value) && ["number", "boolean", "bigint"].includes(typeof pair.value.value) && typeof pair.value.source === "string") pair.value.value = pair.value.source;
+    for (const pair of env.items) {
+      const value = through(pair.value);
+      // A new node for this variable: an anchored one may stand elsewhere too, as what YAML reads.
+      if (Y.isScalar(value) && ["number", "boolean", "bigint"].includes(typeof value.value) && typeof value.source === "string") pair.value = new Y.Scalar(value.source);
+    }
   };
   const top = doc.contents;
   if (Y.isMap(top)) {
