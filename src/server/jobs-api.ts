@@ -208,7 +208,7 @@ export class JobsApi {
       const job = (await this.store.job(jobId))!;
       const chunks = job.logSize > logOffset ? await this.store.readChunks(jobId, logOffset) : [];
       const size = chunks.reduce((n, c) => n + c.data.length, 0);
-      const events = (await this.store.followEvents(jobId, [jobId], afterSeq)).map(({ jobId: _j, ...e }) => e);
+      const events = (await this.store.followEvents(jobId, [jobId], afterSeq, signal)).map(({ jobId: _j, ...e }) => e);
       const final = isFinal(job.state);
       if (size || events.length || final || Date.now() >= deadline || signal?.aborted) {
         const worker = job.workerId ? await this.store.worker(job.workerId) : null;
@@ -260,7 +260,7 @@ export class JobsApi {
       const finished = tasks.filter((t) => t.state !== "assigned" && t.state !== "running");
       const names = new Map((await this.store.workers()).map((w) => [w.id, w.name]));
       const workerOf = new Map(tasks.map((t) => [prepareSteps(t.id), names.get(t.workerId) ?? t.workerId]));
-      const steps: PrepareGroupView["steps"] = (await this.store.followEvents(id, [...workerOf.keys()], after)).map((e) => ({ seq: e.seq, worker: workerOf.get(e.jobId)!, type: e.type, data: e.data }));
+      const steps: PrepareGroupView["steps"] = (await this.store.followEvents(id, [...workerOf.keys()], after, signal)).map((e) => ({ seq: e.seq, worker: workerOf.get(e.jobId)!, type: e.type, data: e.data }));
       if (steps.length || finished.length > known || finished.length === tasks.length || Date.now() >= deadline || signal?.aborted) {
         return {
           id,

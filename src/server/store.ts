@@ -509,7 +509,7 @@ export class ServerStore {
    * and its tasks' ids): on PostgreSQL under the stream's lock, taken alone, so no seq below what it returns is
    * still to commit. SQLite has one writer: its commits are in seq order.
    */
-  async followEvents(stream: string, ids: string[], afterSeq: number): Promise<(StoredEvent & { jobId: string })[]> {
+  async followEvents(stream: string, ids: string[], afterSeq: number, signal?: AbortSignal): Promise<(StoredEvent & { jobId: string })[]> {
     const read = async (sql: Sql) => {
       const out: (StoredEvent & { jobId: string })[] = [];
       for (const part of chunks(ids)) {
@@ -523,7 +523,8 @@ export class ServerStore {
       return out.sort((a, b) => a.seq - b.seq);
     };
     if (this.sql.dialect !== "postgres") return read(this.sql);
-    for (;;) {
+    // A follower gone (its request ended) stops asking: nothing new for it.
+    for (; !signal?.aborted; ) {
       try {
         return await this.sql.transaction(async (tx) => {
           // Read committed, whatever the database's default: the read after the wait must see what committed during it.
@@ -536,6 +537,7 @@ export class ServerStore {
         if (!isLockTimeout(error)) throw error;
       }
     }
+    return [];
   }
   async events(jobId: string, afterSeq = 0): Promise<StoredEvent[]> {
     return (await this.sql.all<{ seq: number; ts: number; type: string; data: string }>("SELECT seq, ts, type, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq", jobId, afterSeq)).map((r) => ({
