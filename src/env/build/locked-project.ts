@@ -6,7 +6,7 @@ import { UsageError } from "../../errors.ts";
 import { normalizeName } from "../request/canonical.ts";
 import { distributions } from "../request/interpreter.ts";
 import { giveTree } from "../../core/tree-owner.ts";
-import type { LockedProject, Shadowed } from "../request/locked-project.ts";
+import { type LockedProject, lockLocalPackages, type Shadowed } from "../request/locked-project.ts";
 import { type BuildHooks, installFailure, runTool } from "./run-tool.ts";
 import { placeholderDir, type WorkerDist, writePlaceholders } from "./worker-mirror.ts";
 
@@ -158,17 +158,6 @@ export async function syncProject(project: LockedProject, envPython: string, run
   const argv = [run.uv, "sync", "--frozen", "--inexact", "--project", project.dir, "--python", envPython, ...selection(project), ...fresh];
   const { code, lines } = await runTool(argv, { env: run.env, cwd: run.cwd, hooks: run.hooks, signal: run.signal, keep: run.keep, as: run.as });
   if (code !== 0) throw installFailure("installing the locked project with uv sync failed", lines);
-}
-
-/** The names of the packages a uv.lock installs from this machine's disk (a directory, a path, an editable project). */
-export function lockLocalPackages(dir: string): string[] {
-  let lock: { package?: { name?: unknown; source?: Record<string, unknown> }[] };
-  try {
-    lock = Bun.TOML.parse(readFileSync(join(dir, "uv.lock"), "utf8")) as typeof lock;
-  } catch {
-    return []; // unreadable: uv says why, in the sync itself
-  }
-  return (lock.package ?? []).filter((p) => typeof p.name === "string" && p.source && ["directory", "path", "editable"].some((k) => k in p.source!)).map((p) => p.name as string);
 }
 
 /** Every package a pylock.toml pins: normalised name to its versions (a local package may have none). */

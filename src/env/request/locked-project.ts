@@ -141,6 +141,21 @@ export function projectSummary(project: LockedProject): string {
 }
 
 /** The local packages a project's lock installs (the project itself, when it is a package), by path; none when there is no lock to read. */
+/** The names of the lock's local packages (each `[[package]]` whose source is a folder or path on this disk): what a build gets afresh. */
+export function lockLocalPackages(dir: string): string[] {
+  let lock: string;
+  try {
+    lock = readFileSync(join(dir, "uv.lock"), "utf8");
+  } catch {
+    return []; // unreadable: uv says why, in the sync itself
+  }
+  return lock
+    .split(/^\[\[package\]\]$/m)
+    .filter((block) => new RegExp(LOCAL_SOURCE.source, "m").test(block))
+    .map((block) => /^name = "([^"]+)"/m.exec(block)?.[1])
+    .filter((name): name is string => name !== undefined);
+}
+
 export function lockLocalSources(dir: string): string[] {
   let lock: string;
   try {
