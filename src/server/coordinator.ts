@@ -10,6 +10,7 @@ import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
 import { isDeadlock } from "./db/sql.ts";
 import { blockedTasks, endUnstarted, settleJob } from "./job-tasks.ts";
+import { jobEvent, type StreamEvent } from "./event-streams.ts";
 
 /**
  * The coordinator's rules: workers come, beat and go (or are lost), queued
@@ -658,19 +659,22 @@ export class Coordinator {
     const skipped = new Set(blocked.skips.map((s) => s.task.id));
     // Which workers could ever run a job depends on what it asks alone: judged once per ask in a pass, not once per job.
     const ableFor = new Map<string, WorkerRow[]>();
-    const able = (needs: Needs) => {
-      const key = JSON.stringify(needs);
+    const able = (needs: Needs, key: string) => {
       let found = ableFor.get(key);
       if (!found) ableFor.set(key, (found = workers.filter((w) => !neverReason(needs, w))));
       return found;
     };
-    // The plan, on the unlocked reads: a worker for each job that one looks free for.
+    // An ask no worker had room for stays without room for the rest of the plan (it only adds load): the jobs queued
+    // behind it with the same ask wait for the same reason, judged once, not once per job over every worker.
+    const noRoom = new Map<string, string>();
+    // The plan, on the unlocked reads: a worker for each job that one looks free for; the others, what they wait for.
     const plan: { needs: Needs; worker: WorkerRow; job: JobRow }[] = [];
+    const waits: { job: JobRow; reason: string }[] = [];
     for (const job of queued) {
       if (skipped.has(job.id)) continue;
       const waiting = blocked.waits.get(job.id);
       if (waiting) {
-        await this.setWaiting(ch, job, waiting);
+        waits.push({ job, reason: waiting });
         continue;
       }
       if ((await this.heldSpecs.resolve(store.sql, job.id, job.spec)) === null) {
@@ -678,22 +682,34 @@ export class Coordinator {
         continue;
       }
       const needs = jobNeeds(job.spec, job.labels);
-      const worker = chooseAmong(needs, able(needs), loads);
+      const key = JSON.stringify(needs);
+      const known = noRoom.get(key);
+      const worker = known === undefined ? chooseAmong(needs, able(needs, key), loads) : null;
       if (!worker) {
-        await this.setWaiting(ch, job, this.waitingFor(job, workers, loads));
+        const reason = known ?? waitingFor(needs, workers, able(needs, key), loads);
+        noRoom.set(key, reason);
+        waits.push({ job, reason });
         continue;
       }
       plan.push({ needs, worker, job });
       addLoad(loads.get(worker.id)!, pickGpus(needs, worker, loads.get(worker.id)!));
     }
+    // A line already said is not said again.
+    const newWaits = waits.filter((w) => w.job.waiting !== w.reason);
+    if (!plan.length && !newWaits.length) return;
+    // Claimed: the jobs no other pass holds (it says so itself, or has handed them out since the reads), each one's
+    // event stream first, then its row, as every writer of both takes them (store.lockJob); a constant number of
+    // statements however many jobs the pass places.
+    const touched = [...plan, ...newWaits].map((p) => p.job);
+    await store.holdStreams(touched.flatMap((j) => (j.parentId ? [j.id, j.parentId] : [j.id])));
+    const claimed = new Map((await store.claimQueuedJobs(touched.map((j) => j.id))).map((j) => [j.id, j]));
+    await this.markWaiting(ch, newWaits.filter((w) => claimed.has(w.job.id)));
     if (!plan.length) return;
-    // Claimed: the planned jobs no other pass holds, the planned workers no other change holds, and those workers' loads as they are now.
-    const jobs = await store.claimQueuedJobs(plan.map((p) => p.job.id));
+    // The planned workers no other change holds, and their loads as they are now.
     const pool = await store.claimWorkers([...new Set(plan.map((p) => p.worker.id))]);
     const fresh = new Map<string, Load>(pool.map((w) => [w.id, { running: 0, usedGpus: new Set() }]));
     for (const { workerId, gpus } of await store.jobGpusOf(pool.map((w) => w.id))) addLoad(fresh.get(workerId)!, gpus);
-    const claimed = new Map(jobs.map((j) => [j.id, j]));
-    let placed = 0;
+    const handed: Handout[] = [];
     for (const { needs, job: seen } of plan) {
       const job = claimed.get(seen.id);
       if (!job) continue;
@@ -702,31 +718,47 @@ export class Coordinator {
       if (!w) continue;
       const gpus = pickGpus(needs, w, fresh.get(w.id)!);
       addLoad(fresh.get(w.id)!, gpus);
-      await this.assign(ch, job, w, gpus);
-      placed++;
+      handed.push({ job, worker: w, gpus });
     }
+    await this.handOut(ch, handed);
     // A planned job left unplaced, or held by another change (a pass of older reads that only marks it waiting): a pass again soon, planned afresh.
-    if (placed < plan.length) this.owePass();
+    if (handed.length < plan.length) this.owePass();
   }
 
-  /** The job's task on the worker, and the events that say so. */
-  private async assign(ch: Change, job: JobRow, w: WorkerRow, gpus: number[]): Promise<void> {
+  /** The jobs' tasks on their workers, and the events that say so: a few statements for the whole pass. */
+  private async handOut(ch: Change, handed: Handout[]): Promise<void> {
+    if (!handed.length) return;
     const { store } = ch;
-    const attempt = job.attempts + 1;
-    const id = newId(8);
-    await store.addTask({ id, kind: "job", jobId: job.id, groupId: null, workerId: w.id, attempt, gpus, prepare: null, bundle: job.bundle });
-    await store.updateJob(job.id, { attempts: attempt, workerId: w.id, waiting: null });
-    await store.event(job.id, "job.assigned", { worker: w.name, worker_id: w.id, attempt, gpus });
-    if (job.parentId) {
-      await store.event(job.parentId, "task.assigned", { task: job.task, worker: w.name, attempt });
-      // As the local runner records it (one model of events): the task's first start, not its retries.
-      if (attempt === 1) await store.event(job.parentId, "task.started", { task: job.task!, id: job.id, ...(gpus.length ? { gpus } : {}) });
-      // Whoever follows the job hears of it now, not at its next long poll's end.
-      ch.wake(`job:${job.parentId}`);
+    const tasks = handed.map(({ job, worker, gpus }) => ({ id: newId(8), kind: "job" as const, jobId: job.id, groupId: null, workerId: worker.id, attempt: job.attempts + 1, gpus, prepare: null, bundle: job.bundle }));
+    await store.addTasks(tasks);
+    await store.jobsHandedOut(tasks.map((t) => ({ id: t.jobId, attempts: t.attempt, workerId: t.workerId })));
+    const events: StreamEvent[] = [];
+    for (const [i, { job, worker: w, gpus }] of handed.entries()) {
+      const attempt = tasks[i]!.attempt;
+      events.push(jobEvent(job.id, "job.assigned", { worker: w.name, worker_id: w.id, attempt, gpus }));
+      if (job.parentId) {
+        events.push(jobEvent(job.parentId, "task.assigned", { task: job.task, worker: w.name, attempt }));
+        // As the local runner records it (one model of events): the task's first start, not its retries.
+        if (attempt === 1) events.push(jobEvent(job.parentId, "task.started", { task: job.task!, id: job.id, ...(gpus.length ? { gpus } : {}) }));
+        // Whoever follows the job hears of it now, not at its next long poll's end.
+        ch.wake(`job:${job.parentId}`);
+      }
+      ch.wake(`worker:${w.id}`);
+      // Assigned, its row still queued: nothing of its job's row changes (settleJob), which would cost a read of all its tasks per task.
+      ch.wake(`job:${job.id}`);
     }
-    ch.wake(`worker:${w.id}`);
-    // Assigned, its row still queued: nothing of its job's row changes (settleJob), which would cost a read of all its tasks per task.
-    ch.wake(`job:${job.id}`);
+    await store.eventsOfStreams(events);
+  }
+
+  /** Jobs claimed to wait, each for its reason: one statement per reason and one for their events. */
+  private async markWaiting(ch: Change, waits: { job: JobRow; reason: string }[]): Promise<void> {
+    if (!waits.length) return;
+    const byReason = new Map<string, string[]>();
+    for (const { job, reason } of waits) (byReason.get(reason) ?? byReason.set(reason, []).get(reason)!).push(job.id);
+    for (const [reason, ids] of byReason) await ch.store.jobsWaiting(ids, reason);
+    await ch.store.eventsOfStreams(waits.map(({ job, reason }) => jobEvent(job.id, "job.waiting", { for: reason })));
+    // Waiting changes nothing of its job's row (settleJob): woken, not settled, or a job of 1,000 tasks reads them all 1,000 times.
+    for (const { job } of waits) ch.wake(`job:${job.id}`);
   }
 
   /** A pass again soon: after the change that holds what this one could not claim has committed. */
@@ -735,20 +767,16 @@ export class Coordinator {
     setTimeout(() => void this.dispatchSoon(), CONTENDED_RETRY_MS).unref?.();
   }
 
-  private waitingFor(job: JobRow, workers: WorkerRow[], loads: Map<string, Load>): string {
-    const needs = jobNeeds(job.spec, job.labels);
-    const able = workers.filter((w) => !neverReason(needs, w));
-    if (!able.length) return workers.length ? `a worker that can run it (${reasons(workers, (w) => neverReason(needs, w))})` : "a worker to join";
-    return `room on a worker (${reasons(able, (w) => busyReason(needs, w, loads.get(w.id)!))})`;
-  }
+}
 
-  private async setWaiting(ch: Change, job: JobRow, reason: string): Promise<void> {
-    if (job.waiting === reason) return;
-    // Claimed first: another pass may hold it (it says so itself), or have handed it out since this one read it.
-    if (!(await ch.store.claimQueuedJob(job.id))) return;
-    await ch.store.updateJob(job.id, { waiting: reason });
-    await ch.store.event(job.id, "job.waiting", { for: reason });
-    // Waiting changes nothing of its job's row (settleJob): woken, not settled, or a job of 1,000 tasks reads them all 1,000 times.
-    ch.wake(`job:${job.id}`);
-  }
+interface Handout {
+  job: JobRow;
+  worker: WorkerRow;
+  gpus: number[];
+}
+
+/** What a queued job waits for, given the workers able to run it and their loads. */
+function waitingFor(needs: Needs, workers: WorkerRow[], able: WorkerRow[], loads: Map<string, Load>): string {
+  if (!able.length) return workers.length ? `a worker that can run it (${reasons(workers, (w) => neverReason(needs, w))})` : "a worker to join";
+  return `room on a worker (${reasons(able, (w) => busyReason(needs, w, loads.get(w.id)!))})`;
 }

@@ -1,4 +1,4 @@
-import type { JobOutputsView, PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, SubmitRequest, SubmitResponse, WatchResponse } from "../cluster/protocol.ts";
+import type { JobOutputsView, PrepareGroupView, PrepareRequestPayload, RemoteJobStatus, RemoteSpec, SubmitRequest, SubmitResponse, WatchResponse } from "../cluster/protocol.ts";
 import { endedPhases, isFinal, outputsOfEvents, phasesOf, statusDocument, taskStatus } from "../jobs/model.ts";
 import type { Change, Coordinator } from "./coordinator.ts";
 import { ExitCode } from "../errors.ts";
@@ -32,6 +32,7 @@ const ACCEPTED_MS = 2_000;
 /** Jobs and prepares as clients see them: submit, look, watch, cancel. */
 export class JobsApi {
   private readonly accepted = new Map<string, number>();
+  private readonly judging = new Map<string, Promise<void>>();
 
   constructor(readonly c: Coordinator) {}
 
@@ -53,11 +54,20 @@ export class JobsApi {
   }
 
   /** 422 when no worker here could ever run the job (or one of its tasks). */
-  private async refuseUnrunnable(body: SubmitRequest): Promise<void> {
+  private refuseUnrunnable(body: SubmitRequest): Promise<void> {
     const asks = body.spec.tasks ? body.spec.tasks.map((t) => [`task ${t.name}`, t.spec] as const) : [["job", body.spec] as const];
     const key = JSON.stringify([body.labels, asks.map(([, spec]) => [spec.resources, jobNeeds(spec, {})])]);
+    if ((this.accepted.get(key) ?? 0) > Date.now() - ACCEPTED_MS) return Promise.resolve();
+    // Submits of one ask at once share one judgement: at hundreds a second, each reading every worker was most of the server's work.
+    const inFlight = this.judging.get(key);
+    if (inFlight) return inFlight;
+    const judged = this.judgeRunnable(body, key, asks).finally(() => this.judging.delete(key));
+    this.judging.set(key, judged);
+    return judged;
+  }
+
+  private async judgeRunnable(body: SubmitRequest, key: string, asks: (readonly [string, RemoteSpec])[]): Promise<void> {
     const now = Date.now();
-    if ((this.accepted.get(key) ?? 0) > now - ACCEPTED_MS) return;
     // Judged against the workers here, else (every one lost for a moment: a network blip, a load spike) those that may come
     // back within their lease: the job waits for them rather than being refused as if none had joined.
     const present = await this.store.workers({ present: true });

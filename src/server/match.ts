@@ -133,11 +133,30 @@ function ranksBefore(a: WorkerRow, la: Load, b: WorkerRow, lb: Load): boolean {
   return (la.running / a.slots - lb.running / b.slots || a.probe.gpus.length - b.probe.gpus.length || a.name.localeCompare(b.name)) < 0;
 }
 
-/** One line over all workers: "w1: torch is not installed; w2: has 0 GPUs, the job needs 1". */
+/** Names shown per reason; past them, a count (a fleet of 1,000 busy workers is one short line, not 30 KB). */
+const NAMES_PER_REASON = 3;
+/** Distinct reasons shown; past them, a count of the workers left. */
+const REASONS_SHOWN = 5;
+
+/**
+ * One line over all workers, by reason, in the workers' order: "w1: torch is
+ * not installed; w2, w3: has 0 GPUs, the job needs 1"; "sim-0000, sim-0001,
+ * sim-0002 and 997 more: its slot is busy". Bounded by the reasons, not the
+ * fleet, and the same while the same workers give the same reasons (a job's
+ * waiting line is rewritten only when it changes).
+ */
 export function reasons(workers: WorkerRow[], why: (w: WorkerRow) => string | null): string {
-  return workers
-    .map((w) => [w.name, why(w)] as const)
-    .filter(([, r]) => r)
-    .map(([n, r]) => `${n}: ${r}`)
-    .join("; ");
+  const byReason = new Map<string, string[]>();
+  for (const w of workers) {
+    const r = why(w);
+    if (r) (byReason.get(r) ?? byReason.set(r, []).get(r)!).push(w.name);
+  }
+  const groups = [...byReason];
+  const shown = groups.slice(0, REASONS_SHOWN).map(([r, names]) => {
+    const more = names.length - NAMES_PER_REASON;
+    return `${names.slice(0, NAMES_PER_REASON).join(", ")}${more > 0 ? ` and ${more} more` : ""}: ${r}`;
+  });
+  const rest = groups.slice(REASONS_SHOWN).reduce((n, [, names]) => n + names.length, 0);
+  if (rest) shown.push(`${rest} other worker${rest === 1 ? "" : "s"} for other reasons`);
+  return shown.join("; ");
 }

@@ -1,9 +1,9 @@
 /**
- * JSON columns parsed once per text. Dispatch and the sweep read every
- * worker's row on each change, and a worker's probe is kilobytes: at 1,000
- * workers, parsing them again was nearly half of the server's CPU
- * (bench/fleet.ts). A row's column keeps its last text and what it parsed
- * to; the same text again gets the same value, frozen, because reads share it.
+ * Short JSON columns parsed once per text (a worker's free GPUs, read with
+ * every worker on each dispatch pass). A row's column keeps its last text and
+ * what it parsed to; the same text again gets the same value, frozen, because
+ * reads share it. Long columns are not compared here on every read: see
+ * worker-rows.ts.
  */
 
 const MAX_SLOTS = 50_000;
@@ -23,7 +23,8 @@ export class ParsedOnce {
   }
 }
 
-function deepFreeze<T>(value: T): T {
+/** Frozen: every read of the value shares it. */
+export function deepFreeze<T>(value: T): T {
   if (value && typeof value === "object" && !Object.isFrozen(value)) {
     Object.freeze(value);
     for (const v of Object.values(value)) deepFreeze(v);

@@ -60,7 +60,7 @@ export async function registerWorker(c: Registrar, ch: Change, body: RegisterBod
   if (same) {
     refuseIfLive(c, same, now, (s) => `worker ${body.name} is already running (the server heard from it ${ago(s)}): another gpulayer join with this name and GPULAYER_HOME is still running; stop it first, or give this one another --name and GPULAYER_HOME`);
   }
-  for (const old of (await store.workers({ present: true })).filter((w) => w.name === body.name && w.id !== same?.id)) {
+  for (const old of (await store.workers({ present: true, name: body.name })).filter((w) => w.id !== same?.id)) {
     if (old.probe.hostname !== body.probe.hostname) throw new HttpFail(409, `a worker named ${body.name} is already connected from ${old.probe.hostname}; give this one another --name`);
     refuseIfLive(c, old, now, (s) => `a worker named ${body.name} is already running on ${old.probe.hostname} (the server heard from it ${ago(s)}); stop it first, or give this one another --name`);
     // The same machine back without its credential (a wiped home), the old process gone: that registration is over.

@@ -5,10 +5,11 @@ import { ArtifactStore } from "./artifacts.ts";
 import { WheelStore } from "./wheels.ts";
 import { BuildClaims } from "./build-claims.ts";
 import { TokenStore } from "./tokens.ts";
-import { isLockTimeout, type Sql, type SqlValue } from "./db/sql.ts";
-import { ParsedOnce } from "./parsed-once.ts";
+import { chunks, isLockTimeout, marks, type Sql, type SqlValue } from "./db/sql.ts";
+import { newRev, WORKER_HEAVY_FIELDS, WORKER_LIGHT_COLUMNS, workerRows } from "./worker-rows.ts";
 import { redactDeep, redactUrl } from "../env/index-light.ts";
 import { neededTasks } from "../jobs/outputs.ts";
+import { holdStreams, insertEvents, STREAM_LOCK_CLASS, type StreamEvent } from "./event-streams.ts";
 import type { JobEventData, JobEventName, JobState, RecordedEvent } from "../jobs/model.ts";
 
 /**
@@ -84,20 +85,14 @@ export interface TaskRow {
   updated: number;
 }
 
+export type NewTask = Omit<TaskRow, "state" | "result" | "delivered" | "cancel" | "cancelSent" | "appliedSeq" | "created" | "updated">;
+
 export interface StoredEvent extends RecordedEvent {
   seq: number;
 }
 
 type Row = Record<string, unknown>;
 const json = <T>(s: unknown): T => JSON.parse(String(s)) as T;
-
-const workerColumns = new ParsedOnce();
-
-function toWorker(r: Row): WorkerRow {
-  const id = r.id as string;
-  const parsed = <T>(column: string, text: unknown) => workerColumns.of<T>(`${id}\0${column}`, String(text));
-  return { id, name: r.name as string, labels: parsed("labels", r.labels), probe: parsed("probe", r.probe), slots: Number(r.slots), state: r.state as WorkerState, registered: Number(r.registered), lastSeen: Number(r.last_seen), freeGpus: parsed("free_gpus", r.free_gpus), joinedWith: (r.joined_with as string | null) ?? null, cache: r.cache ? parsed("cache", r.cache) : null };
-}
 
 function toJob(r: Row): JobRow {
   return {
@@ -150,20 +145,10 @@ function toTask(r: Row): TaskRow {
 /** The advisory locks' first key (int4 pair space, apart from the writer lock's bigint) for workers a dispatch pass holds: "gpd" in ASCII. */
 const DISPATCH_LOCK_CLASS = 0x677064;
 
-/**
- * The advisory locks' first key for a stream of events one reader follows with one seq mark (a job's events; a
- * prepare's build steps, by its group): "gps" in ASCII. PostgreSQL draws a seq at the insert and shows the row at the
- * commit, so two writers' events (a worker's report and the server's own, through two replicas) can be seen out of
- * seq order, and a reader whose mark passed the later never sees the earlier. Each insert holds the stream's lock
- * shared to its commit (writers never wait on each other); a follower takes it alone to read, which waits for the
- * writers in flight: every seq drawn before its read is committed when it reads.
- */
-const STREAM_LOCK_CLASS = 0x677073;
 
-/** Ids in one statement at most: well under either database's limit on parameters. */
-const CHUNK = 500;
-const chunks = (ids: string[]): string[][] => Array.from({ length: Math.ceil(ids.length / CHUNK) }, (_, i) => ids.slice(i * CHUNK, (i + 1) * CHUNK));
-const marks = (ids: string[]): string => ids.map(() => "?").join(", ");
+
+/** Rows in one multi-row statement at most (a dozen parameters each). */
+const ROWS_PER_STATEMENT = 200;
 
 /** The states of a task held by its worker now, and that condition on a task's own row. */
 const HELD = "('assigned', 'running')";
@@ -172,7 +157,7 @@ const ACTIVE = `state IN ${HELD}`;
 const QUEUED = `state = 'queued' AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id AND tasks.state IN ${HELD}) AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id)`;
 const JOB_COLUMNS: Record<string, string> = { state: "state", exitCode: "exit_code", error: "error", envKey: "env_key", workerId: "worker_id", attempts: "attempts", waiting: "waiting", cancelRequested: "cancel_requested", outputsBundle: "outputs_bundle" };
 const TASK_COLUMNS: Record<string, string> = { state: "state", result: "result", delivered: "delivered", cancel: "cancel", cancelSent: "cancel_sent", appliedSeq: "applied_seq" };
-const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots", joinedWith: "joined_with", cache: "cache" };
+const WORKER_COLUMNS: Record<string, string> = { state: "state", lastSeen: "last_seen", freeGpus: "free_gpus", probe: "probe", labels: "labels", slots: "slots", joinedWith: "joined_with", cache: "cache", rev: "rev" };
 
 /** What a column may keep: never a URL's credentials (error messages and results included). */
 function sqlValue(v: unknown): SqlValue {
@@ -247,17 +232,15 @@ export class ServerStore {
   // Workers
   async addWorker(w: Omit<WorkerRow, "freeGpus" | "cache">, secretHash: string): Promise<void> {
     await this.sql.run(
-      "INSERT INTO workers (id, name, secret, labels, probe, slots, state, registered, last_seen, free_gpus, joined_with) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-      w.id, w.name, secretHash, JSON.stringify(w.labels), JSON.stringify(w.probe), w.slots, w.state, w.registered, w.lastSeen, JSON.stringify(w.probe.gpus.map((g) => g.index)), w.joinedWith,
+      "INSERT INTO workers (id, name, secret, labels, probe, slots, state, registered, last_seen, free_gpus, joined_with, rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+      w.id, w.name, secretHash, JSON.stringify(w.labels), JSON.stringify(w.probe), w.slots, w.state, w.registered, w.lastSeen, JSON.stringify(w.probe.gpus.map((g) => g.index)), w.joinedWith, newRev(),
     );
   }
   async worker(id: string): Promise<WorkerRow | null> {
-    const r = await this.sql.get("SELECT * FROM workers WHERE id = ?", id);
-    return r ? toWorker(r) : null;
+    return (await workerRows(this.sql, await this.sql.all(`SELECT ${WORKER_LIGHT_COLUMNS} FROM workers WHERE id = ?`, id)))[0] ?? null;
   }
   async workerBySecret(secretHash: string): Promise<WorkerRow | null> {
-    const r = await this.sql.get("SELECT * FROM workers WHERE secret = ?", secretHash);
-    return r ? toWorker(r) : null;
+    return (await workerRows(this.sql, await this.sql.all(`SELECT ${WORKER_LIGHT_COLUMNS} FROM workers WHERE secret = ?`, secretHash)))[0] ?? null;
   }
   /** The worker a credential authenticates: a lost one too (it may come back within its lease), none once it has left. */
   async workerByCredential(secretHash: string): Promise<WorkerRow | null> {
@@ -268,21 +251,24 @@ export class ServerStore {
   async setWorkerSecret(id: string, secretHash: string): Promise<void> {
     await this.sql.run("UPDATE workers SET secret = ? WHERE id = ?", secretHash, id);
   }
-  /** `present`: not lost nor left; `lost`: lost only; `silentBefore`: not heard from since then (the sweep's question, asked of the database rather than of every row). */
-  async workers(opts: { present?: boolean; lost?: boolean; silentBefore?: number } = {}): Promise<WorkerRow[]> {
+  /** `present`: not lost nor left; `lost`: lost only; `name`: of that name; `silentBefore`: not heard from since then (the sweep's question, asked of the database rather than of every row). */
+  async workers(opts: { present?: boolean; lost?: boolean; silentBefore?: number; name?: string } = {}): Promise<WorkerRow[]> {
     const where: string[] = [];
     const params: SqlValue[] = [];
+    if (opts.name !== undefined) where.push("name = ?"), params.push(opts.name);
     if (opts.present) where.push("state NOT IN ('lost', 'left')");
     if (opts.lost) where.push("state = 'lost'");
     if (opts.silentBefore !== undefined) where.push("last_seen < ?"), params.push(opts.silentBefore);
-    return (await this.sql.all(`SELECT * FROM workers ${where.length ? `WHERE ${where.join(" AND ")}` : ""} ORDER BY name, registered`, ...params)).map(toWorker);
+    return workerRows(this.sql, await this.sql.all(`SELECT ${WORKER_LIGHT_COLUMNS} FROM workers ${where.length ? `WHERE ${where.join(" AND ")}` : ""} ORDER BY name, registered`, ...params));
   }
   /** Workers still here that joined with a named token no longer there (revoked): one query, whatever the fleet's size. */
   async workersOfRevokedTokens(): Promise<WorkerRow[]> {
-    return (await this.sql.all("SELECT * FROM workers w WHERE w.state NOT IN ('lost', 'left') AND w.joined_with IS NOT NULL AND NOT EXISTS (SELECT 1 FROM tokens t WHERE t.name = w.joined_with) ORDER BY name, registered")).map(toWorker);
+    return workerRows(this.sql, await this.sql.all(`SELECT ${WORKER_LIGHT_COLUMNS} FROM workers w WHERE w.state NOT IN ('lost', 'left') AND w.joined_with IS NOT NULL AND NOT EXISTS (SELECT 1 FROM tokens t WHERE t.name = w.joined_with) ORDER BY name, registered`));
   }
   async updateWorker(id: string, fields: Partial<Pick<WorkerRow, "state" | "lastSeen" | "freeGpus" | "probe" | "labels" | "slots" | "joinedWith" | "cache">>): Promise<void> {
-    await this.update("workers", WORKER_COLUMNS, id, fields, false);
+    // A heavy column's write gives the row a new rev: every process reads those columns again (worker-rows.ts).
+    const heavy = WORKER_HEAVY_FIELDS.some((k) => fields[k] !== undefined);
+    await this.update("workers", WORKER_COLUMNS, id, heavy ? { ...fields, rev: newRev() } : fields, false);
   }
   /** A sign of life from a worker here (idle or draining), its row locked to the end of the transaction; false when it is lost or gone. */
   async touchWorker(id: string, now: number): Promise<boolean> {
@@ -307,7 +293,7 @@ export class ServerStore {
     const sets = ["last_seen = ?"];
     const values: SqlValue[] = [fields.lastSeen];
     if (fields.freeGpus) sets.push("free_gpus = ?"), values.push(sqlValue(fields.freeGpus));
-    if (fields.cache) sets.push("cache = ?"), values.push(sqlValue(fields.cache));
+    if (fields.cache) sets.push("cache = ?", "rev = ?"), values.push(sqlValue(fields.cache), newRev());
     // One statement, one round trip: set_config(..., true) holds for the statement's own transaction.
     const lazy = this.sql.dialect === "postgres" ? " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lazy_commit" : "";
     return (await this.sql.run(`UPDATE workers SET ${sets.join(", ")}${lazy} WHERE id = ? AND state = 'idle'`, ...values, id)) > 0;
@@ -351,12 +337,44 @@ export class ServerStore {
   }
 
   // Tasks
-  async addTask(t: Omit<TaskRow, "state" | "result" | "delivered" | "cancel" | "cancelSent" | "appliedSeq" | "created" | "updated">): Promise<void> {
+  async addTask(t: NewTask): Promise<void> {
     const now = Date.now();
     await this.sql.run(
       "INSERT INTO tasks (id, kind, job_id, group_id, worker_id, state, attempt, gpus, prepare, bundle, created, updated) VALUES (?, ?, ?, ?, ?, 'assigned', ?, ?, ?, ?, ?, ?)",
       t.id, t.kind, t.jobId, t.groupId, t.workerId, t.attempt, JSON.stringify(t.gpus), sqlValue(t.prepare), t.bundle, now, now,
     );
+  }
+  /** Tasks a dispatch pass hands out, in as few statements as they fit. */
+  async addTasks(tasks: NewTask[]): Promise<void> {
+    const now = Date.now();
+    for (let k = 0; k < tasks.length; k += ROWS_PER_STATEMENT) {
+      const some = tasks.slice(k, k + ROWS_PER_STATEMENT);
+      await this.sql.run(
+        `INSERT INTO tasks (id, kind, job_id, group_id, worker_id, state, attempt, gpus, prepare, bundle, created, updated) VALUES ${some.map(() => "(?, ?, ?, ?, ?, 'assigned', ?, ?, ?, ?, ?, ?)").join(", ")}`,
+        ...some.flatMap((t) => [t.id, t.kind, t.jobId, t.groupId, t.workerId, t.attempt, JSON.stringify(t.gpus), sqlValue(t.prepare), t.bundle, now, now]),
+      );
+    }
+  }
+  /** Jobs a dispatch pass handed out: each one's attempt and worker, its waiting line cleared; one statement on PostgreSQL. */
+  async jobsHandedOut(jobs: { id: string; attempts: number; workerId: string }[]): Promise<void> {
+    if (this.sql.dialect !== "postgres") {
+      for (const j of jobs) await this.updateJob(j.id, { attempts: j.attempts, workerId: j.workerId, waiting: null });
+      return;
+    }
+    const now = Date.now();
+    for (let k = 0; k < jobs.length; k += ROWS_PER_STATEMENT) {
+      const some = jobs.slice(k, k + ROWS_PER_STATEMENT);
+      await this.sql.run(
+        `UPDATE jobs SET attempts = v.attempts, worker_id = v.worker_id, waiting = NULL, updated = ? FROM (VALUES ${some.map(() => "(?::text, ?::int, ?::text)").join(", ")}) AS v(id, attempts, worker_id) WHERE jobs.id = v.id`,
+        now,
+        ...some.flatMap((j) => [j.id, j.attempts, j.workerId]),
+      );
+    }
+  }
+  /** Jobs that wait, all for one reason (a dispatch pass's line for an ask no worker has room for): one statement. */
+  async jobsWaiting(ids: string[], reason: string): Promise<void> {
+    const now = Date.now();
+    for (const some of chunks(ids)) await this.sql.run(`UPDATE jobs SET waiting = ?, updated = ? WHERE id IN (${marks(some)})`, sqlValue(reason), now, ...some);
   }
   /** The task as committed now, its row locked to the end of the transaction: what a change without the writer lock decides on. */
   async lockedTask(id: string): Promise<TaskRow | null> {
@@ -400,7 +418,7 @@ export class ServerStore {
   async claimWorkers(ids: string[]): Promise<WorkerRow[]> {
     const held = this.sql.dialect === "postgres" ? ` AND pg_try_advisory_xact_lock(${DISPATCH_LOCK_CLASS}, hashtext(id))` : "";
     const rows: WorkerRow[] = [];
-    for (const some of chunks(ids)) rows.push(...(await this.sql.all(`SELECT * FROM workers WHERE id IN (${marks(some)}) AND state = 'idle'${held} ORDER BY id`, ...some)).map(toWorker));
+    for (const some of chunks(ids)) rows.push(...(await workerRows(this.sql, await this.sql.all(`SELECT ${WORKER_LIGHT_COLUMNS} FROM workers WHERE id IN (${marks(some)}) AND state = 'idle'${held} ORDER BY id`, ...some))));
     return rows;
   }
   /** Waits for any pass that holds the worker (claimWorkers), and keeps new ones off it: its tasks, read after, are all of them. */
@@ -485,24 +503,18 @@ export class ServerStore {
   }
   /**
    * Several, in order, in one statement (a worker's report carries a few at once). `stream`: what one reader
-   * follows them in (followEvents): the job itself, or a prepare's group over its tasks. On PostgreSQL the same
-   * statement takes the stream's lock, shared, before it draws a seq (STREAM_LOCK_CLASS).
+   * follows them in (followEvents): the job itself, or a prepare's group over its tasks (event-streams.ts).
    */
   async relayedEvents(jobId: string, events: Pick<RecordedEvent, "type" | "data">[], stream = jobId): Promise<void> {
-    if (!events.length) return;
-    const now = Date.now();
-    const values = events.flatMap((e) => [jobId, now, e.type, sqlValue(e.data)]);
-    if (this.sql.dialect !== "postgres") {
-      await this.sql.run(`INSERT INTO events (job_id, ts, type, data) VALUES ${events.map(() => "(?, ?, ?, ?)").join(", ")}`, ...values);
-      return;
-    }
-    // The lock's one row joins every row inserted, so it is held before the first seq is drawn; the ordinal keeps their order.
-    const rows = events.map((_, i) => `(${i}, ?::text, ?::float8, ?::text, ?::text)`).join(", ");
-    await this.sql.run(
-      `INSERT INTO events (job_id, ts, type, data) SELECT v.job_id, v.ts, v.type, v.data FROM (SELECT pg_advisory_xact_lock_shared(${STREAM_LOCK_CLASS}, hashtext(?))) AS l, (VALUES ${rows}) AS v(n, job_id, ts, type, data) ORDER BY v.n`,
-      stream,
-      ...values,
-    );
+    await this.eventsOfStreams(events.map((e) => ({ ...e, jobId, stream })));
+  }
+  /** These event streams' locks, shared, to the commit: a writer takes a job's stream before its row (lockJob). */
+  async holdStreams(streams: string[]): Promise<void> {
+    await holdStreams(this.sql, streams);
+  }
+  /** Events of several jobs at once, each stream's in order (a dispatch pass's): as few statements as they fit. */
+  async eventsOfStreams(events: StreamEvent[]): Promise<void> {
+    if (events.length) await insertEvents(this.sql, events, sqlValue);
   }
   /**
    * The events of these ids after a mark, as one follower reads its stream (a job's own id, or a prepare's group

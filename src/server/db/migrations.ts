@@ -87,7 +87,15 @@ function schemaV8(): string[] {
   return ["CREATE INDEX IF NOT EXISTS tasks_active ON tasks(state) WHERE state IN ('assigned', 'running')", "CREATE INDEX IF NOT EXISTS workers_state ON workers(state, last_seen)"];
 }
 
-const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7, schemaV8];
+/**
+ * Version 9: a worker row's heavy columns (labels, probe, cache) have a rev, new on each write: dispatch reads them
+ * only when it moved (server/worker-rows.ts); a registration asks for the workers of its name alone, by index.
+ */
+function schemaV9(): string[] {
+  return ["ALTER TABLE workers ADD COLUMN rev TEXT NOT NULL DEFAULT ''", "CREATE INDEX IF NOT EXISTS workers_name ON workers(name)"];
+}
+
+const MIGRATIONS: ((t: Types, d: Dialect) => string[])[] = [schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7, schemaV8, schemaV9];
 export const SCHEMA_VERSION = MIGRATIONS.length;
 
 async function lateColumns(tx: Sql): Promise<void> {

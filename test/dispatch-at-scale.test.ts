@@ -1,0 +1,121 @@
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { mkdirSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { tempDir } from "./helpers.ts";
+import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.ts";
+import type { MachineProbe, RemoteSpec } from "../src/cluster/protocol.ts";
+import { Coordinator } from "../src/server/coordinator.ts";
+import { migrate } from "../src/server/db/migrations.ts";
+import { PostgresDatabase } from "../src/server/db/postgres.ts";
+import { SqliteDatabase } from "../src/server/db/sqlite.ts";
+import type { Database } from "../src/server/db/sql.ts";
+import { JobsApi } from "../src/server/jobs-api.ts";
+import { ServerStore } from "../src/server/store.ts";
+
+setDefaultTimeout(120_000);
+
+/**
+ * Dispatch on a large fleet (coordinator.ts, worker-rows.ts): what a queued
+ * job says it waits for stays one short line however many workers are busy,
+ * and is written once, not on every pass; a worker's labels changed through
+ * one replica are what another replica's next pass matches against, though
+ * that replica read the worker before (it keeps workers' heavy columns
+ * between passes, by their rev).
+ */
+
+let pg: Postgres | null = null;
+const root = tempDir();
+beforeAll(async () => {
+  if (hasPostgres) pg = await startPostgres();
+}, 60_000);
+afterAll(async () => {
+  await pg?.close();
+  rmSync(root, { recursive: true, force: true });
+});
+
+const probe = (hostname: string): MachineProbe => ({ hostname, os: "linux", arch: "x64", cpus: 2, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 });
+const spec = (name: string) => ({ name, argv: ["true"], commandText: "true", env: {}, environment: { specs: [], extraIndexUrls: [], findLinks: [] }, resources: { gpus: 0, frameworks: {} } }) as unknown as RemoteSpec;
+
+type Place = () => Promise<Database[]>;
+let n = 0;
+const stores: [string, Place][] = [
+  [
+    "SQLite",
+    async () => {
+      const file = join(root, `db-${++n}`, "server.db");
+      mkdirSync(join(root, `db-${n}`), { recursive: true });
+      return [new SqliteDatabase(file), new SqliteDatabase(file)];
+    },
+  ],
+  [
+    "PostgreSQL",
+    async () => {
+      const url = await pg!.database();
+      return [new PostgresDatabase(url), new PostgresDatabase(url)];
+    },
+  ],
+];
+
+async function replicas(place: Place): Promise<{ a: Coordinator; b: Coordinator; close(): Promise<void> }> {
+  const dbs = await place();
+  await migrate(dbs[0]!);
+  const files = join(root, crypto.randomUUID());
+  mkdirSync(files, { recursive: true });
+  const opts = { heartbeatSeconds: 2, lostSeconds: 30, leaseSeconds: 60, maxAttempts: 3 };
+  const [a, b] = dbs.map((db) => new Coordinator(new ServerStore(db, files), opts)) as [Coordinator, Coordinator];
+  return {
+    a,
+    b,
+    close: async () => {
+      a.close();
+      b.close();
+      for (const db of dbs) await db.close();
+    },
+  };
+}
+
+for (const [label, place] of stores) {
+  // PostgreSQL is skipped only on a machine without it; CI requires it (GPULAYER_TEST_REQUIRE_POSTGRES).
+  describe.skipIf(label === "PostgreSQL" && !hasPostgres)(`dispatch on a large fleet (${label})`, () => {
+    test("a job queued behind 200 busy workers waits for one short line naming three of them, written once however many passes run", async () => {
+      const { a, close } = await replicas(place);
+      try {
+        for (let i = 0; i < 200; i++) await a.register({ name: `w${String(i).padStart(3, "0")}`, labels: {}, slots: 1, probe: probe(`host-${i}`) });
+        const api = new JobsApi(a);
+        for (let i = 0; i < 200; i++) await api.submit({ spec: spec(`busy-${i}`), bundle: null, labels: {}, workdir: "/w" });
+        const { id } = await api.submit({ spec: spec("queued"), bundle: null, labels: {}, workdir: "/w" });
+        // More passes: each submit runs one, and the queued job's line is judged again in each.
+        for (let i = 0; i < 3; i++) await api.submit({ spec: spec(`later-${i}`), bundle: null, labels: {}, workdir: "/w" });
+        const job = (await a.store.job(id))!;
+        expect(job.state).toBe("queued");
+        expect(job.waiting).toBe("room on a worker (w000, w001, w002 and 197 more: its slot is busy)");
+        const waited = (await a.store.events(id)).filter((e) => e.type === "job.waiting");
+        expect(waited.map((e) => e.data.for)).toEqual([job.waiting]);
+      } finally {
+        await close();
+      }
+    });
+
+    test("a worker back with other labels through one replica is matched by them in the other replica's next pass", async () => {
+      const { a, b, close } = await replicas(place);
+      try {
+        const joined = await a.register({ name: "w0", labels: { pool: "old" }, slots: 1, probe: probe("host-0") });
+        // Replica b reads the worker (its labels too): a job for a pool it does not have is refused.
+        const ask = { spec: spec("new-pool"), bundle: null, labels: { pool: "new" }, workdir: "/w" };
+        expect(new JobsApi(b).submit(ask)).rejects.toThrow("no worker can run it: w0: label pool=old, not new");
+        const before = await b.store.workers({ present: true });
+        expect(before.map((w) => w.labels)).toEqual([{ pool: "old" }]);
+        // The same worker comes back (its process restarted) with the new label, through replica a.
+        await a.store.updateWorker(joined.id, { lastSeen: 0 });
+        const back = await a.register({ name: "w0", labels: { pool: "new" }, slots: 1, probe: probe("host-0"), resume: { id: joined.id, credential: joined.credential } });
+        expect(back.id).toBe(joined.id);
+        const submitted = await new JobsApi(b).submit(ask);
+        const job = (await b.store.job(submitted.id))!;
+        expect(job.workerId).toBe(joined.id);
+        expect((await b.store.workers({ present: true })).map((w) => w.labels)).toEqual([{ pool: "new" }]);
+      } finally {
+        await close();
+      }
+    });
+  });
+}
