@@ -96,13 +96,30 @@ for (const [label, place] of stores) {
       }
     });
 
+    test("a fleet change that gives 300 queued jobs a new line rewrites them all, a bounded number per pass", async () => {
+      const { a, close } = await replicas(place);
+      try {
+        await a.register({ name: "w0", labels: {}, slots: 1, probe: probe("host-0") });
+        const api = new JobsApi(a);
+        for (let i = 0; i < 301; i++) await api.submit({ spec: spec(`job-${i}`), bundle: null, labels: {}, workdir: "/w" });
+        // A second worker joins: one job goes to it, and every other queued job waits on both now.
+        await a.register({ name: "w1", labels: {}, slots: 1, probe: probe("host-1") });
+        const lines = async () => (await a.store.queuedJobs()).filter((j) => !j.workerId).map((j) => j.waiting);
+        for (let tries = 0; tries < 100 && (await lines()).some((l) => l !== "room on a worker (w0, w1: its slot is busy)"); tries++) await Bun.sleep(50);
+        expect(new Set(await lines())).toEqual(new Set(["room on a worker (w0, w1: its slot is busy)"]));
+        expect(await lines()).toHaveLength(299);
+      } finally {
+        await close();
+      }
+    });
+
     test("a worker back with other labels through one replica is matched by them in the other replica's next pass", async () => {
       const { a, b, close } = await replicas(place);
       try {
         const joined = await a.register({ name: "w0", labels: { pool: "old" }, slots: 1, probe: probe("host-0") });
         // Replica b reads the worker (its labels too): a job for a pool it does not have is refused.
         const ask = { spec: spec("new-pool"), bundle: null, labels: { pool: "new" }, workdir: "/w" };
-        expect(new JobsApi(b).submit(ask)).rejects.toThrow("no worker can run it: w0: label pool=old, not new");
+        await expect(new JobsApi(b).submit(ask)).rejects.toThrow("no worker can run it: w0: label pool=old, not new");
         const before = await b.store.workers({ present: true });
         expect(before.map((w) => w.labels)).toEqual([{ pool: "old" }]);
         // The same worker comes back (its process restarted) with the new label, through replica a.

@@ -48,6 +48,8 @@ export interface CoordinatorOptions {
 
 /** With replicas, a long poll looks again this often even without a wake-up (one lost with a NOTIFY connection). */
 const REPLICA_RECHECK_MS = 1_000;
+/** Jobs a dispatch pass hands out or gives a new waiting line at most; a pass follows at once for the rest. */
+const JOBS_PER_PASS = 200;
 
 /** A change under row locks gave way: what it found (a worker lost or gone, a request's credentials lost) is for the writer lock's path. */
 const LOCKED_PATH = Symbol("the writer lock's path");
@@ -69,6 +71,8 @@ export interface Change {
   wake(key: string): void;
   /** A line for the server's log, written once the change has committed: a change rolled back says nothing. */
   log(line: string): void;
+  /** A dispatch pass once this change has committed (it left work for one that must see what it wrote). */
+  passAfter(): void;
 }
 
 /** A beat's answer: the cancels to send, and what the worker listed that is no longer its own (given out again while it stalled: it stops those). */
@@ -141,7 +145,8 @@ export class Coordinator {
     for (let tries = 1; ; tries++) {
       const keys = new Set<string>();
       const lines: string[] = [];
-      const body = (store: ServerStore) => fn({ store, wake: (key) => keys.add(key), log: (line) => lines.push(line) });
+      let passAfter = false;
+      const body = (store: ServerStore) => fn({ store, wake: (key) => keys.add(key), log: (line) => lines.push(line), passAfter: () => (passAfter = true) });
       let result: T;
       try {
         result = await (writer ? this.store.exclusive(body) : this.store.transaction(body));
@@ -152,6 +157,7 @@ export class Coordinator {
       for (const line of lines) this.log(line);
       for (const key of keys) this.notify.wake(key);
       if (keys.size) void this.opts.publish?.([...keys]).catch(() => {});
+      if (passAfter) void this.dispatchSoon();
       return result;
     }
   }
@@ -694,15 +700,18 @@ export class Coordinator {
       plan.push({ needs, worker, job });
       addLoad(loads.get(worker.id)!, pickGpus(needs, worker, loads.get(worker.id)!));
     }
-    // A line already said is not said again.
-    const newWaits = waits.filter((w) => w.job.waiting !== w.reason);
+    // A line already said is not said again. A pass changes JOBS_PER_PASS jobs at most (each holds a lock to its
+    // commit, and PostgreSQL's lock table is finite): the rest in a pass after this one commits, planned afresh.
+    const allNewWaits = waits.filter((w) => w.job.waiting !== w.reason);
+    if (plan.length + allNewWaits.length > JOBS_PER_PASS) ch.passAfter();
+    plan.splice(JOBS_PER_PASS);
+    const newWaits = allNewWaits.slice(0, JOBS_PER_PASS - plan.length);
     if (!plan.length && !newWaits.length) return;
     // Claimed: the jobs no other pass holds (it says so itself, or has handed them out since the reads), each one's
-    // event stream first, then its row, as every writer of both takes them (store.lockJob); a constant number of
-    // statements however many jobs the pass places.
-    const touched = [...plan, ...newWaits].map((p) => p.job);
-    await store.holdStreams(touched.flatMap((j) => (j.parentId ? [j.id, j.parentId] : [j.id])));
-    const claimed = new Map((await store.claimQueuedJobs(touched.map((j) => j.id))).map((j) => [j.id, j]));
+    // event stream first, then its row, as every writer of both takes them (store.lockJob); a few statements however
+    // many jobs the pass places. A waiting line is its job's own event; a job handed out is its parent's too.
+    await store.holdStreams([...plan.flatMap(({ job: j }) => (j.parentId ? [j.id, j.parentId] : [j.id])), ...newWaits.map((w) => w.job.id)]);
+    const claimed = new Map((await store.claimQueuedJobs([...plan, ...newWaits].map((p) => p.job.id))).map((j) => [j.id, j]));
     await this.markWaiting(ch, newWaits.filter((w) => claimed.has(w.job.id)));
     if (!plan.length) return;
     // The planned workers no other change holds, and their loads as they are now.

@@ -1,5 +1,5 @@
 import type { JobEventData, JobEventName, RecordedEvent } from "../jobs/model.ts";
-import type { Sql, SqlValue } from "./db/sql.ts";
+import { chunks, type Sql, type SqlValue } from "./db/sql.ts";
 
 /**
  * The advisory locks' first key for a stream of events one reader follows with one seq mark (a job's events; a
@@ -21,6 +21,9 @@ export interface StreamEvent extends Pick<RecordedEvent, "type" | "data"> {
 export function jobEvent<N extends JobEventName>(jobId: string, type: N, data: JobEventData[N]): StreamEvent {
   return { jobId, stream: jobId, type, data: data as Record<string, unknown> };
 }
+
+/** Streams locked in one statement at most (a parameter each). */
+const STREAMS_PER_STATEMENT = 500;
 
 /** Events in one statement at most (4 parameters each). */
 const EVENTS_PER_STATEMENT = 500;
@@ -60,7 +63,20 @@ export async function insertEvents(sql: Sql, events: StreamEvent[], serialize: (
 
 /** The streams' locks, shared, to the commit (PostgreSQL; SQLite's writers are one at a time): taken before rows they guard, as every writer does. */
 export async function holdStreams(sql: Sql, streams: string[]): Promise<void> {
-  if (sql.dialect !== "postgres" || !streams.length) return;
-  const locks = streamLocks(streams);
-  await sql.get(`SELECT l.held FROM ${locks.from}`, ...locks.params);
+  if (sql.dialect !== "postgres") return;
+  const distinct = [...new Set(streams)];
+  if (!distinct.length) return;
+  // One statement takes its keys in order; past one statement's worth, in key order across statements too.
+  for (const some of distinct.length <= STREAMS_PER_STATEMENT ? [distinct] : chunks(await sortedByKey(sql, distinct))) {
+    const locks = streamLocks(some);
+    await sql.get(`SELECT l.held FROM ${locks.from}`, ...locks.params);
+  }
+}
+
+/** Streams in their locks' key order (hashtext's, which only the database computes). */
+async function sortedByKey(sql: Sql, streams: string[]): Promise<string[]> {
+  if (streams.length <= 1) return streams;
+  const out: { s: string; k: number }[] = [];
+  for (const some of chunks(streams)) out.push(...(await sql.all<{ s: string; k: number }>(`SELECT s, hashtext(s) AS k FROM (VALUES ${some.map(() => "(?::text)").join(", ")}) AS x(s)`, ...some)));
+  return out.sort((a, b) => a.k - b.k).map((r) => r.s);
 }

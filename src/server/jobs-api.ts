@@ -56,7 +56,8 @@ export class JobsApi {
   /** 422 when no worker here could ever run the job (or one of its tasks). */
   private refuseUnrunnable(body: SubmitRequest): Promise<void> {
     const asks = body.spec.tasks ? body.spec.tasks.map((t) => [`task ${t.name}`, t.spec] as const) : [["job", body.spec] as const];
-    const key = JSON.stringify([body.labels, asks.map(([, spec]) => [spec.resources, jobNeeds(spec, {})])]);
+    // The asks' names too: a refusal names them, and submits sharing a judgement share its words.
+    const key = JSON.stringify([body.labels, asks.map(([what, spec]) => [what, spec.resources, jobNeeds(spec, {})])]);
     if ((this.accepted.get(key) ?? 0) > Date.now() - ACCEPTED_MS) return Promise.resolve();
     // Submits of one ask at once share one judgement: at hundreds a second, each reading every worker was most of the server's work.
     const inFlight = this.judging.get(key);

@@ -30,7 +30,7 @@ interface Heavy {
   cache: WorkerCache | null;
 }
 
-/** Rows kept; past it the map is cleared (a server's workers come and go over its life), costing only fetches again. */
+/** Rows kept; past it the map is cleared before the next read (a server's workers come and go over its life), costing only fetches again. */
 const MAX_KEPT = 50_000;
 
 export function newRev(): string {
@@ -42,8 +42,9 @@ const freeGpusParsed = new ParsedOnce();
 
 /** Light rows (WORKER_LIGHT_COLUMNS) as full worker rows, heavy columns from what this process holds or one query for the rest. */
 export async function workerRows(sql: Sql, light: Row[]): Promise<WorkerRow[]> {
+  // Cleared before the rows are judged, never between: each row read is then either kept or fetched below.
+  if (heavyKept.size > MAX_KEPT) heavyKept.clear();
   const stale = light.filter((r) => heavyKept.get(r.id as string)?.rev !== String(r.rev)).map((r) => r.id as string);
-  if (heavyKept.size + stale.length > MAX_KEPT) heavyKept.clear();
   for (const ids of chunks(stale)) {
     const rows = await sql.all(`SELECT id, rev, labels, probe, cache FROM workers WHERE id IN (${marks(ids)})`, ...ids);
     for (const r of rows) {

@@ -29,13 +29,13 @@ export interface Sql {
   transaction<T>(fn: (tx: Sql) => Promise<T>): Promise<T>;
 }
 
-/** Two transactions each waited for a row the other held (SQLSTATE 40P01): PostgreSQL rolled one back, which may run again whole. */
 /** Ids in one statement at most: well under either database's limit on parameters. */
 const CHUNK = 500;
 export const chunks = (ids: string[]): string[][] => Array.from({ length: Math.ceil(ids.length / CHUNK) }, (_, i) => ids.slice(i * CHUNK, (i + 1) * CHUNK));
 /** One `?` per id, for `IN (...)`. */
 export const marks = (ids: string[]): string => ids.map(() => "?").join(", ");
 
+/** Two transactions each waited for a row the other held (SQLSTATE 40P01): PostgreSQL rolled one back, which may run again whole. */
 export function isDeadlock(error: unknown): boolean {
   return String((error as { errno?: unknown }).errno ?? "") === "40P01";
 }
