@@ -51,3 +51,36 @@ test("a file an older gpulayer made (no auto_vacuum), opened empty, is converted
   new Outbox(homeLayout(home)).close();
   expect(sizeOf(home)).toBeLessThan(4 * 1024 * 1024);
 });
+
+test("a batch: small items of several kinds together (a finish last), big output alone, a handback alone", () => {
+  const outbox = new Outbox(homeLayout(join(root, "batches")));
+  const big = new Uint8Array(100 * 1024).fill(1);
+  outbox.append("t", "event", "{}");
+  outbox.append("t", "output", "ok\n", "stdout");
+  outbox.append("t", "output", big, "stdout");
+  outbox.append("t", "output", "err\n", "stderr");
+  outbox.append("t", "event", "{}");
+  outbox.append("t", "finish", "{}");
+  outbox.append("t", "event", "{}");
+  const kinds = () => outbox.batch("t", 1024 * 1024, 64 * 1024).map((i) => `${i.seq}:${i.kind}${i.stream ? `/${i.stream}` : ""}`);
+  const next = () => {
+    const b = kinds();
+    outbox.ack("t", Number(b.at(-1)!.split(":")[0]));
+    return b;
+  };
+  // Mixed up to 64 KiB: the big output does not join; alone, it is one kind's run up to 1 MiB.
+  expect(next()).toEqual(["1:event", "2:output/stdout"]);
+  expect(next()).toEqual(["3:output/stdout"]);
+  expect(next()).toEqual(["4:output/stderr", "5:event", "6:finish"]);
+  expect(next()).toEqual(["7:event"]);
+  // Without mixing (a server older than /reports): one kind at a time, as before.
+  outbox.append("t", "event", "{}");
+  outbox.append("t", "output", "x", "stdout");
+  outbox.append("t", "handback", "{}");
+  expect(outbox.batch("t", 1024 * 1024).map((i) => i.kind)).toEqual(["event"]);
+  outbox.ack("t", 8);
+  expect(outbox.batch("t", 1024 * 1024, 64 * 1024).map((i) => i.kind)).toEqual(["output"]);
+  outbox.ack("t", 9);
+  expect(outbox.batch("t", 1024 * 1024, 64 * 1024).map((i) => i.kind)).toEqual(["handback"]);
+  outbox.close();
+});

@@ -4,7 +4,8 @@ import { ExitCode } from "../errors.ts";
 import { CREDENTIALS_LOST, HeldSecrets, type SecretSeal } from "./held-secrets.ts";
 import { HttpFail } from "./http-fail.ts";
 import { Notifier } from "./notifier.ts";
-import { BeatReconciler, freshOutput, outboxSkip, prepareSteps } from "./task-reports.ts";
+import { BeatReconciler, outboxSkip } from "./task-reports.ts";
+import { applyItems, outputItems, type ReportItem } from "./report-items.ts";
 import { busyReason, chooseAmong, jobNeeds, type Load, type Needs, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
@@ -542,70 +543,48 @@ export class Coordinator {
   }
 
   taskEvents(w: WorkerRow, taskId: string, events: TaskEventIn[], seq?: number): Promise<void> {
-    return this.report(w, taskId, async (ch, t) => {
-      const { store } = ch;
-      const skip = await this.alreadyApplied(ch, t, seq, events.length, t.state === "assigned" ? { state: "running" } : {});
-      if (!t.jobId) {
-        // A prepare's build steps, kept by task for `env prepare --server` to show.
-        // Its group's reader follows every task's steps with one mark: the group is their stream (relayedEvents).
-        await store.relayedEvents(
-          prepareSteps(t.id),
-          events.slice(skip).filter((e) => e.type.startsWith("task.prepare.")),
-          t.groupId ?? t.id,
-        );
-        if (t.groupId) ch.wake(`group:${t.groupId}`);
-        return;
-      }
-      // Outputs are said by the server alone, from the archive it received (taskOutputs).
-      const fresh = events.slice(skip).filter((e) => e.type !== "task.outputs");
-      // The server's clock, so running phases measure against the same clock that reads them.
-      await store.relayedEvents(t.jobId, fresh);
-      // What the events say of the job's row, as of the last of them: one statement.
-      const job: Parameters<ServerStore["updateJob"]>[1] = {};
-      for (const e of fresh) {
-        if (eventIs(e, "task.prepare.started")) job.state = "preparing";
-        if (eventIs(e, "task.prepare.finished") && typeof e.data.env_key === "string") job.envKey = e.data.env_key;
-        if (eventIs(e, "task.run.started")) job.state = "running";
-      }
-      if (Object.keys(job).length) await store.updateJob(t.jobId, job);
-      await this.wakeJob(ch, t.jobId);
-    });
+    return this.taskReports(w, taskId, events.map((event) => ({ event })), seq);
   }
 
   /** `lengths`: the items the body joins (with `seq`); without, the body is one piece. */
   taskOutput(w: WorkerRow, taskId: string, data: Uint8Array, stream: "stdout" | "stderr", seq?: number, lengths?: number[]): Promise<void> {
-    return this.report(w, taskId, async (ch, t) => {
-      const { fresh, applied } = freshOutput(data, lengths, seq, t.appliedSeq);
-      if (applied !== t.appliedSeq) await ch.store.updateTask(t.id, { appliedSeq: applied });
-      if (t.jobId && fresh.length) {
-        await ch.store.appendLog(t.jobId, fresh, stream === "stderr" ? 2 : 1);
-        ch.wake(`job:${t.jobId}`);
-      }
-    });
+    return this.taskReports(w, taskId, outputItems(data, lengths, stream), seq);
   }
 
   /** A task ended: its room goes to the queue in a dispatch pass after the commit, shared with the finishes around it (dispatchSoon). */
-  async taskFinish(w: WorkerRow, taskId: string, body: FinishRequest & { seq?: number }): Promise<void> {
-    const finish = async (ch: Change, t: TaskRow) => {
-      await this.alreadyApplied(ch, t, body.seq, 1, { state: "done", result: body.result ? { ...body.result, state: body.state } : null });
-      if (t.jobId) {
-        await ch.store.updateJob(t.jobId, { state: body.state, exitCode: body.exit_code, error: body.error });
-        await this.wakeJob(ch, t.jobId);
-      }
-      if (t.groupId) ch.wake(`group:${t.groupId}`);
+  taskFinish(w: WorkerRow, taskId: string, body: FinishRequest & { seq?: number }): Promise<void> {
+    const { seq, ...finish } = body;
+    return this.taskReports(w, taskId, [{ finish }], seq);
+  }
+
+  /**
+   * Outbox items `seq`.. of one task, in order, in one transaction: events, output, and its end last (a short job's
+   * whole report in one request); each applied once (a batch sent again after a lost answer is acknowledged).
+   */
+  async taskReports(w: WorkerRow, taskId: string, items: ReportItem[], seq?: number): Promise<void> {
+    const apply = async (ch: Change, t: TaskRow) => {
+      const applied = await applyItems(ch.store, t, items, outboxSkip(t.appliedSeq, seq, items.length).skip);
+      await this.alreadyApplied(ch, t, seq, items.length, applied.task);
+      if (t.jobId && Object.keys(applied.job).length) await ch.store.updateJob(t.jobId, applied.job);
+      for (const key of applied.wakes) ch.wake(key);
+      if (applied.wakeJob) await this.wakeJob(ch, t.jobId);
     };
+    if (!items.length) return;
+    if (!("finish" in items.at(-1)!)) return this.report(w, taskId, apply);
+    // An end: its seq is the last item's.
+    const endSeq = seq === undefined ? undefined : seq + items.length - 1;
     const done = await this.rowChange(async (ch) => {
       if (!(await ch.store.touchWorker(w.id, Date.now()))) return LOCKED_PATH;
       const t = await ch.store.lockedTask(taskId);
       // Applied before, its answer lost: acknowledged again.
-      if (t && this.appliedFinish(t, w, body.seq)) return true;
-      await finish(ch, this.heldBy(t, w));
+      if (t && this.appliedFinish(t, w, endSeq)) return true;
+      await apply(ch, this.heldBy(t, w));
       return true;
     });
     if (done === LOCKED_PATH) {
       await this.change(async (ch) => {
-        if (await this.finishedBefore(ch, w, taskId, body.seq)) return;
-        await finish(ch, await this.ownTask(ch, w, taskId));
+        if (await this.finishedBefore(ch, w, taskId, endSeq)) return;
+        await apply(ch, await this.ownTask(ch, w, taskId));
         await this.dispatch(ch);
       });
       return;

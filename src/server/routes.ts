@@ -14,6 +14,7 @@ import * as S from "./schemas.ts";
 import { artifactRoute, type ArtifactSettings } from "./artifact-routes.ts";
 import { wheelRoute } from "./wheel-routes.ts";
 import type { WorkerRow } from "./store.ts";
+import type { ReportItem } from "./report-items.ts";
 import { workerView } from "./worker-view.ts";
 import { serverMetrics } from "./metrics.ts";
 import { type DashboardContext, dashboardRoute, withSecurityHeaders } from "./dashboard/routes.ts";
@@ -218,6 +219,10 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
     }
     if (action === "outputs" && method === "PUT") return await putOutputs(req, ctx, w, id, parts[4]);
     if (action === "finish" && method === "POST") return await coord.taskFinish(w, id, await jsonBody(req, ctx, S.FinishSchema)), reply({ ok: true });
+    if (action === "reports" && method === "POST") {
+      const body = await jsonBody(req, ctx, S.ReportsSchema);
+      return await coord.taskReports(w, id, reportItems(body.items), body.seq), reply({ ok: true });
+    }
     if (action === "handback" && method === "POST") {
       const body = await jsonBody(req, ctx, S.HandbackSchema);
       return await coord.handback(w, id, body.reason, body.seq), reply({ ok: true });
@@ -326,4 +331,11 @@ export function handler(ctx: RouteContext): (req: Request) => Promise<Response> 
       return reply({ error: "internal error in the gpulayer server (see its log)" }, 500);
     }
   };
+}
+
+/** A report's items as the coordinator applies them: events bounded as `/events` bounds them, output decoded. */
+function reportItems(items: v.InferOutput<typeof S.ReportsSchema>["items"]): ReportItem[] {
+  const events = boundEvents(items.flatMap((i) => ("event" in i ? [i.event] : [])));
+  let e = 0;
+  return items.map((i) => ("event" in i ? { event: events[e++]! } : "output" in i ? { output: Buffer.from(i.output, "base64"), stream: i.stream } : { finish: i.finish }));
 }

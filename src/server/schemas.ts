@@ -137,16 +137,14 @@ export const HeartbeatSchema = v.object({
 /** `seq`: the outbox number of the first item (worker/outbox.ts); the rest follow it. */
 const Seq = v.optional(v.pipe(v.number(), v.integer(), v.minValue(1)));
 
+const EventIn = v.object({ ts: v.number(), type: v.pipe(v.string(), v.maxLength(100)), data: v.record(v.string(), v.unknown()) });
+
 export const EventsSchema = v.object({
-  events: v.pipe(
-    v.array(v.object({ ts: v.number(), type: v.pipe(v.string(), v.maxLength(100)), data: v.record(v.string(), v.unknown()) })),
-    v.maxLength(10_000),
-  ),
+  events: v.pipe(v.array(EventIn), v.maxLength(10_000)),
   seq: Seq,
 });
 
-export const FinishSchema = v.object({
-  seq: Seq,
+const FinishBody = v.object({
   state: v.picklist(["succeeded", "failed", "cancelled"]),
   exit_code: v.nullable(v.number()),
   error: v.nullable(Str),
@@ -166,6 +164,23 @@ export const FinishSchema = v.object({
     }),
   ),
 });
+
+export const FinishSchema = v.object({ ...FinishBody.entries, seq: Seq });
+
+/** Output in a report of several kinds: base64 (a report is JSON), 1 MiB of output at most. */
+const OutputIn = v.pipe(v.string(), v.maxLength(Math.ceil((1024 * 1024) / 3) * 4), v.base64());
+
+/** Outbox items of several kinds in order (`POST /v1/tasks/ID/reports`): events, output, and an end only as the last. */
+export const ReportsSchema = v.pipe(
+  v.object({
+    seq: Seq,
+    items: v.pipe(
+      v.array(v.union([v.strictObject({ event: EventIn }), v.strictObject({ output: OutputIn, stream: v.picklist(["stdout", "stderr"]) }), v.strictObject({ finish: FinishBody })])),
+      v.maxLength(10_000),
+    ),
+  }),
+  v.check((r) => r.items.every((item, i) => !("finish" in item) || i === r.items.length - 1), "items: a finish only as the last item"),
+);
 
 export const HandbackSchema = v.object({ reason: v.pipe(v.string(), v.maxLength(1000)), seq: Seq });
 export const LeaveSchema = v.object({ final: v.boolean() });

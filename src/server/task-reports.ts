@@ -16,13 +16,6 @@ export function outboxSkip(appliedSeq: number, seq: number | undefined, count: n
   return { skip: Math.min(count, Math.max(0, appliedSeq - seq + 1)), applied: Math.max(appliedSeq, seq + count - 1) };
 }
 
-/** The output items a body joins (by their lengths), less the first `skip`; one piece when the lengths do not add up. */
-export function freshOutput(data: Uint8Array, lengths: number[] | undefined, seq: number | undefined, appliedSeq: number): { fresh: Uint8Array; applied: number } {
-  const sizes = lengths && lengths.reduce((a, b) => a + b, 0) === data.length ? lengths : [data.length];
-  const { skip, applied } = outboxSkip(appliedSeq, seq, sizes.length);
-  return { fresh: data.subarray(sizes.slice(0, skip).reduce((a, b) => a + b, 0)), applied };
-}
-
 /** Tasks missing from their worker's beats: two beats in a row, after the worker had time to start them, and they are gone. */
 export class BeatReconciler {
   private strikes = new Map<string, number>();

@@ -8,6 +8,10 @@ import type { Outbox, OutboxItem } from "./outbox.ts";
 type Stream = "stdout" | "stderr";
 
 const MAX_OUTPUT_POST = 1024 * 1024;
+/** Items of several kinds go in one request up to this much (output travels base64 there). */
+const MAX_MIXED_REPORT = 64 * 1024;
+/** Clients of a server without `/reports` (an older version): items go by kind to it. */
+const byKindOnly = new WeakSet<ClusterClient>();
 
 /**
  * A task's events, output and final state on their way to the server, in
@@ -15,7 +19,9 @@ const MAX_OUTPUT_POST = 1024 * 1024;
  * is on disk before it is sent and stays there until the server acknowledges
  * it, numbered so that the server applies it once. One request at a time;
  * whatever piled up meanwhile goes in the next one (a chatty job costs few
- * requests, a quiet one's first line leaves at once). Network trouble (and
+ * requests, a quiet one's first line leaves at once), of several kinds at
+ * once when they are small (`/reports`: a short job's events, output and end
+ * in one request; by kind to a server older than that). Network trouble (and
  * 502/503/504: no replica can serve now) is retried for as long as it lasts;
  * a 409 means the server took the task back (its worker was declared lost),
  * and the task is stopped, as it is on a 401 (the worker's credential was
@@ -82,7 +88,7 @@ export class TaskChannel {
   private async pump(): Promise<void> {
     while (!this.muted) {
       this.wanted = false;
-      const items = this.outbox.batch(this.taskId, MAX_OUTPUT_POST);
+      const items = this.outbox.batch(this.taskId, MAX_OUTPUT_POST, byKindOnly.has(this.client) ? 0 : MAX_MIXED_REPORT);
       if (!items.length) return;
       const seq = items[0]!.seq;
       const last = items.at(-1)!.seq;
@@ -91,7 +97,26 @@ export class TaskChannel {
     }
   }
 
-  private deliver(items: OutboxItem[], seq: number): Promise<boolean> {
+  private async deliver(items: OutboxItem[], seq: number): Promise<boolean> {
+    const first = items[0]!;
+    if (items.some((i) => i.kind !== first.kind || i.stream !== first.stream)) {
+      const sent = await this.send(`/v1/tasks/${this.taskId}/reports`, { seq, items: items.map(reportItem) }, true);
+      if (sent !== "no route") return sent;
+      // A server older than /reports: by kind, from now on.
+      byKindOnly.add(this.client);
+      for (let k = 0; k < items.length; ) {
+        let end = k + 1;
+        while (end < items.length && items[end]!.kind === items[k]!.kind && items[end]!.stream === items[k]!.stream) end++;
+        if (!(await this.deliverRun(items.slice(k, end), items[k]!.seq))) return false;
+        k = end;
+      }
+      return true;
+    }
+    return this.deliverRun(items, seq);
+  }
+
+  /** Items of one kind (and stream), by the endpoints every server has. */
+  private async deliverRun(items: OutboxItem[], seq: number): Promise<boolean> {
     const first = items[0]!;
     const path = `/v1/tasks/${this.taskId}`;
     if (first.kind === "finish" || first.kind === "handback") return this.send(`${path}/${first.kind}`, { ...JSON.parse(Buffer.from(first.body).toString()), seq });
@@ -100,8 +125,10 @@ export class TaskChannel {
     return this.send(`${path}/output?stream=${first.stream}&seq=${seq}&lengths=${lengths}`, Buffer.concat(items.map((i) => i.body)));
   }
 
-  /** POST, retried for as long as the network fails (the items wait on disk); the server's refusals are final. */
-  async send(path: string, body: Record<string, unknown> | Uint8Array): Promise<boolean> {
+  /** POST, retried for as long as the network fails (the items wait on disk); the server's refusals are final. `newRoute`: a server without the route says "no route" (an older one). */
+  async send(path: string, body: Record<string, unknown> | Uint8Array): Promise<boolean>;
+  async send(path: string, body: Record<string, unknown> | Uint8Array, newRoute: true): Promise<boolean | "no route">;
+  async send(path: string, body: Record<string, unknown> | Uint8Array, newRoute = false): Promise<boolean | "no route"> {
     let delay = 200;
     let told = false;
     for (;;) {
@@ -112,6 +139,7 @@ export class TaskChannel {
       } catch (error) {
         // 502/503/504 from every replica: none can take it now, as when the network fails; the items wait on disk.
         if (error instanceof HttpError && !isUnavailable(error.status)) {
+          if (newRoute && error.status === 404 && error.message.startsWith("no route ")) return "no route";
           // 409: the server took the task back. 401: this worker's credential was replaced (it joined again); the agent deals with that.
           const revoked = error.status === 409 || error.status === 401;
           if (revoked && !this.muted) {
@@ -145,4 +173,11 @@ export class TaskChannel {
   async flush(): Promise<void> {
     while (this.pumping) await this.pumping;
   }
+}
+
+/** An outbox item as `/reports` takes it. */
+function reportItem(i: OutboxItem): Record<string, unknown> {
+  if (i.kind === "event") return { event: JSON.parse(Buffer.from(i.body).toString()) };
+  if (i.kind === "output") return { output: Buffer.from(i.body).toString("base64"), stream: i.stream };
+  return { finish: JSON.parse(Buffer.from(i.body).toString()) };
 }

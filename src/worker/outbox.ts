@@ -71,18 +71,27 @@ export class Outbox {
     return seq;
   }
 
-  /** The oldest items of one kind (and stream) in a row, up to about `maxBytes`; a finish or handback goes alone. */
-  batch(task: string, maxBytes: number): OutboxItem[] {
+  /**
+   * The oldest items, in order: a run of one kind (and stream) up to about `maxBytes`; or, while they come to
+   * `mixedBytes` at most, items of several kinds (a short job's events, output and end in one request). A
+   * handback goes alone, as does a finish that comes first; a finish ends a batch.
+   */
+  batch(task: string, maxBytes: number, mixedBytes = 0): OutboxItem[] {
     const rows = this.db.query<{ seq: number; kind: OutboxKind; stream: "stdout" | "stderr" | null; body: Uint8Array }, [string]>("SELECT seq, kind, stream, body FROM items WHERE task = ? ORDER BY seq LIMIT 500").all(task);
     const first = rows[0];
     if (!first) return [];
     if (first.kind === "finish" || first.kind === "handback") return [first];
     const out: OutboxItem[] = [];
     let size = 0;
+    let mixed = false;
     for (const r of rows) {
-      if (r.kind !== first.kind || r.stream !== first.stream || (out.length && size + r.body.length > maxBytes)) break;
+      const same = r.kind === first.kind && r.stream === first.stream;
+      const limit = same && !mixed ? maxBytes : mixedBytes;
+      if (r.kind === "handback" || (out.length && size + r.body.length > limit)) break;
+      mixed ||= !same;
       out.push(r);
       size += r.body.length;
+      if (r.kind === "finish") break;
     }
     return out;
   }

@@ -1,0 +1,94 @@
+import type { FinishRequest, TaskEventIn } from "../cluster/protocol.ts";
+import { eventIs } from "../jobs/model.ts";
+import type { ServerStore, TaskRow } from "./store.ts";
+import { prepareSteps } from "./task-reports.ts";
+
+/**
+ * What a worker's outbox items write, whichever request carried them: events
+ * (`POST /events`), output (`POST /output`), a task's end (`POST /finish`),
+ * or several kinds at once (`POST /reports`: a short job's whole report in
+ * one request). The coordinator locks the task, applies the fresh items here
+ * and then writes the task's and the job's rows once each.
+ */
+
+export type ReportItem = { event: TaskEventIn } | { output: Uint8Array; stream: "stdout" | "stderr" } | { finish: FinishRequest };
+
+type TaskFields = Parameters<ServerStore["updateTask"]>[1];
+type JobFields = Parameters<ServerStore["updateJob"]>[1];
+
+export interface Applied {
+  /** The task's row as the items leave it (its applied seq is the caller's). */
+  task: TaskFields;
+  /** The job's row, as of the last item. */
+  job: JobFields;
+  /** The job's followers (and its parent's) are woken. */
+  wakeJob: boolean;
+  wakes: string[];
+}
+
+/** The output items a body joins (by `lengths`); one piece when the lengths do not add up. */
+export function outputItems(data: Uint8Array, lengths: number[] | undefined, stream: "stdout" | "stderr"): ReportItem[] {
+  const sizes = lengths && lengths.reduce((a, b) => a + b, 0) === data.length ? lengths : [data.length];
+  let at = 0;
+  return sizes.map((n) => ({ output: data.subarray(at, (at += n)), stream }));
+}
+
+/** The items after the first `skip` (applied before: sent again after a lost answer), written; what they make of the task's and job's rows. */
+export async function applyItems(store: ServerStore, t: TaskRow, items: ReportItem[], skip: number): Promise<Applied> {
+  const out: Applied = { task: {}, job: {}, wakeJob: false, wakes: [] };
+  // A task reporting events has started, whether or not these were heard before.
+  if (t.state === "assigned" && items.some((i) => "event" in i)) out.task.state = "running";
+  const fresh = items.slice(skip);
+  for (let k = 0; k < fresh.length; ) {
+    const item = fresh[k]!;
+    if ("event" in item) {
+      const run: TaskEventIn[] = [];
+      for (; k < fresh.length && "event" in fresh[k]!; k++) run.push((fresh[k] as { event: TaskEventIn }).event);
+      await applyEvents(store, t, run, out);
+    } else if ("output" in item) {
+      const run: Uint8Array[] = [];
+      for (; k < fresh.length && "output" in fresh[k]! && (fresh[k] as { stream: string }).stream === item.stream; k++) run.push((fresh[k] as { output: Uint8Array }).output);
+      const data = run.length === 1 ? run[0]! : Buffer.concat(run);
+      if (t.jobId && data.length) {
+        await store.appendLog(t.jobId, data, item.stream === "stderr" ? 2 : 1);
+        out.wakes.push(`job:${t.jobId}`);
+      }
+    } else {
+      const { finish } = item;
+      out.task = { ...out.task, state: "done", result: finish.result ? { ...finish.result, state: finish.state } : null };
+      if (t.jobId) {
+        Object.assign(out.job, { state: finish.state, exitCode: finish.exit_code, error: finish.error });
+        out.wakeJob = true;
+      }
+      if (t.groupId) out.wakes.push(`group:${t.groupId}`);
+      k++;
+    }
+  }
+  // Events heard before still wake the job's followers, as they always did.
+  if (t.jobId && items.some((i) => "event" in i)) out.wakeJob = true;
+  return out;
+}
+
+async function applyEvents(store: ServerStore, t: TaskRow, events: TaskEventIn[], out: Applied): Promise<void> {
+  if (!t.jobId) {
+    // A prepare's build steps, kept by task for `env prepare --server` to show.
+    // Its group's reader follows every task's steps with one mark: the group is their stream (relayedEvents).
+    await store.relayedEvents(
+      prepareSteps(t.id),
+      events.filter((e) => e.type.startsWith("task.prepare.")),
+      t.groupId ?? t.id,
+    );
+    if (t.groupId) out.wakes.push(`group:${t.groupId}`);
+    return;
+  }
+  // Outputs are said by the server alone, from the archive it received (taskOutputs).
+  const fresh = events.filter((e) => e.type !== "task.outputs");
+  // The server's clock, so running phases measure against the same clock that reads them.
+  await store.relayedEvents(t.jobId, fresh);
+  // What the events say of the job's row, as of the last of them.
+  for (const e of fresh) {
+    if (eventIs(e, "task.prepare.started")) out.job.state = "preparing";
+    if (eventIs(e, "task.prepare.finished") && typeof e.data.env_key === "string") out.job.envKey = e.data.env_key;
+    if (eventIs(e, "task.run.started")) out.job.state = "running";
+  }
+}
