@@ -99,6 +99,32 @@ describe("a short job's reports to a server", () => {
     expect(log).toBe("a\nb\n");
   });
 
+  test("an item the server refuses in a batch of several kinds loses its own run only: the output and the end still arrive", async () => {
+    const admin = new ClusterClient(url, TOKEN);
+    const probe = { hostname: "h4", os: "linux", arch: "x64", cpus: 1, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 };
+    const joined = await admin.json<RegisterResponse>("POST", "/v1/workers/register", { name: "w4", labels: { for: "refused" }, slots: 1, probe });
+    const worker = admin.withToken(joined.credential);
+    const spec = { name: "refused", argv: ["true"], commandText: "true", env: {}, environment: { specs: [], extraIndexUrls: [], findLinks: [] }, resources: { gpus: 0, frameworks: {} } };
+    const { id } = await admin.json<{ id: string }>("POST", "/v1/jobs", { spec, bundle: null, labels: { for: "refused" }, workdir: "/w" });
+    const task = (await worker.json<PollResponse>("GET", `/v1/workers/${joined.id}/tasks?wait=5`)).tasks[0]!;
+    const outbox = new Outbox(homeLayout(join(box.root, "refused-home")));
+    const logs: string[] = [];
+    const channel = new TaskChannel(worker, task.id, outbox, (m) => logs.push(`revoked: ${m}`), (m) => logs.push(m));
+    channel.event("task.run.started", { pid: 1, command: "true" } as never);
+    // An event of a name longer than any the server keeps (a worker of some other version, say): refused.
+    channel.event("x".repeat(200) as never, {} as never);
+    channel.output(new TextEncoder().encode("still here\n"), "stdout");
+    channel.finish({ state: "succeeded", exit_code: 0, error: null });
+    await channel.flush();
+    expect(logs).toHaveLength(1);
+    expect(logs[0]).toStartWith(`task ${task.id}: the server refused events: events.0.type`);
+    const status = await admin.json<{ state: string; exit_code: number | null }>("GET", `/v1/jobs/${id}`);
+    expect([status.state, status.exit_code]).toEqual(["succeeded", 0]);
+    const log = new TextDecoder().decode(await (await fetch(`${url}/v1/jobs/${id}/log`, { headers: { authorization: `Bearer ${TOKEN}` } })).arrayBuffer());
+    expect(log).toBe("still here\n");
+    outbox.close();
+  });
+
   test("a report whose end is not its last item, or whose output is not base64, is refused in one line", async () => {
     const admin = new ClusterClient(url, TOKEN);
     const probe = { hostname: "h2", os: "linux", arch: "x64", cpus: 1, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 };

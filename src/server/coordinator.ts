@@ -569,8 +569,8 @@ export class Coordinator {
       for (const key of applied.wakes) ch.wake(key);
       if (applied.wakeJob) await this.wakeJob(ch, t.jobId);
     };
-    if (!items.length) return;
-    if (!("finish" in items.at(-1)!)) return this.report(w, taskId, apply);
+    const last = items.at(-1);
+    if (!last || !("finish" in last)) return this.report(w, taskId, apply);
     // An end: its seq is the last item's.
     const endSeq = seq === undefined ? undefined : seq + items.length - 1;
     const done = await this.rowChange(async (ch) => {

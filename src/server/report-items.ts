@@ -39,13 +39,14 @@ export async function applyItems(store: ServerStore, t: TaskRow, items: ReportIt
   // A task reporting events has started, whether or not these were heard before.
   if (t.state === "assigned" && items.some((i) => "event" in i)) out.task.state = "running";
   const fresh = items.slice(skip);
+  // Events first, all of them in order: a job's event stream is locked before its row (store.lockJob), which output
+  // and the end write. Events and output are kept apart, each in its own order, so nothing else moves.
+  const events = fresh.flatMap((i) => ("event" in i ? [i.event] : []));
+  if (events.length) await applyEvents(store, t, events, out);
   for (let k = 0; k < fresh.length; ) {
     const item = fresh[k]!;
-    if ("event" in item) {
-      const run: TaskEventIn[] = [];
-      for (; k < fresh.length && "event" in fresh[k]!; k++) run.push((fresh[k] as { event: TaskEventIn }).event);
-      await applyEvents(store, t, run, out);
-    } else if ("output" in item) {
+    if ("event" in item) k++;
+    else if ("output" in item) {
       const run: Uint8Array[] = [];
       for (; k < fresh.length && "output" in fresh[k]! && (fresh[k] as { stream: string }).stream === item.stream; k++) run.push((fresh[k] as { output: Uint8Array }).output);
       const data = run.length === 1 ? run[0]! : Buffer.concat(run);

@@ -335,7 +335,7 @@ export function handler(ctx: RouteContext): (req: Request) => Promise<Response> 
 
 /** A report's items as the coordinator applies them: events bounded as `/events` bounds them, output decoded. */
 function reportItems(items: v.InferOutput<typeof S.ReportsSchema>["items"]): ReportItem[] {
-  const events = boundEvents(items.flatMap((i) => ("event" in i ? [i.event] : [])));
+  const events = boundEvents(items.flatMap((i) => (i.event ? [i.event] : [])));
   let e = 0;
-  return items.map((i) => ("event" in i ? { event: events[e++]! } : "output" in i ? { output: Buffer.from(i.output, "base64"), stream: i.stream } : { finish: i.finish }));
+  return items.map((i) => (i.event ? { event: events[e++]! } : i.output !== undefined ? { output: Buffer.from(i.output, "base64"), stream: i.stream! } : { finish: i.finish! }));
 }

@@ -171,15 +171,14 @@ export const FinishSchema = v.object({ ...FinishBody.entries, seq: Seq });
 const OutputIn = v.pipe(v.string(), v.maxLength(Math.ceil((1024 * 1024) / 3) * 4), v.base64());
 
 /** Outbox items of several kinds in order (`POST /v1/tasks/ID/reports`): events, output, and an end only as the last. */
+const ReportItemIn = v.pipe(
+  v.strictObject({ event: v.optional(EventIn), output: v.optional(OutputIn), stream: v.optional(v.picklist(["stdout", "stderr"])), finish: v.optional(FinishBody) }),
+  v.check((i) => [i.event, i.output, i.finish].filter((x) => x !== undefined).length === 1, "an item is one of event, output (with stream) or finish"),
+  v.check((i) => (i.output === undefined) === (i.stream === undefined), "output goes with its stream, and only output"),
+);
 export const ReportsSchema = v.pipe(
-  v.object({
-    seq: Seq,
-    items: v.pipe(
-      v.array(v.union([v.strictObject({ event: EventIn }), v.strictObject({ output: OutputIn, stream: v.picklist(["stdout", "stderr"]) }), v.strictObject({ finish: FinishBody })])),
-      v.maxLength(10_000),
-    ),
-  }),
-  v.check((r) => r.items.every((item, i) => !("finish" in item) || i === r.items.length - 1), "items: a finish only as the last item"),
+  v.object({ seq: Seq, items: v.pipe(v.array(ReportItemIn), v.maxLength(10_000)) }),
+  v.check((r) => r.items.every((item, i) => item.finish === undefined || i === r.items.length - 1), "items: a finish only as the last item"),
 );
 
 export const HandbackSchema = v.object({ reason: v.pipe(v.string(), v.maxLength(1000)), seq: Seq });

@@ -10,8 +10,9 @@ type Stream = "stdout" | "stderr";
 const MAX_OUTPUT_POST = 1024 * 1024;
 /** Items of several kinds go in one request up to this much (output travels base64 there). */
 const MAX_MIXED_REPORT = 64 * 1024;
-/** Clients of a server without `/reports` (an older version): items go by kind to it. */
-const byKindOnly = new WeakSet<ClusterClient>();
+/** Clients of a server without `/reports` (an older version): items go by kind to it until then (its replicas may be upgraded meanwhile). */
+const byKindUntil = new WeakMap<ClusterClient, number>();
+const BY_KIND_MS = 10 * 60 * 1000;
 
 /**
  * A task's events, output and final state on their way to the server, in
@@ -88,7 +89,7 @@ export class TaskChannel {
   private async pump(): Promise<void> {
     while (!this.muted) {
       this.wanted = false;
-      const items = this.outbox.batch(this.taskId, MAX_OUTPUT_POST, byKindOnly.has(this.client) ? 0 : MAX_MIXED_REPORT);
+      const items = this.outbox.batch(this.taskId, MAX_OUTPUT_POST, (byKindUntil.get(this.client) ?? 0) > Date.now() ? 0 : MAX_MIXED_REPORT);
       if (!items.length) return;
       const seq = items[0]!.seq;
       const last = items.at(-1)!.seq;
@@ -99,20 +100,21 @@ export class TaskChannel {
 
   private async deliver(items: OutboxItem[], seq: number): Promise<boolean> {
     const first = items[0]!;
-    if (items.some((i) => i.kind !== first.kind || i.stream !== first.stream)) {
-      const sent = await this.send(`/v1/tasks/${this.taskId}/reports`, { seq, items: items.map(reportItem) }, true);
-      if (sent !== "no route") return sent;
-      // A server older than /reports: by kind, from now on.
-      byKindOnly.add(this.client);
-      for (let k = 0; k < items.length; ) {
-        let end = k + 1;
-        while (end < items.length && items[end]!.kind === items[k]!.kind && items[end]!.stream === items[k]!.stream) end++;
-        if (!(await this.deliverRun(items.slice(k, end), items[k]!.seq))) return false;
-        k = end;
-      }
-      return true;
+    if (items.every((i) => i.kind === first.kind && i.stream === first.stream)) return this.deliverRun(items, seq);
+    const sent = await this.send(`/v1/tasks/${this.taskId}/reports`, { seq, items: items.map(reportItem) }, true);
+    if (typeof sent === "boolean") return sent;
+    // A server older than /reports: by kind, for a while. Refused (one item the server will not take): by kind this
+    // once, so that item's run alone is refused, not the task's end with it.
+    if (sent === "no route") byKindUntil.set(this.client, Date.now() + BY_KIND_MS);
+    for (let k = 0; k < items.length; ) {
+      let end = k + 1;
+      while (end < items.length && items[end]!.kind === items[k]!.kind && items[end]!.stream === items[k]!.stream) end++;
+      if (!(await this.deliverRun(items.slice(k, end), items[k]!.seq))) return false;
+      // Each run acknowledged as it goes: a worker restarted midway does not send again what the server applied.
+      this.outbox.ack(this.taskId, items[end - 1]!.seq);
+      k = end;
     }
-    return this.deliverRun(items, seq);
+    return true;
   }
 
   /** Items of one kind (and stream), by the endpoints every server has. */
@@ -125,10 +127,13 @@ export class TaskChannel {
     return this.send(`${path}/output?stream=${first.stream}&seq=${seq}&lengths=${lengths}`, Buffer.concat(items.map((i) => i.body)));
   }
 
-  /** POST, retried for as long as the network fails (the items wait on disk); the server's refusals are final. `newRoute`: a server without the route says "no route" (an older one). */
+  /**
+   * POST, retried for as long as the network fails (the items wait on disk); the server's refusals are final.
+   * `newRoute`: a server without the route says "no route" (an older one), and a refusal is the caller's to say.
+   */
   async send(path: string, body: Record<string, unknown> | Uint8Array): Promise<boolean>;
-  async send(path: string, body: Record<string, unknown> | Uint8Array, newRoute: true): Promise<boolean | "no route">;
-  async send(path: string, body: Record<string, unknown> | Uint8Array, newRoute = false): Promise<boolean | "no route"> {
+  async send(path: string, body: Record<string, unknown> | Uint8Array, newRoute: true): Promise<boolean | "no route" | "refused">;
+  async send(path: string, body: Record<string, unknown> | Uint8Array, newRoute = false): Promise<boolean | "no route" | "refused"> {
     let delay = 200;
     let told = false;
     for (;;) {
@@ -140,6 +145,7 @@ export class TaskChannel {
         // 502/503/504 from every replica: none can take it now, as when the network fails; the items wait on disk.
         if (error instanceof HttpError && !isUnavailable(error.status)) {
           if (newRoute && error.status === 404 && error.message.startsWith("no route ")) return "no route";
+          if (newRoute && error.status !== 409 && error.status !== 401) return "refused";
           // 409: the server took the task back. 401: this worker's credential was replaced (it joined again); the agent deals with that.
           const revoked = error.status === 409 || error.status === 401;
           if (revoked && !this.muted) {
