@@ -3,7 +3,8 @@ import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { tempDir } from "./helpers.ts";
 import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.ts";
-import type { MachineProbe, RemoteSpec } from "../src/cluster/protocol.ts";
+import type { RemoteSpec } from "../src/cluster/protocol.ts";
+import { machineProbe, trueJob } from "./fixtures/fleet-rows.ts";
 import { Coordinator } from "../src/server/coordinator.ts";
 import { migrate } from "../src/server/db/migrations.ts";
 import { PostgresDatabase } from "../src/server/db/postgres.ts";
@@ -31,8 +32,8 @@ afterAll(async () => {
   rmSync(root, { recursive: true, force: true });
 });
 
-const probe = (hostname: string): MachineProbe => ({ hostname, os: "linux", arch: "x64", cpus: 2, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 });
-const travelling = (name: string) => ({ name, argv: ["true"], commandText: "true", env: {}, environment: { specs: [], extraIndexUrls: [], findLinks: [] }, resources: { gpus: 0, frameworks: {} } });
+const probe = machineProbe;
+const travelling = trueJob;
 /** A plain job (`travelling(name)`) submitted through one replica. */
 const submitTo = (replica: Coordinator, name: string) => new JobsApi(replica).submit({ spec: travelling(name) as unknown as RemoteSpec, bundle: null, labels: {}, workdir: "/w" });
 

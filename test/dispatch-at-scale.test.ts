@@ -1,9 +1,9 @@
-import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { afterAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { tempDir } from "./helpers.ts";
-import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.ts";
-import type { MachineProbe, RemoteSpec } from "../src/cluster/protocol.ts";
+import { hasPostgres, postgresForFile } from "./fixtures/postgres.ts";
+import { machineProbe, trueJob } from "./fixtures/fleet-rows.ts";
 import { Coordinator } from "../src/server/coordinator.ts";
 import { migrate } from "../src/server/db/migrations.ts";
 import { PostgresDatabase } from "../src/server/db/postgres.ts";
@@ -23,18 +23,11 @@ setDefaultTimeout(120_000);
  * between passes, by their rev).
  */
 
-let pg: Postgres | null = null;
+const pg = postgresForFile();
 const root = tempDir();
-beforeAll(async () => {
-  if (hasPostgres) pg = await startPostgres();
-}, 60_000);
-afterAll(async () => {
-  await pg?.close();
-  rmSync(root, { recursive: true, force: true });
-});
-
-const probe = (hostname: string): MachineProbe => ({ hostname, os: "linux", arch: "x64", cpus: 2, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 });
-const spec = (name: string) => ({ name, argv: ["true"], commandText: "true", env: {}, environment: { specs: [], extraIndexUrls: [], findLinks: [] }, resources: { gpus: 0, frameworks: {} } }) as unknown as RemoteSpec;
+afterAll(() => rmSync(root, { recursive: true, force: true }));
+const probe = machineProbe;
+const spec = trueJob;
 
 type Place = () => Promise<Database[]>;
 let n = 0;
@@ -50,7 +43,7 @@ const stores: [string, Place][] = [
   [
     "PostgreSQL",
     async () => {
-      const url = await pg!.database();
+      const url = await pg()!.database();
       return [new PostgresDatabase(url), new PostgresDatabase(url)];
     },
   ],

@@ -8,6 +8,7 @@ import { Outbox } from "../src/worker/outbox.ts";
 import { Replica } from "./fixtures/replica.ts";
 import { keepOutput, stopAll, waitFor, type Kept } from "./fixtures/processes.ts";
 import { sandbox, startCli } from "./helpers.ts";
+import { machineProbe, trueJob } from "./fixtures/fleet-rows.ts";
 
 setDefaultTimeout(60_000);
 
@@ -28,6 +29,16 @@ afterAll(async () => {
   box.cleanup();
 });
 
+/** A worker of its own (labelled with its name) and a job only it takes, handed to it. */
+async function jobOnOwnWorker(name: string) {
+  const admin = new ClusterClient(url, TOKEN);
+  const joined = await admin.json<RegisterResponse>("POST", "/v1/workers/register", { name, labels: { for: name }, slots: 1, probe: machineProbe(name) });
+  const worker = admin.withToken(joined.credential);
+  const { id } = await admin.json<{ id: string }>("POST", "/v1/jobs", { spec: trueJob(name), bundle: null, labels: { for: name }, workdir: "/w" });
+  const task = (await worker.json<PollResponse>("GET", `/v1/workers/${joined.id}/tasks?wait=5`)).tasks[0]!;
+  return { admin, worker, id, task };
+}
+
 /** A short job's items, in the order the task runner writes them. */
 function shortJob(channel: TaskChannel): void {
   channel.event("task.prepare.started", { image: null } as never);
@@ -45,14 +56,7 @@ describe("a short job's reports to a server", () => {
   });
 
   test("go in two requests, the second of several kinds; the job ends succeeded with its events and output once each, sent again or not", async () => {
-    const admin = new ClusterClient(url, TOKEN);
-    const probe = { hostname: "h", os: "linux", arch: "x64", cpus: 1, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 };
-    const joined = await admin.json<RegisterResponse>("POST", "/v1/workers/register", { name: "w1", labels: {}, slots: 1, probe });
-    const worker = admin.withToken(joined.credential);
-    const spec = { name: "short", argv: ["true"], commandText: "true", env: {}, environment: { specs: [], extraIndexUrls: [], findLinks: [] }, resources: { gpus: 0, frameworks: {} } };
-    const { id } = await admin.json<{ id: string }>("POST", "/v1/jobs", { spec, bundle: null, labels: {}, workdir: "/w" });
-    const { tasks } = await worker.json<PollResponse>("GET", `/v1/workers/${joined.id}/tasks?wait=5`);
-    const task = tasks[0]!;
+    const { admin, worker, id, task } = await jobOnOwnWorker("w1");
     // Every request the channel makes, by path.
     const sent: string[] = [];
     const counting = new Proxy(worker, { get: (w, k) => (k === "request" ? (method: string, path: string, body: unknown) => (sent.push(path.split("?")[0]!.split("/").pop()!), w.request(method as "POST", path, body as never)) : Reflect.get(w, k)) });
@@ -81,13 +85,7 @@ describe("a short job's reports to a server", () => {
   });
 
   test("a batch sent again with more items after it (its answer was lost): only the new items are applied", async () => {
-    const admin = new ClusterClient(url, TOKEN);
-    const probe = { hostname: "h3", os: "linux", arch: "x64", cpus: 1, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 };
-    const joined = await admin.json<RegisterResponse>("POST", "/v1/workers/register", { name: "w3", labels: { for: "again" }, slots: 1, probe });
-    const worker = admin.withToken(joined.credential);
-    const spec = { name: "again", argv: ["true"], commandText: "true", env: {}, environment: { specs: [], extraIndexUrls: [], findLinks: [] }, resources: { gpus: 0, frameworks: {} } };
-    const { id } = await admin.json<{ id: string }>("POST", "/v1/jobs", { spec, bundle: null, labels: { for: "again" }, workdir: "/w" });
-    const task = (await worker.json<PollResponse>("GET", `/v1/workers/${joined.id}/tasks?wait=5`)).tasks[0]!;
+    const { admin, worker, id, task } = await jobOnOwnWorker("w3");
     const event = (type: string) => ({ event: { ts: Date.now(), type, data: {} } });
     const first = [event("task.prepare.started"), { output: Buffer.from("a\n").toString("base64"), stream: "stdout" }];
     await worker.json("POST", `/v1/tasks/${task.id}/reports`, { seq: 1, items: first });
@@ -100,13 +98,7 @@ describe("a short job's reports to a server", () => {
   });
 
   test("an item the server refuses in a batch of several kinds loses its own run only: the output and the end still arrive", async () => {
-    const admin = new ClusterClient(url, TOKEN);
-    const probe = { hostname: "h4", os: "linux", arch: "x64", cpus: 1, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 };
-    const joined = await admin.json<RegisterResponse>("POST", "/v1/workers/register", { name: "w4", labels: { for: "refused" }, slots: 1, probe });
-    const worker = admin.withToken(joined.credential);
-    const spec = { name: "refused", argv: ["true"], commandText: "true", env: {}, environment: { specs: [], extraIndexUrls: [], findLinks: [] }, resources: { gpus: 0, frameworks: {} } };
-    const { id } = await admin.json<{ id: string }>("POST", "/v1/jobs", { spec, bundle: null, labels: { for: "refused" }, workdir: "/w" });
-    const task = (await worker.json<PollResponse>("GET", `/v1/workers/${joined.id}/tasks?wait=5`)).tasks[0]!;
+    const { admin, worker, id, task } = await jobOnOwnWorker("w4");
     const outbox = new Outbox(homeLayout(join(box.root, "refused-home")));
     const logs: string[] = [];
     const channel = new TaskChannel(worker, task.id, outbox, (m) => logs.push(`revoked: ${m}`), (m) => logs.push(m));
@@ -126,10 +118,7 @@ describe("a short job's reports to a server", () => {
   });
 
   test("a report whose end is not its last item, or whose output is not base64, is refused in one line", async () => {
-    const admin = new ClusterClient(url, TOKEN);
-    const probe = { hostname: "h2", os: "linux", arch: "x64", cpus: 1, memoryBytes: 1, gpus: [], python: { path: "/usr/bin/python3", version: "3.11.2" }, frameworks: {}, cuda: null, engine: null, probeMs: 1 };
-    const joined = await admin.json<RegisterResponse>("POST", "/v1/workers/register", { name: "w2", labels: {}, slots: 1, probe });
-    const worker = admin.withToken(joined.credential);
+    const { worker } = await jobOnOwnWorker("w2");
     const refused = (body: Record<string, unknown>) => worker.json("POST", "/v1/tasks/nosuchtask/reports", body).then(() => "", (e: Error) => e.message);
     expect(await refused({ seq: 1, items: [{ finish: { state: "succeeded", exit_code: 0, error: null } }, { event: { ts: 1, type: "x", data: {} } }] })).toContain("a finish only as the last item");
     expect(await refused({ seq: 1, items: [{ output: "not base64!", stream: "stdout" }] })).toBe('items.0.output: Invalid Base64: Received "not base64!"');
