@@ -49,6 +49,8 @@ export interface CoordinatorOptions {
 
 /** With replicas, a long poll looks again this often even without a wake-up (one lost with a NOTIFY connection). */
 const REPLICA_RECHECK_MS = 1_000;
+/** Jobs whose parent (or none) this process keeps (parentOf); past it, they are read again. */
+const PARENTS_KEPT = 100_000;
 /** Jobs a dispatch pass hands out or gives a new waiting line at most; a pass follows at once for the rest. */
 const JOBS_PER_PASS = 200;
 
@@ -114,6 +116,8 @@ export class Coordinator {
   private lastPass: Promise<void> = Promise.resolve();
   /** A pass failed (the database went away): the sweep runs one. */
   private passOwed = false;
+  /** Jobs' parents, as parentOf read them. */
+  private readonly parents = new Map<string, string | null>();
 
   constructor(
     readonly store: ServerStore,
@@ -190,9 +194,19 @@ export class Coordinator {
     if (!id) return;
     ch.wake(`job:${id}`);
     // A task of a job: the job's own row follows its tasks' (job-tasks.ts).
-    const parent = (await ch.store.job(id))?.parentId;
+    const parent = await this.parentOf(ch, id);
     if (!parent) return;
     if (await settleJob(ch.store, parent)) ch.wake(`job:${parent}`);
+  }
+
+  /** A job's parent (its job of tasks), or null: set when the job is recorded and never changed, so read once per job here. */
+  private async parentOf(ch: Change, id: string): Promise<string | null> {
+    if (this.parents.has(id)) return this.parents.get(id)!;
+    const job = await ch.store.job(id);
+    if (!job) return null;
+    if (this.parents.size >= PARENTS_KEPT) this.parents.clear();
+    this.parents.set(id, job.parentId);
+    return job.parentId;
   }
 
   // Workers

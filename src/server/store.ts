@@ -1,4 +1,4 @@
-import type { MachineProbe, PrepareRequestPayload, PrepareTaskResult, RemoteSpec, WorkerCache, WorkerState } from "../cluster/protocol.ts";
+import type { PrepareRequestPayload, PrepareTaskResult, RemoteSpec, WorkerCache, WorkerState } from "../cluster/protocol.ts";
 import { mkdirSync } from "node:fs";
 import { BundleStore } from "./bundles.ts";
 import { ArtifactStore } from "./artifacts.ts";
@@ -6,7 +6,9 @@ import { WheelStore } from "./wheels.ts";
 import { BuildClaims } from "./build-claims.ts";
 import { TokenStore } from "./tokens.ts";
 import { chunks, isLockTimeout, marks, type Sql, type SqlValue } from "./db/sql.ts";
-import { newRev, WORKER_HEAVY_FIELDS, WORKER_LIGHT_COLUMNS, workerRows } from "./worker-rows.ts";
+import { newRev, WORKER_HEAVY_FIELDS, WORKER_LIGHT_COLUMNS, type WorkerRow, workerRows } from "./worker-rows.ts";
+
+export type { WorkerRow } from "./worker-rows.ts";
 import { redactDeep, redactUrl } from "../env/index-light.ts";
 import { neededTasks } from "../jobs/outputs.ts";
 import { holdStreams, insertEvents, STREAM_LOCK_CLASS, type StreamEvent } from "./event-streams.ts";
@@ -20,21 +22,6 @@ import type { JobEventData, JobEventName, JobState, RecordedEvent } from "../job
  * few queries; what must change together runs in `exclusive`.
  */
 
-export interface WorkerRow {
-  id: string;
-  name: string;
-  labels: Record<string, string>;
-  probe: MachineProbe;
-  slots: number;
-  state: WorkerState;
-  registered: number;
-  lastSeen: number;
-  freeGpus: number[];
-  /** The named join token it registered with (null: the server's own token); revoking that token drops the worker. */
-  joinedWith: string | null;
-  /** Its env cache as it last reported it; null before its first report. */
-  cache: WorkerCache | null;
-}
 
 export interface JobRow {
   id: string;

@@ -1,7 +1,6 @@
 import type { MachineProbe, WorkerCache, WorkerState } from "../cluster/protocol.ts";
 import { chunks, marks, type Sql } from "./db/sql.ts";
 import { deepFreeze, ParsedOnce } from "./parsed-once.ts";
-import type { WorkerRow } from "./store.ts";
 
 /**
  * Worker rows as the store reads them. Dispatch and the sweep read every
@@ -15,6 +14,23 @@ import type { WorkerRow } from "./store.ts";
  * any replica, never a counter: a read inside a transaction that then rolled
  * back keeps values under a `rev` no committed row will ever carry.
  */
+
+/** A worker as the server keeps it. */
+export interface WorkerRow {
+  id: string;
+  name: string;
+  labels: Record<string, string>;
+  probe: MachineProbe;
+  slots: number;
+  state: WorkerState;
+  registered: number;
+  lastSeen: number;
+  freeGpus: number[];
+  /** The named join token it registered with (null: the server's own token); revoking that token drops the worker. */
+  joinedWith: string | null;
+  /** Its env cache as it last reported it; null before its first report. */
+  cache: WorkerCache | null;
+}
 
 export const WORKER_LIGHT_COLUMNS = "id, name, slots, state, registered, last_seen, free_gpus, joined_with, rev";
 
