@@ -493,8 +493,16 @@ export class Coordinator {
    * or gone is the writer lock's (seen(): back, or 409).
    */
   private async ownLockedTask(ch: Change, worker: WorkerRow, taskId: string): Promise<TaskRow | typeof LOCKED_PATH> {
-    if (!(await ch.store.touchWorker(worker.id, Date.now()))) return LOCKED_PATH;
-    return this.heldBy(await ch.store.lockedTask(taskId), worker);
+    const [here, t] = await this.workerThenTask(ch, worker, taskId);
+    return here ? this.heldBy(t, worker) : LOCKED_PATH;
+  }
+
+  /**
+   * The worker's sign of life (false: lost or gone) and its task's row, both locked in that order, in one round
+   * trip (sent together on the transaction's connection, which runs them in turn).
+   */
+  private workerThenTask(ch: Change, worker: WorkerRow, taskId: string): Promise<[boolean, TaskRow | null]> {
+    return Promise.all([ch.store.touchWorker(worker.id, Date.now()), ch.store.lockedTask(taskId)]);
   }
 
   /** The task, when this worker holds it now: else 404 (not its own) or 409 (no longer its own). */
@@ -578,8 +586,8 @@ export class Coordinator {
   async taskReports(w: WorkerRow, taskId: string, items: ReportItem[], seq?: number): Promise<void> {
     const apply = async (ch: Change, t: TaskRow) => {
       const applied = await applyItems(ch.store, t, items, outboxSkip(t.appliedSeq, seq, items.length).skip);
-      await this.alreadyApplied(ch, t, seq, items.length, applied.task);
-      if (t.jobId && Object.keys(applied.job).length) await ch.store.updateJob(t.jobId, applied.job);
+      // The task's row and the job's, sent together (the job's after the task's, as every change takes them).
+      await Promise.all([this.alreadyApplied(ch, t, seq, items.length, applied.task), t.jobId && Object.keys(applied.job).length ? ch.store.updateJob(t.jobId, applied.job) : null]);
       for (const key of applied.wakes) ch.wake(key);
       if (applied.wakeJob) await this.wakeJob(ch, t.jobId);
     };
@@ -588,8 +596,8 @@ export class Coordinator {
     // An end: its seq is the last item's.
     const endSeq = seq === undefined ? undefined : seq + items.length - 1;
     const done = await this.rowChange(async (ch) => {
-      if (!(await ch.store.touchWorker(w.id, Date.now()))) return LOCKED_PATH;
-      const t = await ch.store.lockedTask(taskId);
+      const [here, t] = await this.workerThenTask(ch, w, taskId);
+      if (!here) return LOCKED_PATH;
       // Applied before, its answer lost: acknowledged again.
       if (t && this.appliedFinish(t, w, endSeq)) return true;
       await apply(ch, this.heldBy(t, w));
@@ -732,8 +740,8 @@ export class Coordinator {
     if (!handed.length) return;
     const { store } = ch;
     const tasks = handed.map(({ job, worker, gpus }) => ({ id: newId(8), kind: "job" as const, jobId: job.id, groupId: null, workerId: worker.id, attempt: job.attempts + 1, gpus, prepare: null, bundle: job.bundle }));
-    await store.addTasks(tasks);
-    await store.jobsHandedOut(tasks.map((t) => ({ id: t.jobId, attempts: t.attempt, workerId: t.workerId })));
+    // The writes of the whole pass sent together, in this order, on the transaction's connection.
+    const written = [store.addTasks(tasks), store.jobsHandedOut(tasks.map((t) => ({ id: t.jobId, attempts: t.attempt, workerId: t.workerId })))];
     const events: StreamEvent[] = [];
     for (const [i, { job, worker: w, gpus }] of handed.entries()) {
       const attempt = tasks[i]!.attempt;
@@ -749,7 +757,7 @@ export class Coordinator {
       // Assigned, its row still queued: nothing of its job's row changes (settleJob), which would cost a read of all its tasks per task.
       ch.wake(`job:${job.id}`);
     }
-    await store.eventsOfStreams(events);
+    await Promise.all([...written, store.eventsOfStreams(events)]);
   }
 
   /** Jobs claimed to wait, each for its reason: one statement per reason and one for their events. */

@@ -41,8 +41,10 @@ export async function applyItems(store: ServerStore, t: TaskRow, items: ReportIt
   const fresh = items.slice(skip);
   // Events first, all of them in order: a job's event stream is locked before its row (store.lockJob), which output
   // and the end write. Events and output are kept apart, each in its own order, so nothing else moves.
+  // All of them sent together, in this order, on the transaction's connection (one round trip, not one each).
+  const writes: Promise<unknown>[] = [];
   const events = fresh.flatMap((i) => ("event" in i ? [i.event] : []));
-  if (events.length) await applyEvents(store, t, events, out);
+  if (events.length) writes.push(applyEvents(store, t, events, out));
   for (let k = 0; k < fresh.length; ) {
     const item = fresh[k]!;
     if ("event" in item) k++;
@@ -51,7 +53,7 @@ export async function applyItems(store: ServerStore, t: TaskRow, items: ReportIt
       for (; k < fresh.length && "output" in fresh[k]! && (fresh[k] as { stream: string }).stream === item.stream; k++) run.push((fresh[k] as { output: Uint8Array }).output);
       const data = run.length === 1 ? run[0]! : Buffer.concat(run);
       if (t.jobId && data.length) {
-        await store.appendLog(t.jobId, data, item.stream === "stderr" ? 2 : 1);
+        writes.push(store.appendLog(t.jobId, data, item.stream === "stderr" ? 2 : 1));
         out.wakes.push(`job:${t.jobId}`);
       }
     } else {
@@ -65,31 +67,32 @@ export async function applyItems(store: ServerStore, t: TaskRow, items: ReportIt
       k++;
     }
   }
+  await Promise.all(writes);
   // Events heard before still wake the job's followers, as they always did.
   if (t.jobId && items.some((i) => "event" in i)) out.wakeJob = true;
   return out;
 }
 
-async function applyEvents(store: ServerStore, t: TaskRow, events: TaskEventIn[], out: Applied): Promise<void> {
+/** The events' writes (started, not awaited); what they say of the job's row is in `out` when this returns. */
+function applyEvents(store: ServerStore, t: TaskRow, events: TaskEventIn[], out: Applied): Promise<void> {
   if (!t.jobId) {
     // A prepare's build steps, kept by task for `env prepare --server` to show.
     // Its group's reader follows every task's steps with one mark: the group is their stream (relayedEvents).
-    await store.relayedEvents(
+    if (t.groupId) out.wakes.push(`group:${t.groupId}`);
+    return store.relayedEvents(
       prepareSteps(t.id),
       events.filter((e) => e.type.startsWith("task.prepare.")),
       t.groupId ?? t.id,
     );
-    if (t.groupId) out.wakes.push(`group:${t.groupId}`);
-    return;
   }
   // Outputs are said by the server alone, from the archive it received (taskOutputs).
   const fresh = events.filter((e) => e.type !== "task.outputs");
-  // The server's clock, so running phases measure against the same clock that reads them.
-  await store.relayedEvents(t.jobId, fresh);
-  // What the events say of the job's row, as of the last of them.
+  // What the events say of the job's row, as of the last of them (an end after them says more).
   for (const e of fresh) {
     if (eventIs(e, "task.prepare.started")) out.job.state = "preparing";
     if (eventIs(e, "task.prepare.finished") && typeof e.data.env_key === "string") out.job.envKey = e.data.env_key;
     if (eventIs(e, "task.run.started")) out.job.state = "running";
   }
+  // The server's clock, so running phases measure against the same clock that reads them.
+  return store.relayedEvents(t.jobId, fresh);
 }

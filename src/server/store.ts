@@ -564,6 +564,14 @@ export class ServerStore {
   }
   /** Output as it came, stdout (1) and stderr (2) interleaved in one log with byte offsets: the size moved and the chunk added together. */
   async appendLog(jobId: string, data: Uint8Array, stream: 1 | 2 = 1): Promise<number> {
+    if (this.sql.dialect === "postgres") {
+      // One statement: the job's size grown and the piece written at its old end (a round trip per piece, not two).
+      const row = await this.sql.get<{ start: number }>(
+        "WITH grown AS (UPDATE jobs SET log_size = log_size + ?::bigint WHERE id = ? RETURNING log_size) INSERT INTO logs (job_id, start, stream, data) SELECT ?, log_size - ?::bigint, ?::int, ?::bytea FROM grown RETURNING start",
+        data.length, jobId, jobId, data.length, stream, data,
+      );
+      return Number(row?.start ?? 0) + data.length;
+    }
     return this.sql.exclusive(async (tx) => {
       const end = Number((await tx.get<{ log_size: number }>("UPDATE jobs SET log_size = log_size + ? WHERE id = ? RETURNING log_size", data.length, jobId))?.log_size ?? data.length);
       await tx.run("INSERT INTO logs (job_id, start, stream, data) VALUES (?, ?, ?, ?)", jobId, end - data.length, stream, data);
