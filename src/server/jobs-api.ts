@@ -93,8 +93,11 @@ export class JobsApi {
     if (body.bundle) await store.bundles.touch(body.bundle);
     const id = newId(8);
     await this.c.heldSpecs.hold(store.sql, id, body.spec);
-    await store.addJob({ id, name: body.spec.name, spec: body.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir });
-    await store.event(id, "job.submitted", { name: body.spec.name, command: body.spec.commandText, labels: body.labels });
+    // The row and its first event sent together (in this order) on the transaction's connection.
+    await Promise.all([
+      store.addJob({ id, name: body.spec.name, spec: body.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir }),
+      store.event(id, "job.submitted", { name: body.spec.name, command: body.spec.commandText, labels: body.labels }),
+    ]);
     for (const t of body.spec.tasks ?? []) {
       const taskId = newId(8);
       await this.c.heldSpecs.hold(store.sql, taskId, t.spec);
