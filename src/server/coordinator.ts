@@ -9,7 +9,7 @@ import { applyItems, outputItems, type ReportItem } from "./report-items.ts";
 import { busyReason, chooseAmong, jobNeeds, type Load, type Needs, neverReason, pickGpus, reasons } from "./match.ts";
 import { type RegisterBody, registerWorker } from "./register.ts";
 import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from "./store.ts";
-import { isDeadlock } from "./db/sql.ts";
+import { isDeadlock, together } from "./db/sql.ts";
 import { blockedTasks, endUnstarted, settleJob } from "./job-tasks.ts";
 import { jobEvent, type StreamEvent } from "./event-streams.ts";
 
@@ -502,7 +502,10 @@ export class Coordinator {
    * trip (sent together on the transaction's connection, which runs them in turn).
    */
   private workerThenTask(ch: Change, worker: WorkerRow, taskId: string): Promise<[boolean, TaskRow | null]> {
-    return Promise.all([ch.store.touchWorker(worker.id, Date.now()), ch.store.lockedTask(taskId)]);
+    return together(
+      () => ch.store.touchWorker(worker.id, Date.now()),
+      () => ch.store.lockedTask(taskId),
+    );
   }
 
   /** The task, when this worker holds it now: else 404 (not its own) or 409 (no longer its own). */
@@ -587,7 +590,10 @@ export class Coordinator {
     const apply = async (ch: Change, t: TaskRow) => {
       const applied = await applyItems(ch.store, t, items, outboxSkip(t.appliedSeq, seq, items.length).skip);
       // The task's row and the job's, sent together (the job's after the task's, as every change takes them).
-      await Promise.all([this.alreadyApplied(ch, t, seq, items.length, applied.task), t.jobId && Object.keys(applied.job).length ? ch.store.updateJob(t.jobId, applied.job) : null]);
+      await together(
+        () => this.alreadyApplied(ch, t, seq, items.length, applied.task),
+        async () => (t.jobId && Object.keys(applied.job).length ? ch.store.updateJob(t.jobId, applied.job) : null),
+      );
       for (const key of applied.wakes) ch.wake(key);
       if (applied.wakeJob) await this.wakeJob(ch, t.jobId);
     };
@@ -740,8 +746,6 @@ export class Coordinator {
     if (!handed.length) return;
     const { store } = ch;
     const tasks = handed.map(({ job, worker, gpus }) => ({ id: newId(8), kind: "job" as const, jobId: job.id, groupId: null, workerId: worker.id, attempt: job.attempts + 1, gpus, prepare: null, bundle: job.bundle }));
-    // The writes of the whole pass sent together, in this order, on the transaction's connection.
-    const written = [store.addTasks(tasks), store.jobsHandedOut(tasks.map((t) => ({ id: t.jobId, attempts: t.attempt, workerId: t.workerId })))];
     const events: StreamEvent[] = [];
     for (const [i, { job, worker: w, gpus }] of handed.entries()) {
       const attempt = tasks[i]!.attempt;
@@ -757,7 +761,12 @@ export class Coordinator {
       // Assigned, its row still queued: nothing of its job's row changes (settleJob), which would cost a read of all its tasks per task.
       ch.wake(`job:${job.id}`);
     }
-    await Promise.all([...written, store.eventsOfStreams(events)]);
+    // The writes of the whole pass sent together, in this order, on the transaction's connection.
+    await together(
+      () => store.addTasks(tasks),
+      () => store.jobsHandedOut(tasks.map((t) => ({ id: t.jobId, attempts: t.attempt, workerId: t.workerId }))),
+      () => store.eventsOfStreams(events),
+    );
   }
 
   /** Jobs claimed to wait, each for its reason: one statement per reason and one for their events. */

@@ -5,6 +5,7 @@ import { ExitCode } from "../errors.ts";
 import { HttpFail } from "./http-fail.ts";
 import { fleetGpuRefusal, jobNeeds, labelsMatch, neverReason, reasons } from "./match.ts";
 import { type JobRow, newId, type ServerStore, type WorkerRow } from "./store.ts";
+import { together } from "./db/sql.ts";
 import { prepareSteps } from "./task-reports.ts";
 import { endUnstarted, JOB_CANCELLED, settleJob } from "./job-tasks.ts";
 import { taskGraphProblem } from "../jobs/task-graph.ts";
@@ -94,10 +95,10 @@ export class JobsApi {
     const id = newId(8);
     await this.c.heldSpecs.hold(store.sql, id, body.spec);
     // The row and its first event sent together (in this order) on the transaction's connection.
-    await Promise.all([
-      store.addJob({ id, name: body.spec.name, spec: body.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir }),
-      store.event(id, "job.submitted", { name: body.spec.name, command: body.spec.commandText, labels: body.labels }),
-    ]);
+    await together(
+      () => store.addJob({ id, name: body.spec.name, spec: body.spec, bundle: body.bundle, labels: body.labels, workdir: body.workdir }),
+      () => store.event(id, "job.submitted", { name: body.spec.name, command: body.spec.commandText, labels: body.labels }),
+    );
     for (const t of body.spec.tasks ?? []) {
       const taskId = newId(8);
       await this.c.heldSpecs.hold(store.sql, taskId, t.spec);

@@ -1,5 +1,6 @@
 import type { FinishRequest, TaskEventIn } from "../cluster/protocol.ts";
 import { eventIs } from "../jobs/model.ts";
+import { together } from "./db/sql.ts";
 import type { ServerStore, TaskRow } from "./store.ts";
 import { prepareSteps } from "./task-reports.ts";
 
@@ -42,7 +43,7 @@ export async function applyItems(store: ServerStore, t: TaskRow, items: ReportIt
   // Events first, all of them in order: a job's event stream is locked before its row (store.lockJob), which output
   // and the end write. Events and output are kept apart, each in its own order, so nothing else moves.
   // All of them sent together, in this order, on the transaction's connection (one round trip, not one each).
-  const writes: Promise<unknown>[] = [];
+  const writes: (() => Promise<unknown>)[] = [];
   const events = fresh.flatMap((i) => ("event" in i ? [i.event] : []));
   if (events.length) writes.push(applyEvents(store, t, events, out));
   for (let k = 0; k < fresh.length; ) {
@@ -53,7 +54,8 @@ export async function applyItems(store: ServerStore, t: TaskRow, items: ReportIt
       for (; k < fresh.length && "output" in fresh[k]! && (fresh[k] as { stream: string }).stream === item.stream; k++) run.push((fresh[k] as { output: Uint8Array }).output);
       const data = run.length === 1 ? run[0]! : Buffer.concat(run);
       if (t.jobId && data.length) {
-        writes.push(store.appendLog(t.jobId, data, item.stream === "stderr" ? 2 : 1));
+        const jobId = t.jobId;
+        writes.push(() => store.appendLog(jobId, data, item.stream === "stderr" ? 2 : 1));
         out.wakes.push(`job:${t.jobId}`);
       }
     } else {
@@ -67,19 +69,20 @@ export async function applyItems(store: ServerStore, t: TaskRow, items: ReportIt
       k++;
     }
   }
-  await Promise.all(writes);
+  await together(...writes);
   // Events heard before still wake the job's followers, as they always did.
   if (t.jobId && items.some((i) => "event" in i)) out.wakeJob = true;
   return out;
 }
 
-/** The events' writes (started, not awaited); what they say of the job's row is in `out` when this returns. */
-function applyEvents(store: ServerStore, t: TaskRow, events: TaskEventIn[], out: Applied): Promise<void> {
-  if (!t.jobId) {
+/** The events' write, to start with the others; what they say of the job's row is in `out` when this returns. */
+function applyEvents(store: ServerStore, t: TaskRow, events: TaskEventIn[], out: Applied): () => Promise<void> {
+  const jobId = t.jobId;
+  if (!jobId) {
     // A prepare's build steps, kept by task for `env prepare --server` to show.
     // Its group's reader follows every task's steps with one mark: the group is their stream (relayedEvents).
     if (t.groupId) out.wakes.push(`group:${t.groupId}`);
-    return store.relayedEvents(
+    return () => store.relayedEvents(
       prepareSteps(t.id),
       events.filter((e) => e.type.startsWith("task.prepare.")),
       t.groupId ?? t.id,
@@ -94,5 +97,5 @@ function applyEvents(store: ServerStore, t: TaskRow, events: TaskEventIn[], out:
     if (eventIs(e, "task.run.started")) out.job.state = "running";
   }
   // The server's clock, so running phases measure against the same clock that reads them.
-  return store.relayedEvents(t.jobId, fresh);
+  return () => store.relayedEvents(jobId, fresh);
 }

@@ -35,6 +35,19 @@ export const chunks = (ids: string[]): string[][] => Array.from({ length: Math.c
 /** One `?` per id, for `IN (...)`. */
 export const marks = (ids: string[]): string => ids.map(() => "?").join(", ");
 
+/**
+ * Statements of one transaction sent together: started in this order (PostgreSQL runs them in turn on the
+ * transaction's connection: one round trip, not one each), and all settled before this answers, so a failure of
+ * one never ends the transaction while another still runs (SQLite would run it after the ROLLBACK, outside it).
+ * The first failure is thrown.
+ */
+export async function together<T extends readonly (() => Promise<unknown>)[]>(...statements: T): Promise<{ [K in keyof T]: Awaited<ReturnType<T[K]>> }> {
+  const settled = await Promise.allSettled(statements.map((start) => start()));
+  const failed = settled.find((r) => r.status === "rejected");
+  if (failed) throw (failed as PromiseRejectedResult).reason;
+  return settled.map((r) => (r as PromiseFulfilledResult<unknown>).value) as { [K in keyof T]: Awaited<ReturnType<T[K]>> };
+}
+
 /** Two transactions each waited for a row the other held (SQLSTATE 40P01): PostgreSQL rolled one back, which may run again whole. */
 export function isDeadlock(error: unknown): boolean {
   return String((error as { errno?: unknown }).errno ?? "") === "40P01";
