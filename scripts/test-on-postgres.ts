@@ -1,7 +1,7 @@
 /**
  * The tests that start servers, again with every server keeping its state in
  * PostgreSQL (a throw-away cluster, test/fixtures/postgres.ts): one suite for
- * both stores. `bun run test:postgres [FILES…]`; CI runs it after `bun test`.
+ * both stores. `bun run test:postgres [FILES…]`; `bun run test` (scripts/test-all.ts) runs it beside `bun test`.
  */
 import { readdirSync, readFileSync } from "node:fs";
 import { startPostgres } from "../test/fixtures/postgres.ts";

@@ -60,8 +60,10 @@ describe("the README", () => {
     expect(start).toBeGreaterThan(-1);
     const block = /```sh\n([\s\S]*?)```/.exec(readme.slice(start))![1]!;
     const commands = block.split("\n").filter((l) => l.trim() && !l.trim().startsWith("#"));
-    expect(commands.map((c) => c.split("#")[0]!.trim())).toEqual(["./scripts/quickstart.sh", "bun test"]);
+    expect(commands.map((c) => c.split("#")[0]!.trim())).toEqual(["./scripts/quickstart.sh", "bun run test"]);
     expect(statSync(join(ROOT, "scripts/quickstart.sh")).mode & 0o111).not.toBe(0);
+    const script = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")).scripts.test as string;
+    expect(statSync(join(ROOT, /^bun run (\S+)$/.exec(script)![1]!)).isFile()).toBe(true);
   });
 });
 

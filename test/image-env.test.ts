@@ -52,6 +52,14 @@ async function imageWithGreetb(engine: string): Promise<string> {
   return ref;
 }
 
+/** The env-build containers running (or, with "all", there at all) from `ref`: this file's own, though other files may build in the same engine meanwhile. */
+async function buildContainers(engine: string, ref: string, which: "running" | "all" = "running"): Promise<string[]> {
+  // By the image's id: gpulayer runs its builds by id, and podman matches an ancestor by what a container was run with.
+  const id = (await run([engine, "image", "inspect", "--format", "{{.Id}}", ref])).stdout.trim();
+  const r = await run([engine, "ps", "-q", ...(which === "all" ? ["-a"] : []), "--filter", "name=gpulayer-envbuild-", "--filter", `ancestor=${id}`]);
+  return r.stdout.split("\n").filter(Boolean);
+}
+
 /**
  * Skipped only where the Python image cannot be made (no mmdebstrap, no Debian
  * mirror) and no engine is required; where the run requires the engines (CI
@@ -313,16 +321,17 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
     try {
       const args = ["env", "prepare", "--image", ref, "-p", "trickle", "--index-url", slow.url, "--json"];
       const first = startCli(args, { env: box.env, cwd: box.root });
-      const builders = async () => (await run([name, "ps", "-q", "--filter", "name=gpulayer-envbuild-"])).stdout.trim();
-      await waitFor("the build container to download", async () => slow.state.downloads > 0 && (await builders()) !== "", 60_000);
+      const builders = () => buildContainers(name, ref);
+      await waitFor("the build container to download", async () => slow.state.downloads > 0 && (await builders()).length > 0, 60_000);
       first.kill("SIGKILL");
       await first.exited;
-      expect(await builders()).not.toBe(""); // the engine keeps it running: it is still writing into the env's folder
+      const orphans = await builders();
+      expect(orphans).not.toEqual([]); // the engine keeps it running: it is still writing into the env's folder
       slow.state.slow = false;
       const second = await cli(args, { env: box.env, cwd: box.root });
       expect(second.code, second.stderr).toBe(0);
       expect(JSON.parse(second.stdout).env.status).toBe("built");
-      expect(await builders()).toBe("");
+      expect(await builders()).toEqual([]);
       const check = await cli(["job", "run", "--image", ref, "-p", "trickle", "--index-url", slow.url, "--", "python", "-c", "import trickle; print(trickle.__version__)"], { env: box.env, cwd: box.root });
       expect(check.stdout.trim()).toBe("1.0");
     } finally {
@@ -532,7 +541,7 @@ describe.each(ENGINES)("an image and requirements, with %s", (name) => {
       expect(r.code).toBe(1);
       expect(r.stderr.trim().split("\n").at(-1)).toBe(`error: timed out after 8 s while building the env inside ${ref} (prepare_timeout; nothing was kept)`);
       expect(slow.state.downloads).toBeGreaterThan(0); // the build did start
-      await waitFor("the build container to go", async () => (await run([name, "ps", "-aq", "--filter", "name=gpulayer-envbuild-"])).stdout.trim() === "", 30_000);
+      await waitFor("the build container to go", async () => (await buildContainers(name, ref, "all")).length === 0, 30_000);
       expect(envDirs(box.home)).toEqual([]);
     } finally {
       slow.stop();
