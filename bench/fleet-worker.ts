@@ -11,7 +11,8 @@
  * Run by bench/fleet.ts: bun bench/fleet-worker.ts '<config JSON>'
  */
 import { ClusterClient, Replicas } from "../src/cluster/client.ts";
-import type { MachineProbe, PollResponse, RegisterResponse, TaskAssignment } from "../src/cluster/protocol.ts";
+import type { MachineProbe, PollResponse, RegisterResponse, ReportItemWire, ReportsRequest, TaskAssignment, TaskEventIn } from "../src/cluster/protocol.ts";
+import { runsOf } from "../src/core/runs.ts";
 import { HttpError } from "../src/errors.ts";
 
 export interface SimConfig {
@@ -151,12 +152,12 @@ class SimWorker {
   private async run(t: TaskAssignment): Promise<void> {
     this.running.add(t.id);
     const path = `/v1/tasks/${t.id}`;
-    const event = (type: string, data: Record<string, unknown>) => ({ event: { ts: Date.now(), type, data } });
-    const output = { output: Buffer.from("ok\n").toString("base64"), stream: "stdout" };
+    const event = (type: string, data: Record<string, unknown>): ReportItemWire => ({ event: { ts: Date.now(), type, data } });
+    const output: ReportItemWire = { output: Buffer.from("ok\n").toString("base64"), stream: "stdout" };
     try {
       await this.report(path, 1, [event("task.prepare.started", { image: null })]);
       const started = [event("task.prepare.finished", { seconds: 0.004, status: "reused", cache: "hit" }), event("task.run.started", { pid: 4242, command: "true" }), output];
-      const end = [event("task.run.finished", { exit_code: 0, seconds: cfg.jobMs / 1000 }), { finish: { state: "succeeded", exit_code: 0, error: null } }];
+      const end: ReportItemWire[] = [event("task.run.finished", { exit_code: 0, seconds: cfg.jobMs / 1000 }), { finish: { state: "succeeded", exit_code: 0, error: null } }];
       if (cfg.jobMs || cfg.outputs) {
         await this.report(path, 2, started);
         if (cfg.jobMs) await sleep(cfg.jobMs);
@@ -176,26 +177,27 @@ class SimWorker {
   }
 
   /** Items from `seq`, as the channel sends them: one kind by its own endpoint, several by `/reports` (by kind to an older server). */
-  private async report(path: string, seq: number, items: Record<string, unknown>[]): Promise<void> {
-    const kind = (i: Record<string, unknown>) => Object.keys(i)[0]!;
+  private async report(path: string, seq: number, items: ReportItemWire[]): Promise<void> {
+    const kind = (i: ReportItemWire) => ("event" in i ? "event" : "output" in i ? "output" : "finish");
     if (items.length > 1 && new Set(items.map(kind)).size > 1 && !byKindOnly) {
       try {
-        await this.client!.request("POST", `${path}/reports`, { seq, items });
+        const report: ReportsRequest = { seq, items };
+        await this.client!.request("POST", `${path}/reports`, report);
         return;
       } catch (error) {
         if (!(error instanceof HttpError && error.status === 404 && error.message.startsWith("no route "))) throw error;
         byKindOnly = true;
       }
     }
-    for (let k = 0; k < items.length; ) {
-      let end = k + 1;
-      while (end < items.length && kind(items[end]!) === kind(items[k]!)) end++;
-      const run = items.slice(k, end);
-      const at = seq + k;
-      if (kind(run[0]!) === "event") await this.client!.request("POST", `${path}/events`, { seq: at, events: run.map((i) => i.event) });
-      else if (kind(run[0]!) === "output") await this.client!.request("POST", `${path}/output?stream=stdout&seq=${at}&lengths=${run.map((i) => Buffer.from(i.output as string, "base64").length).join(",")}`, Buffer.concat(run.map((i) => Buffer.from(i.output as string, "base64"))));
-      else await this.client!.request("POST", `${path}/finish`, { seq: at, ...(run[0]!.finish as object) });
-      k = end;
+    let at = seq;
+    for (const run of runsOf(items, (a, b) => kind(a) === kind(b))) {
+      const first = run[0]!;
+      if ("event" in first) await this.client!.request("POST", `${path}/events`, { seq: at, events: run.map((i) => (i as { event: TaskEventIn }).event) });
+      else if ("output" in first) {
+        const pieces = run.map((i) => Buffer.from((i as { output: string }).output, "base64"));
+        await this.client!.request("POST", `${path}/output?stream=stdout&seq=${at}&lengths=${pieces.map((p) => p.length).join(",")}`, Buffer.concat(pieces));
+      } else await this.client!.request("POST", `${path}/finish`, { seq: at, ...first.finish });
+      at += run.length;
     }
   }
 }

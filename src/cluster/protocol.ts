@@ -175,6 +175,15 @@ export interface FinishRequest {
   result?: PrepareTaskResult;
 }
 
+/** One outbox item in `POST /v1/tasks/ID/reports`: an event, a piece of output (base64: a report is JSON), or the task's end. */
+export type ReportItemWire = { event: TaskEventIn } | { output: string; stream: "stdout" | "stderr" } | { finish: FinishRequest };
+
+/** A report of several kinds: items from `seq` on, in order, an end only as the last. */
+export type ReportsRequest = {
+  seq: number;
+  items: ReportItemWire[];
+};
+
 export interface WatchResponse {
   state: string;
   exit_code: number | null;

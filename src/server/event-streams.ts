@@ -1,5 +1,5 @@
 import type { JobEventData, JobEventName, RecordedEvent } from "../jobs/model.ts";
-import { chunks, type Sql, type SqlValue } from "./db/sql.ts";
+import { CHUNK, chunks, type Sql, type SqlValue } from "./db/sql.ts";
 
 /**
  * The advisory locks' first key for a stream of events one reader follows with one seq mark (a job's events; a
@@ -21,9 +21,6 @@ export interface StreamEvent extends Pick<RecordedEvent, "type" | "data"> {
 export function jobEvent<N extends JobEventName>(jobId: string, type: N, data: JobEventData[N]): StreamEvent {
   return { jobId, stream: jobId, type, data: data as Record<string, unknown> };
 }
-
-/** Streams locked in one statement at most (a parameter each). */
-const STREAMS_PER_STATEMENT = 500;
 
 /** Events in one statement at most (4 parameters each). */
 const EVENTS_PER_STATEMENT = 500;
@@ -67,7 +64,7 @@ export async function holdStreams(sql: Sql, streams: string[]): Promise<void> {
   const distinct = [...new Set(streams)];
   if (!distinct.length) return;
   // One statement takes its keys in order; past one statement's worth, in key order across statements too.
-  for (const some of distinct.length <= STREAMS_PER_STATEMENT ? [distinct] : chunks(await sortedByKey(sql, distinct))) {
+  for (const some of distinct.length <= CHUNK ? [distinct] : chunks(await sortedByKey(sql, distinct))) {
     const locks = streamLocks(some);
     await sql.get(`SELECT l.held FROM ${locks.from}`, ...locks.params);
   }

@@ -1,4 +1,5 @@
 import type { FinishRequest, TaskEventIn } from "../cluster/protocol.ts";
+import { runsOf } from "../core/runs.ts";
 import { eventIs } from "../jobs/model.ts";
 import { together } from "./db/sql.ts";
 import type { ServerStore, TaskRow } from "./store.ts";
@@ -46,13 +47,12 @@ export async function applyItems(store: ServerStore, t: TaskRow, items: ReportIt
   const writes: (() => Promise<unknown>)[] = [];
   const events = fresh.flatMap((i) => ("event" in i ? [i.event] : []));
   if (events.length) writes.push(applyEvents(store, t, events, out));
-  for (let k = 0; k < fresh.length; ) {
-    const item = fresh[k]!;
-    if ("event" in item) k++;
-    else if ("output" in item) {
-      const run: Uint8Array[] = [];
-      for (; k < fresh.length && "output" in fresh[k]! && (fresh[k] as { stream: string }).stream === item.stream; k++) run.push((fresh[k] as { output: Uint8Array }).output);
-      const data = run.length === 1 ? run[0]! : Buffer.concat(run);
+  for (const run of runsOf(fresh, (a, b) => "output" in a && "output" in b && a.stream === b.stream)) {
+    const item = run[0]!;
+    if ("event" in item) continue;
+    if ("output" in item) {
+      const pieces = run.map((i) => (i as { output: Uint8Array }).output);
+      const data = pieces.length === 1 ? pieces[0]! : Buffer.concat(pieces);
       if (t.jobId && data.length) {
         const jobId = t.jobId;
         writes.push(() => store.appendLog(jobId, data, item.stream === "stderr" ? 2 : 1));
@@ -66,7 +66,6 @@ export async function applyItems(store: ServerStore, t: TaskRow, items: ReportIt
         out.wakeJob = true;
       }
       if (t.groupId) out.wakes.push(`group:${t.groupId}`);
-      k++;
     }
   }
   await together(...writes);

@@ -1,5 +1,6 @@
 import * as v from "valibot";
 import { WireEnvironmentSchema } from "../env/index-light.ts";
+import type { ReportsRequest } from "../cluster/protocol.ts";
 
 /** What the API accepts, checked before anything is stored: a malformed body is a 400 naming the field. */
 
@@ -180,6 +181,8 @@ export const ReportsSchema = v.pipe(
   v.object({ seq: Seq, items: v.pipe(v.array(ReportItemIn), v.maxLength(10_000)) }),
   v.check((r) => r.items.every((item, i) => item.finish === undefined || i === r.items.length - 1), "items: a finish only as the last item"),
 );
+// What a worker sends (cluster/protocol.ts) is what this takes: a field added to one side only fails to compile.
+true satisfies ReportsRequest extends v.InferInput<typeof ReportsSchema> ? true : never;
 
 export const HandbackSchema = v.object({ reason: v.pipe(v.string(), v.maxLength(1000)), seq: Seq });
 export const LeaveSchema = v.object({ final: v.boolean() });

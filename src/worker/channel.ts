@@ -1,6 +1,7 @@
 import { type ClusterClient, isUnavailable } from "../cluster/client.ts";
 import { HttpError } from "../errors.ts";
-import type { TaskEventIn } from "../cluster/protocol.ts";
+import type { ReportItemWire, ReportsRequest, TaskEventIn } from "../cluster/protocol.ts";
+import { runsOf } from "../core/runs.ts";
 import type { JobEventData, JobEventName, RelayMark } from "../jobs/model.ts";
 import { sleep } from "../core/sleep.ts";
 import type { Outbox, OutboxItem } from "./outbox.ts";
@@ -100,19 +101,17 @@ export class TaskChannel {
 
   private async deliver(items: OutboxItem[], seq: number): Promise<boolean> {
     const first = items[0]!;
-    if (items.every((i) => i.kind === first.kind && i.stream === first.stream)) return this.deliverRun(items, seq);
-    const sent = await this.send(`/v1/tasks/${this.taskId}/reports`, { seq, items: items.map(reportItem) }, true);
+    if (items.every((i) => sameRun(first, i))) return this.deliverRun(items, seq);
+    const report: ReportsRequest = { seq, items: items.map(reportItem) };
+    const sent = await this.send(`/v1/tasks/${this.taskId}/reports`, report, true);
     if (typeof sent === "boolean") return sent;
     // A server older than /reports: by kind, for a while. Refused (one item the server will not take): by kind this
     // once, so that item's run alone is refused, not the task's end with it.
     if (sent === "no route") byKindUntil.set(this.client, Date.now() + BY_KIND_MS);
-    for (let k = 0; k < items.length; ) {
-      let end = k + 1;
-      while (end < items.length && items[end]!.kind === items[k]!.kind && items[end]!.stream === items[k]!.stream) end++;
-      if (!(await this.deliverRun(items.slice(k, end), items[k]!.seq))) return false;
+    for (const run of runsOf(items, sameRun)) {
+      if (!(await this.deliverRun(run, run[0]!.seq))) return false;
       // Each run acknowledged as it goes: a worker restarted midway does not send again what the server applied.
-      this.outbox.ack(this.taskId, items[end - 1]!.seq);
-      k = end;
+      this.outbox.ack(this.taskId, run.at(-1)!.seq);
     }
     return true;
   }
@@ -181,9 +180,12 @@ export class TaskChannel {
   }
 }
 
-/** An outbox item as `/reports` takes it. */
-function reportItem(i: OutboxItem): Record<string, unknown> {
+/** Items one request of their kind carries: the same kind, and output of the same stream. */
+const sameRun = (a: OutboxItem, b: OutboxItem) => a.kind === b.kind && a.stream === b.stream;
+
+/** An outbox item as `/reports` takes it (a handback never goes there: the outbox batches it alone). */
+function reportItem(i: OutboxItem): ReportItemWire {
   if (i.kind === "event") return { event: JSON.parse(Buffer.from(i.body).toString()) };
-  if (i.kind === "output") return { output: Buffer.from(i.body).toString("base64"), stream: i.stream };
+  if (i.kind === "output") return { output: Buffer.from(i.body).toString("base64"), stream: i.stream! };
   return { finish: JSON.parse(Buffer.from(i.body).toString()) };
 }

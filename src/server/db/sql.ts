@@ -30,7 +30,7 @@ export interface Sql {
 }
 
 /** Ids in one statement at most: well under either database's limit on parameters. */
-const CHUNK = 500;
+export const CHUNK = 500;
 export const chunks = (ids: string[]): string[][] => Array.from({ length: Math.ceil(ids.length / CHUNK) }, (_, i) => ids.slice(i * CHUNK, (i + 1) * CHUNK));
 /** One `?` per id, for `IN (...)`. */
 export const marks = (ids: string[]): string => ids.map(() => "?").join(", ");
