@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { tempDir } from "./helpers.ts";
 import { hasPostgres, postgresForFile } from "./fixtures/postgres.ts";
 import { machineProbe, trueJob } from "./fixtures/fleet-rows.ts";
+import { contentHash as sha256 } from "../src/core/hashing.ts";
 import { Coordinator } from "../src/server/coordinator.ts";
 import { migrate } from "../src/server/db/migrations.ts";
 import { PostgresDatabase } from "../src/server/db/postgres.ts";
@@ -101,6 +102,26 @@ for (const [label, place] of stores) {
         for (let tries = 0; tries < 100 && (await lines()).some((l) => l !== "room on a worker (w0, w1: its slot is busy)"); tries++) await Bun.sleep(50);
         expect(new Set(await lines())).toEqual(new Set(["room on a worker (w0, w1: its slot is busy)"]));
         expect(await lines()).toHaveLength(299);
+      } finally {
+        await close();
+      }
+    });
+
+    test("waiting polls looked at all together: woken are the worker handed a task and the one whose credential was replaced, not the others", async () => {
+      const { a, b, close } = await replicas(place);
+      try {
+        const joined = [];
+        for (let i = 0; i < 3; i++) joined.push(await a.register({ name: `w${i}`, labels: {}, slots: 1, probe: probe(`host-${i}`) }));
+        const waiting = new Map(joined.map((w) => [w.id, [sha256(w.credential)]]));
+        expect(await b.store.pollNews(waiting)).toEqual([]);
+        const { id } = await new JobsApi(a).submit({ spec: spec("handed"), bundle: null, labels: {}, workdir: "/w" });
+        const holder = (await a.store.job(id))!.workerId!;
+        expect(await b.store.pollNews(waiting)).toEqual([holder]);
+        // Another worker restarted and joined again (a new credential): its old poll is to be told so (401).
+        const other = joined.find((w) => w.id !== holder)!;
+        await a.store.updateWorker(other.id, { lastSeen: 0 });
+        await a.register({ name: other.name, labels: {}, slots: 1, probe: probe("host-x"), resume: { id: other.id, credential: other.credential } });
+        expect(new Set(await b.store.pollNews(waiting))).toEqual(new Set([holder, other.id]));
       } finally {
         await close();
       }

@@ -12,6 +12,7 @@ import { type JobRow, newId, ServerStore, type TaskRow, type WorkerRow } from ".
 import { isDeadlock, together } from "./db/sql.ts";
 import { blockedTasks, endUnstarted, settleJob } from "./job-tasks.ts";
 import { jobEvent, type StreamEvent } from "./event-streams.ts";
+import { PollRecheck } from "./poll-recheck.ts";
 
 /**
  * The coordinator's rules: workers come, beat and go (or are lost), queued
@@ -118,6 +119,8 @@ export class Coordinator {
   private passOwed = false;
   /** Jobs' parents, as parentOf read them. */
   private readonly parents = new Map<string, string | null>();
+  /** With replicas: the workers' waiting polls, looked at again all together (a NOTIFY may be lost). */
+  private readonly recheck: PollRecheck | null;
 
   constructor(
     readonly store: ServerStore,
@@ -127,6 +130,7 @@ export class Coordinator {
     private readonly onSweepError: (error: unknown) => void = () => {},
   ) {
     this.notify = new Notifier(opts.publish ? REPLICA_RECHECK_MS : undefined);
+    this.recheck = opts.publish ? new PollRecheck(store, (id) => this.notify.wake(`worker:${id}`), REPLICA_RECHECK_MS) : null;
     this.heldSpecs = new HeldSecrets("job", opts.seal ?? null);
     this.heldPrepares = new HeldSecrets("prepare", opts.seal ?? null);
     this.sweeper = setInterval(() => void this.sweep().catch(this.onSweepError), Math.min(1000, Math.max(100, (opts.lostSeconds * 1000) / 4)));
@@ -134,6 +138,7 @@ export class Coordinator {
 
   close(): void {
     clearInterval(this.sweeper);
+    this.recheck?.close();
   }
 
   /** `fn` as one change under the writer lock; its wake-ups and log lines go out after the commit. */
@@ -280,18 +285,24 @@ export class Coordinator {
   /** Waits for work; `secretHash` is the credential it came with, which a restarted worker replaces and leaving or being lost kills (the poll then ends with 401). */
   async poll(w: WorkerRow, waitMs: number, signal?: AbortSignal, secretHash?: string): Promise<PollResponse> {
     const deadline = Date.now() + waitMs;
-    for (let look = 0; ; look++) {
-      // A poll cut off (the worker died) is no sign of life.
-      if (signal?.aborted) return { tasks: [], cancel: [] };
-      // Looking again while it waits: first without the writer lock, which only something to hand out (or the end) needs.
-      if (look > 0 && Date.now() < deadline && !(await this.somethingFor(w.id, secretHash))) {
-        await this.notify.wait(`worker:${w.id}`, deadline - Date.now(), signal);
-        continue;
+    const wait = () => this.notify.wait(`worker:${w.id}`, deadline - Date.now(), signal, this.recheck !== null);
+    const leave = this.recheck?.enter(w.id, secretHash ?? null);
+    try {
+      for (let look = 0; ; look++) {
+        // A poll cut off (the worker died) is no sign of life.
+        if (signal?.aborted) return { tasks: [], cancel: [] };
+        // Looking again while it waits: first without the writer lock, which only something to hand out (or the end) needs.
+        if (look > 0 && Date.now() < deadline && !(await this.somethingFor(w.id, secretHash))) {
+          await wait();
+          continue;
+        }
+        const once = await this.rowChange((ch) => this.deliver(ch, w, look, deadline, secretHash, false));
+        const answer = once === LOCKED_PATH ? await this.change((ch) => this.deliver(ch, w, look, deadline, secretHash, true)) : once;
+        if (answer && answer !== LOCKED_PATH) return answer;
+        await wait();
       }
-      const once = await this.rowChange((ch) => this.deliver(ch, w, look, deadline, secretHash, false));
-      const answer = once === LOCKED_PATH ? await this.change((ch) => this.deliver(ch, w, look, deadline, secretHash, true)) : once;
-      if (answer && answer !== LOCKED_PATH) return answer;
-      await this.notify.wait(`worker:${w.id}`, deadline - Date.now(), signal);
+    } finally {
+      leave?.();
     }
   }
 
@@ -303,11 +314,16 @@ export class Coordinator {
    */
   private async deliver(ch: Change, w: WorkerRow, look: number, deadline: number, secretHash: string | undefined, locked: boolean): Promise<PollResponse | null | typeof LOCKED_PATH> {
     // Replaced (it registered again), or the worker left or was declared lost: that credential is dead.
-    if (secretHash && (await ch.store.workerByCredential(secretHash))?.id !== w.id) throw new HttpFail(401, "unauthorized");
+    const dead = () => new HttpFail(401, "unauthorized");
     // The request is the sign of life, not this server looking again while it waits (a frozen worker's poll stays open).
-    if (look === 0) {
-      if (locked) await this.seen(ch, (await ch.store.worker(w.id))!);
-      else if (!(await ch.store.touchWorker(w.id, Date.now()))) return LOCKED_PATH;
+    if (look === 0 && !locked) {
+      // The touch locks the worker's row and answers with its credential: no registration replaces it meanwhile.
+      const secret = await ch.store.touchWorker(w.id, Date.now());
+      if (secret === null) return LOCKED_PATH;
+      if (secretHash && secret !== secretHash) throw dead();
+    } else {
+      if (secretHash && (await ch.store.workerByCredential(secretHash))?.id !== w.id) throw dead();
+      if (look === 0) await this.seen(ch, (await ch.store.worker(w.id))!);
     }
     const active = locked ? await ch.store.activeTasks(w.id) : await ch.store.lockedActiveTasks(w.id);
     const tasks = active.filter((t) => !t.delivered);
@@ -501,11 +517,12 @@ export class Coordinator {
    * The worker's sign of life (false: lost or gone) and its task's row, both locked in that order, in one round
    * trip (sent together on the transaction's connection, which runs them in turn).
    */
-  private workerThenTask(ch: Change, worker: WorkerRow, taskId: string): Promise<[boolean, TaskRow | null]> {
-    return together(
+  private async workerThenTask(ch: Change, worker: WorkerRow, taskId: string): Promise<[boolean, TaskRow | null]> {
+    const [secret, t] = await together(
       () => ch.store.touchWorker(worker.id, Date.now()),
       () => ch.store.lockedTask(taskId),
     );
+    return [secret !== null, t];
   }
 
   /** The task, when this worker holds it now: else 404 (not its own) or 409 (no longer its own). */

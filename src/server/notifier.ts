@@ -2,12 +2,13 @@
  * Wake-ups by key: a long poll waits on its key until something happens or
  * time runs out. `longestWaitMs` bounds each wait: with replicas, a wake-up
  * from another one (NOTIFY) may be missed while its connection is down, and
- * the waiter then looks again on its own.
+ * the waiter then looks again on its own, unless something else looks for
+ * it (`rechecked`: workers' polls, poll-recheck.ts).
  */
 export class Notifier {
   private waiters = new Map<string, Set<() => void>>();
   constructor(private readonly longestWaitMs = Number.POSITIVE_INFINITY) {}
-  wait(key: string, ms: number, signal?: AbortSignal): Promise<void> {
+  wait(key: string, ms: number, signal?: AbortSignal, rechecked = false): Promise<void> {
     return new Promise((resolve) => {
       const set = this.waiters.get(key) ?? new Set();
       this.waiters.set(key, set);
@@ -18,7 +19,7 @@ export class Notifier {
         signal?.removeEventListener("abort", done);
         resolve();
       };
-      const timer = setTimeout(done, Math.min(ms, this.longestWaitMs));
+      const timer = setTimeout(done, rechecked ? ms : Math.min(ms, this.longestWaitMs));
       set.add(done);
       signal?.addEventListener("abort", done);
     });

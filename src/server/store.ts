@@ -258,8 +258,9 @@ export class ServerStore {
     await this.update("workers", WORKER_COLUMNS, id, heavy ? { ...fields, rev: newRev() } : fields, false);
   }
   /** A sign of life from a worker here (idle or draining), its row locked to the end of the transaction; false when it is lost or gone. */
-  async touchWorker(id: string, now: number): Promise<boolean> {
-    return (await this.sql.run("UPDATE workers SET last_seen = ? WHERE id = ? AND state IN ('idle', 'draining')", now, id)) > 0;
+  /** Its sign of life, its row locked: its credential's hash, or null when it is lost or gone (not touched). */
+  async touchWorker(id: string, now: number): Promise<string | null> {
+    return (await this.sql.get<{ secret: string }>("UPDATE workers SET last_seen = ? WHERE id = ? AND state IN ('idle', 'draining') RETURNING secret", now, id))?.secret ?? null;
   }
   /**
    * Its state changed only from what it was: false when another replica got there first.
@@ -434,6 +435,24 @@ export class ServerStore {
   async task(id: string): Promise<TaskRow | null> {
     const r = await this.sql.get("SELECT * FROM tasks WHERE id = ?", id);
     return r ? toTask(r) : null;
+  }
+  /**
+   * Of the workers whose long polls wait here (id → the credentials they came with), those a poll has news for:
+   * a task to hand out, a cancel to send, or a dead credential (replaced, or the worker gone). One statement of
+   * each kind per 500 workers, for all of them.
+   */
+  async pollNews(waiting: ReadonlyMap<string, readonly (string | null)[]>): Promise<string[]> {
+    const news = new Set<string>();
+    for (const ids of chunks([...waiting.keys()])) {
+      const [work, rows] = await Promise.all([
+        this.sql.all<{ id: string }>(`SELECT DISTINCT worker_id AS id FROM tasks WHERE worker_id IN (${marks(ids)}) AND ${ACTIVE} AND (delivered = 0 OR (cancel = 1 AND cancel_sent = 0))`, ...ids),
+        this.sql.all<{ id: string; secret: string; state: string }>(`SELECT id, secret, state FROM workers WHERE id IN (${marks(ids)})`, ...ids),
+      ]);
+      for (const r of work) news.add(r.id);
+      const live = new Map(rows.filter((r) => r.state !== "left").map((r) => [r.id, r.secret]));
+      for (const id of ids) if (waiting.get(id)!.some((secret) => secret !== null && live.get(id) !== secret)) news.add(id);
+    }
+    return [...news];
   }
   /** Tasks a worker holds now (assigned or running). */
   async activeTasks(workerId?: string): Promise<TaskRow[]> {
