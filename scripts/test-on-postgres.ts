@@ -7,8 +7,8 @@ import { readdirSync, readFileSync } from "node:fs";
 import { startPostgres } from "../test/fixtures/postgres.ts";
 
 const given = process.argv.slice(2);
-// Every test file that starts `gpulayer server`, but those that bring their own PostgreSQL (the replicas', the durability kill loop, the beats') and the container images' (no server logic of its own, and slow).
-const OWN = new Set(["cluster-replicas.test.ts", "cluster-durability.test.ts", "cluster-beats.test.ts", "image-env.test.ts"]);
+// Every test file that starts `gpulayer server`, but those that bring their own PostgreSQL (the replicas', the lost wake-ups', the durability kill loop, the beats') and the container images' (no server logic of its own, and slow).
+const OWN = new Set(["cluster-replicas.test.ts", "cluster-durability.test.ts", "cluster-beats.test.ts", "replica-wakeups.test.ts", "image-env.test.ts"]);
 const files = given.length
   ? given
   : readdirSync("test")
