@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
 import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.ts";
+import { machineProbe } from "./fixtures/fleet-rows.ts";
 
 /**
  * Two `gpulayer server` replicas on one real PostgreSQL; a worker joined to
@@ -13,6 +14,9 @@ import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.t
  * soon as it is back) until the task is handed out, so the NOTIFY is lost:
  * the worker still gets its task within a few seconds, not at the end of its
  * 25-second poll, as the first replica looks again at its waiting polls.
+ * A worker's credential, kept a few seconds by each replica it is presented
+ * to, stops working there as soon as the worker joins again at the other
+ * (a new credential), and within those seconds when that news is lost too.
  */
 
 const TOKEN = "wakeups-test-token-0123456789";
@@ -82,6 +86,54 @@ suite("a wake-up between replicas lost with the listening connection", () => {
       expect(await ended(id)).toBe("succeeded");
       // The worker's poll would have waited out its 25 s; looked at again, it is answered within the second.
       expect(Date.now() - handedAt).toBeLessThan(5_000);
+    } finally {
+      cutting = false;
+      await cuts;
+    }
+  }, 60_000);
+
+  /** A worker as the protocol sees it, joined through `url` (again, with `resume`). */
+  const join = async (url: string, name: string, resume?: { id: string; credential: string }) => {
+    const r = await fetch(`${url}/v1/workers/register`, { method: "POST", headers: { authorization: `Bearer ${TOKEN}`, "content-type": "application/json" }, body: JSON.stringify({ name, labels: {}, slots: 1, probe: machineProbe(`host-${name}`), ...(resume ? { resume: { id: resume.id, credential: resume.credential } } : {}) }) });
+    const body = (await r.json()) as { id: string; credential: string; error?: string };
+    expect([r.status, body.error]).toEqual([201, undefined]);
+    return { id: body.id, credential: body.credential };
+  };
+  const beat = async (url: string, w: { id: string; credential: string }) => (await fetch(`${url}/v1/workers/${w.id}/heartbeat`, { method: "POST", headers: { authorization: `Bearer ${w.credential}`, "content-type": "application/json" }, body: JSON.stringify({ running: [] }) })).status;
+
+  // A worker heard from this recently is taken for still running, and not joined again (register.ts liveWindowMs).
+  const LIVE_MS = 1_600;
+
+  test("a worker's credential, replaced as it joins again at one replica, is refused at the other at once", async () => {
+    const first = await join(urls[1]!, "restarted");
+    expect(await beat(urls[0]!, first)).toBe(200); // now kept at replica 0, for seconds
+    await Bun.sleep(LIVE_MS);
+    const again = await join(urls[1]!, "restarted", first);
+    const joinedAt = Date.now();
+    expect(again.id).toBe(first.id);
+    await waitFor("the old credential refused at replica 0", async () => (await beat(urls[0]!, first)) === 401, 10_000);
+    // The news travels as a NOTIFY: a moment, not the seconds a credential is kept.
+    expect(Date.now() - joinedAt).toBeLessThan(1_000);
+    expect(await beat(urls[0]!, again)).toBe(200);
+  }, 60_000);
+
+  test("with that news lost too (the listening connections cut), the old credential is refused within the seconds it is kept", async () => {
+    const first = await join(urls[1]!, "restarted-unheard");
+    let cutting = true;
+    const cuts = (async () => {
+      while (cutting) {
+        await sql.unsafe("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()");
+        await Bun.sleep(20);
+      }
+    })();
+    try {
+      expect(await beat(urls[0]!, first)).toBe(200);
+      const keptFrom = Date.now();
+      await Bun.sleep(LIVE_MS);
+      await join(urls[1]!, "restarted-unheard", first);
+      await waitFor("the old credential refused at replica 0", async () => (await beat(urls[0]!, first)) === 401, 15_000);
+      // Kept 5 s at most (server.ts CREDENTIAL_KEEP_MS), from when it was looked up.
+      expect(Date.now() - keptFrom).toBeLessThan(6_500);
     } finally {
       cutting = false;
       await cuts;

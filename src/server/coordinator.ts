@@ -386,6 +386,8 @@ export class Coordinator {
       await ch.store.claims.dropAllOf(w.id);
       await ch.store.updateWorker(w.id, { state: "left" });
       ch.log(`worker ${w.name} left`);
+      // Its polls end (401), and what any replica keeps of its credential goes.
+      ch.wake(`worker:${w.id}`);
       await this.dispatch(ch);
     });
   }

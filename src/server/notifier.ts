@@ -7,7 +7,12 @@
  */
 export class Notifier {
   private waiters = new Map<string, Set<() => void>>();
+  private readonly hearers: ((key: string) => void)[] = [];
   constructor(private readonly longestWaitMs = Number.POSITIVE_INFINITY) {}
+  /** Every key woken from now on is also told to `fn` (what is kept of a worker hears of it: credential-cache.ts). */
+  hear(fn: (key: string) => void): void {
+    this.hearers.push(fn);
+  }
   wait(key: string, ms: number, signal?: AbortSignal, rechecked = false): Promise<void> {
     return new Promise((resolve) => {
       const set = this.waiters.get(key) ?? new Set();
@@ -25,6 +30,7 @@ export class Notifier {
     });
   }
   wake(key: string): void {
+    for (const fn of this.hearers) fn(key);
     for (const fn of [...(this.waiters.get(key) ?? [])]) fn();
   }
 }

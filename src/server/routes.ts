@@ -19,6 +19,7 @@ import { workerView } from "./worker-view.ts";
 import { serverMetrics } from "./metrics.ts";
 import { type DashboardContext, dashboardRoute, withSecurityHeaders } from "./dashboard/routes.ts";
 import type { Sessions } from "./dashboard/session.ts";
+import type { CredentialCache } from "./credential-cache.ts";
 
 /**
  * The HTTP API under /v1. Every request carries a bearer token: the
@@ -50,6 +51,8 @@ export interface RouteContext {
   metricsToken: string | null;
   /** Which replica this is (printed at start, told at /v1/health). */
   replica: string;
+  /** Workers' credentials, kept a few seconds (credential-cache.ts). */
+  credentials: CredentialCache;
   /** Whether the database answers now (server.ts DatabaseHealth). */
   health: { readonly error: string | null; down(error: unknown): void };
   onError(error: unknown): void;
@@ -75,12 +78,17 @@ async function authenticate(req: Request, ctx: RouteContext): Promise<Caller | n
   if (!bearer) return null;
   if (tokenEquals(bearer, ctx.token)) return { role: "admin" };
   const secretHash = sha256(bearer);
+  // Most requests of a busy fleet are its workers': one lookup each, not a miss among the named tokens first; and
+  // on their paths (never a leave's), a credential found a moment ago is taken as found.
+  const workerPath = WORKER_PATH.test(new URL(req.url).pathname);
   const asWorker = async (): Promise<Caller | null> => {
+    const kept = workerPath ? ctx.credentials.get(secretHash) : null;
+    if (kept) return { role: "worker", worker: kept, secretHash };
+    const mark = ctx.credentials.mark();
     const worker = await ctx.coord.store.workerByCredential(secretHash);
+    if (worker && workerPath) ctx.credentials.put(secretHash, worker, mark);
     return worker ? { role: "worker", worker, secretHash } : null;
   };
-  // Most requests of a busy fleet are its workers': one lookup each, not a miss among the named tokens first.
-  const workerPath = WORKER_PATH.test(new URL(req.url).pathname);
   const worker = workerPath ? await asWorker() : null;
   if (worker) return worker;
   const named = await ctx.coord.store.tokens.authenticate(bearer);

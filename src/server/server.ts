@@ -22,6 +22,7 @@ import { migrate } from "./db/migrations.ts";
 import { SecretSeal } from "./held-secrets.ts";
 import { hostname } from "node:os";
 import { lockHolder, type Release, tryLock } from "../core/lock.ts";
+import { CredentialCache } from "./credential-cache.ts";
 
 /** `gpulayer server`: the store, the coordinator and the HTTP API, started together. */
 
@@ -132,6 +133,8 @@ export async function openDatabase(dir: string, url: string | null): Promise<Dat
   return db;
 }
 
+/** A worker's credential found is taken as found this long at most (credential-cache.ts): a dead one's bound, where its wake-up is lost. */
+const CREDENTIAL_KEEP_MS = 5_000;
 /** How often a replica checks that its database answers (and says so at /v1/health). */
 const DATABASE_CHECK_MS = 2_000;
 
@@ -242,6 +245,8 @@ export async function startServer(dir: string, token: string, settings: ServerSe
     (error) => (error instanceof DatabaseDown ? health.down(error) : log(`sweep failed: ${(error as Error).stack ?? error}`)),
   );
   health.onDown = () => coord.lostDatabase();
+  const credentials = new CredentialCache(CREDENTIAL_KEEP_MS);
+  coord.notify.hear((key) => credentials.heard(key));
   if (replicas) await db.subscribe((key) => coord.notify.wake(key));
   // The database check is also this replica's sign of life among the replicas.
   const check = () => (replicas ? db.run("UPDATE replicas SET last_seen = ? WHERE id = ?", Date.now(), replica).then(() => {}) : db.ping());
@@ -290,6 +295,7 @@ export async function startServer(dir: string, token: string, settings: ServerSe
         maxJobBytes: settings.maxJobBytes,
         artifacts: settings.artifacts,
         sessions: new Sessions(db),
+        credentials,
         metricsToken: settings.metricsToken,
         replica,
         health,
