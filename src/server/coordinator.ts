@@ -291,11 +291,8 @@ export class Coordinator {
       for (let look = 0; ; look++) {
         // A poll cut off (the worker died) is no sign of life.
         if (signal?.aborted) return { tasks: [], cancel: [] };
-        // Looking again while it waits: first without the writer lock, which only something to hand out (or the end) needs.
-        if (look > 0 && Date.now() < deadline && !(await this.somethingFor(w.id, secretHash))) {
-          await wait();
-          continue;
-        }
+        // Woken, it looks at once: a worker's wake-up is news for it (a task, a cancel, its credential gone), and
+        // with replicas only the polls with news are woken (poll-recheck.ts). First under row locks, as always.
         const once = await this.rowChange((ch) => this.deliver(ch, w, look, deadline, secretHash, false));
         const answer = once === LOCKED_PATH ? await this.change((ch) => this.deliver(ch, w, look, deadline, secretHash, true)) : once;
         if (answer && answer !== LOCKED_PATH) return answer;
@@ -339,12 +336,6 @@ export class Coordinator {
     for (const t of cancel) await ch.store.updateTask(t.id, { cancelSent: true });
     const given = handed.filter((a): a is TaskAssignment => a !== null);
     return given.length || cancel.length || Date.now() >= deadline ? { tasks: given, cancel: cancel.map((t) => t.id) } : null;
-  }
-
-  /** Whether a poll has anything to answer now: a task to hand out, a cancel to send, or a dead credential (401). */
-  private async somethingFor(workerId: string, secretHash?: string): Promise<boolean> {
-    if (secretHash && (await this.store.workerByCredential(secretHash))?.id !== workerId) return true;
-    return (await this.store.activeTasks(workerId)).some((t) => !t.delivered || (t.cancel && !t.cancelSent));
   }
 
   /** What the worker is handed: the request with its credentials (memory, or sealed); null when a restart lost them. */
