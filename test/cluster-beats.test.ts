@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { sandbox, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
-import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.ts";
+import { hasPostgres, type PostgresDatabase, postgresDatabase } from "./fixtures/postgres.ts";
 import { WRITER_LOCK } from "../src/server/db/postgres.ts";
 
 /**
@@ -18,7 +18,7 @@ const ADMIN = "beats-test-admin-token-0123456789";
 const T = 120_000;
 const box = sandbox();
 const procs: Kept[] = [];
-let pg: Postgres;
+let db: PostgresDatabase | undefined;
 let sql: InstanceType<typeof Bun.SQL>;
 let url = "";
 let worker = { id: "", credential: "" };
@@ -42,9 +42,9 @@ const suite = hasPostgres ? describe : describe.skip;
 
 beforeAll(async () => {
   if (!hasPostgres) return;
-  pg = await startPostgres();
-  const database = await pg.database();
-  sql = new Bun.SQL(database, { max: 2 });
+  db = await postgresDatabase();
+  ({ sql } = db);
+  const { database } = db;
   const env = { ...box.env, GPULAYER_HOME: join(box.root, "server-home"), GPULAYER_TOKEN: ADMIN, GPULAYER_HEARTBEAT_SECONDS: "0.5", GPULAYER_WORKER_LOST_SECONDS: "2", GPULAYER_WORKER_LEASE: "600" };
   const server = keepOutput(startCli(["server", "--listen", "127.0.0.1:0", "--json", "--database", database, "--files", join(box.root, "files")], { env }), procs);
   url = await waitFor("the server", () => /"url": "([^"]+)"/.exec(server.out())?.[1]);
@@ -56,8 +56,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await stopAll(procs);
-  await sql?.close({ timeout: 1 }).catch(() => {});
-  await pg?.close();
+  await db?.close();
   box.cleanup();
 }, 60_000);
 

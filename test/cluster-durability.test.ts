@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
-import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.ts";
+import { hasPostgres, type Postgres, type PostgresDatabase, postgresDatabase } from "./fixtures/postgres.ts";
 
 /**
  * Exactly once, under faults, on the database as users run it: three
@@ -30,6 +30,7 @@ const box = sandbox();
 const procs: Kept[] = [];
 const files = join(box.root, "shared-files");
 const runs = join(box.root, "runs.txt");
+let db: PostgresDatabase | undefined;
 let pg: Postgres;
 let database = "";
 let sql: InstanceType<typeof Bun.SQL>;
@@ -87,9 +88,8 @@ const suite = hasPostgres ? describe : describe.skip;
 
 beforeAll(async () => {
   if (!hasPostgres) return;
-  pg = await startPostgres();
-  database = await pg.database();
-  sql = new Bun.SQL(database, { max: 2 });
+  db = await postgresDatabase();
+  ({ pg, database, sql } = db);
   mkdirSync(files, { recursive: true });
   for (let i = 0; i < 3; i++) replicas.push({ i, port: await freePort(), kept: null });
   await Promise.all(replicas.map(startReplica));
@@ -103,8 +103,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await stopAll(procs);
-  await sql?.close({ timeout: 1 }).catch(() => {});
-  await pg?.close();
+  await db?.close();
   box.cleanup();
 }, 60_000);
 

@@ -3,7 +3,7 @@ import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
-import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.ts";
+import { hasPostgres, type Postgres, type PostgresDatabase, postgresDatabase } from "./fixtures/postgres.ts";
 import { SCHEMA_VERSION } from "../src/server/db/migrations.ts";
 
 /**
@@ -22,6 +22,7 @@ const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.3", GPULAYER_WORKER_LOST_SECONDS: 
 const T = 240_000;
 const box = sandbox();
 const procs: Kept[] = [];
+let db: PostgresDatabase | undefined;
 let pg: Postgres;
 let database = "";
 let sql: InstanceType<typeof Bun.SQL>;
@@ -63,9 +64,8 @@ const suite = hasPostgres ? describe : describe.skip;
 
 beforeAll(async () => {
   if (!hasPostgres) return;
-  pg = await startPostgres();
-  database = await pg.database();
-  sql = new Bun.SQL(database, { max: 2 });
+  db = await postgresDatabase();
+  ({ pg, database, sql } = db);
   mkdirSync(files, { recursive: true });
   // Three replicas at once against the empty database: one migrates, the others wait for it and find it done.
   const kept = [0, 1, 2].map(startReplica);
@@ -76,8 +76,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await stopAll(procs);
-  await sql?.close({ timeout: 1 }).catch(() => {});
-  await pg?.close();
+  await db?.close();
   box.cleanup();
 }, 60_000);
 

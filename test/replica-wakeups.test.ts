@@ -3,7 +3,7 @@ import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { cli, sandbox, startCli } from "./helpers.ts";
 import { type Kept, keepOutput, stopAll, waitFor } from "./fixtures/processes.ts";
-import { hasPostgres, type Postgres, startPostgres } from "./fixtures/postgres.ts";
+import { hasPostgres, type PostgresDatabase, postgresDatabase } from "./fixtures/postgres.ts";
 import { machineProbe } from "./fixtures/fleet-rows.ts";
 
 /**
@@ -23,7 +23,7 @@ const TOKEN = "wakeups-test-token-0123456789";
 const FAST = { GPULAYER_HEARTBEAT_SECONDS: "0.5", GPULAYER_WORKER_LOST_SECONDS: "20", GPULAYER_WORKER_ENGINE: "none" };
 const box = sandbox();
 const procs: Kept[] = [];
-let pg: Postgres;
+let db: PostgresDatabase | undefined;
 let database = "";
 let sql: InstanceType<typeof Bun.SQL>;
 const urls: string[] = [];
@@ -38,9 +38,8 @@ const suite = hasPostgres ? describe : describe.skip;
 
 beforeAll(async () => {
   if (!hasPostgres) return;
-  pg = await startPostgres();
-  database = await pg.database();
-  sql = new Bun.SQL(database, { max: 2 });
+  db = await postgresDatabase();
+  ({ database, sql } = db);
   mkdirSync(files, { recursive: true });
   for (const i of [0, 1]) {
     const kept = startReplica(i);
@@ -52,8 +51,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await stopAll(procs);
-  await sql?.close({ timeout: 1 }).catch(() => {});
-  await pg?.close();
+  await db?.close();
   box.cleanup();
 }, 60_000);
 
