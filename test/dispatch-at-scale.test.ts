@@ -127,6 +127,39 @@ for (const [label, place] of stores) {
       }
     });
 
+    test("a poll that ends while the look is under way costs the other polls nothing: the worker handed a task is still woken", async () => {
+      const { a, b, close } = await replicas(place);
+      try {
+        const joined = [];
+        for (let i = 0; i < 3; i++) joined.push(await a.register({ name: `w${i}`, labels: {}, slots: 1, probe: probe(`host-${i}`) }));
+        const waiting = new Map(joined.map((w) => [w.id, [sha256(w.credential)]]));
+        const { id } = await new JobsApi(a).submit({ spec: spec("handed"), bundle: null, labels: {}, workdir: "/w" });
+        const holder = (await a.store.job(id))!.workerId!;
+        const look = b.store.pollNews(waiting);
+        waiting.delete(joined.find((w) => w.id !== holder)!.id); // its only poll answered, cut off or timed out meanwhile
+        expect(await look).toEqual([holder]);
+      } finally {
+        await close();
+      }
+    });
+
+    test("a poll cut off while it looks ends at once, not at its deadline", async () => {
+      const { a, close } = await replicas(place);
+      try {
+        const w = await a.register({ name: "w0", labels: {}, slots: 1, probe: probe("host-0") });
+        const row = (await a.store.worker(w.id))!;
+        const cut = new AbortController();
+        // The worker's connection goes while the poll's first look is in the database.
+        const look = a.poll(row, 6_000, cut.signal, sha256(w.credential));
+        cut.abort();
+        const started = Date.now();
+        expect(await look).toEqual({ tasks: [], cancel: [] });
+        expect(Date.now() - started).toBeLessThan(1_500);
+      } finally {
+        await close();
+      }
+    });
+
     test("a worker back with other labels through one replica is matched by them in the other replica's next pass", async () => {
       const { a, b, close } = await replicas(place);
       try {

@@ -16,7 +16,8 @@ import { machineProbe } from "./fixtures/fleet-rows.ts";
  * 25-second poll, as the first replica looks again at its waiting polls.
  * A worker's credential, kept a few seconds by each replica it is presented
  * to, stops working there as soon as the worker joins again at the other
- * (a new credential), and within those seconds when that news is lost too.
+ * (a new credential), and gets nothing done there even when that news is
+ * lost too: each change compares it with the worker's own under its lock.
  */
 
 const TOKEN = "wakeups-test-token-0123456789";
@@ -115,7 +116,7 @@ suite("a wake-up between replicas lost with the listening connection", () => {
     expect(await beat(urls[0]!, again)).toBe(200);
   }, 60_000);
 
-  test("with that news lost too (the listening connections cut), the old credential is refused within the seconds it is kept", async () => {
+  test("with that news lost too (the listening connections cut), the old credential still gets nothing done: each change compares it with the worker's own", async () => {
     const first = await join(urls[1]!, "restarted-unheard");
     let cutting = true;
     const cuts = (async () => {
@@ -125,13 +126,16 @@ suite("a wake-up between replicas lost with the listening connection", () => {
       }
     })();
     try {
-      expect(await beat(urls[0]!, first)).toBe(200);
-      const keptFrom = Date.now();
+      expect(await beat(urls[0]!, first)).toBe(200); // kept at replica 0 for seconds, and its news will not come
       await Bun.sleep(LIVE_MS);
       await join(urls[1]!, "restarted-unheard", first);
-      await waitFor("the old credential refused at replica 0", async () => (await beat(urls[0]!, first)) === 401, 15_000);
-      // Kept 5 s at most (server.ts CREDENTIAL_KEEP_MS), from when it was looked up.
-      expect(Date.now() - keptFrom).toBeLessThan(6_500);
+      const freeGpus = async () => (await sql.unsafe("SELECT free_gpus FROM workers WHERE id = $1", [first.id]))[0].free_gpus as string;
+      const before = await freeGpus();
+      const old = await fetch(`${urls[0]!}/v1/workers/${first.id}/heartbeat`, { method: "POST", headers: { authorization: `Bearer ${first.credential}`, "content-type": "application/json" }, body: JSON.stringify({ running: [], free_gpus: [7, 7, 7] }) });
+      expect(old.status).toBe(401);
+      expect(await freeGpus()).toBe(before);
+      const report = await fetch(`${urls[0]!}/v1/tasks/no-such-task/events`, { method: "POST", headers: { authorization: `Bearer ${first.credential}`, "content-type": "application/json" }, body: JSON.stringify({ seq: 1, events: [{ ts: Date.now(), type: "task.run.started", data: {} }] }) });
+      expect(report.status).toBe(401);
     } finally {
       cutting = false;
       await cuts;

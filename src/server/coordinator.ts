@@ -97,6 +97,9 @@ async function beatAnswer(store: ServerStore, active: TaskRow[], listed: string[
   return { cancel: active.filter((t) => t.cancel).map((t) => t.id), ...(gone.length ? { gone } : {}) };
 }
 
+/** A credential that is no longer the worker's (replaced as it joined again, or the worker gone). */
+const unauthorized = () => new HttpFail(401, "unauthorized");
+
 export class Coordinator {
   readonly notify: Notifier;
   /** Requests as sent, credentials included: in memory only (or sealed, for replicas), by job id and by prepare id. */
@@ -252,6 +255,7 @@ export class Coordinator {
       if (quiet) return quiet;
     }
     return this.change(async (ch) => {
+      await this.stillPresented(ch, worker);
       const w = await this.current(ch, worker);
       await this.seen(ch, w);
       if (body.free_gpus) await ch.store.updateWorker(w.id, { freeGpus: body.free_gpus });
@@ -277,7 +281,8 @@ export class Coordinator {
     const listed = new Set(body.running);
     const settledBefore = Date.now() - 3 * this.opts.heartbeatSeconds * 1000;
     if (active.some((t) => t.cancel) || this.unlisted.anyUnlisted(active, listed, settledBefore)) return null;
-    if (!(await this.store.beat(w.id, { lastSeen: Date.now(), freeGpus: body.free_gpus, cache: body.cache }))) return null;
+    // Another credential (it joined again): the locked path says 401.
+    if (!(await this.store.beat(w.id, { lastSeen: Date.now(), freeGpus: body.free_gpus, cache: body.cache }, w.presented))) return null;
     this.unlisted.gone(active, listed, settledBefore);
     return beatAnswer(this.store, active, body.running);
   }
@@ -310,8 +315,8 @@ export class Coordinator {
    * lock's path, which brings the worker back or fails the task.
    */
   private async deliver(ch: Change, w: WorkerRow, look: number, deadline: number, secretHash: string | undefined, locked: boolean): Promise<PollResponse | null | typeof LOCKED_PATH> {
-    // Replaced (it registered again), or the worker left or was declared lost: that credential is dead.
-    const dead = () => new HttpFail(401, "unauthorized");
+    // Replaced (it registered again), or the worker left: that credential is dead.
+    const dead = unauthorized;
     // The request is the sign of life, not this server looking again while it waits (a frozen worker's poll stays open).
     if (look === 0 && !locked) {
       // The touch locks the worker's row and answers with its credential: no registration replaces it meanwhile.
@@ -490,6 +495,7 @@ export class Coordinator {
   // Tasks, as their worker reports them
 
   private async ownTask(ch: Change, worker: WorkerRow, taskId: string): Promise<TaskRow> {
+    await this.stillPresented(ch, worker);
     const t = await ch.store.task(taskId);
     if (!t || t.workerId !== worker.id) throw new HttpFail(404, "no such task for this worker");
     await this.seen(ch, await this.current(ch, worker));
@@ -515,7 +521,13 @@ export class Coordinator {
       () => ch.store.touchWorker(worker.id, Date.now()),
       () => ch.store.lockedTask(taskId),
     );
+    if (secret !== null && worker.presented && secret !== worker.presented) throw unauthorized();
     return [secret !== null, t];
+  }
+
+  /** The credential a request came with is still the worker's (not replaced as it joined again, nor gone): else 401. */
+  private async stillPresented(ch: Change, w: WorkerRow): Promise<void> {
+    if (w.presented && (await ch.store.workerByCredential(w.presented))?.id !== w.id) throw unauthorized();
   }
 
   /** The task, when this worker holds it now: else 404 (not its own) or 409 (no longer its own). */

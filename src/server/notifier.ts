@@ -14,6 +14,8 @@ export class Notifier {
     this.hearers.push(fn);
   }
   wait(key: string, ms: number, signal?: AbortSignal, rechecked = false): Promise<void> {
+    // Cut off already (while its caller looked): an abort listener added now would never fire.
+    if (signal?.aborted) return Promise.resolve();
     return new Promise((resolve) => {
       const set = this.waiters.get(key) ?? new Set();
       this.waiters.set(key, set);

@@ -1,5 +1,8 @@
 import type { ServerStore } from "./store.ts";
 
+/** A look still under way after this long is taken for stuck (a connection gone half-open): the next one goes ahead. */
+const STUCK_MS = 10_000;
+
 /**
  * With replicas, a wake-up from another one (a NOTIFY) is lost while this
  * one's listening connection is down, so the long polls waiting here are
@@ -12,7 +15,8 @@ export class PollRecheck {
   /** Worker id → the credentials its waiting polls came with (a restarted worker's old poll may still wait beside its new one). */
   private readonly waiting = new Map<string, (string | null)[]>();
   private readonly timer: ReturnType<typeof setInterval>;
-  private looking = false;
+  /** When the look under way began (0: none): one at a time, but a look stuck on a dead connection does not stop the next for good. */
+  private lookingSince = 0;
 
   constructor(
     private readonly store: ServerStore,
@@ -38,14 +42,17 @@ export class PollRecheck {
   }
 
   private async look(): Promise<void> {
-    if (this.looking || !this.waiting.size) return;
-    this.looking = true;
+    const now = Date.now();
+    if ((this.lookingSince && now - this.lookingSince < STUCK_MS) || !this.waiting.size) return;
+    this.lookingSince = now;
+    // As the polls wait now: one that ends while the look is under way leaves the map, not this copy.
+    const waiting = new Map([...this.waiting].map(([id, secrets]) => [id, [...secrets]]));
     try {
-      for (const id of await this.store.pollNews(this.waiting)) this.wake(id);
+      for (const id of await this.store.pollNews(waiting)) this.wake(id);
     } catch {
       // The database did not answer: the polls wait on (until a wake-up or their end), and the next look tries again.
     } finally {
-      this.looking = false;
+      if (this.lookingSince === now) this.lookingSince = 0;
     }
   }
 

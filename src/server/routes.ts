@@ -194,7 +194,7 @@ async function route(req: Request, ctx: RouteContext, caller: Caller): Promise<R
   const method = req.method;
   const asWorker = (id?: string): WorkerRow => {
     if (caller.role !== "worker" || (id !== undefined && caller.worker.id !== id)) throw new HttpFail(403, "only the worker itself may do this");
-    return caller.worker;
+    return { ...caller.worker, presented: caller.secretHash };
   };
   // A user token does what clients do; a join token registers a worker, nothing more.
   const needUser = () => {

@@ -277,14 +277,16 @@ export class ServerStore {
    * WAL flush (synchronous_commit off for this transaction alone): a beat
    * lost in a crash costs nothing, the next comes seconds later.
    */
-  async beat(id: string, fields: { lastSeen: number; freeGpus?: number[]; cache?: WorkerCache }): Promise<boolean> {
+  /** `presented`: and only while its credential is this one. */
+  async beat(id: string, fields: { lastSeen: number; freeGpus?: number[]; cache?: WorkerCache }, presented?: string): Promise<boolean> {
     const sets = ["last_seen = ?"];
     const values: SqlValue[] = [fields.lastSeen];
     if (fields.freeGpus) sets.push("free_gpus = ?"), values.push(sqlValue(fields.freeGpus));
     if (fields.cache) sets.push("cache = ?", "rev = ?"), values.push(sqlValue(fields.cache), newRev());
     // One statement, one round trip: set_config(..., true) holds for the statement's own transaction.
     const lazy = this.sql.dialect === "postgres" ? " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS lazy_commit" : "";
-    return (await this.sql.run(`UPDATE workers SET ${sets.join(", ")}${lazy} WHERE id = ? AND state = 'idle'`, ...values, id)) > 0;
+    const same = presented === undefined ? "" : " AND secret = ?";
+    return (await this.sql.run(`UPDATE workers SET ${sets.join(", ")}${lazy} WHERE id = ? AND state = 'idle'${same}`, ...values, id, ...(presented === undefined ? [] : [presented]))) > 0;
   }
 
   // Jobs
@@ -450,7 +452,7 @@ export class ServerStore {
       ]);
       for (const r of work) news.add(r.id);
       const live = new Map(rows.filter((r) => r.state !== "left").map((r) => [r.id, r.secret]));
-      for (const id of ids) if (waiting.get(id)!.some((secret) => secret !== null && live.get(id) !== secret)) news.add(id);
+      for (const id of ids) if ((waiting.get(id) ?? []).some((secret) => secret !== null && live.get(id) !== secret)) news.add(id);
     }
     return [...news];
   }

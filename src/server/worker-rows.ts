@@ -30,6 +30,11 @@ export interface WorkerRow {
   joinedWith: string | null;
   /** Its env cache as it last reported it; null before its first report. */
   cache: WorkerCache | null;
+  /**
+   * On the row a request authenticated (routes.ts), not read from the database: the hash of the credential the
+   * request came with, compared with the worker's own under the change's lock (a credential replaced meanwhile, 401).
+   */
+  presented?: string;
 }
 
 export const WORKER_LIGHT_COLUMNS = "id, name, slots, state, registered, last_seen, free_gpus, joined_with, rev";
