@@ -315,16 +315,15 @@ export class Coordinator {
    * lock's path, which brings the worker back or fails the task.
    */
   private async deliver(ch: Change, w: WorkerRow, look: number, deadline: number, secretHash: string | undefined, locked: boolean): Promise<PollResponse | null | typeof LOCKED_PATH> {
-    // Replaced (it registered again), or the worker left: that credential is dead.
-    const dead = unauthorized;
     // The request is the sign of life, not this server looking again while it waits (a frozen worker's poll stays open).
     if (look === 0 && !locked) {
       // The touch locks the worker's row and answers with its credential: no registration replaces it meanwhile.
       const secret = await ch.store.touchWorker(w.id, Date.now());
       if (secret === null) return LOCKED_PATH;
-      if (secretHash && secret !== secretHash) throw dead();
+      // Replaced (it registered again), or the worker left: that credential is dead.
+      if (secretHash && secret !== secretHash) throw unauthorized();
     } else {
-      if (secretHash && (await ch.store.workerByCredential(secretHash))?.id !== w.id) throw dead();
+      if (secretHash && (await ch.store.workerByCredential(secretHash))?.id !== w.id) throw unauthorized();
       if (look === 0) await this.seen(ch, (await ch.store.worker(w.id))!);
     }
     const active = locked ? await ch.store.activeTasks(w.id) : await ch.store.lockedActiveTasks(w.id);
