@@ -160,6 +160,24 @@ for (const [label, place] of stores) {
       }
     });
 
+    test("a request whose credential was replaced before its change ran gets nothing done: a leave, a beat, a poll", async () => {
+      const { a, b, close } = await replicas(place);
+      try {
+        const first = await a.register({ name: "w0", labels: {}, slots: 1, probe: probe("host-0") });
+        // As replica b authenticated the old process's request a moment ago (or kept it: credential-cache.ts).
+        const old = { ...(await b.store.worker(first.id))!, presented: sha256(first.credential) };
+        await a.store.updateWorker(first.id, { lastSeen: 0 });
+        await a.register({ name: "w0", labels: {}, slots: 1, probe: probe("host-0"), resume: { id: first.id, credential: first.credential } });
+        await expect(b.leave(old, true)).rejects.toThrow("unauthorized");
+        await expect(b.heartbeat(old, { running: [], free_gpus: [7] })).rejects.toThrow("unauthorized");
+        await expect(b.poll(old, 100, undefined, old.presented)).rejects.toThrow("unauthorized");
+        const now = (await a.store.worker(first.id))!;
+        expect([now.state, now.freeGpus]).toEqual(["idle", []]);
+      } finally {
+        await close();
+      }
+    });
+
     test("a worker back with other labels through one replica is matched by them in the other replica's next pass", async () => {
       const { a, b, close } = await replicas(place);
       try {

@@ -255,8 +255,7 @@ export class Coordinator {
       if (quiet) return quiet;
     }
     return this.change(async (ch) => {
-      await this.stillPresented(ch, worker);
-      const w = await this.current(ch, worker);
+      const w = await this.currentPresented(ch, worker);
       await this.seen(ch, w);
       if (body.free_gpus) await ch.store.updateWorker(w.id, { freeGpus: body.free_gpus });
       if (body.cache) await ch.store.updateWorker(w.id, { cache: body.cache });
@@ -323,7 +322,8 @@ export class Coordinator {
       // Replaced (it registered again), or the worker left: that credential is dead.
       if (secretHash && secret !== secretHash) throw unauthorized();
     } else {
-      if (secretHash && (await ch.store.workerByCredential(secretHash))?.id !== w.id) throw unauthorized();
+      // Looking again (or under the writer lock): the credential read with the worker's row held.
+      if (secretHash && !(await ch.store.heldCredential(w.id, secretHash))) throw unauthorized();
       if (look === 0) await this.seen(ch, (await ch.store.worker(w.id))!);
     }
     const active = locked ? await ch.store.activeTasks(w.id) : await ch.store.lockedActiveTasks(w.id);
@@ -368,7 +368,7 @@ export class Coordinator {
 
   leave(worker: WorkerRow, final: boolean): Promise<void> {
     return this.change(async (ch) => {
-      const w = await this.current(ch, worker);
+      const w = await this.currentPresented(ch, worker);
       await this.seen(ch, w);
       if (!final) {
         await ch.store.updateWorker(w.id, { state: "draining" });
@@ -494,10 +494,10 @@ export class Coordinator {
   // Tasks, as their worker reports them
 
   private async ownTask(ch: Change, worker: WorkerRow, taskId: string): Promise<TaskRow> {
-    await this.stillPresented(ch, worker);
+    const w = await this.currentPresented(ch, worker);
     const t = await ch.store.task(taskId);
     if (!t || t.workerId !== worker.id) throw new HttpFail(404, "no such task for this worker");
-    await this.seen(ch, await this.current(ch, worker));
+    await this.seen(ch, w);
     if (t.state !== "assigned" && t.state !== "running") throw new HttpFail(409, `task ${t.id} is no longer yours (${t.state})`, { revoked: true });
     return t;
   }
@@ -524,9 +524,12 @@ export class Coordinator {
     return [secret !== null, t];
   }
 
-  /** The credential a request came with is still the worker's (not replaced as it joined again, nor gone): else 401. */
-  private async stillPresented(ch: Change, w: WorkerRow): Promise<void> {
-    if (w.presented && (await ch.store.workerByCredential(w.presented))?.id !== w.id) throw unauthorized();
+  /** The worker's row as it is now, while the credential its request came with is still its own (not replaced as it joined again, nor gone): else 401. */
+  private async currentPresented(ch: Change, w: WorkerRow): Promise<WorkerRow> {
+    if (!w.presented) return this.current(ch, w);
+    const now = await ch.store.workerByCredential(w.presented);
+    if (now?.id !== w.id) throw unauthorized();
+    return now;
   }
 
   /** The task, when this worker holds it now: else 404 (not its own) or 409 (no longer its own). */
@@ -632,6 +635,7 @@ export class Coordinator {
     });
     if (done === LOCKED_PATH) {
       await this.change(async (ch) => {
+        await this.currentPresented(ch, w);
         if (await this.finishedBefore(ch, w, taskId, endSeq)) return;
         await apply(ch, await this.ownTask(ch, w, taskId));
         await this.dispatch(ch);
@@ -643,6 +647,7 @@ export class Coordinator {
 
   handback(w: WorkerRow, taskId: string, reason: string, seq?: number): Promise<void> {
     return this.change(async (ch) => {
+      await this.currentPresented(ch, w);
       if (await this.finishedBefore(ch, w, taskId, seq)) return;
       const t = await this.ownTask(ch, w, taskId);
       await this.alreadyApplied(ch, t, seq, 1);

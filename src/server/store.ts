@@ -234,6 +234,12 @@ export class ServerStore {
     const w = await this.workerBySecret(secretHash);
     return w && w.state !== "left" ? w : null;
   }
+  /** Whether this credential is the worker's own now (not replaced, the worker not gone), its row held to the end of the transaction (shared, on PostgreSQL): no registration replaces it meanwhile. */
+  async heldCredential(id: string, secretHash: string): Promise<boolean> {
+    const share = this.sql.dialect === "postgres" ? " FOR SHARE" : "";
+    const r = await this.sql.get<{ secret: string; state: string }>(`SELECT secret, state FROM workers WHERE id = ?${share}`, id);
+    return r !== null && r.state !== "left" && r.secret === secretHash;
+  }
   /** A worker's credential is replaced when it registers again (the one it had stops working). */
   async setWorkerSecret(id: string, secretHash: string): Promise<void> {
     await this.sql.run("UPDATE workers SET secret = ? WHERE id = ?", secretHash, id);
