@@ -68,6 +68,19 @@ async function replicas(place: Place): Promise<{ a: Coordinator; b: Coordinator;
   };
 }
 
+/** Three idle workers, joined through `c`. */
+async function threeJoined(c: Coordinator) {
+  const joined = [];
+  for (let i = 0; i < 3; i++) joined.push(await c.register({ name: `w${i}`, labels: {}, slots: 1, probe: probe(`host-${i}`) }));
+  return joined;
+}
+
+/** A job submitted through `c`: the worker it was handed to. */
+async function handOne(c: Coordinator): Promise<string> {
+  const { id } = await new JobsApi(c).submit({ spec: spec("handed"), bundle: null, labels: {}, workdir: "/w" });
+  return (await c.store.job(id))!.workerId!;
+}
+
 for (const [label, place] of stores) {
   // PostgreSQL is skipped only on a machine without it; CI requires it (GPULAYER_TEST_REQUIRE_POSTGRES).
   describe.skipIf(label === "PostgreSQL" && !hasPostgres)(`dispatch on a large fleet (${label})`, () => {
@@ -110,12 +123,10 @@ for (const [label, place] of stores) {
     test("waiting polls looked at all together: woken are the worker handed a task and the one whose credential was replaced, not the others", async () => {
       const { a, b, close } = await replicas(place);
       try {
-        const joined = [];
-        for (let i = 0; i < 3; i++) joined.push(await a.register({ name: `w${i}`, labels: {}, slots: 1, probe: probe(`host-${i}`) }));
+        const joined = await threeJoined(a);
         const waiting = new Map(joined.map((w) => [w.id, [sha256(w.credential)]]));
         expect(await b.store.pollNews(waiting)).toEqual([]);
-        const { id } = await new JobsApi(a).submit({ spec: spec("handed"), bundle: null, labels: {}, workdir: "/w" });
-        const holder = (await a.store.job(id))!.workerId!;
+        const holder = await handOne(a);
         expect(await b.store.pollNews(waiting)).toEqual([holder]);
         // Another worker restarted and joined again (a new credential): its old poll is to be told so (401).
         const other = joined.find((w) => w.id !== holder)!;
@@ -130,11 +141,9 @@ for (const [label, place] of stores) {
     test("a poll that ends while the look is under way costs the other polls nothing: the worker handed a task is still woken", async () => {
       const { a, b, close } = await replicas(place);
       try {
-        const joined = [];
-        for (let i = 0; i < 3; i++) joined.push(await a.register({ name: `w${i}`, labels: {}, slots: 1, probe: probe(`host-${i}`) }));
+        const joined = await threeJoined(a);
         const waiting = new Map(joined.map((w) => [w.id, [sha256(w.credential)]]));
-        const { id } = await new JobsApi(a).submit({ spec: spec("handed"), bundle: null, labels: {}, workdir: "/w" });
-        const holder = (await a.store.job(id))!.workerId!;
+        const holder = await handOne(a);
         const look = b.store.pollNews(waiting);
         waiting.delete(joined.find((w) => w.id !== holder)!.id); // its only poll answered, cut off or timed out meanwhile
         expect(await look).toEqual([holder]);
