@@ -133,7 +133,11 @@ export async function openDatabase(dir: string, url: string | null): Promise<Dat
   return db;
 }
 
-/** A worker's credential found is taken as found this long at most (credential-cache.ts): a dead one's bound, where its wake-up is lost. */
+/**
+ * A worker's credential found is taken as found this long at most (credential-cache.ts), where a wake-up that would
+ * drop it is lost. It bounds only what a request may skip looking up: every change checks the credential again under
+ * the worker's row lock, so a replaced one gets nothing done meanwhile.
+ */
 const CREDENTIAL_KEEP_MS = 5_000;
 /** How often a replica checks that its database answers (and says so at /v1/health). */
 const DATABASE_CHECK_MS = 2_000;
