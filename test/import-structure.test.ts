@@ -69,14 +69,54 @@ function loads(from: string): Set<string> {
   return seen;
 }
 
-/** Every elementary cycle, each once, starting at its least file: `a.ts -> b.ts -> a.ts`. */
-function cycles(g: Map<string, string[]>): string[] {
+/** Each file's strongly connected component (Tarjan): a cycle never leaves one. */
+function components(g: Map<string, string[]>): Map<string, number> {
+  const index = new Map<string, number>();
+  const low = new Map<string, number>();
+  const stack: string[] = [];
+  const onStack = new Set<string>();
+  const component = new Map<string, number>();
+  let next = 0;
+  const visit = (v: string) => {
+    index.set(v, next);
+    low.set(v, next++);
+    stack.push(v);
+    onStack.add(v);
+    for (const w of g.get(v) ?? []) {
+      if (!index.has(w)) {
+        visit(w);
+        low.set(v, Math.min(low.get(v)!, low.get(w)!));
+      } else if (onStack.has(w)) low.set(v, Math.min(low.get(v)!, index.get(w)!));
+    }
+    if (low.get(v) !== index.get(v)) return;
+    const id = component.size;
+    for (let w = stack.pop()!; ; w = stack.pop()!) {
+      onStack.delete(w);
+      component.set(w, id);
+      if (w === v) break;
+    }
+  };
+  for (const v of g.keys()) if (!index.has(v)) visit(v);
+  return component;
+}
+
+/**
+ * Every elementary cycle, each once, starting at its least file: `a.ts -> b.ts -> a.ts`. Walked only within each
+ * strongly connected component: walking every path of an acyclic graph of 350 files took CI 37 s to find none.
+ */
+const MAX_CYCLES = 20; // enough to show what to mend; a large tangle has exponentially many
+
+function cycles(all: Map<string, string[]>): string[] {
+  const component = components(all);
+  const g = new Map([...all].map(([f, targets]) => [f, targets.filter((t) => component.get(t) === component.get(f))]));
   const out: string[] = [];
   for (const start of [...g.keys()].sort()) {
+    if (!g.get(start)!.length) continue;
     const path = [start];
     const onPath = new Set(path);
     const walk = (at: string) => {
       for (const next of g.get(at) ?? []) {
+        if (out.length >= MAX_CYCLES) return;
         if (next === start) out.push([...path, start].join(" -> "));
         else if (next > start && !onPath.has(next)) {
           path.push(next);
@@ -114,6 +154,8 @@ describe("import structure of src/", () => {
     ].join("\n");
     expect(relativeImports(code).sort()).toEqual(["./default.ts", "./dynamic.ts", "./effects.ts", "./multi.ts", "./ns.ts", "./reexport.ts", "./retype.ts", "./star.ts", "./types.ts"]);
     expect(cycles(new Map([["a.ts", ["b.ts"]], ["b.ts", ["a.ts", "c.ts"]], ["c.ts", ["b.ts"]]]))).toEqual(["a.ts -> b.ts -> a.ts", "b.ts -> c.ts -> b.ts"]);
+    // A file importing itself, and a cycle reached through files on none.
+    expect(cycles(new Map([["a.ts", ["b.ts", "d.ts"]], ["b.ts", ["c.ts"]], ["c.ts", ["e.ts"]], ["d.ts", ["d.ts", "e.ts"]], ["e.ts", ["f.ts"]], ["f.ts", ["e.ts"]]]))).toEqual(["d.ts -> d.ts", "e.ts -> f.ts -> e.ts"]);
   });
 
   test("no import cycles", () => {
