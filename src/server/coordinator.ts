@@ -13,6 +13,7 @@ import { isDeadlock, together } from "./db/sql.ts";
 import { blockedTasks, endUnstarted, settleJob } from "./job-tasks.ts";
 import { jobEvent, type StreamEvent } from "./event-streams.ts";
 import { PollRecheck } from "./poll-recheck.ts";
+import { Placer } from "./placer.ts";
 
 /**
  * The coordinator's rules: workers come, beat and go (or are lost), queued
@@ -706,6 +707,8 @@ export class Coordinator {
     // An ask no worker had room for stays without room for the rest of the plan (it only adds load): the jobs queued
     // behind it with the same ask wait for the same reason, judged once, not once per job over every worker.
     const noRoom = new Map<string, string>();
+    // Each job's worker, from a heap per ask rather than a look at every worker (placer.ts).
+    const placer = new Placer(loads);
     // The plan, on the unlocked reads: a worker for each job that one looks free for; the others, what they wait for.
     const plan: { needs: Needs; worker: WorkerRow; job: JobRow }[] = [];
     const waits: { job: JobRow; reason: string }[] = [];
@@ -723,7 +726,7 @@ export class Coordinator {
       const needs = jobNeeds(job.spec, job.labels);
       const key = JSON.stringify(needs);
       const known = noRoom.get(key);
-      const worker = known === undefined ? chooseAmong(needs, able(needs, key), loads) : null;
+      const worker = known === undefined ? placer.choose(needs, key, able(needs, key)) : null;
       if (!worker) {
         const reason = known ?? waitingFor(needs, workers, able(needs, key), loads);
         noRoom.set(key, reason);

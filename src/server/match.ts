@@ -87,7 +87,7 @@ function safeSatisfies(version: string, range: string): boolean {
 }
 
 /** Whether a worker that could run the job can take it now: busyReason's question, without its words (dispatch asks it of every worker). */
-function hasRoom(needs: Needs, w: WorkerRow, load: Load): boolean {
+export function hasRoom(needs: Needs, w: WorkerRow, load: Load): boolean {
   if (w.state === "draining" || load.running >= w.slots) return false;
   if (!needs.gpus) return true;
   let free = 0;
@@ -129,7 +129,7 @@ export function chooseAmong(needs: Needs, able: WorkerRow[], loads: Map<string, 
 }
 
 /** The least loaded first, then the one with the fewest GPUs (the bigger ones kept for bigger jobs), then by name. */
-function ranksBefore(a: WorkerRow, la: Load, b: WorkerRow, lb: Load): boolean {
+export function ranksBefore(a: WorkerRow, la: Load, b: WorkerRow, lb: Load): boolean {
   return (la.running / a.slots - lb.running / b.slots || a.probe.gpus.length - b.probe.gpus.length || a.name.localeCompare(b.name)) < 0;
 }
 

@@ -63,12 +63,27 @@ const DATABASE_DOWN = "this gpulayer server replica cannot reach its database; i
 const reply = (data: unknown, status = 200) => Response.json(data, { status });
 const MAX_WAIT_MS = 30_000;
 
-function tokenEquals(given: string, token: string): boolean {
-  return timingSafeEqual(Buffer.from(sha256(given), "hex"), Buffer.from(sha256(token), "hex"));
+/** The server's own tokens' hashes (the admin and metrics tokens: a few), made once rather than on every request. */
+const hashesOfTokens = new Map<string, Buffer>();
+
+/** Whether the token whose hash is `givenHash` is `token`, in constant time. */
+function hashIsOf(givenHash: string, token: string): boolean {
+  let known = hashesOfTokens.get(token);
+  if (!known) hashesOfTokens.set(token, (known = Buffer.from(sha256(token), "hex")));
+  return timingSafeEqual(Buffer.from(givenHash, "hex"), known);
 }
 
-/** The bearer token a request carries, if any. */
-const bearerOf = (req: Request): string | null => /^Bearer\s+(\S+)$/i.exec(req.headers.get("authorization") ?? "")?.[1] ?? null;
+function tokenEquals(given: string, token: string): boolean {
+  return hashIsOf(sha256(given), token);
+}
+
+/** The bearer token a request carries, if any: `Bearer` (any case), blanks, then the token, which holds none. */
+function bearerOf(req: Request): string | null {
+  const header = req.headers.get("authorization");
+  if (!header || header.length < 8 || header.slice(0, 6).toLowerCase() !== "bearer") return null;
+  const token = header.slice(6).trimStart();
+  return token.length > 0 && token.length < header.length - 6 && !/\s/.test(token) ? token : null;
+}
 
 /** What only workers call (beats, polls, their tasks' reports): their credential is looked up first, the named tokens after. */
 const WORKER_PATH = /^\/v1\/(tasks\/|workers\/[^/]+\/(heartbeat|tasks)$)/;
@@ -76,8 +91,8 @@ const WORKER_PATH = /^\/v1\/(tasks\/|workers\/[^/]+\/(heartbeat|tasks)$)/;
 async function authenticate(req: Request, ctx: RouteContext): Promise<Caller | null> {
   const bearer = bearerOf(req);
   if (!bearer) return null;
-  if (tokenEquals(bearer, ctx.token)) return { role: "admin" };
   const secretHash = sha256(bearer);
+  if (hashIsOf(secretHash, ctx.token)) return { role: "admin" };
   // Most requests of a busy fleet are its workers': one lookup each, not a miss among the named tokens first; and
   // on their paths (never a leave's), a credential found a moment ago is taken as found.
   const workerPath = WORKER_PATH.test(new URL(req.url).pathname);

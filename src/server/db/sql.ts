@@ -69,10 +69,20 @@ export interface Database extends Sql {
   close(): Promise<void>;
 }
 
+/** Queries already numbered: a busy server sends the same few hundred texts over and over. */
+const numberedTexts = new Map<string, string>();
+const NUMBERED_KEPT = 4_096;
+
 /** `?` → `$1, $2, …` (our queries hold no `?` inside literals). */
 export function numbered(query: string): string {
+  let text = numberedTexts.get(query);
+  if (text !== undefined) return text;
   let n = 0;
-  return query.replace(/\?/g, () => `$${++n}`);
+  text = query.replace(/\?/g, () => `$${++n}`);
+  // Lists of every length are texts of their own: past the bound, start again rather than keep them all.
+  if (numberedTexts.size >= NUMBERED_KEPT) numberedTexts.clear();
+  numberedTexts.set(query, text);
+  return text;
 }
 
 /** The database could not be reached (a replica then takes no work and says so), as opposed to a query's own error. */
