@@ -86,7 +86,7 @@ function safeSatisfies(version: string, range: string): boolean {
   return answer;
 }
 
-/** Whether a worker that could run the job can take it now: busyReason's question, without its words (dispatch asks it of every worker). */
+/** Whether a worker that could run the job can take it now: busyReason's question, without its words (asked of many workers per pass). */
 export function hasRoom(needs: Needs, w: WorkerRow, load: Load): boolean {
   if (w.state === "draining" || load.running >= w.slots) return false;
   if (!needs.gpus) return true;
@@ -113,7 +113,7 @@ export function pickGpus(needs: Needs, w: WorkerRow, load: Load): number[] {
     .slice(0, needs.gpus);
 }
 
-/** Of the workers known able to run the job (neverReason null), one that can take it now, by ranksBefore: one pass, no sort (dispatch asks it once per job). */
+/** Of the workers known able to run the job (neverReason null), one that can take it now, by ranksBefore: one look at each (a pass's plan asks placer.ts, which chooses the same from a heap). */
 export function chooseAmong(needs: Needs, able: WorkerRow[], loads: Map<string, Load>): WorkerRow | null {
   let best: WorkerRow | null = null;
   let bestLoad: Load | null = null;
@@ -128,7 +128,7 @@ export function chooseAmong(needs: Needs, able: WorkerRow[], loads: Map<string, 
   return best;
 }
 
-/** The least loaded first, then the one with the fewest GPUs (the bigger ones kept for bigger jobs), then by name. */
+/** The least loaded first, then the one with the fewest GPUs (the bigger ones kept for bigger jobs), then by name. Reads no GPU in use (placer.ts relies on it). */
 export function ranksBefore(a: WorkerRow, la: Load, b: WorkerRow, lb: Load): boolean {
   return (la.running / a.slots - lb.running / b.slots || a.probe.gpus.length - b.probe.gpus.length || a.name.localeCompare(b.name)) < 0;
 }
