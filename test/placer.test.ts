@@ -65,6 +65,20 @@ describe("a dispatch pass's choice of worker, from a heap per ask", () => {
     }
   });
 
+  test("a worker of no slots (the API refuses one) is never chosen, nor does it disorder the others", () => {
+    // Found by review: in the heap its rank was 0/0 (NaN), and the heap then returned a busier worker than the plain look.
+    const workers = [worker(1, 2, 0, {}, false), worker(2, 0, 0, {}, false), worker(3, 2, 0, {}, false), worker(4, 2, 0, {}, false)];
+    const loads = new Map<string, Load>([
+      ["w1", { running: 1, usedGpus: new Set() }],
+      ["w2", { running: 0, usedGpus: new Set() }],
+      ["w3", { running: 2, usedGpus: new Set() }],
+      ["w4", { running: 0, usedGpus: new Set() }],
+    ]);
+    const needs = needsOf(0, {});
+    expect(new Placer(copy(loads)).choose(needs, "any", workers)?.name).toBe(chooseAmong(needs, workers, loads)!.name);
+    expect(chooseAmong(needs, workers, loads)!.name).toBe("worker-004");
+  });
+
   test("a fleet where no worker could run the ask, or every one is full: none, at once", () => {
     const workers = [worker(1, 1, 0, {}, false), worker(2, 2, 0, {}, true)];
     const loads = new Map<string, Load>([

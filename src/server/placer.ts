@@ -22,7 +22,8 @@ export class Placer {
   /** The worker to take a job of these needs now (`key` names the needs; `able`, the workers that could ever run it), or null. */
   choose(needs: Needs, key: string, able: WorkerRow[]): WorkerRow | null {
     let heap = this.heaps.get(key);
-    if (!heap) this.heaps.set(key, (heap = new RankHeap(able.map((w) => this.ranked(w)))));
+    // Only workers with room now go in: one without room stays so for the pass, and one of no slots would rank as NaN.
+    if (!heap) this.heaps.set(key, (heap = new RankHeap(able.filter((w) => hasRoom(needs, w, this.loads.get(w.id)!)).map((w) => this.ranked(w)))));
     for (;;) {
       const top = heap.top();
       if (!top) return null;
