@@ -58,9 +58,12 @@ async function lane1(): Promise<number> {
 function failuresIn(log: string): string[] {
   const lines = log.split("\n");
   const found: string[] = [];
+  const seen = new Set<string>();
   lines.forEach((line, i) => {
     if (line.startsWith("# Unhandled error")) found.push(lines.slice(i, i + 30).join("\n"));
-    if (!line.startsWith("(fail)")) return;
+    // bun names each failure again in its closing summary, with nothing before it: the first, with its error, is kept.
+    if (!line.startsWith("(fail)") || seen.has(line)) return;
+    seen.add(line);
     let from = i;
     while (from > 0 && i - from < 40 && !/^\((pass|fail|skip|todo)\)|^test\/.*:$/.test(lines[from - 1]!)) from--;
     found.push(lines.slice(from, i + 1).join("\n"));
